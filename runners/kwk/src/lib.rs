@@ -1,0 +1,27 @@
+//! kwk: a CPU decoder for Llama-family language models (Llama, Mistral, Qwen2/3 and the
+//! mixture-of-experts Mixtral, Qwen2-MoE, Qwen3-MoE).
+//!
+//! A model is loaded as users have it ([`model::load_model`]: a Hugging Face folder, a hub
+//! id, or a GGUF file) into float32 master weights, then packed into one weight format
+//! ([`Precision`]) by [`decoder::KwkDecoder::new`]. The crate knows nothing of the
+//! evaluation harness; it exposes weights, tokenizer, forward passes and generation.
+//!
+//! Layout: `gguf` (the GGUF container), `model/` (configs, sources, architectures),
+//! `tokenizer` (HF tokenizer.json and GGUF-metadata tokenizers), `format/` (weight formats and
+//! GGUF block types), `kernels/` (`scalar.rs` is the specification, `x86_64/` the only
+//! `unsafe`), `quantize/` (rounding, calibration, GPTQ), `decoder` (forward, KV cache,
+//! generate), `threads` (the persistent worker pool).
+
+pub mod decoder;
+pub mod error;
+pub mod format;
+pub mod gguf;
+pub mod kernels;
+pub mod model;
+pub mod quantize;
+pub mod threads;
+pub mod tokenizer;
+
+pub use decoder::{DecoderOptions, KwkDecoder, Precision, Sampling};
+pub use error::{KwkError, Result};
+pub use model::{load_model, Model, ModelConfig};

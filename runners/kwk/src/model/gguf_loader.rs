@@ -1,0 +1,1 @@
+//! Loading a GGUF file into master weights (names mapped, q/k permutation undone).

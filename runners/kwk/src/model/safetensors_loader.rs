@@ -1,0 +1,1 @@
+//! Loading a Hugging Face folder (config.json + safetensors).

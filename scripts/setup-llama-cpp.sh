@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Builds llama.cpp's command-line tools (llama-perplexity, llama-bench, llama-quantize,
+# llama-tokenize) from the llama.cpp tree vendored in the llama-cpp-python source
+# distribution on PyPI, at a pinned version. Idempotent: a finished build is reused.
+#
+#   scripts/setup-llama-cpp.sh            # prints the bin directory on the last line
+#
+# Result: $KWK_CACHE/llama.cpp-<version>/build/bin (KWK_CACHE defaults to
+# ${XDG_CACHE_HOME:-~/.cache}/kwk). Point kwk-eval at it with --llama-cpp-dir or
+# KWK_LLAMA_CPP_DIR.
+set -euo pipefail
+
+VERSION="${KWK_LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
+CACHE="${KWK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kwk}"
+ROOT="$CACHE/llama.cpp-$VERSION"
+BIN="$ROOT/build/bin"
+TOOLS=(llama-perplexity llama-bench llama-quantize llama-tokenize)
+
+have_all() {
+  for t in "${TOOLS[@]}"; do [ -x "$BIN/$t" ] || return 1; done
+  [ -f "$ROOT/.build-complete" ]
+}
+
+if have_all; then
+  echo "llama.cpp tools already built" >&2
+  echo "$BIN"
+  exit 0
+fi
+
+mkdir -p "$CACHE"
+PY="${PYTHON:-python3}"
+
+# cmake and ninja from PyPI when the machine lacks them.
+if ! command -v cmake >/dev/null 2>&1 || ! command -v ninja >/dev/null 2>&1; then
+  echo "installing cmake and ninja from PyPI" >&2
+  "$PY" -m pip install --quiet cmake ninja >&2
+  hash -r
+fi
+
+SDIST_DIR="$CACHE/sdist"
+mkdir -p "$SDIST_DIR"
+SDIST="$SDIST_DIR/llama_cpp_python-$VERSION.tar.gz"
+if [ ! -f "$SDIST" ]; then
+  echo "downloading llama-cpp-python $VERSION source distribution from PyPI" >&2
+  "$PY" -m pip download --quiet --no-deps --no-binary llama-cpp-python \
+    "llama-cpp-python==$VERSION" -d "$SDIST_DIR" >&2
+fi
+
+if [ ! -f "$ROOT/src/CMakeLists.txt" ]; then
+  rm -rf "$ROOT.tmp"
+  mkdir -p "$ROOT.tmp"
+  tar -xzf "$SDIST" -C "$ROOT.tmp"
+  rm -rf "$ROOT"
+  mkdir -p "$ROOT"
+  mv "$ROOT.tmp/llama_cpp_python-$VERSION/vendor/llama.cpp" "$ROOT/src"
+  rm -rf "$ROOT.tmp"
+fi
+
+JOBS="$(nproc 2>/dev/null || echo 2)"
+echo "building llama.cpp tools in $ROOT/build ($JOBS jobs; takes several minutes)" >&2
+cmake -S "$ROOT/src" -B "$ROOT/build" -G Ninja \
+  -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+  -DLLAMA_BUILD_TOOLS=ON >&2
+cmake --build "$ROOT/build" -j "$JOBS" --target "${TOOLS[@]}" >&2
+have_bins=1
+for t in "${TOOLS[@]}"; do [ -x "$BIN/$t" ] || have_bins=0; done
+if [ "$have_bins" != 1 ]; then
+  echo "error: the llama.cpp build finished but tools are missing from $BIN" >&2
+  exit 1
+fi
+touch "$ROOT/.build-complete"
+echo "$BIN"
