@@ -1,2 +1,64 @@
-//! Weight formats: the GGUF block types kwk can read (`ggml_blocks`) and the formats the
-//! decoder runs in (float32, bf16, int8, int4).
+//! Weight formats: the GGUF block types kwk can read (`ggml_blocks`, dequantized to float32
+//! master weights on load) and the packed formats the decoder runs in (float32, bf16,
+//! int8, int4), all behind [`PackedLinear`].
+//!
+//! A matmul is `y[t][r] = W[r] · x[t]` for the tokens `t` of a batch and the rows `r` of W
+//! (`[out_features, in_features]`). The caller (the decoder) prepares the activations once
+//! per matmul input in the encoding the format's kernels consume ([`InputKind`]; one
+//! [`PreparedInput`] is shared by q/k/v and by gate/up), splits the rows over the worker
+//! threads in slices aligned to [`PackedLinear::row_align`], and lets each thread call
+//! [`PackedLinear::matmul_rows`] on its slice.
+
+use crate::kernels::OutputMatrix;
+use std::ops::Range;
+
+/// The activation encoding a packed format's kernels read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum InputKind {
+    /// Plain float32 rows.
+    F32,
+    /// bf16 rows (for `vdpbf16ps`).
+    Bf16,
+    /// int8 blocks of 32 with one f32 scale each, plus each block's sum of int8 values
+    /// (for formats with offsets): the VNNI path.
+    Q8Blocks,
+}
+
+/// Activations of a batch, `n_tokens` rows of `dim` values, in one [`InputKind`].
+pub enum PreparedInput<'a> {
+    F32 {
+        data: &'a [f32],
+        dim: usize,
+    },
+    Bf16 {
+        data: &'a [half::bf16],
+        dim: usize,
+    },
+    /// `quants[t*dim + i]`, `scales[t*dim/32 + b]`, `block_sums[t*dim/32 + b]`
+    /// (sum of the 32 int8 values of block b). `dim` is a multiple of 32.
+    Q8Blocks {
+        quants: &'a [i8],
+        scales: &'a [f32],
+        block_sums: &'a [i32],
+        dim: usize,
+    },
+}
+
+/// A weight matrix packed in one format.
+pub trait PackedLinear: Send + Sync {
+    /// `out_features`.
+    fn rows(&self) -> usize;
+    /// `in_features`.
+    fn cols(&self) -> usize;
+    /// Bytes of packed weight data (scales included).
+    fn bytes(&self) -> usize;
+    /// The activation encoding `matmul_rows` expects.
+    fn input_kind(&self) -> InputKind;
+    /// Thread slices of rows must start on multiples of this (the row-interleave width).
+    fn row_align(&self) -> usize {
+        1
+    }
+    /// `y[t][r] = W[r] · x[t]` for every token `t` of `x` and every `r` in `rows`.
+    /// Writes only those rows of `y`, so threads with disjoint `rows` may share `y`.
+    fn matmul_rows(&self, x: &PreparedInput, rows: Range<usize>, y: &OutputMatrix);
+}
