@@ -1,1 +1,3 @@
-fn main() {}
+fn main() {
+    let _ = kwk_eval::runner::TokenStream::clone;
+}

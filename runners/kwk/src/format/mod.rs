@@ -61,4 +61,34 @@ pub trait PackedLinear: Send + Sync {
     /// `y[t][r] = W[r] · x[t]` for every token `t` of `x` and every `r` in `rows`.
     /// Writes only those rows of `y`, so threads with disjoint `rows` may share `y`.
     fn matmul_rows(&self, x: &PreparedInput, rows: Range<usize>, y: &OutputMatrix);
+    /// Row `r` of W as float32 (embedding lookups read the table through this).
+    fn dequantize_row(&self, r: usize, out: &mut [f32]);
+}
+
+/// What a weight matrix is in the model, for formats that keep some tensors at higher
+/// precision (the int4 mix rule lives with the int4 format).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TensorRole {
+    Embedding,
+    LmHead,
+    AttnQ,
+    AttnK,
+    AttnV,
+    AttnOutput,
+    FfnGate,
+    FfnUp,
+    FfnDown,
+    /// MoE router (kept in float32 by every format).
+    Router,
+}
+
+/// Where in the model a weight sits, for mix rules that depend on depth.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TensorPlace {
+    pub role: TensorRole,
+    /// Layer index (`None` for embedding and lm_head).
+    pub layer: Option<usize>,
+    pub n_layers: usize,
+    /// Parameters of the whole model (the int4 default mix depends on model size).
+    pub model_params: u64,
 }

@@ -131,7 +131,10 @@ impl Model {
             m.router.data.len()
                 + m.experts.iter().map(mlp).sum::<usize>()
                 + m.shared_expert.as_ref().map(mlp).unwrap_or(0)
-                + m.shared_expert_gate.as_ref().map(|t| t.data.len()).unwrap_or(0)
+                + m.shared_expert_gate
+                    .as_ref()
+                    .map(|t| t.data.len())
+                    .unwrap_or(0)
         }
         let w = &self.weights;
         let opt = |v: &Option<Vec<f32>>| v.as_ref().map(|x| x.len()).unwrap_or(0);

@@ -10,7 +10,10 @@ use crate::error::{KwkError, Result};
 pub enum ModelSource {
     HfFolder(std::path::PathBuf),
     Gguf(std::path::PathBuf),
-    Hub { repo: String, revision: Option<String> },
+    Hub {
+        repo: String,
+        revision: Option<String>,
+    },
 }
 
 pub fn load_model(spec: &str) -> Result<Model> {

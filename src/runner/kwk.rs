@@ -1,0 +1,1 @@
+//! The in-tree decoder as a [`super::Runner`], one runner per format.

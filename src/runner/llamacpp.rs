@@ -1,0 +1,1 @@
+//! llama.cpp as a [`super::Runner`], one runner per GGUF file.
