@@ -414,7 +414,7 @@ pub fn dequantize_parallel(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
