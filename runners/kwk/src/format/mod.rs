@@ -11,6 +11,7 @@
 
 pub mod bf16;
 pub mod float32;
+pub mod ggml_blocks;
 pub mod quantized;
 
 use crate::decoder::Precision;
