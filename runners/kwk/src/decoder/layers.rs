@@ -154,7 +154,13 @@ impl Layer {
 }
 
 /// Bias, then the per-head RMSNorm of qwen3 (weights of length `head_dim`).
-fn finish_projection(row: &mut [f32], bias: Option<&[f32]>, norm: Option<&[f32]>, hd: usize, eps: f32) {
+fn finish_projection(
+    row: &mut [f32],
+    bias: Option<&[f32]>,
+    norm: Option<&[f32]>,
+    hd: usize,
+    eps: f32,
+) {
     if let Some(b) = bias {
         row.iter_mut().zip(b).for_each(|(a, b)| *a += b);
     }
@@ -210,7 +216,15 @@ impl KvCache {
 
 /// Causal attention of the `n` query rows `q` (`[n][n_heads*hd]`, positions
 /// `pos0..pos0+n`) over the cache, into `out` (`[n][n_heads*hd]`); threads split the heads.
-fn attention(pool: &ThreadPool, cfg: &ModelConfig, kv: &KvCache, layer: usize, pos0: usize, q: &[f32], out: &mut [f32]) {
+fn attention(
+    pool: &ThreadPool,
+    cfg: &ModelConfig,
+    kv: &KvCache,
+    layer: usize,
+    pos0: usize,
+    q: &[f32],
+    out: &mut [f32],
+) {
     let hd = cfg.head_dim;
     let nh = cfg.n_heads;
     let qd = nh * hd;
@@ -253,7 +267,14 @@ fn silu(x: f32) -> f32 {
 }
 
 /// SwiGLU MLP on the rows of `xn` (`[n][d]`) into `out` (`[n][d]`).
-fn mlp_forward(m: &PackedMlp, pool: &ThreadPool, xn: &[f32], d: usize, acts: &mut Activations, out: &mut [f32]) {
+fn mlp_forward(
+    m: &PackedMlp,
+    pool: &ThreadPool,
+    xn: &[f32],
+    d: usize,
+    acts: &mut Activations,
+    out: &mut [f32],
+) {
     let n = xn.len() / d;
     let f = m.gate.rows();
     let (gate, up, down) = (m.gate.as_ref(), m.up.as_ref(), m.down.as_ref());
@@ -284,7 +305,14 @@ fn mlp_forward(m: &PackedMlp, pool: &ThreadPool, xn: &[f32], d: usize, acts: &mu
 /// Mixture of experts: softmax over all router logits, the `top_k` largest probabilities
 /// (renormalised to sum 1 when `renormalize`), tokens grouped by expert so each expert runs
 /// once on all its tokens; plus the gated shared expert (qwen2_moe).
-fn moe_forward(m: &PackedMoe, pool: &ThreadPool, xn: &[f32], d: usize, acts: &mut Activations, out: &mut [f32]) {
+fn moe_forward(
+    m: &PackedMoe,
+    pool: &ThreadPool,
+    xn: &[f32],
+    d: usize,
+    acts: &mut Activations,
+    out: &mut [f32],
+) {
     let n = xn.len() / d;
     let n_experts = m.experts.len();
     let isa = kernels::active_isa();
@@ -343,7 +371,12 @@ fn moe_forward(m: &PackedMoe, pool: &ThreadPool, xn: &[f32], d: usize, acts: &mu
                 }
                 None => 1.0,
             };
-            kernels::axpy_f32(isa, &mut out[t * d..(t + 1) * d], gate, &ys[t * d..(t + 1) * d]);
+            kernels::axpy_f32(
+                isa,
+                &mut out[t * d..(t + 1) * d],
+                gate,
+                &ys[t * d..(t + 1) * d],
+            );
         }
     }
 }
@@ -372,7 +405,12 @@ pub(super) fn rms_norm_rows(pool: &ThreadPool, x: &mut [f32], w: &[f32], eps: f3
 
 /// Runs `f(row_index, row)` on every `row_len`-value row of `data`, rows split over the
 /// pool's threads (inline for a single row).
-pub(super) fn par_rows(pool: &ThreadPool, data: &mut [f32], row_len: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+pub(super) fn par_rows(
+    pool: &ThreadPool,
+    data: &mut [f32],
+    row_len: usize,
+    f: impl Fn(usize, &mut [f32]) + Sync,
+) {
     let n_rows = data.len() / row_len;
     let nt = pool.n_threads();
     if n_rows < 2 || nt == 1 {
@@ -400,7 +438,10 @@ pub(super) fn par_rows(pool: &ThreadPool, data: &mut [f32], row_len: usize, f: i
 
 /// Several matmuls in one hand-off to the pool: each thread computes its slice of rows
 /// of every matrix.
-pub(super) fn matmuls(pool: &ThreadPool, jobs: &[(&dyn PackedLinear, PreparedInput, &OutputMatrix)]) {
+pub(super) fn matmuls(
+    pool: &ThreadPool,
+    jobs: &[(&dyn PackedLinear, PreparedInput, &OutputMatrix)],
+) {
     pool.run(|i, nt| {
         for (w, x, y) in jobs {
             let rows = split_range(w.rows(), nt, i, w.row_align());
@@ -444,7 +485,11 @@ impl Activations {
             self.bf16.resize(n * padded, 0);
             let isa = kernels::active_isa();
             for t in 0..n {
-                kernels::f32_to_bf16(isa, &x[t * dim..(t + 1) * dim], &mut self.bf16[t * padded..t * padded + dim]);
+                kernels::f32_to_bf16(
+                    isa,
+                    &x[t * dim..(t + 1) * dim],
+                    &mut self.bf16[t * padded..t * padded + dim],
+                );
             }
         }
         if q8 {

@@ -24,7 +24,7 @@ pub use precision::{Int4Options, Precision, DEFAULT_INT4_GROUP};
 use crate::error::{KwkError, Result};
 use crate::format::{self, PackedLinear, TensorPlace, TensorRole};
 use crate::kernels::{self, OutputMatrix};
-use crate::model::{Architecture, FeedForward, Mlp, Model, ModelConfig, ModelWeights};
+use crate::model::{Architecture, FeedForward, Mlp, Model, ModelConfig, ModelWeights, RopeScaling};
 use crate::threads::ThreadPool;
 use layers::{Activations, KvCache, Layer, PackedFfn, PackedMlp, PackedMoe};
 use std::path::{Path, PathBuf};
@@ -100,6 +100,11 @@ pub fn runner_unsupported(model: &Model, max_cache_len: usize) -> Option<String>
 }
 
 fn config_unsupported(c: &ModelConfig, max_cache_len: usize) -> Option<String> {
+    if let RopeScaling::Other(kind) = &c.rope_scaling {
+        return Some(format!(
+            "rope scaling '{kind}' is not implemented (this decoder knows none and llama3)"
+        ));
+    }
     if max_cache_len == 0 {
         return Some("a KV cache of 0 tokens cannot hold anything".into());
     }
@@ -119,7 +124,10 @@ fn config_unsupported(c: &ModelConfig, max_cache_len: usize) -> Option<String> {
         }
     }
     if c.head_dim == 0 || c.head_dim % 2 != 0 {
-        return Some(format!("head_dim {} must be even for rotary embeddings", c.head_dim));
+        return Some(format!(
+            "head_dim {} must be even for rotary embeddings",
+            c.head_dim
+        ));
     }
     if c.n_heads == 0 || c.n_kv_heads == 0 || c.n_heads % c.n_kv_heads != 0 {
         return Some(format!(
@@ -172,7 +180,11 @@ fn weights_mismatch(c: &ModelConfig, w: &ModelWeights) -> Option<String> {
         return Some(e);
     }
     if w.layers.len() != c.n_layers {
-        return Some(format!("{} layers of weights for {} in the config", w.layers.len(), c.n_layers));
+        return Some(format!(
+            "{} layers of weights for {} in the config",
+            w.layers.len(),
+            c.n_layers
+        ));
     }
     for (i, l) in w.layers.iter().enumerate() {
         let p = |s: &str| format!("layer {i} {s}");
@@ -193,7 +205,12 @@ fn weights_mismatch(c: &ModelConfig, w: &ModelWeights) -> Option<String> {
                 FeedForward::Moe(m) => check(&p("router"), &m.router, m.experts.len(), d)
                     .or_else(|| {
                         (m.experts.len() != c.n_experts).then(|| {
-                            format!("{} has {} experts, config says {}", p("moe"), m.experts.len(), c.n_experts)
+                            format!(
+                                "{} has {} experts, config says {}",
+                                p("moe"),
+                                m.experts.len(),
+                                c.n_experts
+                            )
                         })
                     })
                     .or_else(|| {
@@ -202,16 +219,19 @@ fn weights_mismatch(c: &ModelConfig, w: &ModelWeights) -> Option<String> {
                             .enumerate()
                             .find_map(|(e, x)| mlp(&p(&format!("expert {e}")), x))
                     })
-                    .or_else(|| m.shared_expert.as_ref().and_then(|s| mlp(&p("shared expert"), s)))
+                    .or_else(|| {
+                        m.shared_expert
+                            .as_ref()
+                            .and_then(|s| mlp(&p("shared expert"), s))
+                    })
                     .or_else(|| {
                         m.shared_expert_gate
                             .as_ref()
                             .and_then(|g| check(&p("shared_expert_gate"), g, 1, d))
                     })
                     .or_else(|| {
-                        (m.experts.len() < c.experts_per_token).then(|| {
-                            format!("{}: fewer experts than experts_per_token", p("moe"))
-                        })
+                        (m.experts.len() < c.experts_per_token)
+                            .then(|| format!("{}: fewer experts than experts_per_token", p("moe")))
                     }),
             });
         if err.is_some() {
@@ -272,7 +292,9 @@ impl KwkDecoder {
             n_layers,
             model_params: n_params,
         };
-        let pack = |t: &crate::model::Tensor, role, layer| format::pack_linear(t, &precision, place(role, layer));
+        let pack = |t: &crate::model::Tensor, role, layer| {
+            format::pack_linear(t, &precision, place(role, layer))
+        };
 
         // A tied output projection is packed once, as the lm_head (it is the larger
         // consumer); embedding lookups dequantize its rows.
@@ -301,7 +323,11 @@ impl KwkDecoder {
                         .iter()
                         .map(|e| pack_mlp(e, i))
                         .collect::<Result<_>>()?,
-                    shared: m.shared_expert.as_ref().map(|s| pack_mlp(s, i)).transpose()?,
+                    shared: m
+                        .shared_expert
+                        .as_ref()
+                        .map(|s| pack_mlp(s, i))
+                        .transpose()?,
                     shared_gate: m.shared_expert_gate.as_ref().map(|g| g.data.clone()),
                     top_k: config.experts_per_token,
                     renormalize: config.architecture == Architecture::Mixtral
@@ -389,7 +415,9 @@ impl KwkDecoder {
     /// Perplexity asks for the second half of a window, generation for the last token only.
     pub fn forward(&mut self, tokens: &[u32], logits_from: usize) -> Result<Vec<f32>> {
         if tokens.is_empty() {
-            return Err(KwkError::InvalidArgument("forward needs at least one token".into()));
+            return Err(KwkError::InvalidArgument(
+                "forward needs at least one token".into(),
+            ));
         }
         if logits_from > tokens.len() {
             return Err(KwkError::InvalidArgument(format!(
@@ -429,7 +457,8 @@ impl KwkDecoder {
         let d = self.config.hidden_size;
         let mut x = vec![0f32; n * d];
         for (t, &id) in tokens.iter().enumerate() {
-            self.embed.dequantize_row(id as usize, &mut x[t * d..(t + 1) * d]);
+            self.embed
+                .dequantize_row(id as usize, &mut x[t * d..(t + 1) * d]);
         }
         let mut acts = Activations::default();
         for (li, layer) in self.layers.iter().enumerate() {
@@ -450,7 +479,12 @@ impl KwkDecoder {
             return;
         }
         let mut xn = x[logits_from * d..].to_vec();
-        layers::rms_norm_rows(&self.pool, &mut xn, &self.final_norm, self.config.rms_norm_eps);
+        layers::rms_norm_rows(
+            &self.pool,
+            &mut xn,
+            &self.final_norm,
+            self.config.rms_norm_eps,
+        );
         let head = self.lm_head.as_deref().unwrap_or(self.embed.as_ref());
         let vocab = self.config.vocab_size;
         let base = out.len();
@@ -495,7 +529,9 @@ impl KwkDecoder {
         on_token: &mut dyn FnMut(u32) -> bool,
     ) -> Result<GenerateStats> {
         if prompt.is_empty() {
-            return Err(KwkError::InvalidArgument("generate needs a non-empty prompt".into()));
+            return Err(KwkError::InvalidArgument(
+                "generate needs a non-empty prompt".into(),
+            ));
         }
         self.reset();
         let mut rng = sampling::Rng::new(sampling.seed);
@@ -544,7 +580,10 @@ fn count_params(w: &ModelWeights) -> u64 {
                 m.router.data.len()
                     + m.experts.iter().map(mlp).sum::<usize>()
                     + m.shared_expert.as_ref().map(mlp).unwrap_or(0)
-                    + m.shared_expert_gate.as_ref().map(|t| t.data.len()).unwrap_or(0)
+                    + m.shared_expert_gate
+                        .as_ref()
+                        .map(|t| t.data.len())
+                        .unwrap_or(0)
             }
         };
     }

@@ -41,7 +41,8 @@ pub enum Precision {
     Int4(Int4Options),
 }
 
-const VALID: &str = "float32 (f32), bf16, int8 (balanced), int4[:g32|:g64|:g128][:mix6|:mix8][:calib][:gptq]";
+const VALID: &str =
+    "float32 (f32), bf16, int8 (balanced), int4[:g32|:g64|:g128][:mix6|:mix8][:calib][:gptq]";
 
 impl Precision {
     /// Parses a format name as users type it: `float32`, `bf16`, `int8` (`balanced`),
@@ -52,7 +53,9 @@ impl Precision {
         let base = parts.next().unwrap_or("").to_ascii_lowercase();
         let options: Vec<String> = parts.map(|p| p.to_ascii_lowercase()).collect();
         let unknown = || {
-            KwkError::InvalidArgument(format!("unknown weight format '{spec}'; valid formats: {VALID}"))
+            KwkError::InvalidArgument(format!(
+                "unknown weight format '{spec}'; valid formats: {VALID}"
+            ))
         };
         let plain = |p: Precision| {
             if options.is_empty() {
@@ -159,7 +162,14 @@ mod tests {
             })
         );
         assert_eq!(p.name(), "int4:g64:mix6:calib:gptq");
-        for s in ["int4", "int4:g128", "int4:mix8", "int4:calib", "float32", "bf16"] {
+        for s in [
+            "int4",
+            "int4:g128",
+            "int4:mix8",
+            "int4:calib",
+            "float32",
+            "bf16",
+        ] {
             let p = Precision::parse(s).unwrap();
             assert_eq!(Precision::parse(&p.name()).unwrap(), p, "{s}");
         }
@@ -171,13 +181,26 @@ mod tests {
 
     #[test]
     fn rejects_unknown_names_and_options_listing_the_valid_ones() {
-        for bad in ["fp16", "int4:g48", "int4:mix4", "bf16:g32", "int4:g32:g64", "int4:calib:calib", ""] {
+        for bad in [
+            "fp16",
+            "int4:g48",
+            "int4:mix4",
+            "bf16:g32",
+            "int4:g32:g64",
+            "int4:calib:calib",
+            "",
+        ] {
             let e = Precision::parse(bad).unwrap_err().to_string();
             assert!(
-                e.contains(bad.split(':').next().unwrap()) || e.contains("given twice") || e.contains("two group"),
+                e.contains(bad.split(':').next().unwrap())
+                    || e.contains("given twice")
+                    || e.contains("two group"),
                 "{bad}: {e}"
             );
-            assert!(matches!(Precision::parse(bad), Err(KwkError::InvalidArgument(_))));
+            assert!(matches!(
+                Precision::parse(bad),
+                Err(KwkError::InvalidArgument(_))
+            ));
         }
         let e = Precision::parse("fp16").unwrap_err().to_string();
         assert!(e.contains("float32") && e.contains("int4[:g32"), "{e}");

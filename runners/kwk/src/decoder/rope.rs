@@ -20,14 +20,19 @@ pub fn inverse_frequencies(head_dim: usize, theta: f64, scaling: &RopeScaling) -
         .map(|i| 1.0 / theta.powf((2 * i) as f64 / head_dim as f64))
         .collect();
     match scaling {
-        RopeScaling::None => base,
+        // `runner_unsupported` rejects unknown kinds before a decoder is built.
+        RopeScaling::None | RopeScaling::Other(_) => base,
         RopeScaling::Llama3 {
             factor,
             low_freq_factor,
             high_freq_factor,
             original_max_position_embeddings,
         } => {
-            let (factor, low, high) = (*factor as f64, *low_freq_factor as f64, *high_freq_factor as f64);
+            let (factor, low, high) = (
+                *factor as f64,
+                *low_freq_factor as f64,
+                *high_freq_factor as f64,
+            );
             let old_len = *original_max_position_embeddings as f64;
             let low_freq_wavelen = old_len / low;
             let high_freq_wavelen = old_len / high;

@@ -104,7 +104,10 @@ mod tests {
     #[test]
     fn greedy_takes_the_first_maximum() {
         let mut rng = Rng::new(1);
-        assert_eq!(sample(&[0.1, 3.0, 3.0, -1.0], &sampling(0.0, 0, 1.0), &mut rng), 1);
+        assert_eq!(
+            sample(&[0.1, 3.0, 3.0, -1.0], &sampling(0.0, 0, 1.0), &mut rng),
+            1
+        );
     }
 
     #[test]
@@ -112,7 +115,10 @@ mod tests {
         let logits: Vec<f32> = (0..50).map(|i| ((i * 7919) % 97) as f32 / 10.0).collect();
         let mut rng = Rng::new(3);
         for _ in 0..20 {
-            assert_eq!(sample(&logits, &sampling(1.0, 1, 1.0), &mut rng), argmax(&logits));
+            assert_eq!(
+                sample(&logits, &sampling(1.0, 1, 1.0), &mut rng),
+                argmax(&logits)
+            );
         }
         let run = |seed| {
             let mut rng = Rng::new(seed);

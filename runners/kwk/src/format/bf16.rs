@@ -49,7 +49,10 @@ impl PackedLinear for Bf16Panels {
         let PreparedInput::Bf16 { data, dim } = x else {
             panic!("bf16 weights need bf16 activations");
         };
-        assert_eq!(*dim, self.cols_padded, "bf16 activation rows are padded to even width");
+        assert_eq!(
+            *dim, self.cols_padded,
+            "bf16 activation rows are padded to even width"
+        );
         let n_tokens = data.len() / dim;
         let bits: &[u16] = data.reinterpret_cast();
         kernels::gemm_bf16_panels(

@@ -31,7 +31,9 @@ pub enum Isa {
     /// AVX2 + FMA.
     Avx2,
     /// AVX-512 F/BW/VL (+ `vdpbf16ps` when `bf16` is set).
-    Avx512 { bf16: bool },
+    Avx512 {
+        bf16: bool,
+    },
 }
 
 impl Isa {
@@ -257,7 +259,10 @@ fn check_panel_args(
     y: &OutputMatrix,
 ) {
     let panels = n_rows.div_ceil(PANEL_ROWS);
-    assert!(w_len >= panels * PANEL_ROWS * cols, "panel buffer too small");
+    assert!(
+        w_len >= panels * PANEL_ROWS * cols,
+        "panel buffer too small"
+    );
     assert!(x_len >= n_tokens * cols, "activation buffer too small");
     assert!(rows.start % PANEL_ROWS == 0 && rows.start <= rows.end && rows.end <= n_rows);
     assert!(y.n_tokens() >= n_tokens && y.ld() >= n_rows);

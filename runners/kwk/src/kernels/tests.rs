@@ -17,7 +17,15 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-fn run_f32(isa: Isa, w: &[f32], n_rows: usize, cols: usize, x: &[f32], nt: usize, rows: Range<usize>) -> Vec<f32> {
+fn run_f32(
+    isa: Isa,
+    w: &[f32],
+    n_rows: usize,
+    cols: usize,
+    x: &[f32],
+    nt: usize,
+    rows: Range<usize>,
+) -> Vec<f32> {
     let panels = pack_f32_panels(w, n_rows, cols);
     let mut y = vec![f32::NAN; nt * n_rows];
     let out = OutputMatrix::new(&mut y, nt, n_rows);
@@ -25,7 +33,15 @@ fn run_f32(isa: Isa, w: &[f32], n_rows: usize, cols: usize, x: &[f32], nt: usize
     y
 }
 
-fn run_bf16(isa: Isa, w: &[f32], n_rows: usize, cols: usize, x: &[f32], nt: usize, rows: Range<usize>) -> Vec<f32> {
+fn run_bf16(
+    isa: Isa,
+    w: &[f32],
+    n_rows: usize,
+    cols: usize,
+    x: &[f32],
+    nt: usize,
+    rows: Range<usize>,
+) -> Vec<f32> {
     let (panels, cp) = pack_bf16_panels(w, n_rows, cols);
     let mut xb = vec![0u16; nt * cp];
     for t in 0..nt {
@@ -38,15 +54,28 @@ fn run_bf16(isa: Isa, w: &[f32], n_rows: usize, cols: usize, x: &[f32], nt: usiz
 }
 
 fn abs_sum(w: &[f32], x: &[f32], cols: usize, t: usize, r: usize) -> f32 {
-    (0..cols).map(|k| (w[r * cols + k] * x[t * cols + k]).abs()).sum()
+    (0..cols)
+        .map(|k| (w[r * cols + k] * x[t * cols + k]).abs())
+        .sum()
 }
 
 #[test]
 fn panel_matmuls_match_scalar_at_odd_shapes() {
-    for &(n_rows, cols, nt) in &[(1, 1, 1), (17, 3, 7), (33, 64, 13), (100, 37, 6), (80, 96, 1), (130, 50, 25)] {
+    for &(n_rows, cols, nt) in &[
+        (1, 1, 1),
+        (17, 3, 7),
+        (33, 64, 13),
+        (100, 37, 6),
+        (80, 96, 1),
+        (130, 50, 25),
+    ] {
         let w = values(n_rows * cols, (n_rows * 31 + cols) as u64);
         let x = values(nt * cols, (nt * 7 + cols) as u64);
-        let rows_cases = [0..n_rows, (n_rows / 32 * 16).min(n_rows)..n_rows, 0..n_rows.min(16)];
+        let rows_cases = [
+            0..n_rows,
+            (n_rows / 32 * 16).min(n_rows)..n_rows,
+            0..n_rows.min(16),
+        ];
         for rows in rows_cases {
             let reference = run_f32(Isa::Scalar, &w, n_rows, cols, &x, nt, rows.clone());
             let reference_bf = run_bf16(Isa::Scalar, &w, n_rows, cols, &x, nt, rows.clone());
@@ -57,12 +86,25 @@ fn panel_matmuls_match_scalar_at_odd_shapes() {
                     for r in 0..n_rows {
                         let i = t * n_rows + r;
                         if !rows.contains(&r) {
-                            assert!(got[i].is_nan() && got_bf[i].is_nan(), "{isa:?} wrote row {r} outside {rows:?}");
+                            assert!(
+                                got[i].is_nan() && got_bf[i].is_nan(),
+                                "{isa:?} wrote row {r} outside {rows:?}"
+                            );
                             continue;
                         }
                         let lim = 1e-5 * abs_sum(&w, &x, cols, t, r) + 1e-30;
-                        assert!((got[i] - reference[i]).abs() <= lim, "{isa:?} f32 {n_rows}x{cols} t{t} r{r}: {} vs {}", got[i], reference[i]);
-                        assert!((got_bf[i] - reference_bf[i]).abs() <= lim, "{isa:?} bf16 {n_rows}x{cols} t{t} r{r}: {} vs {}", got_bf[i], reference_bf[i]);
+                        assert!(
+                            (got[i] - reference[i]).abs() <= lim,
+                            "{isa:?} f32 {n_rows}x{cols} t{t} r{r}: {} vs {}",
+                            got[i],
+                            reference[i]
+                        );
+                        assert!(
+                            (got_bf[i] - reference_bf[i]).abs() <= lim,
+                            "{isa:?} bf16 {n_rows}x{cols} t{t} r{r}: {} vs {}",
+                            got_bf[i],
+                            reference_bf[i]
+                        );
                     }
                 }
             }
@@ -78,7 +120,9 @@ fn scalar_panel_matmul_is_a_plain_matmul() {
     let y = run_f32(Isa::Scalar, &w, n_rows, cols, &x, nt, 0..n_rows);
     for t in 0..nt {
         for r in 0..n_rows {
-            let want: f64 = (0..cols).map(|k| w[r * cols + k] as f64 * x[t * cols + k] as f64).sum();
+            let want: f64 = (0..cols)
+                .map(|k| w[r * cols + k] as f64 * x[t * cols + k] as f64)
+                .sum();
             assert!((y[t * n_rows + r] as f64 - want).abs() < 1e-5);
         }
     }
@@ -87,7 +131,9 @@ fn scalar_panel_matmul_is_a_plain_matmul() {
     let round = |v: f32| scalar::bf16_to_f32(scalar::f32_to_bf16_one(v)) as f64;
     for t in 0..nt {
         for r in 0..n_rows {
-            let want: f64 = (0..cols).map(|k| round(w[r * cols + k]) * round(x[t * cols + k])).sum();
+            let want: f64 = (0..cols)
+                .map(|k| round(w[r * cols + k]) * round(x[t * cols + k]))
+                .sum();
             assert!((yb[t * n_rows + r] as f64 - want).abs() < 1e-5);
         }
     }
@@ -134,7 +180,16 @@ fn dot_and_axpy_match_scalar() {
 #[test]
 fn bf16_conversion_matches_scalar_and_half() {
     let mut x = values(53, 9);
-    x.extend([0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1e-40, f32::MAX, 3.0e38]);
+    x.extend([
+        0.0,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        1e-40,
+        f32::MAX,
+        3.0e38,
+    ]);
     // A tie that must round to even: 1 + 2^-8 (exactly between two bf16 values).
     x.push(1.0 + 1.0 / 256.0);
     for isa in supported_isas() {

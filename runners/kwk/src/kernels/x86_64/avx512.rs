@@ -73,7 +73,21 @@ macro_rules! define_tiles {
                         // SAFETY: tokens t..t+tt lie inside `x`.
                         let xp = unsafe { x.add(t * cols * elem) };
                         // SAFETY: forwarded from this function's contract.
-                        unsafe { tile_dispatch(kind, take, tt, wp, panel_bytes, cols, xp, t, r0, valid, y) };
+                        unsafe {
+                            tile_dispatch(
+                                kind,
+                                take,
+                                tt,
+                                wp,
+                                panel_bytes,
+                                cols,
+                                xp,
+                                t,
+                                r0,
+                                valid,
+                                y,
+                            )
+                        };
                         t += tt;
                     }
                     p += take;
@@ -177,10 +191,13 @@ macro_rules! define_tiles {
                             for j in 0..cols / 2 {
                                 let mut wv = [_mm512_setzero_si512(); P];
                                 for (p, v) in wv.iter_mut().enumerate() {
-                                    *v = _mm512_loadu_si512(w.add(p * ps + j * 2 * PANEL_ROWS) as *const _);
+                                    *v = _mm512_loadu_si512(
+                                        w.add(p * ps + j * 2 * PANEL_ROWS) as *const _
+                                    );
                                 }
                                 for (t, a) in acc.iter_mut().enumerate() {
-                                    let pair = (x.add(t * cols + 2 * j) as *const i32).read_unaligned();
+                                    let pair =
+                                        (x.add(t * cols + 2 * j) as *const i32).read_unaligned();
                                     let xb: __m512bh = std::mem::transmute(_mm512_set1_epi32(pair));
                                     for p in 0..P {
                                         let wb: __m512bh = std::mem::transmute(wv[p]);
@@ -198,13 +215,17 @@ macro_rules! define_tiles {
                                 let mut even = [_mm512_setzero_ps(); P];
                                 let mut odd = [_mm512_setzero_ps(); P];
                                 for p in 0..P {
-                                    let v = _mm512_loadu_si512(w.add(p * ps + j * 2 * PANEL_ROWS) as *const _);
+                                    let v = _mm512_loadu_si512(
+                                        w.add(p * ps + j * 2 * PANEL_ROWS) as *const _
+                                    );
                                     even[p] = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v));
                                     odd[p] = _mm512_castsi512_ps(_mm512_and_si512(v, hi_mask));
                                 }
                                 for (t, a) in acc.iter_mut().enumerate() {
-                                    let x0 = f32::from_bits((*x.add(t * cols + 2 * j) as u32) << 16);
-                                    let x1 = f32::from_bits((*x.add(t * cols + 2 * j + 1) as u32) << 16);
+                                    let x0 =
+                                        f32::from_bits((*x.add(t * cols + 2 * j) as u32) << 16);
+                                    let x1 =
+                                        f32::from_bits((*x.add(t * cols + 2 * j + 1) as u32) << 16);
                                     let x0 = _mm512_set1_ps(x0);
                                     let x1 = _mm512_set1_ps(x1);
                                     for p in 0..P {
@@ -225,7 +246,6 @@ macro_rules! define_tiles {
                     y.write_cols(t0 + t, r0, &buf.as_flattened()[..valid]);
                 }
             }
-
         }
     };
 }
@@ -405,11 +425,15 @@ unsafe fn f32_to_bf16_impl(x: &[f32], out: &mut [u16]) {
             let v = _mm512_loadu_ps(x.as_ptr().add(i));
             let bits = _mm512_castps_si512(v);
             let lsb = _mm512_and_si512(_mm512_srli_epi32::<16>(bits), one);
-            let rounded = _mm512_srli_epi32::<16>(_mm512_add_epi32(bits, _mm512_add_epi32(bias, lsb)));
+            let rounded =
+                _mm512_srli_epi32::<16>(_mm512_add_epi32(bits, _mm512_add_epi32(bias, lsb)));
             let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
             let nan_bits = _mm512_or_si512(_mm512_srli_epi32::<16>(bits), quiet);
             let r = _mm512_mask_mov_epi32(rounded, nan, nan_bits);
-            _mm256_storeu_si256(out.as_mut_ptr().add(i) as *mut __m256i, _mm512_cvtepi32_epi16(r));
+            _mm256_storeu_si256(
+                out.as_mut_ptr().add(i) as *mut __m256i,
+                _mm512_cvtepi32_epi16(r),
+            );
         }
         i += 16;
     }
