@@ -198,10 +198,10 @@ fn check_fixture(name: &str) {
     );
 }
 
-/// bf16 limits on the random-weight fixtures: logits within 2% of the largest |logit|
+/// bf16 limits on the random-weight fixtures: logits within 3% of the largest |logit|
 /// (bf16 keeps 8 mantissa bits, ~0.4% per rounding, in weights and activations of every
-/// matmul), perplexity within 1% (measured: 0.16-0.2%).
-const BF16_LOGIT_LIMIT: f64 = 0.02;
+/// matmul), perplexity within 1% (measured: logits 1.1-1.9%, perplexity 0.06-0.2%).
+const BF16_LOGIT_LIMIT: f64 = 0.03;
 const BF16_PPL_LIMIT: f64 = 0.01;
 
 #[test]
