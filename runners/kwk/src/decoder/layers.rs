@@ -3,7 +3,7 @@
 //! (RMSNorm, activation preparation, multi-matmul hand-offs) they share.
 
 use crate::format::{InputKind, PackedLinear, PreparedInput};
-use crate::kernels::{self, OutputMatrix};
+use crate::kernels::{self, OutputMatrix, PANEL_ROWS};
 use crate::model::{ModelConfig, Tensor};
 use crate::threads::{split_range, ThreadPool};
 use half::slice::HalfBitsSliceExt;
@@ -171,51 +171,78 @@ fn finish_projection(
     }
 }
 
-/// The float32 KV cache: per layer, `[n_kv_heads][max_len][head_dim]` keys and values.
+/// The float32 KV cache, per layer and KV head in the panel layout of
+/// `kernels::gemm_f32_panels_strided`, so attention runs on the matmul kernels:
+/// keys as panels of 16 positions (`[cap/16][head_dim][16]`: scores = K·q is a matmul with
+/// positions as rows) and values as panels of 16 head dimensions (`[ceil(hd/16)][cap][16]`:
+/// the output P·V is a matmul with head dimensions as rows and positions as columns).
+/// `cap` is the cache length rounded up to 16.
 pub(super) struct KvCache {
     k: Vec<Vec<f32>>,
     v: Vec<Vec<f32>>,
     n_kv: usize,
     hd: usize,
-    max_len: usize,
+    cap: usize,
+    hd_panels: usize,
 }
 
 impl KvCache {
     pub fn new(n_layers: usize, n_kv: usize, hd: usize, max_len: usize) -> Self {
-        let size = n_kv * max_len * hd;
+        let cap = max_len.div_ceil(PANEL_ROWS) * PANEL_ROWS;
+        let hd_panels = hd.div_ceil(PANEL_ROWS);
         KvCache {
-            k: (0..n_layers).map(|_| vec![0f32; size]).collect(),
-            v: (0..n_layers).map(|_| vec![0f32; size]).collect(),
+            k: (0..n_layers).map(|_| vec![0f32; n_kv * cap * hd]).collect(),
+            v: (0..n_layers)
+                .map(|_| vec![0f32; n_kv * hd_panels * PANEL_ROWS * cap])
+                .collect(),
             n_kv,
             hd,
-            max_len,
+            cap,
+            hd_panels,
         }
     }
 
     /// Stores rows `k`, `v` (`[n][n_kv*hd]`) at positions `pos0..pos0+n`.
     fn store(&mut self, layer: usize, pos0: usize, k: &[f32], v: &[f32]) {
-        let (hd, kvd) = (self.hd, self.n_kv * self.hd);
+        let (hd, kvd, cap) = (self.hd, self.n_kv * self.hd, self.cap);
+        let v_head = self.hd_panels * PANEL_ROWS * cap;
         for (t, (kr, vr)) in k.chunks_exact(kvd).zip(v.chunks_exact(kvd)).enumerate() {
+            let pos = pos0 + t;
+            let (pp, lane) = (pos / PANEL_ROWS, pos % PANEL_ROWS);
             for g in 0..self.n_kv {
-                let at = (g * self.max_len + pos0 + t) * hd;
-                self.k[layer][at..at + hd].copy_from_slice(&kr[g * hd..(g + 1) * hd]);
-                self.v[layer][at..at + hd].copy_from_slice(&vr[g * hd..(g + 1) * hd]);
+                let kb = g * cap * hd + pp * hd * PANEL_ROWS + lane;
+                for (d, &val) in kr[g * hd..(g + 1) * hd].iter().enumerate() {
+                    self.k[layer][kb + d * PANEL_ROWS] = val;
+                }
+                let vb = g * v_head + pos * PANEL_ROWS;
+                for (d, &val) in vr[g * hd..(g + 1) * hd].iter().enumerate() {
+                    self.v[layer][vb + (d / PANEL_ROWS) * cap * PANEL_ROWS + d % PANEL_ROWS] = val;
+                }
             }
         }
     }
 
-    /// Keys and values of KV head `g` of `layer` for positions `0..len`.
-    fn head(&self, layer: usize, g: usize, len: usize) -> (&[f32], &[f32]) {
-        let at = g * self.max_len * self.hd;
-        (
-            &self.k[layer][at..at + len * self.hd],
-            &self.v[layer][at..at + len * self.hd],
-        )
+    /// Key panels of KV head `g` of `layer`.
+    fn keys(&self, layer: usize, g: usize) -> &[f32] {
+        let size = self.cap * self.hd;
+        &self.k[layer][g * size..(g + 1) * size]
+    }
+
+    /// Value panels of KV head `g` of `layer`.
+    fn values(&self, layer: usize, g: usize) -> &[f32] {
+        let size = self.hd_panels * PANEL_ROWS * self.cap;
+        &self.v[layer][g * size..(g + 1) * size]
     }
 }
 
+/// Query tokens per attention block (each block runs the group's heads together).
+const QUERY_BLOCK: usize = 16;
+
 /// Causal attention of the `n` query rows `q` (`[n][n_heads*hd]`, positions
-/// `pos0..pos0+n`) over the cache, into `out` (`[n][n_heads*hd]`); threads split the heads.
+/// `pos0..pos0+n`) over the cache, into `out` (`[n][n_heads*hd]`). Work items are
+/// (KV head, block of query tokens); the query heads sharing a KV head run as one matrix:
+/// scores = K·q on the key panels, scaled, softmax over the causal prefix in float32,
+/// then P·V on the value panels.
 fn attention(
     pool: &ThreadPool,
     cfg: &ModelConfig,
@@ -232,38 +259,77 @@ fn attention(
     let group = nh / cfg.n_kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
     let isa = kernels::active_isa();
+    let n_blocks = n.div_ceil(QUERY_BLOCK);
+    let items = cfg.n_kv_heads * n_blocks;
     let y = OutputMatrix::new(out, n, qd);
     pool.run(|i, nt| {
-        let mut scores = vec![0f32; pos0 + n];
-        let mut o = vec![0f32; hd];
-        for item in split_range(nh * n, nt, i, 1) {
-            let (h, t) = (item / n, item % n);
-            let len = pos0 + t + 1;
-            let (kc, vc) = kv.head(layer, h / group, len);
-            let qv = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
-            let s = &mut scores[..len];
-            let mut max = f32::NEG_INFINITY;
-            for (j, sj) in s.iter_mut().enumerate() {
-                *sj = kernels::dot_f32(isa, qv, &kc[j * hd..(j + 1) * hd]) * scale;
-                max = max.max(*sj);
+        let work = split_range(items, nt, i, 1);
+        if work.is_empty() {
+            return;
+        }
+        let max_rows = QUERY_BLOCK.min(n) * group;
+        let mut qbuf = vec![0f32; max_rows * hd];
+        let mut scores = vec![0f32; max_rows * (pos0 + n)];
+        let mut obuf = vec![0f32; max_rows * hd];
+        for item in work {
+            let (g, b) = (item / n_blocks, item % n_blocks);
+            let (t0, t1) = (b * QUERY_BLOCK, ((b + 1) * QUERY_BLOCK).min(n));
+            let rows = (t1 - t0) * group;
+            let len = pos0 + t1;
+            for r in 0..rows {
+                let (t, h) = (t0 + r / group, g * group + r % group);
+                qbuf[r * hd..(r + 1) * hd]
+                    .copy_from_slice(&q[t * qd + h * hd..t * qd + (h + 1) * hd]);
             }
-            let mut sum = 0f32;
-            for sj in s.iter_mut() {
-                *sj = (*sj - max).exp();
-                sum += *sj;
+            {
+                let s = OutputMatrix::new(&mut scores[..rows * len], rows, len);
+                kernels::gemm_f32_panels_strided(
+                    isa,
+                    kv.keys(layer, g),
+                    hd * PANEL_ROWS,
+                    len,
+                    hd,
+                    &qbuf,
+                    hd,
+                    rows,
+                    0..len,
+                    &s,
+                );
             }
-            let inv = 1.0 / sum;
-            o.fill(0.0);
-            for (j, &sj) in s.iter().enumerate() {
-                kernels::axpy_f32(isa, &mut o, sj * inv, &vc[j * hd..(j + 1) * hd]);
+            for r in 0..rows {
+                let valid = pos0 + t0 + r / group + 1;
+                let row = &mut scores[r * len..(r + 1) * len];
+                let mut max = f32::NEG_INFINITY;
+                for v in &mut row[..valid] {
+                    *v *= scale;
+                    max = max.max(*v);
+                }
+                let sum = kernels::exp_shifted_sum(isa, &mut row[..valid], max);
+                let inv = 1.0 / sum;
+                row[..valid].iter_mut().for_each(|v| *v *= inv);
+                row[valid..].fill(0.0);
             }
-            y.write_cols(t, h * hd, &o);
+            {
+                let o = OutputMatrix::new(&mut obuf[..rows * hd], rows, hd);
+                kernels::gemm_f32_panels_strided(
+                    isa,
+                    kv.values(layer, g),
+                    kv.cap * PANEL_ROWS,
+                    hd,
+                    len,
+                    &scores[..rows * len],
+                    len,
+                    rows,
+                    0..hd,
+                    &o,
+                );
+            }
+            for r in 0..rows {
+                let (t, h) = (t0 + r / group, g * group + r % group);
+                y.write_cols(t, h * hd, &obuf[r * hd..(r + 1) * hd]);
+            }
         }
     });
-}
-
-fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
 }
 
 /// SwiGLU MLP on the rows of `xn` (`[n][d]`) into `out` (`[n][d]`).
@@ -292,10 +358,9 @@ fn mlp_forward(
             ],
         );
     }
+    let isa = kernels::active_isa();
     par_rows(pool, &mut g, f, |t, row| {
-        for (a, b) in row.iter_mut().zip(&u[t * f..(t + 1) * f]) {
-            *a = silu(*a) * b;
-        }
+        kernels::silu_mul(isa, row, &u[t * f..(t + 1) * f]);
     });
     acts.prepare(&g, f, [down.input_kind()]);
     let y = OutputMatrix::new(out, n, d);

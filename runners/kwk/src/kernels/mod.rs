@@ -209,12 +209,85 @@ pub fn gemm_f32_panels(
     y: &OutputMatrix,
 ) {
     check_panel_args(w.len(), n_rows, cols, x.len(), n_tokens, &rows, y);
+    gemm_f32_unchecked(isa, w, cols * PANEL_ROWS, cols, x, cols, n_tokens, rows, y);
+}
+
+/// [`gemm_f32_panels`] with explicit strides, for panels that are not packed back to back
+/// (the KV cache): panel `p` starts at `w[p * panel_stride]` (`panel_stride >= cols * 16`)
+/// and token `t`'s activations at `x[t * ldx]` (`ldx >= cols`).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_f32_panels_strided(
+    isa: Isa,
+    w: &[f32],
+    panel_stride: usize,
+    n_rows: usize,
+    cols: usize,
+    x: &[f32],
+    ldx: usize,
+    n_tokens: usize,
+    rows: Range<usize>,
+    y: &OutputMatrix,
+) {
+    assert!(panel_stride >= cols * PANEL_ROWS && ldx >= cols);
+    assert!(rows.start % PANEL_ROWS == 0 && rows.start <= rows.end && rows.end <= n_rows);
+    assert!(y.n_tokens() >= n_tokens && y.ld() >= n_rows);
+    if rows.is_empty() || n_tokens == 0 {
+        return;
+    }
+    let last_panel = (rows.end - 1) / PANEL_ROWS;
+    assert!(
+        w.len() >= last_panel * panel_stride + cols * PANEL_ROWS,
+        "panel buffer too small"
+    );
+    assert!(
+        x.len() >= (n_tokens - 1) * ldx + cols,
+        "activation buffer too small"
+    );
+    gemm_f32_unchecked(isa, w, panel_stride, cols, x, ldx, n_tokens, rows, y);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gemm_f32_unchecked(
+    isa: Isa,
+    w: &[f32],
+    panel_stride: usize,
+    cols: usize,
+    x: &[f32],
+    ldx: usize,
+    n_tokens: usize,
+    rows: Range<usize>,
+    y: &OutputMatrix,
+) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 { .. } => x86_64::avx512::gemm_f32_panels(w, cols, x, n_tokens, rows, y),
+        Isa::Avx512 { .. } => {
+            x86_64::avx512::gemm_f32_panels(w, panel_stride, cols, x, ldx, n_tokens, rows, y)
+        }
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => x86_64::avx2::gemm_f32_panels(w, cols, x, n_tokens, rows, y),
-        _ => scalar::gemm_f32_panels(w, cols, x, n_tokens, rows, y),
+        Isa::Avx2 => {
+            x86_64::avx2::gemm_f32_panels(w, panel_stride, cols, x, ldx, n_tokens, rows, y)
+        }
+        _ => scalar::gemm_f32_panels(w, panel_stride, cols, x, ldx, n_tokens, rows, y),
+    }
+}
+
+/// `x[i] = exp(x[i] - shift)` for every value; returns their float32 sum. The SIMD
+/// versions use a degree-6 polynomial (Cephes `expf`), within 2 ulp of `f32::exp`.
+pub fn exp_shifted_sum(isa: Isa, x: &mut [f32], shift: f32) -> f32 {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 { .. } => x86_64::avx512::exp_shifted_sum(x, shift),
+        _ => scalar::exp_shifted_sum(x, shift),
+    }
+}
+
+/// SwiGLU's `g[i] = silu(g[i]) * u[i]` over `min(g.len(), u.len())` values.
+pub fn silu_mul(isa: Isa, g: &mut [f32], u: &[f32]) {
+    let n = g.len().min(u.len());
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 { .. } => x86_64::avx512::silu_mul(&mut g[..n], &u[..n]),
+        _ => scalar::silu_mul(&mut g[..n], &u[..n]),
     }
 }
 

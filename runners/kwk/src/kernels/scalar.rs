@@ -5,11 +5,14 @@
 use super::{OutputMatrix, PANEL_ROWS};
 use std::ops::Range;
 
-/// See [`super::gemm_f32_panels`].
+/// See [`super::gemm_f32_panels_strided`].
+#[allow(clippy::too_many_arguments)]
 pub fn gemm_f32_panels(
     w: &[f32],
+    panel_stride: usize,
     cols: usize,
     x: &[f32],
+    ldx: usize,
     n_tokens: usize,
     rows: Range<usize>,
     y: &OutputMatrix,
@@ -17,10 +20,10 @@ pub fn gemm_f32_panels(
     let mut acc = [0f32; PANEL_ROWS];
     let mut r0 = rows.start;
     while r0 < rows.end {
-        let panel = &w[(r0 / PANEL_ROWS) * cols * PANEL_ROWS..][..cols * PANEL_ROWS];
+        let panel = &w[(r0 / PANEL_ROWS) * panel_stride..][..cols * PANEL_ROWS];
         let valid = (rows.end - r0).min(PANEL_ROWS);
         for t in 0..n_tokens {
-            let xt = &x[t * cols..(t + 1) * cols];
+            let xt = &x[t * ldx..t * ldx + cols];
             acc.fill(0.0);
             for (k, &xk) in xt.iter().enumerate() {
                 let wk = &panel[k * PANEL_ROWS..(k + 1) * PANEL_ROWS];
@@ -101,5 +104,22 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 pub fn axpy_f32(y: &mut [f32], alpha: f32, x: &[f32]) {
     for (o, v) in y.iter_mut().zip(x) {
         *o += alpha * v;
+    }
+}
+
+/// See [`super::exp_shifted_sum`].
+pub fn exp_shifted_sum(x: &mut [f32], shift: f32) -> f32 {
+    let mut sum = 0f32;
+    for v in x.iter_mut() {
+        *v = (*v - shift).exp();
+        sum += *v;
+    }
+    sum
+}
+
+/// See [`super::silu_mul`].
+pub fn silu_mul(g: &mut [f32], u: &[f32]) {
+    for (a, b) in g.iter_mut().zip(u) {
+        *a = *a / (1.0 + (-*a).exp()) * b;
     }
 }

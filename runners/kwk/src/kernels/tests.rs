@@ -205,3 +205,76 @@ fn bf16_conversion_matches_scalar_and_half() {
         }
     }
 }
+
+#[test]
+fn strided_panels_match_packed_panels() {
+    // Panels spaced wider than cols*16 and activations with a row stride > cols.
+    let (n_rows, cols, nt, stride, ldx) = (40, 11, 5, 11 * 16 + 48, 17);
+    let w = values(n_rows * cols, 21);
+    let packed = pack_f32_panels(&w, n_rows, cols);
+    let mut spaced = vec![0f32; 3 * stride];
+    for p in 0..3 {
+        spaced[p * stride..p * stride + cols * 16]
+            .copy_from_slice(&packed[p * cols * 16..(p + 1) * cols * 16]);
+    }
+    let x = values(nt * ldx, 22);
+    let mut xd = vec![0f32; nt * cols];
+    for t in 0..nt {
+        xd[t * cols..(t + 1) * cols].copy_from_slice(&x[t * ldx..t * ldx + cols]);
+    }
+    for isa in supported_isas() {
+        let mut a = vec![0f32; nt * n_rows];
+        let mut b = vec![0f32; nt * n_rows];
+        let ya = OutputMatrix::new(&mut a, nt, n_rows);
+        let yb = OutputMatrix::new(&mut b, nt, n_rows);
+        gemm_f32_panels(isa, &packed, n_rows, cols, &xd, nt, 0..n_rows, &ya);
+        gemm_f32_panels_strided(
+            isa,
+            &spaced,
+            stride,
+            n_rows,
+            cols,
+            &x,
+            ldx,
+            nt,
+            0..n_rows,
+            &yb,
+        );
+        assert_eq!(a, b, "{isa:?}");
+    }
+}
+
+#[test]
+fn exp_and_silu_match_scalar_within_two_ulp() {
+    for n in [0, 1, 15, 16, 17, 100] {
+        let base: Vec<f32> = values(n, 40 + n as u64).iter().map(|v| v * 60.0).collect();
+        for isa in supported_isas() {
+            let (mut a, mut b) = (base.clone(), base.clone());
+            let sa = scalar::exp_shifted_sum(&mut a, 20.0);
+            let sb = exp_shifted_sum(isa, &mut b, 20.0);
+            for i in 0..n {
+                assert!(
+                    (a[i] - b[i]).abs() <= 2.5e-7 * a[i],
+                    "{isa:?} exp({}) {} vs {}",
+                    base[i] - 20.0,
+                    a[i],
+                    b[i]
+                );
+            }
+            assert!((sa - sb).abs() <= 1e-6 * sa.max(1e-30), "{isa:?} sum");
+            let u = values(n, 7);
+            let (mut g1, mut g2) = (base.clone(), base.clone());
+            scalar::silu_mul(&mut g1, &u);
+            silu_mul(isa, &mut g2, &u);
+            for i in 0..n {
+                assert!(
+                    (g1[i] - g2[i]).abs() <= 3e-7 * g1[i].abs() + 1e-37,
+                    "{isa:?} silu({}) {} vs {}",
+                    base[i],
+                    g1[i],
+                    g2[i]
+                );
+            }
+        }
+    }
+}

@@ -15,17 +15,20 @@ fn assert_features() {
 /// AVX2+FMA; `w` holds the panels covering `rows` (`cols*16` elements each, 4 bytes for
 /// f32 or 2 for bf16) and `x` holds `n_tokens*cols` elements.
 #[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
 unsafe fn gemm_panels(
     bf16: bool,
     w: *const u8,
+    panel_stride: usize,
     cols: usize,
     x: *const u8,
+    ldx: usize,
     n_tokens: usize,
     rows: Range<usize>,
     y: &OutputMatrix,
 ) {
     let elem = if bf16 { 2 } else { 4 };
-    let panel_bytes = cols * PANEL_ROWS * elem;
+    let panel_bytes = panel_stride * elem;
     let n_panels = (rows.end - rows.start).div_ceil(PANEL_ROWS);
     let first = rows.start / PANEL_ROWS;
     let mut p = 0;
@@ -39,16 +42,32 @@ unsafe fn gemm_panels(
             let mut t = 0;
             while t < n_tokens {
                 let tt = (n_tokens - t).min(2);
-                let xp = x.add(t * cols * elem);
+                let xp = x.add(t * ldx * elem);
                 match (take, tt, bf16) {
-                    (2, 2, false) => tile_f32::<2, 2>(wp, panel_bytes, cols, xp, t, r0, valid, y),
-                    (2, 1, false) => tile_f32::<2, 1>(wp, panel_bytes, cols, xp, t, r0, valid, y),
-                    (1, 2, false) => tile_f32::<1, 2>(wp, panel_bytes, cols, xp, t, r0, valid, y),
-                    (1, 1, false) => tile_f32::<1, 1>(wp, panel_bytes, cols, xp, t, r0, valid, y),
-                    (2, 2, true) => tile_bf16::<2, 2>(wp, panel_bytes, cols, xp, t, r0, valid, y),
-                    (2, 1, true) => tile_bf16::<2, 1>(wp, panel_bytes, cols, xp, t, r0, valid, y),
-                    (1, 2, true) => tile_bf16::<1, 2>(wp, panel_bytes, cols, xp, t, r0, valid, y),
-                    (1, 1, true) => tile_bf16::<1, 1>(wp, panel_bytes, cols, xp, t, r0, valid, y),
+                    (2, 2, false) => {
+                        tile_f32::<2, 2>(wp, panel_bytes, cols, ldx, xp, t, r0, valid, y)
+                    }
+                    (2, 1, false) => {
+                        tile_f32::<2, 1>(wp, panel_bytes, cols, ldx, xp, t, r0, valid, y)
+                    }
+                    (1, 2, false) => {
+                        tile_f32::<1, 2>(wp, panel_bytes, cols, ldx, xp, t, r0, valid, y)
+                    }
+                    (1, 1, false) => {
+                        tile_f32::<1, 1>(wp, panel_bytes, cols, ldx, xp, t, r0, valid, y)
+                    }
+                    (2, 2, true) => {
+                        tile_bf16::<2, 2>(wp, panel_bytes, cols, ldx, xp, t, r0, valid, y)
+                    }
+                    (2, 1, true) => {
+                        tile_bf16::<2, 1>(wp, panel_bytes, cols, ldx, xp, t, r0, valid, y)
+                    }
+                    (1, 2, true) => {
+                        tile_bf16::<1, 2>(wp, panel_bytes, cols, ldx, xp, t, r0, valid, y)
+                    }
+                    (1, 1, true) => {
+                        tile_bf16::<1, 1>(wp, panel_bytes, cols, ldx, xp, t, r0, valid, y)
+                    }
                     _ => unreachable!(),
                 }
                 t += tt;
@@ -88,6 +107,7 @@ unsafe fn tile_f32<const P: usize, const T: usize>(
     w: *const u8,
     panel_bytes: usize,
     cols: usize,
+    ldx: usize,
     x: *const u8,
     t0: usize,
     r0: usize,
@@ -109,7 +129,7 @@ unsafe fn tile_f32<const P: usize, const T: usize>(
         }
         for (t, a) in acc.iter_mut().enumerate() {
             // SAFETY: column k of token row t lies inside `x`.
-            let xb = _mm256_set1_ps(unsafe { *x.add(t * cols + k) });
+            let xb = _mm256_set1_ps(unsafe { *x.add(t * ldx + k) });
             for p in 0..P {
                 a[p][0] = _mm256_fmadd_ps(wv[p][0], xb, a[p][0]);
                 a[p][1] = _mm256_fmadd_ps(wv[p][1], xb, a[p][1]);
@@ -127,6 +147,7 @@ unsafe fn tile_bf16<const P: usize, const T: usize>(
     w: *const u8,
     panel_bytes: usize,
     cols: usize,
+    ldx: usize,
     x: *const u8,
     t0: usize,
     r0: usize,
@@ -154,7 +175,7 @@ unsafe fn tile_bf16<const P: usize, const T: usize>(
         }
         for (t, a) in acc.iter_mut().enumerate() {
             // SAFETY: columns 2j, 2j+1 of token row t lie inside `x`.
-            let (x0, x1) = unsafe { (*x.add(t * cols + 2 * j), *x.add(t * cols + 2 * j + 1)) };
+            let (x0, x1) = unsafe { (*x.add(t * ldx + 2 * j), *x.add(t * ldx + 2 * j + 1)) };
             let x0 = _mm256_set1_ps(f32::from_bits((x0 as u32) << 16));
             let x1 = _mm256_set1_ps(f32::from_bits((x1 as u32) << 16));
             for p in 0..P {
@@ -168,11 +189,14 @@ unsafe fn tile_bf16<const P: usize, const T: usize>(
     store_tile::<P, T>(&acc, t0, r0, valid, y);
 }
 
-/// See [`crate::kernels::gemm_f32_panels`].
+/// See [`crate::kernels::gemm_f32_panels_strided`].
+#[allow(clippy::too_many_arguments)]
 pub fn gemm_f32_panels(
     w: &[f32],
+    panel_stride: usize,
     cols: usize,
     x: &[f32],
+    ldx: usize,
     n_tokens: usize,
     rows: Range<usize>,
     y: &OutputMatrix,
@@ -183,8 +207,10 @@ pub fn gemm_f32_panels(
         gemm_panels(
             false,
             w.as_ptr() as *const u8,
+            panel_stride,
             cols,
             x.as_ptr() as *const u8,
+            ldx,
             n_tokens,
             rows,
             y,
@@ -207,8 +233,10 @@ pub fn gemm_bf16_panels(
         gemm_panels(
             true,
             w.as_ptr() as *const u8,
+            cols * PANEL_ROWS,
             cols,
             x.as_ptr() as *const u8,
+            cols,
             n_tokens,
             rows,
             y,

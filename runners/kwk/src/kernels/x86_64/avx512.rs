@@ -50,14 +50,16 @@ macro_rules! define_tiles {
             pub(super) unsafe fn gemm_panels(
                 kind: Kind,
                 w: *const u8,
+                panel_stride: usize,
                 cols: usize,
                 x: *const u8,
+                ldx: usize,
                 n_tokens: usize,
                 rows: Range<usize>,
                 y: &OutputMatrix,
             ) {
                 let elem = if kind == Kind::F32 { 4 } else { 2 };
-                let panel_bytes = cols * PANEL_ROWS * elem;
+                let panel_bytes = panel_stride * elem;
                 let n_panels = (rows.end - rows.start).div_ceil(PANEL_ROWS);
                 let first = rows.start / PANEL_ROWS;
                 let mut p = 0;
@@ -71,7 +73,7 @@ macro_rules! define_tiles {
                     while t < n_tokens {
                         let tt = (n_tokens - t).min(TILE_TOKENS);
                         // SAFETY: tokens t..t+tt lie inside `x`.
-                        let xp = unsafe { x.add(t * cols * elem) };
+                        let xp = unsafe { x.add(t * ldx * elem) };
                         // SAFETY: forwarded from this function's contract.
                         unsafe {
                             tile_dispatch(
@@ -81,6 +83,7 @@ macro_rules! define_tiles {
                                 wp,
                                 panel_bytes,
                                 cols,
+                                ldx,
                                 xp,
                                 t,
                                 r0,
@@ -103,6 +106,7 @@ macro_rules! define_tiles {
                 w: *const u8,
                 panel_bytes: usize,
                 cols: usize,
+                ldx: usize,
                 x: *const u8,
                 t0: usize,
                 r0: usize,
@@ -112,7 +116,9 @@ macro_rules! define_tiles {
                 macro_rules! go {
                     ($p:literal, $t:literal) => {
                         // SAFETY: forwarded from the caller's contract.
-                        unsafe { tile::<$p, $t>(kind, w, panel_bytes, cols, x, t0, r0, valid, y) }
+                        unsafe {
+                            tile::<$p, $t>(kind, w, panel_bytes, cols, ldx, x, t0, r0, valid, y)
+                        }
                     };
                 }
                 match (panels, tokens) {
@@ -156,6 +162,7 @@ macro_rules! define_tiles {
                 w: *const u8,
                 panel_bytes: usize,
                 cols: usize,
+                ldx: usize,
                 x: *const u8,
                 t0: usize,
                 r0: usize,
@@ -177,7 +184,7 @@ macro_rules! define_tiles {
                                     *v = _mm512_loadu_ps(w.add(p * ps + k * PANEL_ROWS));
                                 }
                                 for (t, a) in acc.iter_mut().enumerate() {
-                                    let xb = _mm512_set1_ps(*x.add(t * cols + k));
+                                    let xb = _mm512_set1_ps(*x.add(t * ldx + k));
                                     for p in 0..P {
                                         a[p] = _mm512_fmadd_ps(wv[p], xb, a[p]);
                                     }
@@ -197,7 +204,7 @@ macro_rules! define_tiles {
                                 }
                                 for (t, a) in acc.iter_mut().enumerate() {
                                     let pair =
-                                        (x.add(t * cols + 2 * j) as *const i32).read_unaligned();
+                                        (x.add(t * ldx + 2 * j) as *const i32).read_unaligned();
                                     let xb: __m512bh = std::mem::transmute(_mm512_set1_epi32(pair));
                                     for p in 0..P {
                                         let wb: __m512bh = std::mem::transmute(wv[p]);
@@ -222,10 +229,9 @@ macro_rules! define_tiles {
                                     odd[p] = _mm512_castsi512_ps(_mm512_and_si512(v, hi_mask));
                                 }
                                 for (t, a) in acc.iter_mut().enumerate() {
-                                    let x0 =
-                                        f32::from_bits((*x.add(t * cols + 2 * j) as u32) << 16);
+                                    let x0 = f32::from_bits((*x.add(t * ldx + 2 * j) as u32) << 16);
                                     let x1 =
-                                        f32::from_bits((*x.add(t * cols + 2 * j + 1) as u32) << 16);
+                                        f32::from_bits((*x.add(t * ldx + 2 * j + 1) as u32) << 16);
                                     let x0 = _mm512_set1_ps(x0);
                                     let x1 = _mm512_set1_ps(x1);
                                     for p in 0..P {
@@ -253,11 +259,14 @@ macro_rules! define_tiles {
 define_tiles!(tiles_f32, "avx512f,avx512bw,avx512vl,fma");
 define_tiles!(tiles_bf16, "avx512f,avx512bw,avx512vl,fma,avx512bf16");
 
-/// See [`crate::kernels::gemm_f32_panels`].
+/// See [`crate::kernels::gemm_f32_panels_strided`].
+#[allow(clippy::too_many_arguments)]
 pub fn gemm_f32_panels(
     w: &[f32],
+    panel_stride: usize,
     cols: usize,
     x: &[f32],
+    ldx: usize,
     n_tokens: usize,
     rows: Range<usize>,
     y: &OutputMatrix,
@@ -268,8 +277,10 @@ pub fn gemm_f32_panels(
         tiles_f32::gemm_panels(
             Kind::F32,
             w.as_ptr() as *const u8,
+            panel_stride,
             cols,
             x.as_ptr() as *const u8,
+            ldx,
             n_tokens,
             rows,
             y,
@@ -292,8 +303,10 @@ pub fn gemm_bf16_panels_dpbf16(
         tiles_bf16::gemm_panels(
             Kind::Bf16Dp,
             w.as_ptr() as *const u8,
+            cols * PANEL_ROWS,
             cols,
             x.as_ptr() as *const u8,
+            cols,
             n_tokens,
             rows,
             y,
@@ -317,8 +330,10 @@ pub fn gemm_bf16_panels_fma(
         tiles_f32::gemm_panels(
             Kind::Bf16Fma,
             w.as_ptr() as *const u8,
+            cols * PANEL_ROWS,
             cols,
             x.as_ptr() as *const u8,
+            cols,
             n_tokens,
             rows,
             y,
@@ -438,4 +453,99 @@ unsafe fn f32_to_bf16_impl(x: &[f32], out: &mut [u16]) {
         i += 16;
     }
     crate::kernels::scalar::f32_to_bf16(&x[i..], &mut out[i..]);
+}
+
+/// e^x for 16 lanes: Cephes `expf` (x = n·ln2 + r with |r| <= ln2/2, e^r by a degree-6
+/// polynomial), 2^n applied by `vscalefps`. Inputs are clamped to [-103.9, 88.7].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+fn exp_ps(x: __m512) -> __m512 {
+    let x = _mm512_max_ps(
+        _mm512_min_ps(x, _mm512_set1_ps(88.722_83)),
+        _mm512_set1_ps(-103.9),
+    );
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+        _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
+    );
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
+    let mut p = _mm512_set1_ps(1.987_569_1e-4);
+    for c in [
+        1.398_199_9e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        1.666_666_5e-1,
+        5.000_000_1e-1,
+    ] {
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+    }
+    let r2 = _mm512_mul_ps(r, r);
+    let e = _mm512_fmadd_ps(p, r2, _mm512_add_ps(r, _mm512_set1_ps(1.0)));
+    _mm512_scalef_ps(e, n)
+}
+
+/// See [`crate::kernels::exp_shifted_sum`].
+pub fn exp_shifted_sum(x: &mut [f32], shift: f32) -> f32 {
+    assert_features(false);
+    // SAFETY: AVX-512 checked by the dispatcher.
+    unsafe { exp_shifted_sum_impl(x, shift) }
+}
+
+/// # Safety
+/// AVX-512 F.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+unsafe fn exp_shifted_sum_impl(x: &mut [f32], shift: f32) -> f32 {
+    let n = x.len();
+    let p = x.as_mut_ptr();
+    let s = _mm512_set1_ps(shift);
+    let mut sum = _mm512_setzero_ps();
+    let mut i = 0;
+    while i < n {
+        let m: __mmask16 = if n - i >= 16 {
+            0xffff
+        } else {
+            (1u16 << (n - i)) - 1
+        };
+        // SAFETY: the mask covers only i..min(i+16, n).
+        unsafe {
+            let v = exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, p.add(i)), s));
+            _mm512_mask_storeu_ps(p.add(i), m, v);
+            sum = _mm512_mask_add_ps(sum, m, sum, v);
+        }
+        i += 16;
+    }
+    _mm512_reduce_add_ps(sum)
+}
+
+/// See [`crate::kernels::silu_mul`] (equal lengths).
+pub fn silu_mul(g: &mut [f32], u: &[f32]) {
+    assert_features(false);
+    assert_eq!(g.len(), u.len());
+    // SAFETY: AVX-512 checked by the dispatcher; lengths equal.
+    unsafe { silu_mul_impl(g, u) }
+}
+
+/// # Safety
+/// AVX-512 F; equal lengths.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+unsafe fn silu_mul_impl(g: &mut [f32], u: &[f32]) {
+    let n = g.len();
+    let (pg, pu) = (g.as_mut_ptr(), u.as_ptr());
+    let one = _mm512_set1_ps(1.0);
+    let mut i = 0;
+    while i < n {
+        let m: __mmask16 = if n - i >= 16 {
+            0xffff
+        } else {
+            (1u16 << (n - i)) - 1
+        };
+        // SAFETY: the mask covers only i..min(i+16, n) of both slices.
+        unsafe {
+            let vg = _mm512_maskz_loadu_ps(m, pg.add(i));
+            let vu = _mm512_maskz_loadu_ps(m, pu.add(i));
+            let e = exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), vg));
+            let r = _mm512_div_ps(_mm512_mul_ps(vg, vu), _mm512_add_ps(one, e));
+            _mm512_mask_storeu_ps(pg.add(i), m, r);
+        }
+        i += 16;
+    }
 }
