@@ -26,7 +26,7 @@ use crate::format::{self, PackedLinear, TensorPlace, TensorRole};
 use crate::kernels::{self, OutputMatrix};
 use crate::model::{Architecture, FeedForward, Mlp, Model, ModelConfig, ModelWeights, RopeScaling};
 use crate::threads::ThreadPool;
-use layers::{Activations, KvCache, Layer, PackedFfn, PackedMlp, PackedMoe};
+use layers::{KvCache, Layer, PackedFfn, PackedMlp, PackedMoe, Scratch};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -89,6 +89,9 @@ pub struct KwkDecoder {
     weight_bytes: u64,
     n_params: u64,
     pack_s: f64,
+    /// Buffers reused across calls: the residual stream and the per-layer scratch.
+    x_buf: Vec<f32>,
+    scratch: Scratch,
 }
 
 /// Why `model` cannot run in this decoder with a cache of `max_cache_len` tokens
@@ -384,6 +387,8 @@ impl KwkDecoder {
             weight_bytes,
             n_params,
             pack_s,
+            x_buf: Vec::new(),
+            scratch: Scratch::default(),
         })
     }
 
@@ -455,12 +460,14 @@ impl KwkDecoder {
     fn forward_batch(&mut self, tokens: &[u32], logits_from: usize, out: &mut Vec<f32>) {
         let n = tokens.len();
         let d = self.config.hidden_size;
-        let mut x = vec![0f32; n * d];
+        let mut x_buf = std::mem::take(&mut self.x_buf);
+        x_buf.resize(n * d, 0.0);
+        let x = &mut x_buf[..n * d];
         for (t, &id) in tokens.iter().enumerate() {
             self.embed
                 .dequantize_row(id as usize, &mut x[t * d..(t + 1) * d]);
         }
-        let mut acts = Activations::default();
+        let scratch = &mut self.scratch;
         for (li, layer) in self.layers.iter().enumerate() {
             layer.forward(
                 &self.config,
@@ -469,16 +476,19 @@ impl KwkDecoder {
                 &mut self.kv,
                 li,
                 self.pos,
-                &mut x,
-                &mut acts,
+                x,
+                scratch,
             );
         }
         self.pos += n;
         let rows = n - logits_from;
         if rows == 0 {
+            self.x_buf = x_buf;
             return;
         }
         let mut xn = x[logits_from * d..].to_vec();
+        self.x_buf = x_buf;
+        let acts = &mut self.scratch.acts;
         layers::rms_norm_rows(
             &self.pool,
             &mut xn,
