@@ -126,13 +126,13 @@ fn config_unsupported(c: &ModelConfig, max_cache_len: usize) -> Option<String> {
             ));
         }
     }
-    if c.head_dim == 0 || c.head_dim % 2 != 0 {
+    if c.head_dim == 0 || !c.head_dim.is_multiple_of(2) {
         return Some(format!(
             "head_dim {} must be even for rotary embeddings",
             c.head_dim
         ));
     }
-    if c.n_heads == 0 || c.n_kv_heads == 0 || c.n_heads % c.n_kv_heads != 0 {
+    if c.n_heads == 0 || c.n_kv_heads == 0 || !c.n_heads.is_multiple_of(c.n_kv_heads) {
         return Some(format!(
             "{} attention heads cannot be grouped over {} KV heads",
             c.n_heads, c.n_kv_heads
@@ -148,7 +148,7 @@ fn config_unsupported(c: &ModelConfig, max_cache_len: usize) -> Option<String> {
             c.experts_per_token, c.n_experts
         ));
     }
-    if !(c.rope_theta > 0.0) {
+    if c.rope_theta.is_nan() || c.rope_theta <= 0.0 {
         return Some(format!("rope_theta {} must be positive", c.rope_theta));
     }
     None
