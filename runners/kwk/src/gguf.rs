@@ -993,6 +993,18 @@ mod tests {
     }
 
     #[test]
+    fn version_2_reads_like_3() {
+        // v2 and v3 share the layout (v3 only allowed big-endian files); v1 used u32 counts.
+        let dir = tempfile::tempdir().unwrap();
+        let mut bytes = gguf_bytes(&sample_metadata(), &sample_tensors());
+        bytes[4..8].copy_from_slice(&2u32.to_le_bytes());
+        let f = GgufFile::open(&write(&dir, "v2.gguf", &bytes)).unwrap();
+        assert_eq!(f.version(), 2);
+        assert_eq!(f.metadata(), &sample_metadata()[..]);
+        assert_eq!(f.tensors().len(), 3);
+    }
+
+    #[test]
     fn custom_alignment_is_honoured() {
         let dir = tempfile::tempdir().unwrap();
         let mut meta = sample_metadata();
