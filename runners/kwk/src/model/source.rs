@@ -16,7 +16,7 @@
 
 use super::config::ModelConfig;
 use super::gguf_loader::load_gguf;
-use super::safetensors_loader::load_hf_weights;
+use super::safetensors_loader::{index_shards, load_hf_weights, unindexed_weight_files};
 use super::{LoadInfo, Model, ModelWeights};
 use crate::error::{KwkError, Result};
 use crate::tokenizer::Tokenizer;
@@ -251,25 +251,24 @@ fn repo_folder(repo: &str) -> String {
     format!("models--{}", repo.replace('/', "--"))
 }
 
-/// Whether a snapshot holds a loadable model: config.json and all its safetensors.
+/// Whether a snapshot holds a loadable model: config.json, tokenizer.json and all the
+/// safetensors its index names (or `model.safetensors`).
 fn snapshot_complete(dir: &Path) -> bool {
-    if !dir.join("config.json").is_file() {
+    if !dir.join("config.json").is_file() || !dir.join("tokenizer.json").is_file() {
         return false;
     }
     let index = dir.join("model.safetensors.index.json");
-    if let Ok(text) = std::fs::read_to_string(&index) {
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else {
-            return false;
-        };
-        let Some(map) = v.get("weight_map").and_then(|m| m.as_object()) else {
-            return false;
-        };
-        return map
-            .values()
-            .filter_map(|f| f.as_str())
-            .all(|f| dir.join(f).is_file());
+    if index.is_file() {
+        return index_shards(&index).is_ok_and(|files| files.iter().all(|f| dir.join(f).is_file()));
     }
-    dir.join("model.safetensors").is_file()
+    let names: Vec<String> = std::fs::read_dir(dir)
+        .map(|it| {
+            it.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    !unindexed_weight_files(&names).is_empty()
 }
 
 /// The cached snapshot folder of `repo` at `revision` (a branch or tag through
@@ -292,26 +291,32 @@ pub fn cached_snapshot(cache_dir: &Path, repo: &str, revision: &str) -> Option<P
     snapshot_complete(&snapshot).then_some(snapshot)
 }
 
-/// The files of a hub repository kwk needs: config, tokenizer files, safetensors.
+/// The files of a hub repository kwk needs besides the weights.
+const METADATA_FILES: &[&str] = &[
+    "config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+    "special_tokens_map.json",
+    "model.safetensors.index.json",
+];
+
+/// The metadata files present in `siblings`, then (without an index) the weight files.
 fn wanted_files(siblings: &[String]) -> Vec<String> {
-    let top_level = |f: &&String| !f.contains('/');
     let mut want: Vec<String> = siblings
         .iter()
-        .filter(top_level)
-        .filter(|f| {
-            matches!(
-                f.as_str(),
-                "config.json"
-                    | "tokenizer.json"
-                    | "tokenizer_config.json"
-                    | "generation_config.json"
-                    | "special_tokens_map.json"
-                    | "model.safetensors.index.json"
-            ) || f.ends_with(".safetensors")
-        })
+        .filter(|f| METADATA_FILES.contains(&f.as_str()))
         .cloned()
         .collect();
     want.sort();
+    if !want.iter().any(|f| f == "model.safetensors.index.json") {
+        let top: Vec<String> = siblings
+            .iter()
+            .filter(|f| !f.contains('/'))
+            .cloned()
+            .collect();
+        want.extend(unindexed_weight_files(&top));
+    }
     want
 }
 
@@ -362,8 +367,9 @@ fn download_hub(repo: &str, rev: &str, settings: &HubSettings) -> Result<PathBuf
         .info()
         .map_err(|e| KwkError::InvalidArgument(e.to_string()))?;
     let siblings: Vec<String> = info.siblings.into_iter().map(|s| s.rfilename).collect();
-    let files = wanted_files(&siblings);
-    if !files.iter().any(|f| f.ends_with(".safetensors"))
+    let mut files = wanted_files(&siblings);
+    let has_index = files.iter().any(|f| f == "model.safetensors.index.json");
+    if !(has_index || files.iter().any(|f| f.ends_with(".safetensors")))
         || !files.iter().any(|f| f == "config.json")
     {
         return Err(KwkError::NotFound(format!(
@@ -372,11 +378,19 @@ fn download_hub(repo: &str, rev: &str, settings: &HubSettings) -> Result<PathBuf
             siblings.len()
         )));
     }
+    let fetch = |f: &str| {
+        api_repo
+            .get(f)
+            .map_err(|e| KwkError::InvalidArgument(format!("downloading {f}: {e}")))
+    };
+    if has_index {
+        // The shards to fetch are those the index names (not e.g. consolidated.safetensors).
+        let index = fetch("model.safetensors.index.json")?;
+        files.extend(index_shards(&index)?);
+    }
     let mut config_path = None;
     for f in &files {
-        let p = api_repo
-            .get(f)
-            .map_err(|e| KwkError::InvalidArgument(format!("downloading {f}: {e}")))?;
+        let p = fetch(f)?;
         if f == "config.json" {
             config_path = Some(p);
         }
@@ -644,11 +658,34 @@ mod tests {
             wanted_files(&sib),
             vec![
                 "config.json",
-                "model-00001-of-00002.safetensors",
-                "model-00002-of-00002.safetensors",
                 "model.safetensors.index.json",
                 "tokenizer.json"
             ]
+        );
+        let mistral: Vec<String> = [
+            "config.json",
+            "consolidated.safetensors",
+            "model.safetensors",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        assert_eq!(
+            wanted_files(&mistral),
+            vec!["config.json", "model.safetensors"]
+        );
+        let shards: Vec<String> = [
+            "config.json",
+            "b.safetensors",
+            "a.safetensors",
+            "consolidated.safetensors",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        assert_eq!(
+            wanted_files(&shards),
+            vec!["config.json", "a.safetensors", "b.safetensors"]
         );
     }
 
