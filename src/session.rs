@@ -18,6 +18,7 @@ use crate::runner::kwk::{KwkRunner, KwkRunnerOptions, ReferenceRole};
 use crate::runner::{plan_runners, FormatSpec, PerplexityProtocol, Runner, SpeedSpec, TokenStream};
 use crate::text::read_text;
 use anyhow::{anyhow, bail, ensure, Context, Result};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
@@ -123,7 +124,22 @@ fn check_gguf_path(path: &Path) -> Result<()> {
             path.display()
         );
     }
-    std::fs::File::open(path).with_context(|| format!("opening GGUF file '{}'", path.display()))?;
+    let mut file = std::fs::File::open(path)
+        .with_context(|| format!("opening GGUF file '{}'", path.display()))?;
+    // The magic only; the llama.cpp runner reads (and checks) the rest of the header.
+    let mut magic = Vec::with_capacity(4);
+    std::io::Read::by_ref(&mut file)
+        .take(4)
+        .read_to_end(&mut magic)
+        .with_context(|| format!("reading GGUF file '{}'", path.display()))?;
+    if magic != b"GGUF" {
+        let hex: Vec<String> = magic.iter().map(|b| format!("{b:02x}")).collect();
+        bail!(
+            "'{}' is not a GGUF file (it starts with bytes [{}], not 'GGUF'); pass a .gguf model file",
+            path.display(),
+            hex.join(" ")
+        );
+    }
     Ok(())
 }
 

@@ -50,7 +50,7 @@ impl std::error::Error for PlanError {}
 
 /// Checks `--ctx` on its own (before any tokenizing).
 pub fn check_ctx(ctx: usize) -> Result<(), PlanError> {
-    if ctx < 8 || ctx % 2 != 0 {
+    if ctx < 8 || ctx % 2 == 1 {
         return Err(PlanError::BadCtx { ctx });
     }
     Ok(())
@@ -202,6 +202,9 @@ pub struct PerplexityScore {
     pub scored_tokens: usize,
 }
 
+/// `logits_of(window, first)`: the logits of window positions `first..ctx` from an empty cache.
+pub type LogitsProvider<'a> = dyn FnMut(&[u32], usize) -> Result<Vec<f32>> + 'a;
+
 /// Runs the protocol. `logits_of(window, first)` returns the logits of window positions
 /// `first .. ctx` (row-major, `ctx - first` rows, as `KwkDecoder::forward` does), starting
 /// from an empty cache. `observe` sees each chunk's scored rows.
@@ -209,7 +212,7 @@ pub fn score_chunks(
     tokens: &[u32],
     plan: &ChunkPlan,
     bos: Option<u32>,
-    logits_of: &mut dyn FnMut(&[u32], usize) -> Result<Vec<f32>>,
+    logits_of: &mut LogitsProvider,
     observe: &mut dyn FnMut(&ChunkLogits) -> Result<()>,
     progress: &dyn Progress,
 ) -> Result<PerplexityScore> {

@@ -499,8 +499,8 @@ mod tests {
         // min_logit = max(-40, 2.5-16) = -13.5; scale = 16/65535.
         assert!((scale - 16.0 / 65535.0).abs() < 1e-9);
         assert!((f64::from(min_log_prob) - (-13.5 - lse)).abs() < 1e-5);
-        for i in 0..4 {
-            let expected = row[i] as f64 - lse;
+        for (i, &l) in row.iter().enumerate().take(4) {
+            let expected = l as f64 - lse;
             assert!(
                 (f64::from(decode_log_prob(&rec, i)) - expected).abs() < 2e-4,
                 "token {i}"
