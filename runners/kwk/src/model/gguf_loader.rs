@@ -569,7 +569,7 @@ pub fn load_gguf(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::gguf::test_writer::{gguf_bytes, TestTensor};
     use crate::model::safetensors_loader::{load_hf_weights, tests::fixture_dir};

@@ -633,6 +633,54 @@ mod tests {
     }
 
     #[test]
+    fn load_model_builds_the_same_model_from_folder_gguf_and_cache() {
+        let cache = fake_cache();
+        let settings = offline(cache.path());
+        let folder = fixture_dir("tiny-llama");
+        let from_folder = load_model_with(folder.to_str().unwrap(), &settings).unwrap();
+        let gguf = folder.join("model.gguf");
+        let from_gguf = load_model_with(gguf.to_str().unwrap(), &settings).unwrap();
+        let from_hub = load_model_with("kwk-test/tiny-llama", &settings).unwrap();
+        for m in [&from_folder, &from_gguf, &from_hub] {
+            assert_eq!(m.tokenizer.vocab_size(), 512);
+            assert_eq!(m.n_params(), from_folder.n_params());
+            let ids = m.tokenizer.encode("Hello world", false).unwrap();
+            assert_eq!(
+                ids,
+                from_folder.tokenizer.encode("Hello world", false).unwrap()
+            );
+        }
+        crate::model::gguf_loader::tests::assert_weights_close(
+            &from_gguf.weights,
+            &from_folder.weights,
+        );
+        assert_eq!(from_hub.weights.embed, from_folder.weights.embed);
+        assert_eq!(from_hub.info.requested, "kwk-test/tiny-llama");
+        assert!(from_hub.info.resolved_path.ends_with(SHA));
+        assert_eq!(from_gguf.info.resolved_path, gguf);
+        assert_eq!(from_folder.info.source_types.get("F32"), Some(&20));
+        assert!(from_folder.info.source_bytes > 0);
+    }
+
+    #[test]
+    fn smollm2_gguf_loads_as_a_model() {
+        let dir = crate::format::ggml_blocks::tests::smollm2_dir();
+        let path = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
+        let m = load_model(path.to_str().unwrap()).unwrap();
+        // llama.cpp's "model params" for this file.
+        assert_eq!(m.n_params(), 134_515_008);
+        assert_eq!(m.tokenizer.vocab_size(), 49152);
+        assert_eq!(m.info.source_types.get("Q8_0"), Some(&1));
+        assert_eq!(
+            m.info.source_bytes,
+            crate::gguf::GgufFile::open(&path)
+                .unwrap()
+                .summary()
+                .tensor_bytes
+        );
+    }
+
+    #[test]
     fn edit_distance_basics() {
         assert_eq!(edit_distance("kitten", "sitting"), 3);
         assert_eq!(edit_distance("", "abc"), 3);
