@@ -274,6 +274,11 @@ fn snapshot_complete(dir: &Path) -> bool {
 /// The cached snapshot folder of `repo` at `revision` (a branch or tag through
 /// `refs/<revision>`, or a commit hash), if it holds a complete model.
 pub fn cached_snapshot(cache_dir: &Path, repo: &str, revision: &str) -> Option<PathBuf> {
+    // A revision names a ref file inside the cache (it may contain '/', as in refs/pr/1),
+    // never a path outside it.
+    if revision.is_empty() || revision.starts_with('/') || revision.split('/').any(|p| p == "..") {
+        return None;
+    }
     let root = cache_dir.join(repo_folder(repo));
     let is_commit = revision.len() == 40 && revision.chars().all(|c| c.is_ascii_hexdigit());
     let commit = if is_commit {
@@ -523,6 +528,15 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(msg.contains("not in the Hugging Face cache"), "{msg}");
+    }
+
+    #[test]
+    fn revision_cannot_leave_the_cache() {
+        let cache = fake_cache();
+        let root = cache.path().join("models--kwk-test--tiny-llama");
+        std::fs::write(root.join("main-copy"), SHA).unwrap();
+        assert!(cached_snapshot(cache.path(), "kwk-test/tiny-llama", "../main-copy").is_none());
+        assert!(cached_snapshot(cache.path(), "kwk-test/tiny-llama", "main").is_some());
     }
 
     #[test]
