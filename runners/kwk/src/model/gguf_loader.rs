@@ -818,10 +818,16 @@ pub(crate) mod tests {
     #[test]
     fn llama3_rope_factors_are_recognised() {
         // Llama 3.2 1B: theta 500000, head_dim 64, factor 32, low 1, high 4, original 8192.
+        // Reference: conversion/llama.py's generate_extra_tensors, run in numpy float32.
+        let reference = [
+            1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.651329,
+            3.292263, 9.666731, 32.0, 32.0, 32.0, 32.0, 32.0, 32.0, 32.0, 32.0, 32.0, 32.0, 32.0,
+            32.0, 32.0, 32.0,
+        ];
         let f = llama3_rope_factors(500000.0, 64, 32.0, 1.0, 4.0, 8192);
-        assert_eq!(f[0], 1.0);
-        assert_eq!(f[31], 32.0);
-        assert!(f.iter().any(|&x| x > 1.0 && x < 32.0));
+        for (i, (a, b)) in f.iter().zip(reference).enumerate() {
+            assert!((a - b).abs() <= 1e-5 * b, "factor {i}: {a} vs {b}");
+        }
         let src = fixture_dir("tiny-llama").join("model.gguf");
         let factors = llama3_rope_factors(10000.0, 16, 8.0, 1.0, 4.0, 8192);
         let (_dir, path) = rewritten(&src, |_, mut tensors| {
