@@ -632,6 +632,16 @@ pub(crate) mod tests {
                         close_mlp(&format!("{l}.expert{e}"), p, q);
                     }
                     assert_eq!(m.shared_expert.is_some(), n.shared_expert.is_some());
+                    if let (Some(p), Some(q)) = (&m.shared_expert, &n.shared_expert) {
+                        close_mlp(&format!("{l}.shared_expert"), p, q);
+                    }
+                    assert_eq!(
+                        m.shared_expert_gate.is_some(),
+                        n.shared_expert_gate.is_some()
+                    );
+                    if let (Some(p), Some(q)) = (&m.shared_expert_gate, &n.shared_expert_gate) {
+                        close_t(&format!("{l}.shared_expert_gate"), p, q);
+                    }
                 }
                 _ => panic!("layer {l}: dense vs moe"),
             }
@@ -702,6 +712,53 @@ pub(crate) mod tests {
                 "{name}: {:?}",
                 info.source_types
             );
+        }
+    }
+
+    /// Tiny qwen2_moe / qwen3_moe models written by `scripts/gen_moe_test_models.py` (HF
+    /// folder and a GGUF made with gguf-py's writer and llama.cpp's tensor-name table).
+    #[test]
+    fn qwen_moe_ggufs_equal_their_safetensors() {
+        let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/tiny-moe");
+        for (name, arch) in [
+            ("qwen2_moe", Architecture::Qwen2Moe),
+            ("qwen3_moe", Architecture::Qwen3Moe),
+        ] {
+            let dir = data.join(name);
+            let hc = ModelConfig::from_hf_config_json(&dir.join("config.json")).unwrap();
+            let (hw, _) = load_hf_weights(&dir, &hc).unwrap();
+            let (gc, gw, _, _) = load_gguf(&dir.join("model.gguf")).unwrap();
+            assert_eq!(hc.architecture, arch);
+            same_config(&gc, &hc);
+            assert_eq!(
+                gc.shared_expert_intermediate_size,
+                hc.shared_expert_intermediate_size
+            );
+            assert_weights_close(&gw, &hw);
+            let FeedForward::Moe(moe) = &hw.layers[1].ffn else {
+                panic!("{name}: MoE layer expected")
+            };
+            assert_eq!(moe.experts.len(), 3);
+            if arch == Architecture::Qwen2Moe {
+                assert_eq!(hc.shared_expert_intermediate_size, 12);
+                let FeedForward::Moe(gmoe) = &gw.layers[1].ffn else {
+                    unreachable!()
+                };
+                close_mlp(
+                    "shared",
+                    gmoe.shared_expert.as_ref().unwrap(),
+                    moe.shared_expert.as_ref().unwrap(),
+                );
+                close_t(
+                    "shared gate",
+                    gmoe.shared_expert_gate.as_ref().unwrap(),
+                    moe.shared_expert_gate.as_ref().unwrap(),
+                );
+                assert!(hw.layers[0].q_bias.is_some());
+            } else {
+                assert_eq!((hc.head_dim, hc.n_heads), (8, 4));
+                assert!(hw.layers[0].q_norm.is_some() && hw.layers[0].k_norm.is_some());
+            }
         }
     }
 
