@@ -104,3 +104,180 @@ fn smollm2_tricky_strings_equal_llama_tokenize() {
         assert_eq!(&tokenizer.decode(&ours).expect("decode"), text);
     }
 }
+
+/// The first `n` bytes of the perplexity text, cut at a character boundary.
+fn wiki_excerpt(n: usize) -> String {
+    let text = common::perplexity_text(&common::wiki_test_raw());
+    let mut end = n.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_string()
+}
+
+/// Compares kwk and llama-tokenize on `texts` for the tokenizer `meta` (written to a
+/// tensorless GGUF that llama-tokenize loads).
+fn check_against_llama_tokenize(
+    label: &str,
+    meta: &kwk::tokenizer::GgufTokenizerMetadata,
+    texts: &[&str],
+) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let gguf = dir.path().join("vocab.gguf");
+    common::vocab_only_gguf::write(&gguf, meta);
+    let tokenizer = Tokenizer::from_gguf(meta).unwrap_or_else(|e| panic!("{label}: {e}"));
+    for text in texts {
+        let ours = tokenizer.encode(text, true).expect("encode");
+        let theirs = common::llama_tokenize(&gguf, text);
+        let shown: String = text.chars().take(60).collect();
+        assert_same_ids(&format!("{label}, text {shown:?}"), &ours, &theirs);
+    }
+}
+
+/// SmolLM2's vocabulary and merges under the other pre-tokenizer types: each one's split
+/// rules (and llama3's ignore_merges and BOS default) against llama.cpp's.
+#[test]
+fn other_pre_tokenizers_equal_llama_tokenize() {
+    let base = common::temp_gguf_metadata::read(&common::smollm2_gguf());
+    let excerpt = wiki_excerpt(60_000);
+    let mut texts: Vec<&str> = TRICKY.to_vec();
+    texts.push(&excerpt);
+    for pre in [
+        "gpt-2",
+        "default",
+        "llama-bpe",
+        "qwen2",
+        "dbrx",
+        "starcoder",
+    ] {
+        let mut meta = base.clone();
+        meta.pre = Some(pre.to_string());
+        // Let the pre-tokenizer type decide the BOS (llama-bpe: yes).
+        meta.add_bos = None;
+        check_against_llama_tokenize(&format!("pre {pre}"), &meta, &texts);
+        let tokenizer = Tokenizer::from_gguf(&meta).unwrap();
+        assert_eq!(
+            tokenizer.add_bos(),
+            pre == "llama-bpe",
+            "pre {pre}: llama.cpp's BOS default"
+        );
+    }
+}
+
+/// A USER_DEFINED token is matched in the input even with parse_special = false; a
+/// CONTROL token's text is tokenized as plain text.
+#[test]
+fn user_defined_tokens_split_like_llama_cpp() {
+    let mut meta = common::temp_gguf_metadata::read(&common::smollm2_gguf());
+    let types = meta.token_types.as_mut().expect("token types");
+    types[3] = 4; // <repo_name>: user-defined
+    types[5] = 4; // <file_sep>
+    let texts = [
+        "<repo_name>kwk<file_sep>src/main.rs<filename>x",
+        "a<repo_name><repo_name> b <file_sep>\n<|im_start|>",
+        "<repo_name",
+    ];
+    check_against_llama_tokenize("user-defined tokens", &meta, &texts);
+    let tokenizer = Tokenizer::from_gguf(&meta).unwrap();
+    let ids = tokenizer.encode("x<repo_name>y", false).unwrap();
+    assert!(ids.contains(&3), "{ids:?}");
+    let ids = tokenizer.encode("x<|im_start|>y", false).unwrap();
+    assert!(
+        !ids.contains(&1),
+        "control token text is plain text: {ids:?}"
+    );
+}
+
+/// A small SentencePiece vocabulary: the 256 byte tokens, single characters, and pieces
+/// cut from a few sentences with scores that depend on the piece, so that merge order
+/// matters; one user-defined and one control token.
+fn synthetic_spm(add_space_prefix: Option<bool>) -> kwk::tokenizer::GgufTokenizerMetadata {
+    let mut tokens: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into()];
+    let mut scores = vec![0.0f32; 3];
+    let mut types = vec![2, 3, 3];
+    for (text, ty) in [("<sep>", 4), ("<ctl>", 3)] {
+        tokens.push(text.into());
+        scores.push(0.0);
+        types.push(ty);
+    }
+    for b in 0..=255u8 {
+        tokens.push(format!("<0x{b:02X}>"));
+        scores.push(0.0);
+        types.push(6);
+    }
+    let sentences = [
+        "the quick brown fox jumps over the lazy dog",
+        "hello world, hello there; theory of the thermal thing",
+        "naïve café über straße",
+        "1234 5678 2024 3.14",
+    ];
+    let mut seen = std::collections::HashSet::new();
+    for sentence in sentences {
+        let escaped = format!(" {sentence}").replace(' ', "\u{2581}");
+        let chars: Vec<char> = escaped.chars().collect();
+        for len in 1..=6 {
+            for start in 0..chars.len().saturating_sub(len - 1) {
+                let piece: String = chars[start..start + len].iter().collect();
+                if seen.insert(piece.clone()) {
+                    // A score from the piece's bytes: deterministic, uneven, with ties.
+                    let h = piece
+                        .bytes()
+                        .fold(7u32, |h, b| h.wrapping_mul(31).wrapping_add(b as u32));
+                    tokens.push(piece);
+                    scores.push(-((h % 17) as f32) - len as f32 * 0.5);
+                    types.push(1);
+                }
+            }
+        }
+    }
+    kwk::tokenizer::GgufTokenizerMetadata {
+        model: "llama".into(),
+        tokens,
+        scores: Some(scores),
+        token_types: Some(types),
+        bos_id: Some(1),
+        eos_id: Some(2),
+        unk_id: Some(0),
+        add_space_prefix,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn synthetic_sentencepiece_equals_llama_tokenize() {
+    let texts = [
+        "",
+        "the quick brown fox",
+        " the  quick\tbrown\n\nfox ",
+        "hello world, hello there; theory of the thermal thing",
+        "naïve café über straße — ünknown ç 日本 😀",
+        "1234 5678 2024 3.14 99999",
+        "a<sep>b <sep> c<ctl>d",
+        "<sep>start",
+        "end<sep>",
+        "thethethe quickquick",
+    ];
+    for add_space_prefix in [None, Some(false)] {
+        let meta = synthetic_spm(add_space_prefix);
+        check_against_llama_tokenize(
+            &format!("SPM, add_space_prefix {add_space_prefix:?}"),
+            &meta,
+            &texts,
+        );
+        let tokenizer = Tokenizer::from_gguf(&meta).unwrap();
+        assert!(tokenizer.add_bos(), "SentencePiece adds a BOS by default");
+        for text in texts {
+            // With the space prefix, llama.cpp also puts a space after every user-defined
+            // token (`is_prev_special`), which decoding keeps.
+            if add_space_prefix != Some(false) && text.contains("<sep>") {
+                continue;
+            }
+            let ids = tokenizer.encode(text, false).unwrap();
+            assert_eq!(
+                tokenizer.decode(&ids).unwrap(),
+                text,
+                "SPM decode(encode({text:?}))"
+            );
+        }
+    }
+}

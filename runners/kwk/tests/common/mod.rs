@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod temp_gguf_metadata;
+pub mod vocab_only_gguf;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
