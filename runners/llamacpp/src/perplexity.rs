@@ -62,7 +62,7 @@ impl PerplexityRequest {
             chunks: None,
             compute,
             timeout: Duration::from_secs(3600),
-            attempts: 3,
+            attempts: 4,
             save_logits: None,
         }
     }

@@ -9,6 +9,8 @@
 //! threads in slices aligned to [`PackedLinear::row_align`], and lets each thread call
 //! [`PackedLinear::matmul_rows`] on its slice.
 
+pub mod ggml_blocks;
+
 use crate::kernels::OutputMatrix;
 use std::ops::Range;
 
