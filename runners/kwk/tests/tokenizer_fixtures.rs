@@ -59,7 +59,7 @@ fn gguf_metadata_gives_the_same_ids_as_tokenizer_json_and_llama_tokenize() {
         let dir = common::fixtures_dir().join(name);
         let hf = Tokenizer::from_hf_folder(&dir).unwrap();
         let gguf_path = dir.join("model.gguf");
-        let meta = common::temp_gguf_metadata::read(&gguf_path);
+        let meta = common::gguf_tokenizer_metadata(&gguf_path);
         assert_eq!(meta.pre.as_deref(), Some("gpt-2"));
         let gguf = Tokenizer::from_gguf(&meta).unwrap();
         assert!(!gguf.add_bos());

@@ -175,7 +175,7 @@ fn stream_decoder_joins_multi_token_characters() {
     );
     // The same through the GGUF tokenizer.
     let meta =
-        common::temp_gguf_metadata::read(&common::fixtures_dir().join("tiny-llama/model.gguf"));
+        common::gguf_tokenizer_metadata(&common::fixtures_dir().join("tiny-llama/model.gguf"));
     let gguf = Tokenizer::from_gguf(&meta).unwrap();
     let mut stream = StreamDecoder::new();
     let mut out = String::new();
@@ -240,7 +240,7 @@ fn broken_hf_folders_are_tokenizer_errors_naming_the_file() {
 }
 
 fn tiny_meta() -> GgufTokenizerMetadata {
-    common::temp_gguf_metadata::read(&common::fixtures_dir().join("tiny-llama/model.gguf"))
+    common::gguf_tokenizer_metadata(&common::fixtures_dir().join("tiny-llama/model.gguf"))
 }
 
 #[test]

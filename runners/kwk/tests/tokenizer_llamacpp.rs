@@ -10,7 +10,7 @@ use std::time::Instant;
 use kwk::tokenizer::Tokenizer;
 
 fn smollm2_tokenizer() -> Tokenizer {
-    let meta = common::temp_gguf_metadata::read(&common::smollm2_gguf());
+    let meta = common::gguf_tokenizer_metadata(&common::smollm2_gguf());
     Tokenizer::from_gguf(&meta).expect("SmolLM2 GGUF tokenizer")
 }
 
@@ -138,10 +138,16 @@ fn check_against_llama_tokenize(
 /// rules (and llama3's ignore_merges and BOS default) against llama.cpp's.
 #[test]
 fn other_pre_tokenizers_equal_llama_tokenize() {
-    let base = common::temp_gguf_metadata::read(&common::smollm2_gguf());
+    let base = common::gguf_tokenizer_metadata(&common::smollm2_gguf());
     let excerpt = wiki_excerpt(60_000);
-    let mut texts: Vec<&str> = TRICKY.to_vec();
-    texts.push(&excerpt);
+    // One llama-tokenize run per text and vocabulary load: the corner cases joined into
+    // one text (they are separated by newlines), and the excerpt.
+    let joined = TRICKY.join("\n");
+    let texts = [
+        joined.as_str(),
+        excerpt.as_str(),
+        "  ends in white space \r\n \t ",
+    ];
     for pre in [
         "gpt-2",
         "default",
@@ -168,7 +174,7 @@ fn other_pre_tokenizers_equal_llama_tokenize() {
 /// CONTROL token's text is tokenized as plain text.
 #[test]
 fn user_defined_tokens_split_like_llama_cpp() {
-    let mut meta = common::temp_gguf_metadata::read(&common::smollm2_gguf());
+    let mut meta = common::gguf_tokenizer_metadata(&common::smollm2_gguf());
     let types = meta.token_types.as_mut().expect("token types");
     types[3] = 4; // <repo_name>: user-defined
     types[5] = 4; // <file_sep>

@@ -2,11 +2,18 @@
 //! fixtures and llama.cpp's `llama-tokenize` are, and running `llama-tokenize`.
 #![allow(dead_code)]
 
-pub mod temp_gguf_metadata;
 pub mod vocab_only_gguf;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+/// The `tokenizer.ggml.*` metadata of a GGUF file, through kwk's GGUF reader and loader.
+pub fn gguf_tokenizer_metadata(path: &Path) -> kwk::tokenizer::GgufTokenizerMetadata {
+    let file =
+        kwk::gguf::GgufFile::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    kwk::model::gguf_loader::tokenizer_metadata_from_gguf(&file)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
 
 pub fn models_dir() -> PathBuf {
     match std::env::var_os("KWK_MODELS_DIR") {
