@@ -263,13 +263,13 @@ fn synthetic_sentencepiece_equals_llama_tokenize() {
         "end<sep>",
         "thethethe quickquick",
     ];
+    // A long text: mostly single characters and byte fallbacks for this small vocabulary.
+    let excerpt = wiki_excerpt(30_000);
     for add_space_prefix in [None, Some(false)] {
         let meta = synthetic_spm(add_space_prefix);
-        check_against_llama_tokenize(
-            &format!("SPM, add_space_prefix {add_space_prefix:?}"),
-            &meta,
-            &texts,
-        );
+        let label = format!("SPM, add_space_prefix {add_space_prefix:?}");
+        check_against_llama_tokenize(&label, &meta, &texts);
+        check_against_llama_tokenize(&label, &meta, &[excerpt.as_str()]);
         let tokenizer = Tokenizer::from_gguf(&meta).unwrap();
         assert!(tokenizer.add_bos(), "SentencePiece adds a BOS by default");
         for text in texts {
