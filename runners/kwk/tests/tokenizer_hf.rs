@@ -308,3 +308,10 @@ fn gguf_bos_defaults_follow_llama_cpp() {
     let tok = Tokenizer::from_gguf(&tiny_meta()).unwrap();
     assert!(tok.is_eos(0) && tok.is_eos(2) && !tok.is_eos(1));
 }
+
+#[test]
+fn tokenizer_is_send_and_sync() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Tokenizer>();
+    assert_send_sync::<StreamDecoder>();
+}

@@ -287,3 +287,78 @@ fn synthetic_sentencepiece_equals_llama_tokenize() {
         }
     }
 }
+
+/// A tokenizer.json in the layout of SmolLM2's (the StarCoder tokenizer: a BPE model,
+/// pre-tokenizer `Sequence[Digits(individual_digits), ByteLevel(no prefix space)]`,
+/// special added tokens), built from the GGUF's vocabulary and merges. Not the model's own
+/// file (which is not installed here): it checks that the `tokenizers` crate path agrees
+/// with llama.cpp for this layout, so an HF folder and its GGUF give the same tokens.
+fn smollm2_layout_tokenizer_json(
+    meta: &kwk::tokenizer::GgufTokenizerMetadata,
+) -> serde_json::Value {
+    use serde_json::json;
+    let types = meta.token_types.as_ref().expect("token types");
+    let vocab: serde_json::Map<String, serde_json::Value> = meta
+        .tokens
+        .iter()
+        .enumerate()
+        .map(|(id, t)| (t.clone(), json!(id)))
+        .collect();
+    let added: Vec<serde_json::Value> = meta
+        .tokens
+        .iter()
+        .enumerate()
+        .filter(|&(id, _)| types[id] == 3)
+        .map(|(id, t)| {
+            json!({"id": id, "content": t, "single_word": false, "lstrip": false,
+                   "rstrip": false, "normalized": false, "special": true})
+        })
+        .collect();
+    json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": null,
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Digits", "individual_digits": true},
+            {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}
+        ]},
+        "post_processor": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                  "ignore_merges": false, "vocab": vocab, "merges": meta.merges.as_ref().expect("merges")}
+    })
+}
+
+#[test]
+fn smollm2_layout_tokenizer_json_equals_llama_tokenize() {
+    let meta = common::gguf_tokenizer_metadata(&common::smollm2_gguf());
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("tokenizer.json"),
+        serde_json::to_vec(&smollm2_layout_tokenizer_json(&meta)).unwrap(),
+    )
+    .unwrap();
+    let hf = Tokenizer::from_hf_folder(dir.path()).unwrap();
+    assert!(!hf.add_bos());
+    assert_eq!(hf.vocab_size(), meta.tokens.len());
+    let text = common::perplexity_text(&common::wiki_test_raw());
+    let start = Instant::now();
+    let ours = hf.encode(&text, true).unwrap();
+    eprintln!(
+        "tokenizer.json path: wiki.test.raw into {} tokens in {:.3} s",
+        ours.len(),
+        start.elapsed().as_secs_f64()
+    );
+    let theirs = common::llama_tokenize(&common::smollm2_gguf(), &text);
+    assert_same_ids("tokenizer.json path, wiki.test.raw", &ours, &theirs);
+    let model = common::smollm2_gguf();
+    let joined = TRICKY.join("\n");
+    for text in [joined.as_str(), "  ends in white space \r\n \t "] {
+        let ours = hf.encode(text, true).unwrap();
+        let theirs = common::llama_tokenize(&model, text);
+        assert_same_ids(&format!("tokenizer.json path, {text:?}"), &ours, &theirs);
+    }
+}
