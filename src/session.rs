@@ -324,6 +324,7 @@ pub fn evaluate(cfg: &EvalConfig) -> Result<Outcome> {
             kwk: machine::kwk_git_sha(),
             kwk_eval: env!("CARGO_PKG_VERSION").to_string(),
             llama_cpp: tools.as_ref().and_then(crate::runner::llamacpp_build),
+            llama_cpp_version: tools.as_ref().map(|t| t.build().raw.clone()),
         },
         protocol: Protocol {
             ctx: plan.ctx,
