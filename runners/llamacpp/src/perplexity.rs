@@ -158,10 +158,11 @@ pub(crate) fn timestamp_seconds(m: &str, s: &str, ms: &str, us: &str) -> Option<
     Some(m * 60.0 + s + ms / 1e3 + us / 1e6)
 }
 
-/// Error-level log lines (`M.SS.mmm.uuu E msg`), message only.
+/// Error-level log lines (`M.SS.mmm.uuu E msg`), message only. Not anchored at the line
+/// start: a line can follow the unterminated `... ETA ` text, as `Final estimate` does.
 pub(crate) fn error_lines(stderr: &str) -> Vec<String> {
     static E: OnceLock<Regex> = OnceLock::new();
-    re(&E, r"(?m)^\d+\.\d+\.\d+\.\d+ E (.*)$")
+    re(&E, r"(?m)(?:^|\s)\d+\.\d{2}\.\d{3}\.\d{3} E (.*)$")
         .captures_iter(stderr)
         .map(|c| c[1].trim_end().to_string())
         .collect()
