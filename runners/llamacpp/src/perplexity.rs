@@ -20,6 +20,9 @@
 //! the `Final estimate` line and the last `[k]` value were missing with exit code 0. A run
 //! whose output just stops (no Final line, no error line) is therefore retried
 //! ([`PerplexityRequest::attempts`]); a missing Final line is never read as a result.
+//! `scripts/setup-llama-cpp.sh` also patches llama-perplexity to call `common_log_flush()`
+//! before it exits (as common/log.h advises; 0 losses in 20 runs after, against 6 of 10 KL
+//! runs before), so the retries matter only for llama.cpp builds from elsewhere.
 
 use crate::error::{Error, Result};
 use crate::process::{self, ToolCommand};
