@@ -9,6 +9,10 @@
 //! threads in slices aligned to [`PackedLinear::row_align`], and lets each thread call
 //! [`PackedLinear::matmul_rows`] on its slice.
 
+pub mod int4;
+pub mod int8;
+pub mod quantized;
+
 use crate::kernels::OutputMatrix;
 use std::ops::Range;
 

@@ -1,6 +1,8 @@
 //! Compute kernels. `scalar.rs` is the specification; `x86_64/` holds the AVX2 and AVX-512
 //! versions (the only `unsafe` in the crate), chosen once at run time (`KWK_ISA` forces one).
 
+pub mod int4_matmul;
+pub mod int8_matmul;
 pub mod q8_activations;
 
 /// A row-major `[n_tokens][ld]` float32 output that worker threads fill in disjoint column
