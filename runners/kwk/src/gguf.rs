@@ -1,3 +1,1127 @@
 //! The GGUF container: header, metadata, tensor directory, memory-mapped tensor data.
 //!
-//! SKELETON: lands with the decoder issue.
+//! [`GgufFile::open`] maps the file and parses everything but the tensor data: the header
+//! (magic `GGUF`, version 2 or 3, tensor and key counts), every metadata key-value pair
+//! (all 13 value types, arrays included), and the tensor directory (name, dimensions in
+//! ggml order with `ne[0]` innermost, ggml type, offset into the data section, which
+//! starts at the next multiple of `general.alignment` (default 32) after the directory).
+//! Every count and length is checked against the bytes left in the file before anything
+//! is allocated, and every tensor's extent against the file size, so a truncated or
+//! corrupt file is a `BadModel` error naming the file, never a panic, an out-of-bounds
+//! read or a huge allocation. The format follows `ggml/src/gguf.cpp` (`gguf_init_from_file_impl`)
+//! and `docs/gguf.md` of llama.cpp.
+//!
+//! [`GgufFile::summary`] gives what a report says about a GGUF without loading it
+//! (architecture, parameters, tensor bytes, type mix, bits per weight), for the llama.cpp
+//! rows of the harness. Also home of [`map_file`], the one place the loaders memory-map a
+//! model file.
+
+use crate::error::{KwkError, Result};
+use crate::format::ggml_blocks::GgmlType;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+/// Maps `path` read-only. Model files are mapped rather than read so that a multi-gigabyte
+/// checkpoint costs no heap copy: tensors are converted straight from the page cache.
+pub(crate) fn map_file(path: &Path) -> Result<memmap2::Mmap> {
+    let file = std::fs::File::open(path).map_err(|e| KwkError::io(path, e))?;
+    // SAFETY: the map is read-only and private to this process; the loaders only read
+    // bytes through bounds-checked slices. A concurrent writer truncating the file
+    // would be undefined behaviour, as for every mmap-based model loader (llama.cpp,
+    // candle); model files are not modified while a run reads them.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| KwkError::io(path, e))?;
+    Ok(map)
+}
+
+/// `GGUF` read as a little-endian u32.
+const GGUF_MAGIC: [u8; 4] = *b"GGUF";
+/// `GGUF_DEFAULT_ALIGNMENT` in ggml/src/gguf.cpp.
+const DEFAULT_ALIGNMENT: u64 = 32;
+/// `GGML_MAX_DIMS`.
+const MAX_DIMS: u32 = 4;
+/// Arrays nested deeper than this are refused (llama.cpp refuses any nesting).
+const MAX_ARRAY_DEPTH: usize = 2;
+
+/// The type tag of a metadata value (`enum gguf_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GgufValueType {
+    U8,
+    I8,
+    U16,
+    I16,
+    U32,
+    I32,
+    F32,
+    Bool,
+    String,
+    Array,
+    U64,
+    I64,
+    F64,
+}
+
+impl GgufValueType {
+    fn from_u32(t: u32) -> Option<GgufValueType> {
+        use GgufValueType::*;
+        Some(match t {
+            0 => U8,
+            1 => I8,
+            2 => U16,
+            3 => I16,
+            4 => U32,
+            5 => I32,
+            6 => F32,
+            7 => Bool,
+            8 => String,
+            9 => Array,
+            10 => U64,
+            11 => I64,
+            12 => F64,
+            _ => return None,
+        })
+    }
+
+    /// The fewest bytes one value of this type occupies (for allocation guards).
+    fn min_size(self) -> usize {
+        use GgufValueType::*;
+        match self {
+            U8 | I8 | Bool => 1,
+            U16 | I16 => 2,
+            U32 | I32 | F32 => 4,
+            U64 | I64 | F64 => 8,
+            String => 8,    // u64 length
+            Array => 4 + 8, // element type + count
+        }
+    }
+}
+
+/// One metadata value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GgufValue {
+    U8(u8),
+    I8(i8),
+    U16(u16),
+    I16(i16),
+    U32(u32),
+    I32(i32),
+    F32(f32),
+    Bool(bool),
+    String(String),
+    Array(GgufArray),
+    U64(u64),
+    I64(i64),
+    F64(f64),
+}
+
+/// A metadata array: its element type and values (all of that type).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GgufArray {
+    pub element_type: GgufValueType,
+    pub values: Vec<GgufValue>,
+}
+
+impl GgufValue {
+    pub fn value_type(&self) -> GgufValueType {
+        match self {
+            GgufValue::U8(_) => GgufValueType::U8,
+            GgufValue::I8(_) => GgufValueType::I8,
+            GgufValue::U16(_) => GgufValueType::U16,
+            GgufValue::I16(_) => GgufValueType::I16,
+            GgufValue::U32(_) => GgufValueType::U32,
+            GgufValue::I32(_) => GgufValueType::I32,
+            GgufValue::F32(_) => GgufValueType::F32,
+            GgufValue::Bool(_) => GgufValueType::Bool,
+            GgufValue::String(_) => GgufValueType::String,
+            GgufValue::Array(_) => GgufValueType::Array,
+            GgufValue::U64(_) => GgufValueType::U64,
+            GgufValue::I64(_) => GgufValueType::I64,
+            GgufValue::F64(_) => GgufValueType::F64,
+        }
+    }
+
+    /// Any integer type, if the value is a non-negative integer that fits in a u64.
+    /// (Writers differ: `context_length` is u32 in most files, u64 or i32 in some.)
+    pub fn as_u64(&self) -> Option<u64> {
+        match *self {
+            GgufValue::U8(v) => Some(v as u64),
+            GgufValue::U16(v) => Some(v as u64),
+            GgufValue::U32(v) => Some(v as u64),
+            GgufValue::U64(v) => Some(v),
+            GgufValue::I8(v) => u64::try_from(v).ok(),
+            GgufValue::I16(v) => u64::try_from(v).ok(),
+            GgufValue::I32(v) => u64::try_from(v).ok(),
+            GgufValue::I64(v) => u64::try_from(v).ok(),
+            _ => None,
+        }
+    }
+
+    /// Any integer type, if it fits in an i64.
+    pub fn as_i64(&self) -> Option<i64> {
+        match *self {
+            GgufValue::I8(v) => Some(v as i64),
+            GgufValue::I16(v) => Some(v as i64),
+            GgufValue::I32(v) => Some(v as i64),
+            GgufValue::I64(v) => Some(v),
+            GgufValue::U8(v) => Some(v as i64),
+            GgufValue::U16(v) => Some(v as i64),
+            GgufValue::U32(v) => Some(v as i64),
+            GgufValue::U64(v) => i64::try_from(v).ok(),
+            _ => None,
+        }
+    }
+
+    /// F32 or F64 (narrowed) values.
+    pub fn as_f32(&self) -> Option<f32> {
+        match *self {
+            GgufValue::F32(v) => Some(v),
+            GgufValue::F64(v) => Some(v as f32),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            GgufValue::String(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    pub fn as_bool(&self) -> Option<bool> {
+        match *self {
+            GgufValue::Bool(b) => Some(b),
+            _ => None,
+        }
+    }
+
+    pub fn as_array(&self) -> Option<&GgufArray> {
+        match self {
+            GgufValue::Array(a) => Some(a),
+            _ => None,
+        }
+    }
+}
+
+/// One entry of the tensor directory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GgufTensorInfo {
+    pub name: String,
+    /// Dimensions in ggml order: `dims[0]` (`ne[0]`) is the innermost, contiguous one. A
+    /// Hugging Face `[out, in]` weight is stored with `dims = [in, out]`.
+    pub dims: Vec<u64>,
+    pub ggml_type: GgmlType,
+    /// Offset of the data from the start of the data section.
+    pub offset: u64,
+    /// Bytes of data (whole blocks of `ggml_type`).
+    pub n_bytes: u64,
+}
+
+impl GgufTensorInfo {
+    pub fn n_elements(&self) -> u64 {
+        self.dims.iter().product()
+    }
+
+    /// The shape in row-major order (outermost first), as Hugging Face writes it.
+    pub fn shape_row_major(&self) -> Vec<usize> {
+        self.dims.iter().rev().map(|&d| d as usize).collect()
+    }
+}
+
+/// What a report says about a GGUF file.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct GgufSummary {
+    /// `general.architecture`, when present.
+    pub architecture: Option<String>,
+    /// `general.name`, when present.
+    pub name: Option<String>,
+    /// Elements of all tensors (llama.cpp's "model params").
+    pub n_params: u64,
+    /// Bytes of tensor data (llama.cpp's "model size").
+    pub tensor_bytes: u64,
+    pub file_bytes: u64,
+    /// ggml type name → number of tensors of that type.
+    pub type_counts: BTreeMap<String, usize>,
+    /// ggml type name → elements stored in that type.
+    pub type_params: BTreeMap<String, u64>,
+    /// `8 * tensor_bytes / n_params` (llama.cpp's "BPW"); 0 for a file without tensors.
+    pub bits_per_weight: f64,
+}
+
+/// An open GGUF file: parsed metadata and tensor directory over the mapped bytes.
+pub struct GgufFile {
+    path: PathBuf,
+    map: memmap2::Mmap,
+    version: u32,
+    metadata: Vec<(String, GgufValue)>,
+    metadata_index: HashMap<String, usize>,
+    tensors: Vec<GgufTensorInfo>,
+    tensor_index: HashMap<String, usize>,
+    alignment: u64,
+    data_offset: u64,
+}
+
+/// A cursor over the header bytes whose reads fail, naming what was being read, instead of
+/// running past the end.
+struct HeaderReader<'a> {
+    path: &'a Path,
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> HeaderReader<'a> {
+    fn remaining(&self) -> usize {
+        self.bytes.len() - self.pos
+    }
+
+    fn truncated(&self, what: &str) -> KwkError {
+        KwkError::bad_model(
+            self.path,
+            format!(
+                "GGUF file ends at byte {} while reading {what}; the file is truncated \
+                 (re-download or re-convert it)",
+                self.bytes.len()
+            ),
+        )
+    }
+
+    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8]> {
+        if n > self.remaining() {
+            return Err(self.truncated(what));
+        }
+        let s = &self.bytes[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+
+    fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N]> {
+        let s = self.take(N, what)?;
+        let mut a = [0u8; N];
+        a.copy_from_slice(s);
+        Ok(a)
+    }
+
+    fn u32(&mut self, what: &str) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.array(what)?))
+    }
+
+    fn u64(&mut self, what: &str) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.array(what)?))
+    }
+
+    /// A count of items each taking at least `min_item_bytes`: refused when the rest of
+    /// the file could not hold that many (guards every allocation sized by the file).
+    fn count(&mut self, min_item_bytes: usize, what: &str) -> Result<usize> {
+        let n = self.u64(what)?;
+        let fits = usize::try_from(n)
+            .ok()
+            .and_then(|n| n.checked_mul(min_item_bytes))
+            .is_some_and(|bytes| bytes <= self.remaining());
+        if !fits {
+            return Err(KwkError::bad_model(
+                self.path,
+                format!(
+                    "{what} is {n}, more than the {} bytes left in the file can hold; \
+                     the file is corrupt or truncated",
+                    self.remaining()
+                ),
+            ));
+        }
+        Ok(n as usize)
+    }
+
+    fn string(&mut self, what: &str) -> Result<String> {
+        let len = self.count(1, &format!("length of {what}"))?;
+        let bytes = self.take(len, what)?;
+        String::from_utf8(bytes.to_vec())
+            .map_err(|_| KwkError::bad_model(self.path, format!("{what} is not valid UTF-8")))
+    }
+
+    fn value(&mut self, ty: GgufValueType, what: &str, depth: usize) -> Result<GgufValue> {
+        use GgufValueType as T;
+        Ok(match ty {
+            T::U8 => GgufValue::U8(self.array::<1>(what)?[0]),
+            T::I8 => GgufValue::I8(self.array::<1>(what)?[0] as i8),
+            T::U16 => GgufValue::U16(u16::from_le_bytes(self.array(what)?)),
+            T::I16 => GgufValue::I16(i16::from_le_bytes(self.array(what)?)),
+            T::U32 => GgufValue::U32(self.u32(what)?),
+            T::I32 => GgufValue::I32(i32::from_le_bytes(self.array(what)?)),
+            T::F32 => GgufValue::F32(f32::from_le_bytes(self.array(what)?)),
+            T::Bool => match self.array::<1>(what)?[0] {
+                0 => GgufValue::Bool(false),
+                1 => GgufValue::Bool(true),
+                b => {
+                    return Err(KwkError::bad_model(
+                        self.path,
+                        format!("{what} is a bool with byte value {b}"),
+                    ))
+                }
+            },
+            T::String => GgufValue::String(self.string(what)?),
+            T::U64 => GgufValue::U64(self.u64(what)?),
+            T::I64 => GgufValue::I64(i64::from_le_bytes(self.array(what)?)),
+            T::F64 => GgufValue::F64(f64::from_le_bytes(self.array(what)?)),
+            T::Array => {
+                if depth >= MAX_ARRAY_DEPTH {
+                    return Err(KwkError::bad_model(
+                        self.path,
+                        format!("{what} nests arrays more than {MAX_ARRAY_DEPTH} deep"),
+                    ));
+                }
+                let raw = self.u32(what)?;
+                let element_type = GgufValueType::from_u32(raw).ok_or_else(|| {
+                    KwkError::bad_model(self.path, format!("{what} has unknown element type {raw}"))
+                })?;
+                let n = self.count(element_type.min_size(), &format!("element count of {what}"))?;
+                let mut values = Vec::with_capacity(n);
+                for _ in 0..n {
+                    values.push(self.value(element_type, what, depth + 1)?);
+                }
+                GgufValue::Array(GgufArray {
+                    element_type,
+                    values,
+                })
+            }
+        })
+    }
+}
+
+impl GgufFile {
+    /// Maps and parses a GGUF file (versions 2 and 3).
+    pub fn open(path: &Path) -> Result<GgufFile> {
+        let map = map_file(path)?;
+        Self::parse(path, map)
+    }
+
+    fn parse(path: &Path, map: memmap2::Mmap) -> Result<GgufFile> {
+        let mut r = HeaderReader {
+            path,
+            bytes: &map,
+            pos: 0,
+        };
+        let magic = r.array::<4>("the magic number")?;
+        if magic != GGUF_MAGIC {
+            return Err(KwkError::bad_model(
+                path,
+                format!(
+                    "not a GGUF file (starts with {:?}, expected \"GGUF\")",
+                    String::from_utf8_lossy(&magic)
+                ),
+            ));
+        }
+        let version = r.u32("the version")?;
+        if version != 2 && version != 3 {
+            let hint = if version & 0xFFFF == 0 {
+                " (a big-endian file?)"
+            } else if version == 1 {
+                " (GGUF v1 is obsolete; re-convert the model)"
+            } else {
+                ""
+            };
+            return Err(KwkError::bad_model(
+                path,
+                format!("GGUF version {version} is not supported (kwk reads 2 and 3){hint}"),
+            ));
+        }
+        // Minimum directory entry: name length, n_dims, type, offset.
+        let n_tensors = r.count(8 + 4 + 4 + 8, "the tensor count")?;
+        // Minimum key-value pair: key length, value type, one byte of value.
+        let n_kv = r.count(8 + 4 + 1, "the metadata key count")?;
+
+        let mut metadata = Vec::with_capacity(n_kv);
+        let mut metadata_index = HashMap::with_capacity(n_kv);
+        for i in 0..n_kv {
+            let key = r.string(&format!("metadata key {i}"))?;
+            let raw = r.u32(&format!("the type of metadata key '{key}'"))?;
+            let ty = GgufValueType::from_u32(raw).ok_or_else(|| {
+                KwkError::bad_model(path, format!("metadata key '{key}' has unknown type {raw}"))
+            })?;
+            let value = r.value(ty, &format!("metadata key '{key}'"), 0)?;
+            if metadata_index.insert(key.clone(), metadata.len()).is_some() {
+                return Err(KwkError::bad_model(
+                    path,
+                    format!("metadata key '{key}' appears twice"),
+                ));
+            }
+            metadata.push((key, value));
+        }
+
+        let alignment = match metadata_index.get("general.alignment") {
+            None => DEFAULT_ALIGNMENT,
+            Some(&i) => match metadata[i].1 {
+                GgufValue::U32(a) if a > 0 && a.is_power_of_two() => a as u64,
+                ref v => {
+                    return Err(KwkError::bad_model(
+                        path,
+                        format!("general.alignment is {v:?}; it must be a u32 power of two"),
+                    ))
+                }
+            },
+        };
+
+        let mut tensors = Vec::with_capacity(n_tensors);
+        let mut tensor_index = HashMap::with_capacity(n_tensors);
+        for i in 0..n_tensors {
+            let name = r.string(&format!("the name of tensor {i}"))?;
+            let n_dims = r.u32(&format!("the dimension count of tensor '{name}'"))?;
+            if n_dims > MAX_DIMS {
+                return Err(KwkError::bad_model(
+                    path,
+                    format!("tensor '{name}' has {n_dims} dimensions (ggml allows {MAX_DIMS})"),
+                ));
+            }
+            let mut dims = Vec::with_capacity(n_dims as usize);
+            for _ in 0..n_dims {
+                dims.push(r.u64(&format!("the dimensions of tensor '{name}'"))?);
+            }
+            let ggml_type = GgmlType(r.u32(&format!("the type of tensor '{name}'"))?);
+            let offset = r.u64(&format!("the offset of tensor '{name}'"))?;
+            let layout = ggml_type.layout().ok_or_else(|| {
+                KwkError::bad_model(
+                    path,
+                    format!("tensor '{name}' has unknown ggml type {}", ggml_type.0),
+                )
+            })?;
+            let n_elements = dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
+            let n_bytes = n_elements
+                .and_then(|n| ggml_type.bytes_for(n))
+                .ok_or_else(|| {
+                    KwkError::bad_model(
+                        path,
+                        format!(
+                            "tensor '{name}' of type {ggml_type} has dimensions {dims:?}, which \
+                         overflow or are not whole blocks of {}",
+                            layout.block_size
+                        ),
+                    )
+                })?;
+            if dims
+                .first()
+                .is_some_and(|&d0| d0 % layout.block_size as u64 != 0)
+            {
+                return Err(KwkError::bad_model(
+                    path,
+                    format!(
+                        "tensor '{name}' of type {ggml_type} has rows of {} values, not a \
+                         multiple of the block size {}",
+                        dims[0], layout.block_size
+                    ),
+                ));
+            }
+            if offset % alignment != 0 {
+                return Err(KwkError::bad_model(
+                    path,
+                    format!("tensor '{name}' has offset {offset}, not a multiple of the alignment {alignment}"),
+                ));
+            }
+            if tensor_index.insert(name.clone(), tensors.len()).is_some() {
+                return Err(KwkError::bad_model(
+                    path,
+                    format!("tensor '{name}' appears twice"),
+                ));
+            }
+            tensors.push(GgufTensorInfo {
+                name,
+                dims,
+                ggml_type,
+                offset,
+                n_bytes,
+            });
+        }
+
+        let data_offset = (r.pos as u64).div_ceil(alignment) * alignment;
+        let file_size = map.len() as u64;
+        for t in &tensors {
+            let end = data_offset
+                .checked_add(t.offset)
+                .and_then(|s| s.checked_add(t.n_bytes));
+            if !matches!(end, Some(e) if e <= file_size) {
+                return Err(KwkError::bad_model(
+                    path,
+                    format!(
+                        "tensor '{}' ({} bytes at data offset {}) runs past the end of the \
+                         {file_size}-byte file; the file is truncated",
+                        t.name, t.n_bytes, t.offset
+                    ),
+                ));
+            }
+        }
+
+        Ok(GgufFile {
+            path: path.to_path_buf(),
+            map,
+            version,
+            metadata,
+            metadata_index,
+            tensors,
+            tensor_index,
+            alignment,
+            data_offset,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
+    pub fn alignment(&self) -> u64 {
+        self.alignment
+    }
+
+    /// Byte offset of the data section in the file.
+    pub fn data_offset(&self) -> u64 {
+        self.data_offset
+    }
+
+    pub fn file_size(&self) -> u64 {
+        self.map.len() as u64
+    }
+
+    /// All metadata pairs in file order.
+    pub fn metadata(&self) -> &[(String, GgufValue)] {
+        &self.metadata
+    }
+
+    pub fn get(&self, key: &str) -> Option<&GgufValue> {
+        self.metadata_index.get(key).map(|&i| &self.metadata[i].1)
+    }
+
+    fn wrong_type(&self, key: &str, want: &str, got: &GgufValue) -> KwkError {
+        KwkError::bad_model(
+            &self.path,
+            format!(
+                "metadata key '{key}' should be {want}, found {:?}",
+                got.value_type()
+            ),
+        )
+    }
+
+    /// A typed key: `Ok(None)` when absent, `BadModel` naming the key when of another type.
+    fn typed<T>(
+        &self,
+        key: &str,
+        want: &str,
+        f: impl Fn(&GgufValue) -> Option<T>,
+    ) -> Result<Option<T>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => f(v).map(Some).ok_or_else(|| self.wrong_type(key, want, v)),
+        }
+    }
+
+    pub fn get_str(&self, key: &str) -> Result<Option<&str>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_str()
+                .map(Some)
+                .ok_or_else(|| self.wrong_type(key, "a string", v)),
+        }
+    }
+
+    /// Any integer type whose value fits in a u32.
+    pub fn get_u32(&self, key: &str) -> Result<Option<u32>> {
+        self.typed(key, "an integer that fits in u32", |v| {
+            v.as_u64().and_then(|x| u32::try_from(x).ok())
+        })
+    }
+
+    /// Any non-negative integer type.
+    pub fn get_u64(&self, key: &str) -> Result<Option<u64>> {
+        self.typed(key, "a non-negative integer", GgufValue::as_u64)
+    }
+
+    /// F32 (or F64, narrowed).
+    pub fn get_f32(&self, key: &str) -> Result<Option<f32>> {
+        self.typed(key, "a float", GgufValue::as_f32)
+    }
+
+    pub fn get_bool(&self, key: &str) -> Result<Option<bool>> {
+        self.typed(key, "a bool", GgufValue::as_bool)
+    }
+
+    pub fn get_array(&self, key: &str) -> Result<Option<&GgufArray>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_array()
+                .map(Some)
+                .ok_or_else(|| self.wrong_type(key, "an array", v)),
+        }
+    }
+
+    /// An array of strings (e.g. `tokenizer.ggml.tokens`).
+    pub fn get_string_array(&self, key: &str) -> Result<Option<Vec<String>>> {
+        self.typed_array(key, "an array of strings", |v| {
+            v.as_str().map(str::to_string)
+        })
+    }
+
+    /// An array of floats (e.g. `tokenizer.ggml.scores`).
+    pub fn get_f32_array(&self, key: &str) -> Result<Option<Vec<f32>>> {
+        self.typed_array(key, "an array of floats", GgufValue::as_f32)
+    }
+
+    /// An array of integers that fit in i32 (e.g. `tokenizer.ggml.token_type`).
+    pub fn get_i32_array(&self, key: &str) -> Result<Option<Vec<i32>>> {
+        self.typed_array(key, "an array of i32", |v| {
+            v.as_i64().and_then(|x| i32::try_from(x).ok())
+        })
+    }
+
+    fn typed_array<T>(
+        &self,
+        key: &str,
+        want: &str,
+        f: impl Fn(&GgufValue) -> Option<T>,
+    ) -> Result<Option<Vec<T>>> {
+        let Some(a) = self.get_array(key)? else {
+            return Ok(None);
+        };
+        a.values
+            .iter()
+            .map(|v| f(v).ok_or_else(|| self.wrong_type(key, want, v)))
+            .collect::<Result<Vec<T>>>()
+            .map(Some)
+    }
+
+    /// The tensor directory in file order.
+    pub fn tensors(&self) -> &[GgufTensorInfo] {
+        &self.tensors
+    }
+
+    pub fn tensor(&self, name: &str) -> Option<&GgufTensorInfo> {
+        self.tensor_index.get(name).map(|&i| &self.tensors[i])
+    }
+
+    /// The data bytes of a tensor of this file. Extents were checked at open; an `info`
+    /// that does not fit this file (from another file) is a `BadModel` error.
+    pub fn tensor_bytes(&self, info: &GgufTensorInfo) -> Result<&[u8]> {
+        let range = self
+            .data_offset
+            .checked_add(info.offset)
+            .and_then(|s| Some((s, s.checked_add(info.n_bytes)?)))
+            .and_then(|(s, e)| Some(usize::try_from(s).ok()?..usize::try_from(e).ok()?));
+        range.and_then(|r| self.map.get(r)).ok_or_else(|| {
+            KwkError::bad_model(
+                &self.path,
+                format!("tensor '{}' lies outside the file", info.name),
+            )
+        })
+    }
+
+    /// Architecture, parameter count, tensor bytes, type mix and bits per weight.
+    pub fn summary(&self) -> GgufSummary {
+        let mut type_counts = BTreeMap::new();
+        let mut type_params = BTreeMap::new();
+        let (mut n_params, mut tensor_bytes) = (0u64, 0u64);
+        for t in &self.tensors {
+            let name = t.ggml_type.name();
+            *type_counts.entry(name.clone()).or_insert(0) += 1;
+            *type_params.entry(name).or_insert(0) += t.n_elements();
+            n_params += t.n_elements();
+            tensor_bytes += t.n_bytes;
+        }
+        let bits_per_weight = if n_params == 0 {
+            0.0
+        } else {
+            8.0 * tensor_bytes as f64 / n_params as f64
+        };
+        let string = |k: &str| self.get(k).and_then(|v| v.as_str()).map(str::to_string);
+        GgufSummary {
+            architecture: string("general.architecture"),
+            name: string("general.name"),
+            n_params,
+            tensor_bytes,
+            file_bytes: self.file_size(),
+            type_counts,
+            type_params,
+            bits_per_weight,
+        }
+    }
+}
+
+impl std::fmt::Debug for GgufFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GgufFile")
+            .field("path", &self.path)
+            .field("version", &self.version)
+            .field("metadata_keys", &self.metadata.len())
+            .field("tensors", &self.tensors.len())
+            .finish()
+    }
+}
+
+/// A minimal GGUF writer for tests (here and in the loader's tests): metadata and tensors
+/// laid out as llama.cpp's `gguf_write_to_file` does.
+#[cfg(test)]
+pub(crate) mod test_writer {
+    use super::*;
+
+    pub(crate) struct TestTensor {
+        pub name: String,
+        pub dims: Vec<u64>,
+        pub ggml_type: GgmlType,
+        pub data: Vec<u8>,
+    }
+
+    fn put_str(out: &mut Vec<u8>, s: &str) {
+        out.extend((s.len() as u64).to_le_bytes());
+        out.extend(s.as_bytes());
+    }
+
+    fn type_id(t: GgufValueType) -> u32 {
+        use GgufValueType::*;
+        match t {
+            U8 => 0,
+            I8 => 1,
+            U16 => 2,
+            I16 => 3,
+            U32 => 4,
+            I32 => 5,
+            F32 => 6,
+            Bool => 7,
+            String => 8,
+            Array => 9,
+            U64 => 10,
+            I64 => 11,
+            F64 => 12,
+        }
+    }
+
+    fn put_value(out: &mut Vec<u8>, v: &GgufValue) {
+        match v {
+            GgufValue::U8(x) => out.push(*x),
+            GgufValue::I8(x) => out.push(*x as u8),
+            GgufValue::U16(x) => out.extend(x.to_le_bytes()),
+            GgufValue::I16(x) => out.extend(x.to_le_bytes()),
+            GgufValue::U32(x) => out.extend(x.to_le_bytes()),
+            GgufValue::I32(x) => out.extend(x.to_le_bytes()),
+            GgufValue::F32(x) => out.extend(x.to_le_bytes()),
+            GgufValue::Bool(x) => out.push(*x as u8),
+            GgufValue::String(s) => put_str(out, s),
+            GgufValue::U64(x) => out.extend(x.to_le_bytes()),
+            GgufValue::I64(x) => out.extend(x.to_le_bytes()),
+            GgufValue::F64(x) => out.extend(x.to_le_bytes()),
+            GgufValue::Array(a) => {
+                out.extend(type_id(a.element_type).to_le_bytes());
+                out.extend((a.values.len() as u64).to_le_bytes());
+                for v in &a.values {
+                    put_value(out, v);
+                }
+            }
+        }
+    }
+
+    /// The bytes of a GGUF v3 file with these metadata pairs and tensors (alignment 32
+    /// unless `general.alignment` says otherwise).
+    pub(crate) fn gguf_bytes(metadata: &[(String, GgufValue)], tensors: &[TestTensor]) -> Vec<u8> {
+        let alignment = metadata
+            .iter()
+            .find(|(k, _)| k == "general.alignment")
+            .and_then(|(_, v)| v.as_u64())
+            .unwrap_or(32) as usize;
+        let mut out = Vec::new();
+        out.extend(b"GGUF");
+        out.extend(3u32.to_le_bytes());
+        out.extend((tensors.len() as u64).to_le_bytes());
+        out.extend((metadata.len() as u64).to_le_bytes());
+        for (k, v) in metadata {
+            put_str(&mut out, k);
+            out.extend(type_id(v.value_type()).to_le_bytes());
+            put_value(&mut out, v);
+        }
+        let mut offset = 0usize;
+        for t in tensors {
+            put_str(&mut out, &t.name);
+            out.extend((t.dims.len() as u32).to_le_bytes());
+            for d in &t.dims {
+                out.extend(d.to_le_bytes());
+            }
+            out.extend(t.ggml_type.0.to_le_bytes());
+            out.extend((offset as u64).to_le_bytes());
+            offset += t.data.len().div_ceil(alignment) * alignment;
+        }
+        out.resize(out.len().div_ceil(alignment) * alignment, 0);
+        for t in tensors {
+            out.extend(&t.data);
+            out.resize(out.len().div_ceil(alignment) * alignment, 0);
+        }
+        out
+    }
+
+    pub(crate) fn f32_tensor(name: &str, dims: &[u64], values: &[f32]) -> TestTensor {
+        TestTensor {
+            name: name.to_string(),
+            dims: dims.to_vec(),
+            ggml_type: GgmlType::F32,
+            data: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_writer::*;
+    use super::*;
+
+    fn kv(k: &str, v: GgufValue) -> (String, GgufValue) {
+        (k.to_string(), v)
+    }
+
+    fn sample_metadata() -> Vec<(String, GgufValue)> {
+        vec![
+            kv("general.architecture", GgufValue::String("llama".into())),
+            kv("general.name", GgufValue::String("tiny test".into())),
+            kv("a.u8", GgufValue::U8(200)),
+            kv("a.i8", GgufValue::I8(-3)),
+            kv("a.u16", GgufValue::U16(65000)),
+            kv("a.i16", GgufValue::I16(-30000)),
+            kv("a.u32", GgufValue::U32(4_000_000_000)),
+            kv("a.i32", GgufValue::I32(-7)),
+            kv("a.f32", GgufValue::F32(1.5e-5)),
+            kv("a.bool", GgufValue::Bool(true)),
+            kv("a.u64", GgufValue::U64(1 << 40)),
+            kv("a.i64", GgufValue::I64(-(1 << 40))),
+            kv("a.f64", GgufValue::F64(0.125)),
+            kv(
+                "a.strings",
+                GgufValue::Array(GgufArray {
+                    element_type: GgufValueType::String,
+                    values: vec![
+                        GgufValue::String("<s>".into()),
+                        GgufValue::String("é".into()),
+                    ],
+                }),
+            ),
+            kv(
+                "a.floats",
+                GgufValue::Array(GgufArray {
+                    element_type: GgufValueType::F32,
+                    values: vec![GgufValue::F32(-1.0), GgufValue::F32(2.0)],
+                }),
+            ),
+            kv(
+                "a.nested",
+                GgufValue::Array(GgufArray {
+                    element_type: GgufValueType::Array,
+                    values: vec![GgufValue::Array(GgufArray {
+                        element_type: GgufValueType::I32,
+                        values: vec![GgufValue::I32(1), GgufValue::I32(2)],
+                    })],
+                }),
+            ),
+        ]
+    }
+
+    fn sample_tensors() -> Vec<TestTensor> {
+        vec![
+            f32_tensor("w", &[3, 2], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]),
+            TestTensor {
+                name: "q".into(),
+                dims: vec![64, 2],
+                ggml_type: GgmlType::Q8_0,
+                data: (0..4 * 34).map(|i| i as u8).collect(),
+            },
+            f32_tensor("n", &[5], &[0.5; 5]),
+        ]
+    }
+
+    fn write(dir: &tempfile::TempDir, name: &str, bytes: &[u8]) -> PathBuf {
+        let p = dir.path().join(name);
+        std::fs::write(&p, bytes).unwrap();
+        p
+    }
+
+    #[test]
+    fn reads_every_value_type_and_the_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = sample_metadata();
+        let bytes = gguf_bytes(&meta, &sample_tensors());
+        let path = write(&dir, "ok.gguf", &bytes);
+        let f = GgufFile::open(&path).unwrap();
+        assert_eq!(f.version(), 3);
+        assert_eq!(f.metadata(), &meta[..]);
+        assert_eq!(f.get_str("general.architecture").unwrap(), Some("llama"));
+        assert_eq!(f.get_u32("a.u32").unwrap(), Some(4_000_000_000));
+        assert_eq!(f.get_u32("a.u8").unwrap(), Some(200));
+        assert!(f.get_u32("a.i32").is_err(), "negative is not a u32");
+        assert!(f.get_u32("a.u64").is_err(), "too big for u32");
+        assert_eq!(f.get_u64("a.u64").unwrap(), Some(1 << 40));
+        assert_eq!(f.get_f32("a.f32").unwrap(), Some(1.5e-5));
+        assert_eq!(f.get_f32("a.f64").unwrap(), Some(0.125));
+        assert_eq!(f.get_bool("a.bool").unwrap(), Some(true));
+        assert_eq!(f.get_u32("missing").unwrap(), None);
+        let err = f.get_str("a.u8").unwrap_err().to_string();
+        assert!(err.contains("'a.u8'") && err.contains("ok.gguf"), "{err}");
+        assert_eq!(
+            f.get_string_array("a.strings").unwrap().unwrap(),
+            vec!["<s>".to_string(), "é".to_string()]
+        );
+        assert_eq!(
+            f.get_f32_array("a.floats").unwrap().unwrap(),
+            vec![-1.0, 2.0]
+        );
+        assert!(f.get_f32_array("a.strings").is_err());
+
+        assert_eq!(f.tensors().len(), 3);
+        let w = f.tensor("w").unwrap();
+        assert_eq!(w.dims, vec![3, 2]);
+        assert_eq!(w.shape_row_major(), vec![2, 3]);
+        let wb = f.tensor_bytes(w).unwrap();
+        assert_eq!(wb, &sample_tensors()[0].data[..]);
+        let q = f.tensor("q").unwrap();
+        assert_eq!(
+            (q.ggml_type, q.n_bytes, q.offset),
+            (GgmlType::Q8_0, 136, 32)
+        );
+        assert_eq!(f.tensor_bytes(q).unwrap(), &sample_tensors()[1].data[..]);
+        assert_eq!(f.tensor("n").unwrap().offset, 32 + 160);
+        assert_eq!(f.data_offset() % 32, 0);
+        assert_eq!(f.file_size(), bytes.len() as u64);
+
+        let s = f.summary();
+        assert_eq!(s.architecture.as_deref(), Some("llama"));
+        assert_eq!(s.n_params, 6 + 128 + 5);
+        assert_eq!(s.tensor_bytes, 24 + 136 + 20);
+        assert_eq!(s.type_counts.get("F32"), Some(&2));
+        assert_eq!(s.type_counts.get("Q8_0"), Some(&1));
+        assert_eq!(s.type_params.get("Q8_0"), Some(&128));
+        assert!((s.bits_per_weight - 8.0 * 180.0 / 139.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn custom_alignment_is_honoured() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut meta = sample_metadata();
+        meta.push(kv("general.alignment", GgufValue::U32(64)));
+        let path = write(&dir, "a64.gguf", &gguf_bytes(&meta, &sample_tensors()));
+        let f = GgufFile::open(&path).unwrap();
+        assert_eq!(f.alignment(), 64);
+        assert_eq!(f.data_offset() % 64, 0);
+        assert_eq!(f.tensor("q").unwrap().offset, 64);
+        assert_eq!(
+            f.tensor_bytes(f.tensor("n").unwrap()).unwrap(),
+            &sample_tensors()[2].data[..]
+        );
+    }
+
+    fn open_err(bytes: &[u8]) -> String {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(&dir, "bad.gguf", bytes);
+        match GgufFile::open(&path) {
+            Ok(_) => panic!("opened a bad file"),
+            Err(e) => {
+                let msg = e.to_string();
+                assert!(matches!(e, KwkError::BadModel { .. }), "{msg}");
+                assert!(msg.contains("bad.gguf"), "{msg}");
+                msg
+            }
+        }
+    }
+
+    #[test]
+    fn every_truncation_is_an_error() {
+        let bytes = gguf_bytes(&sample_metadata(), &sample_tensors());
+        // Every prefix shorter than the end of the last tensor's data fails cleanly.
+        let last = bytes.len() - (32 - 20); // "n" has 20 bytes, padded to 32
+        for len in 0..last {
+            open_err(&bytes[..len]);
+        }
+    }
+
+    #[test]
+    fn bad_magic_and_version() {
+        let mut bytes = gguf_bytes(&sample_metadata(), &sample_tensors());
+        bytes[4..8].copy_from_slice(&1u32.to_le_bytes());
+        assert!(open_err(&bytes).contains("version 1"));
+        bytes[4..8].copy_from_slice(&(3u32 << 24).to_le_bytes());
+        assert!(open_err(&bytes).contains("big-endian"));
+        bytes[..4].copy_from_slice(b"GGML");
+        assert!(open_err(&bytes).contains("not a GGUF file"));
+    }
+
+    #[test]
+    fn absurd_counts_and_lengths_are_refused_before_allocating() {
+        let good = gguf_bytes(&sample_metadata(), &sample_tensors());
+        // tensor count, kv count
+        for at in [8usize, 16] {
+            let mut b = good.clone();
+            b[at..at + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+            assert!(open_err(&b).contains("count"));
+        }
+        // first key's length
+        let mut b = good.clone();
+        b[24..32].copy_from_slice(&(u64::MAX / 2).to_le_bytes());
+        assert!(open_err(&b).contains("length"));
+        // an array's element count: find "a.floats" and patch its count
+        let key = b"a.floats";
+        let pos = good.windows(key.len()).position(|w| w == key).unwrap() + key.len();
+        let mut b = good.clone();
+        b[pos + 8..pos + 16].copy_from_slice(&(1u64 << 62).to_le_bytes());
+        assert!(open_err(&b).contains("element count"));
+    }
+
+    #[test]
+    fn bad_tensor_entries_are_named() {
+        let meta = vec![kv(
+            "general.architecture",
+            GgufValue::String("llama".into()),
+        )];
+        let mut t = sample_tensors();
+        t[1].ggml_type = GgmlType(31);
+        assert!(open_err(&gguf_bytes(&meta, &t)).contains("'q' has unknown ggml type 31"));
+        let mut t = sample_tensors();
+        t[1].dims = vec![48, 2]; // not whole Q8_0 blocks
+        t[1].data.truncate(3 * 34);
+        assert!(open_err(&gguf_bytes(&meta, &t)).contains("'q'"));
+        let mut t = sample_tensors();
+        t[0].dims = vec![1 << 40, 1 << 40]; // claims far more data than the file has
+        assert!(open_err(&gguf_bytes(&meta, &t)).contains("'w'"));
+        let mut t = sample_tensors();
+        t[2].name = "w".into();
+        assert!(open_err(&gguf_bytes(&meta, &t)).contains("appears twice"));
+        let mut t = sample_tensors();
+        t[0].dims = vec![1, 1, 1, 1, 6];
+        assert!(open_err(&gguf_bytes(&meta, &t)).contains("5 dimensions"));
+    }
+
+    #[test]
+    fn tensor_info_from_another_file_is_an_error_not_a_panic() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(
+            &dir,
+            "ok.gguf",
+            &gguf_bytes(&sample_metadata(), &sample_tensors()),
+        );
+        let f = GgufFile::open(&path).unwrap();
+        let mut foreign = f.tensor("w").unwrap().clone();
+        foreign.offset = 1 << 50;
+        assert!(f.tensor_bytes(&foreign).is_err());
+    }
+
+    #[test]
+    fn opens_the_fixture_ggufs() {
+        for name in ["tiny-llama", "tiny-qwen2", "tiny-mixtral"] {
+            let path =
+                crate::model::safetensors_loader::tests::fixture_dir(name).join("model.gguf");
+            let f = GgufFile::open(&path).unwrap();
+            let s = f.summary();
+            assert_eq!(
+                s.type_counts.keys().collect::<Vec<_>>(),
+                vec!["F32"],
+                "{name}"
+            );
+            assert_eq!(s.tensor_bytes, 4 * s.n_params);
+            assert!(
+                f.get_string_array("tokenizer.ggml.tokens")
+                    .unwrap()
+                    .unwrap()
+                    .len()
+                    == 512
+            );
+        }
+    }
+}

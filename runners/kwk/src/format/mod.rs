@@ -9,6 +9,7 @@
 //! threads in slices aligned to [`PackedLinear::row_align`], and lets each thread call
 //! [`PackedLinear::matmul_rows`] on its slice.
 
+pub mod ggml_blocks;
 pub mod int4;
 pub mod int8;
 pub mod quantized;
