@@ -37,7 +37,10 @@ fn assert_same_ids(what: &str, ours: &[u32], theirs: &[u32]) {
 #[test]
 fn smollm2_wiki_test_raw_ids_equal_llama_tokenize() {
     let tokenizer = smollm2_tokenizer();
-    assert!(!tokenizer.add_bos(), "SmolLM2's GGUF sets tokenizer.ggml.add_bos_token = false");
+    assert!(
+        !tokenizer.add_bos(),
+        "SmolLM2's GGUF sets tokenizer.ggml.add_bos_token = false"
+    );
     let text = common::perplexity_text(&common::wiki_test_raw());
     let start = Instant::now();
     let ours = tokenizer.encode(&text, true).expect("encode");

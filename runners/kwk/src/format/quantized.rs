@@ -64,23 +64,52 @@ pub fn describe(place: &TensorPlace) -> String {
     }
 }
 
+/// A weight in one of the quantized layouts (what the pack cache stores).
+#[derive(Debug, Clone, PartialEq)]
+pub enum QuantizedTensor {
+    Int8(Int8Weights),
+    LowBit(LowBitWeights),
+}
+
+impl QuantizedTensor {
+    pub fn rows(&self) -> usize {
+        match self {
+            QuantizedTensor::Int8(w) => w.rows(),
+            QuantizedTensor::LowBit(w) => w.rows(),
+        }
+    }
+    pub fn cols(&self) -> usize {
+        match self {
+            QuantizedTensor::Int8(w) => w.cols(),
+            QuantizedTensor::LowBit(w) => w.cols(),
+        }
+    }
+    pub fn into_packed(self) -> Box<dyn PackedLinear> {
+        match self {
+            QuantizedTensor::Int8(w) => Box::new(w),
+            QuantizedTensor::LowBit(w) => Box::new(w),
+        }
+    }
+}
+
 /// Packs one linear weight in `precision` (`Int8` or `Int4`).
 pub fn pack_quantized(
     tensor: &Tensor,
     precision: &Precision,
     place: TensorPlace,
 ) -> Result<Box<dyn PackedLinear>> {
-    pack_quantized_with(tensor, precision, place, None)
+    Ok(quantize_tensor(tensor, precision, place, None)?.into_packed())
 }
 
-/// [`pack_quantized`] with per-input-column importance weights for the rounding (from
-/// calibration; `None` rounds to plain least squared error).
-pub fn pack_quantized_with(
+/// Quantizes one linear weight in `precision` with the int4 mix rule for `place`;
+/// `importance` (per input column, from calibration) weights the rounding error, `None`
+/// rounds to plain least squared error.
+pub fn quantize_tensor(
     tensor: &Tensor,
     precision: &Precision,
     place: TensorPlace,
     importance: Option<&[f32]>,
-) -> Result<Box<dyn PackedLinear>> {
+) -> Result<QuantizedTensor> {
     let what = describe(&place);
     if place.role == TensorRole::Router {
         return Err(KwkError::InvalidArgument(format!(
@@ -88,7 +117,9 @@ pub fn pack_quantized_with(
         )));
     }
     match precision {
-        Precision::Int8 => Ok(Box::new(Int8Weights::quantize(tensor, importance, &what)?)),
+        Precision::Int8 => Ok(QuantizedTensor::Int8(Int8Weights::quantize(
+            tensor, importance, &what,
+        )?)),
         Precision::Int4(opts) => pack_int4(tensor, opts, &place, importance, &what),
         other => Err(KwkError::InvalidArgument(format!(
             "{what}: pack_quantized packs int8/int4, not {other:?}"
@@ -102,14 +133,16 @@ fn pack_int4(
     place: &TensorPlace,
     importance: Option<&[f32]>,
     what: &str,
-) -> Result<Box<dyn PackedLinear>> {
+) -> Result<QuantizedTensor> {
     if int4_keeps_high(place) {
         let bits = opts
             .mix_bits
             .unwrap_or_else(|| default_mix_bits(place.model_params));
         return match bits {
-            8 => Ok(Box::new(Int8Weights::quantize(tensor, importance, what)?)),
-            6 => Ok(Box::new(LowBitWeights::quantize(
+            8 => Ok(QuantizedTensor::Int8(Int8Weights::quantize(
+                tensor, importance, what,
+            )?)),
+            6 => Ok(QuantizedTensor::LowBit(LowBitWeights::quantize(
                 tensor, 6, MIX6_GROUP, importance, what,
             )?)),
             b => Err(KwkError::InvalidArgument(format!(
@@ -117,7 +150,7 @@ fn pack_int4(
             ))),
         };
     }
-    Ok(Box::new(LowBitWeights::quantize(
+    Ok(QuantizedTensor::LowBit(LowBitWeights::quantize(
         tensor,
         4,
         opts.group_size,

@@ -10,7 +10,9 @@ use std::process::Command;
 pub fn models_dir() -> PathBuf {
     match std::env::var_os("KWK_MODELS_DIR") {
         Some(d) => PathBuf::from(d),
-        None => PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/kwk/models"),
+        None => {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/kwk/models")
+        }
     }
 }
 
@@ -36,7 +38,11 @@ pub fn shared_dir() -> PathBuf {
 
 pub fn fixtures_dir() -> PathBuf {
     let dir = shared_dir().join("fixtures");
-    assert!(dir.is_dir(), "{} is missing: the tiny fixtures live beside the repository", dir.display());
+    assert!(
+        dir.is_dir(),
+        "{} is missing: the tiny fixtures live beside the repository",
+        dir.display()
+    );
     dir
 }
 
@@ -50,7 +56,9 @@ pub fn wiki_test_raw() -> PathBuf {
         .iter()
         .find(|p| p.is_file())
         .cloned()
-        .unwrap_or_else(|| panic!("wiki.test.raw not found at {candidates:?}: run scripts/fetch-datasets.sh"))
+        .unwrap_or_else(|| {
+            panic!("wiki.test.raw not found at {candidates:?}: run scripts/fetch-datasets.sh")
+        })
 }
 
 /// The text llama-perplexity evaluates: the file's bytes with exactly one trailing "\n"
@@ -91,7 +99,12 @@ pub fn llama_tokenize(model: &Path, text: &str) -> Vec<u32> {
         .arg(model)
         .arg("-f")
         .arg(&file)
-        .args(["--ids", "--log-disable", "--no-escape", "--no-parse-special"])
+        .args([
+            "--ids",
+            "--log-disable",
+            "--no-escape",
+            "--no-parse-special",
+        ])
         .output()
         .expect("run llama-tokenize");
     assert!(
@@ -111,6 +124,10 @@ pub fn llama_tokenize(model: &Path, text: &str) -> Vec<u32> {
     }
     inner
         .split(',')
-        .map(|s| s.trim().parse::<u32>().unwrap_or_else(|e| panic!("bad id {s:?}: {e}")))
+        .map(|s| {
+            s.trim()
+                .parse::<u32>()
+                .unwrap_or_else(|e| panic!("bad id {s:?}: {e}"))
+        })
         .collect()
 }
