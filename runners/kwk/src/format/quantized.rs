@@ -20,12 +20,6 @@ use crate::format::int8::Int8Weights;
 use crate::format::{PackedLinear, TensorPlace, TensorRole};
 use crate::model::Tensor;
 
-/// Group size of `int4` when the spec names none: 32 columns. On SmolLM2-135M (stored as
-/// Q4_1, 32-weight groups with scale and minimum) it reproduces the weights, g64/g128 do not;
-/// the kernels cost the same per block at any group size (one float step per 32-column
-/// block either way), so g32 buys quality for 0.5-0.75 bits per weight.
-pub const DEFAULT_INT4_GROUP: usize = 32;
-
 /// Columns per group of the 6-bit mix tensors.
 pub const MIX6_GROUP: usize = 64;
 

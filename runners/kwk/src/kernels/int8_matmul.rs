@@ -89,42 +89,22 @@ impl QuantIsa {
     }
 }
 
-/// Chooses the quantized kernels' path once: `KWK_ISA=scalar|avx2|avx512` forces one
-/// (a path the CPU lacks, or an unknown name, falls back to the best available with a
-/// warning on stderr); otherwise the best the CPU has.
+/// The quantized kernels' path, chosen once from the crate's ISA choice
+/// ([`crate::kernels::active_isa`], which honours `KWK_ISA=scalar|avx2|avx512`): AVX-512
+/// runs the VNNI kernels when the CPU has VNNI (else AVX2), AVX2 needs F16C too (else
+/// scalar).
 pub fn selected_isa() -> QuantIsa {
     static ISA: OnceLock<QuantIsa> = OnceLock::new();
     *ISA.get_or_init(|| {
-        let best = QuantIsa::best();
-        match std::env::var("KWK_ISA") {
-            Err(_) => best,
-            Ok(v) => {
-                let wanted = match v.trim().to_ascii_lowercase().as_str() {
-                    "scalar" => Some(QuantIsa::Scalar),
-                    "avx2" => Some(QuantIsa::Avx2),
-                    "avx512" | "avx512vnni" | "avx512_vnni" => Some(QuantIsa::Avx512Vnni),
-                    _ => None,
-                };
-                match wanted {
-                    Some(isa) if isa.is_available() => isa,
-                    Some(isa) => {
-                        eprintln!(
-                            "warning: KWK_ISA={v}: this CPU cannot run the {} path; using {}",
-                            isa.name(),
-                            best.name()
-                        );
-                        best
-                    }
-                    None => {
-                        eprintln!(
-                            "warning: KWK_ISA={v} is not one of scalar, avx2, avx512; using {}",
-                            best.name()
-                        );
-                        best
-                    }
-                }
-            }
-        }
+        let wanted = match crate::kernels::active_isa() {
+            crate::kernels::Isa::Scalar => QuantIsa::Scalar,
+            crate::kernels::Isa::Avx2 => QuantIsa::Avx2,
+            crate::kernels::Isa::Avx512 { .. } => QuantIsa::Avx512Vnni,
+        };
+        [wanted, QuantIsa::Avx2, QuantIsa::Scalar]
+            .into_iter()
+            .find(|i| i.is_available() && (*i as u8) <= (wanted as u8))
+            .unwrap_or(QuantIsa::Scalar)
     })
 }
 
