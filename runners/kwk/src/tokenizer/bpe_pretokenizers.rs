@@ -211,10 +211,7 @@ fn split_gpt2(cpts: &[char], flags: &[u8], offsets: &[usize]) -> Vec<usize> {
                 }
                 if pos + 2 < f.end {
                     let next_next = f.cpts[pos + 2];
-                    if (next == 'r' && next_next == 'e')
-                        || (next == 'v' && next_next == 'e')
-                        || (next == 'l' && next_next == 'l')
-                    {
+                    if matches!((next, next_next), ('r', 'e') | ('v', 'e') | ('l', 'l')) {
                         pos += add_token(pos + 3, &mut out);
                         continue;
                     }
@@ -320,10 +317,7 @@ fn split_llama3_like(
                 }
                 if pos + 2 < f.end {
                     let next_next = to_lower(f.cpts[pos + 2]);
-                    if (next == 'r' && next_next == 'e')
-                        || (next == 'v' && next_next == 'e')
-                        || (next == 'l' && next_next == 'l')
-                    {
+                    if matches!((next, next_next), ('r', 'e') | ('v', 'e') | ('l', 'l')) {
                         pos += add_token(pos + 3, &mut out);
                         continue;
                     }

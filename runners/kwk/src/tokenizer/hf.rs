@@ -269,7 +269,8 @@ impl HfBackend {
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         let encoding = self
             .inner
-            .encode(text, false)
+            // No character offsets are needed: `encode_fast` skips computing them.
+            .encode_fast(text, false)
             .map_err(|e| KwkError::Tokenizer(format!("tokenizer.json encode failed: {e}")))?;
         Ok(encoding.get_ids().to_vec())
     }

@@ -133,10 +133,12 @@ impl Tokenizer {
                 in_range(2),
                 true,
             ),
-            other => return Err(KwkError::Tokenizer(format!(
+            other => {
+                return Err(KwkError::Tokenizer(format!(
                 "tokenizer.ggml.model = {other:?} is not supported (kwk reads \"gpt2\" byte-level \
                      BPE and \"llama\" SentencePiece)"
-            ))),
+            )))
+            }
         };
         let bos_id = checked_id("tokenizer.ggml.bos_token_id", meta.bos_id, n)?.or(default_bos);
         let eos_id = checked_id("tokenizer.ggml.eos_token_id", meta.eos_id, n)?.or(default_eos);
