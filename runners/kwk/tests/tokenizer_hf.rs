@@ -116,6 +116,27 @@ fn tokenizer_config_add_bos_token_overrides_the_template() {
 }
 
 #[test]
+fn special_tokens_map_names_bos_and_eos_when_tokenizer_config_does_not() {
+    let dir = folder(
+        &fixture_tokenizer_json(),
+        Some(json!({"add_bos_token": true})),
+        None,
+    );
+    std::fs::write(
+        dir.path().join("special_tokens_map.json"),
+        serde_json::to_vec(
+            &json!({"bos_token": {"content": "<|im_start|>"}, "eos_token": "<|im_end|>"}),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let tok = Tokenizer::from_hf_folder(dir.path()).unwrap();
+    assert_eq!(tok.bos_id(), Some(1));
+    assert_eq!(tok.encode("x", true).unwrap()[0], 1);
+    assert!(tok.is_eos(2));
+}
+
+#[test]
 fn generation_config_eos_may_be_a_number() {
     let dir = folder(
         &fixture_tokenizer_json(),
