@@ -97,12 +97,15 @@ fn template_bos(post: &Value) -> Option<u32> {
     }
 }
 
-fn decoder_has(decoder: &Value, kind: &str) -> bool {
-    match decoder.get("type").and_then(Value::as_str) {
-        Some("Sequence") => decoder
-            .get("decoders")
-            .and_then(Value::as_array)
-            .is_some_and(|ds| ds.iter().any(|d| decoder_has(d, kind))),
+/// Whether a decoder or pre-tokenizer (or a `Sequence` of them) has a part of type `kind`.
+fn component_has(component: &Value, kind: &str) -> bool {
+    match component.get("type").and_then(Value::as_str) {
+        Some("Sequence") => ["decoders", "pretokenizers"].iter().any(|list| {
+            component
+                .get(*list)
+                .and_then(Value::as_array)
+                .is_some_and(|parts| parts.iter().any(|p| component_has(p, kind)))
+        }),
         Some(t) => t == kind,
         None => false,
     }
@@ -129,11 +132,11 @@ impl HfBackend {
 
         let decoder = json.get("decoder").cloned().unwrap_or(Value::Null);
         let pre = json.get("pre_tokenizer").cloned().unwrap_or(Value::Null);
-        let encoding = if decoder_has(&decoder, "ByteLevel") || decoder_has(&pre, "ByteLevel") {
+        let encoding = if component_has(&decoder, "ByteLevel") || component_has(&pre, "ByteLevel") {
             PieceEncoding::ByteLevel
-        } else if decoder_has(&decoder, "Metaspace")
-            || decoder_has(&decoder, "ByteFallback")
-            || decoder_has(&decoder, "Replace")
+        } else if component_has(&decoder, "Metaspace")
+            || component_has(&decoder, "ByteFallback")
+            || component_has(&decoder, "Replace")
         {
             PieceEncoding::Metaspace
         } else {
