@@ -134,10 +134,10 @@ impl Tokenizer {
                 true,
             ),
             other => {
+                let supported = "\"gpt2\" (byte-level BPE) and \"llama\" (SentencePiece)";
                 return Err(KwkError::Tokenizer(format!(
-                "tokenizer.ggml.model = {other:?} is not supported (kwk reads \"gpt2\" byte-level \
-                     BPE and \"llama\" SentencePiece)"
-            )))
+                    "tokenizer.ggml.model = {other:?} is not supported; kwk reads {supported}"
+                )));
             }
         };
         let bos_id = checked_id("tokenizer.ggml.bos_token_id", meta.bos_id, n)?.or(default_bos);
