@@ -111,6 +111,14 @@ pub trait Progress {
     fn advance(&self, done: u64);
 }
 
+/// A [`Progress`] that shows nothing (tests, and steps too short to show).
+pub struct NoProgress;
+
+impl Progress for NoProgress {
+    fn set_total(&self, _total: u64, _what: &str) {}
+    fn advance(&self, _done: u64) {}
+}
+
 /// One engine running one format. Object-safe.
 pub trait Runner {
     fn info(&self) -> &RunnerInfo;
@@ -121,4 +129,130 @@ pub trait Runner {
         progress: &dyn Progress,
     ) -> anyhow::Result<PerplexityResult>;
     fn speed(&mut self, spec: &SpeedSpec, progress: &dyn Progress) -> anyhow::Result<SpeedResult>;
+}
+
+/// One row a user asked for: an in-tree format or a GGUF file for llama.cpp.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FormatSpec {
+    /// An in-tree format, with the name as typed (`int4:mix8`).
+    Kwk {
+        name: String,
+        precision: ::kwk::Precision,
+    },
+    /// `gguf:PATH` in `--formats`, or a `--gguf PATH`.
+    Gguf { path: PathBuf },
+}
+
+impl FormatSpec {
+    /// The runner's name in reports: the format as typed, or `gguf:<file name>`.
+    pub fn name(&self) -> String {
+        match self {
+            FormatSpec::Kwk { name, .. } => name.clone(),
+            FormatSpec::Gguf { path } => gguf_runner_name(path),
+        }
+    }
+}
+
+/// `gguf:<file name>`, the report name of a llama.cpp runner.
+pub fn gguf_runner_name(path: &std::path::Path) -> String {
+    let file = path
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string());
+    format!("gguf:{file}")
+}
+
+/// The format names `--formats` accepts, for error messages.
+pub const KNOWN_FORMATS: &str =
+    "float32, bf16, int8 (or balanced), int4 with options int4:g32|g64|g128, int4:mix6|mix8, int4:calib, int4:gptq, and gguf:PATH";
+
+/// Parses one entry of `--formats`.
+pub fn parse_format(spec: &str) -> anyhow::Result<FormatSpec> {
+    let spec = spec.trim();
+    if let Some(path) = spec.strip_prefix("gguf:") {
+        anyhow::ensure!(
+            !path.is_empty(),
+            "--formats entry 'gguf:' has no path; write gguf:PATH"
+        );
+        return Ok(FormatSpec::Gguf {
+            path: PathBuf::from(path),
+        });
+    }
+    match ::kwk::Precision::parse(spec) {
+        Ok(precision) => Ok(FormatSpec::Kwk {
+            name: spec.to_string(),
+            precision,
+        }),
+        Err(e) => anyhow::bail!(
+            "unknown format '{spec}' in --formats ({e}); known formats: {KNOWN_FORMATS}"
+        ),
+    }
+}
+
+/// Parses `--formats` (comma-separated; `none` or empty for no in-tree runners) and the
+/// `--gguf` paths into the runner list, in run order: the in-tree `float32` first (it is the
+/// reference the others are compared against), then the other in-tree formats as given,
+/// then the GGUF files. A name given twice is an error.
+pub fn plan_runners(formats: &str, ggufs: &[PathBuf]) -> anyhow::Result<Vec<FormatSpec>> {
+    let mut specs = Vec::new();
+    let trimmed = formats.trim();
+    if !(trimmed.is_empty() || trimmed == "none") {
+        for entry in trimmed.split(',') {
+            anyhow::ensure!(
+                !entry.trim().is_empty(),
+                "--formats '{formats}' has an empty entry; separate formats with single commas"
+            );
+            specs.push(parse_format(entry)?);
+        }
+    }
+    specs.extend(ggufs.iter().map(|p| FormatSpec::Gguf { path: p.clone() }));
+    let mut seen = std::collections::BTreeSet::new();
+    for s in &specs {
+        anyhow::ensure!(
+            seen.insert(s.name()),
+            "'{}' is asked for twice (--formats / --gguf); give each format once",
+            s.name()
+        );
+    }
+    // Stable: float32 first, in-tree before GGUF, otherwise as given.
+    specs.sort_by_key(|s| match s {
+        FormatSpec::Kwk {
+            precision: ::kwk::Precision::Float32,
+            ..
+        } => 0,
+        FormatSpec::Kwk { .. } => 1,
+        FormatSpec::Gguf { .. } => 2,
+    });
+    Ok(specs)
+}
+
+// ---- llama.cpp runners -------------------------------------------------------------------
+
+/// llama.cpp's tools: `--llama-cpp-dir`, then `KWK_LLAMA_CPP_DIR`, then PATH (and the
+/// set-up script's cache), each checked for the flags the runner passes.
+pub fn llamacpp_tools(dir: Option<&std::path::Path>) -> anyhow::Result<::llamacpp::LlamaCppTools> {
+    ::llamacpp::LlamaCppTools::locate(dir).map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+/// The tools' build number, for results.json.
+pub fn llamacpp_build(tools: &::llamacpp::LlamaCppTools) -> Option<u64> {
+    tools.build_number()
+}
+
+/// A llama.cpp runner for one GGUF file, with the run's threads and KV cache type;
+/// llama-bench runs only with `--llama-bench`.
+pub fn llamacpp_runner(
+    path: &std::path::Path,
+    tools: &::llamacpp::LlamaCppTools,
+    cfg: &crate::session::EvalConfig,
+) -> anyhow::Result<Box<dyn Runner>> {
+    let options = llamacpp::LlamaCppRunnerOptions {
+        threads: cfg.threads,
+        kv_type: cfg.llama_kv_type,
+        run_bench: cfg.llama_bench,
+        ..Default::default()
+    };
+    Ok(Box::new(llamacpp::LlamaCppRunner::new(
+        path, tools, options,
+    )?))
 }

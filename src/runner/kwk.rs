@@ -1,1 +1,216 @@
 //! The in-tree decoder as a [`super::Runner`], one runner per format.
+//!
+//! All runners of a run share one loaded [`Model`] (float32 master weights, read once);
+//! each packs it into its format when it is built, so the harness builds one runner at a
+//! time and drops it before the next (a 1.7B model would not fit in memory in every format
+//! at once). Load time is the shared read time plus this format's pack time. Perplexity runs
+//! [`crate::eval::perplexity::score_chunks`] over the decoder's forward pass; the float32
+//! reference runner also writes the KL-divergence base file, and the others compare against
+//! it when the protocol names one. Speed runs [`crate::eval::speed::measure_speed`].
+
+use super::{
+    PerplexityProtocol, PerplexityResult, Progress, Runner, RunnerInfo, SpeedResult, SpeedSpec,
+    TokenStream,
+};
+use crate::eval::perplexity::{score_chunks, ChunkLogits, ChunkPlan};
+use crate::eval::reference::{LogitsBaseWriter, ReferenceComparer};
+use crate::eval::speed::{measure_speed, SpeedTarget};
+use anyhow::{anyhow, bail, ensure, Context, Result};
+use kwk::{DecoderOptions, KwkDecoder, Model, Precision};
+use std::path::PathBuf;
+use std::rc::Rc;
+
+/// How a kwk runner is built (the same for every format of a run).
+#[derive(Debug, Clone)]
+pub struct KwkRunnerOptions {
+    pub threads: usize,
+    /// Longest sequence the KV cache must hold: `max(ctx, pp + tg)`.
+    pub max_cache_len: usize,
+    /// Calibration token ids for `int4:calib` / `int4:gptq`.
+    pub calibration_tokens: Option<Vec<u32>>,
+    pub pack_cache_dir: Option<PathBuf>,
+}
+
+/// Whether this runner is the reference whose log-probs other runners are compared with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReferenceRole {
+    /// An ordinary runner (compares against `protocol.reference_logits` when set).
+    Compared,
+    /// The reference: writes its scored log-probs to this KL-divergence base file.
+    Writes(PathBuf),
+}
+
+pub struct KwkRunner {
+    model: Rc<Model>,
+    decoder: KwkDecoder,
+    info: RunnerInfo,
+    role: ReferenceRole,
+}
+
+impl KwkRunner {
+    /// Packs `model` into `precision`. `name` is the format as the user typed it.
+    pub fn new(
+        model: Rc<Model>,
+        name: &str,
+        precision: Precision,
+        options: &KwkRunnerOptions,
+        role: ReferenceRole,
+    ) -> Result<Self> {
+        if let Some(why) = kwk::decoder::runner_unsupported(&model, options.max_cache_len) {
+            bail!(
+                "the in-tree decoder cannot run '{}' as {name}: {why}",
+                model.info.requested
+            );
+        }
+        kwk::decoder::decoder_available()
+            .map_err(|why| anyhow!("the in-tree decoder cannot run on this CPU: {why}"))?;
+        let decoder = KwkDecoder::new(
+            &model,
+            DecoderOptions {
+                max_cache_len: options.max_cache_len,
+                precision,
+                threads: options.threads,
+                calibration_tokens: options.calibration_tokens.clone(),
+                pack_cache_dir: options.pack_cache_dir.clone(),
+            },
+        )
+        .with_context(|| format!("packing '{}' as {name}", model.info.requested))?;
+        let read_s = model.info.read_s;
+        let pack_s = decoder.pack_s();
+        let info = RunnerInfo {
+            name: name.to_string(),
+            engine: "kwk".into(),
+            bytes: decoder.weight_bytes(),
+            bits_per_weight: decoder.bits_per_weight(),
+            params: model.n_params(),
+            type_mix: Default::default(),
+            load_s: Some(read_s + pack_s),
+            load_read_s: Some(read_s),
+            load_pack_s: Some(pack_s),
+            kv_type: "f32".into(),
+        };
+        Ok(KwkRunner {
+            model,
+            decoder,
+            info,
+            role,
+        })
+    }
+
+    fn bos(&self, add_bos: bool, bos_id: Option<u32>) -> Result<Option<u32>> {
+        if !add_bos {
+            return Ok(None);
+        }
+        bos_id
+            .or_else(|| self.model.tokenizer.bos_id())
+            .map(Some)
+            .context("the tokenizer adds a BOS but names no BOS id")
+    }
+}
+
+/// The decoder as a speed-test target.
+struct DecoderTarget<'a>(&'a mut KwkDecoder);
+
+impl SpeedTarget for DecoderTarget<'_> {
+    fn reset(&mut self) {
+        self.0.reset();
+    }
+    fn forward(&mut self, tokens: &[u32], logits_from: usize) -> Result<()> {
+        self.0.forward(tokens, logits_from)?;
+        Ok(())
+    }
+}
+
+impl Runner for KwkRunner {
+    fn info(&self) -> &RunnerInfo {
+        &self.info
+    }
+
+    fn perplexity(
+        &mut self,
+        protocol: &PerplexityProtocol,
+        tokens: &TokenStream,
+        progress: &dyn Progress,
+    ) -> Result<PerplexityResult> {
+        let plan = ChunkPlan::new(tokens.tokens.len(), protocol.ctx, Some(protocol.chunks))
+            .map_err(|e| anyhow!("{e}"))?;
+        ensure!(
+            plan.chunks == protocol.chunks,
+            "the protocol asks for {} chunks but the text holds {}",
+            protocol.chunks,
+            plan.chunks
+        );
+        let bos = self.bos(tokens.add_bos, tokens.bos_id)?;
+        let n_vocab = self.model.config.vocab_size;
+
+        enum Sink {
+            None,
+            Write(LogitsBaseWriter),
+            Compare(ReferenceComparer),
+        }
+        let mut sink = match (&self.role, &protocol.reference_logits) {
+            (ReferenceRole::Writes(path), _) => Sink::Write(LogitsBaseWriter::create(
+                path,
+                &plan,
+                n_vocab,
+                &tokens.tokens,
+            )?),
+            (ReferenceRole::Compared, Some(path)) => Sink::Compare(ReferenceComparer::open(
+                path,
+                &plan,
+                n_vocab,
+                &tokens.tokens,
+            )?),
+            (ReferenceRole::Compared, None) => Sink::None,
+        };
+        let decoder = &mut self.decoder;
+        let mut logits_of = |window: &[u32], first: usize| -> Result<Vec<f32>> {
+            decoder.reset();
+            Ok(decoder.forward(window, first)?)
+        };
+        let mut observe = |c: &ChunkLogits| -> Result<()> {
+            match &mut sink {
+                Sink::None => Ok(()),
+                Sink::Write(w) => w.write_chunk(c),
+                Sink::Compare(r) => r.compare_chunk(c),
+            }
+        };
+        let score = score_chunks(
+            &tokens.tokens,
+            &plan,
+            bos,
+            &mut logits_of,
+            &mut observe,
+            progress,
+        )?;
+        self.decoder.reset();
+        let reference = match sink {
+            Sink::None => None,
+            Sink::Write(w) => {
+                w.finish()?;
+                None
+            }
+            Sink::Compare(r) => Some(r.finish()?),
+        };
+        Ok(PerplexityResult {
+            ppl: score.ppl,
+            ppl_err: score.ppl_err,
+            running: score.running,
+            scored_tokens: score.scored_tokens,
+            tokens_match: None,
+            reference,
+        })
+    }
+
+    fn speed(&mut self, spec: &SpeedSpec, progress: &dyn Progress) -> Result<SpeedResult> {
+        let bos = self.bos(self.model.tokenizer.add_bos(), None)?;
+        let n_vocab = self.model.config.vocab_size;
+        measure_speed(
+            &mut DecoderTarget(&mut self.decoder),
+            spec,
+            n_vocab,
+            bos,
+            progress,
+        )
+    }
+}

@@ -1,1 +1,701 @@
 //! llama.cpp as a [`super::Runner`], one runner per GGUF file.
+//!
+//! The GGUF is opened with kwk's reader before any subprocess runs, so a truncated file or
+//! one that is not GGUF fails at once with a clear error, and the report gets its size,
+//! type mix, parameter count and bits per weight from the file itself. Perplexity runs
+//! llama-perplexity on the harness's text with the harness's context and chunk count, checks
+//! with llama-tokenize that llama.cpp sees the same token ids, and, when the protocol names
+//! a KL-divergence base file, runs llama-perplexity's KL-divergence mode against it. Speed
+//! runs llama-bench. All the commands are built by the `llamacpp` crate.
+
+use crate::runner::{
+    PerplexityProtocol, PerplexityResult, Progress, ReferenceComparison, Runner, RunnerInfo,
+    SpeedResult, SpeedSample, SpeedSpec, TokenStream,
+};
+use anyhow::{bail, Context};
+use llamacpp::{
+    BenchRequest, ComputeSettings, KlDivergenceRequest, KvType, LlamaCppTools, PerplexityRequest,
+    TokenizeRequest,
+};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// How a llama.cpp runner runs its tools.
+#[derive(Debug, Clone)]
+pub struct LlamaCppRunnerOptions {
+    /// `-t` for every tool (llama-perplexity also gets `-tb` with the same value). The
+    /// perplexity protocol's and the speed spec's thread counts take precedence when given.
+    pub threads: usize,
+    /// KV cache type for llama-perplexity (`-ctk/-ctv`): f16 is llama.cpp's default, f32
+    /// gives exact parity with a float32 decoder. llama-bench cannot take f32 and always
+    /// runs with f16 (its default), so speeds are llama.cpp's defaults either way.
+    pub kv_type: KvType,
+    /// `-fa` for llama-perplexity; `None` chooses [`KvType::default_flash_attn`] (on for
+    /// f16, which is what llama.cpp's `auto` resolves to on CPU; off for f32).
+    pub flash_attn: Option<bool>,
+    /// Longest any single tool may run before it is killed.
+    pub timeout: Duration,
+    /// Whether `speed()` runs llama-bench; when false it reports no speed (`None`s).
+    pub run_bench: bool,
+}
+
+impl Default for LlamaCppRunnerOptions {
+    fn default() -> Self {
+        Self {
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            kv_type: KvType::F16,
+            flash_attn: None,
+            timeout: Duration::from_secs(3600),
+            run_bench: true,
+        }
+    }
+}
+
+/// One GGUF file run by llama.cpp.
+pub struct LlamaCppRunner {
+    gguf: PathBuf,
+    tools: LlamaCppTools,
+    opts: LlamaCppRunnerOptions,
+    info: RunnerInfo,
+    /// The commands run so far, for the record.
+    commands: Vec<String>,
+}
+
+impl LlamaCppRunner {
+    /// Opens `gguf_path` with kwk's GGUF reader (so a bad file fails here, before any
+    /// subprocess) and prepares a runner for it.
+    pub fn new(
+        gguf_path: &Path,
+        tools: &LlamaCppTools,
+        opts: LlamaCppRunnerOptions,
+    ) -> anyhow::Result<Self> {
+        if opts.threads == 0 {
+            bail!("llama.cpp runner: threads must be at least 1");
+        }
+        let meta = std::fs::metadata(gguf_path)
+            .with_context(|| format!("GGUF file {}", gguf_path.display()))?;
+        if !meta.is_file() {
+            bail!(
+                "{} is not a file; --gguf takes the path of a .gguf model file",
+                gguf_path.display()
+            );
+        }
+        let file = kwk::gguf::GgufFile::open(gguf_path).with_context(|| {
+            format!(
+                "{} cannot be run by llama.cpp; pass a complete GGUF model file",
+                gguf_path.display()
+            )
+        })?;
+        let summary = file.summary();
+        drop(file);
+        if summary.n_params == 0 {
+            bail!(
+                "{}: the GGUF holds no tensors, so it is not a model llama.cpp can run",
+                gguf_path.display()
+            );
+        }
+        let file_name = gguf_path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| gguf_path.display().to_string());
+        let info = RunnerInfo {
+            name: format!("gguf:{file_name}"),
+            engine: "llama.cpp".to_string(),
+            bytes: summary.file_bytes,
+            bits_per_weight: summary.bits_per_weight,
+            params: summary.n_params,
+            // Lower-case type names, as RunnerInfo documents ("q4_1", "f32").
+            type_mix: summary
+                .type_counts
+                .into_iter()
+                .map(|(k, v)| (k.to_ascii_lowercase(), v))
+                .collect(),
+            load_s: None,
+            load_read_s: None,
+            load_pack_s: None,
+            kv_type: opts.kv_type.as_str().to_string(),
+        };
+        Ok(Self {
+            gguf: gguf_path.to_path_buf(),
+            tools: tools.clone(),
+            opts,
+            info,
+            commands: Vec::new(),
+        })
+    }
+
+    /// The tool command lines this runner has run, in order.
+    pub fn commands(&self) -> &[String] {
+        &self.commands
+    }
+
+    fn compute(&self, threads: usize) -> ComputeSettings {
+        let mut c = ComputeSettings::new(threads, self.opts.kv_type);
+        if let Some(fa) = self.opts.flash_attn {
+            c.flash_attn = fa;
+        }
+        c
+    }
+
+    /// Whether llama-tokenize gives the harness's ids; `None` when llama-tokenize is absent.
+    fn check_tokens(&mut self, tokens: &TokenStream) -> anyhow::Result<Option<bool>> {
+        if self.tools.tokenize_path().is_none() {
+            return Ok(None);
+        }
+        let run = llamacpp::run_tokenize(
+            &self.tools,
+            &TokenizeRequest {
+                model: self.gguf.clone(),
+                text: tokens.text_path.clone(),
+                timeout: self.opts.timeout,
+            },
+        )?;
+        self.commands.push(run.command.clone());
+        let same = run.ids == tokens.tokens;
+        if !same {
+            let first = run
+                .ids
+                .iter()
+                .zip(&tokens.tokens)
+                .position(|(a, b)| a != b)
+                .unwrap_or(run.ids.len().min(tokens.tokens.len()));
+            eprintln!(
+                "warning: {}: llama.cpp tokenizes {} to {} tokens, kwk-eval to {}; first \
+                 difference at position {first}. Its perplexity is not over the same tokens.",
+                self.info.name,
+                tokens.text_path.display(),
+                run.ids.len(),
+                tokens.tokens.len()
+            );
+        }
+        Ok(Some(same))
+    }
+}
+
+impl Runner for LlamaCppRunner {
+    fn info(&self) -> &RunnerInfo {
+        &self.info
+    }
+
+    fn perplexity(
+        &mut self,
+        protocol: &PerplexityProtocol,
+        tokens: &TokenStream,
+        progress: &dyn Progress,
+    ) -> anyhow::Result<PerplexityResult> {
+        let ctx = protocol.ctx;
+        // llama-perplexity itself only says so in log lines that its asynchronous logger can
+        // lose; check here, with the harness's token count.
+        if tokens.tokens.len() < 2 * ctx {
+            bail!(
+                "{}: the text has {} tokens but a context of {ctx} needs at least {} \
+                 (llama-perplexity's minimum); use a longer text or a smaller --ctx",
+                tokens.text_path.display(),
+                tokens.tokens.len(),
+                2 * ctx
+            );
+        }
+        let tokens_match = self.check_tokens(tokens)?;
+        let compute = self.compute(protocol.threads.max(1));
+
+        let mut req = PerplexityRequest::new(
+            self.gguf.clone(),
+            tokens.text_path.clone(),
+            ctx,
+            compute.clone(),
+        );
+        req.chunks = Some(protocol.chunks);
+        req.timeout = self.opts.timeout;
+        progress.set_total(protocol.chunks as u64, "chunks");
+        let run =
+            llamacpp::run_perplexity(&self.tools, &req, |done| progress.advance(done as u64))?;
+        self.commands.push(run.command.clone());
+        if run.attempts > 1 {
+            eprintln!(
+                "note: {}: llama-perplexity's output was cut short {} time(s) (its logger loses \
+                 the last lines at exit on a busy machine); the result is from a complete run",
+                self.info.name,
+                run.attempts - 1
+            );
+        }
+        let out = run.output;
+        if out.running.len() != protocol.chunks {
+            bail!(
+                "{}: llama-perplexity scored {} chunks, the protocol asked for {} (command: {})",
+                self.info.name,
+                out.running.len(),
+                protocol.chunks,
+                run.command
+            );
+        }
+        if self.info.load_s.is_none() {
+            self.info.load_s = out.ready_s;
+        }
+
+        let reference = match &protocol.reference_logits {
+            None => None,
+            Some(base) => {
+                let req = KlDivergenceRequest {
+                    model: self.gguf.clone(),
+                    base: base.clone(),
+                    ctx,
+                    compute,
+                    timeout: self.opts.timeout,
+                    attempts: 4,
+                };
+                progress.set_total(protocol.chunks as u64, "chunks (KL divergence)");
+                let kld = llamacpp::run_kl_divergence(&self.tools, &req, |done| {
+                    progress.advance(done as u64)
+                })?;
+                self.commands.push(kld.command.clone());
+                let s = kld.stats;
+                if s.n_ctx.is_some_and(|n| n != ctx) {
+                    bail!(
+                        "{}: the KL-divergence base file {} was written with a context of {:?}, \
+                         this run uses {ctx}",
+                        self.info.name,
+                        base.display(),
+                        s.n_ctx
+                    );
+                }
+                Some(ReferenceComparison {
+                    kld_mean: s.kld_mean.value,
+                    kld_mean_err: s.kld_mean.err,
+                    kld_p99: s.kld_p99,
+                    top1_agreement: s.same_top_pct.value / 100.0,
+                    delta_p_rms: s.rms_delta_p_pct.value / 100.0,
+                })
+            }
+        };
+
+        Ok(PerplexityResult {
+            ppl: out.ppl,
+            ppl_err: out.ppl_err,
+            running: out.running,
+            scored_tokens: protocol.chunks * (ctx - ctx / 2 - 1),
+            tokens_match,
+            reference,
+        })
+    }
+
+    fn speed(&mut self, spec: &SpeedSpec, progress: &dyn Progress) -> anyhow::Result<SpeedResult> {
+        if !self.opts.run_bench {
+            return Ok(SpeedResult {
+                pp: None,
+                tg: None,
+                raw: None,
+            });
+        }
+        // llama-bench's own defaults for what it cannot or should not change: f16 KV (it
+        // rejects f32) and flash attention as `auto` resolves on CPU (on).
+        let compute = ComputeSettings::new(spec.threads.max(1), KvType::F16);
+        let req = BenchRequest {
+            model: self.gguf.clone(),
+            pp: spec.pp,
+            tg: spec.tg,
+            reps: spec.reps,
+            compute,
+            timeout: self.opts.timeout,
+        };
+        let total = spec.reps * (usize::from(spec.pp > 0) + usize::from(spec.tg > 0));
+        progress.set_total(total as u64, "repetitions");
+        let run = llamacpp::run_bench(&self.tools, &req, |started, _| {
+            progress.advance(started as u64)
+        })?;
+        self.commands.push(run.command.clone());
+        let sample = |t: &llamacpp::BenchTest| SpeedSample {
+            tokens_per_s: t.avg_ts,
+            tokens_per_s_std: t.stddev_ts,
+            samples_tokens_per_s: t.samples_ts.clone(),
+        };
+        Ok(SpeedResult {
+            pp: run.output.pp.as_ref().map(sample),
+            tg: run.output.tg.as_ref().map(sample),
+            raw: Some(serde_json::Value::Array(run.output.raw)),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Bad GGUFs fail before any subprocess (a fake tool directory whose tools would fail
+    //! loudly if run), and live runs on the tiny fixture and on SmolLM2.
+    use super::*;
+    use std::cell::Cell;
+
+    struct Counter {
+        total: Cell<u64>,
+        done: Cell<u64>,
+    }
+    impl Progress for Counter {
+        fn set_total(&self, total: u64, _what: &str) {
+            self.total.set(total);
+        }
+        fn advance(&self, done: u64) {
+            self.done.set(done);
+        }
+    }
+    fn counter() -> Counter {
+        Counter {
+            total: Cell::new(0),
+            done: Cell::new(0),
+        }
+    }
+
+    /// `../shared` of the repository: the first ancestor of the crate holding
+    /// `shared/fixtures` (a worktree sits one level deeper than the main checkout).
+    fn shared() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .ancestors()
+            .map(|a| a.join("shared"))
+            .find(|s| s.join("fixtures").is_dir())
+            .expect("../shared/fixtures not found above the repository")
+    }
+
+    fn fixtures() -> PathBuf {
+        shared().join("fixtures")
+    }
+
+    /// A tool directory whose tools pass the version/help probes but abort any real run,
+    /// so a test proves no model run was attempted.
+    fn fake_tools(dir: &Path) -> LlamaCppTools {
+        let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("runners/llamacpp/tests/data");
+        for (tool, help) in [
+            ("llama-perplexity", "llama-perplexity-help.txt"),
+            ("llama-bench", "llama-bench-help.txt"),
+            ("llama-tokenize", "llama-tokenize-help.txt"),
+        ] {
+            let script = format!(
+                "#!/bin/sh\ncase \"$1\" in\n--version) echo 'version: 0.5.0-dev (build 0, commit unknown)' >&2; exit 0;;\n\
+                 --help) cat '{}'; exit 0;;\nesac\necho 'fake tool must not run a model' >&2\nexit 99\n",
+                data.join(help).display()
+            );
+            let p = dir.join(tool);
+            std::fs::write(&p, script).unwrap();
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        LlamaCppTools::locate(Some(dir)).unwrap()
+    }
+
+    #[test]
+    fn bad_gguf_fails_before_any_subprocess() {
+        let tmp = tempfile::tempdir().unwrap();
+        let tools = fake_tools(tmp.path());
+        let opts = LlamaCppRunnerOptions::default();
+
+        let not_gguf = tmp.path().join("not.gguf");
+        std::fs::write(&not_gguf, b"this is a text file, not a model\n").unwrap();
+        let e = format!(
+            "{:#}",
+            LlamaCppRunner::new(&not_gguf, &tools, opts.clone())
+                .err()
+                .unwrap()
+        );
+        assert!(
+            e.contains("not.gguf") && e.contains("not a GGUF file"),
+            "{e}"
+        );
+
+        let full = std::fs::read(fixtures().join("tiny-llama/model.gguf")).unwrap();
+        let truncated = tmp.path().join("truncated.gguf");
+        std::fs::write(&truncated, &full[..full.len() / 2]).unwrap();
+        let e = format!(
+            "{:#}",
+            LlamaCppRunner::new(&truncated, &tools, opts.clone())
+                .err()
+                .unwrap()
+        );
+        assert!(
+            e.contains("truncated.gguf") && e.contains("truncated"),
+            "{e}"
+        );
+
+        let missing = tmp.path().join("missing.gguf");
+        let e = format!(
+            "{:#}",
+            LlamaCppRunner::new(&missing, &tools, opts.clone())
+                .err()
+                .unwrap()
+        );
+        assert!(e.contains("missing.gguf"), "{e}");
+
+        let e = format!(
+            "{:#}",
+            LlamaCppRunner::new(tmp.path(), &tools, opts).err().unwrap()
+        );
+        assert!(e.contains("is not a file"), "{e}");
+    }
+
+    #[test]
+    fn info_comes_from_the_gguf() {
+        let tmp = tempfile::tempdir().unwrap();
+        let tools = fake_tools(tmp.path());
+        let path = fixtures().join("tiny-llama/model.gguf");
+        let r = LlamaCppRunner::new(&path, &tools, LlamaCppRunnerOptions::default()).unwrap();
+        let info = r.info();
+        assert_eq!(info.name, "gguf:model.gguf");
+        assert_eq!(info.engine, "llama.cpp");
+        assert_eq!(info.bytes, std::fs::metadata(&path).unwrap().len());
+        // llama-bench reports this fixture as model_n_params 119104, model_size 476416
+        // (tests/data/tiny-llama-bench.json): all F32, so 32 bits per weight.
+        assert_eq!(info.params, 119_104);
+        assert!((info.bits_per_weight - 32.0).abs() < 1e-9);
+        assert_eq!(
+            info.type_mix.get("f32").copied(),
+            Some(info.type_mix.values().sum())
+        );
+        assert_eq!(info.kv_type, "f16");
+        assert_eq!(info.load_s, None);
+    }
+
+    #[test]
+    fn too_short_text_is_an_error_before_llama_perplexity_runs() {
+        let tmp = tempfile::tempdir().unwrap();
+        let tools = fake_tools(tmp.path());
+        let path = fixtures().join("tiny-llama/model.gguf");
+        let mut r = LlamaCppRunner::new(&path, &tools, LlamaCppRunnerOptions::default()).unwrap();
+        let protocol = PerplexityProtocol {
+            ctx: 64,
+            chunks: 1,
+            threads: 1,
+            reference_logits: None,
+        };
+        let tokens = TokenStream {
+            tokens: vec![1; 127],
+            add_bos: false,
+            bos_id: None,
+            text_path: tmp.path().join("short.txt"),
+        };
+        let e = format!(
+            "{:#}",
+            r.perplexity(&protocol, &tokens, &counter()).unwrap_err()
+        );
+        assert!(
+            e.contains("127 tokens") && e.contains("at least 128"),
+            "{e}"
+        );
+        assert!(r.commands().is_empty());
+    }
+
+    /// The llama.cpp tools for live tests: `KWK_LLAMA_CPP_DIR`, PATH, or the setup script's
+    /// cache; a clear failure naming the setup script when none is there.
+    fn live_tools() -> LlamaCppTools {
+        LlamaCppTools::locate(None).unwrap_or_else(|e| {
+            panic!("live test needs llama.cpp's tools: {e}\n(run scripts/setup-llama-cpp.sh)")
+        })
+    }
+
+    fn ids_of(tools: &LlamaCppTools, model: &Path, text: &Path) -> Vec<u32> {
+        llamacpp::run_tokenize(
+            tools,
+            &TokenizeRequest {
+                model: model.to_path_buf(),
+                text: text.to_path_buf(),
+                timeout: Duration::from_secs(600),
+            },
+        )
+        .unwrap()
+        .ids
+    }
+
+    #[test]
+    fn live_tiny_llama_perplexity_matches_golden() {
+        let tools = live_tools();
+        let model = fixtures().join("tiny-llama/model.gguf");
+        let text = fixtures().join("eval.txt");
+        let golden: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(fixtures().join("tiny-llama/golden.json")).unwrap(),
+        )
+        .unwrap();
+        let opts = LlamaCppRunnerOptions {
+            threads: 2,
+            kv_type: KvType::F32,
+            flash_attn: None,
+            timeout: Duration::from_secs(600),
+            run_bench: true,
+        };
+        let mut r = LlamaCppRunner::new(&model, &tools, opts).unwrap();
+        let ids = ids_of(&tools, &model, &text);
+        assert_eq!(ids.len() as u64, golden["n_tokens"].as_u64().unwrap());
+        let probe: Vec<u32> = golden["probe_tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        assert_eq!(&ids[..probe.len()], &probe[..]);
+        let mut tokens = TokenStream {
+            tokens: ids,
+            add_bos: false,
+            bos_id: None,
+            text_path: text.clone(),
+        };
+        let protocol = PerplexityProtocol {
+            ctx: 64,
+            chunks: 8,
+            threads: 2,
+            reference_logits: None,
+        };
+        let progress = counter();
+        let res = r.perplexity(&protocol, &tokens, &progress).unwrap();
+        let want = golden["perplexity"]["ppl"].as_f64().unwrap();
+        // llama-perplexity prints 25954.9134 (4 decimals); the golden value is 25954.91131.
+        assert!(
+            ((res.ppl - want) / want).abs() < 5e-7,
+            "{} vs {want}",
+            res.ppl
+        );
+        assert_eq!(res.running.len(), 8);
+        assert_eq!(
+            res.scored_tokens,
+            golden["perplexity"]["scored"].as_u64().unwrap() as usize
+        );
+        assert_eq!(res.tokens_match, Some(true));
+        assert_eq!((progress.total.get(), progress.done.get()), (8, 8));
+        let cmd = &r.commands()[1];
+        for flag in [
+            "-c 64",
+            "-b 64",
+            "-ub 64",
+            "--chunks 8",
+            "-ngl 0",
+            "-fa off",
+            "-ctk f32",
+            "-ctv f32",
+            "-t 2",
+            "-tb 2",
+        ] {
+            assert!(cmd.contains(flag), "{flag} missing from {cmd}");
+        }
+        assert!(r.info().load_s.is_some_and(|s| s > 0.0));
+
+        // Different ids than llama.cpp's: reported, not hidden.
+        tokens.tokens[100] ^= 1;
+        let res = r.perplexity(&protocol, &tokens, &counter()).unwrap();
+        assert_eq!(res.tokens_match, Some(false));
+
+        // Speed: llama-bench's JSON, one sample per repetition.
+        let spec = SpeedSpec {
+            pp: 32,
+            tg: 4,
+            reps: 2,
+            threads: 2,
+        };
+        let s = r.speed(&spec, &counter()).unwrap();
+        let (pp, tg) = (s.pp.unwrap(), s.tg.unwrap());
+        assert_eq!(pp.samples_tokens_per_s.len(), 2);
+        assert_eq!(tg.samples_tokens_per_s.len(), 2);
+        assert!(pp.tokens_per_s > 0.0 && tg.tokens_per_s > 0.0);
+        let raw = s.raw.unwrap();
+        assert_eq!(raw.as_array().unwrap().len(), 2);
+        assert_eq!(raw[0]["n_threads"], 2);
+        assert_eq!(raw[0]["n_gpu_layers"], 0);
+    }
+
+    /// The SmolLM2 figures for the report: every GGUF made by scripts/setup-model.sh, on
+    /// wikitext-2 (ctx 512, 40 chunks, 2 threads), KL divergence against the F32 GGUF, and
+    /// llama-bench pp512/tg128. Slow (tens of minutes): run by hand with
+    /// `cargo test -p kwk-eval --lib smollm2_table -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn smollm2_table() {
+        let tools = live_tools();
+        let models = std::env::var_os("KWK_MODELS_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/kwk/models")
+            })
+            .join("SmolLM2-135M-Instruct");
+        assert!(
+            models.join("SmolLM2-135M-Instruct-F32.gguf").is_file(),
+            "{} lacks the GGUFs; run scripts/setup-model.sh",
+            models.display()
+        );
+        let text = shared().join("datasets/wikitext-2-raw/wiki.test.raw");
+        let f32_model = models.join("SmolLM2-135M-Instruct-F32.gguf");
+        let tokens = TokenStream {
+            tokens: ids_of(&tools, &f32_model, &text),
+            add_bos: false,
+            bos_id: None,
+            text_path: text.clone(),
+        };
+        let base = std::env::temp_dir().join("kwk-smollm2-f32-c512-40.kld");
+        let chunks = 40;
+        let threads = 2;
+        if !base.is_file() {
+            let mut req = PerplexityRequest::new(
+                f32_model.clone(),
+                text.clone(),
+                512,
+                ComputeSettings::new(threads, KvType::F16),
+            );
+            req.chunks = Some(chunks);
+            req.save_logits = Some(base.clone());
+            let run = llamacpp::run_perplexity(&tools, &req, |_| {}).unwrap();
+            eprintln!("base: {} -> PPL {}", run.command, run.output.ppl);
+        }
+        let reps: usize = std::env::var("KWK_BENCH_REPS")
+            .ok()
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(3);
+        // KWK_TABLE_TYPES picks GGUFs (default: all six); KWK_TABLE_KLD=0 skips the KL
+        // divergence runs (they take as long as the perplexity runs).
+        let types = std::env::var("KWK_TABLE_TYPES")
+            .unwrap_or_else(|_| "F32,BF16,Q8_0,Q4_K_M,Q4_1,Q4_0".to_string());
+        let with_kld = std::env::var("KWK_TABLE_KLD").map_or(true, |v| v != "0");
+        for ty in types.split(',') {
+            let model = models.join(format!("SmolLM2-135M-Instruct-{ty}.gguf"));
+            let mut r = LlamaCppRunner::new(
+                &model,
+                &tools,
+                LlamaCppRunnerOptions {
+                    threads,
+                    kv_type: KvType::F16,
+                    flash_attn: None,
+                    timeout: Duration::from_secs(3600),
+                    run_bench: true,
+                },
+            )
+            .unwrap();
+            let protocol = PerplexityProtocol {
+                ctx: 512,
+                chunks,
+                threads,
+                reference_logits: (with_kld && ty != "F32").then(|| base.clone()),
+            };
+            let p = r.perplexity(&protocol, &tokens, &counter()).unwrap();
+            let s = r
+                .speed(
+                    &SpeedSpec {
+                        pp: 512,
+                        tg: 128,
+                        reps,
+                        threads,
+                    },
+                    &counter(),
+                )
+                .unwrap();
+            let (pp, tg) = (s.pp.unwrap(), s.tg.unwrap());
+            let info = r.info();
+            eprintln!(
+                "ROW {ty}: MiB {:.1} bpw {:.2} | PPL {:.4} ± {:.4} tokens_match {:?} | KLD {} same-top {} | pp512 {:.1} ± {:.1} | tg128 {:.1} ± {:.1} | load_s {:?}",
+                info.bytes as f64 / 1048576.0,
+                info.bits_per_weight,
+                p.ppl,
+                p.ppl_err,
+                p.tokens_match,
+                p.reference.as_ref().map_or("-".into(), |r| format!("{:.5} ± {:.5}", r.kld_mean, r.kld_mean_err)),
+                p.reference.as_ref().map_or("-".into(), |r| format!("{:.2}%", 100.0 * r.top1_agreement)),
+                pp.tokens_per_s,
+                pp.tokens_per_s_std,
+                tg.tokens_per_s,
+                tg.tokens_per_s_std,
+                info.load_s,
+            );
+            for c in r.commands() {
+                eprintln!("  $ {c}");
+            }
+        }
+    }
+}

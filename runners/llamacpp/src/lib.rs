@@ -2,3 +2,29 @@
 //! llama-quantize, llama-tokenize), runs them defensively (pinned flags, cleared
 //! `LLAMA_ARG_*`, timeouts, stderr tail kept) and parses what they print. Knows nothing of
 //! the harness.
+//!
+//! - [`tools`]: discovery (`--llama-cpp-dir`, `KWK_LLAMA_CPP_DIR`, `PATH`, the setup script's
+//!   cache), build number/commit, "too old" checks against each tool's `--help`.
+//! - [`process`]: one subprocess with a clean environment, drained pipes and a timeout.
+//! - [`settings`]: threads, KV cache type and flash attention, pinned on every run.
+//! - [`perplexity`], [`kld`], [`bench`], [`tokenize`]: the commands and their parsers.
+#![forbid(unsafe_code)]
+
+pub mod bench;
+pub mod error;
+pub mod kld;
+pub mod perplexity;
+pub mod process;
+pub mod settings;
+pub mod tokenize;
+pub mod tools;
+
+pub use bench::{run_bench, BenchOutput, BenchRequest, BenchRun, BenchTest};
+pub use error::{Error, Result, SETUP_HINT};
+pub use kld::{
+    run_kl_divergence, KlDivergenceRequest, KlDivergenceRun, KlDivergenceStats, ValueErr,
+};
+pub use perplexity::{run_perplexity, PerplexityOutput, PerplexityRequest, PerplexityRun};
+pub use settings::{ComputeSettings, KvType};
+pub use tokenize::{run_tokenize, TokenizeRequest, TokenizeRun};
+pub use tools::{BuildInfo, LlamaCppTools, Search};

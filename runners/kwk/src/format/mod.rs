@@ -12,6 +12,8 @@
 pub mod bf16;
 pub mod float32;
 pub mod ggml_blocks;
+pub mod int4;
+pub mod int8;
 pub mod quantized;
 
 use crate::decoder::Precision;

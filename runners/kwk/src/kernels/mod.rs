@@ -13,6 +13,8 @@
 //! `vdpbf16ps`. Rows past the end of the matrix are zero padding.
 
 pub mod broadcast;
+pub mod int4_matmul;
+pub mod int8_matmul;
 pub mod q8_activations;
 pub mod scalar;
 #[cfg(target_arch = "x86_64")]

@@ -1,0 +1,263 @@
+//! llama-bench: the command (every result-changing setting pinned) and the parser for its
+//! `-o json` output (tools/llama-bench/llama-bench.cpp B:1598-1635, B:1799-1830;
+//! ../shared/reference/llamacpp-protocol.md §4).
+//!
+//! Definitions (B:2168-2222, B:1564-1572): pp = `-p N` random tokens from an empty cache,
+//! tg = `-n N` single-token decodes from an empty cache; one untimed warm-up, then `-r`
+//! repetitions; `avg_ts` is the mean of the per-repetition tokens/s and `stddev_ts` their
+//! sample (n−1) standard deviation. Both tests run in one invocation (`-p PP -n TG`: every pp
+//! test, then every tg test, B:1355-1467).
+//!
+//! The JSON is printed with `printf` (not llama.cpp's asynchronous logger), so it is
+//! complete when the process exits. It is parsed tolerantly: unknown fields are ignored, and
+//! each object is kept whole as a `serde_json::Value` for the report.
+
+use crate::error::{Error, Result};
+use crate::process::{self, ToolCommand};
+use crate::settings::{ComputeSettings, KvType};
+use crate::tools::{LlamaCppTools, BENCH};
+use regex::Regex;
+use serde::Deserialize;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// llama-bench's default `-b`, pinned.
+pub const BENCH_BATCH: usize = 2048;
+/// llama-bench's default `-ub`, pinned.
+pub const BENCH_UBATCH: usize = 512;
+
+/// One llama-bench run.
+#[derive(Debug, Clone)]
+pub struct BenchRequest {
+    pub model: PathBuf,
+    /// `-p`: prompt tokens (0 = no pp test).
+    pub pp: usize,
+    /// `-n`: generated tokens (0 = no tg test).
+    pub tg: usize,
+    /// `-r`.
+    pub reps: usize,
+    /// llama-bench's `-ctk/-ctv` accept f16, bf16, q8_0 (and smaller), **not f32**
+    /// (B:496-523 `ggml_type_from_name`); an f32 KV type is rejected here.
+    pub compute: ComputeSettings,
+    pub timeout: Duration,
+}
+
+impl BenchRequest {
+    pub fn command(&self, tools: &LlamaCppTools) -> Result<ToolCommand> {
+        self.compute.validate()?;
+        if self.compute.kv_type == KvType::F32 {
+            return Err(Error::InvalidSettings(
+                "llama-bench does not accept an f32 KV cache (-ctk f32); use f16".into(),
+            ));
+        }
+        if self.pp == 0 && self.tg == 0 {
+            return Err(Error::InvalidSettings(
+                "llama-bench needs a prompt (pp) or a generation (tg) length above 0".into(),
+            ));
+        }
+        if self.reps == 0 {
+            return Err(Error::InvalidSettings(
+                "repetitions must be at least 1".into(),
+            ));
+        }
+        let mut cmd = ToolCommand::new(
+            BENCH,
+            tools.bench_path(),
+            self.timeout,
+            "check the GGUF loads in llama.cpp (the stderr above says why not)",
+        );
+        let kv = self.compute.kv_type.as_str();
+        cmd.arg("-m").arg(&self.model);
+        cmd.args(["-p", &self.pp.to_string(), "-n", &self.tg.to_string()]);
+        cmd.args(["-r", &self.reps.to_string()]);
+        cmd.args(["-t", &self.compute.threads.to_string(), "-ngl", "0"]);
+        // `-fa 1|0`: accepted by every llama-bench (older ones take only 0/1; newer ones
+        // also on/off/auto, via common_arg_utils::is_truthy/is_falsey, B:865-890).
+        cmd.args(["-fa", if self.compute.flash_attn { "1" } else { "0" }]);
+        cmd.args(["-ctk", kv, "-ctv", kv]);
+        cmd.args([
+            "-b",
+            &BENCH_BATCH.to_string(),
+            "-ub",
+            &BENCH_UBATCH.to_string(),
+        ]);
+        cmd.args(["-o", "json", "--progress"]);
+        Ok(cmd)
+    }
+}
+
+/// The fields of one llama-bench JSON object this crate reads; everything else is kept in
+/// [`BenchTest::raw`].
+#[derive(Debug, Clone, Deserialize)]
+struct BenchRecord {
+    n_prompt: u64,
+    n_gen: u64,
+    #[serde(default)]
+    n_depth: u64,
+    avg_ts: f64,
+    stddev_ts: f64,
+    samples_ts: Vec<f64>,
+    #[serde(default)]
+    samples_ns: Vec<u64>,
+}
+
+/// One test (pp or tg) of a llama-bench run.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct BenchTest {
+    pub n_prompt: u64,
+    pub n_gen: u64,
+    /// Mean tokens/s over repetitions (llama-bench's `avg_ts`).
+    pub avg_ts: f64,
+    /// Sample standard deviation of tokens/s (`stddev_ts`).
+    pub stddev_ts: f64,
+    /// Tokens/s of each repetition (`samples_ts`, printed to 6 significant digits).
+    pub samples_ts: Vec<f64>,
+    /// Nanoseconds of each repetition (`samples_ns`).
+    pub samples_ns: Vec<u64>,
+    /// The whole JSON object as printed.
+    pub raw: serde_json::Value,
+}
+
+/// A parsed llama-bench run.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct BenchOutput {
+    /// The prompt-processing test (`n_prompt > 0, n_gen == 0`).
+    pub pp: Option<BenchTest>,
+    /// The generation test (`n_prompt == 0, n_gen > 0`).
+    pub tg: Option<BenchTest>,
+    /// Every object as printed, in order.
+    pub raw: Vec<serde_json::Value>,
+}
+
+/// Parses `llama-bench -o json` stdout.
+pub fn parse_bench_json(stdout: &str) -> std::result::Result<BenchOutput, String> {
+    let start = stdout.find('[').ok_or("no JSON array on stdout")?;
+    let end = stdout.rfind(']').ok_or("the JSON array is not closed")?;
+    if end < start {
+        return Err("the JSON array is not closed".into());
+    }
+    let raw: Vec<serde_json::Value> =
+        serde_json::from_str(&stdout[start..=end]).map_err(|e| format!("invalid JSON: {e}"))?;
+    let mut pp = None;
+    let mut tg = None;
+    for (i, obj) in raw.iter().enumerate() {
+        let r: BenchRecord = serde_json::from_value(obj.clone())
+            .map_err(|e| format!("object {i} lacks a field this parser needs: {e}"))?;
+        if r.n_depth != 0 {
+            return Err(format!("object {i} has n_depth {}; expected 0", r.n_depth));
+        }
+        if !r.avg_ts.is_finite() || !r.stddev_ts.is_finite() {
+            return Err(format!("object {i} has a non-finite avg_ts/stddev_ts"));
+        }
+        let test = BenchTest {
+            n_prompt: r.n_prompt,
+            n_gen: r.n_gen,
+            avg_ts: r.avg_ts,
+            stddev_ts: r.stddev_ts,
+            samples_ts: r.samples_ts,
+            samples_ns: r.samples_ns,
+            raw: obj.clone(),
+        };
+        let slot = match (r.n_prompt > 0, r.n_gen > 0) {
+            (true, false) => &mut pp,
+            (false, true) => &mut tg,
+            _ => {
+                return Err(format!(
+                    "object {i} is a combined or empty test (n_prompt {}, n_gen {})",
+                    r.n_prompt, r.n_gen
+                ))
+            }
+        };
+        if slot.is_some() {
+            return Err(format!("more than one test like object {i}"));
+        }
+        *slot = Some(test);
+    }
+    Ok(BenchOutput { pp, tg, raw })
+}
+
+/// Checks the parsed output is the run that was asked for.
+fn check_matches(out: &BenchOutput, req: &BenchRequest) -> std::result::Result<(), String> {
+    for (want, got, name) in [(req.pp, &out.pp, "pp"), (req.tg, &out.tg, "tg")] {
+        match (want, got) {
+            (0, None) => {}
+            (0, Some(_)) => return Err(format!("an unexpected {name} test")),
+            (_, None) => return Err(format!("no {name}{want} test")),
+            (n, Some(t)) => {
+                let len = if name == "pp" { t.n_prompt } else { t.n_gen };
+                if len != n as u64 {
+                    return Err(format!("{name} test of {len} tokens, asked for {n}"));
+                }
+                if t.samples_ts.len() != req.reps {
+                    return Err(format!(
+                        "{name} test has {} samples, asked for {} repetitions",
+                        t.samples_ts.len(),
+                        req.reps
+                    ));
+                }
+                let threads = t.raw.get("n_threads").and_then(|v| v.as_u64());
+                if threads.is_some_and(|th| th != req.compute.threads as u64) {
+                    return Err(format!(
+                        "{name} test ran with {threads:?} threads, asked for {}",
+                        req.compute.threads
+                    ));
+                }
+                let type_k = t.raw.get("type_k").and_then(|v| v.as_str());
+                if type_k.is_some_and(|k| k != req.compute.kv_type.as_str()) {
+                    return Err(format!(
+                        "{name} test used KV type {type_k:?}, asked for {}",
+                        req.compute.kv_type
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Repetitions started so far, from `--progress` lines on stderr (`llama-bench: benchmark
+/// 1/2: prompt run 2/3`).
+pub fn count_progress(stderr: &str) -> usize {
+    static RUN: OnceLock<Regex> = OnceLock::new();
+    RUN.get_or_init(|| {
+        Regex::new(r"(?m)benchmark \d+/\d+: (?:prompt|generation) run \d+/\d+")
+            .expect("static regex")
+    })
+    .find_iter(stderr)
+    .count()
+}
+
+/// A finished llama-bench run.
+#[derive(Debug, Clone)]
+pub struct BenchRun {
+    pub output: BenchOutput,
+    pub command: String,
+    pub elapsed: Duration,
+}
+
+/// Runs llama-bench. `progress(started, total)` gets repetitions started / total.
+pub fn run_bench(
+    tools: &LlamaCppTools,
+    req: &BenchRequest,
+    mut progress: impl FnMut(usize, usize),
+) -> Result<BenchRun> {
+    let cmd = req.command(tools)?;
+    let total = req.reps * (usize::from(req.pp > 0) + usize::from(req.tg > 0));
+    let out = process::run(&cmd, |_, se| progress(count_progress(se), total))?;
+    let bad = |what: String| Error::BadOutput {
+        tool: BENCH.to_string(),
+        what,
+        command: out.command.clone(),
+        stderr_tail: out.stderr_tail(),
+        hint: "llama-bench printed something the parser does not expect; check its version"
+            .to_string(),
+    };
+    let output = parse_bench_json(&out.stdout).map_err(&bad)?;
+    check_matches(&output, req).map_err(&bad)?;
+    Ok(BenchRun {
+        output,
+        command: out.command.clone(),
+        elapsed: out.elapsed,
+    })
+}

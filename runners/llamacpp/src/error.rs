@@ -1,0 +1,133 @@
+//! The one error type of this crate. Every variant names the tool or file involved and,
+//! where a process ran, carries the last lines of its stderr and a hint at the fix, so a
+//! caller can print `{error}` and the user knows what to do next.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// How a user gets llama.cpp's tools; repeated in every "not found" and "too old" error.
+pub const SETUP_HINT: &str = "build them with `scripts/setup-llama-cpp.sh` (it prints the bin \
+directory) and pass that directory with `--llama-cpp-dir DIR` or set KWK_LLAMA_CPP_DIR=DIR";
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A required tool was not in any of the places searched.
+    #[error("llama.cpp tool `{tool}` not found; searched: {}. Fix: {SETUP_HINT}", searched.join("; "))]
+    ToolNotFound {
+        tool: &'static str,
+        searched: Vec<String>,
+    },
+
+    /// The tool exists but lacks a flag this crate passes (the llama.cpp build is too old).
+    #[error(
+        "llama.cpp tool {} is too old: its --help lacks {} (needs llama.cpp b{min_build} or newer, \
+         September 2025; found {version}). Fix: {SETUP_HINT}",
+        path.display(), missing.join(", "), min_build = crate::tools::MIN_BUILD_NUMBER
+    )]
+    ToolTooOld {
+        path: PathBuf,
+        missing: Vec<String>,
+        version: String,
+    },
+
+    /// The process could not be started at all.
+    #[error("could not start {}: {source}. Fix: check the file is an executable llama.cpp tool, or {SETUP_HINT}", path.display())]
+    Spawn {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The process ran longer than allowed and was killed.
+    #[error(
+        "{tool} timed out after {} s and was killed{}\n{}Hint: raise the timeout, use fewer chunks/repetitions, or check the machine is not overloaded",
+        seconds(after), command_line(command), tail_block(stderr_tail)
+    )]
+    Timeout {
+        tool: String,
+        after: Duration,
+        command: String,
+        stderr_tail: String,
+    },
+
+    /// The process exited unsuccessfully (non-zero status or a signal).
+    #[error(
+        "{tool} failed ({status}){}\n{}Hint: {hint}",
+        command_line(command),
+        tail_block(stderr_tail)
+    )]
+    Failed {
+        tool: String,
+        status: String,
+        command: String,
+        stderr_tail: String,
+        hint: String,
+    },
+
+    /// The process exited 0 but did not print what it must print (e.g. no `Final estimate`).
+    #[error(
+        "{tool}: {what}{}\n{}Hint: {hint}",
+        command_line(command),
+        tail_block(stderr_tail)
+    )]
+    BadOutput {
+        tool: String,
+        what: String,
+        command: String,
+        stderr_tail: String,
+        hint: String,
+    },
+
+    /// llama-perplexity said the text has fewer than `2*ctx` tokens.
+    #[error(
+        "{}: the text tokenizes to {} but a context of {ctx} needs at least {needed}. \
+         Fix: use a longer text or a smaller --ctx",
+        text.display(), got.map_or("too few tokens".to_string(), |g| format!("only {g} tokens"))
+    )]
+    TextTooShort {
+        text: PathBuf,
+        ctx: usize,
+        needed: usize,
+        got: Option<usize>,
+    },
+
+    /// A file this crate reads or writes could not be.
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A caller passed settings llama.cpp would reject or misread.
+    #[error("invalid llama.cpp settings: {0}")]
+    InvalidSettings(String),
+}
+
+/// Whole seconds, or one decimal below 10 s.
+fn seconds(d: &Duration) -> String {
+    let s = d.as_secs_f64();
+    if s < 10.0 && s.fract() != 0.0 {
+        format!("{s:.1}")
+    } else {
+        format!("{s:.0}")
+    }
+}
+
+fn command_line(command: &str) -> String {
+    if command.is_empty() {
+        String::new()
+    } else {
+        format!("\ncommand: {command}")
+    }
+}
+
+fn tail_block(tail: &str) -> String {
+    if tail.trim().is_empty() {
+        "stderr: (empty)\n".to_string()
+    } else {
+        format!("stderr (last lines):\n{}\n", tail.trim_end())
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;

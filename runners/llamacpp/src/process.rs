@@ -1,0 +1,318 @@
+//! Running one llama.cpp tool defensively: a cleaned environment (no `LLAMA_ARG_*` or other
+//! variables that silently change results), the tool's own directory on `LD_LIBRARY_PATH`
+//! (CMake builds load `libllama.so`/`libggml*.so` from there), stdin closed, stdout and
+//! stderr drained on their own threads (so a chatty tool never blocks on a full pipe), a
+//! timeout that kills the whole process group, and errors that carry the stderr tail.
+
+use crate::error::{Error, Result};
+use std::ffi::{OsStr, OsString};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Lines of stderr kept in errors.
+pub const STDERR_TAIL_LINES: usize = 20;
+
+/// Environment variables removed before every tool runs, besides every `LLAMA_ARG_*`
+/// (which override command-line defaults: context, batch, threads, flash attention, KV
+/// types, log format; common/arg.cpp `set_env`). These change numerics or speed
+/// (`GGML_CPU_DISABLE_FUSION`, `LLAMA_ATTN_ROT_DISABLE`, `LLAMA_GRAPH_REUSE_DISABLE`) or
+/// flood the output the parsers read (the `*_DEBUG` and `LLAMA_TRACE` switches); all found
+/// by grepping `getenv("` in llama.cpp's common/, src/ and ggml-cpu.
+pub const REMOVED_ENV_VARS: &[&str] = &[
+    "GGML_CPU_DISABLE_FUSION",
+    "LLAMA_ATTN_ROT_DISABLE",
+    "LLAMA_GRAPH_REUSE_DISABLE",
+    "LLAMA_BATCH_DEBUG",
+    "LLAMA_GRAPH_INPUT_DEBUG",
+    "LLAMA_GRAPH_RESULT_DEBUG",
+    "LLAMA_KV_CACHE_DEBUG",
+    "LLAMA_TRACE",
+];
+
+/// Whether an environment variable is removed before a tool runs.
+pub fn is_removed_env_var(name: &OsStr) -> bool {
+    let name = name.to_string_lossy();
+    name.starts_with("LLAMA_ARG_") || REMOVED_ENV_VARS.contains(&name.as_ref())
+}
+
+/// One invocation of a tool.
+#[derive(Debug, Clone)]
+pub struct ToolCommand {
+    /// Name used in messages, e.g. `llama-perplexity`.
+    pub tool: String,
+    pub program: PathBuf,
+    pub args: Vec<OsString>,
+    pub timeout: Duration,
+    /// What to tell the user when the tool fails.
+    pub hint: String,
+}
+
+impl ToolCommand {
+    pub fn new(tool: &str, program: &Path, timeout: Duration, hint: &str) -> Self {
+        Self {
+            tool: tool.to_string(),
+            program: program.to_path_buf(),
+            args: Vec::new(),
+            timeout,
+            hint: hint.to_string(),
+        }
+    }
+
+    pub fn arg(&mut self, a: impl AsRef<OsStr>) -> &mut Self {
+        self.args.push(a.as_ref().to_os_string());
+        self
+    }
+
+    pub fn args<I, S>(&mut self, args: I) -> &mut Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        for a in args {
+            self.arg(a);
+        }
+        self
+    }
+
+    /// The command as a shell-like line, for reports and error messages.
+    pub fn display(&self) -> String {
+        let mut s = shell_quote(self.program.as_os_str());
+        for a in &self.args {
+            s.push(' ');
+            s.push_str(&shell_quote(a));
+        }
+        s
+    }
+
+    /// The `std::process::Command` this runs, with the environment cleaned.
+    pub fn to_command(&self) -> Command {
+        let mut cmd = Command::new(&self.program);
+        cmd.args(&self.args);
+        for (k, _) in std::env::vars_os() {
+            if is_removed_env_var(&k) {
+                cmd.env_remove(&k);
+            }
+        }
+        if let Some(dir) = self.program.parent().filter(|d| !d.as_os_str().is_empty()) {
+            let mut paths = vec![dir.to_path_buf()];
+            if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
+                paths.extend(std::env::split_paths(&old));
+            }
+            if let Ok(joined) = std::env::join_paths(paths) {
+                cmd.env("LD_LIBRARY_PATH", joined);
+            }
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        #[cfg(unix)]
+        {
+            use std::os::unix::process::CommandExt;
+            // Own process group, so a timeout can kill the tool and anything it started.
+            cmd.process_group(0);
+        }
+        cmd
+    }
+}
+
+fn shell_quote(s: &OsStr) -> String {
+    let s = s.to_string_lossy();
+    if !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c))
+    {
+        s.into_owned()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
+
+/// What a tool printed, once it exited.
+#[derive(Debug, Clone)]
+pub struct ToolOutput {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+    pub elapsed: Duration,
+    /// The command line that ran.
+    pub command: String,
+}
+
+impl ToolOutput {
+    pub fn stderr_tail(&self) -> String {
+        tail_lines(&self.stderr, STDERR_TAIL_LINES)
+    }
+}
+
+/// The last `n` lines of `text`.
+pub fn tail_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    let start = lines.len().saturating_sub(n);
+    lines[start..].join("\n")
+}
+
+type SharedBuf = Arc<Mutex<Vec<u8>>>;
+
+fn drain<R: Read + Send + 'static>(mut reader: R, buf: SharedBuf) -> JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut chunk = [0u8; 16 * 1024];
+        loop {
+            match reader.read(&mut chunk) {
+                Ok(0) => break,
+                Ok(n) => buf
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            }
+        }
+    })
+}
+
+fn snapshot(buf: &SharedBuf) -> String {
+    String::from_utf8_lossy(&buf.lock().unwrap_or_else(|e| e.into_inner())).into_owned()
+}
+
+fn kill_tree(child: &mut Child) {
+    #[cfg(unix)]
+    {
+        // The child leads its own process group (process_group(0)); kill the group so a
+        // wrapper script's children die too and release the pipes.
+        let _ = Command::new("kill")
+            .arg("-KILL")
+            .arg("--")
+            .arg(format!("-{}", child.id()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+    let _ = child.kill();
+}
+
+/// How often the process is polled for exit, timeout and stdout progress.
+const POLL: Duration = Duration::from_millis(20);
+/// How long to wait for the pipes to close after the process exited (a leftover grandchild
+/// may hold them open).
+const PIPE_GRACE: Duration = Duration::from_secs(5);
+
+/// Runs `cmd` to completion. `on_output(stdout, stderr)` is called (on this thread) with
+/// everything printed so far whenever either grew, for progress. A non-zero exit is an [`Error::Failed`] with the
+/// stderr tail and `cmd.hint`; a timeout kills the process group and is an
+/// [`Error::Timeout`].
+pub fn run(cmd: &ToolCommand, mut on_output: impl FnMut(&str, &str)) -> Result<ToolOutput> {
+    let command = cmd.display();
+    let start = Instant::now();
+    let mut child = cmd.to_command().spawn().map_err(|source| Error::Spawn {
+        path: cmd.program.clone(),
+        source,
+    })?;
+    let out_buf: SharedBuf = Arc::default();
+    let err_buf: SharedBuf = Arc::default();
+    let mut drains = Vec::new();
+    if let Some(out) = child.stdout.take() {
+        drains.push(drain(out, out_buf.clone()));
+    }
+    if let Some(err) = child.stderr.take() {
+        drains.push(drain(err, err_buf.clone()));
+    }
+
+    let mut seen = (0usize, 0usize);
+    let lens = || {
+        (
+            out_buf.lock().unwrap_or_else(|e| e.into_inner()).len(),
+            err_buf.lock().unwrap_or_else(|e| e.into_inner()).len(),
+        )
+    };
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) => {}
+            Err(source) => {
+                kill_tree(&mut child);
+                return Err(Error::Spawn {
+                    path: cmd.program.clone(),
+                    source,
+                });
+            }
+        }
+        if start.elapsed() >= cmd.timeout {
+            kill_tree(&mut child);
+            let _ = child.wait();
+            wait_for_drains(&drains, PIPE_GRACE);
+            return Err(Error::Timeout {
+                tool: cmd.tool.clone(),
+                after: cmd.timeout,
+                command,
+                stderr_tail: tail_lines(&snapshot(&err_buf), STDERR_TAIL_LINES),
+            });
+        }
+        let now = lens();
+        if now != seen {
+            seen = now;
+            on_output(&snapshot(&out_buf), &snapshot(&err_buf));
+        }
+        std::thread::sleep(POLL);
+    };
+    let elapsed = start.elapsed();
+    if !wait_for_drains(&drains, PIPE_GRACE) {
+        // Something still holds the pipes (a grandchild); take what we have.
+        kill_tree(&mut child);
+    }
+    let output = ToolOutput {
+        status,
+        stdout: snapshot(&out_buf),
+        stderr: snapshot(&err_buf),
+        elapsed,
+        command,
+    };
+    if (output.stdout.len(), output.stderr.len()) != seen {
+        on_output(&output.stdout, &output.stderr);
+    }
+    if !status.success() {
+        return Err(Error::Failed {
+            tool: cmd.tool.clone(),
+            status: describe_status(&status),
+            command: output.command.clone(),
+            stderr_tail: output.stderr_tail(),
+            hint: cmd.hint.clone(),
+        });
+    }
+    Ok(output)
+}
+
+fn wait_for_drains(drains: &[JoinHandle<()>], grace: Duration) -> bool {
+    let until = Instant::now() + grace;
+    while Instant::now() < until {
+        if drains.iter().all(|d| d.is_finished()) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    drains.iter().all(|d| d.is_finished())
+}
+
+fn describe_status(status: &ExitStatus) -> String {
+    if let Some(code) = status.code() {
+        return format!("exit code {code}");
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        if let Some(sig) = status.signal() {
+            let name = match sig {
+                4 => " (SIGILL: the binary uses CPU instructions this machine lacks)",
+                6 => " (SIGABRT: an assertion failed)",
+                9 => " (SIGKILL: killed, perhaps out of memory)",
+                11 => " (SIGSEGV)",
+                _ => "",
+            };
+            return format!("killed by signal {sig}{name}");
+        }
+    }
+    format!("{status}")
+}

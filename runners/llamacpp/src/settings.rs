@@ -1,0 +1,104 @@
+//! The settings that change llama.cpp's results or speed, pinned explicitly on every run
+//! instead of left to llama.cpp's defaults (which differ between tools, builds, machines and
+//! `LLAMA_ARG_*` variables).
+
+use crate::error::{Error, Result};
+use std::fmt;
+
+/// KV cache element type (`-ctk`/`-ctv`). llama.cpp's default is f16; f32 gives exact parity
+/// with a float32 decoder (with flash attention off).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvType {
+    F32,
+    F16,
+    Bf16,
+    Q8_0,
+}
+
+impl KvType {
+    /// The name llama.cpp's `-ctk`/`-ctv` take and llama-bench's `type_k` reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KvType::F32 => "f32",
+            KvType::F16 => "f16",
+            KvType::Bf16 => "bf16",
+            KvType::Q8_0 => "q8_0",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<KvType> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" => Ok(KvType::F32),
+            "f16" => Ok(KvType::F16),
+            "bf16" => Ok(KvType::Bf16),
+            "q8_0" => Ok(KvType::Q8_0),
+            other => Err(Error::InvalidSettings(format!(
+                "unknown KV cache type `{other}`; use one of f32, f16, bf16, q8_0"
+            ))),
+        }
+    }
+
+    /// Flash attention as llama.cpp resolves `-fa auto` on a CPU-only build (on: every CPU
+    /// op is supported, src/llama-context.cpp `resolve`), except with an f32 cache, where we
+    /// turn it off: the non-flash path with an f32 cache is the one that matches a float32
+    /// reference within 5e-7 (../shared/fixtures/README.md).
+    pub fn default_flash_attn(self) -> bool {
+        self != KvType::F32
+    }
+}
+
+impl fmt::Display for KvType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Threads, KV cache type and flash attention: what every llama.cpp invocation pins.
+/// GPU offload is always off (`-ngl 0`): this crate measures CPU inference.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ComputeSettings {
+    /// `-t` (and `-tb` for llama-perplexity, whose batch threads default to `-t`).
+    pub threads: usize,
+    pub kv_type: KvType,
+    /// `-fa on|off` (llama-perplexity) / `-fa 1|0` (llama-bench).
+    pub flash_attn: bool,
+}
+
+impl ComputeSettings {
+    pub fn new(threads: usize, kv_type: KvType) -> Self {
+        Self {
+            threads,
+            kv_type,
+            flash_attn: kv_type.default_flash_attn(),
+        }
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.threads == 0 {
+            return Err(Error::InvalidSettings(
+                "threads must be at least 1 (llama.cpp reads 0 as \"all cores\")".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `-t T -tb T -ngl 0 -fa on|off -ctk K -ctv K` in llama-perplexity's syntax.
+    pub(crate) fn common_args(&self) -> Vec<String> {
+        let t = self.threads.to_string();
+        vec![
+            "-t".into(),
+            t.clone(),
+            "-tb".into(),
+            t,
+            "-ngl".into(),
+            "0".into(),
+            "-fa".into(),
+            if self.flash_attn { "on" } else { "off" }.into(),
+            "-ctk".into(),
+            self.kv_type.as_str().into(),
+            "-ctv".into(),
+            self.kv_type.as_str().into(),
+        ]
+    }
+}

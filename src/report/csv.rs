@@ -1,0 +1,116 @@
+//! results.csv: the runner rows of results.json flattened, one row per runner. Lists
+//! (running PPL, per-repetition samples) are space-separated in one cell; the type mix is
+//! `type:count` pairs; llama-bench's raw objects stay in results.json only.
+
+use super::{write_atomically, Results, RunnerRecord};
+use anyhow::{Context, Result};
+use std::path::Path;
+
+const HEADER: &[&str] = &[
+    "name",
+    "engine",
+    "bytes",
+    "bits_per_weight",
+    "params",
+    "type_mix",
+    "kv_type",
+    "ppl",
+    "ppl_err",
+    "ppl_delta_pct",
+    "scored_tokens",
+    "tokens_match",
+    "kld_mean",
+    "kld_mean_err",
+    "kld_p99",
+    "top1_agreement",
+    "delta_p_rms",
+    "pp_tokens_per_s",
+    "pp_tokens_per_s_std",
+    "pp_samples_tokens_per_s",
+    "tg_tokens_per_s",
+    "tg_tokens_per_s_std",
+    "tg_samples_tokens_per_s",
+    "load_s",
+    "load_read_s",
+    "load_pack_s",
+    "running_ppl",
+    "error",
+];
+
+fn opt<T: ToString>(v: &Option<T>) -> String {
+    v.as_ref().map(ToString::to_string).unwrap_or_default()
+}
+
+fn list(v: &[f64]) -> String {
+    v.iter().map(f64::to_string).collect::<Vec<_>>().join(" ")
+}
+
+fn cells(r: &RunnerRecord) -> Vec<String> {
+    vec![
+        r.name.clone(),
+        r.engine.clone(),
+        opt(&r.bytes),
+        opt(&r.bits_per_weight),
+        opt(&r.params),
+        r.type_mix
+            .iter()
+            .map(|(k, v)| format!("{k}:{v}"))
+            .collect::<Vec<_>>()
+            .join(" "),
+        opt(&r.kv_type),
+        opt(&r.ppl),
+        opt(&r.ppl_err),
+        opt(&r.ppl_delta_pct),
+        opt(&r.scored_tokens),
+        opt(&r.tokens_match),
+        opt(&r.kld_mean),
+        opt(&r.kld_mean_err),
+        opt(&r.kld_p99),
+        opt(&r.top1_agreement),
+        opt(&r.delta_p_rms),
+        opt(&r.pp_tokens_per_s),
+        opt(&r.pp_tokens_per_s_std),
+        list(&r.pp_samples_tokens_per_s),
+        opt(&r.tg_tokens_per_s),
+        opt(&r.tg_tokens_per_s_std),
+        list(&r.tg_samples_tokens_per_s),
+        opt(&r.load_s),
+        opt(&r.load_read_s),
+        opt(&r.load_pack_s),
+        list(&r.running_ppl),
+        opt(&r.error),
+    ]
+}
+
+pub fn to_bytes(results: &Results) -> Result<Vec<u8>> {
+    let mut w = ::csv::Writer::from_writer(Vec::new());
+    w.write_record(HEADER)?;
+    for r in &results.runners {
+        w.write_record(cells(r))?;
+    }
+    w.into_inner().context("finishing results.csv")
+}
+
+pub fn write(path: &Path, results: &Results) -> Result<()> {
+    write_atomically(path, &to_bytes(results)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::testdata::sample_results;
+
+    #[test]
+    fn one_row_per_runner_with_the_header_fields() {
+        let bytes = to_bytes(&sample_results()).unwrap();
+        let mut rd = ::csv::Reader::from_reader(&bytes[..]);
+        let header: Vec<String> = rd.headers().unwrap().iter().map(String::from).collect();
+        assert_eq!(header, HEADER);
+        let rows: Vec<_> = rd.records().collect::<Result<_, _>>().unwrap();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(&rows[1][0], "int4");
+        assert_eq!(&rows[0][7], "20");
+        assert_eq!(&rows[0][12], "", "unmeasured KLD is empty");
+        assert_eq!(&rows[0][19], "990 1010");
+    }
+}

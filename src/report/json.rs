@@ -1,0 +1,65 @@
+//! results.json: [`Results`] as pretty JSON (the contract other programs read), and
+//! reading one back for the regression gate.
+
+use super::{write_atomically, Results, SCHEMA_VERSION};
+use anyhow::{bail, Context, Result};
+use std::path::Path;
+
+pub fn write(path: &Path, results: &Results) -> Result<()> {
+    let mut bytes = serde_json::to_vec_pretty(results).context("serializing results")?;
+    bytes.push(b'\n');
+    write_atomically(path, &bytes)
+}
+
+/// Reads a results.json, checking its schema version.
+pub fn read(path: &Path) -> Result<Results> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading '{}'", path.display()))?;
+    let value: serde_json::Value = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "'{}' is not JSON; pass a results.json written by kwk-eval",
+            path.display()
+        )
+    })?;
+    match value.get("schema_version").and_then(|v| v.as_u64()) {
+        Some(v) if v == u64::from(SCHEMA_VERSION) => {}
+        Some(v) => bail!(
+            "'{}' has schema_version {v}; this kwk-eval reads version {SCHEMA_VERSION}. Re-run the baseline with this build",
+            path.display()
+        ),
+        None => bail!(
+            "'{}' has no schema_version; pass a results.json written by kwk-eval",
+            path.display()
+        ),
+    }
+    serde_json::from_value(value).with_context(|| {
+        format!(
+            "'{}' does not follow the results.json schema version {SCHEMA_VERSION}",
+            path.display()
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::testdata::sample_results;
+
+    #[test]
+    fn round_trips_and_checks_the_schema() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("results.json");
+        let r = sample_results();
+        write(&p, &r).unwrap();
+        assert_eq!(read(&p).unwrap(), r);
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+        // Unmeasured figures are null, not absent and not zero.
+        assert!(v["runners"][0]["kld_mean"].is_null());
+        assert_eq!(v["schema_version"], 1);
+        std::fs::write(&p, r#"{"schema_version": 7}"#).unwrap();
+        assert!(format!("{:#}", read(&p).unwrap_err()).contains("schema_version 7"));
+        std::fs::write(&p, "not json").unwrap();
+        assert!(read(&p).is_err());
+    }
+}

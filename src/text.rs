@@ -1,0 +1,111 @@
+//! The evaluation text as llama-perplexity reads it: raw bytes (no newline translation;
+//! wiki.test.raw has CRLF endings and they matter), decoded as UTF-8, with exactly one
+//! trailing `\n` removed. Also the SHA-256 of the file's bytes, for the report.
+
+use anyhow::{bail, Context, Result};
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone)]
+pub struct EvalText {
+    pub path: PathBuf,
+    /// The file name, for reports.
+    pub name: String,
+    pub sha256: String,
+    /// The decoded text, one trailing `\n` removed.
+    pub text: String,
+}
+
+/// Hex SHA-256 of `bytes`.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Reads `path` (the `flag` names where it came from in error messages).
+pub fn read_text(path: &Path, flag: &str) -> Result<EvalText> {
+    if path.is_dir() {
+        bail!(
+            "{flag} '{}' is a directory; pass a text file",
+            path.display()
+        );
+    }
+    let bytes =
+        std::fs::read(path).with_context(|| format!("reading {flag} '{}'", path.display()))?;
+    if bytes.is_empty() {
+        bail!(
+            "{flag} '{}' is empty; pass a text with at least 2×ctx tokens",
+            path.display()
+        );
+    }
+    let sha256 = sha256_hex(&bytes);
+    let mut text = match String::from_utf8(bytes) {
+        Ok(t) => t,
+        Err(e) => bail!(
+            "{flag} '{}' is not UTF-8 (invalid byte at offset {}); convert it to UTF-8",
+            path.display(),
+            e.utf8_error().valid_up_to()
+        ),
+    };
+    if text.ends_with('\n') {
+        text.pop();
+    }
+    if text.is_empty() {
+        bail!(
+            "{flag} '{}' holds only a newline; pass a text with at least 2×ctx tokens",
+            path.display()
+        );
+    }
+    let name = path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    Ok(EvalText {
+        path: path.to_path_buf(),
+        name,
+        sha256,
+        text,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strips_exactly_one_newline_and_keeps_crlf() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("t.txt");
+        std::fs::write(&p, b"a\r\nb\n\n").unwrap();
+        let t = read_text(&p, "--text").unwrap();
+        assert_eq!(t.text, "a\r\nb\n");
+        assert_eq!(t.name, "t.txt");
+        assert_eq!(t.sha256, sha256_hex(b"a\r\nb\n\n"));
+        std::fs::write(&p, b"abc").unwrap();
+        assert_eq!(read_text(&p, "--text").unwrap().text, "abc");
+    }
+
+    #[test]
+    fn bad_texts_are_errors_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("bad.txt");
+        std::fs::write(&p, b"ok \xff\xfe").unwrap();
+        let e = format!("{:#}", read_text(&p, "--text").unwrap_err());
+        assert!(
+            e.contains("bad.txt") && e.contains("not UTF-8") && e.contains("offset 3"),
+            "{e}"
+        );
+        std::fs::write(&p, b"").unwrap();
+        assert!(format!("{:#}", read_text(&p, "--text").unwrap_err()).contains("is empty"));
+        std::fs::write(&p, b"\n").unwrap();
+        assert!(read_text(&p, "--text").is_err());
+        assert!(read_text(&dir.path().join("missing.txt"), "--text").is_err());
+        assert!(read_text(dir.path(), "--text").is_err());
+        assert_eq!(
+            sha256_hex(b"abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+}

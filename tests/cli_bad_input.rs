@@ -1,0 +1,400 @@
+//! Every bad input of issue 2 item 10: one `error:` line naming the input and the fix,
+//! exit status 2, no panic, and no report left behind.
+
+mod common;
+use common::*;
+use std::path::Path;
+
+fn no_run_folder(out: &Path) {
+    assert!(
+        !out.join("results.json").exists(),
+        "a report was left in {}",
+        out.display()
+    );
+}
+
+#[test]
+fn odd_or_tiny_ctx() {
+    for ctx in ["7", "4", "0", "513"] {
+        let line = assert_error(
+            kwk_eval().args(["--llm", "x", "--text", "x.txt", "--ctx", ctx]),
+            2,
+            &format!("--ctx {ctx} is not usable"),
+        );
+        assert!(line.contains("Pass e.g. --ctx 512"), "{line}");
+    }
+}
+
+#[test]
+fn unknown_format_name() {
+    let line = assert_error(
+        kwk_eval().args(["--llm", "x", "--text", "x.txt", "--formats", "float32,int3"]),
+        2,
+        "unknown format 'int3' in --formats",
+    );
+    assert!(line.contains("known formats: float32, bf16"), "{line}");
+}
+
+#[test]
+fn missing_text_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let line = assert_error(
+        kwk_eval()
+            .args([
+                "--llm",
+                "x",
+                "--formats",
+                "float32",
+                "--text",
+                "/nonexistent/notes.txt",
+                "--out",
+            ])
+            .arg(&out),
+        2,
+        "reading --text '/nonexistent/notes.txt'",
+    );
+    assert!(line.contains("No such file"), "{line}");
+    no_run_folder(&out);
+}
+
+#[test]
+fn empty_and_non_utf8_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.txt");
+    std::fs::write(&empty, b"").unwrap();
+    assert_error(
+        kwk_eval()
+            .args(["--llm", "x", "--formats", "float32", "--text"])
+            .arg(&empty),
+        2,
+        &format!("--text '{}' is empty", empty.display()),
+    );
+    let latin1 = dir.path().join("latin1.txt");
+    std::fs::write(&latin1, b"caf\xe9 au lait").unwrap();
+    let line = assert_error(
+        kwk_eval()
+            .args(["--llm", "x", "--formats", "float32", "--text"])
+            .arg(&latin1),
+        2,
+        &format!("--text '{}' is not UTF-8", latin1.display()),
+    );
+    assert!(
+        line.contains("offset 3") && line.contains("convert it to UTF-8"),
+        "{line}"
+    );
+}
+
+#[test]
+fn text_shorter_than_two_contexts() {
+    let dir = tempfile::tempdir().unwrap();
+    let short = dir.path().join("notes.txt");
+    std::fs::write(&short, "A few words only.\n").unwrap();
+    let out = dir.path().join("run");
+    let line = assert_error(
+        kwk_eval()
+            .args(["--formats", "float32", "--ctx", "64", "--llm"])
+            .arg(tiny_llama())
+            .arg("--text")
+            .arg(&short)
+            .arg("--out")
+            .arg(&out),
+        2,
+        &format!(
+            "--ctx 64 needs at least 128 tokens; '{}' tokenizes to ",
+            short.display()
+        ),
+    );
+    assert!(
+        line.ends_with("Pass a longer text or a smaller --ctx"),
+        "{line}"
+    );
+    no_run_folder(&out);
+}
+
+#[test]
+fn directory_that_is_not_a_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let not_model = dir.path().join("photos");
+    std::fs::create_dir(&not_model).unwrap();
+    std::fs::write(not_model.join("cat.jpg"), b"\xff\xd8").unwrap();
+    let out = dir.path().join("run");
+    assert_error(
+        kwk_eval()
+            .args(["--formats", "float32", "--llm"])
+            .arg(&not_model)
+            .arg("--text")
+            .arg(eval_txt())
+            .arg("--out")
+            .arg(&out),
+        2,
+        &format!("loading --llm '{}'", not_model.display()),
+    );
+    no_run_folder(&out);
+}
+
+#[test]
+fn missing_gguf_and_not_gguf() {
+    let dir = tempfile::tempdir().unwrap();
+    assert_error(
+        kwk_eval()
+            .args([
+                "--llm",
+                "x",
+                "--formats",
+                "none",
+                "--gguf",
+                "/nonexistent/m.gguf",
+                "--text",
+            ])
+            .arg(eval_txt()),
+        2,
+        "GGUF file '/nonexistent/m.gguf' does not exist",
+    );
+    let fake = dir.path().join("fake.gguf");
+    std::fs::write(&fake, b"PK\x03\x04 this is a zip").unwrap();
+    let line = assert_error(
+        kwk_eval()
+            .args(["--llm", "x", "--formats", "none", "--text"])
+            .arg(eval_txt())
+            .arg("--gguf")
+            .arg(&fake),
+        2,
+        &format!("'{}' is not a GGUF file", fake.display()),
+    );
+    assert!(line.contains("pass a .gguf model file"), "{line}");
+    assert_error(
+        kwk_eval()
+            .args(["--llm", "x", "--formats", "none", "--text"])
+            .arg(eval_txt())
+            .arg("--gguf")
+            .arg(dir.path()),
+        2,
+        &format!("'{}' is a directory, not a GGUF file", dir.path().display()),
+    );
+}
+
+#[test]
+fn baseline_missing_or_not_results() {
+    let dir = tempfile::tempdir().unwrap();
+    assert_error(
+        kwk_eval()
+            .args([
+                "--llm",
+                "x",
+                "--formats",
+                "float32",
+                "--baseline",
+                "/nonexistent/results.json",
+                "--text",
+            ])
+            .arg(eval_txt()),
+        2,
+        "reading --baseline: reading '/nonexistent/results.json'",
+    );
+    let bad = dir.path().join("results.json");
+    std::fs::write(&bad, "{\"runners\": []}").unwrap();
+    assert_error(
+        kwk_eval()
+            .args(["--llm", "x", "--formats", "float32", "--text"])
+            .arg(eval_txt())
+            .arg("--baseline")
+            .arg(&bad),
+        2,
+        &format!(
+            "reading --baseline: '{}' has no schema_version",
+            bad.display()
+        ),
+    );
+}
+
+#[test]
+fn kld_without_float32_and_out_with_old_results() {
+    assert_error(
+        kwk_eval().args([
+            "--llm",
+            "x",
+            "--text",
+            "x.txt",
+            "--formats",
+            "int8",
+            "--kld",
+        ]),
+        2,
+        "--kld compares against the float32 reference",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("results.json"), "{}").unwrap();
+    assert_error(
+        kwk_eval()
+            .args(["--llm", "x", "--formats", "float32", "--text"])
+            .arg(eval_txt())
+            .arg("--out")
+            .arg(dir.path()),
+        2,
+        &format!(
+            "--out '{}' already holds a results.json",
+            dir.path().display()
+        ),
+    );
+}
+
+#[test]
+fn clap_errors_are_one_line_too() {
+    assert_error(
+        kwk_eval().args(["--llm", "x"]),
+        2,
+        "the following required arguments were not provided",
+    );
+    assert_error(
+        kwk_eval().args(["--llm", "x", "--text", "t", "--ctx", "abc"]),
+        2,
+        "invalid value 'abc'",
+    );
+}
+
+#[test]
+fn help_explains_every_flag() {
+    let out = kwk_eval().arg("--help").output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let help = String::from_utf8(out.stdout).unwrap();
+    for flag in [
+        "--llm",
+        "--text",
+        "--formats",
+        "--gguf",
+        "--llama-bench",
+        "--llama-cpp-dir",
+        "--ctx",
+        "--chunks",
+        "--threads",
+        "--pp",
+        "--tg",
+        "--reps",
+        "--out",
+        "--baseline",
+        "--max-ppl-regression",
+        "--max-speed-regression",
+        "--no-speed",
+        "--kld",
+        "--keep-logits",
+    ] {
+        assert!(help.contains(flag), "--help lacks {flag}");
+    }
+    let out = kwk_eval().args(["generate", "--help"]).output().unwrap();
+    let help = String::from_utf8(out.stdout).unwrap();
+    for flag in [
+        "--prompt",
+        "--max-new-tokens",
+        "--format",
+        "--temperature",
+        "--top-k",
+        "--top-p",
+        "--seed",
+    ] {
+        assert!(help.contains(flag), "generate --help lacks {flag}");
+    }
+}
+
+/// kwk-eval asked for a GGUF row, with llama.cpp looked up only where `dir` says.
+fn gguf_run(dir: &Path, llama_dir: &Path, gguf: &Path) -> assert_cmd::Command {
+    let mut c = kwk_eval();
+    c.env("PATH", "/usr/bin:/bin")
+        .env("HOME", dir)
+        .env_remove("XDG_CACHE_HOME")
+        .env_remove("KWK_CACHE")
+        .args(["--formats", "none", "--llm"])
+        .arg(tiny_llama())
+        .arg("--text")
+        .arg(eval_txt())
+        .arg("--llama-cpp-dir")
+        .arg(llama_dir)
+        .arg("--gguf")
+        .arg(gguf)
+        .arg("--out")
+        .arg(dir.join("run"));
+    c
+}
+
+#[test]
+fn llama_cpp_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let line = assert_error(
+        &mut gguf_run(
+            dir.path(),
+            &dir.path().join("no-llama"),
+            &tiny_llama().join("model.gguf"),
+        ),
+        2,
+        "llama.cpp tool `llama-perplexity` not found",
+    );
+    assert!(line.contains("--llama-cpp-dir"), "{line}");
+    no_run_folder(&dir.path().join("run"));
+}
+
+#[test]
+fn llama_cpp_too_old() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("old-llama");
+    std::fs::create_dir(&bin).unwrap();
+    for tool in ["llama-perplexity", "llama-bench"] {
+        let p = bin.join(tool);
+        std::fs::write(
+            &p,
+            "#!/bin/sh\necho 'version: 1000 (0123abc)' >&2\necho 'usage: old' >&2\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let line = assert_error(
+        &mut gguf_run(dir.path(), &bin, &tiny_llama().join("model.gguf")),
+        2,
+        &format!(
+            "llama.cpp tool {} is too old",
+            bin.join("llama-perplexity").display()
+        ),
+    );
+    assert!(line.contains("build number 1000"), "{line}");
+    no_run_folder(&dir.path().join("run"));
+}
+
+#[test]
+fn truncated_gguf() {
+    let Some(llama_dir) = std::env::var_os("KWK_LLAMA_CPP_DIR_FOR_TESTS")
+        .or_else(|| std::env::var_os("KWK_LLAMA_CPP_DIR"))
+        .map(std::path::PathBuf::from)
+        .or_else(default_llama_dir)
+    else {
+        panic!(
+            "llama.cpp tools not found: run scripts/setup-llama-cpp.sh or set KWK_LLAMA_CPP_DIR"
+        );
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = std::fs::read(tiny_llama().join("model.gguf")).unwrap();
+    let cut = dir.path().join("cut.gguf");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    let line = assert_error(
+        &mut gguf_run(dir.path(), &llama_dir, &cut),
+        2,
+        &format!(
+            "{} cannot be run by llama.cpp; pass a complete GGUF model file",
+            cut.display()
+        ),
+    );
+    assert!(!line.is_empty());
+    no_run_folder(&dir.path().join("run"));
+}
+
+/// The set-up script's build folder (`~/.cache/kwk/llama.cpp-*/build/bin`).
+fn default_llama_dir() -> Option<std::path::PathBuf> {
+    let root = std::path::PathBuf::from(std::env::var_os("HOME")?).join(".cache/kwk");
+    let mut bins: Vec<_> = std::fs::read_dir(&root)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().join("build/bin"))
+        .filter(|p| p.join("llama-perplexity").exists())
+        .collect();
+    bins.sort();
+    bins.pop()
+}
