@@ -300,16 +300,17 @@ fn attention(
     let items = cfg.n_kv_heads * n_blocks;
     let y = OutputMatrix::new(out, n, qd);
     pool.run(|i, nt| {
-        let work = split_range(items, nt, i, 1);
-        if work.is_empty() {
+        // Later blocks see more keys: deal (block, head) items round-robin in block order
+        // so every thread gets a similar mix of short and long rows.
+        if i >= items {
             return;
         }
         let max_rows = QUERY_BLOCK.min(n) * group;
         let mut qbuf = vec![0f32; max_rows * hd];
         let mut scores = vec![0f32; max_rows * (pos0 + n)];
         let mut obuf = vec![0f32; max_rows * hd];
-        for item in work {
-            let (g, b) = (item / n_blocks, item % n_blocks);
+        for item in (i..items).step_by(nt) {
+            let (b, g) = (item / cfg.n_kv_heads, item % cfg.n_kv_heads);
             let (t0, t1) = (b * QUERY_BLOCK, ((b + 1) * QUERY_BLOCK).min(n));
             let rows = (t1 - t0) * group;
             let len = pos0 + t1;
