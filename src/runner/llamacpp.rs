@@ -639,7 +639,12 @@ mod tests {
             .ok()
             .and_then(|r| r.parse().ok())
             .unwrap_or(3);
-        for ty in ["F32", "BF16", "Q8_0", "Q4_K_M", "Q4_1", "Q4_0"] {
+        // KWK_TABLE_TYPES picks GGUFs (default: all six); KWK_TABLE_KLD=0 skips the KL
+        // divergence runs (they take as long as the perplexity runs).
+        let types = std::env::var("KWK_TABLE_TYPES")
+            .unwrap_or_else(|_| "F32,BF16,Q8_0,Q4_K_M,Q4_1,Q4_0".to_string());
+        let with_kld = std::env::var("KWK_TABLE_KLD").map_or(true, |v| v != "0");
+        for ty in types.split(',') {
             let model = models.join(format!("SmolLM2-135M-Instruct-{ty}.gguf"));
             let mut r = LlamaCppRunner::new(
                 &model,
@@ -657,7 +662,7 @@ mod tests {
                 ctx: 512,
                 chunks,
                 threads,
-                reference_logits: (ty != "F32").then(|| base.clone()),
+                reference_logits: (with_kld && ty != "F32").then(|| base.clone()),
             };
             let p = r.perplexity(&protocol, &tokens, &counter()).unwrap();
             let s = r

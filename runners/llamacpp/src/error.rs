@@ -40,8 +40,8 @@ pub enum Error {
 
     /// The process ran longer than allowed and was killed.
     #[error(
-        "{tool} timed out after {:.0} s and was killed{}\n{}Hint: raise the timeout, use fewer chunks/repetitions, or check the machine is not overloaded",
-        after.as_secs_f64(), command_line(command), tail_block(stderr_tail)
+        "{tool} timed out after {} s and was killed{}\n{}Hint: raise the timeout, use fewer chunks/repetitions, or check the machine is not overloaded",
+        seconds(after), command_line(command), tail_block(stderr_tail)
     )]
     Timeout {
         tool: String,
@@ -102,6 +102,16 @@ pub enum Error {
     /// A caller passed settings llama.cpp would reject or misread.
     #[error("invalid llama.cpp settings: {0}")]
     InvalidSettings(String),
+}
+
+/// Whole seconds, or one decimal below 10 s.
+fn seconds(d: &Duration) -> String {
+    let s = d.as_secs_f64();
+    if s < 10.0 && s.fract() != 0.0 {
+        format!("{s:.1}")
+    } else {
+        format!("{s:.0}")
+    }
 }
 
 fn command_line(command: &str) -> String {

@@ -414,7 +414,7 @@ pub fn dequantize_parallel(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -451,6 +451,99 @@ mod tests {
         );
         let mut odd = vec![0f32; 33];
         assert!(dequantize(GgmlType::Q8_0, &[0u8; 34], &mut odd).is_err());
+    }
+
+    /// Reference vectors from gguf-py's `gguf.quants.dequantize` (an independent numpy
+    /// port of ggml's `dequantize_row_*`), written by `scripts/gen_ggml_block_vectors.py`.
+    #[test]
+    fn every_type_matches_gguf_py_bit_for_bit() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/ggml_blocks");
+        let types = [
+            GgmlType::F32,
+            GgmlType::F16,
+            GgmlType::BF16,
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q5_1,
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+        ];
+        for ty in types {
+            let read = |ext: &str| {
+                let p = dir.join(format!("{ty}.{ext}"));
+                std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+            };
+            let bytes = read("bin");
+            let expected: Vec<f32> = read("f32")
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                .collect();
+            let mut got = vec![f32::NAN; expected.len()];
+            dequantize(ty, &bytes, &mut got).unwrap();
+            for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
+                assert_eq!(g.to_bits(), e.to_bits(), "{ty} value {i}: {g} vs {e}");
+            }
+            assert!(
+                expected.iter().any(|v| *v != 0.0),
+                "{ty}: all-zero reference"
+            );
+        }
+    }
+
+    /// `$KWK_MODELS_DIR` (default `$HOME/.cache/kwk/models`)/SmolLM2-135M-Instruct, or a
+    /// panic naming the set-up script.
+    pub(crate) fn smollm2_dir() -> std::path::PathBuf {
+        let models = std::env::var_os("KWK_MODELS_DIR")
+            .map(std::path::PathBuf::from)
+            .or_else(|| {
+                std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cache/kwk/models"))
+            })
+            .expect("neither KWK_MODELS_DIR nor HOME is set");
+        let dir = models.join("SmolLM2-135M-Instruct");
+        assert!(
+            dir.join("SmolLM2-135M-Instruct.Q4_1.gguf").is_file()
+                && dir.join("SmolLM2-135M-Instruct-F32.gguf").is_file(),
+            "SmolLM2-135M-Instruct GGUFs not found in {}: run scripts/setup-model.sh \
+             (or set KWK_MODELS_DIR)",
+            dir.display()
+        );
+        dir
+    }
+
+    /// The distributed Q4_1 GGUF, dequantized here, equals bit for bit the float32 GGUF
+    /// `llama-quantize` made from it (llama.cpp's own dequantization).
+    #[test]
+    fn smollm2_q4_1_dequantizes_to_llama_quantize_f32() {
+        let dir = smollm2_dir();
+        let q = crate::gguf::GgufFile::open(&dir.join("SmolLM2-135M-Instruct.Q4_1.gguf")).unwrap();
+        let f = crate::gguf::GgufFile::open(&dir.join("SmolLM2-135M-Instruct-F32.gguf")).unwrap();
+        assert_eq!(q.tensors().len(), f.tensors().len());
+        let mut types = std::collections::BTreeSet::new();
+        for t in q.tensors() {
+            types.insert(t.ggml_type);
+            let r = f
+                .tensor(&t.name)
+                .unwrap_or_else(|| panic!("{} not in F32 file", t.name));
+            assert_eq!(r.ggml_type, GgmlType::F32, "{}", t.name);
+            assert_eq!(r.dims, t.dims, "{}", t.name);
+            let mut got = vec![0f32; t.n_elements() as usize];
+            dequantize_parallel(t.ggml_type, q.tensor_bytes(t).unwrap(), &mut got).unwrap();
+            let want = f.tensor_bytes(r).unwrap();
+            let mismatches = got
+                .iter()
+                .zip(want.chunks_exact(4))
+                .filter(|(g, w)| g.to_bits() != u32::from_le_bytes((*w).try_into().unwrap()))
+                .count();
+            assert_eq!(
+                mismatches, 0,
+                "{} ({}): {mismatches} values differ",
+                t.name, t.ggml_type
+            );
+        }
+        assert!(types.contains(&GgmlType::Q4_1), "{types:?}");
     }
 
     #[test]

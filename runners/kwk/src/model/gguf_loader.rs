@@ -1,1 +1,949 @@
 //! Loading a GGUF file into master weights (names mapped, q/k permutation undone).
+//!
+//! [`load_gguf`] reads the model's [`ModelConfig`] from the `<arch>.*` metadata keys
+//! (architectures `llama` — which also covers Mistral, and Mixtral when
+//! `llama.expert_count` is set — `qwen2`, `qwen3`, `qwen2moe`, `qwen3moe`; key names from
+//! llama.cpp's `src/llama-arch.cpp`), the tokenizer fields (`tokenizer.ggml.*`), and every
+//! weight, dequantized from its ggml type to float32 ([`crate::format::ggml_blocks`]) and
+//! arranged as Hugging Face lays it out:
+//!
+//! - ggml dimensions are innermost-first, so a tensor with `ne = [in, out]` is the HF
+//!   `[out, in]` matrix with the same bytes; stacked experts `ne = [in, out, n_expert]`
+//!   are `n_expert` such matrices one after another.
+//! - llama.cpp's converter (`conversion/llama.py`, `LlamaModel.permute`) reorders the rows
+//!   of `q_proj`/`k_proj` of `llama`-arch models so that ggml's rope, which rotates
+//!   adjacent pairs (x[2i], x[2i+1]), computes what HF's rotate-half rope computes on
+//!   (x[i], x[i + d/2]): within each head of `head_dim` rows, HF row `j * d/2 + i` is
+//!   written to row `2 i + j`. This loader puts the rows back (k with `n_kv_heads` heads),
+//!   so the decoder sees one convention whatever the source. qwen2/qwen3 models use
+//!   ggml's NeoX rope and are stored unpermuted.
+//! - `output.weight` absent means the output projection is tied to `token_embd`.
+//!
+//! Llama 3.x rope scaling reaches GGUF only as a `rope_freqs.weight` tensor of per-frequency
+//! factors; the loader recognises the factors of the standard llama3 parameters and
+//! otherwise keeps them as [`RopeScaling::Other`] so the decoder can refuse the model.
+
+use super::config::{Architecture, ModelConfig, RopeScaling};
+use super::safetensors_loader::{assemble_weights, LayerTensor, WeightName, WeightSource};
+use super::{LoadInfo, ModelWeights, Tensor};
+use crate::error::{KwkError, Result};
+use crate::format::ggml_blocks::{dequantize, dequantize_parallel};
+use crate::gguf::{GgufFile, GgufTensorInfo};
+use crate::tokenizer::GgufTokenizerMetadata;
+use std::path::Path;
+use std::time::Instant;
+
+/// Reads `<arch>.*` keys, naming the file and key in errors.
+struct ArchKeys<'a> {
+    file: &'a GgufFile,
+    arch: &'a str,
+}
+
+impl ArchKeys<'_> {
+    fn key(&self, k: &str) -> String {
+        format!("{}.{k}", self.arch)
+    }
+
+    fn usize_opt(&self, k: &str) -> Result<Option<usize>> {
+        Ok(self.file.get_u64(&self.key(k))?.map(|v| v as usize))
+    }
+
+    fn usize(&self, k: &str) -> Result<usize> {
+        self.usize_opt(k)?.ok_or_else(|| {
+            KwkError::bad_model(
+                self.file.path(),
+                format!("metadata key '{}' is missing", self.key(k)),
+            )
+        })
+    }
+
+    fn f32_opt(&self, k: &str) -> Result<Option<f32>> {
+        self.file.get_f32(&self.key(k))
+    }
+}
+
+/// The `ModelConfig` a GGUF file describes.
+pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
+    let path = file.path();
+    let arch = file.get_str("general.architecture")?.ok_or_else(|| {
+        KwkError::bad_model(path, "metadata key 'general.architecture' is missing")
+    })?;
+    let keys = ArchKeys { file, arch };
+    let n_experts = keys.usize_opt("expert_count")?.unwrap_or(0);
+    let architecture = match arch {
+        "llama" if n_experts > 0 => Architecture::Mixtral,
+        "llama" => Architecture::Llama,
+        "qwen2" => Architecture::Qwen2,
+        "qwen3" => Architecture::Qwen3,
+        "qwen2moe" => Architecture::Qwen2Moe,
+        "qwen3moe" => Architecture::Qwen3Moe,
+        other => {
+            return Err(KwkError::Unsupported(format!(
+                "{}: GGUF architecture '{other}'; kwk runs llama (incl. Mistral, Mixtral), \
+                 qwen2, qwen3, qwen2moe and qwen3moe",
+                path.display()
+            )))
+        }
+    };
+
+    let hidden_size = keys.usize("embedding_length")?;
+    let n_layers = keys.usize("block_count")?;
+    let n_heads = keys.usize("attention.head_count")?;
+    let n_kv_heads = keys
+        .usize_opt("attention.head_count_kv")?
+        .unwrap_or(n_heads);
+    if hidden_size == 0
+        || n_layers == 0
+        || n_heads == 0
+        || n_kv_heads == 0
+        || n_heads % n_kv_heads != 0
+    {
+        return Err(KwkError::bad_model(
+            path,
+            format!(
+                "embedding_length {hidden_size}, block_count {n_layers}, head_count {n_heads} \
+                 and head_count_kv {n_kv_heads} must be positive, with head_count a multiple \
+                 of head_count_kv"
+            ),
+        ));
+    }
+    let head_dim = match keys.usize_opt("attention.key_length")? {
+        Some(h) => h,
+        None if hidden_size % n_heads == 0 => hidden_size / n_heads,
+        None => {
+            return Err(KwkError::bad_model(
+                path,
+                format!("no '{arch}.attention.key_length' and embedding_length is not a multiple of head_count"),
+            ))
+        }
+    };
+    if let Some(v) = keys.usize_opt("attention.value_length")? {
+        if v != head_dim {
+            return Err(KwkError::Unsupported(format!(
+                "{}: value head size {v} differs from key head size {head_dim}",
+                path.display()
+            )));
+        }
+    }
+    if head_dim == 0 || head_dim % 2 != 0 {
+        return Err(KwkError::bad_model(
+            path,
+            format!("head size {head_dim} must be positive and even"),
+        ));
+    }
+    if let Some(rot) = keys.usize_opt("rope.dimension_count")? {
+        if rot != head_dim {
+            return Err(KwkError::Unsupported(format!(
+                "{}: rope rotates {rot} of {head_dim} head dimensions; kwk implements full rotary only",
+                path.display()
+            )));
+        }
+    }
+
+    let token_embd = file.tensor("token_embd.weight");
+    let vocab_size = match keys.usize_opt("vocab_size")? {
+        Some(v) => v,
+        None => match token_embd {
+            Some(t) if t.dims.len() == 2 => t.dims[1] as usize,
+            _ => {
+                return Err(KwkError::bad_model(
+                    path,
+                    format!("no '{arch}.vocab_size' and no 2-D token_embd.weight to infer it from"),
+                ))
+            }
+        },
+    };
+    let rms_norm_eps = keys
+        .f32_opt("attention.layer_norm_rms_epsilon")?
+        .ok_or_else(|| {
+            KwkError::bad_model(
+                path,
+                format!("metadata key '{arch}.attention.layer_norm_rms_epsilon' is missing"),
+            )
+        })?;
+    // llama.cpp's default freq_base is 10000 (llama_hparams rope_freq_base_train).
+    let rope_theta = keys.f32_opt("rope.freq_base")?.unwrap_or(10000.0);
+    let max_position_embeddings = keys.usize("context_length")?;
+
+    let (experts_per_token, moe_intermediate_size, shared, norm_topk_prob, intermediate_size);
+    if architecture.is_moe() {
+        experts_per_token = keys.usize("expert_used_count")?;
+        if n_experts == 0 || experts_per_token == 0 || experts_per_token > n_experts {
+            return Err(KwkError::bad_model(
+                path,
+                format!("expert_used_count {experts_per_token} must be in 1..={n_experts} (expert_count)"),
+            ));
+        }
+        if architecture == Architecture::Mixtral {
+            intermediate_size = keys.usize("feed_forward_length")?;
+            moe_intermediate_size = intermediate_size;
+        } else {
+            moe_intermediate_size = keys.usize("expert_feed_forward_length")?;
+            intermediate_size = keys
+                .usize_opt("feed_forward_length")?
+                .unwrap_or(moe_intermediate_size);
+        }
+        shared = if architecture == Architecture::Qwen2Moe {
+            keys.usize("expert_shared_feed_forward_length")?
+        } else {
+            0
+        };
+        // As llama.cpp's graphs: llama (Mixtral) and qwen3moe renormalise the top-k
+        // weights, qwen2moe does not (src/models/{llama,qwen2moe,qwen3moe}.cpp).
+        norm_topk_prob = architecture != Architecture::Qwen2Moe;
+    } else {
+        experts_per_token = 0;
+        moe_intermediate_size = 0;
+        shared = 0;
+        norm_topk_prob = false;
+        intermediate_size = keys.usize("feed_forward_length")?;
+    }
+
+    let rope_scaling = rope_scaling_from_gguf(file, &keys, rope_theta, head_dim)?;
+    let sliding_window = keys
+        .usize_opt("attention.sliding_window")?
+        .filter(|&w| w > 0 && w < max_position_embeddings);
+
+    let tok = |k: &str| file.get_u32(&format!("tokenizer.ggml.{k}"));
+    let mut eos_token_ids: Vec<u32> = tok("eos_token_id")?.into_iter().collect();
+    if let Some(eot) = tok("eot_token_id")? {
+        if !eos_token_ids.contains(&eot) {
+            eos_token_ids.push(eot);
+        }
+    }
+
+    Ok(ModelConfig {
+        architecture,
+        hidden_size,
+        intermediate_size,
+        n_layers,
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        vocab_size,
+        rms_norm_eps,
+        rope_theta,
+        rope_scaling,
+        max_position_embeddings,
+        tie_word_embeddings: file.tensor("output.weight").is_none(),
+        n_experts: if architecture.is_moe() { n_experts } else { 0 },
+        experts_per_token,
+        moe_intermediate_size,
+        shared_expert_intermediate_size: shared,
+        norm_topk_prob,
+        sliding_window,
+        bos_token_id: tok("bos_token_id")?,
+        eos_token_ids,
+    })
+}
+
+/// llama3 rope factors per frequency, as `conversion/llama.py` computes them for
+/// `rope_freqs.weight` (and as transformers' `_compute_llama3_parameters` applies them).
+fn llama3_rope_factors(
+    theta: f32,
+    head_dim: usize,
+    factor: f32,
+    low: f32,
+    high: f32,
+    orig: usize,
+) -> Vec<f32> {
+    let low_wavelen = orig as f32 / low;
+    let high_wavelen = orig as f32 / high;
+    (0..head_dim / 2)
+        .map(|i| {
+            let freq = 1.0 / theta.powf((2 * i) as f32 / head_dim as f32);
+            let wavelen = 2.0 * std::f32::consts::PI / freq;
+            if wavelen < high_wavelen {
+                1.0
+            } else if wavelen > low_wavelen {
+                factor
+            } else {
+                let smooth = (orig as f32 / wavelen - low) / (high - low);
+                1.0 / ((1.0 - smooth) / factor + smooth)
+            }
+        })
+        .collect()
+}
+
+fn rope_scaling_from_gguf(
+    file: &GgufFile,
+    keys: &ArchKeys,
+    rope_theta: f32,
+    head_dim: usize,
+) -> Result<RopeScaling> {
+    if let Some(kind) = file.get_str(&keys.key("rope.scaling.type"))? {
+        if kind != "none" {
+            return Ok(RopeScaling::Other(kind.to_string()));
+        }
+    }
+    if let Some(s) = keys.f32_opt("rope.scale_linear")? {
+        if s != 1.0 {
+            return Ok(RopeScaling::Other(format!("linear (scale {s})")));
+        }
+    }
+    let Some(info) = file.tensor("rope_freqs.weight") else {
+        return Ok(RopeScaling::None);
+    };
+    if info.n_elements() != (head_dim / 2) as u64 {
+        return Err(KwkError::bad_model(
+            file.path(),
+            format!(
+                "tensor 'rope_freqs.weight' has {} values, expected head_dim/2 = {}",
+                info.n_elements(),
+                head_dim / 2
+            ),
+        ));
+    }
+    let mut freqs = vec![0f32; head_dim / 2];
+    dequantize(info.ggml_type, file.tensor_bytes(info)?, &mut freqs).map_err(|e| {
+        KwkError::bad_model(file.path(), format!("tensor 'rope_freqs.weight': {e}"))
+    })?;
+    if freqs.iter().all(|&f| f == 1.0) {
+        return Ok(RopeScaling::None);
+    }
+    // The converter writes only the factors; recognise the parameters every Llama 3.x
+    // release uses (low 1, high 4, original context 8192; factor 8 for 3.1, 32 for 3.2).
+    let factor = freqs.iter().cloned().fold(f32::MIN, f32::max);
+    let orig = file
+        .get_u64(&keys.key("rope.scaling.original_context_length"))?
+        .map(|v| v as usize)
+        .unwrap_or(8192);
+    let candidate = llama3_rope_factors(rope_theta, head_dim, factor, 1.0, 4.0, orig);
+    let matches = candidate
+        .iter()
+        .zip(&freqs)
+        .all(|(a, b)| (a - b).abs() <= 1e-4 * b.abs().max(1.0));
+    Ok(if matches {
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: orig,
+        }
+    } else {
+        RopeScaling::Other("rope_freqs factors not matching llama3 (low 1, high 4)".into())
+    })
+}
+
+/// The `tokenizer.ggml.*` fields.
+pub fn tokenizer_metadata_from_gguf(file: &GgufFile) -> Result<GgufTokenizerMetadata> {
+    let k = |s: &str| format!("tokenizer.ggml.{s}");
+    let model = file.get_str(&k("model"))?.ok_or_else(|| {
+        KwkError::bad_model(
+            file.path(),
+            "metadata key 'tokenizer.ggml.model' is missing; the GGUF has no tokenizer",
+        )
+    })?;
+    let tokens = file.get_string_array(&k("tokens"))?.ok_or_else(|| {
+        KwkError::bad_model(
+            file.path(),
+            "metadata key 'tokenizer.ggml.tokens' is missing",
+        )
+    })?;
+    Ok(GgufTokenizerMetadata {
+        model: model.to_string(),
+        pre: file.get_str(&k("pre"))?.map(str::to_string),
+        tokens,
+        scores: file.get_f32_array(&k("scores"))?,
+        token_types: file.get_i32_array(&k("token_type"))?,
+        merges: file.get_string_array(&k("merges"))?,
+        bos_id: file.get_u32(&k("bos_token_id"))?,
+        eos_id: file.get_u32(&k("eos_token_id"))?,
+        unk_id: file.get_u32(&k("unknown_token_id"))?,
+        pad_id: file.get_u32(&k("padding_token_id"))?,
+        add_bos: file.get_bool(&k("add_bos_token"))?,
+        add_eos: file.get_bool(&k("add_eos_token"))?,
+        add_space_prefix: file.get_bool(&k("add_space_prefix"))?,
+    })
+}
+
+/// Where a weight lives in a GGUF file.
+enum GgufLocation<'a> {
+    /// A whole tensor.
+    Whole(&'a GgufTensorInfo),
+    /// Expert `e` of a stacked `[n_expert, out, in]` tensor.
+    Expert(&'a GgufTensorInfo, usize),
+}
+
+/// A GGUF file as a [`WeightSource`].
+struct GgufSource<'a> {
+    file: &'a GgufFile,
+    /// Undo `LlamaModel.permute` on q/k (llama-arch files).
+    unpermute_qk: bool,
+    n_heads: usize,
+    n_kv_heads: usize,
+}
+
+impl GgufSource<'_> {
+    /// GGUF names: `(tensor name, expert index in a stacked tensor)`, first choice first.
+    fn candidates(&self, name: WeightName) -> Vec<(String, Option<usize>)> {
+        use LayerTensor as T;
+        let (l, t) = match name {
+            WeightName::Embed => return vec![("token_embd.weight".into(), None)],
+            WeightName::FinalNorm => return vec![("output_norm.weight".into(), None)],
+            WeightName::LmHead => return vec![("output.weight".into(), None)],
+            WeightName::Layer(l, t) => (l, t),
+        };
+        let b = |s: &str| vec![(format!("blk.{l}.{s}"), None)];
+        let expert = |stacked: &str, single: &str, e: usize| {
+            vec![
+                (format!("blk.{l}.{stacked}.weight"), Some(e)),
+                (format!("blk.{l}.{single}.{e}.weight"), None),
+            ]
+        };
+        match t {
+            T::AttnNorm => b("attn_norm.weight"),
+            T::Q => b("attn_q.weight"),
+            T::K => b("attn_k.weight"),
+            T::V => b("attn_v.weight"),
+            T::O => b("attn_output.weight"),
+            T::QBias => b("attn_q.bias"),
+            T::KBias => b("attn_k.bias"),
+            T::VBias => b("attn_v.bias"),
+            T::QNorm => b("attn_q_norm.weight"),
+            T::KNorm => b("attn_k_norm.weight"),
+            T::FfnNorm => b("ffn_norm.weight"),
+            T::Gate => b("ffn_gate.weight"),
+            T::Up => b("ffn_up.weight"),
+            T::Down => b("ffn_down.weight"),
+            T::Router => b("ffn_gate_inp.weight"),
+            T::ExpertGate(e) => expert("ffn_gate_exps", "ffn_gate", e),
+            T::ExpertUp(e) => expert("ffn_up_exps", "ffn_up", e),
+            T::ExpertDown(e) => expert("ffn_down_exps", "ffn_down", e),
+            T::SharedGate => b("ffn_gate_shexp.weight"),
+            T::SharedUp => b("ffn_up_shexp.weight"),
+            T::SharedDown => b("ffn_down_shexp.weight"),
+            T::SharedExpertGate => b("ffn_gate_inp_shexp.weight"),
+        }
+    }
+
+    fn locate(&self, name: WeightName) -> Option<(String, GgufLocation<'_>)> {
+        self.candidates(name).into_iter().find_map(|(n, e)| {
+            let info = self.file.tensor(&n)?;
+            Some(match e {
+                Some(e) => (n, GgufLocation::Expert(info, e)),
+                None => (n, GgufLocation::Whole(info)),
+            })
+        })
+    }
+
+    fn bad(&self, what: String) -> KwkError {
+        KwkError::bad_model(self.file.path(), what)
+    }
+
+    /// Heads whose rows `LlamaModel.permute` reordered in this tensor, if any.
+    fn permuted_heads(&self, name: WeightName) -> Option<usize> {
+        if !self.unpermute_qk {
+            return None;
+        }
+        match name {
+            WeightName::Layer(_, LayerTensor::Q | LayerTensor::QBias) => Some(self.n_heads),
+            WeightName::Layer(_, LayerTensor::K | LayerTensor::KBias) => Some(self.n_kv_heads),
+            _ => None,
+        }
+    }
+}
+
+/// Whether ggml dims (innermost first) describe the row-major `shape`. A `[1, d]` matrix
+/// may also be stored as a vector `[d]` (qwen2moe's `ffn_gate_inp_shexp`).
+fn dims_match(dims: &[u64], shape: &[usize]) -> bool {
+    let rev: Vec<usize> = dims.iter().rev().map(|&d| d as usize).collect();
+    rev == shape || (shape.len() == 2 && shape[0] == 1 && rev == shape[1..])
+}
+
+impl WeightSource for GgufSource<'_> {
+    fn path(&self) -> &Path {
+        self.file.path()
+    }
+
+    fn name_of(&self, name: WeightName) -> String {
+        self.candidates(name)
+            .into_iter()
+            .map(|(n, e)| match e {
+                Some(e) => format!("{n} (expert {e})"),
+                None => n,
+            })
+            .collect::<Vec<_>>()
+            .join("' or '")
+    }
+
+    fn load(&self, name: WeightName, shape: &[usize]) -> Result<Option<Tensor>> {
+        let Some((tensor_name, loc)) = self.locate(name) else {
+            return Ok(None);
+        };
+        let n: usize = shape.iter().product();
+        let (info, bytes) = match loc {
+            GgufLocation::Whole(info) => {
+                if !dims_match(&info.dims, shape) {
+                    return Err(self.bad(format!(
+                        "tensor '{tensor_name}' has ggml dims {:?} (row-major {:?}); the \
+                         metadata implies {shape:?}",
+                        info.dims,
+                        info.shape_row_major()
+                    )));
+                }
+                (info, self.file.tensor_bytes(info)?)
+            }
+            GgufLocation::Expert(info, e) => {
+                let mut want: Vec<u64> = shape.iter().rev().map(|&d| d as u64).collect();
+                let n_expert = info.dims.get(2).copied().unwrap_or(0);
+                want.push(n_expert);
+                if info.dims != want || e as u64 >= n_expert {
+                    return Err(self.bad(format!(
+                        "stacked expert tensor '{tensor_name}' has ggml dims {:?}; expert {e} \
+                         of shape {shape:?} needs [{}, {}, n_expert > {e}]",
+                        info.dims, shape[1], shape[0]
+                    )));
+                }
+                // Each expert is a whole number of rows, so of blocks: an equal byte share.
+                let per_expert = (info.n_bytes / n_expert) as usize;
+                let all = self.file.tensor_bytes(info)?;
+                (info, &all[e * per_expert..(e + 1) * per_expert])
+            }
+        };
+        if !info.ggml_type.can_dequantize() {
+            return Err(KwkError::Unsupported(format!(
+                "{}: tensor '{tensor_name}' is stored as {}; kwk reads F32, F16, BF16, Q8_0, \
+                 Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K",
+                self.file.path().display(),
+                info.ggml_type
+            )));
+        }
+        let conversion_error = |e: crate::format::ggml_blocks::DequantizeError| {
+            self.bad(format!("tensor '{tensor_name}': {e}"))
+        };
+        let mut data = vec![0f32; n];
+        match self.permuted_heads(name) {
+            None => {
+                dequantize_parallel(info.ggml_type, bytes, &mut data).map_err(conversion_error)?
+            }
+            Some(heads) => {
+                // GGUF row h*hd + 2i + j holds HF row h*hd + j*hd/2 + i (LlamaModel.permute).
+                let rows = shape[0];
+                let cols = n / rows;
+                if !rows.is_multiple_of(heads) || !(rows / heads).is_multiple_of(2) {
+                    return Err(self.bad(format!(
+                        "tensor '{tensor_name}' has {rows} rows, not an even number per head for {heads} heads"
+                    )));
+                }
+                let hd = rows / heads;
+                let row_bytes = bytes.len() / rows;
+                for (g, src) in bytes.chunks_exact(row_bytes).enumerate() {
+                    let (h, r) = (g / hd, g % hd);
+                    let (i, j) = (r / 2, r % 2);
+                    let hf = h * hd + j * (hd / 2) + i;
+                    dequantize(info.ggml_type, src, &mut data[hf * cols..(hf + 1) * cols])
+                        .map_err(conversion_error)?;
+                }
+            }
+        }
+        Ok(Some(Tensor::new(shape.to_vec(), data)))
+    }
+}
+
+/// Loads a GGUF file: config, float32 master weights (q/k in HF order), tokenizer fields
+/// and load figures.
+pub fn load_gguf(
+    path: &Path,
+) -> Result<(ModelConfig, ModelWeights, GgufTokenizerMetadata, LoadInfo)> {
+    let start = Instant::now();
+    let file = GgufFile::open(path)?;
+    let config = config_from_gguf(&file)?;
+    let tokenizer = tokenizer_metadata_from_gguf(&file)?;
+    let source = GgufSource {
+        file: &file,
+        unpermute_qk: file.get_str("general.architecture")? == Some("llama"),
+        n_heads: config.n_heads,
+        n_kv_heads: config.n_kv_heads,
+    };
+    let weights = assemble_weights(&source, &config)?;
+    let summary = file.summary();
+    let info = LoadInfo {
+        requested: path.display().to_string(),
+        resolved_path: path.to_path_buf(),
+        source_bytes: summary.tensor_bytes,
+        source_types: summary.type_counts,
+        read_s: start.elapsed().as_secs_f64(),
+    };
+    Ok((config, weights, tokenizer, info))
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::gguf::test_writer::{gguf_bytes, TestTensor};
+    use crate::model::safetensors_loader::{load_hf_weights, tests::fixture_dir};
+    use crate::model::{FeedForward, Mlp};
+
+    fn close(what: &str, a: &[f32], b: &[f32]) {
+        assert_eq!(a.len(), b.len(), "{what}: lengths");
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            assert!((x - y).abs() <= 1e-6, "{what}[{i}]: {x} vs {y}");
+        }
+    }
+
+    fn close_t(what: &str, a: &Tensor, b: &Tensor) {
+        assert_eq!(a.shape, b.shape, "{what}: shapes");
+        close(what, &a.data, &b.data);
+    }
+
+    fn close_opt(what: &str, a: &Option<Vec<f32>>, b: &Option<Vec<f32>>) {
+        assert_eq!(a.is_some(), b.is_some(), "{what}: presence");
+        if let (Some(a), Some(b)) = (a, b) {
+            close(what, a, b);
+        }
+    }
+
+    fn close_mlp(what: &str, a: &Mlp, b: &Mlp) {
+        close_t(&format!("{what}.gate"), &a.gate, &b.gate);
+        close_t(&format!("{what}.up"), &a.up, &b.up);
+        close_t(&format!("{what}.down"), &a.down, &b.down);
+    }
+
+    /// Every weight of `a` equals `b`'s within 1e-6.
+    pub(crate) fn assert_weights_close(a: &ModelWeights, b: &ModelWeights) {
+        close_t("embed", &a.embed, &b.embed);
+        close("final_norm", &a.final_norm, &b.final_norm);
+        assert_eq!(a.lm_head.is_some(), b.lm_head.is_some(), "lm_head presence");
+        if let (Some(x), Some(y)) = (&a.lm_head, &b.lm_head) {
+            close_t("lm_head", x, y);
+        }
+        assert_eq!(a.layers.len(), b.layers.len());
+        for (l, (x, y)) in a.layers.iter().zip(&b.layers).enumerate() {
+            close(&format!("{l}.attn_norm"), &x.attn_norm, &y.attn_norm);
+            close(&format!("{l}.ffn_norm"), &x.ffn_norm, &y.ffn_norm);
+            close_t(&format!("{l}.q"), &x.q, &y.q);
+            close_t(&format!("{l}.k"), &x.k, &y.k);
+            close_t(&format!("{l}.v"), &x.v, &y.v);
+            close_t(&format!("{l}.o"), &x.o, &y.o);
+            close_opt(&format!("{l}.q_bias"), &x.q_bias, &y.q_bias);
+            close_opt(&format!("{l}.k_bias"), &x.k_bias, &y.k_bias);
+            close_opt(&format!("{l}.v_bias"), &x.v_bias, &y.v_bias);
+            close_opt(&format!("{l}.q_norm"), &x.q_norm, &y.q_norm);
+            close_opt(&format!("{l}.k_norm"), &x.k_norm, &y.k_norm);
+            match (&x.ffn, &y.ffn) {
+                (FeedForward::Dense(m), FeedForward::Dense(n)) => {
+                    close_mlp(&format!("{l}.mlp"), m, n)
+                }
+                (FeedForward::Moe(m), FeedForward::Moe(n)) => {
+                    close_t(&format!("{l}.router"), &m.router, &n.router);
+                    assert_eq!(m.experts.len(), n.experts.len());
+                    for (e, (p, q)) in m.experts.iter().zip(&n.experts).enumerate() {
+                        close_mlp(&format!("{l}.expert{e}"), p, q);
+                    }
+                    assert_eq!(m.shared_expert.is_some(), n.shared_expert.is_some());
+                    if let (Some(p), Some(q)) = (&m.shared_expert, &n.shared_expert) {
+                        close_mlp(&format!("{l}.shared_expert"), p, q);
+                    }
+                    assert_eq!(
+                        m.shared_expert_gate.is_some(),
+                        n.shared_expert_gate.is_some()
+                    );
+                    if let (Some(p), Some(q)) = (&m.shared_expert_gate, &n.shared_expert_gate) {
+                        close_t(&format!("{l}.shared_expert_gate"), p, q);
+                    }
+                }
+                _ => panic!("layer {l}: dense vs moe"),
+            }
+        }
+    }
+
+    fn hf_fixture(name: &str) -> (ModelConfig, ModelWeights) {
+        let dir = fixture_dir(name);
+        let config = ModelConfig::from_hf_config_json(&dir.join("config.json")).unwrap();
+        let (w, _) = load_hf_weights(&dir, &config).unwrap();
+        (config, w)
+    }
+
+    fn same_config(g: &ModelConfig, h: &ModelConfig) {
+        assert_eq!(g.architecture, h.architecture);
+        assert_eq!(
+            (
+                g.hidden_size,
+                g.intermediate_size,
+                g.n_layers,
+                g.n_heads,
+                g.n_kv_heads,
+                g.head_dim
+            ),
+            (
+                h.hidden_size,
+                h.intermediate_size,
+                h.n_layers,
+                h.n_heads,
+                h.n_kv_heads,
+                h.head_dim
+            )
+        );
+        assert_eq!(
+            (g.vocab_size, g.max_position_embeddings),
+            (h.vocab_size, h.max_position_embeddings)
+        );
+        assert_eq!(
+            (g.rms_norm_eps, g.rope_theta),
+            (h.rms_norm_eps, h.rope_theta)
+        );
+        assert_eq!(g.tie_word_embeddings, h.tie_word_embeddings);
+        assert_eq!(
+            (g.n_experts, g.experts_per_token, g.moe_intermediate_size),
+            (h.n_experts, h.experts_per_token, h.moe_intermediate_size)
+        );
+        assert_eq!(g.norm_topk_prob, h.norm_topk_prob);
+        assert_eq!(g.rope_scaling, h.rope_scaling);
+        assert_eq!(
+            (g.bos_token_id, &g.eos_token_ids),
+            (h.bos_token_id, &h.eos_token_ids)
+        );
+    }
+
+    #[test]
+    fn fixture_ggufs_equal_their_safetensors() {
+        for name in ["tiny-llama", "tiny-qwen2", "tiny-mixtral"] {
+            let (hc, hw) = hf_fixture(name);
+            let (gc, gw, tok, info) = load_gguf(&fixture_dir(name).join("model.gguf")).unwrap();
+            same_config(&gc, &hc);
+            assert_weights_close(&gw, &hw);
+            assert_eq!(tok.model, "gpt2");
+            assert_eq!(tok.pre.as_deref(), Some("gpt-2"));
+            assert_eq!(tok.tokens.len(), 512);
+            assert_eq!(
+                info.source_types.len(),
+                1,
+                "{name}: {:?}",
+                info.source_types
+            );
+        }
+    }
+
+    /// Tiny qwen2_moe / qwen3_moe models written by `scripts/gen_moe_test_models.py` (HF
+    /// folder and a GGUF made with gguf-py's writer and llama.cpp's tensor-name table).
+    #[test]
+    fn qwen_moe_ggufs_equal_their_safetensors() {
+        let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/tiny-moe");
+        for (name, arch) in [
+            ("qwen2_moe", Architecture::Qwen2Moe),
+            ("qwen3_moe", Architecture::Qwen3Moe),
+        ] {
+            let dir = data.join(name);
+            let hc = ModelConfig::from_hf_config_json(&dir.join("config.json")).unwrap();
+            let (hw, _) = load_hf_weights(&dir, &hc).unwrap();
+            let (gc, gw, _, _) = load_gguf(&dir.join("model.gguf")).unwrap();
+            assert_eq!(hc.architecture, arch);
+            same_config(&gc, &hc);
+            assert_eq!(
+                gc.shared_expert_intermediate_size,
+                hc.shared_expert_intermediate_size
+            );
+            assert_weights_close(&gw, &hw);
+            let FeedForward::Moe(moe) = &hw.layers[1].ffn else {
+                panic!("{name}: MoE layer expected")
+            };
+            assert_eq!(moe.experts.len(), 3);
+            if arch == Architecture::Qwen2Moe {
+                assert_eq!(hc.shared_expert_intermediate_size, 12);
+                let FeedForward::Moe(gmoe) = &gw.layers[1].ffn else {
+                    unreachable!()
+                };
+                close_mlp(
+                    "shared",
+                    gmoe.shared_expert.as_ref().unwrap(),
+                    moe.shared_expert.as_ref().unwrap(),
+                );
+                close_t(
+                    "shared gate",
+                    gmoe.shared_expert_gate.as_ref().unwrap(),
+                    moe.shared_expert_gate.as_ref().unwrap(),
+                );
+                assert!(hw.layers[0].q_bias.is_some());
+            } else {
+                assert_eq!((hc.head_dim, hc.n_heads), (8, 4));
+                assert!(hw.layers[0].q_norm.is_some() && hw.layers[0].k_norm.is_some());
+            }
+        }
+    }
+
+    #[test]
+    fn llama_gguf_q_k_rows_really_are_permuted() {
+        // Without the un-permutation the llama fixture's q/k would differ from HF: proves
+        // the comparison above exercises it (and that qwen2's are stored as is).
+        let file = GgufFile::open(&fixture_dir("tiny-llama").join("model.gguf")).unwrap();
+        let (_, hw) = hf_fixture("tiny-llama");
+        let raw = file.tensor("blk.0.attn_k.weight").unwrap();
+        let mut data = vec![0f32; raw.n_elements() as usize];
+        dequantize(raw.ggml_type, file.tensor_bytes(raw).unwrap(), &mut data).unwrap();
+        assert_ne!(data, hw.layers[0].k.data);
+        // Row 1 of GGUF head 0 is HF row hd/2 = 8.
+        assert_eq!(&data[64..128], hw.layers[0].k.row(8));
+    }
+
+    /// Rewrites a GGUF with `edit` applied to its tensors.
+    fn rewritten(
+        src: &Path,
+        edit: impl Fn(&GgufFile, Vec<TestTensor>) -> Vec<TestTensor>,
+    ) -> (tempfile::TempDir, std::path::PathBuf) {
+        let file = GgufFile::open(src).unwrap();
+        let tensors: Vec<TestTensor> = file
+            .tensors()
+            .iter()
+            .map(|t| TestTensor {
+                name: t.name.clone(),
+                dims: t.dims.clone(),
+                ggml_type: t.ggml_type,
+                data: file.tensor_bytes(t).unwrap().to_vec(),
+            })
+            .collect();
+        let tensors = edit(&file, tensors);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("edited.gguf");
+        std::fs::write(&path, gguf_bytes(file.metadata(), &tensors)).unwrap();
+        (dir, path)
+    }
+
+    #[test]
+    fn per_expert_tensors_load_like_stacked_ones() {
+        let src = fixture_dir("tiny-mixtral").join("model.gguf");
+        let (_dir, path) = rewritten(&src, |_, tensors| {
+            let mut out = Vec::new();
+            for t in tensors {
+                let Some(base) = t.name.strip_suffix("_exps.weight") else {
+                    out.push(t);
+                    continue;
+                };
+                let n_expert = t.dims[2] as usize;
+                let per = t.data.len() / n_expert;
+                for e in 0..n_expert {
+                    out.push(TestTensor {
+                        name: format!("{base}.{e}.weight"),
+                        dims: t.dims[..2].to_vec(),
+                        ggml_type: t.ggml_type,
+                        data: t.data[e * per..(e + 1) * per].to_vec(),
+                    });
+                }
+            }
+            out
+        });
+        let (_, w, _, _) = load_gguf(&path).unwrap();
+        let (_, hw) = hf_fixture("tiny-mixtral");
+        assert_weights_close(&w, &hw);
+    }
+
+    #[test]
+    fn unsupported_type_names_tensor_and_type() {
+        let src = fixture_dir("tiny-llama").join("model.gguf");
+        let (_dir, path) = rewritten(&src, |_, mut tensors| {
+            let t = tensors
+                .iter_mut()
+                .find(|t| t.name == "blk.1.ffn_up.weight")
+                .unwrap();
+            // [64, 160] as IQ4_NL: 32-value blocks of 18 bytes.
+            t.ggml_type = crate::format::ggml_blocks::GgmlType(20);
+            t.data = vec![0u8; 160 * 2 * 18];
+            tensors
+        });
+        let msg = load_gguf(&path).unwrap_err().to_string();
+        assert!(
+            msg.contains("blk.1.ffn_up.weight") && msg.contains("IQ4_NL"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn wrong_shape_and_missing_tensor_are_named() {
+        let src = fixture_dir("tiny-qwen2").join("model.gguf");
+        let (_dir, path) = rewritten(&src, |_, mut tensors| {
+            let t = tensors
+                .iter_mut()
+                .find(|t| t.name == "blk.0.attn_v.weight")
+                .unwrap();
+            t.dims = vec![16, 64];
+            tensors
+        });
+        let msg = load_gguf(&path).unwrap_err().to_string();
+        assert!(
+            msg.contains("'blk.0.attn_v.weight'") && msg.contains("edited.gguf"),
+            "{msg}"
+        );
+
+        let (_dir, path) = rewritten(&src, |_, mut tensors| {
+            tensors.retain(|t| t.name != "blk.1.attn_k.bias");
+            tensors
+        });
+        let msg = load_gguf(&path).unwrap_err().to_string();
+        assert!(msg.contains("'blk.1.attn_k.bias' is missing"), "{msg}");
+    }
+
+    #[test]
+    fn llama3_rope_factors_are_recognised() {
+        // Llama 3.2 1B: theta 500000, head_dim 64, factor 32, low 1, high 4, original 8192.
+        // Reference: conversion/llama.py's generate_extra_tensors, run in numpy float32.
+        let reference = [
+            1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.651329,
+            3.292263, 9.666731, 32.0, 32.0, 32.0, 32.0, 32.0, 32.0, 32.0, 32.0, 32.0, 32.0, 32.0,
+            32.0, 32.0, 32.0,
+        ];
+        let f = llama3_rope_factors(500000.0, 64, 32.0, 1.0, 4.0, 8192);
+        for (i, (a, b)) in f.iter().zip(reference).enumerate() {
+            assert!((a - b).abs() <= 1e-5 * b, "factor {i}: {a} vs {b}");
+        }
+        let src = fixture_dir("tiny-llama").join("model.gguf");
+        let factors = llama3_rope_factors(10000.0, 16, 8.0, 1.0, 4.0, 8192);
+        let (_dir, path) = rewritten(&src, |_, mut tensors| {
+            tensors.push(crate::gguf::test_writer::f32_tensor(
+                "rope_freqs.weight",
+                &[8],
+                &factors,
+            ));
+            tensors
+        });
+        let file = GgufFile::open(&path).unwrap();
+        let c = config_from_gguf(&file).unwrap();
+        assert!(
+            matches!(c.rope_scaling, RopeScaling::Llama3 { factor, .. } if factor == 8.0),
+            "{:?}",
+            c.rope_scaling
+        );
+        let mut odd = factors.clone();
+        odd[3] = 2.5;
+        let (_dir, path) = rewritten(&src, |_, mut tensors| {
+            tensors.push(crate::gguf::test_writer::f32_tensor(
+                "rope_freqs.weight",
+                &[8],
+                &odd,
+            ));
+            tensors
+        });
+        let c = config_from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
+        assert!(matches!(c.rope_scaling, RopeScaling::Other(_)));
+    }
+
+    #[test]
+    fn smollm2_q4_1_gguf_loads() {
+        let dir = crate::format::ggml_blocks::tests::smollm2_dir();
+        let (c, w, tok, info) = load_gguf(&dir.join("SmolLM2-135M-Instruct.Q4_1.gguf")).unwrap();
+        eprintln!("SmolLM2-135M Q4_1 GGUF loaded in {:.3} s", info.read_s);
+        assert_eq!(c.architecture, Architecture::Llama);
+        assert_eq!(
+            (c.n_layers, c.hidden_size, c.n_heads, c.n_kv_heads),
+            (30, 576, 9, 3)
+        );
+        assert_eq!(
+            (c.vocab_size, c.head_dim, c.intermediate_size),
+            (49152, 64, 1536)
+        );
+        assert!(c.tie_word_embeddings && w.lm_head.is_none());
+        assert_eq!(c.rope_theta, 100000.0);
+        assert_eq!(tok.pre.as_deref(), Some("smollm"));
+        assert_eq!(tok.tokens.len(), 49152);
+        assert_eq!(info.source_types.get("Q4_1"), Some(&210));
+        // The float32 GGUF llama-quantize made from it holds the same values.
+        let (_, wf, _, _) = load_gguf(&dir.join("SmolLM2-135M-Instruct-F32.gguf")).unwrap();
+        assert_eq!(w.layers[29].q, wf.layers[29].q);
+        assert_eq!(w.embed, wf.embed);
+        let n: usize = w
+            .layers
+            .iter()
+            .map(|l| l.q.data.len() + l.k.data.len())
+            .sum();
+        assert_eq!(n, 30 * (576 * 576 + 192 * 576));
+    }
+}
