@@ -318,6 +318,7 @@ pub fn evaluate(cfg: &EvalConfig) -> Result<Outcome> {
         machine: Machine {
             cpu: machine::cpu_model(),
             isa: machine::isa_flags(),
+            kernels: Some(machine::kernels_in_use()),
             threads: cfg.threads,
         },
         versions: Versions {

@@ -5,7 +5,6 @@ mod common;
 use common::*;
 
 #[test]
-#[ignore = "needs decoder"]
 fn generate_streams_text_and_prints_speeds() {
     let out = kwk_eval()
         .args([
@@ -72,7 +71,6 @@ fn generate_bad_input() {
 }
 
 #[test]
-#[ignore = "needs decoder"]
 fn generate_missing_model() {
     assert_error(
         kwk_eval().args([

@@ -87,9 +87,10 @@ pub fn render(r: &Results, plots: &PlotFiles) -> String {
     }
     let _ = writeln!(
         s,
-        "Machine: {} ({} threads; ISA {}). Versions: kwk {}, kwk-eval {}, llama.cpp {}. Started {}.",
+        "Machine: {} ({} threads; kwk kernels {}; CPU features {}). Versions: kwk {}, kwk-eval {}, llama.cpp {}. Started {}.",
         r.machine.cpu,
         r.machine.threads,
+        r.machine.kernels.as_deref().unwrap_or("-"),
         if r.machine.isa.is_empty() { "-".into() } else { r.machine.isa.join(", ") },
         r.versions.kwk.as_deref().unwrap_or("unknown"),
         r.versions.kwk_eval,

@@ -42,8 +42,11 @@ pub struct Results {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Machine {
     pub cpu: String,
-    /// Instruction-set extensions the in-tree kernels use.
+    /// CPU features the in-tree kernels care about that this CPU has.
     pub isa: Vec<String>,
+    /// The kernel set the in-tree decoder ran with (`KWK_ISA` respected), e.g. "avx512+bf16".
+    #[serde(default)]
+    pub kernels: Option<String>,
     pub threads: usize,
 }
 
@@ -281,6 +284,7 @@ pub(crate) mod testdata {
             machine: Machine {
                 cpu: "Test CPU".into(),
                 isa: vec!["avx2".into()],
+                kernels: Some("avx2".into()),
                 threads: 2,
             },
             versions: Versions {
