@@ -11,18 +11,20 @@ use std::path::Path;
 pub fn protocol_line(r: &Results) -> String {
     let p = &r.protocol;
     let sha = &p.text_sha256[..p.text_sha256.len().min(12)];
+    let speed = if p.speed {
+        format!("speed pp{} / tg{} × {} reps", p.pp, p.tg, p.reps)
+    } else {
+        "speed not measured (--no-speed)".to_string()
+    };
     format!(
         "ctx {} × {} chunks = {} scored tokens of '{}' (sha256 {sha}…, {} tokens, BOS {}); \
-         speed pp{} / tg{} × {} reps; {} threads; KLD vs float32: {}",
+         {speed}; {} threads; KLD vs float32: {}",
         p.ctx,
         p.chunks,
         p.scored_tokens,
         p.text,
         p.text_tokens,
         if p.add_bos { "added" } else { "none" },
-        p.pp,
-        p.tg,
-        p.reps,
         r.machine.threads,
         if p.kld { "yes" } else { "no" },
     )

@@ -79,6 +79,13 @@ pub struct Protocol {
     pub reps: usize,
     /// Whether KL divergence against the float32 reference was computed.
     pub kld: bool,
+    /// Whether speed was measured (false with `--no-speed`).
+    #[serde(default = "default_true")]
+    pub speed: bool,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 /// One row: what the runner is and what was measured. `null` where not measured.
@@ -305,6 +312,7 @@ pub(crate) mod testdata {
                 tg: 4,
                 reps: 2,
                 kld: true,
+                speed: true,
             },
             ppl_delta_reference: None,
             runners: vec![
