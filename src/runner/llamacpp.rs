@@ -23,8 +23,8 @@ use std::time::Duration;
 /// How a llama.cpp runner runs its tools.
 #[derive(Debug, Clone)]
 pub struct LlamaCppRunnerOptions {
-    /// `-t` for every tool (llama-perplexity also gets `-tb` with the same value). The
-    /// perplexity protocol's and the speed spec's thread counts take precedence when given.
+    /// `-t` for every tool (llama-perplexity also gets `-tb` with the same value) when the
+    /// perplexity protocol or the speed spec says 0; their own thread counts win otherwise.
     pub threads: usize,
     /// KV cache type for llama-perplexity (`-ctk/-ctv`): f16 is llama.cpp's default, f32
     /// gives exact parity with a float32 decoder. llama-bench cannot take f32 and always
@@ -129,6 +129,15 @@ impl LlamaCppRunner {
         &self.commands
     }
 
+    /// `asked`, or the runner's own thread count when the caller says 0.
+    fn threads(&self, asked: usize) -> usize {
+        if asked > 0 {
+            asked
+        } else {
+            self.opts.threads
+        }
+    }
+
     fn compute(&self, threads: usize) -> ComputeSettings {
         let mut c = ComputeSettings::new(threads, self.opts.kv_type);
         if let Some(fa) = self.opts.flash_attn {
@@ -196,7 +205,7 @@ impl Runner for LlamaCppRunner {
             );
         }
         let tokens_match = self.check_tokens(tokens)?;
-        let compute = self.compute(protocol.threads.max(1));
+        let compute = self.compute(self.threads(protocol.threads));
 
         let mut req = PerplexityRequest::new(
             self.gguf.clone(),
@@ -288,7 +297,7 @@ impl Runner for LlamaCppRunner {
         }
         // llama-bench's own defaults for what it cannot or should not change: f16 KV (it
         // rejects f32) and flash attention as `auto` resolves on CPU (on).
-        let compute = ComputeSettings::new(spec.threads.max(1), KvType::F16);
+        let compute = ComputeSettings::new(self.threads(spec.threads), KvType::F16);
         let req = BenchRequest {
             model: self.gguf.clone(),
             pp: spec.pp,
