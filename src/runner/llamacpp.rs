@@ -653,6 +653,7 @@ mod tests {
         let types = std::env::var("KWK_TABLE_TYPES")
             .unwrap_or_else(|_| "F32,BF16,Q8_0,Q4_K_M,Q4_1,Q4_0".to_string());
         let with_kld = std::env::var("KWK_TABLE_KLD").map_or(true, |v| v != "0");
+        let with_bench = std::env::var("KWK_TABLE_BENCH").map_or(true, |v| v != "0");
         for ty in types.split(',') {
             let model = models.join(format!("SmolLM2-135M-Instruct-{ty}.gguf"));
             let mut r = LlamaCppRunner::new(
@@ -663,7 +664,7 @@ mod tests {
                     kv_type: KvType::F16,
                     flash_attn: None,
                     timeout: Duration::from_secs(3600),
-                    run_bench: true,
+                    run_bench: with_bench,
                 },
             )
             .unwrap();
@@ -685,7 +686,12 @@ mod tests {
                     &counter(),
                 )
                 .unwrap();
-            let (pp, tg) = (s.pp.unwrap(), s.tg.unwrap());
+            let none = SpeedSample {
+                tokens_per_s: f64::NAN,
+                tokens_per_s_std: f64::NAN,
+                samples_tokens_per_s: Vec::new(),
+            };
+            let (pp, tg) = (s.pp.unwrap_or(none.clone()), s.tg.unwrap_or(none));
             let info = r.info();
             eprintln!(
                 "ROW {ty}: MiB {:.1} bpw {:.2} | PPL {:.4} ± {:.4} tokens_match {:?} | KLD {} same-top {} | pp512 {:.1} ± {:.1} | tg128 {:.1} ± {:.1} | load_s {:?}",
