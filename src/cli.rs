@@ -57,6 +57,10 @@ pub struct EvalArgs {
     #[arg(long, value_name = "DIR")]
     pub llama_cpp_dir: Option<PathBuf>,
 
+    /// KV cache type of llama-perplexity: f16 (llama.cpp's default) or f32 (exact parity with kwk's float32 cache).
+    #[arg(long, value_name = "TYPE", default_value = "f16", value_parser = ["f16", "f32"])]
+    pub llama_kv: String,
+
     /// Tokens per perplexity chunk (even, at least 8), as llama-perplexity's -c.
     #[arg(long, default_value_t = 512)]
     pub ctx: usize,
@@ -242,6 +246,11 @@ impl Cli {
                     keep_logits: e.keep_logits,
                     calib_text: e.calib_text,
                     pack_cache_dir: pack_cache(e.pack_cache, e.no_pack_cache),
+                    llama_kv_type: if e.llama_kv == "f32" {
+                        llamacpp::KvType::F32
+                    } else {
+                        llamacpp::KvType::F16
+                    },
                 })
             }
         }

@@ -227,29 +227,32 @@ pub fn plan_runners(formats: &str, ggufs: &[PathBuf]) -> anyhow::Result<Vec<Form
 }
 
 // ---- llama.cpp runners -------------------------------------------------------------------
-// TEMPORARY until branch `llamacpp` (runners/llamacpp + src/runner/llamacpp.rs) is merged:
-// these three functions are the only place the harness touches the llama.cpp runner, and
-// they will call `llamacpp::LlamaCppTools::locate`, `tools.build_number()` and
-// `llamacpp::LlamaCppRunner::new(path, &tools, options)`.
 
-/// llama.cpp's tools, located for this run.
-pub struct LlamaCppToolsPlaceholder;
-
-pub fn llamacpp_tools(dir: Option<&std::path::Path>) -> anyhow::Result<LlamaCppToolsPlaceholder> {
-    let _ = dir;
-    anyhow::bail!("GGUF runners need the llama.cpp runner, which is not merged into this build yet")
+/// llama.cpp's tools: `--llama-cpp-dir`, then `KWK_LLAMA_CPP_DIR`, then PATH (and the
+/// set-up script's cache), each checked for the flags the runner passes.
+pub fn llamacpp_tools(dir: Option<&std::path::Path>) -> anyhow::Result<::llamacpp::LlamaCppTools> {
+    ::llamacpp::LlamaCppTools::locate(dir).map_err(|e| anyhow::anyhow!("{e}"))
 }
 
-pub fn llamacpp_build(tools: &LlamaCppToolsPlaceholder) -> Option<u64> {
-    let _ = tools;
-    None
+/// The tools' build number, for results.json.
+pub fn llamacpp_build(tools: &::llamacpp::LlamaCppTools) -> Option<u64> {
+    tools.build_number()
 }
 
+/// A llama.cpp runner for one GGUF file, with the run's threads and KV cache type;
+/// llama-bench runs only with `--llama-bench`.
 pub fn llamacpp_runner(
     path: &std::path::Path,
-    tools: &LlamaCppToolsPlaceholder,
+    tools: &::llamacpp::LlamaCppTools,
     cfg: &crate::session::EvalConfig,
 ) -> anyhow::Result<Box<dyn Runner>> {
-    let _ = (path, tools, cfg);
-    anyhow::bail!("GGUF runners need the llama.cpp runner, which is not merged into this build yet")
+    let options = llamacpp::LlamaCppRunnerOptions {
+        threads: cfg.threads,
+        kv_type: cfg.llama_kv_type,
+        run_bench: cfg.llama_bench,
+        ..Default::default()
+    };
+    Ok(Box::new(llamacpp::LlamaCppRunner::new(
+        path, tools, options,
+    )?))
 }

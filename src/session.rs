@@ -59,6 +59,8 @@ pub struct EvalConfig {
     pub keep_logits: bool,
     pub calib_text: Option<PathBuf>,
     pub pack_cache_dir: Option<PathBuf>,
+    /// KV cache type of llama-perplexity (f16 is llama.cpp's default; f32 matches kwk).
+    pub llama_kv_type: llamacpp::KvType,
 }
 
 /// How a run ended when it did not fail.
@@ -208,6 +210,15 @@ pub fn evaluate(cfg: &EvalConfig) -> Result<Outcome> {
     } else {
         None
     };
+    // llama.cpp runners are built now: that reads and checks each GGUF (cheap, no
+    // subprocess), so a truncated file fails before the model is loaded.
+    let mut llamacpp_runners = std::collections::BTreeMap::new();
+    for s in &specs {
+        if let FormatSpec::Gguf { path } = s {
+            let tools = tools.as_ref().context("llama.cpp tools were not located")?;
+            llamacpp_runners.insert(s.name(), crate::runner::llamacpp_runner(path, tools, cfg)?);
+        }
+    }
     let (started_utc, stamp) = machine::utc_now();
     let out_dir = run_folder(cfg, &stamp)?;
 
@@ -262,8 +273,7 @@ pub fn evaluate(cfg: &EvalConfig) -> Result<Outcome> {
     };
     let reference_path = out_dir.join("float32-kl-divergence-base.bin");
 
-    // 4. Runners: llama.cpp ones are built now (that reads and checks each GGUF), in-tree
-    //    ones when their turn comes.
+    // 4. Runners, in run order: in-tree ones are packed when their turn comes.
     let calibration_tokens = match &calib_text {
         Some(t) => {
             let mut ids = model
@@ -288,10 +298,11 @@ pub fn evaluate(cfg: &EvalConfig) -> Result<Outcome> {
                 name: name.clone(),
                 precision: *precision,
             },
-            FormatSpec::Gguf { path } => {
-                let tools = tools.as_ref().context("llama.cpp tools were not located")?;
-                Pending::Built(crate::runner::llamacpp_runner(path, tools, cfg)?)
-            }
+            FormatSpec::Gguf { .. } => Pending::Built(
+                llamacpp_runners
+                    .remove(&s.name())
+                    .context("a llama.cpp runner was not built")?,
+            ),
         });
     }
 
@@ -313,6 +324,7 @@ pub fn evaluate(cfg: &EvalConfig) -> Result<Outcome> {
             kwk: machine::kwk_git_sha(),
             kwk_eval: env!("CARGO_PKG_VERSION").to_string(),
             llama_cpp: tools.as_ref().and_then(crate::runner::llamacpp_build),
+            llama_cpp_version: tools.as_ref().map(|t| t.build().raw.clone()),
         },
         protocol: Protocol {
             ctx: plan.ctx,

@@ -295,3 +295,106 @@ fn help_explains_every_flag() {
         assert!(help.contains(flag), "generate --help lacks {flag}");
     }
 }
+
+/// kwk-eval asked for a GGUF row, with llama.cpp looked up only where `dir` says.
+fn gguf_run(dir: &Path, llama_dir: &Path, gguf: &Path) -> assert_cmd::Command {
+    let mut c = kwk_eval();
+    c.env("PATH", "/usr/bin:/bin")
+        .env("HOME", dir)
+        .env_remove("XDG_CACHE_HOME")
+        .env_remove("KWK_CACHE")
+        .args(["--formats", "none", "--llm"])
+        .arg(tiny_llama())
+        .arg("--text")
+        .arg(eval_txt())
+        .arg("--llama-cpp-dir")
+        .arg(llama_dir)
+        .arg("--gguf")
+        .arg(gguf)
+        .arg("--out")
+        .arg(dir.join("run"));
+    c
+}
+
+#[test]
+fn llama_cpp_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let line = assert_error(
+        &mut gguf_run(
+            dir.path(),
+            &dir.path().join("no-llama"),
+            &tiny_llama().join("model.gguf"),
+        ),
+        2,
+        "llama.cpp tool `llama-perplexity` not found",
+    );
+    assert!(line.contains("--llama-cpp-dir"), "{line}");
+    no_run_folder(&dir.path().join("run"));
+}
+
+#[test]
+fn llama_cpp_too_old() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("old-llama");
+    std::fs::create_dir(&bin).unwrap();
+    for tool in ["llama-perplexity", "llama-bench"] {
+        let p = bin.join(tool);
+        std::fs::write(
+            &p,
+            "#!/bin/sh\necho 'version: 1000 (0123abc)' >&2\necho 'usage: old' >&2\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let line = assert_error(
+        &mut gguf_run(dir.path(), &bin, &tiny_llama().join("model.gguf")),
+        2,
+        &format!(
+            "llama.cpp tool {} is too old",
+            bin.join("llama-perplexity").display()
+        ),
+    );
+    assert!(line.contains("build number 1000"), "{line}");
+    no_run_folder(&dir.path().join("run"));
+}
+
+#[test]
+fn truncated_gguf() {
+    let Some(llama_dir) = std::env::var_os("KWK_LLAMA_CPP_DIR_FOR_TESTS")
+        .or_else(|| std::env::var_os("KWK_LLAMA_CPP_DIR"))
+        .map(std::path::PathBuf::from)
+        .or_else(default_llama_dir)
+    else {
+        panic!(
+            "llama.cpp tools not found: run scripts/setup-llama-cpp.sh or set KWK_LLAMA_CPP_DIR"
+        );
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = std::fs::read(tiny_llama().join("model.gguf")).unwrap();
+    let cut = dir.path().join("cut.gguf");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    let line = assert_error(
+        &mut gguf_run(dir.path(), &llama_dir, &cut),
+        2,
+        &format!(
+            "{} cannot be run by llama.cpp; pass a complete GGUF model file",
+            cut.display()
+        ),
+    );
+    assert!(!line.is_empty());
+    no_run_folder(&dir.path().join("run"));
+}
+
+/// The set-up script's build folder (`~/.cache/kwk/llama.cpp-*/build/bin`).
+fn default_llama_dir() -> Option<std::path::PathBuf> {
+    let root = std::path::PathBuf::from(std::env::var_os("HOME")?).join(".cache/kwk");
+    let mut bins: Vec<_> = std::fs::read_dir(&root)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().join("build/bin"))
+        .filter(|p| p.join("llama-perplexity").exists())
+        .collect();
+    bins.sort();
+    bins.pop()
+}

@@ -93,7 +93,11 @@ pub fn render(r: &Results, plots: &PlotFiles) -> String {
         if r.machine.isa.is_empty() { "-".into() } else { r.machine.isa.join(", ") },
         r.versions.kwk.as_deref().unwrap_or("unknown"),
         r.versions.kwk_eval,
-        r.versions.llama_cpp.map_or("-".into(), |b| format!("build {b}")),
+        match (&r.versions.llama_cpp, &r.versions.llama_cpp_version) {
+            (Some(b), _) => format!("build {b}"),
+            (None, Some(v)) => format!("'{v}'"),
+            (None, None) => "-".into(),
+        },
         r.started_utc
     );
     s

@@ -52,8 +52,12 @@ pub struct Versions {
     /// Git commit of the kwk tree the harness was built from (null when unknown).
     pub kwk: Option<String>,
     pub kwk_eval: String,
-    /// llama.cpp build number of the tools used (null when no GGUF runner ran).
+    /// llama.cpp build number of the tools used (null when no GGUF runner ran, or when
+    /// the tools were built outside a git checkout and report build 0).
     pub llama_cpp: Option<u64>,
+    /// The tools' `--version` line as printed (null when no GGUF runner ran).
+    #[serde(default)]
+    pub llama_cpp_version: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -239,10 +243,10 @@ pub(crate) fn table_rows(results: &Results) -> (Vec<&'static str>, Vec<Vec<Strin
         .runners
         .iter()
         .map(|r| {
-            if let Some(e) = &r.error {
-                let mut cells = vec![r.name.clone(), r.engine.clone()];
-                cells.push(format!("FAILED: {e}"));
-                cells.resize(header.len(), String::new());
+            if r.error.is_some() {
+                // The error itself is printed under the table.
+                let mut cells = vec![r.name.clone(), r.engine.clone(), "FAILED".to_string()];
+                cells.resize(header.len(), "-".to_string());
                 return cells;
             }
             vec![
@@ -283,6 +287,7 @@ pub(crate) mod testdata {
                 kwk: Some("abc".into()),
                 kwk_eval: "0.1.0".into(),
                 llama_cpp: Some(1),
+                llama_cpp_version: Some("version: 1 (abc)".into()),
             },
             protocol: Protocol {
                 ctx: 64,

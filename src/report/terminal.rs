@@ -41,6 +41,13 @@ pub fn render(r: &Results) -> String {
     }
     out.push_str(&protocol_line(r));
     out.push('\n');
+    for row in r.failures() {
+        out.push_str(&format!(
+            "FAILED {}: {}\n",
+            row.name,
+            row.error.as_deref().unwrap_or_default()
+        ));
+    }
     for row in r.runners.iter().filter(|x| x.tokens_match == Some(false)) {
         out.push_str(&format!(
             "WARNING: {} tokenized the text to other ids than kwk-eval; its perplexity is not comparable\n",

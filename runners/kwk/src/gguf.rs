@@ -993,6 +993,18 @@ mod tests {
     }
 
     #[test]
+    fn version_2_reads_like_3() {
+        // v2 and v3 share the layout (v3 only allowed big-endian files); v1 used u32 counts.
+        let dir = tempfile::tempdir().unwrap();
+        let mut bytes = gguf_bytes(&sample_metadata(), &sample_tensors());
+        bytes[4..8].copy_from_slice(&2u32.to_le_bytes());
+        let f = GgufFile::open(&write(&dir, "v2.gguf", &bytes)).unwrap();
+        assert_eq!(f.version(), 2);
+        assert_eq!(f.metadata(), &sample_metadata()[..]);
+        assert_eq!(f.tensors().len(), 3);
+    }
+
+    #[test]
     fn custom_alignment_is_honoured() {
         let dir = tempfile::tempdir().unwrap();
         let mut meta = sample_metadata();
@@ -1100,6 +1112,37 @@ mod tests {
         let mut foreign = f.tensor("w").unwrap().clone();
         foreign.offset = 1 << 50;
         assert!(f.tensor_bytes(&foreign).is_err());
+    }
+
+    /// Size and bits per weight as llama.cpp reports them for the same files
+    /// (`llama_model_quantize_impl: quant size = X MiB (Y BPW)` in the set-up logs).
+    #[test]
+    fn smollm2_summaries_match_llama_cpp() {
+        let dir = crate::format::ggml_blocks::tests::smollm2_dir();
+        for (file, mib, bpw) in [
+            ("SmolLM2-135M-Instruct.Q4_1.gguf", 92.10, 5.74),
+            ("SmolLM2-135M-Instruct-F32.gguf", 513.13, 32.00),
+            ("SmolLM2-135M-Instruct-Q4_0.gguf", 85.77, 5.35),
+            ("SmolLM2-135M-Instruct-Q4_K_M.gguf", 98.87, 6.17),
+        ] {
+            let path = dir.join(file);
+            if !path.exists() {
+                panic!("{} missing: run scripts/setup-model.sh", path.display());
+            }
+            let s = GgufFile::open(&path).unwrap().summary();
+            assert_eq!(s.architecture.as_deref(), Some("llama"));
+            assert_eq!(s.n_params, 134_515_008, "{file}");
+            let got_mib = s.tensor_bytes as f64 / (1024.0 * 1024.0);
+            assert!(
+                (got_mib - mib).abs() < 0.006,
+                "{file}: {got_mib} MiB vs {mib}"
+            );
+            assert!(
+                (s.bits_per_weight - bpw).abs() < 0.006,
+                "{file}: {} BPW",
+                s.bits_per_weight
+            );
+        }
     }
 
     #[test]

@@ -18,6 +18,7 @@ pub mod format;
 pub mod gguf;
 pub mod kernels;
 pub mod model;
+pub mod pack_cache;
 pub mod quantize;
 pub mod threads;
 pub mod tokenizer;

@@ -2,40 +2,55 @@
 //! slices of output rows, one per thread; `run` hands the same closure to every thread and
 //! returns when all are done.
 //!
-//! This first version sits on rayon's `broadcast`; the decoder issue replaces it with a
-//! persistent spin-then-park pool (a 135M model issues hundreds of matmuls per token, so
-//! per-operation hand-off cost matters). The API stays.
+//! Persistent workers that spin, then yield, then park between jobs (the hand-off itself
+//! is [`crate::kernels::broadcast::Broadcast`]): a 135M model issues hundreds of matmuls
+//! per token, so the per-operation cost of waking threads matters. The calling thread is
+//! worker 0, so a pool of `n` threads spawns `n - 1`.
 
+use crate::kernels::broadcast::Broadcast;
 use std::ops::Range;
+use std::sync::Arc;
+use std::thread::JoinHandle;
 
 pub struct ThreadPool {
-    n_threads: usize,
-    pool: rayon::ThreadPool,
+    shared: Arc<Broadcast>,
+    workers: Vec<JoinHandle<()>>,
 }
 
 impl ThreadPool {
-    /// A pool of `n_threads` (at least 1) workers.
+    /// A pool of `n_threads` (at least 1) workers, the caller included.
     pub fn new(n_threads: usize) -> Self {
         let n_threads = n_threads.max(1);
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(n_threads)
-            .thread_name(|i| format!("kwk-worker-{i}"))
-            .build()
-            .expect("spawning worker threads");
-        ThreadPool { n_threads, pool }
+        let shared = Arc::new(Broadcast::new(n_threads));
+        let workers = (1..n_threads)
+            .map(|i| {
+                let shared = Arc::clone(&shared);
+                std::thread::Builder::new()
+                    .name(format!("kwk-worker-{i}"))
+                    .spawn(move || shared.worker_loop(i))
+                    .expect("spawning a worker thread")
+            })
+            .collect();
+        ThreadPool { shared, workers }
     }
 
     pub fn n_threads(&self) -> usize {
-        self.n_threads
+        self.shared.n_threads()
     }
 
     /// Runs `f(thread_index, n_threads)` once on each worker; returns when all have finished.
+    /// Not reentrant: `f` must not call `run` on the same pool.
     pub fn run(&self, f: impl Fn(usize, usize) + Sync) {
-        if self.n_threads == 1 {
-            f(0, 1);
-            return;
+        self.shared.run(&f);
+    }
+}
+
+impl Drop for ThreadPool {
+    fn drop(&mut self) {
+        self.shared.shut_down();
+        for w in self.workers.drain(..) {
+            let _ = w.join();
         }
-        self.pool.broadcast(|ctx| f(ctx.index(), ctx.num_threads()));
     }
 }
 
@@ -80,5 +95,53 @@ mod tests {
             seen.fetch_add(1 << (i * 4), Ordering::SeqCst);
         });
         assert_eq!(seen.load(Ordering::SeqCst), 0x111);
+    }
+
+    #[test]
+    fn many_back_to_back_runs_see_borrowed_data() {
+        let pool = ThreadPool::new(3);
+        let mut total = 0usize;
+        for round in 0..2000 {
+            let data: Vec<usize> = (0..30).map(|i| i * round).collect();
+            let sum = AtomicUsize::new(0);
+            pool.run(|i, n| {
+                let r = split_range(data.len(), n, i, 1);
+                sum.fetch_add(data[r].iter().sum::<usize>(), Ordering::Relaxed);
+            });
+            let s = sum.load(Ordering::Relaxed);
+            assert_eq!(s, data.iter().sum::<usize>());
+            total += s;
+        }
+        assert!(total > 0);
+    }
+
+    #[test]
+    fn parked_workers_wake_up() {
+        let pool = ThreadPool::new(2);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let seen = AtomicUsize::new(0);
+        pool.run(|_, _| {
+            seen.fetch_add(1, Ordering::SeqCst);
+        });
+        assert_eq!(seen.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn a_worker_panic_reaches_the_caller() {
+        let pool = ThreadPool::new(2);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            pool.run(|i, _| {
+                if i == 1 {
+                    panic!("boom");
+                }
+            })
+        }));
+        assert!(r.is_err());
+        // The pool still works afterwards.
+        let seen = AtomicUsize::new(0);
+        pool.run(|_, _| {
+            seen.fetch_add(1, Ordering::SeqCst);
+        });
+        assert_eq!(seen.load(Ordering::SeqCst), 2);
     }
 }

@@ -9,9 +9,17 @@
 //! threads in slices aligned to [`PackedLinear::row_align`], and lets each thread call
 //! [`PackedLinear::matmul_rows`] on its slice.
 
+pub mod bf16;
+pub mod float32;
 pub mod ggml_blocks;
+pub mod int4;
+pub mod int8;
+pub mod quantized;
 
+use crate::decoder::Precision;
+use crate::error::Result;
 use crate::kernels::OutputMatrix;
+use crate::model::Tensor;
 use std::ops::Range;
 
 /// The activation encoding a packed format's kernels read.
@@ -19,7 +27,7 @@ use std::ops::Range;
 pub enum InputKind {
     /// Plain float32 rows.
     F32,
-    /// bf16 rows (for `vdpbf16ps`).
+    /// bf16 rows (for `vdpbf16ps`), each padded with a zero to an even width.
     Bf16,
     /// int8 blocks of 32 with one f32 scale each, plus each block's sum of int8 values
     /// (for formats with offsets): the VNNI path.
@@ -32,6 +40,7 @@ pub enum PreparedInput<'a> {
         data: &'a [f32],
         dim: usize,
     },
+    /// `dim` is the row stride: the width rounded up to even, the pad value zero.
     Bf16 {
         data: &'a [half::bf16],
         dim: usize,
@@ -93,4 +102,18 @@ pub struct TensorPlace {
     pub n_layers: usize,
     /// Parameters of the whole model (the int4 default mix depends on model size).
     pub model_params: u64,
+}
+
+/// Packs one linear weight (`[out_features, in_features]`) in `precision`: float32 and
+/// bf16 here, int8/int4 in [`quantized::pack_quantized`].
+pub fn pack_linear(
+    tensor: &Tensor,
+    precision: &Precision,
+    place: TensorPlace,
+) -> Result<Box<dyn PackedLinear>> {
+    match precision {
+        Precision::Float32 => Ok(Box::new(float32::F32Panels::pack(tensor))),
+        Precision::Bf16 => Ok(Box::new(bf16::Bf16Panels::pack(tensor))),
+        Precision::Int8 | Precision::Int4(_) => quantized::pack_quantized(tensor, precision, place),
+    }
 }

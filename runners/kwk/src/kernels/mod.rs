@@ -1,7 +1,149 @@
 //! Compute kernels. `scalar.rs` is the specification; `x86_64/` holds the AVX2 and AVX-512
-//! versions (the only `unsafe` in the crate), chosen once at run time (`KWK_ISA` forces one).
+//! versions (with `broadcast.rs`, the only `unsafe` in the crate), chosen once at run time
+//! (`KWK_ISA=scalar|avx2|avx512` forces one).
+//!
+//! Weight layout shared by the float32 and bf16 kernels ("panels"): the rows of a weight
+//! matrix are grouped by [`PANEL_ROWS`] (16, one zmm of f32). Panel `p` holds rows
+//! `16p..16p+16`; in float32 its element `(k, lane)` sits at `p*cols*16 + k*16 + lane`, so a
+//! kernel loads 16 rows' weights for one input column with one vector load and broadcasts
+//! the activation: no horizontal sums, one activation load serving 16 rows, and a tile of
+//! several tokens x several panels in registers for prompts (a GEMV for one token is the
+//! same loop with one token). In bf16 two consecutive columns are paired per lane
+//! (`p*kp*32 + j*32 + 2*lane + {0,1}` for column pair `j`), the operand layout of
+//! `vdpbf16ps`. Rows past the end of the matrix are zero padding.
 
+pub mod broadcast;
+pub mod int4_matmul;
+pub mod int8_matmul;
 pub mod q8_activations;
+pub mod scalar;
+#[cfg(target_arch = "x86_64")]
+pub mod x86_64;
+
+use std::ops::Range;
+use std::sync::OnceLock;
+
+/// Rows per weight panel (one 512-bit vector of f32).
+pub const PANEL_ROWS: usize = 16;
+
+/// The instruction set the kernels run with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    Scalar,
+    /// AVX2 + FMA.
+    Avx2,
+    /// AVX-512 F/BW/VL (+ `vdpbf16ps` when `bf16` is set).
+    Avx512 {
+        bf16: bool,
+    },
+}
+
+impl Isa {
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 { bf16: true } => "avx512+bf16",
+            Isa::Avx512 { bf16: false } => "avx512",
+        }
+    }
+}
+
+/// CPU features the kernels care about that this CPU has (for reports).
+pub fn detected_flags() -> Vec<&'static str> {
+    let mut flags = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        macro_rules! probe {
+            ($($f:tt),*) => {$(
+                if std::arch::is_x86_feature_detected!($f) { flags.push($f); }
+            )*};
+        }
+        probe!(
+            "avx2",
+            "fma",
+            "f16c",
+            "avx512f",
+            "avx512bw",
+            "avx512dq",
+            "avx512vl",
+            "avx512vnni",
+            "avx512bf16"
+        );
+    }
+    flags
+}
+
+fn best_isa() -> Isa {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        if has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("fma") {
+            return Isa::Avx512 {
+                bf16: has!("avx512bf16"),
+            };
+        }
+        if has!("avx2") && has!("fma") {
+            return Isa::Avx2;
+        }
+    }
+    Isa::Scalar
+}
+
+/// Whether `isa` can run on this CPU.
+pub fn isa_supported(isa: Isa) -> bool {
+    let best = best_isa();
+    match isa {
+        Isa::Scalar => true,
+        Isa::Avx2 => best != Isa::Scalar,
+        Isa::Avx512 { bf16 } => match best {
+            Isa::Avx512 { bf16: have } => have || !bf16,
+            _ => false,
+        },
+    }
+}
+
+/// Every ISA this CPU can run, from scalar up (tests compare each against scalar).
+pub fn supported_isas() -> Vec<Isa> {
+    [
+        Isa::Scalar,
+        Isa::Avx2,
+        Isa::Avx512 { bf16: false },
+        Isa::Avx512 { bf16: true },
+    ]
+    .into_iter()
+    .filter(|&i| isa_supported(i))
+    .collect()
+}
+
+/// The ISA chosen once per process: `KWK_ISA` when set (and supported), else the best.
+/// An unknown or unsupported `KWK_ISA` value falls back to the best ISA with a warning on
+/// stderr (the decoder also reports [`isa_in_use`]).
+pub fn active_isa() -> Isa {
+    static ISA: OnceLock<Isa> = OnceLock::new();
+    *ISA.get_or_init(|| {
+        let best = best_isa();
+        match std::env::var("KWK_ISA").ok().as_deref() {
+            None | Some("") => best,
+            Some("scalar") => Isa::Scalar,
+            Some("avx2") if isa_supported(Isa::Avx2) => Isa::Avx2,
+            Some("avx512") if matches!(best, Isa::Avx512 { .. }) => best,
+            Some(other) => {
+                eprintln!(
+                    "warning: KWK_ISA={other} is not one of scalar|avx2|avx512 supported by \
+                     this CPU; using {}",
+                    best.name()
+                );
+                best
+            }
+        }
+    })
+}
+
+/// Name of the ISA the kernels run with ("scalar", "avx2", "avx512", "avx512+bf16").
+pub fn isa_in_use() -> &'static str {
+    active_isa().name()
+}
 
 /// A row-major `[n_tokens][ld]` float32 output that worker threads fill in disjoint column
 /// ranges (each thread owns a slice of the weight rows, i.e. of the output columns).
@@ -52,3 +194,237 @@ impl OutputMatrix {
         }
     }
 }
+
+/// Float32 panel matmul: for every token `t < n_tokens` (activation rows of `x`, `cols`
+/// values each) and every weight row `r` in `rows`, `y[t][r] = W[r] · x[t]`, where `w` holds
+/// the panels of a matrix with `n_rows` rows (see the module docs). `rows.start` must be a
+/// multiple of [`PANEL_ROWS`]; rows at or past `n_rows` are not written.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_f32_panels(
+    isa: Isa,
+    w: &[f32],
+    n_rows: usize,
+    cols: usize,
+    x: &[f32],
+    n_tokens: usize,
+    rows: Range<usize>,
+    y: &OutputMatrix,
+) {
+    check_panel_args(w.len(), n_rows, cols, x.len(), n_tokens, &rows, y);
+    gemm_f32_unchecked(isa, w, cols * PANEL_ROWS, cols, x, cols, n_tokens, rows, y);
+}
+
+/// [`gemm_f32_panels`] with explicit strides, for panels that are not packed back to back
+/// (the KV cache): panel `p` starts at `w[p * panel_stride]` (`panel_stride >= cols * 16`)
+/// and token `t`'s activations at `x[t * ldx]` (`ldx >= cols`).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_f32_panels_strided(
+    isa: Isa,
+    w: &[f32],
+    panel_stride: usize,
+    n_rows: usize,
+    cols: usize,
+    x: &[f32],
+    ldx: usize,
+    n_tokens: usize,
+    rows: Range<usize>,
+    y: &OutputMatrix,
+) {
+    assert!(panel_stride >= cols * PANEL_ROWS && ldx >= cols);
+    assert!(rows.start % PANEL_ROWS == 0 && rows.start <= rows.end && rows.end <= n_rows);
+    assert!(y.n_tokens() >= n_tokens && y.ld() >= n_rows);
+    if rows.is_empty() || n_tokens == 0 {
+        return;
+    }
+    let last_panel = (rows.end - 1) / PANEL_ROWS;
+    assert!(
+        w.len() >= last_panel * panel_stride + cols * PANEL_ROWS,
+        "panel buffer too small"
+    );
+    assert!(
+        x.len() >= (n_tokens - 1) * ldx + cols,
+        "activation buffer too small"
+    );
+    gemm_f32_unchecked(isa, w, panel_stride, cols, x, ldx, n_tokens, rows, y);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gemm_f32_unchecked(
+    isa: Isa,
+    w: &[f32],
+    panel_stride: usize,
+    cols: usize,
+    x: &[f32],
+    ldx: usize,
+    n_tokens: usize,
+    rows: Range<usize>,
+    y: &OutputMatrix,
+) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 { .. } => {
+            x86_64::avx512::gemm_f32_panels(w, panel_stride, cols, x, ldx, n_tokens, rows, y)
+        }
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => {
+            x86_64::avx2::gemm_f32_panels(w, panel_stride, cols, x, ldx, n_tokens, rows, y)
+        }
+        _ => scalar::gemm_f32_panels(w, panel_stride, cols, x, ldx, n_tokens, rows, y),
+    }
+}
+
+/// `x[i] = exp(x[i] - shift)` for every value; returns their float32 sum. The SIMD
+/// versions use a degree-6 polynomial (Cephes `expf`), within 2 ulp of `f32::exp`.
+pub fn exp_shifted_sum(isa: Isa, x: &mut [f32], shift: f32) -> f32 {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 { .. } => x86_64::avx512::exp_shifted_sum(x, shift),
+        _ => scalar::exp_shifted_sum(x, shift),
+    }
+}
+
+/// SwiGLU's `g[i] = silu(g[i]) * u[i]` over `min(g.len(), u.len())` values.
+pub fn silu_mul(isa: Isa, g: &mut [f32], u: &[f32]) {
+    let n = g.len().min(u.len());
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 { .. } => x86_64::avx512::silu_mul(&mut g[..n], &u[..n]),
+        _ => scalar::silu_mul(&mut g[..n], &u[..n]),
+    }
+}
+
+/// bf16 panel matmul: as [`gemm_f32_panels`] with weights and activations in bf16 (raw
+/// `u16` bits). `cols` is even (formats pad odd widths with a zero column); `x` holds
+/// `n_tokens` rows of `cols` bf16 values. Products are exact in f32 and summed in f32.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_bf16_panels(
+    isa: Isa,
+    w: &[u16],
+    n_rows: usize,
+    cols: usize,
+    x: &[u16],
+    n_tokens: usize,
+    rows: Range<usize>,
+    y: &OutputMatrix,
+) {
+    assert!(cols % 2 == 0, "bf16 panels need an even column count");
+    check_panel_args(w.len(), n_rows, cols, x.len(), n_tokens, &rows, y);
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 { bf16: true } => {
+            x86_64::avx512::gemm_bf16_panels_dpbf16(w, cols, x, n_tokens, rows, y)
+        }
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 { bf16: false } => {
+            x86_64::avx512::gemm_bf16_panels_fma(w, cols, x, n_tokens, rows, y)
+        }
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => x86_64::avx2::gemm_bf16_panels(w, cols, x, n_tokens, rows, y),
+        _ => scalar::gemm_bf16_panels(w, cols, x, n_tokens, rows, y),
+    }
+}
+
+fn check_panel_args(
+    w_len: usize,
+    n_rows: usize,
+    cols: usize,
+    x_len: usize,
+    n_tokens: usize,
+    rows: &Range<usize>,
+    y: &OutputMatrix,
+) {
+    let panels = n_rows.div_ceil(PANEL_ROWS);
+    assert!(
+        w_len >= panels * PANEL_ROWS * cols,
+        "panel buffer too small"
+    );
+    assert!(x_len >= n_tokens * cols, "activation buffer too small");
+    assert!(rows.start % PANEL_ROWS == 0 && rows.start <= rows.end && rows.end <= n_rows);
+    assert!(y.n_tokens() >= n_tokens && y.ld() >= n_rows);
+}
+
+/// Packs a row-major `[n_rows][cols]` float32 matrix into panels (see the module docs).
+pub fn pack_f32_panels(data: &[f32], n_rows: usize, cols: usize) -> Vec<f32> {
+    assert_eq!(data.len(), n_rows * cols);
+    let panels = n_rows.div_ceil(PANEL_ROWS);
+    let mut out = vec![0f32; panels * PANEL_ROWS * cols];
+    for r in 0..n_rows {
+        let (p, lane) = (r / PANEL_ROWS, r % PANEL_ROWS);
+        let base = p * PANEL_ROWS * cols + lane;
+        for (k, &v) in data[r * cols..(r + 1) * cols].iter().enumerate() {
+            out[base + k * PANEL_ROWS] = v;
+        }
+    }
+    out
+}
+
+/// Row `r` of float32 panels, back in row-major order.
+pub fn unpack_f32_panel_row(panels: &[f32], cols: usize, r: usize, out: &mut [f32]) {
+    let base = (r / PANEL_ROWS) * PANEL_ROWS * cols + r % PANEL_ROWS;
+    for (k, o) in out[..cols].iter_mut().enumerate() {
+        *o = panels[base + k * PANEL_ROWS];
+    }
+}
+
+/// Packs a row-major `[n_rows][cols]` float32 matrix into bf16 panels (round to nearest
+/// even), padding the columns to an even count; returns the panels and that count.
+pub fn pack_bf16_panels(data: &[f32], n_rows: usize, cols: usize) -> (Vec<u16>, usize) {
+    assert_eq!(data.len(), n_rows * cols);
+    let cols_padded = cols + cols % 2;
+    let panels = n_rows.div_ceil(PANEL_ROWS);
+    let mut out = vec![0u16; panels * PANEL_ROWS * cols_padded];
+    for r in 0..n_rows {
+        let (p, lane) = (r / PANEL_ROWS, r % PANEL_ROWS);
+        let base = p * PANEL_ROWS * cols_padded;
+        for (k, &v) in data[r * cols..(r + 1) * cols].iter().enumerate() {
+            out[base + (k / 2) * 2 * PANEL_ROWS + 2 * lane + k % 2] = scalar::f32_to_bf16_one(v);
+        }
+    }
+    (out, cols_padded)
+}
+
+/// Row `r` (first `out.len()` columns) of bf16 panels with `cols_padded` columns, as f32.
+pub fn unpack_bf16_panel_row(panels: &[u16], cols_padded: usize, r: usize, out: &mut [f32]) {
+    let base = (r / PANEL_ROWS) * PANEL_ROWS * cols_padded;
+    let lane = r % PANEL_ROWS;
+    for (k, o) in out.iter_mut().enumerate() {
+        *o = scalar::bf16_to_f32(panels[base + (k / 2) * 2 * PANEL_ROWS + 2 * lane + k % 2]);
+    }
+}
+
+/// `a · b` over `min(a.len(), b.len())` values.
+pub fn dot_f32(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 { .. } => x86_64::avx512::dot_f32(&a[..n], &b[..n]),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => x86_64::avx2::dot_f32(&a[..n], &b[..n]),
+        _ => scalar::dot_f32(&a[..n], &b[..n]),
+    }
+}
+
+/// `y += alpha * x` over `min(y.len(), x.len())` values.
+pub fn axpy_f32(isa: Isa, y: &mut [f32], alpha: f32, x: &[f32]) {
+    let n = y.len().min(x.len());
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 { .. } => x86_64::avx512::axpy_f32(&mut y[..n], alpha, &x[..n]),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => x86_64::avx2::axpy_f32(&mut y[..n], alpha, &x[..n]),
+        _ => scalar::axpy_f32(&mut y[..n], alpha, &x[..n]),
+    }
+}
+
+/// float32 to bf16 bits, round to nearest even (NaN kept quiet), for every value.
+pub fn f32_to_bf16(isa: Isa, x: &[f32], out: &mut [u16]) {
+    assert!(out.len() >= x.len());
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 { .. } => x86_64::avx512::f32_to_bf16(x, &mut out[..x.len()]),
+        _ => scalar::f32_to_bf16(x, &mut out[..x.len()]),
+    }
+}
+
+#[cfg(test)]
+mod tests;

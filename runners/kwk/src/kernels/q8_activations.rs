@@ -1,6 +1,9 @@
 //! Activations quantized to int8 blocks of 32 (one f32 scale per block, like llama.cpp's
 //! Q8_0 `vec_dot_type`), once per matmul input, for the int8/int4 VNNI kernels.
-//! This is the scalar specification; SIMD versions must match it exactly.
+//! `quantize_rows_q8_scalar` is the specification; [`quantize_rows_q8`] runs the AVX-512
+//! version when the quantized kernels' path (`int8_matmul::selected_isa`) is AVX-512, which
+//! matches it exactly for finite inputs (same division, multiply and rounding; the
+//! half-away-from-zero rounding is built from truncation, whose remainder is exact).
 
 /// Values per activation block.
 pub const Q8_BLOCK: usize = 32;
@@ -9,6 +12,36 @@ pub const Q8_BLOCK: usize = 32;
 /// `scales` entry per block (`amax / 127`) and `block_sums` (sum of the block's int8 values).
 /// Rounding is to nearest, ties away from zero.
 pub fn quantize_rows_q8(
+    x: &[f32],
+    dim: usize,
+    quants: &mut [i8],
+    scales: &mut [f32],
+    block_sums: &mut [i32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if super::int8_matmul::selected_isa() == super::int8_matmul::QuantIsa::Avx512Vnni {
+        check_lengths(x, dim, quants, scales, block_sums);
+        // SAFETY: AVX-512 F/BW are present (the path was selected on them) and the
+        // lengths were checked.
+        unsafe { avx512::quantize_rows_q8(x, quants, scales, block_sums) };
+        return;
+    }
+    quantize_rows_q8_scalar(x, dim, quants, scales, block_sums)
+}
+
+fn check_lengths(x: &[f32], dim: usize, quants: &[i8], scales: &[f32], block_sums: &[i32]) {
+    assert_eq!(
+        dim % Q8_BLOCK,
+        0,
+        "activation width must be a multiple of 32"
+    );
+    assert_eq!(x.len() % Q8_BLOCK, 0);
+    let n_blocks = x.len() / Q8_BLOCK;
+    assert!(quants.len() >= x.len() && scales.len() >= n_blocks && block_sums.len() >= n_blocks);
+}
+
+/// The specification of [`quantize_rows_q8`].
+pub fn quantize_rows_q8_scalar(
     x: &[f32],
     dim: usize,
     quants: &mut [i8],
@@ -38,6 +71,61 @@ pub fn quantize_rows_q8(
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::Q8_BLOCK;
+    use std::arch::x86_64::*;
+
+    /// # Safety
+    /// AVX-512 F/BW present; `x.len()` a multiple of 32 and the outputs long enough.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub unsafe fn quantize_rows_q8(
+        x: &[f32],
+        quants: &mut [i8],
+        scales: &mut [f32],
+        block_sums: &mut [i32],
+    ) {
+        let n_blocks = x.len() / Q8_BLOCK;
+        // SAFETY: block b reads x[32b..32b+32] and writes quants[32b..32b+32], scales[b],
+        // block_sums[b], all in bounds by the caller's contract.
+        unsafe {
+            let half = _mm512_set1_ps(0.5);
+            let one = _mm512_set1_ps(1.0);
+            let lim = _mm512_set1_ps(127.0);
+            let sign = _mm512_set1_ps(-0.0);
+            for b in 0..n_blocks {
+                let p = x.as_ptr().add(b * Q8_BLOCK);
+                let v = [_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16))];
+                let amax =
+                    _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])));
+                let d = amax / 127.0;
+                let inv = _mm512_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
+                let mut sum = _mm512_setzero_si512();
+                for (h, vh) in v.iter().enumerate() {
+                    let s = _mm512_mul_ps(*vh, inv);
+                    let t = _mm512_roundscale_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(s);
+                    let frac = _mm512_abs_ps(_mm512_sub_ps(s, t));
+                    let away = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(frac, half);
+                    let step = _mm512_or_ps(one, _mm512_and_ps(s, sign));
+                    let r = _mm512_mask_add_ps(t, away, t, step);
+                    let r = _mm512_max_ps(
+                        _mm512_min_ps(r, lim),
+                        _mm512_sub_ps(_mm512_setzero_ps(), lim),
+                    );
+                    let qi = _mm512_cvttps_epi32(r);
+                    sum = _mm512_add_epi32(sum, qi);
+                    _mm_storeu_si128(
+                        quants.as_mut_ptr().add(b * Q8_BLOCK + h * 16) as *mut _,
+                        _mm512_cvtepi32_epi8(qi),
+                    );
+                }
+                scales[b] = d;
+                block_sums[b] = _mm512_reduce_add_epi32(sum);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -50,7 +138,7 @@ mod tests {
         let mut q = vec![0i8; 96];
         let mut s = vec![0f32; 3];
         let mut sums = vec![0i32; 3];
-        quantize_rows_q8(&x, 96, &mut q, &mut s, &mut sums);
+        quantize_rows_q8_scalar(&x, 96, &mut q, &mut s, &mut sums);
         for (i, v) in x.iter().enumerate() {
             let back = q[i] as f32 * s[i / 32];
             assert!(
@@ -66,6 +154,38 @@ mod tests {
                     .map(|&v| v as i32)
                     .sum::<i32>()
             );
+        }
+    }
+
+    #[test]
+    fn simd_version_matches_the_scalar_spec() {
+        // Values include exact ties (k + 0.5 steps) and zero blocks.
+        let dim = 96;
+        let mut x: Vec<f32> = (0..dim * 5)
+            .map(|i| (((i * 7919) % 1013) as f32 - 506.0) * 0.0031)
+            .collect();
+        // amax 127 makes the scale exactly 1, so k + 0.5 values are exact ties.
+        x[32] = 127.0;
+        for (i, v) in x[33..64].iter_mut().enumerate() {
+            *v = i as f32 - 15.0 + 0.5;
+        }
+        x[64..96].fill(0.0);
+        let nb = x.len() / 32;
+        let (mut q0, mut s0, mut b0) = (vec![0i8; x.len()], vec![0f32; nb], vec![0i32; nb]);
+        let (mut q1, mut s1, mut b1) = (vec![0i8; x.len()], vec![0f32; nb], vec![0i32; nb]);
+        quantize_rows_q8_scalar(&x, dim, &mut q0, &mut s0, &mut b0);
+        quantize_rows_q8(&x, dim, &mut q1, &mut s1, &mut b1);
+        assert_eq!(q0, q1);
+        assert_eq!(s0, s1);
+        assert_eq!(b0, b1);
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx512bw") {
+            let (mut q2, mut s2, mut b2) = (vec![0i8; x.len()], vec![0f32; nb], vec![0i32; nb]);
+            // SAFETY: AVX-512 F/BW detected; lengths as the function requires.
+            unsafe { avx512::quantize_rows_q8(&x, &mut q2, &mut s2, &mut b2) };
+            assert_eq!(q0, q2);
+            assert_eq!(s0, s2);
+            assert_eq!(b0, b2);
         }
     }
 }

@@ -569,7 +569,7 @@ pub fn load_gguf(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::gguf::test_writer::{gguf_bytes, TestTensor};
     use crate::model::safetensors_loader::{load_hf_weights, tests::fixture_dir};
@@ -632,6 +632,16 @@ mod tests {
                         close_mlp(&format!("{l}.expert{e}"), p, q);
                     }
                     assert_eq!(m.shared_expert.is_some(), n.shared_expert.is_some());
+                    if let (Some(p), Some(q)) = (&m.shared_expert, &n.shared_expert) {
+                        close_mlp(&format!("{l}.shared_expert"), p, q);
+                    }
+                    assert_eq!(
+                        m.shared_expert_gate.is_some(),
+                        n.shared_expert_gate.is_some()
+                    );
+                    if let (Some(p), Some(q)) = (&m.shared_expert_gate, &n.shared_expert_gate) {
+                        close_t(&format!("{l}.shared_expert_gate"), p, q);
+                    }
                 }
                 _ => panic!("layer {l}: dense vs moe"),
             }
@@ -702,6 +712,53 @@ mod tests {
                 "{name}: {:?}",
                 info.source_types
             );
+        }
+    }
+
+    /// Tiny qwen2_moe / qwen3_moe models written by `scripts/gen_moe_test_models.py` (HF
+    /// folder and a GGUF made with gguf-py's writer and llama.cpp's tensor-name table).
+    #[test]
+    fn qwen_moe_ggufs_equal_their_safetensors() {
+        let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/tiny-moe");
+        for (name, arch) in [
+            ("qwen2_moe", Architecture::Qwen2Moe),
+            ("qwen3_moe", Architecture::Qwen3Moe),
+        ] {
+            let dir = data.join(name);
+            let hc = ModelConfig::from_hf_config_json(&dir.join("config.json")).unwrap();
+            let (hw, _) = load_hf_weights(&dir, &hc).unwrap();
+            let (gc, gw, _, _) = load_gguf(&dir.join("model.gguf")).unwrap();
+            assert_eq!(hc.architecture, arch);
+            same_config(&gc, &hc);
+            assert_eq!(
+                gc.shared_expert_intermediate_size,
+                hc.shared_expert_intermediate_size
+            );
+            assert_weights_close(&gw, &hw);
+            let FeedForward::Moe(moe) = &hw.layers[1].ffn else {
+                panic!("{name}: MoE layer expected")
+            };
+            assert_eq!(moe.experts.len(), 3);
+            if arch == Architecture::Qwen2Moe {
+                assert_eq!(hc.shared_expert_intermediate_size, 12);
+                let FeedForward::Moe(gmoe) = &gw.layers[1].ffn else {
+                    unreachable!()
+                };
+                close_mlp(
+                    "shared",
+                    gmoe.shared_expert.as_ref().unwrap(),
+                    moe.shared_expert.as_ref().unwrap(),
+                );
+                close_t(
+                    "shared gate",
+                    gmoe.shared_expert_gate.as_ref().unwrap(),
+                    moe.shared_expert_gate.as_ref().unwrap(),
+                );
+                assert!(hw.layers[0].q_bias.is_some());
+            } else {
+                assert_eq!((hc.head_dim, hc.n_heads), (8, 4));
+                assert!(hw.layers[0].q_norm.is_some() && hw.layers[0].k_norm.is_some());
+            }
         }
     }
 
@@ -818,10 +875,16 @@ mod tests {
     #[test]
     fn llama3_rope_factors_are_recognised() {
         // Llama 3.2 1B: theta 500000, head_dim 64, factor 32, low 1, high 4, original 8192.
+        // Reference: conversion/llama.py's generate_extra_tensors, run in numpy float32.
+        let reference = [
+            1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.651329,
+            3.292263, 9.666731, 32.0, 32.0, 32.0, 32.0, 32.0, 32.0, 32.0, 32.0, 32.0, 32.0, 32.0,
+            32.0, 32.0, 32.0,
+        ];
         let f = llama3_rope_factors(500000.0, 64, 32.0, 1.0, 4.0, 8192);
-        assert_eq!(f[0], 1.0);
-        assert_eq!(f[31], 32.0);
-        assert!(f.iter().any(|&x| x > 1.0 && x < 32.0));
+        for (i, (a, b)) in f.iter().zip(reference).enumerate() {
+            assert!((a - b).abs() <= 1e-5 * b, "factor {i}: {a} vs {b}");
+        }
         let src = fixture_dir("tiny-llama").join("model.gguf");
         let factors = llama3_rope_factors(10000.0, 16, 8.0, 1.0, 4.0, 8192);
         let (_dir, path) = rewritten(&src, |_, mut tensors| {

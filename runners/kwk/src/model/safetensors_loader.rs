@@ -449,51 +449,73 @@ impl WeightSource for SafetensorsSource {
     }
 }
 
+/// The shard file names `model.safetensors.index.json` lists (its `weight_map` values),
+/// sorted and deduplicated; each must be a plain file name inside the folder.
+pub(crate) fn index_shards(index_path: &Path) -> Result<Vec<String>> {
+    let text = std::fs::read_to_string(index_path).map_err(|e| KwkError::io(index_path, e))?;
+    let value: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| KwkError::bad_model(index_path, format!("not valid JSON: {e}")))?;
+    let map = value
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| KwkError::bad_model(index_path, "key 'weight_map' is missing"))?;
+    let mut names = std::collections::BTreeSet::new();
+    for (tensor, file) in map {
+        let file = file.as_str().ok_or_else(|| {
+            KwkError::bad_model(
+                index_path,
+                format!("weight_map['{tensor}'] is not a file name"),
+            )
+        })?;
+        if file.contains('/') || file.contains('\\') || file.starts_with('.') {
+            return Err(KwkError::bad_model(
+                index_path,
+                format!("weight_map['{tensor}'] = '{file}' is not a file in the folder"),
+            ));
+        }
+        names.insert(file.to_string());
+    }
+    if names.is_empty() {
+        return Err(KwkError::bad_model(index_path, "weight_map is empty"));
+    }
+    Ok(names.into_iter().collect())
+}
+
+/// Which of a folder's `*.safetensors` files (by name, no index) hold the transformers
+/// checkpoint: `model.safetensors` when present, else all but Mistral's
+/// `consolidated*.safetensors` (the same weights under mistral-inference names).
+pub(crate) fn unindexed_weight_files(names: &[String]) -> Vec<String> {
+    if names.iter().any(|n| n == "model.safetensors") {
+        return vec!["model.safetensors".to_string()];
+    }
+    let mut files: Vec<String> = names
+        .iter()
+        .filter(|n| n.ends_with(".safetensors") && !n.starts_with("consolidated"))
+        .cloned()
+        .collect();
+    files.sort();
+    files
+}
+
 /// The safetensors files of a folder: those named by `model.safetensors.index.json` when
-/// it exists, else every `*.safetensors` file (sorted).
+/// it exists, else [`unindexed_weight_files`].
 fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let index_path = dir.join("model.safetensors.index.json");
     if index_path.is_file() {
-        let text =
-            std::fs::read_to_string(&index_path).map_err(|e| KwkError::io(&index_path, e))?;
-        let value: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| KwkError::bad_model(&index_path, format!("not valid JSON: {e}")))?;
-        let map = value
-            .get("weight_map")
-            .and_then(|m| m.as_object())
-            .ok_or_else(|| KwkError::bad_model(&index_path, "key 'weight_map' is missing"))?;
-        let mut names = std::collections::BTreeSet::new();
-        for (tensor, file) in map {
-            let file = file.as_str().ok_or_else(|| {
-                KwkError::bad_model(
-                    &index_path,
-                    format!("weight_map['{tensor}'] is not a file name"),
-                )
-            })?;
-            // A shard name is a plain file name inside the folder.
-            if file.contains('/') || file.contains('\\') || file.starts_with('.') {
-                return Err(KwkError::bad_model(
-                    &index_path,
-                    format!("weight_map['{tensor}'] = '{file}' is not a file in the folder"),
-                ));
-            }
-            names.insert(file.to_string());
-        }
-        if names.is_empty() {
-            return Err(KwkError::bad_model(&index_path, "weight_map is empty"));
-        }
-        return Ok(names.into_iter().map(|n| dir.join(n)).collect());
+        return Ok(index_shards(&index_path)?
+            .into_iter()
+            .map(|n| dir.join(n))
+            .collect());
     }
     let entries = std::fs::read_dir(dir).map_err(|e| KwkError::io(dir, e))?;
-    let mut files = Vec::new();
+    let mut names = Vec::new();
     for entry in entries {
         let entry = entry.map_err(|e| KwkError::io(dir, e))?;
-        let p = entry.path();
-        if p.extension().is_some_and(|e| e == "safetensors") && p.is_file() {
-            files.push(p);
+        if entry.path().is_file() {
+            names.push(entry.file_name().to_string_lossy().into_owned());
         }
     }
-    files.sort();
+    let files = unindexed_weight_files(&names);
     if files.is_empty() {
         let has_bin = dir.join("pytorch_model.bin").exists()
             || dir.join("pytorch_model.bin.index.json").exists();
@@ -507,7 +529,7 @@ fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
             },
         ));
     }
-    Ok(files)
+    Ok(files.into_iter().map(|n| dir.join(n)).collect())
 }
 
 /// Reads the weights of a Hugging Face folder (`*.safetensors`, sharded or not) as float32
@@ -847,6 +869,16 @@ pub(crate) mod tests {
             assert!(matches!(err, KwkError::BadModel { .. }), "{what}: {msg}");
             assert!(msg.contains(&path.display().to_string()), "{what}: {msg}");
         }
+    }
+
+    #[test]
+    fn model_safetensors_is_preferred_over_other_files() {
+        let tensors = fixture_tensors("tiny-llama");
+        let dir = folder_with(&tensors, Dtype::F32);
+        // Mistral repositories ship consolidated.safetensors beside the HF checkpoint.
+        std::fs::write(dir.path().join("consolidated.safetensors"), b"not read").unwrap();
+        std::fs::write(dir.path().join("adapter.safetensors"), b"not read").unwrap();
+        load_hf_weights(dir.path(), &tiny_llama_config()).unwrap();
     }
 
     #[test]

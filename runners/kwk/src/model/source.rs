@@ -16,7 +16,7 @@
 
 use super::config::ModelConfig;
 use super::gguf_loader::load_gguf;
-use super::safetensors_loader::load_hf_weights;
+use super::safetensors_loader::{index_shards, load_hf_weights, unindexed_weight_files};
 use super::{LoadInfo, Model, ModelWeights};
 use crate::error::{KwkError, Result};
 use crate::tokenizer::Tokenizer;
@@ -251,30 +251,34 @@ fn repo_folder(repo: &str) -> String {
     format!("models--{}", repo.replace('/', "--"))
 }
 
-/// Whether a snapshot holds a loadable model: config.json and all its safetensors.
+/// Whether a snapshot holds a loadable model: config.json, tokenizer.json and all the
+/// safetensors its index names (or `model.safetensors`).
 fn snapshot_complete(dir: &Path) -> bool {
-    if !dir.join("config.json").is_file() {
+    if !dir.join("config.json").is_file() || !dir.join("tokenizer.json").is_file() {
         return false;
     }
     let index = dir.join("model.safetensors.index.json");
-    if let Ok(text) = std::fs::read_to_string(&index) {
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else {
-            return false;
-        };
-        let Some(map) = v.get("weight_map").and_then(|m| m.as_object()) else {
-            return false;
-        };
-        return map
-            .values()
-            .filter_map(|f| f.as_str())
-            .all(|f| dir.join(f).is_file());
+    if index.is_file() {
+        return index_shards(&index).is_ok_and(|files| files.iter().all(|f| dir.join(f).is_file()));
     }
-    dir.join("model.safetensors").is_file()
+    let names: Vec<String> = std::fs::read_dir(dir)
+        .map(|it| {
+            it.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    !unindexed_weight_files(&names).is_empty()
 }
 
 /// The cached snapshot folder of `repo` at `revision` (a branch or tag through
 /// `refs/<revision>`, or a commit hash), if it holds a complete model.
 pub fn cached_snapshot(cache_dir: &Path, repo: &str, revision: &str) -> Option<PathBuf> {
+    // A revision names a ref file inside the cache (it may contain '/', as in refs/pr/1),
+    // never a path outside it.
+    if revision.is_empty() || revision.starts_with('/') || revision.split('/').any(|p| p == "..") {
+        return None;
+    }
     let root = cache_dir.join(repo_folder(repo));
     let is_commit = revision.len() == 40 && revision.chars().all(|c| c.is_ascii_hexdigit());
     let commit = if is_commit {
@@ -292,26 +296,32 @@ pub fn cached_snapshot(cache_dir: &Path, repo: &str, revision: &str) -> Option<P
     snapshot_complete(&snapshot).then_some(snapshot)
 }
 
-/// The files of a hub repository kwk needs: config, tokenizer files, safetensors.
+/// The files of a hub repository kwk needs besides the weights.
+const METADATA_FILES: &[&str] = &[
+    "config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+    "special_tokens_map.json",
+    "model.safetensors.index.json",
+];
+
+/// The metadata files present in `siblings`, then (without an index) the weight files.
 fn wanted_files(siblings: &[String]) -> Vec<String> {
-    let top_level = |f: &&String| !f.contains('/');
     let mut want: Vec<String> = siblings
         .iter()
-        .filter(top_level)
-        .filter(|f| {
-            matches!(
-                f.as_str(),
-                "config.json"
-                    | "tokenizer.json"
-                    | "tokenizer_config.json"
-                    | "generation_config.json"
-                    | "special_tokens_map.json"
-                    | "model.safetensors.index.json"
-            ) || f.ends_with(".safetensors")
-        })
+        .filter(|f| METADATA_FILES.contains(&f.as_str()))
         .cloned()
         .collect();
     want.sort();
+    if !want.iter().any(|f| f == "model.safetensors.index.json") {
+        let top: Vec<String> = siblings
+            .iter()
+            .filter(|f| !f.contains('/'))
+            .cloned()
+            .collect();
+        want.extend(unindexed_weight_files(&top));
+    }
     want
 }
 
@@ -362,8 +372,9 @@ fn download_hub(repo: &str, rev: &str, settings: &HubSettings) -> Result<PathBuf
         .info()
         .map_err(|e| KwkError::InvalidArgument(e.to_string()))?;
     let siblings: Vec<String> = info.siblings.into_iter().map(|s| s.rfilename).collect();
-    let files = wanted_files(&siblings);
-    if !files.iter().any(|f| f.ends_with(".safetensors"))
+    let mut files = wanted_files(&siblings);
+    let has_index = files.iter().any(|f| f == "model.safetensors.index.json");
+    if !(has_index || files.iter().any(|f| f.ends_with(".safetensors")))
         || !files.iter().any(|f| f == "config.json")
     {
         return Err(KwkError::NotFound(format!(
@@ -372,11 +383,19 @@ fn download_hub(repo: &str, rev: &str, settings: &HubSettings) -> Result<PathBuf
             siblings.len()
         )));
     }
+    let fetch = |f: &str| {
+        api_repo
+            .get(f)
+            .map_err(|e| KwkError::InvalidArgument(format!("downloading {f}: {e}")))
+    };
+    if has_index {
+        // The shards to fetch are those the index names (not e.g. consolidated.safetensors).
+        let index = fetch("model.safetensors.index.json")?;
+        files.extend(index_shards(&index)?);
+    }
     let mut config_path = None;
     for f in &files {
-        let p = api_repo
-            .get(f)
-            .map_err(|e| KwkError::InvalidArgument(format!("downloading {f}: {e}")))?;
+        let p = fetch(f)?;
         if f == "config.json" {
             config_path = Some(p);
         }
@@ -512,6 +531,15 @@ mod tests {
     }
 
     #[test]
+    fn revision_cannot_leave_the_cache() {
+        let cache = fake_cache();
+        let root = cache.path().join("models--kwk-test--tiny-llama");
+        std::fs::write(root.join("main-copy"), SHA).unwrap();
+        assert!(cached_snapshot(cache.path(), "kwk-test/tiny-llama", "../main-copy").is_none());
+        assert!(cached_snapshot(cache.path(), "kwk-test/tiny-llama", "main").is_some());
+    }
+
+    #[test]
     fn incomplete_snapshot_is_not_used() {
         let cache = fake_cache();
         let snap = cache
@@ -619,6 +647,54 @@ mod tests {
     }
 
     #[test]
+    fn load_model_builds_the_same_model_from_folder_gguf_and_cache() {
+        let cache = fake_cache();
+        let settings = offline(cache.path());
+        let folder = fixture_dir("tiny-llama");
+        let from_folder = load_model_with(folder.to_str().unwrap(), &settings).unwrap();
+        let gguf = folder.join("model.gguf");
+        let from_gguf = load_model_with(gguf.to_str().unwrap(), &settings).unwrap();
+        let from_hub = load_model_with("kwk-test/tiny-llama", &settings).unwrap();
+        for m in [&from_folder, &from_gguf, &from_hub] {
+            assert_eq!(m.tokenizer.vocab_size(), 512);
+            assert_eq!(m.n_params(), from_folder.n_params());
+            let ids = m.tokenizer.encode("Hello world", false).unwrap();
+            assert_eq!(
+                ids,
+                from_folder.tokenizer.encode("Hello world", false).unwrap()
+            );
+        }
+        crate::model::gguf_loader::tests::assert_weights_close(
+            &from_gguf.weights,
+            &from_folder.weights,
+        );
+        assert_eq!(from_hub.weights.embed, from_folder.weights.embed);
+        assert_eq!(from_hub.info.requested, "kwk-test/tiny-llama");
+        assert!(from_hub.info.resolved_path.ends_with(SHA));
+        assert_eq!(from_gguf.info.resolved_path, gguf);
+        assert_eq!(from_folder.info.source_types.get("F32"), Some(&20));
+        assert!(from_folder.info.source_bytes > 0);
+    }
+
+    #[test]
+    fn smollm2_gguf_loads_as_a_model() {
+        let dir = crate::format::ggml_blocks::tests::smollm2_dir();
+        let path = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
+        let m = load_model(path.to_str().unwrap()).unwrap();
+        // llama.cpp's "model params" for this file.
+        assert_eq!(m.n_params(), 134_515_008);
+        assert_eq!(m.tokenizer.vocab_size(), 49152);
+        assert_eq!(m.info.source_types.get("Q8_0"), Some(&1));
+        assert_eq!(
+            m.info.source_bytes,
+            crate::gguf::GgufFile::open(&path)
+                .unwrap()
+                .summary()
+                .tensor_bytes
+        );
+    }
+
+    #[test]
     fn edit_distance_basics() {
         assert_eq!(edit_distance("kitten", "sitting"), 3);
         assert_eq!(edit_distance("", "abc"), 3);
@@ -644,11 +720,34 @@ mod tests {
             wanted_files(&sib),
             vec![
                 "config.json",
-                "model-00001-of-00002.safetensors",
-                "model-00002-of-00002.safetensors",
                 "model.safetensors.index.json",
                 "tokenizer.json"
             ]
+        );
+        let mistral: Vec<String> = [
+            "config.json",
+            "consolidated.safetensors",
+            "model.safetensors",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        assert_eq!(
+            wanted_files(&mistral),
+            vec!["config.json", "model.safetensors"]
+        );
+        let shards: Vec<String> = [
+            "config.json",
+            "b.safetensors",
+            "a.safetensors",
+            "consolidated.safetensors",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        assert_eq!(
+            wanted_files(&shards),
+            vec!["config.json", "a.safetensors", "b.safetensors"]
         );
     }
 

@@ -1,1 +1,4 @@
-//! Quantization: rounding weights to int8/int4 grids, activation-aware scales, GPTQ.
+//! Quantization: rounding weights to int8/int4 grids (`rounding`), activation-aware
+//! scales from calibration text (`calibrate`), GPTQ (`gptq`).
+
+pub mod rounding;

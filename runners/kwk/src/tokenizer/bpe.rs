@@ -90,6 +90,14 @@ struct Symbol {
     next: Option<usize>,
 }
 
+/// Buffers reused from word to word.
+#[derive(Default)]
+struct Scratch {
+    symbols: Vec<Symbol>,
+    queue: BinaryHeap<Bigram>,
+    encoded: String,
+}
+
 /// A candidate merge in the queue: lowest rank first, then leftmost (llama.cpp
 /// `llm_bigram_bpe::comparator`).
 #[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -154,90 +162,112 @@ impl BpeModel {
 
     /// Appends the tokens of `text` (no special tokens inside) to `out`.
     pub fn tokenize(&self, vocab: &GgufVocab, text: &str, out: &mut Vec<u32>) {
-        let mut symbols: Vec<Symbol> = Vec::new();
-        let mut queue: BinaryHeap<Bigram> = BinaryHeap::new();
-        let mut encoded = String::new();
+        let mut scratch = Scratch::default();
+        // The ids of a word depend on the word alone: repeated words are copied from their
+        // first occurrence in `out`.
+        let mut seen: HashMap<&[u8], (usize, usize)> = HashMap::new();
         for word in self.pre.split(text) {
             let bytes = &text.as_bytes()[word];
             if bytes.is_empty() {
                 continue;
             }
-            if self.pre.ignore_merges {
-                encoded.clear();
-                encoded.extend(bytes.iter().map(|&b| self.byte_char[b as usize]));
-                if let Some(id) = vocab.text_to_token(&encoded) {
-                    out.push(id);
-                    continue;
-                }
+            if let Some(&(start, len)) = seen.get(bytes) {
+                out.extend_from_within(start..start + len);
+                continue;
             }
-            symbols.clear();
-            queue.clear();
-            for (i, &b) in bytes.iter().enumerate() {
-                symbols.push(Symbol {
-                    id: self.byte_token[b as usize],
-                    start: i,
-                    len: 1,
-                    prev: i.checked_sub(1),
-                    next: (i + 1 < bytes.len()).then_some(i + 1),
-                });
+            let start = out.len();
+            self.tokenize_word(vocab, bytes, &mut scratch, out);
+            seen.insert(bytes, (start, out.len() - start));
+        }
+    }
+
+    /// Appends the tokens of one pre-tokenizer word.
+    fn tokenize_word(
+        &self,
+        vocab: &GgufVocab,
+        bytes: &[u8],
+        scratch: &mut Scratch,
+        out: &mut Vec<u32>,
+    ) {
+        let Scratch {
+            symbols,
+            queue,
+            encoded,
+        } = scratch;
+        if self.pre.ignore_merges {
+            encoded.clear();
+            encoded.extend(bytes.iter().map(|&b| self.byte_char[b as usize]));
+            if let Some(id) = vocab.text_to_token(encoded) {
+                out.push(id);
+                return;
             }
-            for i in 1..symbols.len() {
-                self.push_bigram(&symbols, i - 1, i, &mut queue);
+        }
+        symbols.clear();
+        queue.clear();
+        for (i, &b) in bytes.iter().enumerate() {
+            symbols.push(Symbol {
+                id: self.byte_token[b as usize],
+                start: i,
+                len: 1,
+                prev: i.checked_sub(1),
+                next: (i + 1 < bytes.len()).then_some(i + 1),
+            });
+        }
+        for i in 1..symbols.len() {
+            self.push_bigram(symbols, i - 1, i, queue);
+        }
+        while let Some(bigram) = queue.pop() {
+            let left = bigram.left.0;
+            let right = bigram.right;
+            let (l, r) = (symbols[left], symbols[right]);
+            if l.len == 0
+                || r.len == 0
+                || l.id != Some(bigram.left_id)
+                || r.id != Some(bigram.right_id)
+            {
+                continue; // outdated
             }
-            while let Some(bigram) = queue.pop() {
-                let left = bigram.left.0;
-                let right = bigram.right;
-                let (l, r) = (symbols[left], symbols[right]);
-                if l.len == 0
-                    || r.len == 0
-                    || l.id != Some(bigram.left_id)
-                    || r.id != Some(bigram.right_id)
-                {
-                    continue; // outdated
-                }
-                let Some(merge) = self.merges.get(&pair_key(bigram.left_id, bigram.right_id))
-                else {
-                    continue;
-                };
-                symbols[left].len += r.len;
-                symbols[left].id = Some(merge.result);
-                symbols[left].next = r.next;
-                symbols[right].len = 0;
-                if let Some(next) = r.next {
-                    symbols[next].prev = Some(left);
-                }
-                if let Some(prev) = symbols[left].prev {
-                    self.push_bigram(&symbols, prev, left, &mut queue);
-                }
-                if let Some(next) = symbols[left].next {
-                    self.push_bigram(&symbols, left, next, &mut queue);
-                }
+            let Some(merge) = self.merges.get(&pair_key(bigram.left_id, bigram.right_id)) else {
+                continue;
+            };
+            symbols[left].len += r.len;
+            symbols[left].id = Some(merge.result);
+            symbols[left].next = r.next;
+            symbols[right].len = 0;
+            if let Some(next) = r.next {
+                symbols[next].prev = Some(left);
             }
-            let mut i = Some(0);
-            while let Some(s) = i {
-                let sym = symbols[s];
-                i = sym.next;
-                if sym.len == 0 {
-                    continue;
-                }
-                match sym.id {
-                    Some(id) => out.push(id),
-                    None => {
-                        // llama.cpp looks each byte of the byte-encoded text up as a
-                        // one-byte token and drops the bytes it cannot find; only ASCII
-                        // bytes can be one-byte UTF-8 token texts.
-                        for &b in &bytes[sym.start..sym.start + sym.len] {
-                            let c = self.byte_char[b as usize];
-                            let mut buf = [0u8; 4];
-                            for &eb in c.encode_utf8(&mut buf).as_bytes() {
-                                if eb.is_ascii() {
-                                    let s = [eb];
-                                    if let Some(id) = std::str::from_utf8(&s)
-                                        .ok()
-                                        .and_then(|s| vocab.text_to_token(s))
-                                    {
-                                        out.push(id);
-                                    }
+            if let Some(prev) = symbols[left].prev {
+                self.push_bigram(symbols, prev, left, queue);
+            }
+            if let Some(next) = symbols[left].next {
+                self.push_bigram(symbols, left, next, queue);
+            }
+        }
+        let mut i = Some(0);
+        while let Some(s) = i {
+            let sym = symbols[s];
+            i = sym.next;
+            if sym.len == 0 {
+                continue;
+            }
+            match sym.id {
+                Some(id) => out.push(id),
+                None => {
+                    // llama.cpp looks each byte of the byte-encoded text up as a
+                    // one-byte token and drops the bytes it cannot find; only ASCII
+                    // bytes can be one-byte UTF-8 token texts.
+                    for &b in &bytes[sym.start..sym.start + sym.len] {
+                        let c = self.byte_char[b as usize];
+                        let mut buf = [0u8; 4];
+                        for &eb in c.encode_utf8(&mut buf).as_bytes() {
+                            if eb.is_ascii() {
+                                let s = [eb];
+                                if let Some(id) = std::str::from_utf8(&s)
+                                    .ok()
+                                    .and_then(|s| vocab.text_to_token(s))
+                                {
+                                    out.push(id);
                                 }
                             }
                         }

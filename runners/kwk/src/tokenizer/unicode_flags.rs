@@ -133,6 +133,86 @@ mod tests {
         assert_eq!(flags_of('\u{1C89}'), 0);
     }
 
+    /// llama.cpp's own table (src/unicode-data.cpp of the source tree that
+    /// scripts/setup-llama-cpp.sh keeps beside the build): every code point must get the
+    /// same letter / number / punctuation / whitespace classes here.
+    #[test]
+    fn every_code_point_matches_llama_cpp_unicode_data() {
+        let bin = match std::env::var_os("KWK_LLAMA_CPP_DIR") {
+            Some(d) => std::path::PathBuf::from(d),
+            None => std::path::PathBuf::from(std::env::var_os("HOME").expect("HOME"))
+                .join(".cache/kwk/llama.cpp-0.3.36/build/bin"),
+        };
+        let path = bin.join("../../src/src/unicode-data.cpp");
+        let source = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e}; run scripts/setup-llama-cpp.sh (or set KWK_LLAMA_CPP_DIR to its build/bin)",
+                path.display()
+            )
+        });
+        let section = |name: &str| -> &str {
+            let start = source
+                .find(name)
+                .unwrap_or_else(|| panic!("{name} not in unicode-data.cpp"));
+            let body = &source[start..];
+            let open = body.find('{').unwrap() + 1;
+            let close = body.find("};").unwrap();
+            &body[open..close]
+        };
+        let hex = |s: &str| u32::from_str_radix(s.trim().trim_start_matches("0x"), 16).unwrap();
+        // `{start, flags}` pairs: flags hold from start to the next start - 1.
+        let ranges: Vec<(u32, u16)> = section("unicode_ranges_flags")
+            .lines()
+            .filter_map(|line| {
+                let entry = line.trim().strip_prefix('{')?.strip_suffix("},")?;
+                let (a, b) = entry.split_once(',')?;
+                Some((hex(a), hex(b) as u16))
+            })
+            .collect();
+        assert!(ranges.len() > 1000, "parsed {} ranges", ranges.len());
+        let whitespace: Vec<u32> = section("unicode_set_whitespace")
+            .lines()
+            .filter_map(|line| {
+                line.trim()
+                    .strip_suffix(',')
+                    .filter(|s| s.starts_with("0x"))
+            })
+            .map(hex)
+            .collect();
+        assert_eq!(whitespace.len(), 25);
+        let mut mismatches = Vec::new();
+        for window in ranges.windows(2) {
+            let ((start, llama_flags), (end, _)) = (window[0], window[1]);
+            for cp in start..end.min(MAX_CODEPOINTS as u32) {
+                let mut expected = 0u8;
+                if llama_flags & 0x0004 != 0 {
+                    expected |= LETTER;
+                }
+                if llama_flags & 0x0002 != 0 {
+                    expected |= NUMBER;
+                }
+                if llama_flags & 0x0020 != 0 {
+                    expected |= PUNCTUATION;
+                }
+                if whitespace.contains(&cp) {
+                    expected |= WHITESPACE;
+                }
+                let ours = flag_table()[cp as usize];
+                if ours != expected {
+                    mismatches.push(format!(
+                        "U+{cp:04X}: llama.cpp {expected:#x}, kwk {ours:#x}"
+                    ));
+                }
+            }
+        }
+        assert!(
+            mismatches.is_empty(),
+            "{} code points differ, first: {:?}",
+            mismatches.len(),
+            &mismatches[..mismatches.len().min(20)]
+        );
+    }
+
     #[test]
     fn lowercase() {
         assert_eq!(to_lower('S'), 's');

@@ -2,15 +2,25 @@
 //! fixtures and llama.cpp's `llama-tokenize` are, and running `llama-tokenize`.
 #![allow(dead_code)]
 
-pub mod temp_gguf_metadata;
+pub mod vocab_only_gguf;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// The `tokenizer.ggml.*` metadata of a GGUF file, through kwk's GGUF reader and loader.
+pub fn gguf_tokenizer_metadata(path: &Path) -> kwk::tokenizer::GgufTokenizerMetadata {
+    let file =
+        kwk::gguf::GgufFile::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    kwk::model::gguf_loader::tokenizer_metadata_from_gguf(&file)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
 pub fn models_dir() -> PathBuf {
     match std::env::var_os("KWK_MODELS_DIR") {
         Some(d) => PathBuf::from(d),
-        None => PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/kwk/models"),
+        None => {
+            PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/kwk/models")
+        }
     }
 }
 
@@ -30,27 +40,29 @@ pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-pub fn shared_dir() -> PathBuf {
-    repo_root().join("../shared")
-}
-
+/// `shared/fixtures`: `KWK_FIXTURES_DIR` if set, else the first ancestor of the crate
+/// holding `shared/fixtures` (`../shared` of the repository root for the main checkout,
+/// further up for worktrees).
 pub fn fixtures_dir() -> PathBuf {
-    let dir = shared_dir().join("fixtures");
-    assert!(dir.is_dir(), "{} is missing: the tiny fixtures live beside the repository", dir.display());
-    dir
+    if let Some(d) = std::env::var_os("KWK_FIXTURES_DIR") {
+        return PathBuf::from(d);
+    }
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .map(|a| a.join("shared/fixtures"))
+        .find(|p| p.is_dir())
+        .expect("shared/fixtures not found above the crate; set KWK_FIXTURES_DIR")
 }
 
-/// wiki.test.raw: the repository's datasets/ copy, else the shared one.
+/// wiki.test.raw, committed under datasets/ of the repository.
 pub fn wiki_test_raw() -> PathBuf {
-    let candidates = [
-        repo_root().join("datasets/wikitext-2-raw/wiki.test.raw"),
-        shared_dir().join("datasets/wikitext-2-raw/wiki.test.raw"),
-    ];
-    candidates
-        .iter()
-        .find(|p| p.is_file())
-        .cloned()
-        .unwrap_or_else(|| panic!("wiki.test.raw not found at {candidates:?}: run scripts/fetch-datasets.sh"))
+    let path = repo_root().join("datasets/wikitext-2-raw/wiki.test.raw");
+    assert!(
+        path.is_file(),
+        "{} is missing (scripts/fetch-wikitext.py fetches it; see datasets/README.md)",
+        path.display()
+    );
+    path
 }
 
 /// The text llama-perplexity evaluates: the file's bytes with exactly one trailing "\n"
@@ -91,7 +103,12 @@ pub fn llama_tokenize(model: &Path, text: &str) -> Vec<u32> {
         .arg(model)
         .arg("-f")
         .arg(&file)
-        .args(["--ids", "--log-disable", "--no-escape", "--no-parse-special"])
+        .args([
+            "--ids",
+            "--log-disable",
+            "--no-escape",
+            "--no-parse-special",
+        ])
         .output()
         .expect("run llama-tokenize");
     assert!(
@@ -111,6 +128,10 @@ pub fn llama_tokenize(model: &Path, text: &str) -> Vec<u32> {
     }
     inner
         .split(',')
-        .map(|s| s.trim().parse::<u32>().unwrap_or_else(|e| panic!("bad id {s:?}: {e}")))
+        .map(|s| {
+            s.trim()
+                .parse::<u32>()
+                .unwrap_or_else(|e| panic!("bad id {s:?}: {e}"))
+        })
         .collect()
 }

@@ -70,7 +70,12 @@ impl<R: Read> Reader<R> {
 pub fn read(path: &Path) -> GgufTokenizerMetadata {
     let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let mut r = Reader(std::io::BufReader::new(file));
-    assert_eq!(&r.bytes::<4>(), b"GGUF", "{}: not a GGUF file", path.display());
+    assert_eq!(
+        &r.bytes::<4>(),
+        b"GGUF",
+        "{}: not a GGUF file",
+        path.display()
+    );
     let _version = r.u32();
     let _n_tensors = r.u64();
     let n_kv = r.u64();

@@ -1,0 +1,149 @@
+//! Times the int8/int4 matmul kernels on SmolLM2-135M's shapes (one layer's seven
+//! matmuls and lm_head), one thread, for a 512-token prompt tile and single tokens.
+//! `cargo run --release -p kwk --example quant_kernel_bench [int8|int4|int4:g128|int6]`
+
+use kwk::format::int4::LowBitWeights;
+use kwk::format::int8::Int8Weights;
+use kwk::format::{PackedLinear, PreparedInput};
+use kwk::kernels::int8_matmul::QuantIsa;
+use kwk::kernels::q8_activations::quantize_rows_q8;
+use kwk::kernels::OutputMatrix;
+use kwk::model::Tensor;
+use std::time::Instant;
+
+/// Nanoseconds this thread has run on a CPU (the machine is shared; wall time lies).
+fn cpu_ns() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+struct Clock(Instant, u64);
+impl Clock {
+    fn start() -> Clock {
+        Clock(Instant::now(), cpu_ns())
+    }
+    /// (wall seconds, on-CPU seconds)
+    fn elapsed(&self) -> (f64, f64) {
+        (
+            self.0.elapsed().as_secs_f64(),
+            (cpu_ns() - self.1) as f64 * 1e-9,
+        )
+    }
+}
+
+fn pseudo(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1
+        })
+        .collect()
+}
+
+type Matmul = Box<dyn Fn(QuantIsa, &PreparedInput, std::ops::Range<usize>, &OutputMatrix)>;
+
+fn main() {
+    let fmt = std::env::args().nth(1).unwrap_or_else(|| "int8".into());
+    let isas: Vec<QuantIsa> = match std::env::var("ISA").ok().as_deref() {
+        Some("avx2") => vec![QuantIsa::Avx2],
+        Some("scalar") => vec![QuantIsa::Scalar],
+        Some("all") => QuantIsa::available(),
+        _ => vec![QuantIsa::best()],
+    };
+    let shapes = [
+        (576, 576),
+        (192, 576),
+        (192, 576),
+        (576, 576),
+        (1536, 576),
+        (1536, 576),
+        (576, 1536),
+    ];
+    let pack = |rows: usize, cols: usize| -> Matmul {
+        let t = Tensor::new(vec![rows, cols], pseudo(rows * cols, (rows * cols) as u64));
+        match fmt.as_str() {
+            "int8" => {
+                let w = Int8Weights::quantize(&t, None, "bench").unwrap();
+                Box::new(move |i, x, r, y| w.matmul_rows_isa(i, x, r, y))
+            }
+            f => {
+                let (bits, gs) = match f {
+                    "int4" => (4, 32),
+                    "int4:g64" => (4, 64),
+                    "int4:g128" => (4, 128),
+                    "int6" => (6, 64),
+                    _ => panic!("format {f}"),
+                };
+                let w = LowBitWeights::quantize(&t, bits, gs, None, "bench").unwrap();
+                let _ = w.bytes();
+                Box::new(move |i, x, r, y| w.matmul_rows_isa(i, x, r, y))
+            }
+        }
+    };
+    let layer: Vec<_> = shapes.iter().map(|&(r, c)| (r, c, pack(r, c))).collect();
+    let head = pack(49152, 576);
+    for isa in isas {
+        for n_tok in [512usize, 1] {
+            let mut xs = Vec::new();
+            for &c in &[576usize, 1536] {
+                let x = pseudo(n_tok * c, c as u64 + 7);
+                let nb = x.len() / 32;
+                let (mut q, mut s, mut b) = (vec![0i8; x.len()], vec![0f32; nb], vec![0i32; nb]);
+                quantize_rows_q8(&x, c, &mut q, &mut s, &mut b);
+                xs.push((c, q, s, b));
+            }
+            let mut y = vec![0f32; n_tok * 49152];
+            let reps = if n_tok == 1 { 200 } else { 3 };
+            let mut macs = 0f64;
+            let t = Clock::start();
+            for _ in 0..reps {
+                for (r, c, f) in &layer {
+                    let (_, q, s, b) = xs.iter().find(|v| v.0 == *c).unwrap();
+                    let x = PreparedInput::Q8Blocks {
+                        quants: q,
+                        scales: s,
+                        block_sums: b,
+                        dim: *c,
+                    };
+                    let out = OutputMatrix::new(&mut y, n_tok, *r);
+                    f(isa, &x, 0..*r, &out);
+                    macs += (*r * *c * n_tok) as f64;
+                }
+            }
+            let (lw, lc) = t.elapsed();
+            let layer_s = lc / reps as f64;
+            let t = Clock::start();
+            let hreps = if n_tok == 1 { 20 } else { 1 };
+            for _ in 0..hreps {
+                let (_, q, s, b) = &xs[0];
+                let x = PreparedInput::Q8Blocks {
+                    quants: q,
+                    scales: s,
+                    block_sums: b,
+                    dim: 576,
+                };
+                let out = OutputMatrix::new(&mut y, n_tok.min(1), 49152);
+                // lm_head for one token (perplexity/pp only need some rows' logits).
+                head(isa, &x, 0..49152, &out);
+            }
+            let (hw, hc) = t.elapsed();
+            let head_s = hc / hreps as f64;
+            let wall_share = (lc + hc) / (lw + hw);
+            let gmacs = macs / reps as f64 / layer_s / 1e9;
+            println!(
+                "{fmt} {} tokens={n_tok}: layer {:.3} ms ({gmacs:.1} GMAC/s), 30 layers {:.1} ms, lm_head(1 token) {:.3} ms -> matmul-only {:.0} tokens/s/thread (on-CPU time; {:.0}% of wall)",
+                isa.name(),
+                layer_s * 1e3,
+                layer_s * 30e3,
+                head_s * 1e3,
+                n_tok as f64 / (layer_s * 30.0 + head_s),
+                wall_share * 100.0
+            );
+        }
+    }
+}

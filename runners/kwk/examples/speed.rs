@@ -1,0 +1,117 @@
+//! Prompt and generation speed of the kwk decoder on a GGUF model, measured the way
+//! llama-bench does: pp = a prompt of `--pp` tokens from an empty cache, tg = `--tg`
+//! single-token steps from an empty cache; one warm-up, then `--reps` repetitions.
+//!
+//! `cargo run --release -p kwk --example speed -- MODEL.gguf [--precision float32]
+//!  [--threads 2] [--pp 512] [--tg 128] [--reps 3]`
+
+use kwk::decoder::{DecoderOptions, KwkDecoder, Precision};
+use std::time::Instant;
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("error: {e}");
+        std::process::exit(2);
+    }
+}
+
+fn mean_std(v: &[f64]) -> (f64, f64) {
+    let m = v.iter().sum::<f64>() / v.len() as f64;
+    let var = if v.len() > 1 {
+        v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (v.len() - 1) as f64
+    } else {
+        0.0
+    };
+    (m, var.sqrt())
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let path = args.first().ok_or(
+        "usage: speed MODEL.gguf [--precision P] [--threads N] [--pp N] [--tg N] [--reps N]",
+    )?;
+    let opt = |name: &str, default: &str| -> String {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1).cloned())
+            .unwrap_or_else(|| default.to_string())
+    };
+    let precision = Precision::parse(&opt("--precision", "float32"))?;
+    let threads: usize = opt("--threads", "2").parse()?;
+    let pp: usize = opt("--pp", "512").parse()?;
+    let tg: usize = opt("--tg", "128").parse()?;
+    let reps: usize = opt("--reps", "3").parse()?;
+
+    let t = Instant::now();
+    let (config, weights, _tok, _info) =
+        kwk::model::gguf_loader::load_gguf(std::path::Path::new(path))?;
+    let load_s = t.elapsed().as_secs_f64();
+    let mut dec = KwkDecoder::from_weights(
+        &config,
+        &weights,
+        config.eos_token_ids.clone(),
+        std::path::Path::new(path),
+        DecoderOptions {
+            max_cache_len: pp.max(tg).max(1),
+            precision,
+            threads,
+            calibration_tokens: None,
+            pack_cache_dir: None,
+        },
+    )?;
+    drop(weights);
+    println!(
+        "model {path}\nformat {} isa {} (cpu: {}) threads {threads}\nload {load_s:.2}s pack {:.2}s weights {:.1} MiB {:.2} bits/weight",
+        precision.name(),
+        kwk::kernels::isa_in_use(),
+        kwk::kernels::detected_flags().join(","),
+        dec.pack_s(),
+        dec.weight_bytes() as f64 / (1u64 << 20) as f64,
+        dec.bits_per_weight()
+    );
+    // Deterministic pseudo-random prompt, like llama-bench's random tokens.
+    let vocab = config.vocab_size as u64;
+    let mut s = 0x2545_f491_4f6c_dd1du64;
+    let prompt: Vec<u32> = (0..pp)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % vocab) as u32
+        })
+        .collect();
+    if pp > 0 {
+        let mut rates = Vec::new();
+        for rep in 0..=reps {
+            dec.reset();
+            let t = Instant::now();
+            let logits = dec.forward(&prompt, pp - 1)?;
+            let dt = t.elapsed().as_secs_f64();
+            assert_eq!(logits.len(), config.vocab_size);
+            if rep > 0 {
+                rates.push(pp as f64 / dt);
+            }
+        }
+        let (m, sd) = mean_std(&rates);
+        println!("pp{pp}: {m:.1} ± {sd:.1} tokens/s");
+    }
+    if tg > 0 {
+        let mut rates = Vec::new();
+        for rep in 0..=reps {
+            dec.reset();
+            let mut next = prompt.first().copied().unwrap_or(1);
+            let t = Instant::now();
+            for _ in 0..tg {
+                let logits = dec.forward(&[next], 0)?;
+                next = kwk::decoder::sampling::argmax(&logits);
+            }
+            let dt = t.elapsed().as_secs_f64();
+            if rep > 0 {
+                rates.push(tg as f64 / dt);
+            }
+        }
+        let (m, sd) = mean_std(&rates);
+        println!("tg{tg}: {m:.1} ± {sd:.1} tokens/s");
+    }
+    Ok(())
+}

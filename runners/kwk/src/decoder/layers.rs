@@ -1,0 +1,598 @@
+//! The blocks of one transformer layer on packed weights: attention with a float32 KV
+//! cache, the SwiGLU MLP, the mixture-of-experts feed-forward, and the row-parallel helpers
+//! (RMSNorm, activation preparation, multi-matmul hand-offs) they share.
+
+use crate::format::{InputKind, PackedLinear, PreparedInput};
+use crate::kernels::{self, OutputMatrix, PANEL_ROWS};
+use crate::model::{ModelConfig, Tensor};
+use crate::threads::{split_range, ThreadPool};
+use half::slice::HalfBitsSliceExt;
+use std::sync::Mutex;
+
+use super::rope::Rope;
+
+pub(super) struct PackedMlp {
+    pub gate: Box<dyn PackedLinear>,
+    pub up: Box<dyn PackedLinear>,
+    pub down: Box<dyn PackedLinear>,
+}
+
+pub(super) struct PackedMoe {
+    /// `[n_experts, d]`, float32 in every format.
+    pub router: Tensor,
+    pub experts: Vec<PackedMlp>,
+    pub shared: Option<PackedMlp>,
+    /// `[d]`: the shared expert's output is scaled by `sigmoid(shared_gate · x)`.
+    pub shared_gate: Option<Vec<f32>>,
+    pub top_k: usize,
+    /// Divide the chosen experts' probabilities by their sum.
+    pub renormalize: bool,
+}
+
+pub(super) enum PackedFfn {
+    Dense(PackedMlp),
+    Moe(PackedMoe),
+}
+
+pub(super) struct Layer {
+    pub attn_norm: Vec<f32>,
+    pub q: Box<dyn PackedLinear>,
+    pub k: Box<dyn PackedLinear>,
+    pub v: Box<dyn PackedLinear>,
+    pub o: Box<dyn PackedLinear>,
+    pub q_bias: Option<Vec<f32>>,
+    pub k_bias: Option<Vec<f32>>,
+    pub v_bias: Option<Vec<f32>>,
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
+    pub ffn_norm: Vec<f32>,
+    pub ffn: PackedFfn,
+}
+
+impl PackedMlp {
+    fn bytes(&self) -> u64 {
+        (self.gate.bytes() + self.up.bytes() + self.down.bytes()) as u64
+    }
+}
+
+impl Layer {
+    /// Packed bytes of the layer (float32 vectors at 4 bytes each).
+    pub fn bytes(&self) -> u64 {
+        let vec = |v: &Option<Vec<f32>>| 4 * v.as_ref().map(|v| v.len()).unwrap_or(0) as u64;
+        let mut b = (self.q.bytes() + self.k.bytes() + self.v.bytes() + self.o.bytes()) as u64;
+        b += 4 * (self.attn_norm.len() + self.ffn_norm.len()) as u64;
+        b += vec(&self.q_bias) + vec(&self.k_bias) + vec(&self.v_bias);
+        b += vec(&self.q_norm) + vec(&self.k_norm);
+        b += match &self.ffn {
+            PackedFfn::Dense(m) => m.bytes(),
+            PackedFfn::Moe(m) => {
+                4 * m.router.data.len() as u64
+                    + m.experts.iter().map(PackedMlp::bytes).sum::<u64>()
+                    + m.shared.as_ref().map(PackedMlp::bytes).unwrap_or(0)
+                    + vec(&m.shared_gate)
+            }
+        };
+        b
+    }
+
+    /// Runs the layer on the `n` rows of `x` (`[n][d]`, updated in place), tokens at
+    /// positions `pos0..pos0+n`, storing their keys and values in the cache.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        cfg: &ModelConfig,
+        pool: &ThreadPool,
+        rope: &Rope,
+        kv: &mut KvCache,
+        layer: usize,
+        pos0: usize,
+        x: &mut [f32],
+        acts: &mut Activations,
+    ) {
+        let d = cfg.hidden_size;
+        let n = x.len() / d;
+        let hd = cfg.head_dim;
+        let (qd, kvd) = (cfg.n_heads * hd, cfg.n_kv_heads * hd);
+        let eps = cfg.rms_norm_eps;
+
+        // Attention.
+        let mut xn = x.to_vec();
+        rms_norm_rows(pool, &mut xn, &self.attn_norm, eps);
+        let (q, k, v) = (self.q.as_ref(), self.k.as_ref(), self.v.as_ref());
+        acts.prepare(&xn, d, [q.input_kind(), k.input_kind(), v.input_kind()]);
+        let mut qo = vec![0f32; n * qd];
+        let mut ko = vec![0f32; n * kvd];
+        let mut vo = vec![0f32; n * kvd];
+        {
+            let yq = OutputMatrix::new(&mut qo, n, qd);
+            let yk = OutputMatrix::new(&mut ko, n, kvd);
+            let yv = OutputMatrix::new(&mut vo, n, kvd);
+            matmuls(
+                pool,
+                &[
+                    (q, acts.get(&xn, q.input_kind()), &yq),
+                    (k, acts.get(&xn, k.input_kind()), &yk),
+                    (v, acts.get(&xn, v.input_kind()), &yv),
+                ],
+            );
+        }
+        par_rows(pool, &mut qo, qd, |t, row| {
+            finish_projection(row, self.q_bias.as_deref(), self.q_norm.as_deref(), hd, eps);
+            rope.apply(row, pos0 + t);
+        });
+        par_rows(pool, &mut ko, kvd, |t, row| {
+            finish_projection(row, self.k_bias.as_deref(), self.k_norm.as_deref(), hd, eps);
+            rope.apply(row, pos0 + t);
+        });
+        if let Some(b) = &self.v_bias {
+            for row in vo.chunks_exact_mut(kvd) {
+                row.iter_mut().zip(b).for_each(|(a, b)| *a += b);
+            }
+        }
+        kv.store(layer, pos0, &ko, &vo);
+        let mut attn = vec![0f32; n * qd];
+        attention(pool, cfg, kv, layer, pos0, &qo, &mut attn);
+        let o = self.o.as_ref();
+        acts.prepare(&attn, qd, [o.input_kind()]);
+        let mut oo = vec![0f32; n * d];
+        {
+            let y = OutputMatrix::new(&mut oo, n, d);
+            matmuls(pool, &[(o, acts.get(&attn, o.input_kind()), &y)]);
+        }
+        x.iter_mut().zip(&oo).for_each(|(a, b)| *a += b);
+
+        // Feed-forward.
+        xn.copy_from_slice(x);
+        rms_norm_rows(pool, &mut xn, &self.ffn_norm, eps);
+        let mut ffn_out = vec![0f32; n * d];
+        match &self.ffn {
+            PackedFfn::Dense(m) => mlp_forward(m, pool, &xn, d, acts, &mut ffn_out),
+            PackedFfn::Moe(m) => moe_forward(m, pool, &xn, d, acts, &mut ffn_out),
+        }
+        x.iter_mut().zip(&ffn_out).for_each(|(a, b)| *a += b);
+    }
+}
+
+/// Bias, then the per-head RMSNorm of qwen3 (weights of length `head_dim`).
+fn finish_projection(
+    row: &mut [f32],
+    bias: Option<&[f32]>,
+    norm: Option<&[f32]>,
+    hd: usize,
+    eps: f32,
+) {
+    if let Some(b) = bias {
+        row.iter_mut().zip(b).for_each(|(a, b)| *a += b);
+    }
+    if let Some(w) = norm {
+        for head in row.chunks_exact_mut(hd) {
+            rms_norm(head, w, eps);
+        }
+    }
+}
+
+/// The float32 KV cache, per layer and KV head in the panel layout of
+/// `kernels::gemm_f32_panels_strided`, so attention runs on the matmul kernels:
+/// keys as panels of 16 positions (`[cap/16][head_dim][16]`: scores = K·q is a matmul with
+/// positions as rows) and values as panels of 16 head dimensions (`[ceil(hd/16)][cap][16]`:
+/// the output P·V is a matmul with head dimensions as rows and positions as columns).
+/// `cap` is the cache length rounded up to 16.
+pub(super) struct KvCache {
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+    n_kv: usize,
+    hd: usize,
+    cap: usize,
+    hd_panels: usize,
+}
+
+impl KvCache {
+    pub fn new(n_layers: usize, n_kv: usize, hd: usize, max_len: usize) -> Self {
+        let cap = max_len.div_ceil(PANEL_ROWS) * PANEL_ROWS;
+        let hd_panels = hd.div_ceil(PANEL_ROWS);
+        KvCache {
+            k: (0..n_layers).map(|_| vec![0f32; n_kv * cap * hd]).collect(),
+            v: (0..n_layers)
+                .map(|_| vec![0f32; n_kv * hd_panels * PANEL_ROWS * cap])
+                .collect(),
+            n_kv,
+            hd,
+            cap,
+            hd_panels,
+        }
+    }
+
+    /// Stores rows `k`, `v` (`[n][n_kv*hd]`) at positions `pos0..pos0+n`.
+    fn store(&mut self, layer: usize, pos0: usize, k: &[f32], v: &[f32]) {
+        let (hd, kvd, cap) = (self.hd, self.n_kv * self.hd, self.cap);
+        let v_head = self.hd_panels * PANEL_ROWS * cap;
+        for (t, (kr, vr)) in k.chunks_exact(kvd).zip(v.chunks_exact(kvd)).enumerate() {
+            let pos = pos0 + t;
+            let (pp, lane) = (pos / PANEL_ROWS, pos % PANEL_ROWS);
+            for g in 0..self.n_kv {
+                let kb = g * cap * hd + pp * hd * PANEL_ROWS + lane;
+                for (d, &val) in kr[g * hd..(g + 1) * hd].iter().enumerate() {
+                    self.k[layer][kb + d * PANEL_ROWS] = val;
+                }
+                let vb = g * v_head + pos * PANEL_ROWS;
+                for (d, &val) in vr[g * hd..(g + 1) * hd].iter().enumerate() {
+                    self.v[layer][vb + (d / PANEL_ROWS) * cap * PANEL_ROWS + d % PANEL_ROWS] = val;
+                }
+            }
+        }
+    }
+
+    /// Key panels of KV head `g` of `layer`.
+    fn keys(&self, layer: usize, g: usize) -> &[f32] {
+        let size = self.cap * self.hd;
+        &self.k[layer][g * size..(g + 1) * size]
+    }
+
+    /// Value panels of KV head `g` of `layer`.
+    fn values(&self, layer: usize, g: usize) -> &[f32] {
+        let size = self.hd_panels * PANEL_ROWS * self.cap;
+        &self.v[layer][g * size..(g + 1) * size]
+    }
+}
+
+/// Query tokens per attention block (each block runs the group's heads together).
+const QUERY_BLOCK: usize = 16;
+
+/// Causal attention of the `n` query rows `q` (`[n][n_heads*hd]`, positions
+/// `pos0..pos0+n`) over the cache, into `out` (`[n][n_heads*hd]`). Work items are
+/// (KV head, block of query tokens); the query heads sharing a KV head run as one matrix:
+/// scores = K·q on the key panels, scaled, softmax over the causal prefix in float32,
+/// then P·V on the value panels.
+fn attention(
+    pool: &ThreadPool,
+    cfg: &ModelConfig,
+    kv: &KvCache,
+    layer: usize,
+    pos0: usize,
+    q: &[f32],
+    out: &mut [f32],
+) {
+    let hd = cfg.head_dim;
+    let nh = cfg.n_heads;
+    let qd = nh * hd;
+    let n = q.len() / qd;
+    let group = nh / cfg.n_kv_heads;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let isa = kernels::active_isa();
+    let n_blocks = n.div_ceil(QUERY_BLOCK);
+    let items = cfg.n_kv_heads * n_blocks;
+    let y = OutputMatrix::new(out, n, qd);
+    pool.run(|i, nt| {
+        let work = split_range(items, nt, i, 1);
+        if work.is_empty() {
+            return;
+        }
+        let max_rows = QUERY_BLOCK.min(n) * group;
+        let mut qbuf = vec![0f32; max_rows * hd];
+        let mut scores = vec![0f32; max_rows * (pos0 + n)];
+        let mut obuf = vec![0f32; max_rows * hd];
+        for item in work {
+            let (g, b) = (item / n_blocks, item % n_blocks);
+            let (t0, t1) = (b * QUERY_BLOCK, ((b + 1) * QUERY_BLOCK).min(n));
+            let rows = (t1 - t0) * group;
+            let len = pos0 + t1;
+            for r in 0..rows {
+                let (t, h) = (t0 + r / group, g * group + r % group);
+                qbuf[r * hd..(r + 1) * hd]
+                    .copy_from_slice(&q[t * qd + h * hd..t * qd + (h + 1) * hd]);
+            }
+            {
+                let s = OutputMatrix::new(&mut scores[..rows * len], rows, len);
+                kernels::gemm_f32_panels_strided(
+                    isa,
+                    kv.keys(layer, g),
+                    hd * PANEL_ROWS,
+                    len,
+                    hd,
+                    &qbuf,
+                    hd,
+                    rows,
+                    0..len,
+                    &s,
+                );
+            }
+            for r in 0..rows {
+                let valid = pos0 + t0 + r / group + 1;
+                let row = &mut scores[r * len..(r + 1) * len];
+                let mut max = f32::NEG_INFINITY;
+                for v in &mut row[..valid] {
+                    *v *= scale;
+                    max = max.max(*v);
+                }
+                let sum = kernels::exp_shifted_sum(isa, &mut row[..valid], max);
+                let inv = 1.0 / sum;
+                row[..valid].iter_mut().for_each(|v| *v *= inv);
+                row[valid..].fill(0.0);
+            }
+            {
+                let o = OutputMatrix::new(&mut obuf[..rows * hd], rows, hd);
+                kernels::gemm_f32_panels_strided(
+                    isa,
+                    kv.values(layer, g),
+                    kv.cap * PANEL_ROWS,
+                    hd,
+                    len,
+                    &scores[..rows * len],
+                    len,
+                    rows,
+                    0..hd,
+                    &o,
+                );
+            }
+            for r in 0..rows {
+                let (t, h) = (t0 + r / group, g * group + r % group);
+                y.write_cols(t, h * hd, &obuf[r * hd..(r + 1) * hd]);
+            }
+        }
+    });
+}
+
+/// SwiGLU MLP on the rows of `xn` (`[n][d]`) into `out` (`[n][d]`).
+fn mlp_forward(
+    m: &PackedMlp,
+    pool: &ThreadPool,
+    xn: &[f32],
+    d: usize,
+    acts: &mut Activations,
+    out: &mut [f32],
+) {
+    let n = xn.len() / d;
+    let f = m.gate.rows();
+    let (gate, up, down) = (m.gate.as_ref(), m.up.as_ref(), m.down.as_ref());
+    acts.prepare(xn, d, [gate.input_kind(), up.input_kind()]);
+    let mut g = vec![0f32; n * f];
+    let mut u = vec![0f32; n * f];
+    {
+        let yg = OutputMatrix::new(&mut g, n, f);
+        let yu = OutputMatrix::new(&mut u, n, f);
+        matmuls(
+            pool,
+            &[
+                (gate, acts.get(xn, gate.input_kind()), &yg),
+                (up, acts.get(xn, up.input_kind()), &yu),
+            ],
+        );
+    }
+    let isa = kernels::active_isa();
+    par_rows(pool, &mut g, f, |t, row| {
+        kernels::silu_mul(isa, row, &u[t * f..(t + 1) * f]);
+    });
+    acts.prepare(&g, f, [down.input_kind()]);
+    let y = OutputMatrix::new(out, n, d);
+    matmuls(pool, &[(down, acts.get(&g, down.input_kind()), &y)]);
+}
+
+/// Mixture of experts: softmax over all router logits, the `top_k` largest probabilities
+/// (renormalised to sum 1 when `renormalize`), tokens grouped by expert so each expert runs
+/// once on all its tokens; plus the gated shared expert (qwen2_moe).
+fn moe_forward(
+    m: &PackedMoe,
+    pool: &ThreadPool,
+    xn: &[f32],
+    d: usize,
+    acts: &mut Activations,
+    out: &mut [f32],
+) {
+    let n = xn.len() / d;
+    let n_experts = m.experts.len();
+    let isa = kernels::active_isa();
+    let mut assigned: Vec<Vec<(usize, f32)>> = vec![Vec::new(); n_experts];
+    let mut probs = vec![0f64; n_experts];
+    let mut order: Vec<usize> = Vec::with_capacity(n_experts);
+    for t in 0..n {
+        let xt = &xn[t * d..(t + 1) * d];
+        let logits: Vec<f32> = (0..n_experts)
+            .map(|e| kernels::dot_f32(isa, m.router.row(e), xt))
+            .collect();
+        let max = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        let mut sum = 0f64;
+        for (p, &l) in probs.iter_mut().zip(&logits) {
+            *p = ((l - max) as f64).exp();
+            sum += *p;
+        }
+        probs.iter_mut().for_each(|p| *p /= sum);
+        order.clear();
+        order.extend(0..n_experts);
+        // Largest first; ties to the lower index (torch.topk picks either).
+        order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
+        let chosen = &order[..m.top_k];
+        let norm = if m.renormalize {
+            chosen.iter().map(|&e| probs[e]).sum::<f64>()
+        } else {
+            1.0
+        };
+        for &e in chosen {
+            assigned[e].push((t, (probs[e] / norm) as f32));
+        }
+    }
+    out.fill(0.0);
+    for (e, tokens) in assigned.iter().enumerate() {
+        if tokens.is_empty() {
+            continue;
+        }
+        let mut xe = Vec::with_capacity(tokens.len() * d);
+        for &(t, _) in tokens {
+            xe.extend_from_slice(&xn[t * d..(t + 1) * d]);
+        }
+        let mut ye = vec![0f32; tokens.len() * d];
+        mlp_forward(&m.experts[e], pool, &xe, d, acts, &mut ye);
+        for (row, &(t, w)) in ye.chunks_exact(d).zip(tokens) {
+            kernels::axpy_f32(isa, &mut out[t * d..(t + 1) * d], w, row);
+        }
+    }
+    if let Some(shared) = &m.shared {
+        let mut ys = vec![0f32; n * d];
+        mlp_forward(shared, pool, xn, d, acts, &mut ys);
+        for t in 0..n {
+            let gate = match &m.shared_gate {
+                Some(g) => {
+                    let z = kernels::dot_f32(isa, g, &xn[t * d..(t + 1) * d]);
+                    1.0 / (1.0 + (-z).exp())
+                }
+                None => 1.0,
+            };
+            kernels::axpy_f32(
+                isa,
+                &mut out[t * d..(t + 1) * d],
+                gate,
+                &ys[t * d..(t + 1) * d],
+            );
+        }
+    }
+}
+
+/// HF RMSNorm in float32: `x * rsqrt(mean(x²) + eps) * w`.
+pub(super) fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
+    let mut lanes = [0f32; 8];
+    let mut chunks = x.chunks_exact(8);
+    for c in &mut chunks {
+        for i in 0..8 {
+            lanes[i] += c[i] * c[i];
+        }
+    }
+    let mut ss: f32 = chunks.remainder().iter().map(|v| v * v).sum();
+    ss += lanes.iter().sum::<f32>();
+    let inv = 1.0 / (ss / x.len() as f32 + eps).sqrt();
+    for (v, w) in x.iter_mut().zip(w) {
+        *v = *v * inv * w;
+    }
+}
+
+/// [`rms_norm`] of every row of `x` (rows of `w.len()` values), rows split over threads.
+pub(super) fn rms_norm_rows(pool: &ThreadPool, x: &mut [f32], w: &[f32], eps: f32) {
+    par_rows(pool, x, w.len(), |_, row| rms_norm(row, w, eps));
+}
+
+/// Runs `f(row_index, row)` on every `row_len`-value row of `data`, rows split over the
+/// pool's threads (inline for a single row).
+pub(super) fn par_rows(
+    pool: &ThreadPool,
+    data: &mut [f32],
+    row_len: usize,
+    f: impl Fn(usize, &mut [f32]) + Sync,
+) {
+    let n_rows = data.len() / row_len;
+    let nt = pool.n_threads();
+    if n_rows < 2 || nt == 1 {
+        for (t, row) in data.chunks_exact_mut(row_len).enumerate() {
+            f(t, row);
+        }
+        return;
+    }
+    let mut parts = Vec::with_capacity(nt);
+    let mut rest = data;
+    for i in 0..nt {
+        let r = split_range(n_rows, nt, i, 1);
+        let (head, tail) = rest.split_at_mut(r.len() * row_len);
+        parts.push(Mutex::new((r.start, head)));
+        rest = tail;
+    }
+    pool.run(|i, _| {
+        let mut part = parts[i].lock().unwrap_or_else(|e| e.into_inner());
+        let (first, ref mut rows) = *part;
+        for (j, row) in rows.chunks_exact_mut(row_len).enumerate() {
+            f(first + j, row);
+        }
+    });
+}
+
+/// Several matmuls in one hand-off to the pool: each thread computes its slice of rows
+/// of every matrix.
+pub(super) fn matmuls(
+    pool: &ThreadPool,
+    jobs: &[(&dyn PackedLinear, PreparedInput, &OutputMatrix)],
+) {
+    pool.run(|i, nt| {
+        for (w, x, y) in jobs {
+            let rows = split_range(w.rows(), nt, i, w.row_align());
+            if !rows.is_empty() {
+                w.matmul_rows(x, rows, y);
+            }
+        }
+    });
+}
+
+/// Activations of one matmul input in the encodings its consumers read, prepared once
+/// (q/k/v share one, gate/up share one); the buffers are reused between inputs.
+#[derive(Default)]
+pub(super) struct Activations {
+    dim: usize,
+    bf16: Vec<u16>,
+    bf16_dim: usize,
+    q8_quants: Vec<i8>,
+    q8_scales: Vec<f32>,
+    q8_sums: Vec<i32>,
+    q8_dim: usize,
+}
+
+impl Activations {
+    /// Encodes the rows of `x` (`dim` values each) for every kind in `kinds`.
+    pub fn prepare(&mut self, x: &[f32], dim: usize, kinds: impl IntoIterator<Item = InputKind>) {
+        let n = x.len() / dim;
+        self.dim = dim;
+        let (mut bf16, mut q8) = (false, false);
+        for k in kinds {
+            match k {
+                InputKind::F32 => {}
+                InputKind::Bf16 => bf16 = true,
+                InputKind::Q8Blocks => q8 = true,
+            }
+        }
+        if bf16 {
+            let padded = dim + dim % 2;
+            self.bf16_dim = padded;
+            self.bf16.clear();
+            self.bf16.resize(n * padded, 0);
+            let isa = kernels::active_isa();
+            for t in 0..n {
+                kernels::f32_to_bf16(
+                    isa,
+                    &x[t * dim..(t + 1) * dim],
+                    &mut self.bf16[t * padded..t * padded + dim],
+                );
+            }
+        }
+        if q8 {
+            let blocks = x.len() / kernels::q8_activations::Q8_BLOCK;
+            self.q8_dim = dim;
+            self.q8_quants.resize(x.len(), 0);
+            self.q8_scales.resize(blocks, 0.0);
+            self.q8_sums.resize(blocks, 0);
+            kernels::q8_activations::quantize_rows_q8(
+                x,
+                dim,
+                &mut self.q8_quants,
+                &mut self.q8_scales,
+                &mut self.q8_sums,
+            );
+        }
+    }
+
+    /// The prepared encoding `kind` of `x` (prepared by the last [`Self::prepare`]).
+    pub fn get<'a>(&'a self, x: &'a [f32], kind: InputKind) -> PreparedInput<'a> {
+        match kind {
+            InputKind::F32 => PreparedInput::F32 {
+                data: x,
+                dim: self.dim,
+            },
+            InputKind::Bf16 => PreparedInput::Bf16 {
+                data: self.bf16.reinterpret_cast::<half::bf16>(),
+                dim: self.bf16_dim,
+            },
+            InputKind::Q8Blocks => {
+                let blocks = x.len() / kernels::q8_activations::Q8_BLOCK;
+                PreparedInput::Q8Blocks {
+                    quants: &self.q8_quants[..x.len()],
+                    scales: &self.q8_scales[..blocks],
+                    block_sums: &self.q8_sums[..blocks],
+                    dim: self.q8_dim,
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,594 @@
+//! KwkDecoder: packs a [`Model`]'s master weights into one weight format and runs the
+//! transformer on the CPU: batched prompt processing, single-token generation, a KV cache
+//! reused across calls, and sampling.
+//!
+//! Shape of a forward pass over `n` tokens (prompts are cut into micro-batches of
+//! [`MICRO_BATCH`] tokens): embedding rows (read through the packed table's
+//! `dequantize_row`), then per layer RMSNorm → q/k/v (one pool hand-off for the three
+//! matmuls on one prepared input) → biases, per-head q/k norms, RoPE → KV cache → causal
+//! attention (threads split the heads) → output projection → residual → RMSNorm → SwiGLU
+//! MLP (gate and up in one hand-off) or mixture of experts (tokens grouped by expert) →
+//! residual; the final norm and `lm_head` run only on the rows whose logits are asked for.
+//! Norms, RoPE, softmax, routing and the KV cache are float32 in every format.
+//!
+//! Submodules: `precision` (format names), `rope`, `sampling`, `layers` (attention, MLP,
+//! MoE and the per-row helpers).
+
+mod layers;
+pub mod precision;
+pub mod rope;
+pub mod sampling;
+
+pub use precision::{Int4Options, Precision, DEFAULT_INT4_GROUP};
+
+use crate::error::{KwkError, Result};
+use crate::format::{self, PackedLinear, TensorPlace, TensorRole};
+use crate::kernels::{self, OutputMatrix};
+use crate::model::{Architecture, FeedForward, Mlp, Model, ModelConfig, ModelWeights, RopeScaling};
+use crate::threads::ThreadPool;
+use layers::{Activations, KvCache, Layer, PackedFfn, PackedMlp, PackedMoe};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// Tokens per internal batch of a long prompt (bounds the scratch memory).
+pub const MICRO_BATCH: usize = 512;
+
+/// Sampling for [`KwkDecoder::generate`]. `temperature == 0` is greedy.
+#[derive(Debug, Clone)]
+pub struct Sampling {
+    pub temperature: f32,
+    /// Keep the `top_k` most likely tokens (0: all).
+    pub top_k: usize,
+    /// Keep the smallest set of most likely tokens whose probability reaches `top_p`
+    /// (1.0: all).
+    pub top_p: f32,
+    pub seed: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct DecoderOptions {
+    /// Longest sequence (prompt + generated) the KV cache holds.
+    pub max_cache_len: usize,
+    pub precision: Precision,
+    pub threads: usize,
+    /// Token ids of calibration text (int4:calib / int4:gptq).
+    pub calibration_tokens: Option<Vec<u32>>,
+    /// Where packed weights are kept between runs; `None` disables the pack cache.
+    pub pack_cache_dir: Option<PathBuf>,
+}
+
+/// Timings of one `generate` call.
+#[derive(Debug, Clone, Default)]
+pub struct GenerateStats {
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    /// Seconds of the prompt's forward pass (sampling excluded).
+    pub prompt_s: f64,
+    /// Seconds of the single-token forward passes of generated tokens fed back
+    /// (`decode_steps` of them; sampling excluded).
+    pub generate_s: f64,
+    /// Single-token forward passes timed in `generate_s` (the last generated token is not
+    /// fed back, so this is usually `generated_tokens - 1`).
+    pub decode_steps: usize,
+}
+
+pub struct KwkDecoder {
+    config: ModelConfig,
+    precision: Precision,
+    max_cache_len: usize,
+    pool: ThreadPool,
+    /// The embedding table; also the output projection when `lm_head` is `None` (tied).
+    embed: Box<dyn PackedLinear>,
+    lm_head: Option<Box<dyn PackedLinear>>,
+    final_norm: Vec<f32>,
+    layers: Vec<Layer>,
+    rope: rope::Rope,
+    kv: KvCache,
+    pos: usize,
+    eos: Vec<u32>,
+    weight_bytes: u64,
+    n_params: u64,
+    pack_s: f64,
+}
+
+/// Why `model` cannot run in this decoder with a cache of `max_cache_len` tokens
+/// (architecture, rope scaling, sliding window, cache longer than the model allows), or
+/// `None` when it can.
+pub fn runner_unsupported(model: &Model, max_cache_len: usize) -> Option<String> {
+    config_unsupported(&model.config, max_cache_len)
+        .or_else(|| weights_mismatch(&model.config, &model.weights))
+}
+
+fn config_unsupported(c: &ModelConfig, max_cache_len: usize) -> Option<String> {
+    if let RopeScaling::Other(kind) = &c.rope_scaling {
+        return Some(format!(
+            "rope scaling '{kind}' is not implemented (this decoder knows none and llama3)"
+        ));
+    }
+    if max_cache_len == 0 {
+        return Some("a KV cache of 0 tokens cannot hold anything".into());
+    }
+    if c.max_position_embeddings > 0 && max_cache_len > c.max_position_embeddings {
+        return Some(format!(
+            "a cache of {max_cache_len} tokens is longer than the {} positions the model was \
+             trained for (max_position_embeddings); use a shorter context",
+            c.max_position_embeddings
+        ));
+    }
+    if let Some(w) = c.sliding_window {
+        if w < max_cache_len {
+            return Some(format!(
+                "the model uses sliding-window attention over {w} tokens, which this decoder \
+                 does not implement; use a context of at most {w} tokens"
+            ));
+        }
+    }
+    if c.head_dim == 0 || c.head_dim % 2 != 0 {
+        return Some(format!(
+            "head_dim {} must be even for rotary embeddings",
+            c.head_dim
+        ));
+    }
+    if c.n_heads == 0 || c.n_kv_heads == 0 || c.n_heads % c.n_kv_heads != 0 {
+        return Some(format!(
+            "{} attention heads cannot be grouped over {} KV heads",
+            c.n_heads, c.n_kv_heads
+        ));
+    }
+    let moe = matches!(
+        c.architecture,
+        Architecture::Mixtral | Architecture::Qwen2Moe | Architecture::Qwen3Moe
+    );
+    if moe && (c.experts_per_token == 0 || c.experts_per_token > c.n_experts) {
+        return Some(format!(
+            "{} experts per token out of {} experts",
+            c.experts_per_token, c.n_experts
+        ));
+    }
+    if !(c.rope_theta > 0.0) {
+        return Some(format!("rope_theta {} must be positive", c.rope_theta));
+    }
+    None
+}
+
+/// Weight shapes that disagree with the config (a loader would normally have caught them).
+fn weights_mismatch(c: &ModelConfig, w: &ModelWeights) -> Option<String> {
+    let d = c.hidden_size;
+    let (qd, kvd) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
+    let check = |name: &str, t: &crate::model::Tensor, rows: usize, cols: usize| {
+        (t.shape.len() != 2 || t.rows() != rows || t.cols() != cols || t.data.len() != rows * cols)
+            .then(|| format!("{name} has shape {:?}, expected [{rows}, {cols}]", t.shape))
+    };
+    let vec_len = |name: &str, v: &[f32], n: usize| {
+        (v.len() != n).then(|| format!("{name} has {} values, expected {n}", v.len()))
+    };
+    let mlp = |name: &str, m: &Mlp| {
+        let ffn = m.gate.rows();
+        check(&format!("{name}.gate"), &m.gate, ffn, d)
+            .or_else(|| check(&format!("{name}.up"), &m.up, ffn, d))
+            .or_else(|| check(&format!("{name}.down"), &m.down, d, ffn))
+    };
+    if let Some(e) = check("embed", &w.embed, c.vocab_size, d) {
+        return Some(e);
+    }
+    if let Some(h) = &w.lm_head {
+        if let Some(e) = check("lm_head", h, c.vocab_size, d) {
+            return Some(e);
+        }
+    }
+    if let Some(e) = vec_len("final_norm", &w.final_norm, d) {
+        return Some(e);
+    }
+    if w.layers.len() != c.n_layers {
+        return Some(format!(
+            "{} layers of weights for {} in the config",
+            w.layers.len(),
+            c.n_layers
+        ));
+    }
+    for (i, l) in w.layers.iter().enumerate() {
+        let p = |s: &str| format!("layer {i} {s}");
+        let bias = |s: &str, b: &Option<Vec<f32>>, n| b.as_ref().and_then(|b| vec_len(&p(s), b, n));
+        let err = check(&p("q"), &l.q, qd, d)
+            .or_else(|| check(&p("k"), &l.k, kvd, d))
+            .or_else(|| check(&p("v"), &l.v, kvd, d))
+            .or_else(|| check(&p("o"), &l.o, d, qd))
+            .or_else(|| vec_len(&p("attn_norm"), &l.attn_norm, d))
+            .or_else(|| vec_len(&p("ffn_norm"), &l.ffn_norm, d))
+            .or_else(|| bias("q_bias", &l.q_bias, qd))
+            .or_else(|| bias("k_bias", &l.k_bias, kvd))
+            .or_else(|| bias("v_bias", &l.v_bias, kvd))
+            .or_else(|| bias("q_norm", &l.q_norm, c.head_dim))
+            .or_else(|| bias("k_norm", &l.k_norm, c.head_dim))
+            .or_else(|| match &l.ffn {
+                FeedForward::Dense(m) => mlp(&p("mlp"), m),
+                FeedForward::Moe(m) => check(&p("router"), &m.router, m.experts.len(), d)
+                    .or_else(|| {
+                        (m.experts.len() != c.n_experts).then(|| {
+                            format!(
+                                "{} has {} experts, config says {}",
+                                p("moe"),
+                                m.experts.len(),
+                                c.n_experts
+                            )
+                        })
+                    })
+                    .or_else(|| {
+                        m.experts
+                            .iter()
+                            .enumerate()
+                            .find_map(|(e, x)| mlp(&p(&format!("expert {e}")), x))
+                    })
+                    .or_else(|| {
+                        m.shared_expert
+                            .as_ref()
+                            .and_then(|s| mlp(&p("shared expert"), s))
+                    })
+                    .or_else(|| {
+                        m.shared_expert_gate
+                            .as_ref()
+                            .and_then(|g| check(&p("shared_expert_gate"), g, 1, d))
+                    })
+                    .or_else(|| {
+                        (m.experts.len() < c.experts_per_token)
+                            .then(|| format!("{}: fewer experts than experts_per_token", p("moe")))
+                    }),
+            });
+        if err.is_some() {
+            return err;
+        }
+    }
+    None
+}
+
+/// Whether this CPU can run the decoder (`Err` says why not).
+pub fn decoder_available() -> std::result::Result<(), String> {
+    // Every kernel has a portable scalar version, so any CPU can run it; report which
+    // SIMD path is active for information only.
+    let _ = kernels::active_isa();
+    Ok(())
+}
+
+impl KwkDecoder {
+    pub fn new(model: &Model, options: DecoderOptions) -> Result<Self> {
+        let mut eos = model.config.eos_token_ids.clone();
+        for &id in model.tokenizer.eos_ids() {
+            if !eos.contains(&id) {
+                eos.push(id);
+            }
+        }
+        Self::from_weights(
+            &model.config,
+            &model.weights,
+            eos,
+            &model.info.resolved_path,
+            options,
+        )
+    }
+
+    /// Builds a decoder from a config and weights without a [`Model`] (no tokenizer
+    /// needed): `eos` are the ids that end generation, `source` names the weights in
+    /// errors.
+    pub fn from_weights(
+        config: &ModelConfig,
+        weights: &ModelWeights,
+        eos: Vec<u32>,
+        source: &Path,
+        options: DecoderOptions,
+    ) -> Result<Self> {
+        if let Some(why) = config_unsupported(config, options.max_cache_len) {
+            return Err(KwkError::Unsupported(why));
+        }
+        if let Some(why) = weights_mismatch(config, weights) {
+            return Err(KwkError::bad_model(source, why));
+        }
+        let started = Instant::now();
+        let precision = options.precision;
+        let n_layers = config.n_layers;
+        let n_params = count_params(weights);
+        let place = |role, layer| TensorPlace {
+            role,
+            layer,
+            n_layers,
+            model_params: n_params,
+        };
+        let pack = |t: &crate::model::Tensor, role, layer| {
+            format::pack_linear(t, &precision, place(role, layer))
+        };
+
+        // A tied output projection is packed once, as the lm_head (it is the larger
+        // consumer); embedding lookups dequantize its rows.
+        let (embed, lm_head) = match &weights.lm_head {
+            None => (pack(&weights.embed, TensorRole::LmHead, None)?, None),
+            Some(h) => (
+                pack(&weights.embed, TensorRole::Embedding, None)?,
+                Some(pack(h, TensorRole::LmHead, None)?),
+            ),
+        };
+        let pack_mlp = |m: &Mlp, layer: usize| -> Result<PackedMlp> {
+            Ok(PackedMlp {
+                gate: pack(&m.gate, TensorRole::FfnGate, Some(layer))?,
+                up: pack(&m.up, TensorRole::FfnUp, Some(layer))?,
+                down: pack(&m.down, TensorRole::FfnDown, Some(layer))?,
+            })
+        };
+        let mut layers = Vec::with_capacity(n_layers);
+        for (i, l) in weights.layers.iter().enumerate() {
+            let ffn = match &l.ffn {
+                FeedForward::Dense(m) => PackedFfn::Dense(pack_mlp(m, i)?),
+                FeedForward::Moe(m) => PackedFfn::Moe(PackedMoe {
+                    router: m.router.clone(),
+                    experts: m
+                        .experts
+                        .iter()
+                        .map(|e| pack_mlp(e, i))
+                        .collect::<Result<_>>()?,
+                    shared: m
+                        .shared_expert
+                        .as_ref()
+                        .map(|s| pack_mlp(s, i))
+                        .transpose()?,
+                    shared_gate: m.shared_expert_gate.as_ref().map(|g| g.data.clone()),
+                    top_k: config.experts_per_token,
+                    renormalize: config.architecture == Architecture::Mixtral
+                        || config.norm_topk_prob,
+                }),
+            };
+            layers.push(Layer {
+                attn_norm: l.attn_norm.clone(),
+                q: pack(&l.q, TensorRole::AttnQ, Some(i))?,
+                k: pack(&l.k, TensorRole::AttnK, Some(i))?,
+                v: pack(&l.v, TensorRole::AttnV, Some(i))?,
+                o: pack(&l.o, TensorRole::AttnOutput, Some(i))?,
+                q_bias: l.q_bias.clone(),
+                k_bias: l.k_bias.clone(),
+                v_bias: l.v_bias.clone(),
+                q_norm: l.q_norm.clone(),
+                k_norm: l.k_norm.clone(),
+                ffn_norm: l.ffn_norm.clone(),
+                ffn,
+            });
+        }
+        let pack_s = started.elapsed().as_secs_f64();
+        let mut weight_bytes = embed.bytes() as u64
+            + lm_head.as_ref().map(|h| h.bytes() as u64).unwrap_or(0)
+            + 4 * weights.final_norm.len() as u64;
+        for l in &layers {
+            weight_bytes += l.bytes();
+        }
+        let rope = rope::Rope::new(
+            config.head_dim,
+            config.rope_theta as f64,
+            &config.rope_scaling,
+            options.max_cache_len,
+        );
+        let kv = KvCache::new(
+            n_layers,
+            config.n_kv_heads,
+            config.head_dim,
+            options.max_cache_len,
+        );
+        Ok(KwkDecoder {
+            config: config.clone(),
+            precision,
+            max_cache_len: options.max_cache_len,
+            pool: ThreadPool::new(options.threads),
+            embed,
+            lm_head,
+            final_norm: weights.final_norm.clone(),
+            layers,
+            rope,
+            kv,
+            pos: 0,
+            eos,
+            weight_bytes,
+            n_params,
+            pack_s,
+        })
+    }
+
+    /// Empties the KV cache; the next `forward` starts at position 0.
+    pub fn reset(&mut self) {
+        self.pos = 0;
+    }
+
+    /// Tokens currently in the KV cache.
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
+    pub fn precision(&self) -> Precision {
+        self.precision
+    }
+
+    pub fn max_cache_len(&self) -> usize {
+        self.max_cache_len
+    }
+
+    /// The KV cache's element type (float32 in every format).
+    pub fn kv_cache_type(&self) -> &'static str {
+        "f32"
+    }
+
+    /// Appends `tokens` at the current position and returns the logits of positions
+    /// `logits_from..tokens.len()` of this call, row-major `[tokens.len() - logits_from][vocab]`.
+    /// Perplexity asks for the second half of a window, generation for the last token only.
+    pub fn forward(&mut self, tokens: &[u32], logits_from: usize) -> Result<Vec<f32>> {
+        if tokens.is_empty() {
+            return Err(KwkError::InvalidArgument(
+                "forward needs at least one token".into(),
+            ));
+        }
+        if logits_from > tokens.len() {
+            return Err(KwkError::InvalidArgument(format!(
+                "logits_from {logits_from} is past the {} tokens of this call",
+                tokens.len()
+            )));
+        }
+        if self.pos + tokens.len() > self.max_cache_len {
+            return Err(KwkError::InvalidArgument(format!(
+                "{} tokens at position {} overflow the KV cache of {} tokens; reset() or \
+                 build the decoder with a larger max_cache_len",
+                tokens.len(),
+                self.pos,
+                self.max_cache_len
+            )));
+        }
+        let vocab = self.config.vocab_size;
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(KwkError::InvalidArgument(format!(
+                "token id {bad} is outside the vocabulary of {vocab}"
+            )));
+        }
+        let mut logits = Vec::with_capacity((tokens.len() - logits_from) * vocab);
+        let mut start = 0;
+        while start < tokens.len() {
+            let end = (start + MICRO_BATCH).min(tokens.len());
+            let from = logits_from.clamp(start, end) - start;
+            self.forward_batch(&tokens[start..end], from, &mut logits);
+            start = end;
+        }
+        Ok(logits)
+    }
+
+    /// One micro-batch: runs every layer, appends logits of rows `logits_from..` to `out`.
+    fn forward_batch(&mut self, tokens: &[u32], logits_from: usize, out: &mut Vec<f32>) {
+        let n = tokens.len();
+        let d = self.config.hidden_size;
+        let mut x = vec![0f32; n * d];
+        for (t, &id) in tokens.iter().enumerate() {
+            self.embed
+                .dequantize_row(id as usize, &mut x[t * d..(t + 1) * d]);
+        }
+        let mut acts = Activations::default();
+        for (li, layer) in self.layers.iter().enumerate() {
+            layer.forward(
+                &self.config,
+                &self.pool,
+                &self.rope,
+                &mut self.kv,
+                li,
+                self.pos,
+                &mut x,
+                &mut acts,
+            );
+        }
+        self.pos += n;
+        let rows = n - logits_from;
+        if rows == 0 {
+            return;
+        }
+        let mut xn = x[logits_from * d..].to_vec();
+        layers::rms_norm_rows(
+            &self.pool,
+            &mut xn,
+            &self.final_norm,
+            self.config.rms_norm_eps,
+        );
+        let head = self.lm_head.as_deref().unwrap_or(self.embed.as_ref());
+        let vocab = self.config.vocab_size;
+        let base = out.len();
+        out.resize(base + rows * vocab, 0.0);
+        acts.prepare(&xn, d, [head.input_kind()]);
+        let y = OutputMatrix::new(&mut out[base..], rows, vocab);
+        layers::matmuls(&self.pool, &[(head, acts.get(&xn, head.input_kind()), &y)]);
+    }
+
+    /// Bytes of packed weights the decoder holds (what a user pays in memory): every
+    /// packed linear, the embedding (once when tied), norms, biases and routers (float32).
+    pub fn weight_bytes(&self) -> u64 {
+        self.weight_bytes
+    }
+
+    /// Bits per weight over all parameters, embeddings and norms included.
+    pub fn bits_per_weight(&self) -> f64 {
+        if self.n_params == 0 {
+            return 0.0;
+        }
+        self.weight_bytes as f64 * 8.0 / self.n_params as f64
+    }
+
+    /// Parameters of the model (embedding once when tied).
+    pub fn n_params(&self) -> u64 {
+        self.n_params
+    }
+
+    /// Seconds spent packing weights (quantizing, or reading the pack cache) in `new`.
+    pub fn pack_s(&self) -> f64 {
+        self.pack_s
+    }
+
+    /// Runs `prompt` from an empty cache (the cache is reset first), then samples up to
+    /// `max_new_tokens`, stopping at EOS (not passed to `on_token`) or when the cache is
+    /// full; `on_token` sees each new id and returns false to stop early.
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        max_new_tokens: usize,
+        sampling: &Sampling,
+        on_token: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<GenerateStats> {
+        if prompt.is_empty() {
+            return Err(KwkError::InvalidArgument(
+                "generate needs a non-empty prompt".into(),
+            ));
+        }
+        self.reset();
+        let mut rng = sampling::Rng::new(sampling.seed);
+        let mut stats = GenerateStats {
+            prompt_tokens: prompt.len(),
+            ..Default::default()
+        };
+        let t0 = Instant::now();
+        let mut logits = self.forward(prompt, prompt.len() - 1)?;
+        stats.prompt_s = t0.elapsed().as_secs_f64();
+        while stats.generated_tokens < max_new_tokens {
+            let next = sampling::sample(&logits, sampling, &mut rng);
+            if self.eos.contains(&next) {
+                break;
+            }
+            stats.generated_tokens += 1;
+            if !on_token(next) {
+                break;
+            }
+            if stats.generated_tokens == max_new_tokens || self.pos >= self.max_cache_len {
+                break;
+            }
+            let t = Instant::now();
+            logits = self.forward(&[next], 0)?;
+            stats.generate_s += t.elapsed().as_secs_f64();
+            stats.decode_steps += 1;
+        }
+        Ok(stats)
+    }
+}
+
+fn count_params(w: &ModelWeights) -> u64 {
+    fn mlp(m: &Mlp) -> usize {
+        m.gate.data.len() + m.up.data.len() + m.down.data.len()
+    }
+    let opt = |v: &Option<Vec<f32>>| v.as_ref().map(|x| x.len()).unwrap_or(0);
+    let mut n = w.embed.data.len() + w.final_norm.len();
+    n += w.lm_head.as_ref().map(|t| t.data.len()).unwrap_or(0);
+    for l in &w.layers {
+        n += l.attn_norm.len() + l.ffn_norm.len();
+        n += l.q.data.len() + l.k.data.len() + l.v.data.len() + l.o.data.len();
+        n += opt(&l.q_bias) + opt(&l.k_bias) + opt(&l.v_bias) + opt(&l.q_norm) + opt(&l.k_norm);
+        n += match &l.ffn {
+            FeedForward::Dense(m) => mlp(m),
+            FeedForward::Moe(m) => {
+                m.router.data.len()
+                    + m.experts.iter().map(mlp).sum::<usize>()
+                    + m.shared_expert.as_ref().map(mlp).unwrap_or(0)
+                    + m.shared_expert_gate
+                        .as_ref()
+                        .map(|t| t.data.len())
+                        .unwrap_or(0)
+            }
+        };
+    }
+    n as u64
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,211 @@
+//! [`Precision`]: the weight format a decoder runs in, parsed from the names users type
+//! (`float32`, `bf16`, `int8`/`balanced`, `int4[:gG][:mixB][:calib][:gptq]`).
+
+use crate::error::{KwkError, Result};
+
+/// Weights per int4 scale group when `int4` is given without `:gG`: 32. On SmolLM2-135M
+/// (distributed as Q4_1: 32-weight groups with scale and minimum) g32 reproduces the
+/// weights and g64/g128 do not; the int4 kernels do one float step per 32-column block at
+/// any group size, so g32 costs 0.5-0.75 bits per weight and no speed (measured in the
+/// quantization work's report).
+pub const DEFAULT_INT4_GROUP: usize = 32;
+
+/// Options of the `int4` format: `int4[:gG][:mixB][:calib][:gptq]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Int4Options {
+    /// Weights per scale group: 32, 64 or 128.
+    pub group_size: usize,
+    /// Bits of the sensitive tensors (6 or 8); `None` picks by model size
+    /// (6 from 1e9 parameters, 8 below).
+    pub mix_bits: Option<u8>,
+    /// Fit scales to activations of the calibration text.
+    pub calibrate: bool,
+    /// GPTQ rounding on top of calibration.
+    pub gptq: bool,
+}
+
+impl Default for Int4Options {
+    fn default() -> Self {
+        Int4Options {
+            group_size: DEFAULT_INT4_GROUP,
+            mix_bits: None,
+            calibrate: false,
+            gptq: false,
+        }
+    }
+}
+
+/// The weight format a decoder runs in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precision {
+    Float32,
+    Bf16,
+    Int8,
+    Int4(Int4Options),
+}
+
+const VALID: &str =
+    "float32 (f32), bf16, int8 (balanced), int4[:g32|:g64|:g128][:mix6|:mix8][:calib][:gptq]";
+
+impl Precision {
+    /// Parses a format name as users type it: `float32`, `bf16`, `int8` (`balanced`),
+    /// `int4`, `int4:g64`, `int4:mix8`, `int4:calib`, `int4:gptq` (options combine, in
+    /// any order, each at most once).
+    pub fn parse(spec: &str) -> Result<Precision> {
+        let mut parts = spec.trim().split(':');
+        let base = parts.next().unwrap_or("").to_ascii_lowercase();
+        let options: Vec<String> = parts.map(|p| p.to_ascii_lowercase()).collect();
+        let unknown = || {
+            KwkError::InvalidArgument(format!(
+                "unknown weight format '{spec}'; valid formats: {VALID}"
+            ))
+        };
+        let plain = |p: Precision| {
+            if options.is_empty() {
+                Ok(p)
+            } else {
+                Err(KwkError::InvalidArgument(format!(
+                    "format '{base}' takes no options (got '{spec}'); valid formats: {VALID}"
+                )))
+            }
+        };
+        match base.as_str() {
+            "float32" | "f32" => plain(Precision::Float32),
+            "bf16" => plain(Precision::Bf16),
+            "int8" | "balanced" => plain(Precision::Int8),
+            "int4" => {
+                let mut o = Int4Options::default();
+                let (mut group_set, mut seen) = (false, std::collections::HashSet::new());
+                for opt in &options {
+                    if !seen.insert(opt.clone()) {
+                        return Err(KwkError::InvalidArgument(format!(
+                            "option ':{opt}' given twice in '{spec}'"
+                        )));
+                    }
+                    match opt.as_str() {
+                        "g32" | "g64" | "g128" => {
+                            if group_set {
+                                return Err(KwkError::InvalidArgument(format!(
+                                    "two group sizes in '{spec}'; give one of :g32, :g64, :g128"
+                                )));
+                            }
+                            group_set = true;
+                            o.group_size = opt[1..].parse().expect("matched digits");
+                        }
+                        "mix6" | "mix8" => {
+                            if o.mix_bits.is_some() {
+                                return Err(KwkError::InvalidArgument(format!(
+                                    "two mix options in '{spec}'; give one of :mix6, :mix8"
+                                )));
+                            }
+                            o.mix_bits = Some(opt[3..].parse().expect("matched digit"));
+                        }
+                        "calib" => o.calibrate = true,
+                        "gptq" => o.gptq = true,
+                        _ => {
+                            return Err(KwkError::InvalidArgument(format!(
+                                "unknown int4 option ':{opt}' in '{spec}'; valid formats: {VALID}"
+                            )))
+                        }
+                    }
+                }
+                Ok(Precision::Int4(o))
+            }
+            _ => Err(unknown()),
+        }
+    }
+
+    /// The canonical spelling (`parse(p.name()) == p`): `float32`, `bf16`, `int8`, and
+    /// `int4` followed by the options that differ from the defaults in a fixed order
+    /// (`:gG`, `:mixB`, `:calib`, `:gptq`).
+    pub fn name(&self) -> String {
+        match self {
+            Precision::Float32 => "float32".into(),
+            Precision::Bf16 => "bf16".into(),
+            Precision::Int8 => "int8".into(),
+            Precision::Int4(o) => {
+                let mut s = String::from("int4");
+                if o.group_size != DEFAULT_INT4_GROUP {
+                    s += &format!(":g{}", o.group_size);
+                }
+                if let Some(b) = o.mix_bits {
+                    s += &format!(":mix{b}");
+                }
+                if o.calibrate {
+                    s += ":calib";
+                }
+                if o.gptq {
+                    s += ":gptq";
+                }
+                s
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_spelling_and_round_trips() {
+        assert_eq!(Precision::parse("float32").unwrap(), Precision::Float32);
+        assert_eq!(Precision::parse("F32").unwrap(), Precision::Float32);
+        assert_eq!(Precision::parse("bf16").unwrap(), Precision::Bf16);
+        assert_eq!(Precision::parse("balanced").unwrap(), Precision::Int8);
+        assert_eq!(Precision::parse("int8").unwrap().name(), "int8");
+        let p = Precision::parse("int4:gptq:g64:mix6:calib").unwrap();
+        assert_eq!(
+            p,
+            Precision::Int4(Int4Options {
+                group_size: 64,
+                mix_bits: Some(6),
+                calibrate: true,
+                gptq: true
+            })
+        );
+        assert_eq!(p.name(), "int4:g64:mix6:calib:gptq");
+        for s in [
+            "int4",
+            "int4:g128",
+            "int4:mix8",
+            "int4:calib",
+            "float32",
+            "bf16",
+        ] {
+            let p = Precision::parse(s).unwrap();
+            assert_eq!(Precision::parse(&p.name()).unwrap(), p, "{s}");
+        }
+        assert_eq!(
+            Precision::parse("int4").unwrap(),
+            Precision::Int4(Int4Options::default())
+        );
+    }
+
+    #[test]
+    fn rejects_unknown_names_and_options_listing_the_valid_ones() {
+        for bad in [
+            "fp16",
+            "int4:g48",
+            "int4:mix4",
+            "bf16:g32",
+            "int4:g32:g64",
+            "int4:calib:calib",
+            "",
+        ] {
+            let e = Precision::parse(bad).unwrap_err().to_string();
+            assert!(
+                e.contains(bad.split(':').next().unwrap())
+                    || e.contains("given twice")
+                    || e.contains("two group"),
+                "{bad}: {e}"
+            );
+            assert!(matches!(
+                Precision::parse(bad),
+                Err(KwkError::InvalidArgument(_))
+            ));
+        }
+        let e = Precision::parse("fp16").unwrap_err().to_string();
+        assert!(e.contains("float32") && e.contains("int4[:g32"), "{e}");
+    }
+}

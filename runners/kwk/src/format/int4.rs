@@ -1,0 +1,250 @@
+//! The `int4` weight format (and the 6-bit tensors of `int4:mix6`): unsigned codes of 4 or
+//! 6 bits with an f16 scale and f16 minimum per group of 32, 64 or 128 columns
+//! (`w = d · q + m`, llama.cpp Q4_1's form, which this project's test model is stored in),
+//! rows interleaved in groups of 16 (`kernels::int4_matmul` documents the layout).
+//!
+//! Bits per weight: `bits + 32 / group_size` (4-bit: g32 5.0, g64 4.5, g128 4.25; 6-bit
+//! g64 6.5).
+
+use crate::error::{KwkError, Result};
+use crate::format::int8::{check_shape, q8_rows};
+use crate::format::{InputKind, PackedLinear, PreparedInput};
+use crate::kernels::int4_matmul::{
+    lowbit_matmul, LowBitTiles, HIGH_BITS_TILE_BYTES, NIBBLE_TILE_BYTES,
+};
+use crate::kernels::int8_matmul::{selected_isa, QuantIsa, BLOCK, ROW_GROUP};
+use crate::kernels::OutputMatrix;
+use crate::model::Tensor;
+use crate::quantize::rounding::round_asymmetric;
+use half::f16;
+use rayon::prelude::*;
+use std::ops::Range;
+
+/// A 4- or 6-bit packed weight matrix.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LowBitWeights {
+    bits: u32,
+    group_size: usize,
+    rows: usize,
+    cols: usize,
+    nibbles: Vec<u8>,
+    high_bits: Vec<u8>,
+    scales: Vec<f16>,
+    mins: Vec<f16>,
+}
+
+/// Group sizes the format accepts.
+pub const GROUP_SIZES: [usize; 3] = [32, 64, 128];
+
+impl LowBitWeights {
+    /// Quantizes `tensor` to `bits` (4 or 6) in groups of `group_size` columns on all rayon
+    /// threads. `importance` (length cols) weights the rounding error per input column.
+    pub fn quantize(
+        tensor: &Tensor,
+        bits: u32,
+        group_size: usize,
+        importance: Option<&[f32]>,
+        what: &str,
+    ) -> Result<Self> {
+        check_shape(tensor, what)?;
+        if bits != 4 && bits != 6 {
+            return Err(KwkError::InvalidArgument(format!(
+                "{what}: {bits}-bit groups are not a format; use 4 or 6"
+            )));
+        }
+        if !GROUP_SIZES.contains(&group_size) {
+            return Err(KwkError::InvalidArgument(format!(
+                "{what}: group size {group_size} is not one of 32, 64, 128"
+            )));
+        }
+        let (rows, cols) = (tensor.rows(), tensor.cols());
+        if let Some(imp) = importance {
+            if imp.len() != cols {
+                return Err(KwkError::InvalidArgument(format!(
+                    "{what}: {} importance weights for {cols} columns",
+                    imp.len()
+                )));
+            }
+        }
+        let nb = cols / BLOCK;
+        let ng = rows.div_ceil(ROW_GROUP);
+        let ncg = cols.div_ceil(group_size);
+        let mut nibbles = vec![0u8; ng * nb * NIBBLE_TILE_BYTES];
+        let mut high_bits = vec![
+            0u8;
+            if bits == 6 {
+                ng * nb * HIGH_BITS_TILE_BYTES
+            } else {
+                0
+            }
+        ];
+        let mut scales = vec![f16::ZERO; ng * ncg * ROW_GROUP];
+        let mut mins = vec![f16::ZERO; ng * ncg * ROW_GROUP];
+        let hb_chunk = if bits == 6 {
+            nb * HIGH_BITS_TILE_BYTES
+        } else {
+            0
+        };
+        let mut hb_parts: Vec<&mut [u8]> = if bits == 6 {
+            high_bits.chunks_mut(hb_chunk).collect()
+        } else {
+            (0..ng).map(|_| &mut [][..]).collect()
+        };
+        nibbles
+            .par_chunks_mut(nb * NIBBLE_TILE_BYTES)
+            .zip(hb_parts.par_iter_mut())
+            .zip(scales.par_chunks_mut(ncg * ROW_GROUP))
+            .zip(mins.par_chunks_mut(ncg * ROW_GROUP))
+            .enumerate()
+            .for_each(|(g, (((ng_nib, ng_hb), ng_sc), ng_mn))| {
+                let mut codes = vec![0u8; group_size];
+                for r in 0..ROW_GROUP.min(rows - g * ROW_GROUP) {
+                    let row = tensor.row(g * ROW_GROUP + r);
+                    for cg in 0..ncg {
+                        let c0 = cg * group_size;
+                        let c1 = (c0 + group_size).min(cols);
+                        let imp = importance.map(|w| &w[c0..c1]);
+                        let q = &mut codes[..c1 - c0];
+                        let (d, m) = round_asymmetric(&row[c0..c1], bits, imp, q);
+                        ng_sc[cg * ROW_GROUP + r] = d;
+                        ng_mn[cg * ROW_GROUP + r] = m;
+                        for (i, &code) in q.iter().enumerate() {
+                            let c = c0 + i;
+                            let (b, cc) = (c / BLOCK, c % BLOCK);
+                            let (quad, k) = (cc / 4, cc % 4);
+                            let at = b * NIBBLE_TILE_BYTES + (quad % 4) * 64 + r * 4 + k;
+                            let shift = if quad < 4 { 0 } else { 4 };
+                            ng_nib[at] |= (code & 0x0F) << shift;
+                            if bits == 6 {
+                                let at = b * HIGH_BITS_TILE_BYTES + (quad / 4) * 64 + r * 4 + k;
+                                ng_hb[at] |= ((code >> 4) & 3) << (2 * (quad % 4));
+                            }
+                        }
+                    }
+                }
+            });
+        drop(hb_parts);
+        Ok(LowBitWeights {
+            bits,
+            group_size,
+            rows,
+            cols,
+            nibbles,
+            high_bits,
+            scales,
+            mins,
+        })
+    }
+
+    /// Rebuilds from packed parts (the pack cache); `None` if the lengths do not fit.
+    #[allow(clippy::too_many_arguments)]
+    pub fn from_parts(
+        bits: u32,
+        group_size: usize,
+        rows: usize,
+        cols: usize,
+        nibbles: Vec<u8>,
+        high_bits: Vec<u8>,
+        scales: Vec<f16>,
+        mins: Vec<f16>,
+    ) -> Option<Self> {
+        let tiles = rows.div_ceil(ROW_GROUP) * (cols / BLOCK);
+        let ncg_total = rows.div_ceil(ROW_GROUP) * cols.div_ceil(group_size.max(1)) * ROW_GROUP;
+        let ok = (bits == 4 || bits == 6)
+            && GROUP_SIZES.contains(&group_size)
+            && cols.is_multiple_of(BLOCK)
+            && nibbles.len() == tiles * NIBBLE_TILE_BYTES
+            && high_bits.len()
+                == if bits == 6 {
+                    tiles * HIGH_BITS_TILE_BYTES
+                } else {
+                    0
+                }
+            && scales.len() == ncg_total
+            && mins.len() == ncg_total;
+        ok.then_some(LowBitWeights {
+            bits,
+            group_size,
+            rows,
+            cols,
+            nibbles,
+            high_bits,
+            scales,
+            mins,
+        })
+    }
+
+    pub fn bits(&self) -> u32 {
+        self.bits
+    }
+    pub fn group_size(&self) -> usize {
+        self.group_size
+    }
+    /// `(nibbles, high_bits, scales, mins)` as packed.
+    pub fn parts(&self) -> (&[u8], &[u8], &[f16], &[f16]) {
+        (&self.nibbles, &self.high_bits, &self.scales, &self.mins)
+    }
+
+    pub fn tiles(&self) -> LowBitTiles<'_> {
+        LowBitTiles {
+            bits: self.bits,
+            nibbles: &self.nibbles,
+            high_bits: &self.high_bits,
+            scales: &self.scales,
+            mins: &self.mins,
+            rows: self.rows,
+            cols: self.cols,
+            group_size: self.group_size,
+        }
+    }
+
+    /// `matmul_rows` on a chosen kernel path (tests compare the paths).
+    pub fn matmul_rows_isa(
+        &self,
+        isa: QuantIsa,
+        x: &PreparedInput,
+        rows: Range<usize>,
+        y: &OutputMatrix,
+    ) {
+        lowbit_matmul(
+            isa,
+            &self.tiles(),
+            &q8_rows(x, y.n_tokens(), "int4"),
+            rows,
+            y,
+        );
+    }
+}
+
+impl PackedLinear for LowBitWeights {
+    fn rows(&self) -> usize {
+        self.rows
+    }
+    fn cols(&self) -> usize {
+        self.cols
+    }
+    fn bytes(&self) -> usize {
+        self.nibbles.len() + self.high_bits.len() + 2 * (self.scales.len() + self.mins.len())
+    }
+    fn input_kind(&self) -> InputKind {
+        InputKind::Q8Blocks
+    }
+    fn row_align(&self) -> usize {
+        ROW_GROUP
+    }
+    fn matmul_rows(&self, x: &PreparedInput, rows: Range<usize>, y: &OutputMatrix) {
+        self.matmul_rows_isa(selected_isa(), x, rows, y);
+    }
+    fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        assert!(r < self.rows && out.len() >= self.cols);
+        let tiles = self.tiles();
+        let ncg = tiles.n_col_groups();
+        let (g, rr) = (r / ROW_GROUP, r % ROW_GROUP);
+        for (c, o) in out[..self.cols].iter_mut().enumerate() {
+            let cg = c / self.group_size;
+            let d = self.scales[(g * ncg + cg) * ROW_GROUP + rr].to_f32();
+            let m = self.mins[(g * ncg + cg) * ROW_GROUP + rr].to_f32();
+            *o = tiles.code(r, c) as f32 * d + m;
+        }
+    }
+}

@@ -1,0 +1,199 @@
+//! The `int8` weight format: symmetric 8-bit codes in blocks of 32 columns with one f16
+//! scale per row and block (8.5 bits per weight, llama.cpp Q8_0's size), rows interleaved
+//! in groups of 16 for the VNNI/AVX2 kernels (`kernels::int8_matmul` documents the layout).
+//! Also the 8-bit tensors of the int4 mix (`int4:mix8`).
+
+use crate::error::{KwkError, Result};
+use crate::format::{InputKind, PackedLinear, PreparedInput};
+use crate::kernels::int8_matmul::{
+    int8_matmul, selected_isa, Int8Tiles, Q8Rows, QuantIsa, BLOCK, INT8_TILE_BYTES, ROW_GROUP,
+};
+use crate::kernels::OutputMatrix;
+use crate::model::Tensor;
+use crate::quantize::rounding::round_symmetric_int8;
+use half::f16;
+use rayon::prelude::*;
+use std::ops::Range;
+
+/// An int8-packed weight matrix.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Int8Weights {
+    rows: usize,
+    cols: usize,
+    /// Tiles of 16 rows × 32 columns, codes stored as `q + 128`.
+    qs: Vec<u8>,
+    /// `[(group * n_blocks + block) * 16 + row]`.
+    scales: Vec<f16>,
+}
+
+/// Checks a weight can be packed in 32-column blocks; `what` names it for the error.
+pub(crate) fn check_shape(tensor: &Tensor, what: &str) -> Result<()> {
+    if tensor.shape.len() != 2 {
+        return Err(KwkError::Unsupported(format!(
+            "{what}: quantized formats pack 2-D weights, got shape {:?}",
+            tensor.shape
+        )));
+    }
+    if !tensor.cols().is_multiple_of(BLOCK) || tensor.cols() == 0 {
+        return Err(KwkError::Unsupported(format!(
+            "{what}: int8/int4 need in_features a multiple of {BLOCK}, this weight has {}; run it in float32 or bf16",
+            tensor.cols()
+        )));
+    }
+    if tensor.data.len() != tensor.rows() * tensor.cols() {
+        return Err(KwkError::InvalidArgument(format!(
+            "{what}: shape {:?} does not match {} values",
+            tensor.shape,
+            tensor.data.len()
+        )));
+    }
+    Ok(())
+}
+
+impl Int8Weights {
+    /// Quantizes `tensor` (`[rows, cols]`, cols a multiple of 32) on all rayon threads.
+    /// `importance` (length cols) weights the rounding error per input column.
+    pub fn quantize(tensor: &Tensor, importance: Option<&[f32]>, what: &str) -> Result<Self> {
+        check_shape(tensor, what)?;
+        let (rows, cols) = (tensor.rows(), tensor.cols());
+        if let Some(imp) = importance {
+            if imp.len() != cols {
+                return Err(KwkError::InvalidArgument(format!(
+                    "{what}: {} importance weights for {cols} columns",
+                    imp.len()
+                )));
+            }
+        }
+        let nb = cols / BLOCK;
+        let ng = rows.div_ceil(ROW_GROUP);
+        let mut qs = vec![128u8; ng * nb * INT8_TILE_BYTES];
+        let mut scales = vec![f16::ZERO; ng * nb * ROW_GROUP];
+        qs.par_chunks_mut(nb * INT8_TILE_BYTES)
+            .zip(scales.par_chunks_mut(nb * ROW_GROUP))
+            .enumerate()
+            .for_each(|(g, (qg, sg))| {
+                let mut codes = [0i8; BLOCK];
+                for r in 0..ROW_GROUP.min(rows - g * ROW_GROUP) {
+                    let row = tensor.row(g * ROW_GROUP + r);
+                    for b in 0..nb {
+                        let imp = importance.map(|w| &w[b * BLOCK..(b + 1) * BLOCK]);
+                        let d =
+                            round_symmetric_int8(&row[b * BLOCK..(b + 1) * BLOCK], imp, &mut codes);
+                        sg[b * ROW_GROUP + r] = d;
+                        let tile = &mut qg[b * INT8_TILE_BYTES..(b + 1) * INT8_TILE_BYTES];
+                        for (c, &q) in codes.iter().enumerate() {
+                            tile[(c / 4) * 64 + r * 4 + c % 4] = (q as i32 + 128) as u8;
+                        }
+                    }
+                }
+            });
+        Ok(Int8Weights {
+            rows,
+            cols,
+            qs,
+            scales,
+        })
+    }
+
+    /// Rebuilds from packed parts (the pack cache); `None` if the lengths do not fit.
+    pub fn from_parts(rows: usize, cols: usize, qs: Vec<u8>, scales: Vec<f16>) -> Option<Self> {
+        let tiles = rows.div_ceil(ROW_GROUP) * (cols / BLOCK);
+        (cols.is_multiple_of(BLOCK)
+            && qs.len() == tiles * INT8_TILE_BYTES
+            && scales.len() == tiles * ROW_GROUP)
+            .then_some(Int8Weights {
+                rows,
+                cols,
+                qs,
+                scales,
+            })
+    }
+
+    pub fn codes(&self) -> &[u8] {
+        &self.qs
+    }
+    pub fn scales(&self) -> &[f16] {
+        &self.scales
+    }
+
+    pub fn tiles(&self) -> Int8Tiles<'_> {
+        Int8Tiles {
+            qs: &self.qs,
+            scales: &self.scales,
+            rows: self.rows,
+            cols: self.cols,
+        }
+    }
+
+    /// `matmul_rows` on a chosen kernel path (tests compare the paths).
+    pub fn matmul_rows_isa(
+        &self,
+        isa: QuantIsa,
+        x: &PreparedInput,
+        rows: Range<usize>,
+        y: &OutputMatrix,
+    ) {
+        int8_matmul(
+            isa,
+            &self.tiles(),
+            &q8_rows(x, y.n_tokens(), "int8"),
+            rows,
+            y,
+        );
+    }
+}
+
+/// The q8 view of a prepared input; panics on another encoding (a decoder bug: the format
+/// asked for [`InputKind::Q8Blocks`]).
+pub(crate) fn q8_rows<'a>(x: &PreparedInput<'a>, n_tokens: usize, format: &str) -> Q8Rows<'a> {
+    match *x {
+        PreparedInput::Q8Blocks {
+            quants,
+            scales,
+            block_sums,
+            dim,
+        } => Q8Rows {
+            quants,
+            scales,
+            block_sums,
+            dim,
+            n_tokens,
+        },
+        _ => {
+            panic!("{format} weights read Q8Blocks activations (input_kind), got another encoding")
+        }
+    }
+}
+
+impl PackedLinear for Int8Weights {
+    fn rows(&self) -> usize {
+        self.rows
+    }
+    fn cols(&self) -> usize {
+        self.cols
+    }
+    fn bytes(&self) -> usize {
+        self.qs.len() + 2 * self.scales.len()
+    }
+    fn input_kind(&self) -> InputKind {
+        InputKind::Q8Blocks
+    }
+    fn row_align(&self) -> usize {
+        ROW_GROUP
+    }
+    fn matmul_rows(&self, x: &PreparedInput, rows: Range<usize>, y: &OutputMatrix) {
+        self.matmul_rows_isa(selected_isa(), x, rows, y);
+    }
+    fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        assert!(r < self.rows && out.len() >= self.cols);
+        let nb = self.cols / BLOCK;
+        let (g, rr) = (r / ROW_GROUP, r % ROW_GROUP);
+        for b in 0..nb {
+            let d = self.scales[(g * nb + b) * ROW_GROUP + rr].to_f32();
+            let tile = &self.qs[(g * nb + b) * INT8_TILE_BYTES..][..INT8_TILE_BYTES];
+            for c in 0..BLOCK {
+                out[b * BLOCK + c] = (tile[(c / 4) * 64 + rr * 4 + c % 4] as i32 - 128) as f32 * d;
+            }
+        }
+    }
+}

@@ -1,0 +1,492 @@
+//! 4-bit and 6-bit weight × int8-activation matmul kernels (the `int4` format and its
+//! 6-bit mix tensors): unsigned codes `q` in `0..2^bits` with a per-group f16 scale `d`
+//! and minimum `m` (`w = d · q + m`, llama.cpp's Q4_1 form), groups of 32, 64 or 128
+//! columns (the last group of a row may be shorter, e.g. 576 = 4 · 128 + 64).
+//!
+//! Packed layout (made by `format::int4`): row groups of 16 as in `int8_matmul`. Per row
+//! group and 32-column block, a 256-byte nibble tile: byte `j * 64 + row * 4 + k`
+//! (`j` in 0..4) holds column `4j + k` in its low nibble and column `4(j + 4) + k` in its
+//! high nibble, so one 64-byte load and two mask/shift ops give two 16-row × 4-column
+//! operands for `vpdpbusd` (codes are naturally unsigned). 6-bit codes add a 128-byte tile of
+//! high bit pairs: byte `h * 64 + row * 4 + k` holds bits 4..5 of the code of quad
+//! `4h + j` in its bits `2j..2j + 1`. Scales and minimums: `[(group * n_col_groups + cg) * 16
+//! + row]`.
+//!
+//! Math per row and column group `cg`: `Σ_b d_a[b] · (d · Σ q·a + m · Σ a)`; the integer
+//! dot of each block goes through `acc = fma(float(dot), d · d_a[b], acc)` and the minimum's
+//! part once per group, `acc = fma(m, S[cg], acc)`, where `S[cg] = Σ_{b in cg} d_a[b] ·
+//! blocksum[b]` is computed once per token (shared code, so every path sees the same
+//! value). The scalar specification and the AVX2/AVX512-VNNI paths perform the same float
+//! operations in the same order and agree to the bit.
+
+use super::int8_matmul::{drive_row_groups, Q8Rows, QuantIsa, BLOCK, ROW_GROUP, TOKEN_TILE};
+use crate::kernels::OutputMatrix;
+use half::f16;
+use std::ops::Range;
+
+/// Bytes of the nibble tile of one row group × 32-column block.
+pub const NIBBLE_TILE_BYTES: usize = ROW_GROUP * BLOCK / 2;
+/// Bytes of the 6-bit codes' high-bit-pair tile.
+pub const HIGH_BITS_TILE_BYTES: usize = ROW_GROUP * BLOCK / 4;
+
+/// A 4- or 6-bit matrix in the packed layout described in the module doc.
+#[derive(Debug, Clone, Copy)]
+pub struct LowBitTiles<'a> {
+    /// 4 or 6.
+    pub bits: u32,
+    pub nibbles: &'a [u8],
+    /// Empty for 4-bit.
+    pub high_bits: &'a [u8],
+    pub scales: &'a [f16],
+    pub mins: &'a [f16],
+    pub rows: usize,
+    pub cols: usize,
+    /// Columns per scale group (a multiple of 32).
+    pub group_size: usize,
+}
+
+impl LowBitTiles<'_> {
+    pub fn n_groups(&self) -> usize {
+        self.rows.div_ceil(ROW_GROUP)
+    }
+    pub fn n_blocks(&self) -> usize {
+        self.cols / BLOCK
+    }
+    pub fn n_col_groups(&self) -> usize {
+        self.cols.div_ceil(self.group_size)
+    }
+    fn check(&self) {
+        assert!(self.bits == 4 || self.bits == 6);
+        assert!(
+            self.cols.is_multiple_of(BLOCK)
+                && self.group_size.is_multiple_of(BLOCK)
+                && self.group_size > 0
+        );
+        let tiles = self.n_groups() * self.n_blocks();
+        assert!(self.nibbles.len() >= tiles * NIBBLE_TILE_BYTES);
+        if self.bits == 6 {
+            assert!(self.high_bits.len() >= tiles * HIGH_BITS_TILE_BYTES);
+        }
+        let ng = self.n_groups() * self.n_col_groups() * ROW_GROUP;
+        assert!(self.scales.len() >= ng && self.mins.len() >= ng);
+    }
+
+    /// The code of (row `r`, column `c`) from the packed tiles.
+    pub fn code(&self, r: usize, c: usize) -> u8 {
+        let (g, rr) = (r / ROW_GROUP, r % ROW_GROUP);
+        let (b, cc) = (c / BLOCK, c % BLOCK);
+        let tile = (g * self.n_blocks() + b) * NIBBLE_TILE_BYTES;
+        let (quad, k) = (cc / 4, cc % 4);
+        let byte = self.nibbles[tile + (quad % 4) * 64 + rr * 4 + k];
+        let mut q = if quad < 4 { byte & 0x0F } else { byte >> 4 };
+        if self.bits == 6 {
+            let hb_tile = (g * self.n_blocks() + b) * HIGH_BITS_TILE_BYTES;
+            let hb = self.high_bits[hb_tile + (quad / 4) * 64 + rr * 4 + k];
+            q |= ((hb >> (2 * (quad % 4))) & 3) << 4;
+        }
+        q
+    }
+}
+
+/// `S[t][cg] = Σ_{b in cg} d_a[t][b] · blocksum[t][b]` for tokens `t0..t0 + n`.
+fn min_terms(x: &Q8Rows, t0: usize, n: usize, group_size: usize, n_col_groups: usize) -> Vec<f32> {
+    let nb = x.n_blocks();
+    let bpg = group_size / BLOCK;
+    let mut s = vec![0f32; n * n_col_groups];
+    for t in 0..n {
+        for b in 0..nb {
+            let i = (t0 + t) * nb + b;
+            s[t * n_col_groups + b / bpg] += x.scales[i] * x.block_sums[i] as f32;
+        }
+    }
+    s
+}
+
+/// `y[t][r] = W[r] · x[t]` for `r` in `rows` (start a multiple of 16) on path `isa`.
+pub fn lowbit_matmul(
+    isa: QuantIsa,
+    w: &LowBitTiles,
+    x: &Q8Rows,
+    rows: Range<usize>,
+    y: &OutputMatrix,
+) {
+    w.check();
+    x.check();
+    assert_eq!(
+        x.dim, w.cols,
+        "activation width differs from the weight's columns"
+    );
+    assert!(rows.end <= w.rows);
+    assert!(isa.is_available(), "{} path not available", isa.name());
+    let ncg = w.n_col_groups();
+    let s_all = min_terms(x, 0, x.n_tokens, w.group_size, ncg);
+    drive_row_groups(rows, x.n_tokens, y, |g, t0, n, out| {
+        let s = &s_all[t0 * ncg..(t0 + n) * ncg];
+        match isa {
+            QuantIsa::Scalar => lowbit_tile_scalar(w, x, s, g, t0, n, out),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the path's CPU features were checked above; `check` guaranteed the
+            // slices cover group `g`, tokens `t0..t0 + n`, every block and column group.
+            QuantIsa::Avx2 => unsafe { x86::lowbit_tile_avx2(w, x, s, g, t0, n, out) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above.
+            QuantIsa::Avx512Vnni => unsafe {
+                x86::lowbit_tile_vnni_dispatch(w, x, s, g, t0, n, out)
+            },
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => unreachable!(),
+        }
+    });
+}
+
+/// The specification (see the module doc for the order of operations).
+pub fn lowbit_tile_scalar(
+    w: &LowBitTiles,
+    x: &Q8Rows,
+    s: &[f32],
+    g: usize,
+    t0: usize,
+    n: usize,
+    out: &mut [[f32; ROW_GROUP]; TOKEN_TILE],
+) {
+    let nb = w.n_blocks();
+    let ncg = w.n_col_groups();
+    let bpg = w.group_size / BLOCK;
+    for t in 0..n {
+        let tok = t0 + t;
+        let mut acc = [0f32; ROW_GROUP];
+        for cg in 0..ncg {
+            let ds = &w.scales[(g * ncg + cg) * ROW_GROUP..][..ROW_GROUP];
+            let ms = &w.mins[(g * ncg + cg) * ROW_GROUP..][..ROW_GROUP];
+            for b in cg * bpg..((cg + 1) * bpg).min(nb) {
+                let a = &x.quants[tok * x.dim + b * BLOCK..][..BLOCK];
+                let da = x.scales[tok * nb + b];
+                for (r, acc_r) in acc.iter_mut().enumerate() {
+                    let mut dot = 0i32;
+                    for (c, &av) in a.iter().enumerate() {
+                        dot += w.code(g * ROW_GROUP + r, b * BLOCK + c) as i32 * av as i32;
+                    }
+                    *acc_r = (dot as f32).mul_add(ds[r].to_f32() * da, *acc_r);
+                }
+            }
+            for (r, acc_r) in acc.iter_mut().enumerate() {
+                *acc_r = ms[r].to_f32().mul_add(s[t * ncg + cg], *acc_r);
+            }
+        }
+        out[t] = acc;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::*;
+    use std::arch::x86_64::*;
+
+    /// # Safety
+    /// AVX512F/BW/VNNI present; `w`, `x` checked, `g < w.n_groups()`,
+    /// `t0 + n <= x.n_tokens`, `1 <= n <= TOKEN_TILE`, `s` holds `n * n_col_groups` values.
+    pub unsafe fn lowbit_tile_vnni_dispatch(
+        w: &LowBitTiles,
+        x: &Q8Rows,
+        s: &[f32],
+        g: usize,
+        t0: usize,
+        n: usize,
+        out: &mut [[f32; ROW_GROUP]; TOKEN_TILE],
+    ) {
+        // SAFETY: forwarded contract.
+        unsafe {
+            match (w.bits, n) {
+                (4, 1) => lowbit_tile_vnni::<1, false>(w, x, s, g, t0, out),
+                (4, 2) => lowbit_tile_vnni::<2, false>(w, x, s, g, t0, out),
+                (4, 3) => lowbit_tile_vnni::<3, false>(w, x, s, g, t0, out),
+                (4, 4) => lowbit_tile_vnni::<4, false>(w, x, s, g, t0, out),
+                (4, 5) => lowbit_tile_vnni::<5, false>(w, x, s, g, t0, out),
+                (4, 6) => lowbit_tile_vnni::<6, false>(w, x, s, g, t0, out),
+                (4, 7) => lowbit_tile_vnni::<7, false>(w, x, s, g, t0, out),
+                (4, 8) => lowbit_tile_vnni::<8, false>(w, x, s, g, t0, out),
+                (6, 1) => lowbit_tile_vnni::<1, true>(w, x, s, g, t0, out),
+                (6, 2) => lowbit_tile_vnni::<2, true>(w, x, s, g, t0, out),
+                (6, 3) => lowbit_tile_vnni::<3, true>(w, x, s, g, t0, out),
+                (6, 4) => lowbit_tile_vnni::<4, true>(w, x, s, g, t0, out),
+                (6, 5) => lowbit_tile_vnni::<5, true>(w, x, s, g, t0, out),
+                (6, 6) => lowbit_tile_vnni::<6, true>(w, x, s, g, t0, out),
+                (6, 7) => lowbit_tile_vnni::<7, true>(w, x, s, g, t0, out),
+                (6, 8) => lowbit_tile_vnni::<8, true>(w, x, s, g, t0, out),
+                _ => unreachable!("bits {} token tile {n}", w.bits),
+            }
+        }
+    }
+
+    /// Unpacks one block's codes into 8 operands of 16 rows × 4 columns (quad order).
+    ///
+    /// # Safety
+    /// AVX512F/BW; `nib` points at a nibble tile, `hb` (6-bit only) at its high-bit tile.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn unpack_zmm<const SIX: bool>(nib: *const u8, hb: *const u8) -> [__m512i; 8] {
+        let low4 = _mm512_set1_epi8(0x0F);
+        let bits45 = _mm512_set1_epi8(0x30);
+        let mut wv = [_mm512_setzero_si512(); 8];
+        // SAFETY: the caller's contract covers 256 bytes at `nib` and 128 at `hb`.
+        unsafe {
+            let h = if SIX {
+                [
+                    _mm512_loadu_si512(hb as *const _),
+                    _mm512_loadu_si512(hb.add(64) as *const _),
+                ]
+            } else {
+                [_mm512_setzero_si512(); 2]
+            };
+            for j in 0..4 {
+                let v = _mm512_loadu_si512(nib.add(j * 64) as *const _);
+                let mut lo = _mm512_and_si512(v, low4);
+                let mut hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+                if SIX {
+                    // Bits 2j..2j+1 of each byte to bits 4..5 (16-bit shifts: the bits
+                    // that cross a byte boundary are masked off by 0x30).
+                    let place = |x: __m512i| match j {
+                        0 => _mm512_and_si512(_mm512_slli_epi16(x, 4), bits45),
+                        1 => _mm512_and_si512(_mm512_slli_epi16(x, 2), bits45),
+                        2 => _mm512_and_si512(x, bits45),
+                        _ => _mm512_and_si512(_mm512_srli_epi16(x, 2), bits45),
+                    };
+                    lo = _mm512_or_si512(lo, place(h[0]));
+                    hi = _mm512_or_si512(hi, place(h[1]));
+                }
+                wv[j] = lo;
+                wv[j + 4] = hi;
+            }
+        }
+        wv
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn lowbit_tile_vnni<const N: usize, const SIX: bool>(
+        w: &LowBitTiles,
+        x: &Q8Rows,
+        s: &[f32],
+        g: usize,
+        t0: usize,
+        out: &mut [[f32; ROW_GROUP]; TOKEN_TILE],
+    ) {
+        let nb = w.n_blocks();
+        let ncg = w.n_col_groups();
+        let bpg = w.group_size / BLOCK;
+        let dim = x.dim;
+        // SAFETY: every pointer stays inside the slices `check` validated: tiles of group g
+        // (blocks < nb), its scales/mins (column groups < ncg), tokens t0..t0+N.
+        unsafe {
+            let nib = w.nibbles.as_ptr().add(g * nb * NIBBLE_TILE_BYTES);
+            let hbp = if SIX {
+                w.high_bits.as_ptr().add(g * nb * HIGH_BITS_TILE_BYTES)
+            } else {
+                std::ptr::null()
+            };
+            let sc = w.scales.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
+            let mn = w.mins.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
+            let xq = x.quants.as_ptr().add(t0 * dim);
+            let xs = x.scales.as_ptr().add(t0 * nb);
+            let mut acc = [_mm512_setzero_ps(); N];
+            for cg in 0..ncg {
+                let dw = _mm512_cvtph_ps(_mm256_loadu_si256(sc.add(cg * ROW_GROUP) as *const _));
+                for b in cg * bpg..((cg + 1) * bpg).min(nb) {
+                    let hb = if SIX {
+                        hbp.add(b * HIGH_BITS_TILE_BYTES)
+                    } else {
+                        hbp
+                    };
+                    let wv = unpack_zmm::<SIX>(nib.add(b * NIBBLE_TILE_BYTES), hb);
+                    for (t, acc_t) in acc.iter_mut().enumerate() {
+                        let a = xq.add(t * dim + b * BLOCK) as *const i32;
+                        let mut d = _mm512_setzero_si512();
+                        for (quad, v) in wv.iter().enumerate() {
+                            d = _mm512_dpbusd_epi32(
+                                d,
+                                *v,
+                                _mm512_set1_epi32(a.add(quad).read_unaligned()),
+                            );
+                        }
+                        let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*xs.add(t * nb + b)));
+                        *acc_t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), scale, *acc_t);
+                    }
+                }
+                let mw = _mm512_cvtph_ps(_mm256_loadu_si256(mn.add(cg * ROW_GROUP) as *const _));
+                for (t, acc_t) in acc.iter_mut().enumerate() {
+                    *acc_t = _mm512_fmadd_ps(mw, _mm512_set1_ps(s[t * ncg + cg]), *acc_t);
+                }
+            }
+            for (t, acc_t) in acc.iter().enumerate() {
+                _mm512_storeu_ps(out[t].as_mut_ptr(), *acc_t);
+            }
+        }
+    }
+
+    /// # Safety
+    /// AVX2/FMA/F16C present; same contract as [`lowbit_tile_vnni_dispatch`].
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn lowbit_tile_avx2(
+        w: &LowBitTiles,
+        x: &Q8Rows,
+        s: &[f32],
+        g: usize,
+        t0: usize,
+        n: usize,
+        out: &mut [[f32; ROW_GROUP]; TOKEN_TILE],
+    ) {
+        let nb = w.n_blocks();
+        let ncg = w.n_col_groups();
+        let bpg = w.group_size / BLOCK;
+        let dim = x.dim;
+        let six = w.bits == 6;
+        // SAFETY: pointers stay inside the checked slices, as in the VNNI kernel.
+        unsafe {
+            let nib = w.nibbles.as_ptr().add(g * nb * NIBBLE_TILE_BYTES);
+            let sc = w.scales.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
+            let mn = w.mins.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
+            let low4 = _mm256_set1_epi8(0x0F);
+            let three = _mm256_set1_epi8(3);
+            let ones = _mm256_set1_epi16(1);
+            for t in 0..n {
+                let tok = t0 + t;
+                let mut acc = [_mm256_setzero_ps(); 2];
+                for cg in 0..ncg {
+                    for b in cg * bpg..((cg + 1) * bpg).min(nb) {
+                        let tile = nib.add(b * NIBBLE_TILE_BYTES);
+                        let a = x.quants.as_ptr().add(tok * dim + b * BLOCK) as *const i32;
+                        let mut sum = [_mm256_setzero_si256(); 2];
+                        for quad in 0..8 {
+                            let av = _mm256_set1_epi32(a.add(quad).read_unaligned());
+                            for (half, s_h) in sum.iter_mut().enumerate() {
+                                let v = _mm256_loadu_si256(
+                                    tile.add((quad % 4) * 64 + half * 32) as *const _
+                                );
+                                let mut q = if quad < 4 {
+                                    _mm256_and_si256(v, low4)
+                                } else {
+                                    _mm256_and_si256(_mm256_srli_epi16(v, 4), low4)
+                                };
+                                if six {
+                                    let hb = w.high_bits.as_ptr().add(
+                                        (g * nb + b) * HIGH_BITS_TILE_BYTES
+                                            + (quad / 4) * 64
+                                            + half * 32,
+                                    );
+                                    let h = _mm256_loadu_si256(hb as *const _);
+                                    let shift = _mm_cvtsi32_si128(2 * (quad as i32 % 4));
+                                    let pair = _mm256_and_si256(_mm256_srl_epi16(h, shift), three);
+                                    q = _mm256_or_si256(q, _mm256_slli_epi16(pair, 4));
+                                }
+                                // codes <= 63, |a| <= 127: the i16 pair sums fit.
+                                let p = _mm256_maddubs_epi16(q, av);
+                                *s_h = _mm256_add_epi32(*s_h, _mm256_madd_epi16(p, ones));
+                            }
+                        }
+                        let da = _mm256_set1_ps(*x.scales.as_ptr().add(tok * nb + b));
+                        for (half, acc_h) in acc.iter_mut().enumerate() {
+                            let dw = _mm256_cvtph_ps(_mm_loadu_si128(
+                                sc.add(cg * ROW_GROUP + half * 8) as *const _,
+                            ));
+                            *acc_h = _mm256_fmadd_ps(
+                                _mm256_cvtepi32_ps(sum[half]),
+                                _mm256_mul_ps(dw, da),
+                                *acc_h,
+                            );
+                        }
+                    }
+                    let st = _mm256_set1_ps(s[t * ncg + cg]);
+                    for (half, acc_h) in acc.iter_mut().enumerate() {
+                        let mw = _mm256_cvtph_ps(_mm_loadu_si128(
+                            mn.add(cg * ROW_GROUP + half * 8) as *const _,
+                        ));
+                        *acc_h = _mm256_fmadd_ps(mw, st, *acc_h);
+                    }
+                }
+                _mm256_storeu_ps(out[t].as_mut_ptr(), acc[0]);
+                _mm256_storeu_ps(out[t].as_mut_ptr().add(8), acc[1]);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::int4::LowBitWeights;
+    use crate::format::PackedLinear;
+    use crate::kernels::int8_matmul::test_support::*;
+    use crate::model::Tensor;
+
+    #[test]
+    fn lowbit_paths_agree_with_scalar_and_float32_at_odd_sizes() {
+        for bits in [4u32, 6] {
+            for gs in [32usize, 64, 128] {
+                for &(rows, cols, tokens) in &[
+                    (1, 32, 1),
+                    (17, 96, 3),
+                    (37, 160, 9),
+                    (16, 576, 2),
+                    (33, 64, 8),
+                ] {
+                    let w = pseudo(rows * cols, (rows * 31 + cols) as u64 + gs as u64, 0.05);
+                    let t = Tensor::new(vec![rows, cols], w.clone());
+                    let packed = LowBitWeights::quantize(&t, bits, gs, None, "test").unwrap();
+                    let f = |isa, x: &crate::format::PreparedInput, r, y: &OutputMatrix| {
+                        packed.matmul_rows_isa(isa, x, r, y)
+                    };
+                    check_paths(&packed, &f, &w, rows, cols, tokens, bits as u64);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn lowbit_round_trip_error_bounds() {
+        // Every weight is within one step (max - min) / (2^bits - 1) of its group: the
+        // least-squares refit may trade an extreme weight's error (up to a step) for a lower
+        // total error (`rounding` tests that the total never exceeds the min/max grid's).
+        let (rows, cols) = (21, 160);
+        let w = pseudo(rows * cols, 5, 0.1);
+        for bits in [4u32, 6] {
+            for gs in [32usize, 64, 128] {
+                let packed = LowBitWeights::quantize(
+                    &Tensor::new(vec![rows, cols], w.clone()),
+                    bits,
+                    gs,
+                    None,
+                    "t",
+                )
+                .unwrap();
+                let mut out = vec![0f32; cols];
+                for r in 0..rows {
+                    packed.dequantize_row(r, &mut out);
+                    for c0 in (0..cols).step_by(gs) {
+                        let c1 = (c0 + gs).min(cols);
+                        let xs = &w[r * cols + c0..r * cols + c1];
+                        let (lo, hi) = xs
+                            .iter()
+                            .fold((f32::MAX, f32::MIN), |(a, b), &v| (a.min(v), b.max(v)));
+                        let step = (hi - lo) / ((1 << bits) - 1) as f32;
+                        for c in c0..c1 {
+                            let err = (out[c] - w[r * cols + c]).abs();
+                            assert!(
+                                err <= step,
+                                "bits {bits} g{gs} row {r} col {c}: {err} vs step {step}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bits_per_weight_of_each_group_size() {
+        let (rows, cols) = (64, 1536);
+        let t = Tensor::new(vec![rows, cols], pseudo(rows * cols, 1, 0.1));
+        for (bits, gs, bpw) in [(4, 32, 5.0), (4, 64, 4.5), (4, 128, 4.25), (6, 64, 6.5)] {
+            let p = LowBitWeights::quantize(&t, bits, gs, None, "t").unwrap();
+            assert_eq!(p.bytes() as f64 * 8.0 / (rows * cols) as f64, bpw);
+        }
+    }
+}

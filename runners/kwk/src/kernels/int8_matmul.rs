@@ -1,0 +1,595 @@
+//! int8-weight × int8-activation matmul kernels (the `int8` format and the int4 mix's 8-bit
+//! tensors), plus what every quantized kernel shares: the ISA choice for the quantized
+//! paths, the view of q8 activation blocks, and the row-group × token-tile driver.
+//!
+//! Packed layout (made by `format::int8`): rows are interleaved in groups of
+//! [`ROW_GROUP`] = 16. For each row group and each 32-column block there is one 512-byte
+//! tile: byte `quad * 64 + row * 4 + k` holds column `4 * quad + k` of row `row` as
+//! `q + 128` (`q` in -127..=127), so one 64-byte load gives 16 rows × 4 columns, and one
+//! broadcast 4-byte activation quad serves all 16 rows: `vpdpbusd` (u8 × i8, four products
+//! summed per 32-bit lane) accumulates the 16 row dots in the 16 lanes of one register, and
+//! no horizontal sum is ever needed. The +128 offset makes weights the unsigned operand;
+//! the dot is corrected by `-128 · Σa`, the activation block sum that the q8 blocks carry
+//! (the accumulator starts at that value). One f16 scale per row and block (8.5 bits per
+//! weight, the size of llama.cpp's Q8_0).
+//!
+//! Paths: AVX512-VNNI (`vpdpbusd` zmm), AVX2 (`vpmaddubsw` with the sign trick, since
+//! `255 · 127 · 2` would saturate its i16 pairs), and the scalar specification. All three
+//! compute the same exact integer block dots and then the same float operations in the same
+//! order (`acc = fma(float(dot), d_w · d_a, acc)` per block), so their results agree to
+//! the bit. GEMM (prompts): a tile of up to [`TOKEN_TILE`] tokens shares each weight load;
+//! GEMV (one token): the same microkernel with one token, whose independent per-block
+//! integer chains the out-of-order core overlaps; it is bound by memory bandwidth.
+
+use crate::kernels::OutputMatrix;
+use half::f16;
+use std::ops::Range;
+use std::sync::OnceLock;
+
+/// Rows per interleave group (the packed formats' `row_align`).
+pub const ROW_GROUP: usize = 16;
+/// Columns per quantization block (the q8 activation block).
+pub const BLOCK: usize = 32;
+/// Bytes of one int8 tile (16 rows × 32 columns).
+pub const INT8_TILE_BYTES: usize = ROW_GROUP * BLOCK;
+/// Tokens per GEMM microkernel call (the weight tile is loaded once for all of them).
+pub const TOKEN_TILE: usize = 8;
+
+/// The instruction set the quantized kernels run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QuantIsa {
+    Scalar,
+    /// AVX2 + FMA + F16C.
+    Avx2,
+    /// AVX-512 F/BW + VNNI.
+    Avx512Vnni,
+}
+
+impl QuantIsa {
+    pub fn name(self) -> &'static str {
+        match self {
+            QuantIsa::Scalar => "scalar",
+            QuantIsa::Avx2 => "avx2",
+            QuantIsa::Avx512Vnni => "avx512",
+        }
+    }
+
+    /// Whether this CPU can run the path.
+    pub fn is_available(self) -> bool {
+        match self {
+            QuantIsa::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            QuantIsa::Avx2 => {
+                is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("fma")
+                    && is_x86_feature_detected!("f16c")
+            }
+            #[cfg(target_arch = "x86_64")]
+            QuantIsa::Avx512Vnni => {
+                is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vnni")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// Every path this CPU can run (tests compare each with the scalar one).
+    pub fn available() -> Vec<QuantIsa> {
+        [QuantIsa::Scalar, QuantIsa::Avx2, QuantIsa::Avx512Vnni]
+            .into_iter()
+            .filter(|i| i.is_available())
+            .collect()
+    }
+
+    /// The best path this CPU has.
+    pub fn best() -> QuantIsa {
+        *QuantIsa::available().last().unwrap_or(&QuantIsa::Scalar)
+    }
+}
+
+/// The quantized kernels' path, chosen once from the crate's ISA choice
+/// ([`crate::kernels::active_isa`], which honours `KWK_ISA=scalar|avx2|avx512`): AVX-512
+/// runs the VNNI kernels when the CPU has VNNI (else AVX2), AVX2 needs F16C too (else
+/// scalar).
+pub fn selected_isa() -> QuantIsa {
+    static ISA: OnceLock<QuantIsa> = OnceLock::new();
+    *ISA.get_or_init(|| {
+        let wanted = match crate::kernels::active_isa() {
+            crate::kernels::Isa::Scalar => QuantIsa::Scalar,
+            crate::kernels::Isa::Avx2 => QuantIsa::Avx2,
+            crate::kernels::Isa::Avx512 { .. } => QuantIsa::Avx512Vnni,
+        };
+        [wanted, QuantIsa::Avx2, QuantIsa::Scalar]
+            .into_iter()
+            .find(|i| i.is_available() && (*i as u8) <= (wanted as u8))
+            .unwrap_or(QuantIsa::Scalar)
+    })
+}
+
+/// q8 activation blocks of `n_tokens` rows of `dim` values (see `q8_activations`).
+#[derive(Debug, Clone, Copy)]
+pub struct Q8Rows<'a> {
+    pub quants: &'a [i8],
+    pub scales: &'a [f32],
+    pub block_sums: &'a [i32],
+    pub dim: usize,
+    pub n_tokens: usize,
+}
+
+impl Q8Rows<'_> {
+    pub fn n_blocks(&self) -> usize {
+        self.dim / BLOCK
+    }
+
+    /// Panics unless the slices hold `n_tokens` rows (the kernels read them unchecked).
+    pub fn check(&self) {
+        assert_eq!(
+            self.dim % BLOCK,
+            0,
+            "activation width must be a multiple of 32"
+        );
+        let nb = self.n_blocks();
+        assert!(
+            self.quants.len() >= self.n_tokens * self.dim
+                && self.scales.len() >= self.n_tokens * nb
+                && self.block_sums.len() >= self.n_tokens * nb,
+            "q8 activations shorter than {} tokens of {}",
+            self.n_tokens,
+            self.dim
+        );
+    }
+}
+
+/// Runs `tile(group, first_token, n_tokens, out)` for every row group touched by `rows`
+/// and every token tile, and writes the rows of `rows` from `out` (row-major
+/// `[token][16]`) into `y`.
+pub(crate) fn drive_row_groups(
+    rows: Range<usize>,
+    n_tokens: usize,
+    y: &OutputMatrix,
+    mut tile: impl FnMut(usize, usize, usize, &mut [[f32; ROW_GROUP]; TOKEN_TILE]),
+) {
+    assert_eq!(
+        rows.start % ROW_GROUP,
+        0,
+        "row slices must start on a multiple of {ROW_GROUP}"
+    );
+    assert!(y.n_tokens() >= n_tokens && rows.end <= y.ld());
+    let mut out = [[0f32; ROW_GROUP]; TOKEN_TILE];
+    for g in rows.start / ROW_GROUP..rows.end.div_ceil(ROW_GROUP) {
+        let r0 = g * ROW_GROUP;
+        let n_out = (rows.end - r0).min(ROW_GROUP);
+        let mut t0 = 0;
+        while t0 < n_tokens {
+            let n = (n_tokens - t0).min(TOKEN_TILE);
+            tile(g, t0, n, &mut out);
+            for (t, o) in out.iter().take(n).enumerate() {
+                y.write_cols(t0 + t, r0, &o[..n_out]);
+            }
+            t0 += n;
+        }
+    }
+}
+
+/// An int8 matrix in the packed layout described in the module doc.
+#[derive(Debug, Clone, Copy)]
+pub struct Int8Tiles<'a> {
+    /// `n_groups * n_blocks` tiles of [`INT8_TILE_BYTES`].
+    pub qs: &'a [u8],
+    /// `scales[(group * n_blocks + block) * 16 + row]`.
+    pub scales: &'a [f16],
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl Int8Tiles<'_> {
+    pub fn n_groups(&self) -> usize {
+        self.rows.div_ceil(ROW_GROUP)
+    }
+    pub fn n_blocks(&self) -> usize {
+        self.cols / BLOCK
+    }
+    fn check(&self) {
+        assert_eq!(self.cols % BLOCK, 0);
+        let tiles = self.n_groups() * self.n_blocks();
+        assert!(self.qs.len() >= tiles * INT8_TILE_BYTES && self.scales.len() >= tiles * 16);
+    }
+}
+
+/// `y[t][r] = W[r] · x[t]` for `r` in `rows` (start a multiple of 16) on path `isa`.
+pub fn int8_matmul(isa: QuantIsa, w: &Int8Tiles, x: &Q8Rows, rows: Range<usize>, y: &OutputMatrix) {
+    w.check();
+    x.check();
+    assert_eq!(
+        x.dim, w.cols,
+        "activation width differs from the weight's columns"
+    );
+    assert!(rows.end <= w.rows);
+    assert!(isa.is_available(), "{} path not available", isa.name());
+    drive_row_groups(rows, x.n_tokens, y, |g, t0, n, out| match isa {
+        QuantIsa::Scalar => int8_tile_scalar(w, x, g, t0, n, out),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the path's CPU features were checked above; `check` guaranteed the
+        // slices cover group `g`, tokens `t0..t0 + n` and every block.
+        QuantIsa::Avx2 => unsafe { x86::int8_tile_avx2(w, x, g, t0, n, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        QuantIsa::Avx512Vnni => unsafe { x86::int8_tile_vnni_dispatch(w, x, g, t0, n, out) },
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => unreachable!(),
+    });
+}
+
+/// The specification: exact integer block dots, then `acc = fma(dot, d_w · d_a, acc)`.
+pub fn int8_tile_scalar(
+    w: &Int8Tiles,
+    x: &Q8Rows,
+    g: usize,
+    t0: usize,
+    n: usize,
+    out: &mut [[f32; ROW_GROUP]; TOKEN_TILE],
+) {
+    let nb = w.n_blocks();
+    for (t, out_t) in out.iter_mut().take(n).enumerate() {
+        let tok = t0 + t;
+        let mut acc = [0f32; ROW_GROUP];
+        for b in 0..nb {
+            let tile = &w.qs[(g * nb + b) * INT8_TILE_BYTES..][..INT8_TILE_BYTES];
+            let ds = &w.scales[(g * nb + b) * ROW_GROUP..][..ROW_GROUP];
+            let a = &x.quants[tok * x.dim + b * BLOCK..][..BLOCK];
+            let da = x.scales[tok * nb + b];
+            let bs = x.block_sums[tok * nb + b];
+            for (r, acc_r) in acc.iter_mut().enumerate() {
+                let mut dot = -128 * bs;
+                for quad in 0..BLOCK / 4 {
+                    for k in 0..4 {
+                        dot += tile[quad * 64 + r * 4 + k] as i32 * a[quad * 4 + k] as i32;
+                    }
+                }
+                *acc_r = (dot as f32).mul_add(ds[r].to_f32() * da, *acc_r);
+            }
+        }
+        *out_t = acc;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::*;
+    use std::arch::x86_64::*;
+
+    /// # Safety
+    /// AVX512F/BW/VNNI present; `w` and `x` checked (`Int8Tiles::check`, `Q8Rows::check`),
+    /// `g < w.n_groups()`, `t0 + n <= x.n_tokens`, `1 <= n <= TOKEN_TILE`.
+    pub unsafe fn int8_tile_vnni_dispatch(
+        w: &Int8Tiles,
+        x: &Q8Rows,
+        g: usize,
+        t0: usize,
+        n: usize,
+        out: &mut [[f32; ROW_GROUP]; TOKEN_TILE],
+    ) {
+        // SAFETY: forwarded contract.
+        unsafe {
+            match n {
+                1 => int8_tile_vnni::<1>(w, x, g, t0, out),
+                2 => int8_tile_vnni::<2>(w, x, g, t0, out),
+                3 => int8_tile_vnni::<3>(w, x, g, t0, out),
+                4 => int8_tile_vnni::<4>(w, x, g, t0, out),
+                5 => int8_tile_vnni::<5>(w, x, g, t0, out),
+                6 => int8_tile_vnni::<6>(w, x, g, t0, out),
+                7 => int8_tile_vnni::<7>(w, x, g, t0, out),
+                8 => int8_tile_vnni::<8>(w, x, g, t0, out),
+                _ => unreachable!("token tile of {n}"),
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn int8_tile_vnni<const N: usize>(
+        w: &Int8Tiles,
+        x: &Q8Rows,
+        g: usize,
+        t0: usize,
+        out: &mut [[f32; ROW_GROUP]; TOKEN_TILE],
+    ) {
+        let nb = w.n_blocks();
+        let dim = x.dim;
+        // SAFETY: every pointer below stays inside the slices `check` validated: tiles and
+        // scales of group g (blocks < nb), activations of tokens t0..t0+N (< n_tokens).
+        unsafe {
+            let qs = w.qs.as_ptr().add(g * nb * INT8_TILE_BYTES);
+            let sc = w.scales.as_ptr().add(g * nb * ROW_GROUP) as *const u16;
+            let xq = x.quants.as_ptr().add(t0 * dim);
+            let xs = x.scales.as_ptr().add(t0 * nb);
+            let xbs = x.block_sums.as_ptr().add(t0 * nb);
+            let mut acc = [_mm512_setzero_ps(); N];
+            for b in 0..nb {
+                let tile = qs.add(b * INT8_TILE_BYTES);
+                let mut wv = [_mm512_setzero_si512(); 8];
+                for (quad, v) in wv.iter_mut().enumerate() {
+                    *v = _mm512_loadu_si512(tile.add(quad * 64) as *const _);
+                }
+                let dw = _mm512_cvtph_ps(_mm256_loadu_si256(sc.add(b * ROW_GROUP) as *const _));
+                for (t, acc_t) in acc.iter_mut().enumerate() {
+                    let a = xq.add(t * dim + b * BLOCK) as *const i32;
+                    let mut s = _mm512_set1_epi32(-128 * *xbs.add(t * nb + b));
+                    for (quad, v) in wv.iter().enumerate() {
+                        s = _mm512_dpbusd_epi32(
+                            s,
+                            *v,
+                            _mm512_set1_epi32(a.add(quad).read_unaligned()),
+                        );
+                    }
+                    let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*xs.add(t * nb + b)));
+                    *acc_t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scale, *acc_t);
+                }
+            }
+            for (t, acc_t) in acc.iter().enumerate() {
+                _mm512_storeu_ps(out[t].as_mut_ptr(), *acc_t);
+            }
+        }
+    }
+
+    /// # Safety
+    /// AVX2/FMA/F16C present; same contract as [`int8_tile_vnni_dispatch`].
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn int8_tile_avx2(
+        w: &Int8Tiles,
+        x: &Q8Rows,
+        g: usize,
+        t0: usize,
+        n: usize,
+        out: &mut [[f32; ROW_GROUP]; TOKEN_TILE],
+    ) {
+        let nb = w.n_blocks();
+        let dim = x.dim;
+        // SAFETY: pointers stay inside the checked slices, as in the VNNI kernel.
+        unsafe {
+            let qs = w.qs.as_ptr().add(g * nb * INT8_TILE_BYTES);
+            let sc = w.scales.as_ptr().add(g * nb * ROW_GROUP) as *const u16;
+            let ones = _mm256_set1_epi16(1);
+            let flip = _mm256_set1_epi8(-128);
+            for (t, out_t) in out.iter_mut().take(n).enumerate() {
+                let tok = t0 + t;
+                let mut acc = [_mm256_setzero_ps(); 2];
+                for b in 0..nb {
+                    let tile = qs.add(b * INT8_TILE_BYTES);
+                    let a = x.quants.as_ptr().add(tok * dim + b * BLOCK) as *const i32;
+                    let mut s = [_mm256_setzero_si256(); 2];
+                    for quad in 0..8 {
+                        let av = _mm256_set1_epi32(a.add(quad).read_unaligned());
+                        for (half, s_h) in s.iter_mut().enumerate() {
+                            let wu =
+                                _mm256_loadu_si256(tile.add(quad * 64 + half * 32) as *const _);
+                            // u8 (q + 128) -> i8 q; |q| <= 127, so |q| * |a| * 2 fits i16.
+                            let wq = _mm256_xor_si256(wu, flip);
+                            let p =
+                                _mm256_maddubs_epi16(_mm256_abs_epi8(wq), _mm256_sign_epi8(av, wq));
+                            *s_h = _mm256_add_epi32(*s_h, _mm256_madd_epi16(p, ones));
+                        }
+                    }
+                    let da = _mm256_set1_ps(*x.scales.as_ptr().add(tok * nb + b));
+                    for (half, acc_h) in acc.iter_mut().enumerate() {
+                        let dw = _mm256_cvtph_ps(_mm_loadu_si128(
+                            sc.add(b * ROW_GROUP + half * 8) as *const _
+                        ));
+                        *acc_h = _mm256_fmadd_ps(
+                            _mm256_cvtepi32_ps(s[half]),
+                            _mm256_mul_ps(dw, da),
+                            *acc_h,
+                        );
+                    }
+                }
+                _mm256_storeu_ps(out_t.as_mut_ptr(), acc[0]);
+                _mm256_storeu_ps(out_t.as_mut_ptr().add(8), acc[1]);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod test_support {
+    //! Shared by the quantized kernels' tests: pseudo-random data, q8 activations, and
+    //! the comparisons every path must pass.
+    use crate::format::{PackedLinear, PreparedInput};
+    use crate::kernels::int8_matmul::QuantIsa;
+    use crate::kernels::q8_activations::quantize_rows_q8;
+    use crate::kernels::OutputMatrix;
+    use std::ops::Range;
+
+    pub fn pseudo(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 11) as f64 / (1u64 << 53) as f64 - 0.5) as f32 * 2.0 * scale
+            })
+            .collect()
+    }
+
+    pub struct Q8 {
+        pub quants: Vec<i8>,
+        pub scales: Vec<f32>,
+        pub sums: Vec<i32>,
+        pub dim: usize,
+    }
+
+    impl Q8 {
+        pub fn new(x: &[f32], dim: usize) -> Q8 {
+            let nb = x.len() / 32;
+            let mut q = Q8 {
+                quants: vec![0; x.len()],
+                scales: vec![0.0; nb],
+                sums: vec![0; nb],
+                dim,
+            };
+            quantize_rows_q8(x, dim, &mut q.quants, &mut q.scales, &mut q.sums);
+            q
+        }
+        pub fn input(&self) -> PreparedInput<'_> {
+            PreparedInput::Q8Blocks {
+                quants: &self.quants,
+                scales: &self.scales,
+                block_sums: &self.sums,
+                dim: self.dim,
+            }
+        }
+        pub fn dequant(&self) -> Vec<f32> {
+            self.quants
+                .iter()
+                .enumerate()
+                .map(|(i, &q)| q as f32 * self.scales[i / 32])
+                .collect()
+        }
+    }
+
+    pub type MatmulFn<'a> = dyn Fn(QuantIsa, &PreparedInput, Range<usize>, &OutputMatrix) + 'a;
+
+    /// Runs `w` on `isa` over the row slices `splits` (as threads would) into a fresh output.
+    pub fn run(
+        w: &MatmulFn,
+        isa: QuantIsa,
+        q8: &Q8,
+        n_tokens: usize,
+        rows: usize,
+        splits: &[Range<usize>],
+    ) -> Vec<f32> {
+        let mut y = vec![f32::NAN; n_tokens * rows];
+        let out = OutputMatrix::new(&mut y, n_tokens, rows);
+        for r in splits {
+            w(isa, &q8.input(), r.clone(), &out);
+        }
+        y
+    }
+
+    /// Checks every path against scalar (bit-exact) and against float32 math: the result
+    /// must be within the sum of the per-product quantization errors
+    /// `Σ_i |ŵ_i â_i - w_i x_i|` (plus 1e-5 relative float slack) of `W · x` in f64,
+    /// and within 1e-5 relative of `Ŵ · x̂` (the dequantized operands) in f64.
+    #[allow(clippy::too_many_arguments)]
+    pub fn check_paths(
+        packed: &dyn PackedLinear,
+        matmul: &MatmulFn,
+        w: &[f32],
+        rows: usize,
+        cols: usize,
+        n_tokens: usize,
+        seed: u64,
+    ) {
+        let x = pseudo(n_tokens * cols, seed, 1.0);
+        let q8 = Q8::new(&x, cols);
+        let xd = q8.dequant();
+        let mut wd = vec![0f32; rows * cols];
+        for r in 0..rows {
+            packed.dequantize_row(r, &mut wd[r * cols..(r + 1) * cols]);
+        }
+        // Row slices on multiples of 16, as the decoder's thread split makes them.
+        let mid = (rows / 2) / 16 * 16;
+        let splits = [0..mid, mid..rows];
+        let reference = run(matmul, QuantIsa::Scalar, &q8, n_tokens, rows, &splits);
+        for isa in QuantIsa::available() {
+            let got = run(matmul, isa, &q8, n_tokens, rows, &splits);
+            for (i, (a, b)) in got.iter().zip(&reference).enumerate() {
+                assert_eq!(
+                    a.to_bits(),
+                    b.to_bits(),
+                    "{} vs scalar at {i}: {a} vs {b} (rows {rows} cols {cols} tokens {n_tokens})",
+                    isa.name()
+                );
+            }
+        }
+        for t in 0..n_tokens {
+            for r in 0..rows {
+                let (mut exact, mut deq, mut bound, mut mag) = (0f64, 0f64, 0f64, 0f64);
+                for c in 0..cols {
+                    let (wv, xv) = (w[r * cols + c] as f64, x[t * cols + c] as f64);
+                    let (wq, xq) = (wd[r * cols + c] as f64, xd[t * cols + c] as f64);
+                    exact += wv * xv;
+                    deq += wq * xq;
+                    bound += (wq * xq - wv * xv).abs();
+                    mag += (wq * xq).abs();
+                }
+                let y = reference[t * rows + r] as f64;
+                assert!(
+                    (y - deq).abs() <= 1e-5 * mag + 1e-6,
+                    "dequantized math: {y} vs {deq} (t {t} r {r})"
+                );
+                assert!(
+                    (y - exact).abs() <= bound + 1e-5 * mag + 1e-6,
+                    "float32: {y} vs {exact}, bound {bound} (t {t} r {r})"
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_support::*;
+    use super::*;
+    use crate::format::int8::Int8Weights;
+    use crate::format::PackedLinear;
+    use crate::model::Tensor;
+
+    #[test]
+    fn int8_paths_agree_with_scalar_and_float32_at_odd_sizes() {
+        for &(rows, cols, tokens) in &[
+            (1, 32, 1),
+            (16, 32, 8),
+            (17, 96, 3),
+            (37, 160, 9),
+            (48, 224, 17),
+            (5, 64, 1),
+        ] {
+            let w = pseudo(rows * cols, rows as u64 * 7 + cols as u64, 0.05);
+            let t = Tensor::new(vec![rows, cols], w.clone());
+            let packed = Int8Weights::quantize(&t, None, "test").unwrap();
+            let f = |isa, x: &crate::format::PreparedInput, r, y: &OutputMatrix| {
+                packed.matmul_rows_isa(isa, x, r, y)
+            };
+            check_paths(&packed, &f, &w, rows, cols, tokens, 3);
+        }
+    }
+
+    #[test]
+    fn int8_round_trip_within_half_a_step() {
+        let (rows, cols) = (19, 96);
+        let w = pseudo(rows * cols, 11, 0.1);
+        let packed =
+            Int8Weights::quantize(&Tensor::new(vec![rows, cols], w.clone()), None, "test").unwrap();
+        assert_eq!(packed.bytes(), 32 * 96 + 2 * 32 * 3); // two row groups (19 rows padded to 32)
+        let mut out = vec![0f32; cols];
+        for r in 0..rows {
+            packed.dequantize_row(r, &mut out);
+            for b in 0..cols / 32 {
+                let xs = &w[r * cols + b * 32..r * cols + b * 32 + 32];
+                let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+                for c in 0..32 {
+                    let err = (out[b * 32 + c] - xs[c]).abs();
+                    assert!(
+                        err <= amax / 127.0 * 0.51,
+                        "row {r} col {}: {err}",
+                        b * 32 + c
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bad_shapes_are_typed_errors() {
+        let t = Tensor::new(vec![4, 40], vec![0.0; 160]);
+        let err = Int8Weights::quantize(&t, None, "AttnQ weight of layer 2")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("AttnQ weight of layer 2") && err.contains("40"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,280 @@
+//! Every SIMD kernel the CPU supports against its scalar specification, at odd sizes and
+//! tails. Limits: matmuls and dot products agree within 1e-5 of the sum of |w·x| terms
+//! (they differ only in summation order and FMA rounding); conversions bit for bit.
+
+use super::*;
+
+/// Deterministic pseudo-random values in [-1, 1).
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn run_f32(
+    isa: Isa,
+    w: &[f32],
+    n_rows: usize,
+    cols: usize,
+    x: &[f32],
+    nt: usize,
+    rows: Range<usize>,
+) -> Vec<f32> {
+    let panels = pack_f32_panels(w, n_rows, cols);
+    let mut y = vec![f32::NAN; nt * n_rows];
+    let out = OutputMatrix::new(&mut y, nt, n_rows);
+    gemm_f32_panels(isa, &panels, n_rows, cols, x, nt, rows, &out);
+    y
+}
+
+fn run_bf16(
+    isa: Isa,
+    w: &[f32],
+    n_rows: usize,
+    cols: usize,
+    x: &[f32],
+    nt: usize,
+    rows: Range<usize>,
+) -> Vec<f32> {
+    let (panels, cp) = pack_bf16_panels(w, n_rows, cols);
+    let mut xb = vec![0u16; nt * cp];
+    for t in 0..nt {
+        scalar::f32_to_bf16(&x[t * cols..(t + 1) * cols], &mut xb[t * cp..t * cp + cols]);
+    }
+    let mut y = vec![f32::NAN; nt * n_rows];
+    let out = OutputMatrix::new(&mut y, nt, n_rows);
+    gemm_bf16_panels(isa, &panels, n_rows, cp, &xb, nt, rows, &out);
+    y
+}
+
+fn abs_sum(w: &[f32], x: &[f32], cols: usize, t: usize, r: usize) -> f32 {
+    (0..cols)
+        .map(|k| (w[r * cols + k] * x[t * cols + k]).abs())
+        .sum()
+}
+
+#[test]
+fn panel_matmuls_match_scalar_at_odd_shapes() {
+    for &(n_rows, cols, nt) in &[
+        (1, 1, 1),
+        (17, 3, 7),
+        (33, 64, 13),
+        (100, 37, 6),
+        (80, 96, 1),
+        (130, 50, 25),
+    ] {
+        let w = values(n_rows * cols, (n_rows * 31 + cols) as u64);
+        let x = values(nt * cols, (nt * 7 + cols) as u64);
+        let rows_cases = [
+            0..n_rows,
+            (n_rows / 32 * 16).min(n_rows)..n_rows,
+            0..n_rows.min(16),
+        ];
+        for rows in rows_cases {
+            let reference = run_f32(Isa::Scalar, &w, n_rows, cols, &x, nt, rows.clone());
+            let reference_bf = run_bf16(Isa::Scalar, &w, n_rows, cols, &x, nt, rows.clone());
+            for isa in supported_isas() {
+                let got = run_f32(isa, &w, n_rows, cols, &x, nt, rows.clone());
+                let got_bf = run_bf16(isa, &w, n_rows, cols, &x, nt, rows.clone());
+                for t in 0..nt {
+                    for r in 0..n_rows {
+                        let i = t * n_rows + r;
+                        if !rows.contains(&r) {
+                            assert!(
+                                got[i].is_nan() && got_bf[i].is_nan(),
+                                "{isa:?} wrote row {r} outside {rows:?}"
+                            );
+                            continue;
+                        }
+                        let lim = 1e-5 * abs_sum(&w, &x, cols, t, r) + 1e-30;
+                        assert!(
+                            (got[i] - reference[i]).abs() <= lim,
+                            "{isa:?} f32 {n_rows}x{cols} t{t} r{r}: {} vs {}",
+                            got[i],
+                            reference[i]
+                        );
+                        assert!(
+                            (got_bf[i] - reference_bf[i]).abs() <= lim,
+                            "{isa:?} bf16 {n_rows}x{cols} t{t} r{r}: {} vs {}",
+                            got_bf[i],
+                            reference_bf[i]
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn scalar_panel_matmul_is_a_plain_matmul() {
+    let (n_rows, cols, nt) = (21, 9, 3);
+    let w = values(n_rows * cols, 1);
+    let x = values(nt * cols, 2);
+    let y = run_f32(Isa::Scalar, &w, n_rows, cols, &x, nt, 0..n_rows);
+    for t in 0..nt {
+        for r in 0..n_rows {
+            let want: f64 = (0..cols)
+                .map(|k| w[r * cols + k] as f64 * x[t * cols + k] as f64)
+                .sum();
+            assert!((y[t * n_rows + r] as f64 - want).abs() < 1e-5);
+        }
+    }
+    // bf16: the same with both operands rounded to bf16.
+    let yb = run_bf16(Isa::Scalar, &w, n_rows, cols, &x, nt, 0..n_rows);
+    let round = |v: f32| scalar::bf16_to_f32(scalar::f32_to_bf16_one(v)) as f64;
+    for t in 0..nt {
+        for r in 0..n_rows {
+            let want: f64 = (0..cols)
+                .map(|k| round(w[r * cols + k]) * round(x[t * cols + k]))
+                .sum();
+            assert!((yb[t * n_rows + r] as f64 - want).abs() < 1e-5);
+        }
+    }
+}
+
+#[test]
+fn panel_rows_round_trip() {
+    let (n_rows, cols) = (19, 7);
+    let w = values(n_rows * cols, 3);
+    let p = pack_f32_panels(&w, n_rows, cols);
+    let (pb, cp) = pack_bf16_panels(&w, n_rows, cols);
+    assert_eq!(cp, 8);
+    let mut row = vec![0f32; cols];
+    for r in 0..n_rows {
+        unpack_f32_panel_row(&p, cols, r, &mut row);
+        assert_eq!(row, &w[r * cols..(r + 1) * cols]);
+        unpack_bf16_panel_row(&pb, cp, r, &mut row);
+        for k in 0..cols {
+            assert!((row[k] - w[r * cols + k]).abs() <= w[r * cols + k].abs() / 256.0);
+        }
+    }
+}
+
+#[test]
+fn dot_and_axpy_match_scalar() {
+    for n in [0, 1, 5, 16, 17, 31, 32, 33, 64, 100] {
+        let a = values(n, n as u64 + 1);
+        let b = values(n, n as u64 + 2);
+        let want = scalar::dot_f32(&a, &b);
+        let lim = 1e-5 * a.iter().zip(&b).map(|(x, y)| (x * y).abs()).sum::<f32>() + 1e-30;
+        for isa in supported_isas() {
+            assert!((dot_f32(isa, &a, &b) - want).abs() <= lim, "{isa:?} n={n}");
+            let mut y1 = b.clone();
+            let mut y2 = b.clone();
+            scalar::axpy_f32(&mut y1, 0.37, &a);
+            axpy_f32(isa, &mut y2, 0.37, &a);
+            for i in 0..n {
+                assert!((y1[i] - y2[i]).abs() <= 1e-6, "{isa:?} axpy n={n} i={i}");
+            }
+        }
+    }
+}
+
+#[test]
+fn bf16_conversion_matches_scalar_and_half() {
+    let mut x = values(53, 9);
+    x.extend([
+        0.0,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        1e-40,
+        f32::MAX,
+        3.0e38,
+    ]);
+    // A tie that must round to even: 1 + 2^-8 (exactly between two bf16 values).
+    x.push(1.0 + 1.0 / 256.0);
+    for isa in supported_isas() {
+        let mut got = vec![0u16; x.len()];
+        f32_to_bf16(isa, &x, &mut got);
+        for (i, &v) in x.iter().enumerate() {
+            let want = half::bf16::from_f32(v);
+            if v.is_nan() {
+                assert!(scalar::bf16_to_f32(got[i]).is_nan());
+            } else {
+                assert_eq!(got[i], want.to_bits(), "{isa:?} value {v}");
+            }
+        }
+    }
+}
+
+#[test]
+fn strided_panels_match_packed_panels() {
+    // Panels spaced wider than cols*16 and activations with a row stride > cols.
+    let (n_rows, cols, nt, stride, ldx) = (40, 11, 5, 11 * 16 + 48, 17);
+    let w = values(n_rows * cols, 21);
+    let packed = pack_f32_panels(&w, n_rows, cols);
+    let mut spaced = vec![0f32; 3 * stride];
+    for p in 0..3 {
+        spaced[p * stride..p * stride + cols * 16]
+            .copy_from_slice(&packed[p * cols * 16..(p + 1) * cols * 16]);
+    }
+    let x = values(nt * ldx, 22);
+    let mut xd = vec![0f32; nt * cols];
+    for t in 0..nt {
+        xd[t * cols..(t + 1) * cols].copy_from_slice(&x[t * ldx..t * ldx + cols]);
+    }
+    for isa in supported_isas() {
+        let mut a = vec![0f32; nt * n_rows];
+        let mut b = vec![0f32; nt * n_rows];
+        let ya = OutputMatrix::new(&mut a, nt, n_rows);
+        let yb = OutputMatrix::new(&mut b, nt, n_rows);
+        gemm_f32_panels(isa, &packed, n_rows, cols, &xd, nt, 0..n_rows, &ya);
+        gemm_f32_panels_strided(
+            isa,
+            &spaced,
+            stride,
+            n_rows,
+            cols,
+            &x,
+            ldx,
+            nt,
+            0..n_rows,
+            &yb,
+        );
+        assert_eq!(a, b, "{isa:?}");
+    }
+}
+
+#[test]
+fn exp_and_silu_match_scalar_within_two_ulp() {
+    for n in [0, 1, 15, 16, 17, 100] {
+        let base: Vec<f32> = values(n, 40 + n as u64).iter().map(|v| v * 60.0).collect();
+        for isa in supported_isas() {
+            let (mut a, mut b) = (base.clone(), base.clone());
+            let sa = scalar::exp_shifted_sum(&mut a, 20.0);
+            let sb = exp_shifted_sum(isa, &mut b, 20.0);
+            for i in 0..n {
+                assert!(
+                    (a[i] - b[i]).abs() <= 2.5e-7 * a[i],
+                    "{isa:?} exp({}) {} vs {}",
+                    base[i] - 20.0,
+                    a[i],
+                    b[i]
+                );
+            }
+            assert!((sa - sb).abs() <= 1e-6 * sa.max(1e-30), "{isa:?} sum");
+            let u = values(n, 7);
+            let (mut g1, mut g2) = (base.clone(), base.clone());
+            scalar::silu_mul(&mut g1, &u);
+            silu_mul(isa, &mut g2, &u);
+            for i in 0..n {
+                assert!(
+                    (g1[i] - g2[i]).abs() <= 3e-7 * g1[i].abs() + 1e-37,
+                    "{isa:?} silu({}) {} vs {}",
+                    base[i],
+                    g1[i],
+                    g2[i]
+                );
+            }
+        }
+    }
+}

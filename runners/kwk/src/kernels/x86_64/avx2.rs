@@ -1,0 +1,316 @@
+//! AVX2 + FMA kernels for CPUs without AVX-512: float32 and bf16 panel matmuls (tiles of
+//! 2 tokens x 2 panels = 8 ymm accumulators; bf16 widened to f32 by shifts) and the vector
+//! helpers of attention. Reached only through `kernels/mod.rs`, which checked the features
+//! and the buffer bounds.
+
+use crate::kernels::{OutputMatrix, PANEL_ROWS};
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+fn assert_features() {
+    debug_assert!(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"));
+}
+
+/// # Safety
+/// AVX2+FMA; `w` holds the panels covering `rows` (`cols*16` elements each, 4 bytes for
+/// f32 or 2 for bf16) and `x` holds `n_tokens*cols` elements.
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_panels(
+    bf16: bool,
+    w: *const u8,
+    panel_stride: usize,
+    cols: usize,
+    x: *const u8,
+    ldx: usize,
+    n_tokens: usize,
+    rows: Range<usize>,
+    y: &OutputMatrix,
+) {
+    let elem = if bf16 { 2 } else { 4 };
+    let panel_bytes = panel_stride * elem;
+    let n_panels = (rows.end - rows.start).div_ceil(PANEL_ROWS);
+    let first = rows.start / PANEL_ROWS;
+    let mut p = 0;
+    while p < n_panels {
+        let take = (n_panels - p).min(2);
+        let r0 = (first + p) * PANEL_ROWS;
+        let valid = (rows.end - r0).min(take * PANEL_ROWS);
+        // SAFETY: panels first+p.. lie inside `w`; token rows t.. inside `x`.
+        unsafe {
+            let wp = w.add((first + p) * panel_bytes);
+            let mut t = 0;
+            while t < n_tokens {
+                let tt = (n_tokens - t).min(2);
+                let xp = x.add(t * ldx * elem);
+                match (take, tt, bf16) {
+                    (2, 2, false) => {
+                        tile_f32::<2, 2>(wp, panel_bytes, cols, ldx, xp, t, r0, valid, y)
+                    }
+                    (2, 1, false) => {
+                        tile_f32::<2, 1>(wp, panel_bytes, cols, ldx, xp, t, r0, valid, y)
+                    }
+                    (1, 2, false) => {
+                        tile_f32::<1, 2>(wp, panel_bytes, cols, ldx, xp, t, r0, valid, y)
+                    }
+                    (1, 1, false) => {
+                        tile_f32::<1, 1>(wp, panel_bytes, cols, ldx, xp, t, r0, valid, y)
+                    }
+                    (2, 2, true) => {
+                        tile_bf16::<2, 2>(wp, panel_bytes, cols, ldx, xp, t, r0, valid, y)
+                    }
+                    (2, 1, true) => {
+                        tile_bf16::<2, 1>(wp, panel_bytes, cols, ldx, xp, t, r0, valid, y)
+                    }
+                    (1, 2, true) => {
+                        tile_bf16::<1, 2>(wp, panel_bytes, cols, ldx, xp, t, r0, valid, y)
+                    }
+                    (1, 1, true) => {
+                        tile_bf16::<1, 1>(wp, panel_bytes, cols, ldx, xp, t, r0, valid, y)
+                    }
+                    _ => unreachable!(),
+                }
+                t += tt;
+            }
+        }
+        p += take;
+    }
+}
+
+/// Writes a finished tile (`P` panels of two ymm each, `T` tokens).
+#[target_feature(enable = "avx2,fma")]
+fn store_tile<const P: usize, const T: usize>(
+    acc: &[[[__m256; 2]; P]; T],
+    t0: usize,
+    r0: usize,
+    valid: usize,
+    y: &OutputMatrix,
+) {
+    let mut buf = [[0f32; PANEL_ROWS]; P];
+    for (t, a) in acc.iter().enumerate() {
+        for p in 0..P {
+            // SAFETY: `buf[p]` holds 16 f32: two stores of 8.
+            unsafe {
+                _mm256_storeu_ps(buf[p].as_mut_ptr(), a[p][0]);
+                _mm256_storeu_ps(buf[p].as_mut_ptr().add(8), a[p][1]);
+            }
+        }
+        y.write_cols(t0 + t, r0, &buf.as_flattened()[..valid]);
+    }
+}
+
+/// # Safety
+/// As [`gemm_panels`]; `w` points at the first of `P` f32 panels, `x` at `T` token rows.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile_f32<const P: usize, const T: usize>(
+    w: *const u8,
+    panel_bytes: usize,
+    cols: usize,
+    ldx: usize,
+    x: *const u8,
+    t0: usize,
+    r0: usize,
+    valid: usize,
+    y: &OutputMatrix,
+) {
+    let w = w as *const f32;
+    let x = x as *const f32;
+    let ps = panel_bytes / 4;
+    let mut acc = [[[_mm256_setzero_ps(); 2]; P]; T];
+    for k in 0..cols {
+        let mut wv = [[_mm256_setzero_ps(); 2]; P];
+        for (p, v) in wv.iter_mut().enumerate() {
+            // SAFETY: element k of panel p (16 f32) lies inside `w`.
+            unsafe {
+                v[0] = _mm256_loadu_ps(w.add(p * ps + k * PANEL_ROWS));
+                v[1] = _mm256_loadu_ps(w.add(p * ps + k * PANEL_ROWS + 8));
+            }
+        }
+        for (t, a) in acc.iter_mut().enumerate() {
+            // SAFETY: column k of token row t lies inside `x`.
+            let xb = _mm256_set1_ps(unsafe { *x.add(t * ldx + k) });
+            for p in 0..P {
+                a[p][0] = _mm256_fmadd_ps(wv[p][0], xb, a[p][0]);
+                a[p][1] = _mm256_fmadd_ps(wv[p][1], xb, a[p][1]);
+            }
+        }
+    }
+    store_tile::<P, T>(&acc, t0, r0, valid, y);
+}
+
+/// # Safety
+/// As [`gemm_panels`]; `w` points at the first of `P` bf16 panels, `x` at `T` bf16 rows.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile_bf16<const P: usize, const T: usize>(
+    w: *const u8,
+    panel_bytes: usize,
+    cols: usize,
+    ldx: usize,
+    x: *const u8,
+    t0: usize,
+    r0: usize,
+    valid: usize,
+    y: &OutputMatrix,
+) {
+    let w = w as *const u16;
+    let x = x as *const u16;
+    let ps = panel_bytes / 2;
+    let hi = _mm256_set1_epi32(0xffff_0000u32 as i32);
+    let mut acc = [[[_mm256_setzero_ps(); 2]; P]; T];
+    for j in 0..cols / 2 {
+        // even/odd columns of 8 rows per ymm: [panel][half]
+        let mut even = [[_mm256_setzero_ps(); 2]; P];
+        let mut odd = [[_mm256_setzero_ps(); 2]; P];
+        for p in 0..P {
+            for h in 0..2 {
+                // SAFETY: 16 u16 (8 rows x 2 columns) of pair j of panel p lie inside `w`.
+                let v = unsafe {
+                    _mm256_loadu_si256(w.add(p * ps + j * 2 * PANEL_ROWS + h * 16) as *const _)
+                };
+                even[p][h] = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(v));
+                odd[p][h] = _mm256_castsi256_ps(_mm256_and_si256(v, hi));
+            }
+        }
+        for (t, a) in acc.iter_mut().enumerate() {
+            // SAFETY: columns 2j, 2j+1 of token row t lie inside `x`.
+            let (x0, x1) = unsafe { (*x.add(t * ldx + 2 * j), *x.add(t * ldx + 2 * j + 1)) };
+            let x0 = _mm256_set1_ps(f32::from_bits((x0 as u32) << 16));
+            let x1 = _mm256_set1_ps(f32::from_bits((x1 as u32) << 16));
+            for p in 0..P {
+                for h in 0..2 {
+                    a[p][h] = _mm256_fmadd_ps(odd[p][h], x1, a[p][h]);
+                    a[p][h] = _mm256_fmadd_ps(even[p][h], x0, a[p][h]);
+                }
+            }
+        }
+    }
+    store_tile::<P, T>(&acc, t0, r0, valid, y);
+}
+
+/// See [`crate::kernels::gemm_f32_panels_strided`].
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_f32_panels(
+    w: &[f32],
+    panel_stride: usize,
+    cols: usize,
+    x: &[f32],
+    ldx: usize,
+    n_tokens: usize,
+    rows: Range<usize>,
+    y: &OutputMatrix,
+) {
+    assert_features();
+    // SAFETY: the dispatcher checked AVX2+FMA and the bounds of `w` and `x`.
+    unsafe {
+        gemm_panels(
+            false,
+            w.as_ptr() as *const u8,
+            panel_stride,
+            cols,
+            x.as_ptr() as *const u8,
+            ldx,
+            n_tokens,
+            rows,
+            y,
+        )
+    }
+}
+
+/// See [`crate::kernels::gemm_bf16_panels`].
+pub fn gemm_bf16_panels(
+    w: &[u16],
+    cols: usize,
+    x: &[u16],
+    n_tokens: usize,
+    rows: Range<usize>,
+    y: &OutputMatrix,
+) {
+    assert_features();
+    // SAFETY: the dispatcher checked AVX2+FMA and the bounds of `w` and `x`.
+    unsafe {
+        gemm_panels(
+            true,
+            w.as_ptr() as *const u8,
+            cols * PANEL_ROWS,
+            cols,
+            x.as_ptr() as *const u8,
+            cols,
+            n_tokens,
+            rows,
+            y,
+        )
+    }
+}
+
+/// See [`crate::kernels::dot_f32`] (equal lengths).
+pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    assert_features();
+    assert_eq!(a.len(), b.len());
+    // SAFETY: AVX2+FMA checked by the dispatcher; lengths equal.
+    unsafe { dot_f32_impl(a, b) }
+}
+
+/// # Safety
+/// AVX2+FMA; equal lengths.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_f32_impl(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len();
+    let mut acc0 = _mm256_setzero_ps();
+    let mut acc1 = _mm256_setzero_ps();
+    let mut i = 0;
+    while i + 16 <= n {
+        // SAFETY: i..i+16 lies inside both slices.
+        unsafe {
+            acc0 = _mm256_fmadd_ps(
+                _mm256_loadu_ps(a.as_ptr().add(i)),
+                _mm256_loadu_ps(b.as_ptr().add(i)),
+                acc0,
+            );
+            acc1 = _mm256_fmadd_ps(
+                _mm256_loadu_ps(a.as_ptr().add(i + 8)),
+                _mm256_loadu_ps(b.as_ptr().add(i + 8)),
+                acc1,
+            );
+        }
+        i += 16;
+    }
+    let mut lanes = [0f32; 8];
+    // SAFETY: `lanes` holds 8 f32.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_add_ps(acc0, acc1)) };
+    let mut s: f32 = lanes.iter().sum();
+    for j in i..n {
+        s += a[j] * b[j];
+    }
+    s
+}
+
+/// See [`crate::kernels::axpy_f32`] (equal lengths).
+pub fn axpy_f32(y: &mut [f32], alpha: f32, x: &[f32]) {
+    assert_features();
+    assert_eq!(y.len(), x.len());
+    // SAFETY: AVX2+FMA checked by the dispatcher; lengths equal.
+    unsafe { axpy_f32_impl(y, alpha, x) }
+}
+
+/// # Safety
+/// AVX2+FMA; equal lengths.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn axpy_f32_impl(y: &mut [f32], alpha: f32, x: &[f32]) {
+    let n = y.len();
+    let va = _mm256_set1_ps(alpha);
+    let mut i = 0;
+    while i + 8 <= n {
+        // SAFETY: i..i+8 lies inside both slices.
+        unsafe {
+            let vy = _mm256_loadu_ps(y.as_ptr().add(i));
+            let vx = _mm256_loadu_ps(x.as_ptr().add(i));
+            _mm256_storeu_ps(y.as_mut_ptr().add(i), _mm256_fmadd_ps(va, vx, vy));
+        }
+        i += 8;
+    }
+    for j in i..n {
+        y[j] += alpha * x[j];
+    }
+}

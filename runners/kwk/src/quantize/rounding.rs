@@ -1,0 +1,268 @@
+//! Rounding float weights onto the packed formats' grids: symmetric int8 blocks
+//! (`w = d · q`, `q` in -127..=127) and asymmetric 4/6-bit groups (`w = d · q + m`,
+//! `q` in `0..2^bits`). Scales and minimums are stored as f16, so every candidate is judged
+//! with its f16-rounded values, and the codes are chosen against those.
+//!
+//! Both accept optional per-column importance weights (activation statistics from
+//! calibration): the fitted grid then minimizes `Σ_i imp_i (ŵ_i - w_i)²` instead of the
+//! plain squared error.
+//!
+//! Asymmetric groups start from llama.cpp's Q4_1 rule (`m = min`, `d = (max - min) / 15`,
+//! `ggml-quants.c: quantize_row_q4_1_ref`), which reproduces weights already on such a grid
+//! exactly; when that leaves an error, a few scale candidates each followed by a weighted
+//! least-squares refit of `(d, m)` (the idea of llama.cpp's `make_qkx2_quants`) are tried
+//! and the best kept.
+
+use half::f16;
+
+fn f16_round(v: f32) -> f32 {
+    f16::from_f32(v).to_f32()
+}
+
+fn weight(imp: Option<&[f32]>, i: usize) -> f32 {
+    imp.map_or(1.0, |w| w[i])
+}
+
+/// Codes for scale `d` (already f16-rounded) and their weighted squared error.
+fn round_symmetric_with(x: &[f32], imp: Option<&[f32]>, d: f32, q: &mut [i8]) -> f64 {
+    let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+    let mut err = 0f64;
+    for (i, (&v, qi)) in x.iter().zip(q.iter_mut()).enumerate() {
+        let c = (v * inv).round().clamp(-127.0, 127.0);
+        *qi = c as i8;
+        let e = c * d - v;
+        err += (weight(imp, i) * e * e) as f64;
+    }
+    err
+}
+
+/// Rounds one block to symmetric int8: returns the f16 scale, writes the codes.
+pub fn round_symmetric_int8(x: &[f32], imp: Option<&[f32]>, q: &mut [i8]) -> f16 {
+    assert_eq!(x.len(), q.len());
+    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    if amax == 0.0 || !amax.is_finite() {
+        q.fill(0);
+        return f16::ZERO;
+    }
+    let d0 = f16_round(amax / 127.0);
+    let mut best_err = round_symmetric_with(x, imp, d0, q);
+    if best_err == 0.0 {
+        return f16::from_f32(d0);
+    }
+    // Weighted least-squares scale for these codes, then re-round once.
+    let (mut num, mut den) = (0f64, 0f64);
+    for (i, (&v, &c)) in x.iter().zip(q.iter()).enumerate() {
+        let w = weight(imp, i) as f64;
+        num += w * v as f64 * c as f64;
+        den += w * c as f64 * c as f64;
+    }
+    let mut best_d = d0;
+    if den > 0.0 {
+        let d1 = f16_round((num / den) as f32);
+        if d1 > 0.0 && d1 != d0 {
+            let mut q1 = vec![0i8; q.len()];
+            let e1 = round_symmetric_with(x, imp, d1, &mut q1);
+            if e1 < best_err {
+                best_err = e1;
+                best_d = d1;
+                q.copy_from_slice(&q1);
+            }
+        }
+    }
+    let _ = best_err;
+    f16::from_f32(best_d)
+}
+
+/// Codes for `(d, m)` (already f16-rounded) and their weighted squared error.
+fn round_asymmetric_with(
+    x: &[f32],
+    imp: Option<&[f32]>,
+    nmax: f32,
+    d: f32,
+    m: f32,
+    q: &mut [u8],
+) -> f64 {
+    let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+    let mut err = 0f64;
+    for (i, (&v, qi)) in x.iter().zip(q.iter_mut()).enumerate() {
+        let c = ((v - m) * inv).round().clamp(0.0, nmax);
+        *qi = c as u8;
+        let e = c * d + m - v;
+        err += (weight(imp, i) * e * e) as f64;
+    }
+    err
+}
+
+/// Weighted least-squares `(d, m)` for fixed codes: minimizes `Σ w (d q + m - x)²`.
+fn refit(x: &[f32], imp: Option<&[f32]>, q: &[u8]) -> Option<(f32, f32)> {
+    let (mut sw, mut sq, mut sqq, mut sx, mut sqx) = (0f64, 0f64, 0f64, 0f64, 0f64);
+    for (i, (&v, &c)) in x.iter().zip(q.iter()).enumerate() {
+        let w = weight(imp, i) as f64;
+        let (c, v) = (c as f64, v as f64);
+        sw += w;
+        sq += w * c;
+        sqq += w * c * c;
+        sx += w * v;
+        sqx += w * c * v;
+    }
+    let det = sw * sqq - sq * sq;
+    if det <= 0.0 {
+        return None;
+    }
+    let d = (sw * sqx - sq * sx) / det;
+    let m = (sqq * sx - sq * sqx) / det;
+    (d > 0.0).then_some((d as f32, m as f32))
+}
+
+/// Rounds one group to `bits`-bit asymmetric codes: returns `(d, m)` as f16, writes codes.
+pub fn round_asymmetric(x: &[f32], bits: u32, imp: Option<&[f32]>, q: &mut [u8]) -> (f16, f16) {
+    assert_eq!(x.len(), q.len());
+    let nmax = ((1u32 << bits) - 1) as f32;
+    let (lo, hi) = x
+        .iter()
+        .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &v| {
+            (a.min(v), b.max(v))
+        });
+    if !(lo.is_finite() && hi.is_finite()) || hi <= lo {
+        // Constant group (or empty): all codes 0, the value in the minimum.
+        q.fill(0);
+        let m = if lo.is_finite() { lo } else { 0.0 };
+        return (f16::ZERO, f16::from_f32(m));
+    }
+    let m0 = f16_round(lo);
+    let d0 = f16_round((hi - m0) / nmax);
+    let mut best = (d0, m0);
+    let mut best_err = round_asymmetric_with(x, imp, nmax, d0, m0, q);
+    let scale2: f64 = x.iter().map(|&v| (v * v) as f64).sum();
+    if best_err <= 1e-12 * scale2 {
+        return (f16::from_f32(d0), f16::from_f32(m0));
+    }
+    let mut cand = vec![0u8; q.len()];
+    for delta in [-1.0f32, -0.5, 0.0, 0.5, 1.0] {
+        let d = f16_round((hi - lo) / (nmax + delta));
+        if d <= 0.0 {
+            continue;
+        }
+        round_asymmetric_with(x, imp, nmax, d, m0, &mut cand);
+        for _ in 0..2 {
+            let Some((d1, m1)) = refit(x, imp, &cand) else {
+                break;
+            };
+            let (d1, m1) = (f16_round(d1), f16_round(m1));
+            if d1 <= 0.0 {
+                break;
+            }
+            let e = round_asymmetric_with(x, imp, nmax, d1, m1, &mut cand);
+            if e < best_err {
+                best_err = e;
+                best = (d1, m1);
+                q.copy_from_slice(&cand);
+            } else {
+                break;
+            }
+        }
+    }
+    (f16::from_f32(best.0), f16::from_f32(best.1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pseudo(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2654435761).wrapping_add(1);
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                (s as f32 / u32::MAX as f32 - 0.5) * 0.2
+            })
+            .collect()
+    }
+
+    #[test]
+    fn symmetric_error_within_half_step() {
+        for seed in 0..50 {
+            let x = pseudo(32, seed);
+            let mut q = [0i8; 32];
+            let d = round_symmetric_int8(&x, None, &mut q).to_f32();
+            for (v, c) in x.iter().zip(q) {
+                // Half a step, plus the clamp at ±127 when f16 rounded the scale down.
+                assert!((c as f32 * d - v).abs() <= 0.5 * d * 1.01, "{v} {c} {d}");
+            }
+        }
+    }
+
+    #[test]
+    fn asymmetric_reproduces_values_on_a_q4_1_grid() {
+        // Weights on a Q4_1 grid (f16 scale and minimum, codes spanning 0..=15) come back exact.
+        for seed in 0..50 {
+            let r = pseudo(33, seed);
+            let d = f16_round(0.01 + r[32].abs() * 0.05);
+            let m = f16_round(-0.08 + r[31] * 0.1);
+            let mut codes: Vec<u8> = r[..32]
+                .iter()
+                .map(|v| ((v + 0.1) * 80.0) as u8 % 16)
+                .collect();
+            codes[0] = 0;
+            codes[1] = 15;
+            let x: Vec<f32> = codes.iter().map(|&c| c as f32 * d + m).collect();
+            let mut q = [0u8; 32];
+            let (dd, mm) = round_asymmetric(&x, 4, None, &mut q);
+            for (i, &v) in x.iter().enumerate() {
+                assert_eq!(
+                    q[i] as f32 * dd.to_f32() + mm.to_f32(),
+                    v,
+                    "seed {seed} i {i}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn asymmetric_error_bounded_and_refit_helps() {
+        for bits in [4u32, 6] {
+            let nmax = ((1 << bits) - 1) as f32;
+            let (mut plain_total, mut fitted_total) = (0f64, 0f64);
+            for seed in 0..50 {
+                let x = pseudo(64, seed + 100);
+                let mut q = [0u8; 64];
+                let (d, m) = round_asymmetric(&x, bits, None, &mut q);
+                let (d, m) = (d.to_f32(), m.to_f32());
+                let (lo, hi) = x
+                    .iter()
+                    .fold((f32::MAX, f32::MIN), |(a, b), &v| (a.min(v), b.max(v)));
+                let step = (hi - lo) / nmax;
+                for (v, c) in x.iter().zip(q) {
+                    assert!((c as f32 * d + m - v).abs() <= step, "bits {bits}");
+                }
+                fitted_total += x
+                    .iter()
+                    .zip(q)
+                    .map(|(v, c)| ((c as f32 * d + m - v) as f64).powi(2))
+                    .sum::<f64>();
+                let mut q0 = [0u8; 64];
+                let (m0, d0) = (f16_round(lo), f16_round((hi - f16_round(lo)) / nmax));
+                plain_total += round_asymmetric_with(&x, None, nmax, d0, m0, &mut q0);
+            }
+            assert!(
+                fitted_total <= plain_total,
+                "bits {bits}: {fitted_total} > {plain_total}"
+            );
+        }
+    }
+
+    #[test]
+    fn importance_weights_shift_the_error() {
+        let x = pseudo(32, 7);
+        let mut imp = vec![1f32; 32];
+        imp[3] = 1000.0;
+        let (mut q, mut qw) = ([0u8; 32], [0u8; 32]);
+        let (d, m) = round_asymmetric(&x, 4, None, &mut q);
+        let (dw, mw) = round_asymmetric(&x, 4, Some(&imp), &mut qw);
+        let e = (q[3] as f32 * d.to_f32() + m.to_f32() - x[3]).abs();
+        let ew = (qw[3] as f32 * dw.to_f32() + mw.to_f32() - x[3]).abs();
+        assert!(ew <= e, "{ew} > {e}");
+    }
+}
