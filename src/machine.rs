@@ -1,27 +1,9 @@
-//! What the report says about where it was measured: the CPU model and its relevant
-//! instruction-set extensions (from /proc/cpuinfo), the kwk commit the harness was built
+//! What the report says about where it was measured: the CPU model (from /proc/cpuinfo),
+//! the instruction-set extensions the kernels care about and the kernel set in use (kwk's
+//! probes), the kwk commit the harness was built
 //! from (build.rs runs `git rev-parse HEAD`), and UTC timestamps.
 
 use std::time::{SystemTime, UNIX_EPOCH};
-
-/// Instruction-set extensions that matter to the kernels, as /proc/cpuinfo names them.
-const ISA_FLAGS: &[&str] = &[
-    "sse4_2",
-    "avx",
-    "f16c",
-    "fma",
-    "avx2",
-    "avx_vnni",
-    "avx512f",
-    "avx512bw",
-    "avx512vl",
-    "avx512_vnni",
-    "avx512_bf16",
-    "avx512_fp16",
-    "amx_tile",
-    "amx_int8",
-    "amx_bf16",
-];
 
 /// The CPU model name (`model name` in /proc/cpuinfo), or the architecture when unknown.
 pub fn cpu_model() -> String {
@@ -36,29 +18,18 @@ pub fn cpu_model() -> String {
         .unwrap_or_else(|| std::env::consts::ARCH.to_string())
 }
 
-/// The kernel-relevant ISA flags this CPU has. When `KWK_ISA` forces a kernel set, that
-/// choice is listed first as `KWK_ISA=<value>`.
+/// The CPU features the in-tree kernels care about that this CPU has (kwk's own probe).
 pub fn isa_flags() -> Vec<String> {
-    let mut out = Vec::new();
-    if let Ok(forced) = std::env::var("KWK_ISA") {
-        out.push(format!("KWK_ISA={forced}"));
-    }
-    if let Ok(s) = std::fs::read_to_string("/proc/cpuinfo") {
-        if let Some(flags) = s
-            .lines()
-            .find(|l| l.starts_with("flags"))
-            .and_then(|l| l.split_once(':'))
-        {
-            let have: std::collections::BTreeSet<&str> = flags.1.split_whitespace().collect();
-            out.extend(
-                ISA_FLAGS
-                    .iter()
-                    .filter(|f| have.contains(**f))
-                    .map(|f| f.to_string()),
-            );
-        }
-    }
-    out
+    kwk::kernels::detected_flags()
+        .into_iter()
+        .map(String::from)
+        .collect()
+}
+
+/// The kernel set the in-tree decoder runs with ("scalar", "avx2", "avx512",
+/// "avx512+bf16"), `KWK_ISA` respected.
+pub fn kernels_in_use() -> String {
+    kwk::kernels::isa_in_use().to_string()
 }
 
 /// The git commit of the tree this binary was built from, if build.rs could read it.

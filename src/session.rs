@@ -254,6 +254,26 @@ pub fn evaluate(cfg: &EvalConfig) -> Result<Outcome> {
         plan.scored_tokens()
     );
 
+    // The decoder's limits are the model's, the same for every format: check them once,
+    // before the run starts. Speed tests need room for pp + tg tokens.
+    let max_cache_len = if cfg.no_speed {
+        cfg.ctx
+    } else {
+        cfg.ctx.max(cfg.pp + cfg.tg)
+    };
+    let has_kwk = specs.iter().any(|s| matches!(s, FormatSpec::Kwk { .. }));
+    if has_kwk {
+        if let Some(why) = kwk::decoder::runner_unsupported(&model, max_cache_len) {
+            bail!(
+                "the in-tree decoder cannot run --llm '{}' with --ctx {} and --pp {} + --tg {}: {why}",
+                cfg.llm,
+                cfg.ctx,
+                cfg.pp,
+                cfg.tg
+            );
+        }
+    }
+
     // 3. KL divergence: the float32 runner writes llama.cpp's base file, the others read it.
     let n_vocab = model.config.vocab_size;
     let kld_bytes = base_file_bytes(plan.ctx, n_vocab, plan.chunks);
@@ -287,7 +307,7 @@ pub fn evaluate(cfg: &EvalConfig) -> Result<Outcome> {
     };
     let kwk_options = KwkRunnerOptions {
         threads: cfg.threads,
-        max_cache_len: cfg.ctx.max(cfg.pp + cfg.tg),
+        max_cache_len,
         calibration_tokens,
         pack_cache_dir: cfg.pack_cache_dir.clone(),
     };
@@ -318,6 +338,7 @@ pub fn evaluate(cfg: &EvalConfig) -> Result<Outcome> {
         machine: Machine {
             cpu: machine::cpu_model(),
             isa: machine::isa_flags(),
+            kernels: Some(machine::kernels_in_use()),
             threads: cfg.threads,
         },
         versions: Versions {
@@ -338,6 +359,7 @@ pub fn evaluate(cfg: &EvalConfig) -> Result<Outcome> {
             tg: cfg.tg,
             reps: cfg.reps,
             kld,
+            speed: !cfg.no_speed,
         },
         ppl_delta_reference: None,
         runners: Vec::new(),

@@ -398,3 +398,26 @@ fn default_llama_dir() -> Option<std::path::PathBuf> {
     bins.sort();
     bins.pop()
 }
+
+#[test]
+fn context_longer_than_the_model_allows() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    // tiny-llama was trained for 256 positions; pp 512 + tg 128 needs 640.
+    let line = assert_error(
+        kwk_eval()
+            .args(["--formats", "float32", "--ctx", "64", "--llm"])
+            .arg(tiny_llama())
+            .arg("--text")
+            .arg(eval_txt())
+            .arg("--out")
+            .arg(&out),
+        2,
+        &format!(
+            "the in-tree decoder cannot run --llm '{}' with --ctx 64 and --pp 512 + --tg 128",
+            tiny_llama().display()
+        ),
+    );
+    assert!(line.contains("256"), "{line}");
+    no_run_folder(&out);
+}

@@ -10,7 +10,7 @@ fn run_tiny(out: &Path, extra: &[&str]) -> std::process::Output {
     kwk_eval()
         .args([
             "--formats",
-            "float32,bf16",
+            "float32,int8",
             "--ctx",
             "64",
             "--chunks",
@@ -36,7 +36,6 @@ fn read_json(p: &Path) -> serde_json::Value {
 }
 
 #[test]
-#[ignore = "needs decoder"]
 fn tiny_run_writes_reports_that_parse_and_gate_exit_codes() {
     let dir = tempfile::tempdir().unwrap();
     let first = dir.path().join("first");
@@ -59,7 +58,7 @@ fn tiny_run_writes_reports_that_parse_and_gate_exit_codes() {
     let runners = v["runners"].as_array().unwrap();
     assert_eq!(runners.len(), 2);
     assert_eq!(runners[0]["name"], "float32");
-    assert_eq!(runners[1]["name"], "bf16");
+    assert_eq!(runners[1]["name"], "int8");
     for r in runners {
         assert!(r["error"].is_null(), "{r}");
         assert!(r["ppl"].as_f64().unwrap() > 1.0);
@@ -79,9 +78,9 @@ fn tiny_run_writes_reports_that_parse_and_gate_exit_codes() {
         "the reference has no KLD against itself"
     );
     let kld = runners[1]["kld_mean"].as_f64().unwrap();
-    assert!((0.0..1.0).contains(&kld), "bf16 KLD {kld}");
+    assert!((0.0..1.0).contains(&kld), "int8 KLD {kld}");
     let top1 = runners[1]["top1_agreement"].as_f64().unwrap();
-    assert!((0.5..=1.0).contains(&top1), "bf16 top-1 {top1}");
+    assert!((0.5..=1.0).contains(&top1), "int8 top-1 {top1}");
     assert!(
         !first.join("float32-kl-divergence-base.bin").exists(),
         "reference file not removed"
@@ -90,10 +89,10 @@ fn tiny_run_writes_reports_that_parse_and_gate_exit_codes() {
     let mut csv = csv::Reader::from_path(first.join("results.csv")).unwrap();
     let rows: Vec<_> = csv.records().collect::<Result<_, _>>().unwrap();
     assert_eq!(rows.len(), 2);
-    assert_eq!(&rows[1][0], "bf16");
+    assert_eq!(&rows[1][0], "int8");
 
     let md = std::fs::read_to_string(first.join("report.md")).unwrap();
-    assert!(md.contains("| float32 | kwk |") && md.contains("| bf16 | kwk |"));
+    assert!(md.contains("| float32 | kwk |") && md.contains("| int8 | kwk |"));
     assert!(!md.contains("INCOMPLETE"));
     for f in [
         "quality_vs_bpw.png",
@@ -126,7 +125,7 @@ fn tiny_run_writes_reports_that_parse_and_gate_exit_codes() {
     );
     assert!(stdout.contains("gate: PASSED"), "{stdout}");
 
-    // A baseline whose bf16 perplexity was 1% lower: this run regressed, exit 1.
+    // A baseline whose int8 perplexity was 1% lower: this run regressed, exit 1.
     let mut better = read_json(&baseline);
     let p = better["runners"][1]["ppl"].as_f64().unwrap();
     better["runners"][1]["ppl"] = serde_json::json!(p * 0.99);
@@ -139,7 +138,7 @@ fn tiny_run_writes_reports_that_parse_and_gate_exit_codes() {
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{stdout}");
-    assert!(stdout.contains("bf16: REGRESSED PPL"), "{stdout}");
+    assert!(stdout.contains("int8: REGRESSED PPL"), "{stdout}");
     assert!(stdout.contains("gate: FAILED"), "{stdout}");
     // The reports of a gated run are complete all the same.
     assert_eq!(read_json(&third.join("results.json"))["complete"], true);

@@ -83,19 +83,16 @@ fn check_fixture(name: &str) {
 }
 
 #[test]
-#[ignore = "needs decoder"]
 fn tiny_llama_golden_perplexity() {
     check_fixture("tiny-llama");
 }
 
 #[test]
-#[ignore = "needs decoder"]
 fn tiny_qwen2_golden_perplexity() {
     check_fixture("tiny-qwen2");
 }
 
 #[test]
-#[ignore = "needs decoder"]
 fn tiny_mixtral_golden_perplexity() {
     check_fixture("tiny-mixtral");
 }

@@ -11,18 +11,20 @@ use std::path::Path;
 pub fn protocol_line(r: &Results) -> String {
     let p = &r.protocol;
     let sha = &p.text_sha256[..p.text_sha256.len().min(12)];
+    let speed = if p.speed {
+        format!("speed pp{} / tg{} × {} reps", p.pp, p.tg, p.reps)
+    } else {
+        "speed not measured (--no-speed)".to_string()
+    };
     format!(
         "ctx {} × {} chunks = {} scored tokens of '{}' (sha256 {sha}…, {} tokens, BOS {}); \
-         speed pp{} / tg{} × {} reps; {} threads; KLD vs float32: {}",
+         {speed}; {} threads; KLD vs float32: {}",
         p.ctx,
         p.chunks,
         p.scored_tokens,
         p.text,
         p.text_tokens,
         if p.add_bos { "added" } else { "none" },
-        p.pp,
-        p.tg,
-        p.reps,
         r.machine.threads,
         if p.kld { "yes" } else { "no" },
     )
@@ -87,9 +89,10 @@ pub fn render(r: &Results, plots: &PlotFiles) -> String {
     }
     let _ = writeln!(
         s,
-        "Machine: {} ({} threads; ISA {}). Versions: kwk {}, kwk-eval {}, llama.cpp {}. Started {}.",
+        "Machine: {} ({} threads; kwk kernels {}; CPU features {}). Versions: kwk {}, kwk-eval {}, llama.cpp {}. Started {}.",
         r.machine.cpu,
         r.machine.threads,
+        r.machine.kernels.as_deref().unwrap_or("-"),
         if r.machine.isa.is_empty() { "-".into() } else { r.machine.isa.join(", ") },
         r.versions.kwk.as_deref().unwrap_or("unknown"),
         r.versions.kwk_eval,

@@ -42,8 +42,11 @@ pub struct Results {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Machine {
     pub cpu: String,
-    /// Instruction-set extensions the in-tree kernels use.
+    /// CPU features the in-tree kernels care about that this CPU has.
     pub isa: Vec<String>,
+    /// The kernel set the in-tree decoder ran with (`KWK_ISA` respected), e.g. "avx512+bf16".
+    #[serde(default)]
+    pub kernels: Option<String>,
     pub threads: usize,
 }
 
@@ -76,6 +79,13 @@ pub struct Protocol {
     pub reps: usize,
     /// Whether KL divergence against the float32 reference was computed.
     pub kld: bool,
+    /// Whether speed was measured (false with `--no-speed`).
+    #[serde(default = "default_true")]
+    pub speed: bool,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 /// One row: what the runner is and what was measured. `null` where not measured.
@@ -281,6 +291,7 @@ pub(crate) mod testdata {
             machine: Machine {
                 cpu: "Test CPU".into(),
                 isa: vec!["avx2".into()],
+                kernels: Some("avx2".into()),
                 threads: 2,
             },
             versions: Versions {
@@ -301,6 +312,7 @@ pub(crate) mod testdata {
                 tg: 4,
                 reps: 2,
                 kld: true,
+                speed: true,
             },
             ppl_delta_reference: None,
             runners: vec![

@@ -140,12 +140,17 @@ pub fn compare(baseline: &Results, current: &Results, t: &GateThresholds) -> Res
          perplexities are only comparable on the same protocol. Run with the baseline's --ctx/--chunks/--text, or make a new baseline",
         b.ctx, b.chunks, b.text_sha256, c.ctx, c.chunks, c.text_sha256
     );
-    let same_speed_protocol = b.pp == c.pp && b.tg == c.tg;
+    let same_speed_protocol = b.pp == c.pp && b.tg == c.tg && b.speed && c.speed;
     let mut report = GateReport::default();
     if !same_speed_protocol {
         report.lines.push(format!(
-            "note: speeds not compared (baseline pp{}/tg{}, this run pp{}/tg{})",
-            b.pp, b.tg, c.pp, c.tg
+            "note: speeds not compared (baseline pp{}/tg{}{}, this run pp{}/tg{}{})",
+            b.pp,
+            b.tg,
+            if b.speed { "" } else { " not measured" },
+            c.pp,
+            c.tg,
+            if c.speed { "" } else { " not measured" }
         ));
     }
     for old in &baseline.runners {
