@@ -23,8 +23,8 @@ use std::time::Duration;
 /// How a llama.cpp runner runs its tools.
 #[derive(Debug, Clone)]
 pub struct LlamaCppRunnerOptions {
-    /// `-t` for every tool (llama-perplexity also gets `-tb` with the same value). The
-    /// perplexity protocol's and the speed spec's thread counts take precedence when given.
+    /// `-t` for every tool (llama-perplexity also gets `-tb` with the same value) when the
+    /// perplexity protocol or the speed spec says 0; their own thread counts win otherwise.
     pub threads: usize,
     /// KV cache type for llama-perplexity (`-ctk/-ctv`): f16 is llama.cpp's default, f32
     /// gives exact parity with a float32 decoder. llama-bench cannot take f32 and always
@@ -129,6 +129,15 @@ impl LlamaCppRunner {
         &self.commands
     }
 
+    /// `asked`, or the runner's own thread count when the caller says 0.
+    fn threads(&self, asked: usize) -> usize {
+        if asked > 0 {
+            asked
+        } else {
+            self.opts.threads
+        }
+    }
+
     fn compute(&self, threads: usize) -> ComputeSettings {
         let mut c = ComputeSettings::new(threads, self.opts.kv_type);
         if let Some(fa) = self.opts.flash_attn {
@@ -196,7 +205,7 @@ impl Runner for LlamaCppRunner {
             );
         }
         let tokens_match = self.check_tokens(tokens)?;
-        let compute = self.compute(protocol.threads.max(1));
+        let compute = self.compute(self.threads(protocol.threads));
 
         let mut req = PerplexityRequest::new(
             self.gguf.clone(),
@@ -288,7 +297,7 @@ impl Runner for LlamaCppRunner {
         }
         // llama-bench's own defaults for what it cannot or should not change: f16 KV (it
         // rejects f32) and flash attention as `auto` resolves on CPU (on).
-        let compute = ComputeSettings::new(spec.threads.max(1), KvType::F16);
+        let compute = ComputeSettings::new(self.threads(spec.threads), KvType::F16);
         let req = BenchRequest {
             model: self.gguf.clone(),
             pp: spec.pp,
@@ -644,6 +653,7 @@ mod tests {
         let types = std::env::var("KWK_TABLE_TYPES")
             .unwrap_or_else(|_| "F32,BF16,Q8_0,Q4_K_M,Q4_1,Q4_0".to_string());
         let with_kld = std::env::var("KWK_TABLE_KLD").map_or(true, |v| v != "0");
+        let with_bench = std::env::var("KWK_TABLE_BENCH").map_or(true, |v| v != "0");
         for ty in types.split(',') {
             let model = models.join(format!("SmolLM2-135M-Instruct-{ty}.gguf"));
             let mut r = LlamaCppRunner::new(
@@ -654,7 +664,7 @@ mod tests {
                     kv_type: KvType::F16,
                     flash_attn: None,
                     timeout: Duration::from_secs(3600),
-                    run_bench: true,
+                    run_bench: with_bench,
                 },
             )
             .unwrap();
@@ -676,7 +686,12 @@ mod tests {
                     &counter(),
                 )
                 .unwrap();
-            let (pp, tg) = (s.pp.unwrap(), s.tg.unwrap());
+            let none = SpeedSample {
+                tokens_per_s: f64::NAN,
+                tokens_per_s_std: f64::NAN,
+                samples_tokens_per_s: Vec::new(),
+            };
+            let (pp, tg) = (s.pp.unwrap_or(none.clone()), s.tg.unwrap_or(none));
             let info = r.info();
             eprintln!(
                 "ROW {ty}: MiB {:.1} bpw {:.2} | PPL {:.4} ± {:.4} tokens_match {:?} | KLD {} same-top {} | pp512 {:.1} ± {:.1} | tg128 {:.1} ± {:.1} | load_s {:?}",

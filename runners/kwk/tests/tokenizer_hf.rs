@@ -116,6 +116,27 @@ fn tokenizer_config_add_bos_token_overrides_the_template() {
 }
 
 #[test]
+fn special_tokens_map_names_bos_and_eos_when_tokenizer_config_does_not() {
+    let dir = folder(
+        &fixture_tokenizer_json(),
+        Some(json!({"add_bos_token": true})),
+        None,
+    );
+    std::fs::write(
+        dir.path().join("special_tokens_map.json"),
+        serde_json::to_vec(
+            &json!({"bos_token": {"content": "<|im_start|>"}, "eos_token": "<|im_end|>"}),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let tok = Tokenizer::from_hf_folder(dir.path()).unwrap();
+    assert_eq!(tok.bos_id(), Some(1));
+    assert_eq!(tok.encode("x", true).unwrap()[0], 1);
+    assert!(tok.is_eos(2));
+}
+
+#[test]
 fn generation_config_eos_may_be_a_number() {
     let dir = folder(
         &fixture_tokenizer_json(),
@@ -314,4 +335,66 @@ fn tokenizer_is_send_and_sync() {
     fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<Tokenizer>();
     assert_send_sync::<StreamDecoder>();
+}
+
+/// A SentencePiece-style tokenizer.json (Llama 2 / Mistral layout: "▁" for spaces via the
+/// normalizer, BPE with byte fallback, decoder Replace + ByteFallback + Fuse + Strip).
+fn sentencepiece_style_tokenizer_json() -> Value {
+    let mut vocab = serde_json::Map::new();
+    for (i, t) in ["<unk>", "<s>", "</s>", "▁", "H", "i", "Hi", "▁Hi", "!"]
+        .iter()
+        .enumerate()
+    {
+        vocab.insert(t.to_string(), json!(i));
+    }
+    for b in 0..=255u32 {
+        vocab.insert(format!("<0x{b:02X}>"), json!(9 + b));
+    }
+    let special = |id: u32, content: &str| {
+        json!({"id": id, "content": content, "single_word": false, "lstrip": false,
+               "rstrip": false, "normalized": false, "special": true})
+    };
+    json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [special(0, "<unk>"), special(1, "<s>"), special(2, "</s>")],
+        "normalizer": {"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": "▁"},
+            {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}
+        ]},
+        "pre_tokenizer": null,
+        "post_processor": {"type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+            "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}},
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+            {"type": "ByteFallback"},
+            {"type": "Fuse"},
+            {"type": "Strip", "content": " ", "start": 1, "stop": 0}
+        ]},
+        "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>", "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
+                  "vocab": vocab, "merges": ["H i", "▁ Hi"]}
+    })
+}
+
+#[test]
+fn sentencepiece_style_tokenizer_json_bos_bytes_and_streaming() {
+    let dir = folder(&sentencepiece_style_tokenizer_json(), None, None);
+    let tok = Tokenizer::from_hf_folder(dir.path()).unwrap();
+    assert!(tok.add_bos(), "the template puts <s> first");
+    assert_eq!(tok.bos_id(), Some(1));
+    let ids = tok.encode("Hi é!", true).unwrap();
+    // <s> ▁Hi ▁ <0xC3> <0xA9> !
+    assert_eq!(ids, vec![1, 7, 3, 9 + 0xC3, 9 + 0xA9, 8]);
+    assert_eq!(tok.decode(&ids[1..]).unwrap(), "Hi é!");
+    // Streaming keeps the space the first piece stands for (generation continues a prompt).
+    let mut stream = StreamDecoder::new();
+    let mut out = String::new();
+    for &id in &ids[1..] {
+        out.push_str(&stream.push(&tok, id).unwrap());
+    }
+    assert_eq!(out, " Hi é!");
+    assert_eq!(tok.token_to_bytes(9 + 0xC3).unwrap(), vec![0xC3]);
+    assert_eq!(tok.token_to_bytes(1).unwrap(), b"<s>");
 }

@@ -362,3 +362,81 @@ fn smollm2_layout_tokenizer_json_equals_llama_tokenize() {
         assert_same_ids(&format!("tokenizer.json path, {text:?}"), &ours, &theirs);
     }
 }
+
+/// Pseudo-random text (fixed seed) drawn from the character classes the pre-tokenizers
+/// treat differently: ASCII letters and digits, every kind of white space, apostrophes
+/// followed by contraction letters, punctuation and symbols, non-ASCII letters and numbers,
+/// combining marks, emoji, CJK, unassigned and Unicode-16 code points.
+fn random_text(seed: u64, n_chars: usize) -> String {
+    let pools: &[&str] = &[
+        "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ",
+        "0123456789",
+        "      \n\n\r\t\u{a0}\u{3000}\u{2009}\u{85}\u{b}\u{c}",
+        "'''sStTmMdDrReEvVlL",
+        "!\"#$%&()*+,-./:;<=>?@[\\]^_`{|}~—–…‘’“”«»¿¡",
+        "éüßçñøÅΩЖжחשعربي",
+        "²³½Ⅻ①٣४",
+        "\u{301}\u{300}\u{308}",
+        "😀🎉👍🏽\u{200d}🇫🇷",
+        "日本語中文한국어",
+        "\u{378}\u{1c89}\u{2ebf0}\u{e000}\u{fffd}",
+    ];
+    let pools: Vec<Vec<char>> = pools.iter().map(|p| p.chars().collect()).collect();
+    let mut state = seed;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut text = String::new();
+    for _ in 0..n_chars {
+        // Letters and spaces most often, so that words form.
+        let pool = match next() % 16 {
+            0..=5 => &pools[0],
+            6..=8 => &pools[2],
+            9 => &pools[1],
+            10 => &pools[3],
+            11 => &pools[4],
+            12 => &pools[5],
+            13 => &pools[6 + (next() % 2) as usize],
+            14 => &pools[8 + (next() % 2) as usize],
+            _ => &pools[10],
+        };
+        text.push(pool[(next() % pool.len() as u64) as usize]);
+    }
+    text
+}
+
+/// Random text through every supported pre-tokenizer and the SmolLM2 vocabulary, extended
+/// with two- and three-digit tokens and their merges (SmolLM2 has none, so without them a
+/// pre-tokenizer's digit grouping would not show in the ids).
+#[test]
+fn random_text_equals_llama_tokenize_for_every_pre_tokenizer() {
+    let mut base = common::gguf_tokenizer_metadata(&common::smollm2_gguf());
+    let digits: Vec<String> = (0..10).map(|d| d.to_string()).collect();
+    for a in &digits {
+        for b in &digits {
+            base.tokens.push(format!("{a}{b}"));
+            base.merges.as_mut().unwrap().push(format!("{a} {b}"));
+        }
+    }
+    for ab in 10..100 {
+        for c in &digits {
+            base.tokens.push(format!("{ab}{c}"));
+            base.merges.as_mut().unwrap().push(format!("{ab} {c}"));
+        }
+    }
+    let n = base.tokens.len();
+    base.token_types.as_mut().unwrap().resize(n, 1);
+    let texts: Vec<String> = (1..=3)
+        .map(|seed| random_text(seed * 0x9E37_79B9, 8000))
+        .collect();
+    let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
+    for pre in ["smollm", "gpt-2", "default", "llama-bpe", "qwen2", "dbrx"] {
+        let mut meta = base.clone();
+        meta.pre = Some(pre.to_string());
+        meta.add_bos = None;
+        check_against_llama_tokenize(&format!("random text, pre {pre}"), &meta, &texts);
+    }
+}

@@ -87,40 +87,53 @@ impl Layer {
         layer: usize,
         pos0: usize,
         x: &mut [f32],
-        acts: &mut Activations,
+        scratch: &mut Scratch,
     ) {
         let d = cfg.hidden_size;
         let n = x.len() / d;
         let hd = cfg.head_dim;
         let (qd, kvd) = (cfg.n_heads * hd, cfg.n_kv_heads * hd);
         let eps = cfg.rms_norm_eps;
+        let Scratch {
+            xn,
+            q: qo,
+            k: ko,
+            v: vo,
+            attn,
+            o: oo,
+            ffn_out,
+            g,
+            u,
+            acts,
+        } = scratch;
 
         // Attention.
-        let mut xn = x.to_vec();
-        rms_norm_rows(pool, &mut xn, &self.attn_norm, eps);
+        let xn = sized(xn, n * d);
+        xn.copy_from_slice(x);
+        rms_norm_rows(pool, xn, &self.attn_norm, eps);
         let (q, k, v) = (self.q.as_ref(), self.k.as_ref(), self.v.as_ref());
-        acts.prepare(&xn, d, [q.input_kind(), k.input_kind(), v.input_kind()]);
-        let mut qo = vec![0f32; n * qd];
-        let mut ko = vec![0f32; n * kvd];
-        let mut vo = vec![0f32; n * kvd];
+        acts.prepare(xn, d, [q.input_kind(), k.input_kind(), v.input_kind()]);
+        let qo = sized(qo, n * qd);
+        let ko = sized(ko, n * kvd);
+        let vo = sized(vo, n * kvd);
         {
-            let yq = OutputMatrix::new(&mut qo, n, qd);
-            let yk = OutputMatrix::new(&mut ko, n, kvd);
-            let yv = OutputMatrix::new(&mut vo, n, kvd);
+            let yq = OutputMatrix::new(qo, n, qd);
+            let yk = OutputMatrix::new(ko, n, kvd);
+            let yv = OutputMatrix::new(vo, n, kvd);
             matmuls(
                 pool,
                 &[
-                    (q, acts.get(&xn, q.input_kind()), &yq),
-                    (k, acts.get(&xn, k.input_kind()), &yk),
-                    (v, acts.get(&xn, v.input_kind()), &yv),
+                    (q, acts.get(xn, q.input_kind()), &yq),
+                    (k, acts.get(xn, k.input_kind()), &yk),
+                    (v, acts.get(xn, v.input_kind()), &yv),
                 ],
             );
         }
-        par_rows(pool, &mut qo, qd, |t, row| {
+        par_rows(pool, qo, qd, |t, row| {
             finish_projection(row, self.q_bias.as_deref(), self.q_norm.as_deref(), hd, eps);
             rope.apply(row, pos0 + t);
         });
-        par_rows(pool, &mut ko, kvd, |t, row| {
+        par_rows(pool, ko, kvd, |t, row| {
             finish_projection(row, self.k_bias.as_deref(), self.k_norm.as_deref(), hd, eps);
             rope.apply(row, pos0 + t);
         });
@@ -129,28 +142,52 @@ impl Layer {
                 row.iter_mut().zip(b).for_each(|(a, b)| *a += b);
             }
         }
-        kv.store(layer, pos0, &ko, &vo);
-        let mut attn = vec![0f32; n * qd];
-        attention(pool, cfg, kv, layer, pos0, &qo, &mut attn);
+        kv.store(layer, pos0, ko, vo);
+        let attn = sized(attn, n * qd);
+        attention(pool, cfg, kv, layer, pos0, qo, attn);
         let o = self.o.as_ref();
-        acts.prepare(&attn, qd, [o.input_kind()]);
-        let mut oo = vec![0f32; n * d];
+        acts.prepare(attn, qd, [o.input_kind()]);
+        let oo = sized(oo, n * d);
         {
-            let y = OutputMatrix::new(&mut oo, n, d);
-            matmuls(pool, &[(o, acts.get(&attn, o.input_kind()), &y)]);
+            let y = OutputMatrix::new(oo, n, d);
+            matmuls(pool, &[(o, acts.get(attn, o.input_kind()), &y)]);
         }
-        x.iter_mut().zip(&oo).for_each(|(a, b)| *a += b);
+        x.iter_mut().zip(oo.iter()).for_each(|(a, b)| *a += b);
 
         // Feed-forward.
         xn.copy_from_slice(x);
-        rms_norm_rows(pool, &mut xn, &self.ffn_norm, eps);
-        let mut ffn_out = vec![0f32; n * d];
+        rms_norm_rows(pool, xn, &self.ffn_norm, eps);
+        let ffn_out = sized(ffn_out, n * d);
         match &self.ffn {
-            PackedFfn::Dense(m) => mlp_forward(m, pool, &xn, d, acts, &mut ffn_out),
-            PackedFfn::Moe(m) => moe_forward(m, pool, &xn, d, acts, &mut ffn_out),
+            PackedFfn::Dense(m) => mlp_forward(m, pool, xn, d, acts, g, u, ffn_out),
+            PackedFfn::Moe(m) => moe_forward(m, pool, xn, d, acts, g, u, ffn_out),
         }
-        x.iter_mut().zip(&ffn_out).for_each(|(a, b)| *a += b);
+        x.iter_mut().zip(ffn_out.iter()).for_each(|(a, b)| *a += b);
     }
+}
+
+/// Buffers a forward pass reuses from layer to layer and call to call (allocating them
+/// afresh costs page faults on every prompt).
+#[derive(Default)]
+pub(super) struct Scratch {
+    xn: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    attn: Vec<f32>,
+    o: Vec<f32>,
+    ffn_out: Vec<f32>,
+    g: Vec<f32>,
+    u: Vec<f32>,
+    pub acts: Activations,
+}
+
+/// The first `n` values of `v`, grown if needed (contents unspecified).
+fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    if v.len() < n {
+        v.resize(n, 0.0);
+    }
+    &mut v[..n]
 }
 
 /// Bias, then the per-head RMSNorm of qwen3 (weights of length `head_dim`).
@@ -333,23 +370,26 @@ fn attention(
 }
 
 /// SwiGLU MLP on the rows of `xn` (`[n][d]`) into `out` (`[n][d]`).
+#[allow(clippy::too_many_arguments)]
 fn mlp_forward(
     m: &PackedMlp,
     pool: &ThreadPool,
     xn: &[f32],
     d: usize,
     acts: &mut Activations,
+    g: &mut Vec<f32>,
+    u: &mut Vec<f32>,
     out: &mut [f32],
 ) {
     let n = xn.len() / d;
     let f = m.gate.rows();
     let (gate, up, down) = (m.gate.as_ref(), m.up.as_ref(), m.down.as_ref());
     acts.prepare(xn, d, [gate.input_kind(), up.input_kind()]);
-    let mut g = vec![0f32; n * f];
-    let mut u = vec![0f32; n * f];
+    let g = sized(g, n * f);
+    let u = sized(u, n * f);
     {
-        let yg = OutputMatrix::new(&mut g, n, f);
-        let yu = OutputMatrix::new(&mut u, n, f);
+        let yg = OutputMatrix::new(g, n, f);
+        let yu = OutputMatrix::new(u, n, f);
         matmuls(
             pool,
             &[
@@ -359,23 +399,27 @@ fn mlp_forward(
         );
     }
     let isa = kernels::active_isa();
-    par_rows(pool, &mut g, f, |t, row| {
+    let u: &[f32] = u;
+    par_rows(pool, g, f, |t, row| {
         kernels::silu_mul(isa, row, &u[t * f..(t + 1) * f]);
     });
-    acts.prepare(&g, f, [down.input_kind()]);
+    acts.prepare(g, f, [down.input_kind()]);
     let y = OutputMatrix::new(out, n, d);
-    matmuls(pool, &[(down, acts.get(&g, down.input_kind()), &y)]);
+    matmuls(pool, &[(down, acts.get(g, down.input_kind()), &y)]);
 }
 
 /// Mixture of experts: softmax over all router logits, the `top_k` largest probabilities
 /// (renormalised to sum 1 when `renormalize`), tokens grouped by expert so each expert runs
 /// once on all its tokens; plus the gated shared expert (qwen2_moe).
+#[allow(clippy::too_many_arguments)]
 fn moe_forward(
     m: &PackedMoe,
     pool: &ThreadPool,
     xn: &[f32],
     d: usize,
     acts: &mut Activations,
+    g: &mut Vec<f32>,
+    u: &mut Vec<f32>,
     out: &mut [f32],
 ) {
     let n = xn.len() / d;
@@ -420,14 +464,14 @@ fn moe_forward(
             xe.extend_from_slice(&xn[t * d..(t + 1) * d]);
         }
         let mut ye = vec![0f32; tokens.len() * d];
-        mlp_forward(&m.experts[e], pool, &xe, d, acts, &mut ye);
+        mlp_forward(&m.experts[e], pool, &xe, d, acts, g, u, &mut ye);
         for (row, &(t, w)) in ye.chunks_exact(d).zip(tokens) {
             kernels::axpy_f32(isa, &mut out[t * d..(t + 1) * d], w, row);
         }
     }
     if let Some(shared) = &m.shared {
         let mut ys = vec![0f32; n * d];
-        mlp_forward(shared, pool, xn, d, acts, &mut ys);
+        mlp_forward(shared, pool, xn, d, acts, g, u, &mut ys);
         for t in 0..n {
             let gate = match &m.shared_gate {
                 Some(g) => {
@@ -546,15 +590,14 @@ impl Activations {
         if bf16 {
             let padded = dim + dim % 2;
             self.bf16_dim = padded;
-            self.bf16.clear();
-            self.bf16.resize(n * padded, 0);
+            if self.bf16.len() < n * padded {
+                self.bf16.resize(n * padded, 0);
+            }
             let isa = kernels::active_isa();
             for t in 0..n {
-                kernels::f32_to_bf16(
-                    isa,
-                    &x[t * dim..(t + 1) * dim],
-                    &mut self.bf16[t * padded..t * padded + dim],
-                );
+                let row = &mut self.bf16[t * padded..(t + 1) * padded];
+                kernels::f32_to_bf16(isa, &x[t * dim..(t + 1) * dim], &mut row[..dim]);
+                row[dim..].fill(0);
             }
         }
         if q8 {
@@ -581,7 +624,8 @@ impl Activations {
                 dim: self.dim,
             },
             InputKind::Bf16 => PreparedInput::Bf16 {
-                data: self.bf16.reinterpret_cast::<half::bf16>(),
+                data: &self.bf16.reinterpret_cast::<half::bf16>()
+                    [..x.len() / self.dim * self.bf16_dim],
                 dim: self.bf16_dim,
             },
             InputKind::Q8Blocks => {

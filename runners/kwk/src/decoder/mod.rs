@@ -26,8 +26,10 @@ use crate::format::{self, PackedLinear, TensorPlace, TensorRole};
 use crate::kernels::{self, OutputMatrix};
 use crate::model::{Architecture, FeedForward, Mlp, Model, ModelConfig, ModelWeights, RopeScaling};
 use crate::threads::ThreadPool;
-use layers::{Activations, KvCache, Layer, PackedFfn, PackedMlp, PackedMoe};
+use layers::{KvCache, Layer, PackedFfn, PackedMlp, PackedMoe, Scratch};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
 /// Tokens per internal batch of a long prompt (bounds the scratch memory).
@@ -89,6 +91,9 @@ pub struct KwkDecoder {
     weight_bytes: u64,
     n_params: u64,
     pack_s: f64,
+    /// Buffers reused across calls: the residual stream and the per-layer scratch.
+    x_buf: Vec<f32>,
+    scratch: Scratch,
 }
 
 /// Why `model` cannot run in this decoder with a cache of `max_cache_len` tokens
@@ -123,13 +128,13 @@ fn config_unsupported(c: &ModelConfig, max_cache_len: usize) -> Option<String> {
             ));
         }
     }
-    if c.head_dim == 0 || c.head_dim % 2 != 0 {
+    if c.head_dim == 0 || !c.head_dim.is_multiple_of(2) {
         return Some(format!(
             "head_dim {} must be even for rotary embeddings",
             c.head_dim
         ));
     }
-    if c.n_heads == 0 || c.n_kv_heads == 0 || c.n_heads % c.n_kv_heads != 0 {
+    if c.n_heads == 0 || c.n_kv_heads == 0 || !c.n_heads.is_multiple_of(c.n_kv_heads) {
         return Some(format!(
             "{} attention heads cannot be grouped over {} KV heads",
             c.n_heads, c.n_kv_heads
@@ -145,7 +150,7 @@ fn config_unsupported(c: &ModelConfig, max_cache_len: usize) -> Option<String> {
             c.experts_per_token, c.n_experts
         ));
     }
-    if !(c.rope_theta > 0.0) {
+    if c.rope_theta.is_nan() || c.rope_theta <= 0.0 {
         return Some(format!("rope_theta {} must be positive", c.rope_theta));
     }
     None
@@ -296,15 +301,12 @@ impl KwkDecoder {
             format::pack_linear(t, &precision, place(role, layer))
         };
 
+        // Jobs: the embedding, the untied lm_head, then each layer, taken from a shared
+        // counter by the pool's threads (the embedding costs about as much as 8 layers of
+        // a small model, so a queue balances better than a static split).
         // A tied output projection is packed once, as the lm_head (it is the larger
         // consumer); embedding lookups dequantize its rows.
-        let (embed, lm_head) = match &weights.lm_head {
-            None => (pack(&weights.embed, TensorRole::LmHead, None)?, None),
-            Some(h) => (
-                pack(&weights.embed, TensorRole::Embedding, None)?,
-                Some(pack(h, TensorRole::LmHead, None)?),
-            ),
-        };
+        let pool = ThreadPool::new(options.threads);
         let pack_mlp = |m: &Mlp, layer: usize| -> Result<PackedMlp> {
             Ok(PackedMlp {
                 gate: pack(&m.gate, TensorRole::FfnGate, Some(layer))?,
@@ -312,8 +314,8 @@ impl KwkDecoder {
                 down: pack(&m.down, TensorRole::FfnDown, Some(layer))?,
             })
         };
-        let mut layers = Vec::with_capacity(n_layers);
-        for (i, l) in weights.layers.iter().enumerate() {
+        let pack_layer = |i: usize| -> Result<Layer> {
+            let l = &weights.layers[i];
             let ffn = match &l.ffn {
                 FeedForward::Dense(m) => PackedFfn::Dense(pack_mlp(m, i)?),
                 FeedForward::Moe(m) => PackedFfn::Moe(PackedMoe {
@@ -334,7 +336,7 @@ impl KwkDecoder {
                         || config.norm_topk_prob,
                 }),
             };
-            layers.push(Layer {
+            Ok(Layer {
                 attn_norm: l.attn_norm.clone(),
                 q: pack(&l.q, TensorRole::AttnQ, Some(i))?,
                 k: pack(&l.k, TensorRole::AttnK, Some(i))?,
@@ -347,8 +349,43 @@ impl KwkDecoder {
                 k_norm: l.k_norm.clone(),
                 ffn_norm: l.ffn_norm.clone(),
                 ffn,
-            });
-        }
+            })
+        };
+        let embed_role = if weights.lm_head.is_some() {
+            TensorRole::Embedding
+        } else {
+            TensorRole::LmHead
+        };
+        let n_jobs = 2 + n_layers;
+        let next_job = AtomicUsize::new(0);
+        let embed_slot = Mutex::new(None);
+        let head_slot = Mutex::new(None);
+        let layer_slots: Vec<Mutex<Option<Result<Layer>>>> =
+            (0..n_layers).map(|_| Mutex::new(None)).collect();
+        pool.run(|_, _| loop {
+            let job = next_job.fetch_add(1, Ordering::Relaxed);
+            match job {
+                0 => *lock(&embed_slot) = Some(pack(&weights.embed, embed_role, None)),
+                1 => {
+                    *lock(&head_slot) = weights
+                        .lm_head
+                        .as_ref()
+                        .map(|h| pack(h, TensorRole::LmHead, None))
+                }
+                j if j < n_jobs => *lock(&layer_slots[j - 2]) = Some(pack_layer(j - 2)),
+                _ => break,
+            }
+        });
+        let embed = lock(&embed_slot).take().expect("the embedding job ran")?;
+        let lm_head = lock(&head_slot).take().transpose()?;
+        let layers = layer_slots
+            .into_iter()
+            .map(|slot| {
+                slot.into_inner()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .expect("every layer job ran")
+            })
+            .collect::<Result<Vec<Layer>>>()?;
         let pack_s = started.elapsed().as_secs_f64();
         let mut weight_bytes = embed.bytes() as u64
             + lm_head.as_ref().map(|h| h.bytes() as u64).unwrap_or(0)
@@ -372,7 +409,7 @@ impl KwkDecoder {
             config: config.clone(),
             precision,
             max_cache_len: options.max_cache_len,
-            pool: ThreadPool::new(options.threads),
+            pool,
             embed,
             lm_head,
             final_norm: weights.final_norm.clone(),
@@ -384,6 +421,8 @@ impl KwkDecoder {
             weight_bytes,
             n_params,
             pack_s,
+            x_buf: Vec::new(),
+            scratch: Scratch::default(),
         })
     }
 
@@ -455,12 +494,14 @@ impl KwkDecoder {
     fn forward_batch(&mut self, tokens: &[u32], logits_from: usize, out: &mut Vec<f32>) {
         let n = tokens.len();
         let d = self.config.hidden_size;
-        let mut x = vec![0f32; n * d];
+        let mut x_buf = std::mem::take(&mut self.x_buf);
+        x_buf.resize(n * d, 0.0);
+        let x = &mut x_buf[..n * d];
         for (t, &id) in tokens.iter().enumerate() {
             self.embed
                 .dequantize_row(id as usize, &mut x[t * d..(t + 1) * d]);
         }
-        let mut acts = Activations::default();
+        let scratch = &mut self.scratch;
         for (li, layer) in self.layers.iter().enumerate() {
             layer.forward(
                 &self.config,
@@ -469,16 +510,19 @@ impl KwkDecoder {
                 &mut self.kv,
                 li,
                 self.pos,
-                &mut x,
-                &mut acts,
+                x,
+                scratch,
             );
         }
         self.pos += n;
         let rows = n - logits_from;
         if rows == 0 {
+            self.x_buf = x_buf;
             return;
         }
         let mut xn = x[logits_from * d..].to_vec();
+        self.x_buf = x_buf;
+        let acts = &mut self.scratch.acts;
         layers::rms_norm_rows(
             &self.pool,
             &mut xn,
@@ -561,6 +605,11 @@ impl KwkDecoder {
         }
         Ok(stats)
     }
+}
+
+/// Locks `m`, ignoring poisoning (a panicking job re-raises its panic in `run` anyway).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn count_params(w: &ModelWeights) -> u64 {

@@ -350,3 +350,350 @@ fn unsupported_configs_are_named() {
         Err(KwkError::BadModel { .. })
     ));
 }
+
+// ---------------------------------------------------------------------------------------
+// Architectures without a fixture (qwen3 q/k norms, qwen2_moe shared expert, qwen3_moe,
+// Llama 3 rope scaling, explicit head_dim) against a naive float64 transcription of the
+// Hugging Face modeling code, on small random models.
+
+mod reference {
+    use crate::model::{Architecture, FeedForward, ModelConfig, ModelWeights, RopeScaling};
+
+    fn matvec(w: &crate::model::Tensor, x: &[f64]) -> Vec<f64> {
+        (0..w.rows())
+            .map(|r| w.row(r).iter().zip(x).map(|(a, b)| *a as f64 * b).sum())
+            .collect()
+    }
+
+    fn rms(x: &[f64], w: &[f32], eps: f32) -> Vec<f64> {
+        let ms = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
+        let inv = 1.0 / (ms + eps as f64).sqrt();
+        x.iter().zip(w).map(|(v, w)| v * inv * *w as f64).collect()
+    }
+
+    fn softmax(x: &[f64]) -> Vec<f64> {
+        let m = x.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = x.iter().map(|v| (v - m).exp()).collect();
+        let s: f64 = e.iter().sum();
+        e.iter().map(|v| v / s).collect()
+    }
+
+    /// transformers' `_compute_default_rope_parameters` + `_compute_llama3_parameters`.
+    fn inv_freq(c: &ModelConfig) -> Vec<f64> {
+        let dim = c.head_dim;
+        let base: Vec<f64> = (0..dim)
+            .step_by(2)
+            .map(|i| 1.0 / (c.rope_theta as f64).powf(i as f64 / dim as f64))
+            .collect();
+        let RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        } = c.rope_scaling.clone()
+        else {
+            return base;
+        };
+        let (factor, low, high) = (
+            factor as f64,
+            low_freq_factor as f64,
+            high_freq_factor as f64,
+        );
+        let old = original_max_position_embeddings as f64;
+        let (low_wl, high_wl) = (old / low, old / high);
+        base.iter()
+            .map(|&f| {
+                let wavelen = 2.0 * std::f64::consts::PI / f;
+                let llama = if wavelen > low_wl { f / factor } else { f };
+                let smooth = (old / wavelen - low) / (high - low);
+                let smoothed = (1.0 - smooth) * llama / factor + smooth * llama;
+                // transformers: `~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)`.
+                let medium = wavelen >= high_wl && wavelen <= low_wl;
+                if medium {
+                    smoothed
+                } else {
+                    llama
+                }
+            })
+            .collect()
+    }
+
+    fn rope(x: &mut [f64], pos: usize, inv: &[f64]) {
+        let half = x.len() / 2;
+        let orig = x.to_vec();
+        for i in 0..half {
+            let (c, s) = ((pos as f64 * inv[i]).cos(), (pos as f64 * inv[i]).sin());
+            x[i] = orig[i] * c - orig[i + half] * s;
+            x[i + half] = orig[i + half] * c + orig[i] * s;
+        }
+    }
+
+    fn mlp(m: &crate::model::Mlp, x: &[f64]) -> Vec<f64> {
+        let g = matvec(&m.gate, x);
+        let u = matvec(&m.up, x);
+        let h: Vec<f64> = g
+            .iter()
+            .zip(&u)
+            .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+            .collect();
+        matvec(&m.down, &h)
+    }
+
+    /// Logits of every position of `tokens`, `[n][vocab]`.
+    pub fn logits(c: &ModelConfig, w: &ModelWeights, tokens: &[u32]) -> Vec<Vec<f64>> {
+        let hd = c.head_dim;
+        let inv = inv_freq(c);
+        let mut xs: Vec<Vec<f64>> = tokens
+            .iter()
+            .map(|&t| w.embed.row(t as usize).iter().map(|&v| v as f64).collect())
+            .collect();
+        for l in &w.layers {
+            let mut ks: Vec<Vec<f64>> = Vec::new();
+            let mut vs: Vec<Vec<f64>> = Vec::new();
+            let mut qs: Vec<Vec<f64>> = Vec::new();
+            for (pos, x) in xs.iter().enumerate() {
+                let xn = rms(x, &l.attn_norm, c.rms_norm_eps);
+                let add = |mut v: Vec<f64>, b: &Option<Vec<f32>>| {
+                    if let Some(b) = b {
+                        v.iter_mut().zip(b).for_each(|(a, b)| *a += *b as f64);
+                    }
+                    v
+                };
+                let mut q = add(matvec(&l.q, &xn), &l.q_bias);
+                let mut k = add(matvec(&l.k, &xn), &l.k_bias);
+                let v = add(matvec(&l.v, &xn), &l.v_bias);
+                for (t, norm) in [(&mut q, &l.q_norm), (&mut k, &l.k_norm)] {
+                    for head in t.chunks_mut(hd) {
+                        if let Some(n) = norm {
+                            let r = rms(head, n, c.rms_norm_eps);
+                            head.copy_from_slice(&r);
+                        }
+                        rope(head, pos, &inv);
+                    }
+                }
+                qs.push(q);
+                ks.push(k);
+                vs.push(v);
+            }
+            let group = c.n_heads / c.n_kv_heads;
+            for (pos, x) in xs.iter_mut().enumerate() {
+                let mut attn = vec![0f64; c.n_heads * hd];
+                for h in 0..c.n_heads {
+                    let g = h / group;
+                    let q = &qs[pos][h * hd..(h + 1) * hd];
+                    let scores: Vec<f64> = (0..=pos)
+                        .map(|j| {
+                            q.iter()
+                                .zip(&ks[j][g * hd..(g + 1) * hd])
+                                .map(|(a, b)| a * b)
+                                .sum::<f64>()
+                                / (hd as f64).sqrt()
+                        })
+                        .collect();
+                    let p = softmax(&scores);
+                    for (j, pj) in p.iter().enumerate() {
+                        for d in 0..hd {
+                            attn[h * hd + d] += pj * vs[j][g * hd + d];
+                        }
+                    }
+                }
+                let o = matvec(&l.o, &attn);
+                x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+                let xn = rms(x, &l.ffn_norm, c.rms_norm_eps);
+                let out = match &l.ffn {
+                    FeedForward::Dense(m) => mlp(m, &xn),
+                    FeedForward::Moe(m) => {
+                        let probs = softmax(&matvec(&m.router, &xn));
+                        let mut idx: Vec<usize> = (0..probs.len()).collect();
+                        idx.sort_by(|&a, &b| probs[b].partial_cmp(&probs[a]).unwrap());
+                        let top = &idx[..c.experts_per_token];
+                        let renorm = c.architecture == Architecture::Mixtral || c.norm_topk_prob;
+                        let sum: f64 = if renorm {
+                            top.iter().map(|&e| probs[e]).sum()
+                        } else {
+                            1.0
+                        };
+                        let mut out = vec![0f64; xn.len()];
+                        for &e in top {
+                            let y = mlp(&m.experts[e], &xn);
+                            out.iter_mut()
+                                .zip(&y)
+                                .for_each(|(a, b)| *a += probs[e] / sum * b);
+                        }
+                        if let Some(s) = &m.shared_expert {
+                            let y = mlp(s, &xn);
+                            let gate = m
+                                .shared_expert_gate
+                                .as_ref()
+                                .map(|g| 1.0 / (1.0 + (-matvec(g, &xn)[0]).exp()))
+                                .unwrap_or(1.0);
+                            out.iter_mut().zip(&y).for_each(|(a, b)| *a += gate * b);
+                        }
+                        out
+                    }
+                };
+                x.iter_mut().zip(&out).for_each(|(a, b)| *a += b);
+            }
+        }
+        let head = w.output();
+        xs.iter()
+            .map(|x| matvec(head, &rms(x, &w.final_norm, c.rms_norm_eps)))
+            .collect()
+    }
+}
+
+/// A small random model of `arch` with every optional piece that architecture has.
+fn synthetic(arch: Architecture, seed: u64) -> (ModelConfig, ModelWeights) {
+    use crate::model::{LayerWeights, MoeBlock, Tensor};
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut rnd = move |n: usize, scale: f32| -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0) * scale
+            })
+            .collect()
+    };
+    let moe = matches!(
+        arch,
+        Architecture::Mixtral | Architecture::Qwen2Moe | Architecture::Qwen3Moe
+    );
+    let (d, hd, nh, nkv, ffn, vocab) = (64, 24, 4, 2, 80, 96);
+    let config = ModelConfig {
+        architecture: arch,
+        hidden_size: d,
+        intermediate_size: ffn,
+        n_layers: 2,
+        n_heads: nh,
+        n_kv_heads: nkv,
+        head_dim: hd,
+        vocab_size: vocab,
+        rms_norm_eps: 1e-6,
+        rope_theta: 500000.0,
+        rope_scaling: if arch == Architecture::Llama {
+            // Small original context so all three frequency bands occur at head_dim 24.
+            RopeScaling::Llama3 {
+                factor: 8.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: 64,
+            }
+        } else {
+            RopeScaling::None
+        },
+        max_position_embeddings: 128,
+        tie_word_embeddings: arch == Architecture::Llama,
+        n_experts: if moe { 4 } else { 0 },
+        experts_per_token: if moe { 2 } else { 0 },
+        moe_intermediate_size: if moe { 48 } else { 0 },
+        shared_expert_intermediate_size: if arch == Architecture::Qwen2Moe {
+            72
+        } else {
+            0
+        },
+        norm_topk_prob: arch == Architecture::Qwen3Moe,
+        sliding_window: None,
+        bos_token_id: None,
+        eos_token_ids: vec![],
+    };
+    let t = |rnd: &mut dyn FnMut(usize, f32) -> Vec<f32>, r: usize, c: usize| {
+        Tensor::new(vec![r, c], rnd(r * c, 1.0 / (c as f32).sqrt() * 1.7))
+    };
+    let norm = |rnd: &mut dyn FnMut(usize, f32) -> Vec<f32>, n: usize| -> Vec<f32> {
+        rnd(n, 0.3).iter().map(|v| 1.0 + v).collect()
+    };
+    let mlp = |rnd: &mut dyn FnMut(usize, f32) -> Vec<f32>, f: usize| crate::model::Mlp {
+        gate: t(rnd, f, d),
+        up: t(rnd, f, d),
+        down: t(rnd, d, f),
+    };
+    let qwen = matches!(arch, Architecture::Qwen2 | Architecture::Qwen2Moe);
+    let qk_norm = matches!(arch, Architecture::Qwen3 | Architecture::Qwen3Moe);
+    let mut layers = Vec::new();
+    for _ in 0..2 {
+        let ffn_block = if moe {
+            FeedForward::Moe(MoeBlock {
+                router: t(&mut rnd, 4, d),
+                experts: (0..4).map(|_| mlp(&mut rnd, 48)).collect(),
+                shared_expert: (arch == Architecture::Qwen2Moe).then(|| mlp(&mut rnd, 72)),
+                shared_expert_gate: (arch == Architecture::Qwen2Moe).then(|| t(&mut rnd, 1, d)),
+            })
+        } else {
+            FeedForward::Dense(mlp(&mut rnd, ffn))
+        };
+        layers.push(LayerWeights {
+            attn_norm: norm(&mut rnd, d),
+            q: t(&mut rnd, nh * hd, d),
+            k: t(&mut rnd, nkv * hd, d),
+            v: t(&mut rnd, nkv * hd, d),
+            o: t(&mut rnd, d, nh * hd),
+            q_bias: qwen.then(|| rnd(nh * hd, 0.5)),
+            k_bias: qwen.then(|| rnd(nkv * hd, 0.5)),
+            v_bias: qwen.then(|| rnd(nkv * hd, 0.5)),
+            q_norm: qk_norm.then(|| norm(&mut rnd, hd)),
+            k_norm: qk_norm.then(|| norm(&mut rnd, hd)),
+            ffn_norm: norm(&mut rnd, d),
+            ffn: ffn_block,
+        });
+    }
+    let embed = Tensor::new(vec![vocab, d], rnd(vocab * d, 1.0));
+    let lm_head = (arch != Architecture::Llama).then(|| t(&mut rnd, vocab, d));
+    let weights = ModelWeights {
+        embed,
+        layers,
+        final_norm: norm(&mut rnd, d),
+        lm_head,
+    };
+    (config, weights)
+}
+
+#[test]
+fn every_architecture_matches_a_float64_reference() {
+    let tokens: Vec<u32> = (0..40).map(|i| (i * 37 + 11) % 96).collect();
+    for arch in [
+        Architecture::Llama,
+        Architecture::Qwen2,
+        Architecture::Qwen3,
+        Architecture::Mixtral,
+        Architecture::Qwen2Moe,
+        Architecture::Qwen3Moe,
+    ] {
+        let (config, weights) = synthetic(arch, arch as u64 + 1);
+        assert!(config_unsupported(&config, 64).is_none());
+        assert!(weights_mismatch(&config, &weights).is_none());
+        let want = reference::logits(&config, &weights, &tokens);
+        for threads in [1, 2] {
+            let mut dec = KwkDecoder::from_weights(
+                &config,
+                &weights,
+                vec![],
+                Path::new("synthetic"),
+                DecoderOptions {
+                    max_cache_len: 64,
+                    precision: Precision::Float32,
+                    threads,
+                    calibration_tokens: None,
+                    pack_cache_dir: None,
+                },
+            )
+            .unwrap();
+            // Prompt in two calls (a batch, then single tokens) to cover the cache path.
+            let mut got = dec.forward(&tokens[..30], 0).unwrap();
+            for &t in &tokens[30..] {
+                got.extend(dec.forward(&[t], 0).unwrap());
+            }
+            let mut worst = 0f64;
+            for (p, row) in want.iter().enumerate() {
+                for (i, w) in row.iter().enumerate() {
+                    worst = worst.max((got[p * 96 + i] as f64 - w).abs());
+                }
+            }
+            assert!(
+                worst < 1e-4,
+                "{arch:?} threads {threads}: logits off by {worst}"
+            );
+        }
+    }
+}

@@ -1,5 +1,5 @@
-//! The `int4` weight format (and the 6-bit tensors of `int4:mix6`): unsigned codes of 4 or
-//! 6 bits with an f16 scale and f16 minimum per group of 32, 64 or 128 columns
+//! The `int4` weight format (and the 6-/8-bit tensors of `int4:mix6`/`int4:mix8`): unsigned
+//! codes of 4, 6 or 8 bits with an f16 scale and f16 minimum per group of 32, 64 or 128 columns
 //! (`w = d · q + m`, llama.cpp Q4_1's form, which this project's test model is stored in),
 //! rows interleaved in groups of 16 (`kernels::int4_matmul` documents the layout).
 //!
@@ -10,7 +10,7 @@ use crate::error::{KwkError, Result};
 use crate::format::int8::{check_shape, q8_rows};
 use crate::format::{InputKind, PackedLinear, PreparedInput};
 use crate::kernels::int4_matmul::{
-    lowbit_matmul, LowBitTiles, HIGH_BITS_TILE_BYTES, NIBBLE_TILE_BYTES,
+    code_tile_bytes, lowbit_matmul, LowBitTiles, HIGH_BITS_TILE_BYTES, NIBBLE_TILE_BYTES,
 };
 use crate::kernels::int8_matmul::{selected_isa, QuantIsa, BLOCK, ROW_GROUP};
 use crate::kernels::OutputMatrix;
@@ -47,9 +47,9 @@ impl LowBitWeights {
         what: &str,
     ) -> Result<Self> {
         check_shape(tensor, what)?;
-        if bits != 4 && bits != 6 {
+        if bits != 4 && bits != 6 && bits != 8 {
             return Err(KwkError::InvalidArgument(format!(
-                "{what}: {bits}-bit groups are not a format; use 4 or 6"
+                "{what}: {bits}-bit groups are not a format; use 4, 6 or 8"
             )));
         }
         if !GROUP_SIZES.contains(&group_size) {
@@ -69,7 +69,8 @@ impl LowBitWeights {
         let nb = cols / BLOCK;
         let ng = rows.div_ceil(ROW_GROUP);
         let ncg = cols.div_ceil(group_size);
-        let mut nibbles = vec![0u8; ng * nb * NIBBLE_TILE_BYTES];
+        let tile_bytes = code_tile_bytes(bits);
+        let mut nibbles = vec![0u8; ng * nb * tile_bytes];
         let mut high_bits = vec![
             0u8;
             if bits == 6 {
@@ -91,7 +92,7 @@ impl LowBitWeights {
             (0..ng).map(|_| &mut [][..]).collect()
         };
         nibbles
-            .par_chunks_mut(nb * NIBBLE_TILE_BYTES)
+            .par_chunks_mut(nb * tile_bytes)
             .zip(hb_parts.par_iter_mut())
             .zip(scales.par_chunks_mut(ncg * ROW_GROUP))
             .zip(mins.par_chunks_mut(ncg * ROW_GROUP))
@@ -112,6 +113,10 @@ impl LowBitWeights {
                             let c = c0 + i;
                             let (b, cc) = (c / BLOCK, c % BLOCK);
                             let (quad, k) = (cc / 4, cc % 4);
+                            if bits == 8 {
+                                ng_nib[b * tile_bytes + quad * 64 + r * 4 + k] = code;
+                                continue;
+                            }
                             let at = b * NIBBLE_TILE_BYTES + (quad % 4) * 64 + r * 4 + k;
                             let shift = if quad < 4 { 0 } else { 4 };
                             ng_nib[at] |= (code & 0x0F) << shift;
@@ -150,10 +155,10 @@ impl LowBitWeights {
     ) -> Option<Self> {
         let tiles = rows.div_ceil(ROW_GROUP) * (cols / BLOCK);
         let ncg_total = rows.div_ceil(ROW_GROUP) * cols.div_ceil(group_size.max(1)) * ROW_GROUP;
-        let ok = (bits == 4 || bits == 6)
+        let ok = (bits == 4 || bits == 6 || bits == 8)
             && GROUP_SIZES.contains(&group_size)
             && cols.is_multiple_of(BLOCK)
-            && nibbles.len() == tiles * NIBBLE_TILE_BYTES
+            && nibbles.len() == tiles * code_tile_bytes(bits)
             && high_bits.len()
                 == if bits == 6 {
                     tiles * HIGH_BITS_TILE_BYTES

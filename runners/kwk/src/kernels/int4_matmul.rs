@@ -1,5 +1,5 @@
-//! 4-bit and 6-bit weight × int8-activation matmul kernels (the `int4` format and its
-//! 6-bit mix tensors): unsigned codes `q` in `0..2^bits` with a per-group f16 scale `d`
+//! 4-, 6- and 8-bit asymmetric weight × int8-activation matmul kernels (the `int4` format
+//! and its 6-/8-bit mix tensors): unsigned codes `q` in `0..2^bits` with a per-group f16 scale `d`
 //! and minimum `m` (`w = d · q + m`, llama.cpp's Q4_1 form), groups of 32, 64 or 128
 //! columns (the last group of a row may be shorter, e.g. 576 = 4 · 128 + 64).
 //!
@@ -9,7 +9,10 @@
 //! high nibble, so one 64-byte load and two mask/shift ops give two 16-row × 4-column
 //! operands for `vpdpbusd` (codes are naturally unsigned). 6-bit codes add a 128-byte tile of
 //! high bit pairs: byte `h * 64 + row * 4 + k` holds bits 4..5 of the code of quad
-//! `4h + j` in its bits `2j..2j + 1`. Scales and minimums: `[(group * n_col_groups + cg) * 16
+//! `4h + j` in its bits `2j..2j + 1`. 8-bit codes use the int8 tile layout instead (512
+//! bytes, byte `quad * 64 + row * 4 + k`); AVX2's `vpmaddubsw` would saturate on
+//! `255 · 127 · 2`, so its 8-bit path uses `code - 128` with the sign trick and adds back
+//! `128 · Σa` (exact integers either way). Scales and minimums: `[(group * n_col_groups + cg) * 16
 //! + row]`.
 //!
 //! Math per row and column group `cg`: `Σ_b d_a[b] · (d · Σ q·a + m · Σ a)`; the integer
@@ -29,11 +32,24 @@ pub const NIBBLE_TILE_BYTES: usize = ROW_GROUP * BLOCK / 2;
 /// Bytes of the 6-bit codes' high-bit-pair tile.
 pub const HIGH_BITS_TILE_BYTES: usize = ROW_GROUP * BLOCK / 4;
 
-/// A 4- or 6-bit matrix in the packed layout described in the module doc.
+/// Bytes of an 8-bit code tile.
+pub const BYTE_TILE_BYTES: usize = ROW_GROUP * BLOCK;
+
+/// Bytes of the code tile (nibbles, or bytes for 8-bit) of one row group × block.
+pub fn code_tile_bytes(bits: u32) -> usize {
+    if bits == 8 {
+        BYTE_TILE_BYTES
+    } else {
+        NIBBLE_TILE_BYTES
+    }
+}
+
+/// A 4-, 6- or 8-bit matrix in the packed layout described in the module doc.
 #[derive(Debug, Clone, Copy)]
 pub struct LowBitTiles<'a> {
-    /// 4 or 6.
+    /// 4, 6 or 8.
     pub bits: u32,
+    /// Code tiles: nibbles (4/6-bit) or bytes (8-bit).
     pub nibbles: &'a [u8],
     /// Empty for 4-bit.
     pub high_bits: &'a [u8],
@@ -56,14 +72,14 @@ impl LowBitTiles<'_> {
         self.cols.div_ceil(self.group_size)
     }
     fn check(&self) {
-        assert!(self.bits == 4 || self.bits == 6);
+        assert!(self.bits == 4 || self.bits == 6 || self.bits == 8);
         assert!(
             self.cols.is_multiple_of(BLOCK)
                 && self.group_size.is_multiple_of(BLOCK)
                 && self.group_size > 0
         );
         let tiles = self.n_groups() * self.n_blocks();
-        assert!(self.nibbles.len() >= tiles * NIBBLE_TILE_BYTES);
+        assert!(self.nibbles.len() >= tiles * code_tile_bytes(self.bits));
         if self.bits == 6 {
             assert!(self.high_bits.len() >= tiles * HIGH_BITS_TILE_BYTES);
         }
@@ -75,8 +91,12 @@ impl LowBitTiles<'_> {
     pub fn code(&self, r: usize, c: usize) -> u8 {
         let (g, rr) = (r / ROW_GROUP, r % ROW_GROUP);
         let (b, cc) = (c / BLOCK, c % BLOCK);
-        let tile = (g * self.n_blocks() + b) * NIBBLE_TILE_BYTES;
         let (quad, k) = (cc / 4, cc % 4);
+        if self.bits == 8 {
+            let tile = (g * self.n_blocks() + b) * BYTE_TILE_BYTES;
+            return self.nibbles[tile + quad * 64 + rr * 4 + k];
+        }
+        let tile = (g * self.n_blocks() + b) * NIBBLE_TILE_BYTES;
         let byte = self.nibbles[tile + (quad % 4) * 64 + rr * 4 + k];
         let mut q = if quad < 4 { byte & 0x0F } else { byte >> 4 };
         if self.bits == 6 {
@@ -213,6 +233,14 @@ mod x86 {
                 (6, 6) => lowbit_tile_vnni::<6, true>(w, x, s, g, t0, out),
                 (6, 7) => lowbit_tile_vnni::<7, true>(w, x, s, g, t0, out),
                 (6, 8) => lowbit_tile_vnni::<8, true>(w, x, s, g, t0, out),
+                (8, 1) => byte_tile_vnni::<1>(w, x, s, g, t0, out),
+                (8, 2) => byte_tile_vnni::<2>(w, x, s, g, t0, out),
+                (8, 3) => byte_tile_vnni::<3>(w, x, s, g, t0, out),
+                (8, 4) => byte_tile_vnni::<4>(w, x, s, g, t0, out),
+                (8, 5) => byte_tile_vnni::<5>(w, x, s, g, t0, out),
+                (8, 6) => byte_tile_vnni::<6>(w, x, s, g, t0, out),
+                (8, 7) => byte_tile_vnni::<7>(w, x, s, g, t0, out),
+                (8, 8) => byte_tile_vnni::<8>(w, x, s, g, t0, out),
                 _ => unreachable!("bits {} token tile {n}", w.bits),
             }
         }
@@ -322,6 +350,61 @@ mod x86 {
         }
     }
 
+    /// The 8-bit codes' tile: the same math as `lowbit_tile_vnni` with byte tiles.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn byte_tile_vnni<const N: usize>(
+        w: &LowBitTiles,
+        x: &Q8Rows,
+        s: &[f32],
+        g: usize,
+        t0: usize,
+        out: &mut [[f32; ROW_GROUP]; TOKEN_TILE],
+    ) {
+        let nb = w.n_blocks();
+        let ncg = w.n_col_groups();
+        let bpg = w.group_size / BLOCK;
+        let dim = x.dim;
+        // SAFETY: every pointer stays inside the slices `check` validated, as above.
+        unsafe {
+            let codes = w.nibbles.as_ptr().add(g * nb * BYTE_TILE_BYTES);
+            let sc = w.scales.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
+            let mn = w.mins.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
+            let xq = x.quants.as_ptr().add(t0 * dim);
+            let xs = x.scales.as_ptr().add(t0 * nb);
+            let mut acc = [_mm512_setzero_ps(); N];
+            for cg in 0..ncg {
+                let dw = _mm512_cvtph_ps(_mm256_loadu_si256(sc.add(cg * ROW_GROUP) as *const _));
+                for b in cg * bpg..((cg + 1) * bpg).min(nb) {
+                    let tile = codes.add(b * BYTE_TILE_BYTES);
+                    let mut wv = [_mm512_setzero_si512(); 8];
+                    for (quad, v) in wv.iter_mut().enumerate() {
+                        *v = _mm512_loadu_si512(tile.add(quad * 64) as *const _);
+                    }
+                    for (t, acc_t) in acc.iter_mut().enumerate() {
+                        let a = xq.add(t * dim + b * BLOCK) as *const i32;
+                        let mut d = _mm512_setzero_si512();
+                        for (quad, v) in wv.iter().enumerate() {
+                            d = _mm512_dpbusd_epi32(
+                                d,
+                                *v,
+                                _mm512_set1_epi32(a.add(quad).read_unaligned()),
+                            );
+                        }
+                        let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*xs.add(t * nb + b)));
+                        *acc_t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), scale, *acc_t);
+                    }
+                }
+                let mw = _mm512_cvtph_ps(_mm256_loadu_si256(mn.add(cg * ROW_GROUP) as *const _));
+                for (t, acc_t) in acc.iter_mut().enumerate() {
+                    *acc_t = _mm512_fmadd_ps(mw, _mm512_set1_ps(s[t * ncg + cg]), *acc_t);
+                }
+            }
+            for (t, acc_t) in acc.iter().enumerate() {
+                _mm512_storeu_ps(out[t].as_mut_ptr(), *acc_t);
+            }
+        }
+    }
+
     /// # Safety
     /// AVX2/FMA/F16C present; same contract as [`lowbit_tile_vnni_dispatch`].
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -339,11 +422,14 @@ mod x86 {
         let bpg = w.group_size / BLOCK;
         let dim = x.dim;
         let six = w.bits == 6;
+        let eight = w.bits == 8;
+        let tile_bytes = code_tile_bytes(w.bits);
         // SAFETY: pointers stay inside the checked slices, as in the VNNI kernel.
         unsafe {
-            let nib = w.nibbles.as_ptr().add(g * nb * NIBBLE_TILE_BYTES);
+            let nib = w.nibbles.as_ptr().add(g * nb * tile_bytes);
             let sc = w.scales.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
             let mn = w.mins.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
+            let flip = _mm256_set1_epi8(-128);
             let low4 = _mm256_set1_epi8(0x0F);
             let three = _mm256_set1_epi8(3);
             let ones = _mm256_set1_epi16(1);
@@ -352,12 +438,29 @@ mod x86 {
                 let mut acc = [_mm256_setzero_ps(); 2];
                 for cg in 0..ncg {
                     for b in cg * bpg..((cg + 1) * bpg).min(nb) {
-                        let tile = nib.add(b * NIBBLE_TILE_BYTES);
+                        let tile = nib.add(b * tile_bytes);
                         let a = x.quants.as_ptr().add(tok * dim + b * BLOCK) as *const i32;
                         let mut sum = [_mm256_setzero_si256(); 2];
+                        if eight {
+                            // Σ (c - 128) a by the sign trick, then + 128 Σa.
+                            let bs = *x.block_sums.as_ptr().add(tok * nb + b);
+                            sum = [_mm256_set1_epi32(128 * bs); 2];
+                        }
                         for quad in 0..8 {
                             let av = _mm256_set1_epi32(a.add(quad).read_unaligned());
                             for (half, s_h) in sum.iter_mut().enumerate() {
+                                if eight {
+                                    let v = _mm256_loadu_si256(
+                                        tile.add(quad * 64 + half * 32) as *const _
+                                    );
+                                    let qs = _mm256_xor_si256(v, flip);
+                                    let p = _mm256_maddubs_epi16(
+                                        _mm256_abs_epi8(qs),
+                                        _mm256_sign_epi8(av, qs),
+                                    );
+                                    *s_h = _mm256_add_epi32(*s_h, _mm256_madd_epi16(p, ones));
+                                    continue;
+                                }
                                 let v = _mm256_loadu_si256(
                                     tile.add((quad % 4) * 64 + half * 32) as *const _
                                 );
@@ -419,7 +522,7 @@ mod tests {
 
     #[test]
     fn lowbit_paths_agree_with_scalar_and_float32_at_odd_sizes() {
-        for bits in [4u32, 6] {
+        for bits in [4u32, 6, 8] {
             for gs in [32usize, 64, 128] {
                 for &(rows, cols, tokens) in &[
                     (1, 32, 1),
@@ -447,7 +550,7 @@ mod tests {
         // total error (`rounding` tests that the total never exceeds the min/max grid's).
         let (rows, cols) = (21, 160);
         let w = pseudo(rows * cols, 5, 0.1);
-        for bits in [4u32, 6] {
+        for bits in [4u32, 6, 8] {
             for gs in [32usize, 64, 128] {
                 let packed = LowBitWeights::quantize(
                     &Tensor::new(vec![rows, cols], w.clone()),
@@ -484,7 +587,14 @@ mod tests {
     fn bits_per_weight_of_each_group_size() {
         let (rows, cols) = (64, 1536);
         let t = Tensor::new(vec![rows, cols], pseudo(rows * cols, 1, 0.1));
-        for (bits, gs, bpw) in [(4, 32, 5.0), (4, 64, 4.5), (4, 128, 4.25), (6, 64, 6.5)] {
+        for (bits, gs, bpw) in [
+            (4, 32, 5.0),
+            (4, 64, 4.5),
+            (4, 128, 4.25),
+            (6, 64, 6.5),
+            (8, 32, 9.0),
+            (8, 64, 8.5),
+        ] {
             let p = LowBitWeights::quantize(&t, bits, gs, None, "t").unwrap();
             assert_eq!(p.bytes() as f64 * 8.0 / (rows * cols) as f64, bpw);
         }

@@ -231,7 +231,7 @@ pub fn gemm_f32_panels_strided(
     y: &OutputMatrix,
 ) {
     assert!(panel_stride >= cols * PANEL_ROWS && ldx >= cols);
-    assert!(rows.start % PANEL_ROWS == 0 && rows.start <= rows.end && rows.end <= n_rows);
+    assert!(rows.start.is_multiple_of(PANEL_ROWS) && rows.start <= rows.end && rows.end <= n_rows);
     assert!(y.n_tokens() >= n_tokens && y.ld() >= n_rows);
     if rows.is_empty() || n_tokens == 0 {
         return;
@@ -307,7 +307,10 @@ pub fn gemm_bf16_panels(
     rows: Range<usize>,
     y: &OutputMatrix,
 ) {
-    assert!(cols % 2 == 0, "bf16 panels need an even column count");
+    assert!(
+        cols.is_multiple_of(2),
+        "bf16 panels need an even column count"
+    );
     check_panel_args(w.len(), n_rows, cols, x.len(), n_tokens, &rows, y);
     match isa {
         #[cfg(target_arch = "x86_64")]
@@ -339,7 +342,7 @@ fn check_panel_args(
         "panel buffer too small"
     );
     assert!(x_len >= n_tokens * cols, "activation buffer too small");
-    assert!(rows.start % PANEL_ROWS == 0 && rows.start <= rows.end && rows.end <= n_rows);
+    assert!(rows.start.is_multiple_of(PANEL_ROWS) && rows.start <= rows.end && rows.end <= n_rows);
     assert!(y.n_tokens() >= n_tokens && y.ld() >= n_rows);
 }
 

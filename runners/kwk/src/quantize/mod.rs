@@ -2,3 +2,6 @@
 //! scales from calibration text (`calibrate`), GPTQ (`gptq`).
 
 pub mod rounding;
+
+#[cfg(test)]
+mod fixture_tests;

@@ -19,6 +19,16 @@ fn f16_round(v: f32) -> f32 {
     f16::from_f32(v).to_f32()
 }
 
+#[inline]
+fn round_away(x: f32) -> f32 {
+    let r = (x.abs() + 0.5) as u32 as f32;
+    if x < 0.0 {
+        -r
+    } else {
+        r
+    }
+}
+
 fn weight(imp: Option<&[f32]>, i: usize) -> f32 {
     imp.map_or(1.0, |w| w[i])
 }
@@ -28,7 +38,9 @@ fn round_symmetric_with(x: &[f32], imp: Option<&[f32]>, d: f32, q: &mut [i8]) ->
     let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
     let mut err = 0f64;
     for (i, (&v, qi)) in x.iter().zip(q.iter_mut()).enumerate() {
-        let c = (v * inv).round().clamp(-127.0, 127.0);
+        // Round half away from zero via truncation (`f32::round` is a libm call on the
+        // x86_64 baseline; this is the packing's inner loop).
+        let c = round_away((v * inv).clamp(-127.0, 127.0));
         *qi = c as i8;
         let e = c * d - v;
         err += (weight(imp, i) * e * e) as f64;
@@ -85,7 +97,7 @@ fn round_asymmetric_with(
     let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
     let mut err = 0f64;
     for (i, (&v, qi)) in x.iter().zip(q.iter_mut()).enumerate() {
-        let c = ((v - m) * inv).round().clamp(0.0, nmax);
+        let c = ((((v - m) * inv).clamp(0.0, nmax)) + 0.5) as u32 as f32;
         *qi = c as u8;
         let e = c * d + m - v;
         err += (weight(imp, i) * e * e) as f64;
@@ -138,7 +150,14 @@ pub fn round_asymmetric(x: &[f32], bits: u32, imp: Option<&[f32]>, q: &mut [u8])
         return (f16::from_f32(d0), f16::from_f32(m0));
     }
     let mut cand = vec![0u8; q.len()];
-    for delta in [-1.0f32, -0.5, 0.0, 0.5, 1.0] {
+    // 4-bit grids gain from a small scale search; at 6 and 8 bits one refit of the
+    // min/max grid captures nearly all of it (and packing time matters).
+    let deltas: &[f32] = if bits <= 4 {
+        &[-1.0, -0.5, 0.0, 0.5, 1.0]
+    } else {
+        &[0.0]
+    };
+    for &delta in deltas {
         let d = f16_round((hi - lo) / (nmax + delta));
         if d <= 0.0 {
             continue;

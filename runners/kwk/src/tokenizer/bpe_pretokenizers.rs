@@ -14,9 +14,10 @@
 //! Supported `tokenizer.ggml.pre` values and the llama.cpp type they map to
 //! (llama-vocab.cpp, `llama_vocab::impl::load`):
 //! - `default` (and a missing key): DEFAULT
-//! - `gpt-2`, `phi-2`, `jina-es`, `jina-de`, `gigachat`, `jina-v2-es`, `jina-v2-de`,
-//!   `a.x-4.0`, `mellum`, `modern-bert`, `exaone4`, `mpt`, `olmo`, `jais`, `trillion`,
-//!   `granite-docling`: GPT2 regex only
+//! - `gpt-2`, `phi-2`, `jina-es`, `jina-de`, `gigachat`, `a.x-4.0`, `mellum`, `exaone4`,
+//!   `mpt`, `olmo`, `jais`, `trillion`, `granite-docling`: GPT2 regex only (`jina-v2-es`,
+//!   `jina-v2-de` and `modern-bert` share the regex but llama.cpp gives their mask token
+//!   an lstrip attribute kwk does not model, so they are refused)
 //! - `llama3`, `llama-v3`, `llama-bpe`, `falcon3`, `falcon-h1`, `pixtral`, `midm-2.0`,
 //!   `lfm2`, `jina-v5-nano`: LLAMA3 (with `ignore_merges`, BOS by default); `dbrx`,
 //!   `smaug-bpe`: the same regex without `ignore_merges` or BOS
@@ -80,9 +81,10 @@ impl PreTokenizer {
                 false,
                 false,
             ),
-            "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es"
-            | "jina-v2-de" | "a.x-4.0" | "mellum" | "modern-bert" | "exaone4" | "mpt" | "olmo"
-            | "jais" | "trillion" | "granite-docling" => (vec![Gpt2], false, false),
+            "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "a.x-4.0" | "mellum"
+            | "exaone4" | "mpt" | "olmo" | "jais" | "trillion" | "granite-docling" => {
+                (vec![Gpt2], false, false)
+            }
             "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral"
             | "midm-2.0" | "lfm2" | "jina-v5-nano" => (vec![Llama3], true, true),
             "dbrx" | "smaug-bpe" => (vec![Llama3], false, false),

@@ -2,6 +2,11 @@
 //! as llama.cpp's `llama_vocab` holds it: token texts and attributes, the text → id map,
 //! the split of user-defined tokens out of the input text, the end-of-generation set and
 //! the bytes ("piece") each token decodes to.
+//!
+//! Not modelled: the lstrip/rstrip attributes llama.cpp gives special tokens of a few
+//! models chosen by name (`general.name` containing "phi-3", jina-v2 and modern-bert
+//! pre-tokenizers); they only change the ids when such a token is user-defined and its
+//! text appears in the input.
 
 use std::collections::HashMap;
 use std::ops::Range;

@@ -97,12 +97,15 @@ fn template_bos(post: &Value) -> Option<u32> {
     }
 }
 
-fn decoder_has(decoder: &Value, kind: &str) -> bool {
-    match decoder.get("type").and_then(Value::as_str) {
-        Some("Sequence") => decoder
-            .get("decoders")
-            .and_then(Value::as_array)
-            .is_some_and(|ds| ds.iter().any(|d| decoder_has(d, kind))),
+/// Whether a decoder or pre-tokenizer (or a `Sequence` of them) has a part of type `kind`.
+fn component_has(component: &Value, kind: &str) -> bool {
+    match component.get("type").and_then(Value::as_str) {
+        Some("Sequence") => ["decoders", "pretokenizers"].iter().any(|list| {
+            component
+                .get(*list)
+                .and_then(Value::as_array)
+                .is_some_and(|parts| parts.iter().any(|p| component_has(p, kind)))
+        }),
         Some(t) => t == kind,
         None => false,
     }
@@ -129,11 +132,11 @@ impl HfBackend {
 
         let decoder = json.get("decoder").cloned().unwrap_or(Value::Null);
         let pre = json.get("pre_tokenizer").cloned().unwrap_or(Value::Null);
-        let encoding = if decoder_has(&decoder, "ByteLevel") || decoder_has(&pre, "ByteLevel") {
+        let encoding = if component_has(&decoder, "ByteLevel") || component_has(&pre, "ByteLevel") {
             PieceEncoding::ByteLevel
-        } else if decoder_has(&decoder, "Metaspace")
-            || decoder_has(&decoder, "ByteFallback")
-            || decoder_has(&decoder, "Replace")
+        } else if component_has(&decoder, "Metaspace")
+            || component_has(&decoder, "ByteFallback")
+            || component_has(&decoder, "Replace")
         {
             PieceEncoding::Metaspace
         } else {
@@ -144,6 +147,20 @@ impl HfBackend {
         let config = read_optional_json(&config_path)?;
         let generation_path = dir.join("generation_config.json");
         let generation = read_optional_json(&generation_path)?;
+        let special_map_path = dir.join("special_tokens_map.json");
+        let special_map = read_optional_json(&special_map_path)?;
+        // A special token named in tokenizer_config.json, else in special_tokens_map.json.
+        let named = |key: &str| -> Option<(&Path, Value)> {
+            let entry = |file: &Option<Value>| {
+                file.as_ref()
+                    .and_then(|c| c.get(key))
+                    .filter(|v| !v.is_null())
+                    .cloned()
+            };
+            entry(&config)
+                .map(|v| (config_path.as_path(), v))
+                .or_else(|| entry(&special_map).map(|v| (special_map_path.as_path(), v)))
+        };
 
         let lookup = |path: &Path, key: &str, v: &Value| -> Result<u32> {
             let text = special_token_text(v).ok_or_else(|| {
@@ -174,12 +191,8 @@ impl HfBackend {
         };
 
         let mut bos_id = None;
-        if let Some(v) = config
-            .as_ref()
-            .and_then(|c| c.get("bos_token"))
-            .filter(|v| !v.is_null())
-        {
-            bos_id = Some(lookup(&config_path, "bos_token", v)?);
+        if let Some((path, v)) = named("bos_token") {
+            bos_id = Some(lookup(path, "bos_token", &v)?);
         }
         if bos_id.is_none() {
             bos_id = template_bos_id;
@@ -193,12 +206,8 @@ impl HfBackend {
         }
 
         let mut eos_ids = Vec::new();
-        if let Some(v) = config
-            .as_ref()
-            .and_then(|c| c.get("eos_token"))
-            .filter(|v| !v.is_null())
-        {
-            eos_ids.push(lookup(&config_path, "eos_token", v)?);
+        if let Some((path, v)) = named("eos_token") {
+            eos_ids.push(lookup(path, "eos_token", &v)?);
         }
         if let Some(v) = generation.as_ref().and_then(|g| g.get("eos_token_id")) {
             let list: Vec<&Value> = match v {

@@ -134,10 +134,10 @@ impl Tokenizer {
                 true,
             ),
             other => {
+                let supported = "\"gpt2\" (byte-level BPE) and \"llama\" (SentencePiece)";
                 return Err(KwkError::Tokenizer(format!(
-                "tokenizer.ggml.model = {other:?} is not supported (kwk reads \"gpt2\" byte-level \
-                     BPE and \"llama\" SentencePiece)"
-            )))
+                    "tokenizer.ggml.model = {other:?} is not supported; kwk reads {supported}"
+                )));
             }
         };
         let bos_id = checked_id("tokenizer.ggml.bos_token_id", meta.bos_id, n)?.or(default_bos);
@@ -165,10 +165,11 @@ impl Tokenizer {
     ///
     /// BOS: `add_bos_token` of tokenizer_config.json when present, else whether the
     /// post-processor template puts a special token before the text. BOS id:
-    /// `bos_token` of tokenizer_config.json, else the template's, else
-    /// `generation_config.json` `bos_token_id`. End of generation: tokenizer_config's
-    /// `eos_token`, generation_config's `eos_token_id` (a number or a list), and the special
-    /// added tokens llama.cpp treats as end of generation (`<|im_end|>`, `<|eot_id|>`, ...).
+    /// `bos_token` of tokenizer_config.json (else of special_tokens_map.json), else the
+    /// template's, else `generation_config.json` `bos_token_id`. End of generation:
+    /// `eos_token` (tokenizer_config.json, else special_tokens_map.json), generation_config's
+    /// `eos_token_id` (a number or a list), and the special added tokens llama.cpp treats as
+    /// end of generation (`<|im_end|>`, `<|eot_id|>`, ...).
     pub fn from_hf_folder(dir: &std::path::Path) -> Result<Self> {
         let (backend, specials) = hf::HfBackend::load(dir)?;
         let vocab_size = hf::hf_vocab_size(&backend.inner);
@@ -292,10 +293,12 @@ impl Tokenizer {
         }
     }
 
-    /// Text of `ids` (for streaming, decode the whole sequence and print the new suffix,
-    /// or feed the ids to a [`StreamDecoder`]). Special tokens appear as their text; bytes
-    /// that do not form UTF-8 become U+FFFD. A SentencePiece model drops the space it put
-    /// in front of the text (llama.cpp `detokenize`); no other clean-up is applied.
+    /// Text of `ids` as one sequence. Special tokens appear as their text; bytes that do
+    /// not form UTF-8 become U+FFFD. A SentencePiece model drops the space it put in front
+    /// of the text (llama.cpp `detokenize`; Hugging Face decoders do the same), so decoding
+    /// only the generated tokens of a SentencePiece model loses the space before the first
+    /// one: for streaming, feed the ids to a [`StreamDecoder`] (token by token, no strip), or
+    /// decode prompt + generated tokens and print the new suffix. No other clean-up.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         if let Some(&bad) = ids.iter().find(|&&id| id as usize >= self.vocab_size) {
             return Err(KwkError::Tokenizer(format!(

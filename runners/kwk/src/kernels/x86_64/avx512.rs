@@ -47,6 +47,7 @@ macro_rules! define_tiles {
             /// `rows` (`cols * 16` values each) and `x` holds `n_tokens * cols` values, as
             /// `kernels::check_panel_args` asserted.
             #[target_feature(enable = $features)]
+            #[allow(clippy::too_many_arguments)]
             pub(super) unsafe fn gemm_panels(
                 kind: Kind,
                 w: *const u8,
@@ -474,7 +475,7 @@ fn exp_ps(x: __m512) -> __m512 {
         8.333_452e-3,
         4.166_579_6e-2,
         1.666_666_5e-1,
-        5.000_000_1e-1,
+        0.5,
     ] {
         p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
     }
