@@ -25,6 +25,7 @@ use crate::error::{KwkError, Result};
 use crate::format::{self, PackedLinear, TensorPlace, TensorRole};
 use crate::kernels::{self, OutputMatrix};
 use crate::model::{Architecture, FeedForward, Mlp, Model, ModelConfig, ModelWeights, RopeScaling};
+use crate::pack_cache::{PackOutcome, PackSession};
 use crate::threads::ThreadPool;
 use layers::{KvCache, Layer, PackedFfn, PackedMlp, PackedMoe, Scratch};
 use std::path::{Path, PathBuf};
@@ -91,6 +92,8 @@ pub struct KwkDecoder {
     weight_bytes: u64,
     n_params: u64,
     pack_s: f64,
+    /// What the pack cache did in `new` (`None`: not used for this format).
+    pack_cache: Option<PackOutcome>,
     /// Buffers reused across calls: the residual stream and the per-layer scratch.
     x_buf: Vec<f32>,
     scratch: Scratch,
@@ -297,8 +300,23 @@ impl KwkDecoder {
             n_layers,
             model_params: n_params,
         };
-        let pack = |t: &crate::model::Tensor, role, layer| {
-            format::pack_linear(t, &precision, place(role, layer))
+        // int8/int4 weights go through the pack cache when a folder is given: read back
+        // when a valid file exists for this model and format, else quantized and written.
+        // The session reads entries in packing order, so cached packing runs the jobs
+        // below in order on this thread (quantizing a tensor is itself parallel).
+        let quantized = matches!(precision, Precision::Int8 | Precision::Int4(_));
+        let session = match (&options.pack_cache_dir, quantized) {
+            (Some(dir), true) => Some(Mutex::new(PackSession::open(
+                Some(dir),
+                source,
+                &precision,
+                options.calibration_tokens.as_deref(),
+            ))),
+            _ => None,
+        };
+        let pack = |t: &crate::model::Tensor, role, layer| match &session {
+            Some(s) => lock(s).pack(t, place(role, layer), None),
+            None => format::pack_linear(t, &precision, place(role, layer)),
         };
 
         // Jobs: the embedding, the untied lm_head, then each layer, taken from a shared
@@ -362,7 +380,7 @@ impl KwkDecoder {
         let head_slot = Mutex::new(None);
         let layer_slots: Vec<Mutex<Option<Result<Layer>>>> =
             (0..n_layers).map(|_| Mutex::new(None)).collect();
-        pool.run(|_, _| loop {
+        let run_jobs = || loop {
             let job = next_job.fetch_add(1, Ordering::Relaxed);
             match job {
                 0 => *lock(&embed_slot) = Some(pack(&weights.embed, embed_role, None)),
@@ -375,7 +393,14 @@ impl KwkDecoder {
                 j if j < n_jobs => *lock(&layer_slots[j - 2]) = Some(pack_layer(j - 2)),
                 _ => break,
             }
-        });
+        };
+        if session.is_some() {
+            run_jobs();
+        } else {
+            pool.run(|_, _| run_jobs());
+        }
+        let pack_cache =
+            session.map(|s| s.into_inner().unwrap_or_else(|e| e.into_inner()).finish());
         let embed = lock(&embed_slot).take().expect("the embedding job ran")?;
         let lm_head = lock(&head_slot).take().transpose()?;
         let layers = layer_slots
@@ -421,6 +446,7 @@ impl KwkDecoder {
             weight_bytes,
             n_params,
             pack_s,
+            pack_cache,
             x_buf: Vec::new(),
             scratch: Scratch::default(),
         })
@@ -558,6 +584,12 @@ impl KwkDecoder {
     }
 
     /// Seconds spent packing weights (quantizing, or reading the pack cache) in `new`.
+    /// What the pack cache did when this decoder was built: `None` when it was not used
+    /// (float formats, or no `pack_cache_dir`).
+    pub fn pack_cache_outcome(&self) -> Option<&PackOutcome> {
+        self.pack_cache.as_ref()
+    }
+
     pub fn pack_s(&self) -> f64 {
         self.pack_s
     }

@@ -697,3 +697,59 @@ fn every_architecture_matches_a_float64_reference() {
         }
     }
 }
+
+/// int8/int4 weights go through the pack cache: the first build writes it, the second
+/// reads it back and gives bit-identical logits; a corrupted file is not trusted.
+#[test]
+fn pack_cache_round_trips_through_the_decoder() {
+    use crate::pack_cache::PackOutcome;
+    let f = load_fixture("tiny-mixtral");
+    let cache = tempfile::tempdir().expect("temp dir");
+    for precision in [Precision::Int8, Precision::parse("int4").unwrap()] {
+        let build = || {
+            KwkDecoder::from_weights(
+                &f.config,
+                &f.weights,
+                f.config.eos_token_ids.clone(),
+                &f.dir,
+                DecoderOptions {
+                    max_cache_len: 32,
+                    precision,
+                    threads: 2,
+                    calibration_tokens: None,
+                    pack_cache_dir: Some(cache.path().to_path_buf()),
+                },
+            )
+            .expect("decoder builds")
+        };
+        let tokens = [1u32, 50, 200, 7, 300, 42];
+        let mut first = build();
+        let written = match first.pack_cache_outcome() {
+            Some(PackOutcome::Written(p)) => p.clone(),
+            other => panic!("{precision:?}: expected a written cache, got {other:?}"),
+        };
+        let a = first.forward(&tokens, 0).unwrap();
+        let mut second = build();
+        assert!(
+            matches!(second.pack_cache_outcome(), Some(PackOutcome::Loaded(p)) if *p == written),
+            "{precision:?}: {:?}",
+            second.pack_cache_outcome()
+        );
+        assert_eq!(a, second.forward(&tokens, 0).unwrap(), "{precision:?}");
+        assert_eq!(first.weight_bytes(), second.weight_bytes());
+
+        // Flip one byte in the middle: the file is ignored, the weights packed again and
+        // the cache rewritten.
+        let mut bytes = std::fs::read(&written).unwrap();
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 0x5a;
+        std::fs::write(&written, &bytes).unwrap();
+        let mut third = build();
+        assert!(
+            matches!(third.pack_cache_outcome(), Some(PackOutcome::Written(_))),
+            "{precision:?}: {:?}",
+            third.pack_cache_outcome()
+        );
+        assert_eq!(a, third.forward(&tokens, 0).unwrap(), "{precision:?}");
+    }
+}
