@@ -8,7 +8,7 @@
 //! g64 6.5; 8-bit g64 8.5, g32 9.0).
 
 use crate::error::{KwkError, Result};
-use crate::format::int8::{check_shape, q8_rows};
+use crate::format::int8::{check_importance, check_shape, q8_rows};
 use crate::format::{InputKind, PackedLinear, PreparedInput};
 use crate::kernels::int4_matmul::{
     code_tile_bytes, lowbit_matmul, LowBitTiles, HIGH_BITS_TILE_BYTES, NIBBLE_TILE_BYTES,
@@ -59,14 +59,7 @@ impl LowBitWeights {
             )));
         }
         let (rows, cols) = (tensor.rows(), tensor.cols());
-        if let Some(imp) = importance {
-            if imp.len() != cols {
-                return Err(KwkError::InvalidArgument(format!(
-                    "{what}: {} importance weights for {cols} columns",
-                    imp.len()
-                )));
-            }
-        }
+        check_importance(importance, cols, what)?;
         let nb = cols / BLOCK;
         let ng = rows.div_ceil(ROW_GROUP);
         let ncg = cols.div_ceil(group_size);

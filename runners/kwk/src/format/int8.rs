@@ -28,6 +28,17 @@ pub struct Int8Weights {
     scales: Vec<f16>,
 }
 
+/// Checks that per-column importance weights, when given, cover the `cols` columns.
+pub(crate) fn check_importance(importance: Option<&[f32]>, cols: usize, what: &str) -> Result<()> {
+    match importance {
+        Some(imp) if imp.len() != cols => Err(KwkError::InvalidArgument(format!(
+            "{what}: {} importance weights for {cols} columns",
+            imp.len()
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// Checks a weight can be packed in 32-column blocks; `what` names it for the error.
 pub(crate) fn check_shape(tensor: &Tensor, what: &str) -> Result<()> {
     if tensor.shape.len() != 2 {
@@ -58,14 +69,7 @@ impl Int8Weights {
     pub fn quantize(tensor: &Tensor, importance: Option<&[f32]>, what: &str) -> Result<Self> {
         check_shape(tensor, what)?;
         let (rows, cols) = (tensor.rows(), tensor.cols());
-        if let Some(imp) = importance {
-            if imp.len() != cols {
-                return Err(KwkError::InvalidArgument(format!(
-                    "{what}: {} importance weights for {cols} columns",
-                    imp.len()
-                )));
-            }
-        }
+        check_importance(importance, cols, what)?;
         let nb = cols / BLOCK;
         let ng = rows.div_ceil(ROW_GROUP);
         let mut qs = vec![128u8; ng * nb * INT8_TILE_BYTES];
