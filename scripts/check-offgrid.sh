@@ -4,7 +4,7 @@
 # equal to the original's within 1e-4 relative, measured by kwk-eval's float32 runner and by
 # llama.cpp's llama-perplexity (f32 KV cache) on each F32 GGUF. Exit 1 on a mismatch.
 #
-#   scripts/check-offgrid.sh [CHUNKS]     # default 20 chunks; about 10 minutes on 2 cores
+#   scripts/check-offgrid.sh [CHUNKS]     # default 20 chunks; 12 minutes on 2 busy cores (with the build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
