@@ -13,6 +13,10 @@
 #   SmolLM2-135M-Instruct-F32.gguf     --allow-requantize Q4_1 -> F32 (the dequantized
 #                                      weights: the reference every other format is cut from)
 #   SmolLM2-135M-Instruct-{BF16,Q8_0,Q4_K_M,Q4_1,Q4_0}.gguf   from the F32 file
+#   SmolLM2-135M-Instruct-offgrid-{rot,rot-outlier}-{F32,Q8_0,Q4_K_M,Q4_1,Q4_0}.gguf
+#                                      function-preserving copies with no weight on the
+#                                      Q4_1 grid, by scripts/setup-offgrid.sh (skipped
+#                                      with KWK_OFFGRID=0)
 #
 # Result: $MODELS/SmolLM2-135M-Instruct/ where MODELS is $KWK_MODELS_DIR if set, else
 # ${KWK_CACHE:-${XDG_CACHE_HOME:-~/.cache}/kwk}/models.
@@ -104,5 +108,7 @@ quantize "$ORIG" "$F32" F32 --allow-requantize
 for t in "${DERIVED_TYPES[@]}"; do
   quantize "$F32" "$DIR/$NAME-$t.gguf" "$t"
 done
+
+KWK_LLAMA_CPP_DIR="$BIN" bash "$HERE/setup-offgrid.sh" >/dev/null
 
 echo "$DIR"

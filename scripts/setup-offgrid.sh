@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Makes the off-grid copies of the test model and llama.cpp's quantizations of each.
+# Called at the end of scripts/setup-model.sh (which makes the float32 GGUF they come from);
+# idempotent: files already made with the same parameters are reused.
+#
+#   scripts/setup-offgrid.sh            # prints the model directory on the last line
+#
+# Why: SmolLM2-135M-Instruct ships as Q4_1, so its float32 file has every weight on a 4-bit
+# grid of 32-weight groups, which flatters any 4-bit format with the same groups. The copies
+# compute the same function (float32 perplexity equal within 1e-4) with no weight on a grid;
+# scripts/make-offgrid.py describes the transforms and checks each copy's logits:
+#   SmolLM2-135M-Instruct-offgrid-rot-F32.gguf           residual stream rotated by a seeded
+#                                                        random orthogonal matrix, RMSNorm
+#                                                        weights folded in (seed 1)
+#   SmolLM2-135M-Instruct-offgrid-rot-outlier-F32.gguf   the same kind of rotation (seed 2)
+#                                                        plus heavy-tailed per-channel scales:
+#                                                        3% of the channels into every linear
+#                                                        carry 6-12x larger activations
+#   ...-offgrid-{rot,rot-outlier}-{Q8_0,Q4_K_M,Q4_1,Q4_0}.gguf   llama-quantize of each F32
+# A quantized file older than its F32 copy is remade.
+#
+# KWK_OFFGRID=0 skips all of this (setup-model.sh then makes the original model's files only).
+set -euo pipefail
+
+NAME="SmolLM2-135M-Instruct"
+VARIANTS=(rot rot-outlier)
+DERIVED_TYPES=(Q8_0 Q4_K_M Q4_1 Q4_0)
+
+CACHE="${KWK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kwk}"
+MODELS="${KWK_MODELS_DIR:-$CACHE/models}"
+DIR="$MODELS/$NAME"
+PY="${PYTHON:-python3}"
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+
+if [ "${KWK_OFFGRID:-1}" = "0" ]; then
+  echo "KWK_OFFGRID=0: off-grid copies skipped" >&2
+  echo "$DIR"
+  exit 0
+fi
+
+F32="$DIR/$NAME-F32.gguf"
+[ -f "$F32" ] || { echo "error: $F32 not found; run scripts/setup-model.sh first" >&2; exit 1; }
+
+if [ -n "${KWK_LLAMA_CPP_DIR:-}" ] && [ -x "$KWK_LLAMA_CPP_DIR/llama-quantize" ]; then
+  BIN="$KWK_LLAMA_CPP_DIR"
+else
+  BIN="$("$HERE/setup-llama-cpp.sh" | tail -n1)"
+fi
+QUANTIZE="$BIN/llama-quantize"
+[ -x "$QUANTIZE" ] || { echo "error: $QUANTIZE not found; run scripts/setup-llama-cpp.sh" >&2; exit 1; }
+export LD_LIBRARY_PATH="$BIN${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# Clear llama.cpp's environment overrides so they cannot change the output.
+for v in $(env | grep -o '^LLAMA_ARG_[A-Za-z0-9_]*' || true); do unset "$v"; done
+
+quantize() { # in out type
+  local in="$1" out="$2" type="$3"
+  if [ -f "$out" ] && [ "$out" -nt "$in" ]; then
+    echo "present: $out" >&2
+    return 0
+  fi
+  echo "making $out ($type)" >&2
+  rm -f "$out.tmp"
+  if ! "$QUANTIZE" "$in" "$out.tmp" "$type" >"$out.log" 2>&1; then
+    tail -n 20 "$out.log" >&2
+    echo "error: llama-quantize failed making $out (log: $out.log)" >&2
+    rm -f "$out.tmp"
+    exit 1
+  fi
+  mv "$out.tmp" "$out"
+}
+
+for variant in "${VARIANTS[@]}"; do
+  copy="$("$PY" "$HERE/make-offgrid.py" "$F32" --variant "$variant" | tail -n1)"
+  [ -f "$copy" ] || { echo "error: make-offgrid.py did not produce $copy" >&2; exit 1; }
+  stem="${copy%-F32.gguf}"
+  for t in "${DERIVED_TYPES[@]}"; do
+    quantize "$copy" "$stem-$t.gguf" "$t"
+  done
+done
+
+echo "$DIR"
