@@ -24,7 +24,7 @@ use crate::decoder::Precision;
 use crate::error::{KwkError, Result};
 use crate::format::int4::LowBitWeights;
 use crate::format::int8::Int8Weights;
-use crate::format::quantized::{quantize_tensor, QuantizedTensor};
+use crate::format::quantized::{quantize_on, Grid, QuantizedTensor};
 use crate::format::{PackedLinear, TensorPlace, TensorRole};
 use crate::model::Tensor;
 use half::f16;
@@ -34,7 +34,7 @@ use std::io::{BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
 /// Version of the packed layouts and rounding; part of every cache key.
-pub const PACK_VERSION: u32 = 1;
+pub const PACK_VERSION: u32 = 2;
 
 const MAGIC: &[u8; 8] = b"KWKPACK\0";
 const TRAILER_MAGIC: &[u8; 8] = b"KWKEND\0\0";
@@ -421,6 +421,17 @@ impl PackSession {
         place: TensorPlace,
         importance: Option<&[f32]>,
     ) -> Result<Box<dyn PackedLinear>> {
+        self.pack_on(tensor, place, None, importance)
+    }
+
+    /// [`PackSession::pack`] on `grid` when given (else the mix rule's grid for `place`).
+    pub fn pack_on(
+        &mut self,
+        tensor: &Tensor,
+        place: TensorPlace,
+        grid: Option<Grid>,
+        importance: Option<&[f32]>,
+    ) -> Result<Box<dyn PackedLinear>> {
         if let Some(entries) = self.cached.as_mut() {
             let next = entries.next();
             let layer = place.layer.map_or(-1, |l| l as i64);
@@ -449,7 +460,7 @@ impl PackSession {
                 }
             }
         }
-        let t = quantize_tensor(tensor, &self.precision, place, importance)?;
+        let t = quantize_on(tensor, &self.precision, place, grid, importance)?;
         if let Some(w) = self.writer.as_mut() {
             if let Err(e) = w.entry(&place, &t) {
                 self.abandoned = Some(format!("writing the pack cache: {e}"));
