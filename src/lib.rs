@@ -16,14 +16,3 @@ pub mod runner;
 pub mod session;
 pub mod stats;
 pub mod text;
-
-/// `../shared/fixtures` of the repository: the first ancestor of the crate folder holding
-/// `shared/fixtures` (a worktree sits one level deeper than the main checkout).
-#[cfg(test)]
-pub(crate) fn test_fixtures_dir() -> std::path::PathBuf {
-    let here = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    here.ancestors()
-        .map(|a| a.join("shared").join("fixtures"))
-        .find(|p| p.is_dir())
-        .expect("../shared/fixtures not found above the repository")
-}

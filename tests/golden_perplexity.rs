@@ -1,6 +1,6 @@
-//! The in-tree float32 runner reproduces the fixtures' golden perplexities (an independent
+//! The in-tree float32 runner reproduces the fixtures' golden perplexities (kwk-fixtures'
 //! float64 reference; llama.cpp agrees with them within 5e-7) within 1e-4 relative, with
-//! the harness's own protocol code: ctx 64, 8 chunks of ../shared/fixtures/eval.txt.
+//! the harness's own protocol code: ctx 64, 8 chunks of the fixtures' eval.txt.
 
 mod common;
 use common::*;

@@ -454,15 +454,10 @@ mod tests {
     /// each probe position must equal its `probe_logprob_of_next`.
     #[test]
     fn token_nll_agrees_with_golden_log_probs() {
-        let dir = crate::test_fixtures_dir();
-        for name in ["tiny-llama", "tiny-qwen2", "tiny-mixtral"] {
-            let path = dir.join(name).join("golden.json");
-            let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-                panic!(
-                    "{}: {e} (the fixtures live in ../shared/fixtures)",
-                    path.display()
-                )
-            });
+        for name in kwk_fixtures::MODELS {
+            let path = kwk_fixtures::model_dir(name).join("golden.json");
+            let text = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             let g: serde_json::Value = serde_json::from_str(&text).unwrap();
             let tokens: Vec<usize> = serde_json::from_value(g["probe_tokens"].clone()).unwrap();
             let logits: Vec<Vec<f32>> = serde_json::from_value(g["probe_logits"].clone()).unwrap();

@@ -1148,8 +1148,7 @@ mod tests {
     #[test]
     fn opens_the_fixture_ggufs() {
         for name in ["tiny-llama", "tiny-qwen2", "tiny-mixtral"] {
-            let path =
-                crate::model::safetensors_loader::tests::fixture_dir(name).join("model.gguf");
+            let path = kwk_fixtures::model_dir(name).join("model.gguf");
             let f = GgufFile::open(&path).unwrap();
             let s = f.summary();
             assert_eq!(

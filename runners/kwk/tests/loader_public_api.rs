@@ -3,19 +3,7 @@
 //! `kwk::model::safetensors_loader::load_hf_weights`, `kwk::model::gguf_loader::load_gguf`,
 //! `kwk::ModelConfig::from_hf_config_json`.
 
-use std::path::{Path, PathBuf};
-
-fn fixture(name: &str) -> PathBuf {
-    if let Some(d) = std::env::var_os("KWK_FIXTURES_DIR") {
-        return PathBuf::from(d).join(name);
-    }
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .ancestors()
-        .map(|a| a.join("shared/fixtures"))
-        .find(|p| p.is_dir())
-        .expect("shared/fixtures not found above the crate; set KWK_FIXTURES_DIR")
-        .join(name)
-}
+use kwk_fixtures::model_dir as fixture;
 
 #[test]
 fn public_loader_api_on_the_qwen2_fixture() {

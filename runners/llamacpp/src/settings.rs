@@ -42,7 +42,7 @@ impl KvType {
     /// Flash attention as llama.cpp resolves `-fa auto` on a CPU-only build (on: every CPU
     /// op is supported, src/llama-context.cpp `resolve`), except with an f32 cache, where we
     /// turn it off: the non-flash path with an f32 cache is the one that matches a float32
-    /// reference within 5e-7 (../shared/fixtures/README.md).
+    /// reference within 5e-7 (tests/live.rs, `tiny_fixtures_perplexity_equals_golden`).
     pub fn default_flash_attn(self) -> bool {
         self != KvType::F32
     }

@@ -281,7 +281,8 @@ fn llama_bench_json_is_tolerant_but_complete() {
 #[test]
 fn llama_tokenize_ids() {
     let ids = parse_ids(&data("tiny-llama-tokenize-300.stdout")).unwrap();
-    // ../shared/fixtures/tiny-llama/golden.json "probe_tokens": the first 24 ids of eval.txt.
+    // Recorded from an earlier tiny-llama fixture: the first 24 ids of its eval.txt, as its
+    // golden.json "probe_tokens" listed them.
     assert_eq!(
         &ids[..24],
         &[

@@ -434,7 +434,7 @@ mod tests {
     }
 
     fn fixture(name: &str) -> std::path::PathBuf {
-        crate::model::safetensors_loader::tests::fixture_dir(name).join("config.json")
+        kwk_fixtures::model_dir(name).join("config.json")
     }
 
     #[test]

@@ -572,8 +572,9 @@ pub fn load_gguf(
 pub(crate) mod tests {
     use super::*;
     use crate::gguf::test_writer::{gguf_bytes, TestTensor};
-    use crate::model::safetensors_loader::{load_hf_weights, tests::fixture_dir};
+    use crate::model::safetensors_loader::load_hf_weights;
     use crate::model::{FeedForward, Mlp};
+    use kwk_fixtures::model_dir as fixture_dir;
 
     fn close(what: &str, a: &[f32], b: &[f32]) {
         assert_eq!(a.len(), b.len(), "{what}: lengths");

@@ -548,20 +548,7 @@ pub(crate) mod tests {
     use super::*;
     use safetensors::tensor::TensorView;
 
-    /// `shared/fixtures/<name>`: `KWK_FIXTURES_DIR` if set, else the first ancestor of the
-    /// crate holding `shared/fixtures` (`../shared` of the repository root for the main
-    /// checkout, further up for worktrees).
-    pub(crate) fn fixture_dir(name: &str) -> PathBuf {
-        if let Some(d) = std::env::var_os("KWK_FIXTURES_DIR") {
-            return PathBuf::from(d).join(name);
-        }
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .ancestors()
-            .map(|a| a.join("shared/fixtures"))
-            .find(|p| p.is_dir())
-            .expect("shared/fixtures not found above the crate; set KWK_FIXTURES_DIR")
-            .join(name)
-    }
+    use kwk_fixtures::model_dir as fixture_dir;
 
     fn load_fixture(name: &str) -> (ModelConfig, ModelWeights, LoadInfo) {
         let dir = fixture_dir(name);

@@ -461,7 +461,7 @@ pub fn load_model_with(spec: &str, settings: &HubSettings) -> Result<Model> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::safetensors_loader::tests::fixture_dir;
+    use kwk_fixtures::model_dir as fixture_dir;
 
     fn offline(cache: &Path) -> HubSettings {
         HubSettings {

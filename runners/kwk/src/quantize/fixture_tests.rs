@@ -7,19 +7,8 @@
 use crate::decoder::{DecoderOptions, Int4Options, KwkDecoder, Precision};
 use crate::model::safetensors_loader::load_hf_weights;
 use crate::model::{ModelConfig, ModelWeights};
-use std::path::{Path, PathBuf};
-
-fn fixture_dir(name: &str) -> PathBuf {
-    if let Some(d) = std::env::var_os("KWK_FIXTURES_DIR") {
-        return PathBuf::from(d).join(name);
-    }
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .ancestors()
-        .map(|a| a.join("shared/fixtures"))
-        .find(|p| p.is_dir())
-        .expect("shared/fixtures not found above the crate; set KWK_FIXTURES_DIR")
-        .join(name)
-}
+use kwk_fixtures::model_dir as fixture_dir;
+use std::path::PathBuf;
 
 struct Fixture {
     config: ModelConfig,
@@ -138,13 +127,17 @@ fn measure(f: &Fixture, reference: &[f32], ref_ppl: f64, p: Precision) -> Qualit
     }
 }
 
-/// Limits, about 1.5x the worst measured over the three fixtures (random uniform weights of
-/// width 64: a 4-bit code's rounding error is ~7% of a weight's rms, and MoE routing flips
-/// experts on small changes, so these models are far more fragile than trained ones).
-/// Measured (max logit error / largest |logit|, KL, ΔPPL): int8 llama 0.055 / 0.0045 /
-/// +1.6%, qwen2 0.057 / 0.0039 / +0.3%, mixtral 0.21 / 0.014 / +0.5%; int4 (g32, mix8)
-/// llama 0.52 / 0.26 / +3.6%, qwen2 0.24 / 0.14 / −3.4%, mixtral 0.29 / 0.25 / −3.4%;
-/// int4:g128 up to 0.54 / 0.38 / 16%; int4:mix6 up to 0.59 / 0.29 / 2.5%. Besides the
+/// Limits, about 1.5x the worst measured over the three generated fixtures and an earlier
+/// set of the same shapes (random normal weights of width 64: a 4-bit code's rounding error
+/// is ~7% of a weight's rms, and MoE routing flips experts on small changes, so these models
+/// are far more fragile than trained ones; their perplexities are in the tens of thousands,
+/// so a perturbation that flattens the distribution can lower it by several percent).
+/// Measured on the generated fixtures (max logit error / largest |logit|, KL, ΔPPL): int8
+/// llama 0.064 / 0.0053 / +1.6%, qwen2 0.040 / 0.0029 / +0.9%, mixtral 0.057 / 0.0041 /
+/// +0.05%; int4 (g32, mix8) llama 0.39 / 0.29 / +0.2%, qwen2 0.26 / 0.14 / −9.6%, mixtral
+/// 0.26 / 0.17 / +3.7%; int4:g128 up to 0.60 / 0.43 / −8.8%; int4:mix6 up to 0.40 / 0.27 /
+/// −10.1%. On the earlier set: int8 up to 0.21 / 0.014 / +1.6%, int4 up to 0.52 / 0.26 /
+/// 3.6%, int4:g128 up to 0.54 / 0.38 / 16%, int4:mix6 up to 0.59 / 0.29 / 2.5%. Besides the
 /// limits, KL must not rise from int8 to int4 to int4:g128.
 fn check(name: &str) {
     let f = load(name);
@@ -169,9 +162,9 @@ fn check(name: &str) {
     };
     for (label, p, logit_lim, kld_lim, ppl_lim) in [
         ("int8", Precision::Int8, 0.32, 0.021, 0.025),
-        ("int4", int4(32, None), 0.78, 0.39, 0.055),
+        ("int4", int4(32, None), 0.78, 0.39, 0.15),
         ("int4:g128", int4(128, None), 0.82, 0.57, 0.25),
-        ("int4:mix6", int4(32, Some(6)), 0.88, 0.43, 0.04),
+        ("int4:mix6", int4(32, Some(6)), 0.88, 0.43, 0.15),
     ] {
         let q = measure(&f, &reference, ref_ppl, p);
         klds.push(q.kld);
