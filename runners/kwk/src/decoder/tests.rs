@@ -729,8 +729,8 @@ fn channel_scales_preserve_the_function() {
         let moved = apply(&weights, &config, &scales);
         assert_ne!(moved.layers[0].q.data, weights.layers[0].q.data);
         let (a, b) = (
-            reference::logits(&config, &weights, &tokens),
-            reference::logits(&config, &moved, &tokens),
+            reference::logits(&reference_model(&config, &weights), &tokens),
+            reference::logits(&reference_model(&config, &moved), &tokens),
         );
         let worst = a
             .iter()
