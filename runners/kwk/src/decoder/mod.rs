@@ -29,7 +29,7 @@ use crate::kernels::{self, OutputMatrix};
 use crate::model::{Architecture, FeedForward, Mlp, Model, ModelConfig, ModelWeights, RopeScaling};
 use crate::pack_cache::{PackOutcome, PackSession};
 use crate::quantize::equalize::{
-    equalize, ActivationStats, EqualizeOptions, Equalized, LayerImportance, LayerStats,
+    apply, equalize, ActivationStats, EqualizeOptions, Equalized, LayerImportance, LayerStats,
 };
 use crate::quantize::mix::{allocate, ladder, q4_k_m_bits_per_weight, MixUnit};
 use crate::threads::ThreadPool;
@@ -500,22 +500,45 @@ impl KwkDecoder {
         // Quantized formats first move per-channel factors across norm/linear pairs where
         // that lowers the estimated rounding error (`quantize::equalize`), and round with
         // per-column importance; the decoder then runs the equalized weights.
-        let equalized = if quantized {
-            Some(equalize_for(
-                config,
-                weights,
-                &precision,
-                options.calibration_tokens.as_deref(),
-                options.threads,
-                &place,
-            )?)
-        } else {
-            None
+        // A pack-cache hit holds the factors the packed tensors were made with: applying
+        // them gives the norms and biases without searching (or calibrating) again.
+        let cached_scales = session.as_ref().and_then(|s| {
+            let mut s = lock(s);
+            if s.is_loading() {
+                s.take_scales()
+            } else {
+                None
+            }
+        });
+        let equalized = match (quantized, cached_scales) {
+            (false, _) => None,
+            (true, Some(scales)) => Some(Equalized {
+                weights: apply(weights, config, &scales),
+                scales,
+                importance: Vec::new(),
+            }),
+            (true, None) => {
+                let e = equalize_for(
+                    config,
+                    weights,
+                    &precision,
+                    options.calibration_tokens.as_deref(),
+                    options.threads,
+                    &place,
+                )?;
+                if let Some(s) = &session {
+                    lock(s).put_scales(&e.scales);
+                }
+                Some(e)
+            }
         };
         let weights: &ModelWeights = equalized.as_ref().map_or(weights, |e| &e.weights);
         // Second moments of 1 for inputs without measured or estimated ones (the embedding).
         let unit_moments = vec![1f32; widest_input(weights)];
+        let loading = session.as_ref().is_some_and(|s| lock(s).is_loading());
         let plan = match (&precision, &equalized) {
+            // Read back from the cache, each tensor on the grid it was packed on.
+            _ if loading => HashMap::new(),
             (Precision::Int4(opts), Some(eq)) => {
                 int4_plan(config, weights, eq, &unit_moments, opts, &place)?
             }
