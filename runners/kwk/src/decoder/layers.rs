@@ -55,7 +55,32 @@ impl PackedMlp {
     }
 }
 
+impl PackedMlp {
+    fn linears(&self) -> [&dyn PackedLinear; 3] {
+        [self.gate.as_ref(), self.up.as_ref(), self.down.as_ref()]
+    }
+}
+
 impl Layer {
+    /// Every packed linear of the layer (experts included).
+    pub fn linears(&self) -> Vec<&dyn PackedLinear> {
+        let mut v: Vec<&dyn PackedLinear> = vec![
+            self.q.as_ref(),
+            self.k.as_ref(),
+            self.v.as_ref(),
+            self.o.as_ref(),
+        ];
+        match &self.ffn {
+            PackedFfn::Dense(m) => v.extend(m.linears()),
+            PackedFfn::Moe(m) => {
+                for e in m.experts.iter().chain(m.shared.iter()) {
+                    v.extend(e.linears());
+                }
+            }
+        }
+        v
+    }
+
     /// Packed bytes of the layer (float32 vectors at 4 bytes each).
     pub fn bytes(&self) -> u64 {
         let vec = |v: &Option<Vec<f32>>| 4 * v.as_ref().map(|v| v.len()).unwrap_or(0) as u64;

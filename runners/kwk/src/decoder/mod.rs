@@ -872,6 +872,21 @@ impl KwkDecoder {
         self.weight_bytes
     }
 
+    /// Packed linears per layout (`4-bit g32` → count), the embedding and `lm_head`
+    /// included; the report's `type_mix`.
+    pub fn type_mix(&self) -> std::collections::BTreeMap<String, usize> {
+        let mut mix = std::collections::BTreeMap::new();
+        let mut all: Vec<&dyn PackedLinear> = vec![self.embed.as_ref()];
+        all.extend(self.lm_head.iter().map(|h| h.as_ref()));
+        for l in &self.layers {
+            all.extend(l.linears());
+        }
+        for t in all {
+            *mix.entry(t.layout_name()).or_insert(0) += 1;
+        }
+        mix
+    }
+
     /// Bits per weight over all parameters, embeddings and norms included.
     pub fn bits_per_weight(&self) -> f64 {
         if self.n_params == 0 {
