@@ -83,7 +83,7 @@ impl KwkRunner {
             bytes: decoder.weight_bytes(),
             bits_per_weight: decoder.bits_per_weight(),
             params: model.n_params(),
-            type_mix: Default::default(),
+            type_mix: decoder.type_mix(),
             load_s: Some(read_s + pack_s),
             load_read_s: Some(read_s),
             load_pack_s: Some(pack_s),

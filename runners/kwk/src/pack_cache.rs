@@ -8,7 +8,9 @@
 //! code (bump [`PACK_VERSION`] whenever a packed layout or the rounding changes) never
 //! reuses stale weights.
 //!
-//! Layout: magic `KWKPACK\0`, version u32, key length u32, key bytes, then one entry per
+//! Layout: magic `KWKPACK\0`, version u32, key length u32, key bytes, then the channel
+//! equalization factors (`quantize::equalize`; an entry of kind 2: per layer the f32
+//! vectors, each length-prefixed) and one entry per
 //! packed tensor in the order the decoder packs them (role, layer, kind, bits, group size,
 //! rows, cols, then the packed arrays, each length-prefixed), then a trailer: `KWKEND\0\0`,
 //! entry count u64, body length u64 and the SHA-256 of the body. All integers little
@@ -24,9 +26,10 @@ use crate::decoder::Precision;
 use crate::error::{KwkError, Result};
 use crate::format::int4::LowBitWeights;
 use crate::format::int8::Int8Weights;
-use crate::format::quantized::{quantize_tensor, QuantizedTensor};
+use crate::format::quantized::{quantize_on, Grid, QuantizedTensor};
 use crate::format::{PackedLinear, TensorPlace, TensorRole};
 use crate::model::Tensor;
+use crate::quantize::equalize::{ChannelScales, LayerScales};
 use half::f16;
 use sha2::{Digest, Sha256};
 use std::fs::File;
@@ -34,7 +37,7 @@ use std::io::{BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
 /// Version of the packed layouts and rounding; part of every cache key.
-pub const PACK_VERSION: u32 = 1;
+pub const PACK_VERSION: u32 = 2;
 
 const MAGIC: &[u8; 8] = b"KWKPACK\0";
 const TRAILER_MAGIC: &[u8; 8] = b"KWKEND\0\0";
@@ -131,8 +134,18 @@ pub fn cache_file(dir: &Path, key: &str) -> PathBuf {
 struct CachedEntry {
     role: u8,
     layer: i64,
-    tensor: QuantizedTensor,
+    payload: Payload,
 }
+
+#[derive(Debug)]
+enum Payload {
+    Tensor(QuantizedTensor),
+    /// The channel-equalization factors the packed tensors were made with (first entry).
+    Scales(ChannelScales),
+}
+
+/// Role code of the channel-scales entry.
+const SCALES_ROLE: u8 = 254;
 
 /// A bounds-checked reader over the file body.
 struct Cursor<'a> {
@@ -161,6 +174,14 @@ impl<'a> Cursor<'a> {
         let n = self.u64()? as usize;
         Ok(self.take(n)?.to_vec())
     }
+    fn floats(&mut self) -> std::result::Result<Vec<f32>, String> {
+        let n = self.u64()? as usize;
+        let raw = self.take(n.checked_mul(4).ok_or("bad length")?)?;
+        Ok(raw
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    }
     fn halves(&mut self) -> std::result::Result<Vec<f16>, String> {
         let n = self.u64()? as usize;
         let raw = self.take(n.checked_mul(2).ok_or("bad length")?)?;
@@ -169,6 +190,29 @@ impl<'a> Cursor<'a> {
             .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])))
             .collect())
     }
+}
+
+/// Reads the factors of `n_layers` layers: per layer the attention-input, v→o and
+/// feed-forward-input vectors, then a count of MLPs and one vector each.
+fn read_scales(c: &mut Cursor, n_layers: usize) -> std::result::Result<ChannelScales, String> {
+    let mut layers = Vec::new();
+    for _ in 0..n_layers {
+        let (attn_in, v_to_o, ffn_in) = (c.floats()?, c.floats()?, c.floats()?);
+        let n = c.u64()? as usize;
+        if n > c.buf.len() {
+            return Err("bad MLP count".into());
+        }
+        let up_to_down = (0..n)
+            .map(|_| c.floats())
+            .collect::<std::result::Result<_, _>>()?;
+        layers.push(LayerScales {
+            attn_in,
+            v_to_o,
+            ffn_in,
+            up_to_down,
+        });
+    }
+    Ok(ChannelScales { layers })
 }
 
 /// Reads and validates a cache file; `Err` says why it cannot be trusted.
@@ -215,6 +259,15 @@ fn read_cache(path: &Path, key: &str) -> std::result::Result<Vec<CachedEntry>, S
         let group_size = c.u32()? as usize;
         let rows = c.u64()? as usize;
         let cols = c.u64()? as usize;
+        if kind == 2 {
+            let scales = read_scales(&mut c, rows).map_err(|e| format!("entry {i}: {e}"))?;
+            entries.push(CachedEntry {
+                role,
+                layer,
+                payload: Payload::Scales(scales),
+            });
+            continue;
+        }
         let tensor = match kind {
             0 => {
                 let (qs, scales) = (c.bytes()?, c.halves()?);
@@ -232,7 +285,7 @@ fn read_cache(path: &Path, key: &str) -> std::result::Result<Vec<CachedEntry>, S
         entries.push(CachedEntry {
             role,
             layer,
-            tensor,
+            payload: Payload::Tensor(tensor),
         });
     }
     if c.at != body.len() {
@@ -293,6 +346,32 @@ impl CacheWriter {
         self.put(&(h.len() as u64).to_le_bytes())?;
         let raw: Vec<u8> = h.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect();
         self.put(&raw)
+    }
+
+    fn put_floats(&mut self, v: &[f32]) -> std::io::Result<()> {
+        self.put(&(v.len() as u64).to_le_bytes())?;
+        let raw: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        self.put(&raw)
+    }
+
+    fn scales_entry(&mut self, scales: &ChannelScales) -> std::io::Result<()> {
+        self.put(&[SCALES_ROLE])?;
+        self.put(&(-1i64 as u64).to_le_bytes())?;
+        self.put(&[2, 0])?;
+        self.put(&0u32.to_le_bytes())?;
+        self.put(&(scales.layers.len() as u64).to_le_bytes())?;
+        self.put(&0u64.to_le_bytes())?;
+        for l in &scales.layers {
+            self.put_floats(&l.attn_in)?;
+            self.put_floats(&l.v_to_o)?;
+            self.put_floats(&l.ffn_in)?;
+            self.put(&(l.up_to_down.len() as u64).to_le_bytes())?;
+            for a in &l.up_to_down {
+                self.put_floats(a)?;
+            }
+        }
+        self.n_entries += 1;
+        Ok(())
     }
 
     fn entry(&mut self, place: &TensorPlace, t: &QuantizedTensor) -> std::io::Result<()> {
@@ -408,6 +487,42 @@ impl PackSession {
         s
     }
 
+    /// The channel-equalization factors stored first in the cache file being read; `None`
+    /// when writing, or when the file holds none (it is then abandoned and everything is
+    /// packed again).
+    pub fn take_scales(&mut self) -> Option<ChannelScales> {
+        let entries = self.cached.as_mut()?;
+        match entries.next() {
+            Some(CachedEntry {
+                payload: Payload::Scales(s),
+                ..
+            }) => Some(s),
+            _ => {
+                let why = format!(
+                    "{}: no channel scales where the first entry should be",
+                    self.path
+                        .as_ref()
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_default()
+                );
+                eprintln!("warning: pack cache {why}; packing again");
+                self.cached = None;
+                self.abandoned = Some(why);
+                None
+            }
+        }
+    }
+
+    /// Records the channel-equalization factors (the first entry of a file being written).
+    pub fn put_scales(&mut self, scales: &ChannelScales) {
+        if let Some(w) = self.writer.as_mut() {
+            if let Err(e) = w.scales_entry(scales) {
+                self.abandoned = Some(format!("writing the pack cache: {e}"));
+                self.writer = None;
+            }
+        }
+    }
+
     /// Whether weights are being read from the cache.
     pub fn is_loading(&self) -> bool {
         self.cached.is_some()
@@ -421,17 +536,31 @@ impl PackSession {
         place: TensorPlace,
         importance: Option<&[f32]>,
     ) -> Result<Box<dyn PackedLinear>> {
+        self.pack_on(tensor, place, None, importance)
+    }
+
+    /// [`PackSession::pack`] on `grid` when given (else the mix rule's grid for `place`).
+    pub fn pack_on(
+        &mut self,
+        tensor: &Tensor,
+        place: TensorPlace,
+        grid: Option<Grid>,
+        importance: Option<&[f32]>,
+    ) -> Result<Box<dyn PackedLinear>> {
         if let Some(entries) = self.cached.as_mut() {
             let next = entries.next();
             let layer = place.layer.map_or(-1, |l| l as i64);
             match next {
-                Some(e)
-                    if e.role == role_code(place.role)
-                        && e.layer == layer
-                        && e.tensor.rows() == tensor.rows()
-                        && e.tensor.cols() == tensor.cols() =>
+                Some(CachedEntry {
+                    role,
+                    layer: l,
+                    payload: Payload::Tensor(t),
+                }) if role == role_code(place.role)
+                    && l == layer
+                    && t.rows() == tensor.rows()
+                    && t.cols() == tensor.cols() =>
                 {
-                    return Ok(e.tensor.into_packed());
+                    return Ok(t.into_packed());
                 }
                 _ => {
                     let why = format!(
@@ -449,7 +578,7 @@ impl PackSession {
                 }
             }
         }
-        let t = quantize_tensor(tensor, &self.precision, place, importance)?;
+        let t = quantize_on(tensor, &self.precision, place, grid, importance)?;
         if let Some(w) = self.writer.as_mut() {
             if let Err(e) = w.entry(&place, &t) {
                 self.abandoned = Some(format!("writing the pack cache: {e}"));

@@ -55,7 +55,32 @@ impl PackedMlp {
     }
 }
 
+impl PackedMlp {
+    fn linears(&self) -> [&dyn PackedLinear; 3] {
+        [self.gate.as_ref(), self.up.as_ref(), self.down.as_ref()]
+    }
+}
+
 impl Layer {
+    /// Every packed linear of the layer (experts included).
+    pub fn linears(&self) -> Vec<&dyn PackedLinear> {
+        let mut v: Vec<&dyn PackedLinear> = vec![
+            self.q.as_ref(),
+            self.k.as_ref(),
+            self.v.as_ref(),
+            self.o.as_ref(),
+        ];
+        match &self.ffn {
+            PackedFfn::Dense(m) => v.extend(m.linears()),
+            PackedFfn::Moe(m) => {
+                for e in m.experts.iter().chain(m.shared.iter()) {
+                    v.extend(e.linears());
+                }
+            }
+        }
+        v
+    }
+
     /// Packed bytes of the layer (float32 vectors at 4 bytes each).
     pub fn bytes(&self) -> u64 {
         let vec = |v: &Option<Vec<f32>>| 4 * v.as_ref().map(|v| v.len()).unwrap_or(0) as u64;
@@ -105,12 +130,18 @@ impl Layer {
             g,
             u,
             acts,
+            record,
         } = scratch;
+        let mut rec = record.as_mut().map(|r| &mut r[layer]);
 
         // Attention.
         let xn = sized(xn, n * d);
         xn.copy_from_slice(x);
         rms_norm_rows(pool, xn, &self.attn_norm, eps);
+        if let Some(r) = rec.as_deref_mut() {
+            r.tokens += n as u64;
+            accumulate_squares(&mut r.attn_in, xn, d);
+        }
         let (q, k, v) = (self.q.as_ref(), self.k.as_ref(), self.v.as_ref());
         acts.prepare(xn, d, [q.input_kind(), k.input_kind(), v.input_kind()]);
         let qo = sized(qo, n * qd);
@@ -145,6 +176,9 @@ impl Layer {
         kv.store(layer, pos0, ko, vo);
         let attn = sized(attn, n * qd);
         attention(pool, cfg, kv, layer, pos0, qo, attn);
+        if let Some(r) = rec.as_deref_mut() {
+            accumulate_squares(&mut r.o_in, attn, qd);
+        }
         let o = self.o.as_ref();
         acts.prepare(attn, qd, [o.input_kind()]);
         let oo = sized(oo, n * d);
@@ -157,10 +191,16 @@ impl Layer {
         // Feed-forward.
         xn.copy_from_slice(x);
         rms_norm_rows(pool, xn, &self.ffn_norm, eps);
+        if let Some(r) = rec.as_deref_mut() {
+            accumulate_squares(&mut r.ffn_in, xn, d);
+        }
         let ffn_out = sized(ffn_out, n * d);
         match &self.ffn {
-            PackedFfn::Dense(m) => mlp_forward(m, pool, xn, d, acts, g, u, ffn_out),
-            PackedFfn::Moe(m) => moe_forward(m, pool, xn, d, acts, g, u, ffn_out),
+            PackedFfn::Dense(m) => {
+                let down = rec.map(|r| r.down(0));
+                mlp_forward(m, pool, xn, d, acts, g, u, ffn_out, down)
+            }
+            PackedFfn::Moe(m) => moe_forward(m, pool, xn, d, acts, g, u, ffn_out, rec),
         }
         x.iter_mut().zip(ffn_out.iter()).for_each(|(a, b)| *a += b);
     }
@@ -180,6 +220,39 @@ pub(super) struct Scratch {
     g: Vec<f32>,
     u: Vec<f32>,
     pub acts: Activations,
+    /// Per layer, when calibration statistics are being gathered.
+    pub record: Option<Vec<LayerRecord>>,
+}
+
+/// Sums of squares of every linear's input per channel, gathered during calibration
+/// (`KwkDecoder::activation_stats`).
+#[derive(Debug, Default, Clone)]
+pub(super) struct LayerRecord {
+    pub tokens: u64,
+    pub attn_in: Vec<f64>,
+    pub o_in: Vec<f64>,
+    pub ffn_in: Vec<f64>,
+    /// Per MLP (dense; or experts then the shared expert): sums and the tokens routed to it.
+    pub down_in: Vec<(Vec<f64>, u64)>,
+}
+
+impl LayerRecord {
+    fn down(&mut self, which: usize) -> &mut (Vec<f64>, u64) {
+        if self.down_in.len() <= which {
+            self.down_in.resize(which + 1, (Vec::new(), 0));
+        }
+        &mut self.down_in[which]
+    }
+}
+
+/// Adds the squares of every row of `x` (rows of `dim`) to `acc` (grown to `dim`).
+fn accumulate_squares(acc: &mut Vec<f64>, x: &[f32], dim: usize) {
+    acc.resize(dim, 0.0);
+    for row in x.chunks_exact(dim) {
+        acc.iter_mut()
+            .zip(row)
+            .for_each(|(a, &v)| *a += (v as f64) * (v as f64));
+    }
 }
 
 /// The first `n` values of `v`, grown if needed (contents unspecified).
@@ -381,6 +454,7 @@ fn mlp_forward(
     g: &mut Vec<f32>,
     u: &mut Vec<f32>,
     out: &mut [f32],
+    record: Option<&mut (Vec<f64>, u64)>,
 ) {
     let n = xn.len() / d;
     let f = m.gate.rows();
@@ -404,6 +478,10 @@ fn mlp_forward(
     par_rows(pool, g, f, |t, row| {
         kernels::silu_mul(isa, row, &u[t * f..(t + 1) * f]);
     });
+    if let Some((acc, tokens)) = record {
+        *tokens += n as u64;
+        accumulate_squares(acc, g, f);
+    }
     acts.prepare(g, f, [down.input_kind()]);
     let y = OutputMatrix::new(out, n, d);
     matmuls(pool, &[(down, acts.get(g, down.input_kind()), &y)]);
@@ -422,6 +500,7 @@ fn moe_forward(
     g: &mut Vec<f32>,
     u: &mut Vec<f32>,
     out: &mut [f32],
+    mut record: Option<&mut LayerRecord>,
 ) {
     let n = xn.len() / d;
     let n_experts = m.experts.len();
@@ -465,14 +544,16 @@ fn moe_forward(
             xe.extend_from_slice(&xn[t * d..(t + 1) * d]);
         }
         let mut ye = vec![0f32; tokens.len() * d];
-        mlp_forward(&m.experts[e], pool, &xe, d, acts, g, u, &mut ye);
+        let down = record.as_deref_mut().map(|r| r.down(e));
+        mlp_forward(&m.experts[e], pool, &xe, d, acts, g, u, &mut ye, down);
         for (row, &(t, w)) in ye.chunks_exact(d).zip(tokens) {
             kernels::axpy_f32(isa, &mut out[t * d..(t + 1) * d], w, row);
         }
     }
     if let Some(shared) = &m.shared {
         let mut ys = vec![0f32; n * d];
-        mlp_forward(shared, pool, xn, d, acts, g, u, &mut ys);
+        let down = record.map(|r| r.down(n_experts));
+        mlp_forward(shared, pool, xn, d, acts, g, u, &mut ys, down);
         for t in 0..n {
             let gate = match &m.shared_gate {
                 Some(g) => {

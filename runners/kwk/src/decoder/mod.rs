@@ -22,12 +22,19 @@ pub mod sampling;
 pub use precision::{Int4Options, Precision, DEFAULT_INT4_GROUP};
 
 use crate::error::{KwkError, Result};
+use crate::format::quantized::default_mix_bits;
+use crate::format::quantized::{grid_for, quantize_on, Grid};
 use crate::format::{self, PackedLinear, TensorPlace, TensorRole};
 use crate::kernels::{self, OutputMatrix};
 use crate::model::{Architecture, FeedForward, Mlp, Model, ModelConfig, ModelWeights, RopeScaling};
 use crate::pack_cache::{PackOutcome, PackSession};
+use crate::quantize::equalize::{
+    apply, equalize, ActivationStats, EqualizeOptions, Equalized, LayerImportance, LayerStats,
+};
+use crate::quantize::mix::{allocate, ladder, q4_k_m_bits_per_weight, MixUnit};
 use crate::threads::ThreadPool;
 use layers::{KvCache, Layer, PackedFfn, PackedMlp, PackedMoe, Scratch};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -257,6 +264,182 @@ pub fn decoder_available() -> std::result::Result<(), String> {
     Ok(())
 }
 
+/// The `int4` mix by sensitivity (`quantize::mix`): a grid per (role, layer) for every
+/// linear but `lm_head`, within the bits llama.cpp's Q4_K_M would give the model.
+fn int4_plan<'a>(
+    config: &ModelConfig,
+    weights: &'a ModelWeights,
+    eq: &'a Equalized,
+    ones: &'a [f32],
+    opts: &Int4Options,
+    place: &(dyn Fn(TensorRole, Option<usize>) -> TensorPlace + Sync),
+) -> Result<HashMap<(TensorRole, Option<usize>), Grid>> {
+    let n_layers = config.n_layers;
+    use crate::model::Tensor;
+    let q4km = |role, layer, t: &Tensor| {
+        t.data.len() as f64 * q4_k_m_bits_per_weight(role, layer, n_layers, t.cols())
+    };
+    let output = weights.output();
+    let head_grid = grid_for(&Precision::Int4(*opts), &place(TensorRole::LmHead, None))?
+        .ok_or_else(|| KwkError::InvalidArgument("lm_head has no int4 grid".into()))?;
+    // Bits Q4_K_M would spend on the tensors the search covers: its whole size less
+    // lm_head (kwk keeps that at mix_bits; the float vectors cost the same in both).
+    let mut budget = q4km(TensorRole::LmHead, None, output)
+        - output.data.len() as f64 * head_grid.bits_per_weight();
+    let mut units: Vec<MixUnit> = Vec::new();
+    if weights.lm_head.is_some() {
+        budget += q4km(TensorRole::Embedding, None, &weights.embed);
+        let e = &weights.embed;
+        units.push(MixUnit {
+            role: TensorRole::Embedding,
+            layer: None,
+            tensors: vec![(e, &ones[..e.cols().min(ones.len())], None)],
+        });
+    }
+    for (i, l) in weights.layers.iter().enumerate() {
+        let li = eq.importance.get(i).filter(|x| !x.attn_in.is_empty());
+        // The moments of each input (ones when equalization produced none); rounding is
+        // weighted by them when it did.
+        let m = |v: Option<&'a [f32]>, t: &Tensor| -> (&'a [f32], Option<&'a [f32]>) {
+            match v.filter(|v| v.len() == t.cols()) {
+                Some(v) => (v, Some(v)),
+                None => (&ones[..t.cols().min(ones.len())], None),
+            }
+        };
+        let mlps: Vec<&Mlp> = match &l.ffn {
+            FeedForward::Dense(m) => vec![m],
+            FeedForward::Moe(m) => m.experts.iter().chain(m.shared_expert.iter()).collect(),
+        };
+        let attn_in = li.map(|x| &x.attn_in[..]);
+        let ffn_in = li.map(|x| &x.ffn_in[..]);
+        type Inputs<'b> = Vec<(&'b Tensor, Option<&'b [f32]>)>;
+        let groups: Vec<(TensorRole, Inputs)> = vec![
+            (TensorRole::AttnQ, vec![(&l.q, attn_in)]),
+            (TensorRole::AttnK, vec![(&l.k, attn_in)]),
+            (TensorRole::AttnV, vec![(&l.v, attn_in)]),
+            (
+                TensorRole::AttnOutput,
+                vec![(&l.o, li.map(|x| &x.o_in[..]))],
+            ),
+            (
+                TensorRole::FfnGate,
+                mlps.iter().map(|mm| (&mm.gate, ffn_in)).collect(),
+            ),
+            (
+                TensorRole::FfnUp,
+                mlps.iter().map(|mm| (&mm.up, ffn_in)).collect(),
+            ),
+            (
+                TensorRole::FfnDown,
+                mlps.iter()
+                    .enumerate()
+                    .map(|(j, mm)| (&mm.down, li.and_then(|x| x.down_in.get(j)).map(|v| &v[..])))
+                    .collect(),
+            ),
+        ];
+        for (role, tensors) in groups {
+            let mut members = Vec::new();
+            for (t, v) in tensors {
+                budget += q4km(role, Some(i), t);
+                let (moment, imp) = m(v, t);
+                members.push((t, moment, imp));
+            }
+            units.push(MixUnit {
+                role,
+                layer: Some(i),
+                tensors: members,
+            });
+        }
+    }
+    let mix_bits = opts
+        .mix_bits
+        .unwrap_or_else(|| default_mix_bits(place(TensorRole::LmHead, None).model_params));
+    let grids = allocate(&units, &ladder(opts.group_size, mix_bits), budget);
+    Ok(units
+        .iter()
+        .zip(grids)
+        .map(|(u, g)| ((u.role, u.layer), g))
+        .collect())
+}
+
+/// The most input columns any linear of `w` has.
+fn widest_input(w: &ModelWeights) -> usize {
+    let mut n = w.embed.cols();
+    for l in &w.layers {
+        n = n.max(l.q.cols()).max(l.o.cols());
+        match &l.ffn {
+            FeedForward::Dense(m) => n = n.max(m.down.cols()),
+            FeedForward::Moe(m) => {
+                for e in m.experts.iter().chain(m.shared_expert.iter()) {
+                    n = n.max(e.down.cols());
+                }
+            }
+        }
+    }
+    n
+}
+
+/// Calibration tokens the statistics are gathered over (at most).
+pub const CALIBRATION_TOKENS: usize = 8192;
+
+/// Tokens per window when calibration statistics are gathered.
+pub const CALIBRATION_WINDOW: usize = 512;
+
+/// Equalizes `weights` for a quantized `precision` (`quantize::equalize`): with activation
+/// statistics measured by a float32 decoder over the calibration tokens for
+/// `int4:calib`/`int4:gptq`, else estimated from the weights.
+fn equalize_for(
+    config: &ModelConfig,
+    weights: &ModelWeights,
+    precision: &Precision,
+    calibration: Option<&[u32]>,
+    threads: usize,
+    place: &(dyn Fn(TensorRole, Option<usize>) -> TensorPlace + Sync),
+) -> Result<Equalized> {
+    let estimated = ActivationStats::estimate(weights, config);
+    let calibrate = matches!(precision, Precision::Int4(o) if o.calibrate || o.gptq);
+    if !calibrate {
+        return equalize(
+            weights,
+            config,
+            precision,
+            &estimated,
+            place,
+            EqualizeOptions::ESTIMATED,
+        );
+    }
+    let tokens = calibration.filter(|t| !t.is_empty()).ok_or_else(|| {
+        KwkError::InvalidArgument(
+            "int4:calib / int4:gptq need calibration tokens (kwk-eval: --calib-text FILE)".into(),
+        )
+    })?;
+    let window = CALIBRATION_WINDOW.min(config.max_position_embeddings.max(1));
+    let mut reference = KwkDecoder::from_weights(
+        config,
+        weights,
+        Vec::new(),
+        Path::new("calibration"),
+        DecoderOptions {
+            max_cache_len: window,
+            precision: Precision::Float32,
+            threads,
+            calibration_tokens: None,
+            pack_cache_dir: None,
+        },
+    )?;
+    let tokens = &tokens[..tokens.len().min(CALIBRATION_TOKENS)];
+    let stats = reference.activation_stats(tokens, window, &estimated)?;
+    drop(reference);
+    equalize(
+        weights,
+        config,
+        precision,
+        &stats,
+        place,
+        EqualizeOptions::CALIBRATED,
+    )
+}
+
 impl KwkDecoder {
     pub fn new(model: &Model, options: DecoderOptions) -> Result<Self> {
         let mut eos = model.config.eos_token_ids.clone();
@@ -314,8 +497,68 @@ impl KwkDecoder {
             ))),
             _ => None,
         };
-        let pack = |t: &crate::model::Tensor, role, layer| match &session {
-            Some(s) => lock(s).pack(t, place(role, layer), None),
+        // Quantized formats first move per-channel factors across norm/linear pairs where
+        // that lowers the estimated rounding error (`quantize::equalize`), and round with
+        // per-column importance; the decoder then runs the equalized weights.
+        // A pack-cache hit holds the factors the packed tensors were made with: applying
+        // them gives the norms and biases without searching (or calibrating) again.
+        let cached_scales = session.as_ref().and_then(|s| {
+            let mut s = lock(s);
+            if s.is_loading() {
+                s.take_scales()
+            } else {
+                None
+            }
+        });
+        let equalized = match (quantized, cached_scales) {
+            (false, _) => None,
+            (true, Some(scales)) => Some(Equalized {
+                weights: apply(weights, config, &scales),
+                scales,
+                importance: Vec::new(),
+            }),
+            (true, None) => {
+                let e = equalize_for(
+                    config,
+                    weights,
+                    &precision,
+                    options.calibration_tokens.as_deref(),
+                    options.threads,
+                    &place,
+                )?;
+                if let Some(s) = &session {
+                    lock(s).put_scales(&e.scales);
+                }
+                Some(e)
+            }
+        };
+        let weights: &ModelWeights = equalized.as_ref().map_or(weights, |e| &e.weights);
+        // Second moments of 1 for inputs without measured or estimated ones (the embedding).
+        let unit_moments = vec![1f32; widest_input(weights)];
+        let loading = session.as_ref().is_some_and(|s| lock(s).is_loading());
+        let plan = match (&precision, &equalized) {
+            // Read back from the cache, each tensor on the grid it was packed on.
+            _ if loading => HashMap::new(),
+            (Precision::Int4(opts), Some(eq)) => {
+                int4_plan(config, weights, eq, &unit_moments, opts, &place)?
+            }
+            _ => HashMap::new(),
+        };
+        let grid = |role, layer| plan.get(&(role, layer)).copied();
+        let importance = |layer: Option<usize>, pick: &dyn Fn(&LayerImportance) -> &[f32]| {
+            let e = equalized.as_ref()?;
+            let li = e.importance.get(layer?)?;
+            let v = pick(li);
+            (!v.is_empty()).then_some(v)
+        };
+        let pack = |t: &crate::model::Tensor, role, layer, imp: Option<&[f32]>| match &session {
+            Some(s) => lock(s).pack_on(t, place(role, layer), grid(role, layer), imp),
+            None if quantized => {
+                Ok(
+                    quantize_on(t, &precision, place(role, layer), grid(role, layer), imp)?
+                        .into_packed(),
+                )
+            }
             None => format::pack_linear(t, &precision, place(role, layer)),
         };
 
@@ -325,28 +568,35 @@ impl KwkDecoder {
         // A tied output projection is packed once, as the lm_head (it is the larger
         // consumer); embedding lookups dequantize its rows.
         let pool = ThreadPool::new(options.threads);
-        let pack_mlp = |m: &Mlp, layer: usize| -> Result<PackedMlp> {
+        let pack_mlp = |m: &Mlp, layer: usize, which: usize| -> Result<PackedMlp> {
+            let ffn_in = importance(Some(layer), &|li| &li.ffn_in);
+            let down_in = importance(Some(layer), &|li| {
+                li.down_in.get(which).map_or(&[][..], |v| &v[..])
+            });
             Ok(PackedMlp {
-                gate: pack(&m.gate, TensorRole::FfnGate, Some(layer))?,
-                up: pack(&m.up, TensorRole::FfnUp, Some(layer))?,
-                down: pack(&m.down, TensorRole::FfnDown, Some(layer))?,
+                gate: pack(&m.gate, TensorRole::FfnGate, Some(layer), ffn_in)?,
+                up: pack(&m.up, TensorRole::FfnUp, Some(layer), ffn_in)?,
+                down: pack(&m.down, TensorRole::FfnDown, Some(layer), down_in)?,
             })
         };
         let pack_layer = |i: usize| -> Result<Layer> {
             let l = &weights.layers[i];
+            let attn_in = importance(Some(i), &|li| &li.attn_in);
+            let o_in = importance(Some(i), &|li| &li.o_in);
             let ffn = match &l.ffn {
-                FeedForward::Dense(m) => PackedFfn::Dense(pack_mlp(m, i)?),
+                FeedForward::Dense(m) => PackedFfn::Dense(pack_mlp(m, i, 0)?),
                 FeedForward::Moe(m) => PackedFfn::Moe(PackedMoe {
                     router: m.router.clone(),
                     experts: m
                         .experts
                         .iter()
-                        .map(|e| pack_mlp(e, i))
+                        .enumerate()
+                        .map(|(j, e)| pack_mlp(e, i, j))
                         .collect::<Result<_>>()?,
                     shared: m
                         .shared_expert
                         .as_ref()
-                        .map(|s| pack_mlp(s, i))
+                        .map(|s| pack_mlp(s, i, m.experts.len()))
                         .transpose()?,
                     shared_gate: m.shared_expert_gate.as_ref().map(|g| g.data.clone()),
                     top_k: config.experts_per_token,
@@ -356,10 +606,10 @@ impl KwkDecoder {
             };
             Ok(Layer {
                 attn_norm: l.attn_norm.clone(),
-                q: pack(&l.q, TensorRole::AttnQ, Some(i))?,
-                k: pack(&l.k, TensorRole::AttnK, Some(i))?,
-                v: pack(&l.v, TensorRole::AttnV, Some(i))?,
-                o: pack(&l.o, TensorRole::AttnOutput, Some(i))?,
+                q: pack(&l.q, TensorRole::AttnQ, Some(i), attn_in)?,
+                k: pack(&l.k, TensorRole::AttnK, Some(i), attn_in)?,
+                v: pack(&l.v, TensorRole::AttnV, Some(i), attn_in)?,
+                o: pack(&l.o, TensorRole::AttnOutput, Some(i), o_in)?,
                 q_bias: l.q_bias.clone(),
                 k_bias: l.k_bias.clone(),
                 v_bias: l.v_bias.clone(),
@@ -383,12 +633,12 @@ impl KwkDecoder {
         let run_jobs = || loop {
             let job = next_job.fetch_add(1, Ordering::Relaxed);
             match job {
-                0 => *lock(&embed_slot) = Some(pack(&weights.embed, embed_role, None)),
+                0 => *lock(&embed_slot) = Some(pack(&weights.embed, embed_role, None, None)),
                 1 => {
                     *lock(&head_slot) = weights
                         .lm_head
                         .as_ref()
-                        .map(|h| pack(h, TensorRole::LmHead, None))
+                        .map(|h| pack(h, TensorRole::LmHead, None, None))
                 }
                 j if j < n_jobs => *lock(&layer_slots[j - 2]) = Some(pack_layer(j - 2)),
                 _ => break,
@@ -450,6 +700,58 @@ impl KwkDecoder {
             x_buf: Vec::new(),
             scratch: Scratch::default(),
         })
+    }
+
+    /// Per-channel second moments of every linear's input over `tokens`, run in windows of
+    /// `window` tokens from an empty cache (calibration). An expert no token was routed to
+    /// gets `fallback`'s estimate for its `down` input.
+    pub fn activation_stats(
+        &mut self,
+        tokens: &[u32],
+        window: usize,
+        fallback: &ActivationStats,
+    ) -> Result<ActivationStats> {
+        if tokens.is_empty() || window == 0 {
+            return Err(KwkError::InvalidArgument(
+                "calibration needs at least one token and a window of at least one".into(),
+            ));
+        }
+        let n_layers = self.layers.len();
+        self.scratch.record = Some(vec![layers::LayerRecord::default(); n_layers]);
+        let mut run = || -> Result<()> {
+            for w in tokens.chunks(window.min(self.max_cache_len)) {
+                self.reset();
+                // Only the last position's logits: the statistics are taken inside.
+                self.forward(w, w.len() - 1)?;
+            }
+            Ok(())
+        };
+        let ran = run();
+        let records = self.scratch.record.take().unwrap_or_default();
+        self.reset();
+        ran?;
+        let mean = |sums: &[f64], n: u64| -> Vec<f32> {
+            sums.iter().map(|s| (s / n.max(1) as f64) as f32).collect()
+        };
+        let layers = records
+            .iter()
+            .zip(&fallback.layers)
+            .map(|(r, fb)| LayerStats {
+                attn_in: mean(&r.attn_in, r.tokens),
+                o_in: mean(&r.o_in, r.tokens),
+                ffn_in: mean(&r.ffn_in, r.tokens),
+                down_in: fb
+                    .down_in
+                    .iter()
+                    .enumerate()
+                    .map(|(i, est)| match r.down_in.get(i) {
+                        Some((sums, n)) if *n > 0 => mean(sums, *n),
+                        _ => est.clone(),
+                    })
+                    .collect(),
+            })
+            .collect();
+        Ok(ActivationStats { layers })
     }
 
     /// Empties the KV cache; the next `forward` starts at position 0.
@@ -568,6 +870,21 @@ impl KwkDecoder {
     /// packed linear, the embedding (once when tied), norms, biases and routers (float32).
     pub fn weight_bytes(&self) -> u64 {
         self.weight_bytes
+    }
+
+    /// Packed linears per layout (`4-bit g32` → count), the embedding and `lm_head`
+    /// included; the report's `type_mix`.
+    pub fn type_mix(&self) -> std::collections::BTreeMap<String, usize> {
+        let mut mix = std::collections::BTreeMap::new();
+        let mut all: Vec<&dyn PackedLinear> = vec![self.embed.as_ref()];
+        all.extend(self.lm_head.iter().map(|h| h.as_ref()));
+        for l in &self.layers {
+            all.extend(l.linears());
+        }
+        for t in all {
+            *mix.entry(t.layout_name()).or_insert(0) += 1;
+        }
+        mix
     }
 
     /// Bits per weight over all parameters, embeddings and norms included.

@@ -678,3 +678,66 @@ fn pack_cache_round_trips_through_the_decoder() {
         assert_eq!(a, third.forward(&tokens, 0).unwrap(), "{precision:?}");
     }
 }
+
+/// Channel equalization only moves factors across pairs whose product is unchanged: with
+/// arbitrary factors every architecture computes the same logits (float64 reference).
+#[test]
+fn channel_scales_preserve_the_function() {
+    use crate::quantize::equalize::{apply, ChannelScales, LayerScales};
+    let tokens: Vec<u32> = (0..12).map(|i| (i * 37 + 11) % 96).collect();
+    for arch in [
+        Architecture::Llama,
+        Architecture::Qwen2,
+        Architecture::Qwen3,
+        Architecture::Mixtral,
+        Architecture::Qwen2Moe,
+        Architecture::Qwen3Moe,
+    ] {
+        let (config, weights) = synthetic(arch, arch as u64 + 11);
+        let mut k = 0u32;
+        let mut factors = |n: usize| -> Vec<f32> {
+            (0..n)
+                .map(|_| {
+                    k = k.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+                    2f32.powf((k >> 16) as f32 / 65536.0 * 4.0 - 2.0)
+                })
+                .collect()
+        };
+        let scales = ChannelScales {
+            layers: weights
+                .layers
+                .iter()
+                .map(|l| {
+                    let mlps = match &l.ffn {
+                        FeedForward::Dense(m) => vec![m.up.rows()],
+                        FeedForward::Moe(m) => m
+                            .experts
+                            .iter()
+                            .chain(m.shared_expert.iter())
+                            .map(|e| e.up.rows())
+                            .collect(),
+                    };
+                    LayerScales {
+                        attn_in: factors(config.hidden_size),
+                        v_to_o: factors(l.v.rows()),
+                        ffn_in: factors(config.hidden_size),
+                        up_to_down: mlps.into_iter().map(&mut factors).collect(),
+                    }
+                })
+                .collect(),
+        };
+        let moved = apply(&weights, &config, &scales);
+        assert_ne!(moved.layers[0].q.data, weights.layers[0].q.data);
+        let (a, b) = (
+            reference::logits(&reference_model(&config, &weights), &tokens),
+            reference::logits(&reference_model(&config, &moved), &tokens),
+        );
+        let worst = a
+            .iter()
+            .flatten()
+            .zip(b.iter().flatten())
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f64, f64::max);
+        assert!(worst < 1e-4, "{arch:?}: logits moved by {worst}");
+    }
+}

@@ -30,6 +30,9 @@ impl Bf16Panels {
 }
 
 impl PackedLinear for Bf16Panels {
+    fn layout_name(&self) -> String {
+        "bf16".into()
+    }
     fn rows(&self) -> usize {
         self.rows
     }

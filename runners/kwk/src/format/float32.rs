@@ -25,6 +25,9 @@ impl F32Panels {
 }
 
 impl PackedLinear for F32Panels {
+    fn layout_name(&self) -> String {
+        "f32".into()
+    }
     fn rows(&self) -> usize {
         self.rows
     }

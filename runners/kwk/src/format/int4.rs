@@ -216,6 +216,9 @@ impl LowBitWeights {
 }
 
 impl PackedLinear for LowBitWeights {
+    fn layout_name(&self) -> String {
+        format!("{}-bit g{}", self.bits, self.group_size)
+    }
     fn rows(&self) -> usize {
         self.rows
     }

@@ -172,6 +172,9 @@ pub(crate) fn q8_rows<'a>(x: &PreparedInput<'a>, n_tokens: usize, format: &str) 
 }
 
 impl PackedLinear for Int8Weights {
+    fn layout_name(&self) -> String {
+        "int8 sym g32".into()
+    }
     fn rows(&self) -> usize {
         self.rows
     }

@@ -74,6 +74,8 @@ pub trait PackedLinear: Send + Sync {
     fn matmul_rows(&self, x: &PreparedInput, rows: Range<usize>, y: &OutputMatrix);
     /// Row `r` of W as float32 (embedding lookups read the table through this).
     fn dequantize_row(&self, r: usize, out: &mut [f32]);
+    /// The layout's name in reports (`f32`, `bf16`, `int8 sym g32`, `4-bit g32`, ...).
+    fn layout_name(&self) -> String;
 }
 
 /// What a weight matrix is in the model, for formats that keep some tensors at higher

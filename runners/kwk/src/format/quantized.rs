@@ -7,7 +7,7 @@
 //! (8.5 bits per weight: it is a fifth of a small model's weights) and the projections in
 //! asymmetric 8-bit groups of 32 (scale and minimum, 9 bits per weight); `mix6` keeps all of
 //! them in asymmetric 6-bit groups of 64 (6.5 bits per weight). Which tensors:
-//! - the token embedding and `lm_head` (the embedding once when they are tied);
+//! - `lm_head` (the embedding when they are tied; an untied input embedding is 4-bit);
 //! - `attn_v` and `ffn_down` (experts' included) of the layers llama.cpp's Q4_K_M gives
 //!   more bits, `use_more_bits(i, n) = i < n/8 || i >= 7n/8 || (i - n/8) % 3 == 2`
 //!   (llama.cpp `src/llama-quant.cpp`, `llama_tensor_get_type`, which puts those tensors
@@ -16,7 +16,7 @@
 //! `mix_bits` defaults to 6 for models of 1e9 parameters and more, 8 below (a small model's
 //! embedding is a large share of its weights and of its error).
 
-use crate::decoder::{Int4Options, Precision};
+use crate::decoder::Precision;
 use crate::error::{KwkError, Result};
 use crate::format::int4::LowBitWeights;
 use crate::format::int8::Int8Weights;
@@ -45,7 +45,11 @@ pub fn use_more_bits(layer: usize, n_layers: usize) -> bool {
 /// Whether the int4 mix keeps this tensor at `mix_bits`.
 pub fn int4_keeps_high(place: &TensorPlace) -> bool {
     match place.role {
-        TensorRole::Embedding | TensorRole::LmHead => true,
+        // An untied input embedding is only looked up: its rounding error enters the
+        // residual stream once per token, like one projection's, so it takes the plain grid
+        // (llama.cpp's Q4_K_M likewise keeps `token_embd` in Q4_K, `output` in Q6_K).
+        TensorRole::LmHead => true,
+        TensorRole::Embedding => false,
         TensorRole::AttnV | TensorRole::FfnDown => match place.layer {
             Some(l) => use_more_bits(l, place.n_layers),
             None => false,
@@ -117,68 +121,117 @@ pub fn quantize_tensor(
     place: TensorPlace,
     importance: Option<&[f32]>,
 ) -> Result<QuantizedTensor> {
+    quantize_on(tensor, precision, place, None, importance)
+}
+
+/// [`quantize_tensor`] on `grid` when given (a mix chosen by `quantize::mix`), else on the
+/// grid the mix rule gives `place`.
+pub fn quantize_on(
+    tensor: &Tensor,
+    precision: &Precision,
+    place: TensorPlace,
+    grid: Option<Grid>,
+    importance: Option<&[f32]>,
+) -> Result<QuantizedTensor> {
     let what = describe(&place);
     if place.role == TensorRole::Router {
         return Err(KwkError::InvalidArgument(format!(
             "{what}: MoE routers stay in float32 in every format; pack them with the float32 format"
         )));
     }
-    match precision {
-        Precision::Int8 => Ok(QuantizedTensor::LowBit(LowBitWeights::quantize(
-            tensor, 8, INT8_GROUP, importance, &what,
+    if let Precision::Int4(opts) = precision {
+        if opts.gptq {
+            return Err(KwkError::Unsupported(format!(
+                "{what}: int4:gptq is not implemented yet; use int4:calib (calibrated scales and rounding) or int4"
+            )));
+        }
+    }
+    let grid = match grid {
+        Some(g) => g,
+        None => grid_for(precision, &place)?.ok_or_else(|| {
+            KwkError::InvalidArgument(format!(
+                "{what}: pack_quantized packs int8/int4, not {precision:?}"
+            ))
+        })?,
+    };
+    match grid {
+        Grid::Sym8 => Ok(QuantizedTensor::Int8(Int8Weights::quantize(
+            tensor, importance, &what,
         )?)),
-        Precision::Int4(opts) => pack_int4(tensor, opts, &place, importance, &what),
-        other => Err(KwkError::InvalidArgument(format!(
-            "{what}: pack_quantized packs int8/int4, not {other:?}"
-        ))),
+        Grid::Asym { bits, group } => Ok(QuantizedTensor::LowBit(LowBitWeights::quantize(
+            tensor, bits, group, importance, &what,
+        )?)),
     }
 }
 
-fn pack_int4(
-    tensor: &Tensor,
-    opts: &Int4Options,
-    place: &TensorPlace,
-    importance: Option<&[f32]>,
-    what: &str,
-) -> Result<QuantizedTensor> {
-    if (opts.calibrate || opts.gptq) && importance.is_none() {
-        return Err(KwkError::Unsupported(format!(
-            "{what}: int4:calib / int4:gptq need activation statistics from the decoder, which kwk does not collect yet; use int4"
-        )));
+/// The grid a quantized weight is rounded onto.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Grid {
+    /// Asymmetric `bits`-bit codes with an f16 scale and minimum per `group` columns.
+    Asym { bits: u32, group: usize },
+    /// Symmetric int8 blocks of 32 with an f16 scale (the mix8 embedding/`lm_head`).
+    Sym8,
+}
+
+impl Grid {
+    /// Bits per weight of this grid, scales and minimums included.
+    pub fn bits_per_weight(self) -> f64 {
+        match self {
+            Grid::Asym { bits, group } => bits as f64 + 32.0 / group as f64,
+            Grid::Sym8 => 8.5,
+        }
     }
-    if int4_keeps_high(place) {
-        let bits = opts
-            .mix_bits
-            .unwrap_or_else(|| default_mix_bits(place.model_params));
-        return match bits {
-            // The embedding/lm_head is a fifth of a small model: the 8.5-bit symmetric
-            // layout. The few projections: asymmetric 8-bit groups of 32 (9 bits).
-            8 if matches!(place.role, TensorRole::Embedding | TensorRole::LmHead) => Ok(
-                QuantizedTensor::Int8(Int8Weights::quantize(tensor, importance, what)?),
-            ),
-            8 => Ok(QuantizedTensor::LowBit(LowBitWeights::quantize(
-                tensor, 8, MIX8_GROUP, importance, what,
-            )?)),
-            6 => Ok(QuantizedTensor::LowBit(LowBitWeights::quantize(
-                tensor, 6, MIX6_GROUP, importance, what,
-            )?)),
-            b => Err(KwkError::InvalidArgument(format!(
-                "int4:mix{b}: mix bits must be 6 or 8"
-            ))),
-        };
+}
+
+/// The grid `precision` puts the weight at `place` on (the int4 mix rule included); `None`
+/// for formats that do not quantize and for MoE routers (always float32).
+pub fn grid_for(precision: &Precision, place: &TensorPlace) -> Result<Option<Grid>> {
+    if place.role == TensorRole::Router {
+        return Ok(None);
     }
-    Ok(QuantizedTensor::LowBit(LowBitWeights::quantize(
-        tensor,
-        4,
-        opts.group_size,
-        importance,
-        what,
-    )?))
+    let opts = match precision {
+        Precision::Int8 => {
+            return Ok(Some(Grid::Asym {
+                bits: 8,
+                group: INT8_GROUP,
+            }))
+        }
+        Precision::Int4(opts) => opts,
+        Precision::Float32 | Precision::Bf16 => return Ok(None),
+    };
+    if !int4_keeps_high(place) {
+        return Ok(Some(Grid::Asym {
+            bits: 4,
+            group: opts.group_size,
+        }));
+    }
+    let bits = opts
+        .mix_bits
+        .unwrap_or_else(|| default_mix_bits(place.model_params));
+    match bits {
+        // The embedding/lm_head is a fifth of a small model: the 8.5-bit symmetric
+        // layout. The few projections: asymmetric 8-bit groups of 32 (9 bits).
+        8 if matches!(place.role, TensorRole::Embedding | TensorRole::LmHead) => {
+            Ok(Some(Grid::Sym8))
+        }
+        8 => Ok(Some(Grid::Asym {
+            bits: 8,
+            group: MIX8_GROUP,
+        })),
+        6 => Ok(Some(Grid::Asym {
+            bits: 6,
+            group: MIX6_GROUP,
+        })),
+        b => Err(KwkError::InvalidArgument(format!(
+            "int4:mix{b}: mix bits must be 6 or 8"
+        ))),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decoder::Int4Options;
 
     #[test]
     fn use_more_bits_matches_llama_cpp_for_30_layers() {
@@ -221,7 +274,7 @@ mod tests {
             gptq: false,
         };
         let small = TensorPlace {
-            role: TensorRole::Embedding,
+            role: TensorRole::LmHead,
             layer: None,
             n_layers: 30,
             model_params: 135_000_000,

@@ -189,8 +189,10 @@ fn check(name: &str) {
             q.ppl_rel
         );
     }
+    // int4 and int4:g128 spend the same budget (the mix search may buy finer groups for
+    // either), so only int8 below both is an ordering.
     assert!(
-        klds[0] < klds[1] && klds[1] < klds[2],
+        klds[0] < klds[1] && klds[0] < klds[2],
         "{name}: KL int8 {} int4 {} int4:g128 {}",
         klds[0],
         klds[1],

@@ -1,0 +1,244 @@
+//! The `int4` mix chosen by sensitivity: which grid each tensor gets under a bits-per-weight
+//! budget.
+//!
+//! Every tensor group (one role in one layer, all experts of that role together; the untied
+//! input embedding) starts on the cheapest grid of the ladder (4-bit groups of 128) and is
+//! moved up the ladder (4-bit g64, g32 — no finer than the `int4:gG` the user gave —, 6-bit
+//! g64, and 8-bit g32 under `mix8`) greedily,
+//! always taking the step that lowers the estimated error most per bit spent, until the
+//! budget is used. The error of a grid is the relative output noise of the tensor,
+//! `Σ E[x_k²] ΔW_ik² / Σ E[x_k²] W_ik²` (sampled rows, second moments measured by calibration
+//! or estimated from the weights, see `quantize::equalize`), summed over the group's
+//! tensors: every linear's noise counts the same. `lm_head` is not part of the search: it
+//! stays at `mix_bits` (as llama.cpp always gives `output` more bits).
+//!
+//! The default budget is the size llama.cpp's Q4_K_M would give the same model
+//! ([`q4_k_m_bits`]), so a kwk `int4` row is compared with Q4_K_M at equal size; a grid
+//! whose estimated error is not lower than the cheaper one (weights that already sit on a
+//! 4-bit g32 grid) is never bought.
+
+use crate::format::quantized::Grid;
+use crate::format::TensorRole;
+use crate::model::Tensor;
+use crate::quantize::equalize::relative_error;
+
+/// A tensor with its input channels' second moments and its rounding importance.
+pub type Member<'a> = (&'a Tensor, &'a [f32], Option<&'a [f32]>);
+
+/// One group of tensors that gets one grid.
+pub struct MixUnit<'a> {
+    pub role: TensorRole,
+    pub layer: Option<usize>,
+    pub tensors: Vec<Member<'a>>,
+}
+
+impl MixUnit<'_> {
+    pub fn params(&self) -> u64 {
+        self.tensors
+            .iter()
+            .map(|(t, _, _)| t.data.len() as u64)
+            .sum()
+    }
+}
+
+/// The grids a unit may take under `int4:gG` with `mix_bits`, cheapest first: 4-bit groups
+/// of 128 down to `G` (the finest 4-bit group the user allows), then 6-bit groups of 64, and
+/// 8-bit groups of 32 under `mix8`.
+pub fn ladder(finest_group: usize, mix_bits: u8) -> Vec<Grid> {
+    let mut l: Vec<Grid> = [128, 64, 32]
+        .into_iter()
+        .filter(|&g| g >= finest_group)
+        .map(|group| Grid::Asym { bits: 4, group })
+        .collect();
+    l.push(Grid::Asym { bits: 6, group: 64 });
+    if mix_bits >= 8 {
+        l.push(Grid::Asym { bits: 8, group: 32 });
+    }
+    l
+}
+
+/// Bits of one weight of each llama.cpp type Q4_K_M uses (block bytes × 8 / block weights;
+/// `ggml/src/ggml-common.h`).
+const Q4_K: f64 = 4.5;
+const Q5_0: f64 = 5.5;
+const Q6_K: f64 = 6.5625;
+const Q8_0: f64 = 8.5;
+
+/// llama.cpp's `use_more_bits` (as in `format::quantized`).
+fn more_bits(layer: usize, n_layers: usize) -> bool {
+    crate::format::quantized::use_more_bits(layer, n_layers)
+}
+
+/// Tensor bits llama.cpp's Q4_K_M gives a tensor of `role` with `cols` input columns
+/// (`src/llama-quant.cpp`, `llama_tensor_get_type` for `LLAMA_FTYPE_MOSTLY_Q4_K_M`: `output`
+/// (and a tied embedding) Q6_K; `attn_v` and `ffn_down` Q6_K in the `use_more_bits` layers;
+/// everything else Q4_K; a row length not a multiple of 256 falls back to Q5_0 for Q4_K and
+/// Q8_0 for Q6_K).
+pub fn q4_k_m_bits_per_weight(
+    role: TensorRole,
+    layer: Option<usize>,
+    n_layers: usize,
+    cols: usize,
+) -> f64 {
+    let high = match role {
+        TensorRole::LmHead => true,
+        TensorRole::AttnV | TensorRole::FfnDown => layer.is_some_and(|l| more_bits(l, n_layers)),
+        _ => false,
+    };
+    let fits = cols.is_multiple_of(256);
+    match (high, fits) {
+        (true, true) => Q6_K,
+        (true, false) => Q8_0,
+        (false, true) => Q4_K,
+        (false, false) => Q5_0,
+    }
+}
+
+/// How a unit's error falls as it climbs the ladder.
+struct Curve {
+    params: u64,
+    /// Relative error at each ladder step.
+    err: Vec<f64>,
+}
+
+/// Chooses a grid per unit (see the module doc): `budget_bits` is what the units may use in
+/// all (bits of everything else already taken off).
+pub fn allocate(units: &[MixUnit], ladder: &[Grid], budget_bits: f64) -> Vec<Grid> {
+    let curves: Vec<Curve> = units
+        .iter()
+        .map(|u| Curve {
+            params: u.params(),
+            err: ladder
+                .iter()
+                .map(|&g| {
+                    u.tensors
+                        .iter()
+                        .map(|&(t, m, imp)| relative_error(t, g, m, imp))
+                        .sum()
+                })
+                .collect(),
+        })
+        .collect();
+    let bits = |c: &Curve, step: usize| c.params as f64 * ladder[step].bits_per_weight();
+    let mut level = vec![0usize; units.len()];
+    let mut used: f64 = curves.iter().map(|c| bits(c, 0)).sum();
+    loop {
+        // The best (error drop per bit) affordable move of any unit to any higher step.
+        let mut best: Option<(f64, usize, usize)> = None;
+        for (u, c) in curves.iter().enumerate() {
+            let from = level[u];
+            for to in from + 1..ladder.len() {
+                let gain = c.err[from] - c.err[to];
+                let cost = bits(c, to) - bits(c, from);
+                if gain <= 0.0 || cost <= 0.0 || used + cost > budget_bits {
+                    continue;
+                }
+                let rate = gain / cost;
+                if best.is_none_or(|(r, _, _)| rate > r) {
+                    best = Some((rate, u, to));
+                }
+            }
+        }
+        let Some((_, u, to)) = best else { break };
+        used += bits(&curves[u], to) - bits(&curves[u], level[u]);
+        level[u] = to;
+    }
+    level.iter().map(|&l| ladder[l]).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tensor(seed: u64, rows: usize, cols: usize, scale: f32) -> Tensor {
+        let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        let data = (0..rows * cols)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                (((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0) * scale
+            })
+            .collect();
+        Tensor::new(vec![rows, cols], data)
+    }
+
+    #[test]
+    fn q4_k_m_rule_with_fallbacks() {
+        assert_eq!(
+            q4_k_m_bits_per_weight(TensorRole::AttnQ, Some(5), 30, 576),
+            Q5_0
+        );
+        assert_eq!(
+            q4_k_m_bits_per_weight(TensorRole::AttnQ, Some(5), 30, 2048),
+            Q4_K
+        );
+        assert_eq!(
+            q4_k_m_bits_per_weight(TensorRole::FfnDown, Some(0), 30, 1536),
+            Q6_K
+        );
+        assert_eq!(
+            q4_k_m_bits_per_weight(TensorRole::FfnDown, Some(3), 30, 1536),
+            Q4_K
+        );
+        assert_eq!(
+            q4_k_m_bits_per_weight(TensorRole::LmHead, None, 30, 576),
+            Q8_0
+        );
+    }
+
+    #[test]
+    fn budget_is_respected_and_spent_where_error_falls() {
+        let ones = vec![1f32; 64];
+        let (a, b) = (tensor(1, 64, 64, 1.0), tensor(2, 64, 64, 1.0));
+        let units = vec![
+            MixUnit {
+                role: TensorRole::AttnQ,
+                layer: Some(0),
+                tensors: vec![(&a, &ones, None)],
+            },
+            MixUnit {
+                role: TensorRole::AttnK,
+                layer: Some(0),
+                tensors: vec![(&b, &ones, None)],
+            },
+        ];
+        let ladder = ladder(32, 8);
+        let n = 64.0 * 64.0;
+        // Enough for the cheapest grid only.
+        let g = allocate(&units, &ladder, 2.0 * n * 4.25);
+        assert_eq!(g, vec![ladder[0], ladder[0]]);
+        // Enough for one tensor at 6 bits: spent, and never exceeded.
+        for budget in [n * (4.25 + 6.5), n * 11.0, n * 14.0, n * 20.0] {
+            let g = allocate(&units, &ladder, budget);
+            let used: f64 = g.iter().map(|g| n * g.bits_per_weight()).sum();
+            assert!(used <= budget, "{used} > {budget}");
+            assert!(
+                used > budget - n * 4.75,
+                "budget {budget} left unspent: {used}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_tensor_already_on_the_g32_grid_is_not_moved_to_6_bits() {
+        let ones = vec![1f32; 64];
+        let mut a = tensor(3, 64, 64, 1.0);
+        for row in a.data.chunks_mut(64) {
+            for g in row.chunks_mut(32) {
+                let mut q = [0u8; 32];
+                let (d, m) = crate::quantize::rounding::round_asymmetric(g, 4, None, &mut q);
+                g.iter_mut()
+                    .zip(q)
+                    .for_each(|(v, c)| *v = c as f32 * d.to_f32() + m.to_f32());
+            }
+        }
+        let units = vec![MixUnit {
+            role: TensorRole::AttnQ,
+            layer: Some(0),
+            tensors: vec![(&a, &ones, None)],
+        }];
+        let g = allocate(&units, &ladder(32, 8), 64.0 * 64.0 * 20.0);
+        assert_eq!(g, vec![Grid::Asym { bits: 4, group: 32 }]);
+    }
+}
