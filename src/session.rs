@@ -73,6 +73,9 @@ pub enum Outcome {
 /// Calibration tokens passed to `int4:calib` / `int4:gptq` (at most).
 const MAX_CALIBRATION_TOKENS: usize = 32_768;
 
+/// Fewest calibration tokens accepted (one window of statistics).
+const MIN_CALIBRATION_TOKENS: usize = 512;
+
 /// A runner to build: kwk runners are packed right before they are measured.
 enum Pending {
     Kwk {
@@ -204,6 +207,16 @@ pub fn evaluate(cfg: &EvalConfig) -> Result<Outcome> {
         ),
         _ => None,
     };
+    if let Some(c) = &calib_text {
+        // Fitting scales to the scored text would flatter the calibrated rows.
+        if c.text == text.text {
+            bail!(
+                "--calib-text '{}' is the same text as --text '{}': calibrating on the scored text flatters int4:calib; pass another text",
+                c.path.display(),
+                cfg.text.display()
+            );
+        }
+    }
     let has_gguf = specs.iter().any(|s| matches!(s, FormatSpec::Gguf { .. }));
     let tools = if has_gguf {
         Some(crate::runner::llamacpp_tools(cfg.llama_cpp_dir.as_deref())?)
@@ -301,6 +314,13 @@ pub fn evaluate(cfg: &EvalConfig) -> Result<Outcome> {
                 .encode(&t.text, true)
                 .with_context(|| format!("tokenizing --calib-text '{}'", t.path.display()))?;
             ids.truncate(MAX_CALIBRATION_TOKENS);
+            if ids.len() < MIN_CALIBRATION_TOKENS {
+                bail!(
+                    "--calib-text '{}' has {} tokens; calibration needs at least {MIN_CALIBRATION_TOKENS}: pass a longer text",
+                    t.path.display(),
+                    ids.len()
+                );
+            }
             Some(ids)
         }
         None => None,

@@ -421,3 +421,49 @@ fn context_longer_than_the_model_allows() {
     assert!(line.contains("256"), "{line}");
     no_run_folder(&out);
 }
+
+#[test]
+fn calibration_on_the_scored_text_or_too_short() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let copy = dir.path().join("copy.txt");
+    std::fs::copy(eval_txt(), &copy).unwrap();
+    let run = |calib: &Path| {
+        let mut c = kwk_eval();
+        c.args([
+            "--formats",
+            "int4:calib",
+            "--ctx",
+            "64",
+            "--no-speed",
+            "--llm",
+        ])
+        .arg(tiny_llama())
+        .arg("--text")
+        .arg(eval_txt())
+        .arg("--calib-text")
+        .arg(calib)
+        .arg("--out")
+        .arg(&out);
+        c
+    };
+    let line = assert_error(
+        &mut run(&copy),
+        2,
+        &format!(
+            "--calib-text '{}' is the same text as --text",
+            copy.display()
+        ),
+    );
+    assert!(line.ends_with("pass another text"), "{line}");
+    no_run_folder(&out);
+    let short = dir.path().join("short.txt");
+    std::fs::write(&short, "Too few words to calibrate on.\n").unwrap();
+    let line = assert_error(
+        &mut run(&short),
+        2,
+        &format!("--calib-text '{}' has ", short.display()),
+    );
+    assert!(line.ends_with("pass a longer text"), "{line}");
+    no_run_folder(&out);
+}
