@@ -1,7 +1,8 @@
 //! Activations quantized to int8 blocks of 32 (one f32 scale per block, like llama.cpp's
 //! Q8_0 `vec_dot_type`), once per matmul input, for the int8/int4 VNNI kernels.
 //! `quantize_rows_q8_scalar` is the specification; [`quantize_rows_q8`] runs the AVX-512
-//! version when the quantized kernels' path (`int8_matmul::selected_isa`) is AVX-512, which
+//! version when the quantized kernels' path (`int8_matmul::selected_isa`) is an AVX-512
+//! tier (`vnni` or `avx512bw`), which
 //! matches it exactly for finite inputs (same division, multiply and rounding; the
 //! half-away-from-zero rounding is built from truncation, whose remainder is exact).
 
@@ -19,7 +20,10 @@ pub fn quantize_rows_q8(
     block_sums: &mut [i32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if super::int8_matmul::selected_isa() == super::int8_matmul::QuantIsa::Avx512Vnni {
+    if matches!(
+        super::int8_matmul::selected_isa(),
+        super::int8_matmul::QuantIsa::Avx512Vnni | super::int8_matmul::QuantIsa::Avx512Bw
+    ) {
         check_lengths(x, dim, quants, scales, block_sums);
         // SAFETY: AVX-512 F/BW are present (the path was selected on them) and the
         // lengths were checked.
