@@ -267,7 +267,10 @@ pub(crate) mod x86 {
     /// AVX512F/BW; `nib` points at a nibble tile, `hb` (6-bit only) at its high-bit tile.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
-    pub(crate) unsafe fn unpack_zmm<const SIX: bool>(nib: *const u8, hb: *const u8) -> [__m512i; 8] {
+    pub(crate) unsafe fn unpack_zmm<const SIX: bool>(
+        nib: *const u8,
+        hb: *const u8,
+    ) -> [__m512i; 8] {
         let low4 = _mm512_set1_epi8(0x0F);
         let bits45 = _mm512_set1_epi8(0x30);
         let mut wv = [_mm512_setzero_si512(); 8];

@@ -51,7 +51,9 @@ pub enum Isa {
     /// AVX-512 F/BW/VL + FMA, no VNNI or BF16 instructions.
     Avx512Bw,
     /// AVX-512 F/BW/VL + FMA + VNNI (+ `vdpbf16ps` when `bf16` is set).
-    Avx512Vnni { bf16: bool },
+    Avx512Vnni {
+        bf16: bool,
+    },
 }
 
 /// The values `KWK_ISA` accepts, best first (`avx512` is an alias of the best AVX-512 tier).
@@ -252,8 +254,8 @@ pub fn check_isa_env() -> Result<(), String> {
 /// [`check_isa_env`]; every report records the tier that actually ran).
 pub fn active_isa() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();
-    *ISA.get_or_init(|| {
-        match parse_isa_request(std::env::var("KWK_ISA").ok().as_deref()) {
+    *ISA.get_or_init(
+        || match parse_isa_request(std::env::var("KWK_ISA").ok().as_deref()) {
             Ok(Some(isa)) => isa,
             Ok(None) => best_isa(),
             Err(e) => {
@@ -261,8 +263,8 @@ pub fn active_isa() -> Isa {
                 eprintln!("warning: {e}; using {}", best.name());
                 best
             }
-        }
-    })
+        },
+    )
 }
 
 /// Name of the tier the kernels run with (`vnni`, `avx512bw`, `avxvnni`, `avx2`, `scalar`).
