@@ -56,9 +56,6 @@ pub enum Isa {
     },
 }
 
-/// The values `KWK_ISA` accepts, best first (`avx512` is an alias of the best AVX-512 tier).
-pub const ISA_NAMES: &str = "vnni|avx512bw|avxvnni|avx2|scalar (avx512 = best AVX-512 tier)";
-
 impl Isa {
     /// The tier's name, as `KWK_ISA` spells it.
     pub fn name(self) -> &'static str {
@@ -225,8 +222,7 @@ pub fn parse_isa_request(value: Option<&str>) -> Result<Option<Isa>, String> {
     match wanted {
         Some(isa) if isa_supported(isa) => Ok(Some(isa)),
         _ => Err(format!(
-            "KWK_ISA={v} is not a kernel tier this CPU supports; supported here: {} \
-             (all tiers: {ISA_NAMES})",
+            "KWK_ISA={v} is not a kernel tier this CPU supports; set it to one of {} or unset it",
             supported_tier_names().join("|")
         )),
     }

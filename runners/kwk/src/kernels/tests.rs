@@ -298,7 +298,7 @@ fn kwk_isa_values_force_each_supported_tier_and_refuse_the_rest() {
     match parse_isa_request(Some("avx512")) {
         Ok(Some(isa)) => assert!(best.has_avx512() && isa == best),
         Ok(None) => panic!("avx512 must name a tier"),
-        Err(e) => assert!(!best.has_avx512() && e.contains("supported here"), "{e}"),
+        Err(e) => assert!(!best.has_avx512() && e.contains("set it to one of"), "{e}"),
     }
     let err = parse_isa_request(Some("avx1024")).unwrap_err();
     assert!(
@@ -311,7 +311,7 @@ fn kwk_isa_values_force_each_supported_tier_and_refuse_the_rest() {
         assert_eq!(parsed.is_ok(), tier_here, "{name}: {parsed:?}");
         if let Err(e) = parsed {
             assert!(
-                e.contains("supported here: ") && e.contains("scalar"),
+                e.contains("set it to one of ") && e.contains("scalar"),
                 "{e}"
             );
         }
