@@ -10,17 +10,19 @@
 //! operands for `vpdpbusd` (codes are naturally unsigned). 6-bit codes add a 128-byte tile of
 //! high bit pairs: byte `h * 64 + row * 4 + k` holds bits 4..5 of the code of quad
 //! `4h + j` in its bits `2j..2j + 1`. 8-bit codes use the int8 tile layout instead (512
-//! bytes, byte `quad * 64 + row * 4 + k`); AVX2's `vpmaddubsw` would saturate on
-//! `255 · 127 · 2`, so its 8-bit path uses `code - 128` with the sign trick and adds back
-//! `128 · Σa` (exact integers either way). Scales and minimums: `[(group * n_col_groups + cg) * 16
+//! bytes, byte `quad * 64 + row * 4 + k`); `vpmaddubsw` would saturate on `255 · 127 · 2`,
+//! so the paths without VNNI take 8-bit codes as `code - 128` with the sign trick and add
+//! back `128 · Σa` (exact integers either way). Scales and minimums: `[(group * n_col_groups + cg) * 16
 //! + row]`.
 //!
 //! Math per row and column group `cg`: `Σ_b d_a[b] · (d · Σ q·a + m · Σ a)`; the integer
 //! dot of each block goes through `acc = fma(float(dot), d · d_a[b], acc)` and the minimum's
 //! part once per group, `acc = fma(m, S[cg], acc)`, where `S[cg] = Σ_{b in cg} d_a[b] ·
 //! blocksum[b]` is computed once per token (shared code, so every path sees the same
-//! value). The scalar specification and the AVX2/AVX512-VNNI paths perform the same float
-//! operations in the same order and agree to the bit.
+//! value). The scalar specification and every SIMD path (AVX512-VNNI here; AVX-512BW,
+//! 256-bit VNNI and AVX2 in `x86_64/`, see `int8_matmul` for the tiers and the measurement
+//! behind the prompt path) perform the same float operations in the same order and agree to
+//! the bit.
 
 use super::int8_matmul::{drive_row_groups, Q8Rows, QuantIsa, BLOCK, ROW_GROUP, TOKEN_TILE};
 #[cfg(target_arch = "x86_64")]

@@ -13,14 +13,41 @@
 //! (the accumulator starts at that value). One f16 scale per row and block (8.5 bits per
 //! weight, the size of llama.cpp's Q8_0).
 //!
-//! Paths: AVX512-VNNI (`vpdpbusd` zmm), AVX2 (`vpmaddubsw` with the sign trick, since
-//! `255 · 127 · 2` would saturate its i16 pairs), and the scalar specification. All three
+//! Paths, one per kernel tier ([`crate::kernels::Isa`], [`QuantIsa`]): AVX512-VNNI
+//! (`vpdpbusd` zmm, here), AVX-512BW without VNNI (`x86_64/quant512bw.rs`: `vpmaddubsw` +
+//! `vpmaddwd` zmm), 256-bit VNNI and AVX2 (`x86_64/quant256.rs`), and the scalar
+//! specification. `vpmaddubsw` would saturate its i16 pair sums on `255 · 127 · 2`, so the
+//! paths without VNNI take full bytes through the sign trick (see those files). All paths
 //! compute the same exact integer block dots and then the same float operations in the same
-//! order (`acc = fma(float(dot), d_w · d_a, acc)` per block), so their results agree to
-//! the bit. GEMM (prompts): a tile of up to [`TOKEN_TILE`] tokens shares each weight load;
+//! order (`acc = fma(float(dot), d_w · d_a, acc)` per block), so their results agree to the
+//! bit; the tests run every path the CPU supports against the scalar one. GEMM (prompts): a
+//! tile of up to [`TOKEN_TILE`] tokens shares each weight load and each weight preparation;
 //! GEMV (one token): the same microkernel with one token, whose independent per-block
 //! integer chains the out-of-order core overlaps; it is bound by memory bandwidth.
-
+//!
+//! ## Prompts without VNNI: integer tiles, not dequantized float tiles
+//! The other way to run a prompt on a CPU without `vpdpbusd` is to dequantize a weight tile
+//! to f32 once and reuse it over the whole token block. Such a kernel performs the float32
+//! panel GEMM's FMAs (one per 16 multiply-adds on zmm) plus the dequantization, so the
+//! float32 kernel's own rate is its upper bound; the integer tiles beat that bound on every
+//! tier for int8 and int4, so they are the rule. Measured on an AMD Zen 4 (EPYC, 2 cores;
+//! `KWK_ISA`-equivalent `ISA=<tier> cargo run --release -p kwk --example quant_kernel_bench
+//! <format>`, SmolLM2-135M's layer shapes, 512-token prompt tile, one thread, on-CPU time,
+//! best of 4 under a load average of ~6 from other jobs), GMAC/s:
+//!
+//! | tier | float32 (the bound) | int8 | int4 (g32) | 6-bit (g64) | 8-bit codes (g32) |
+//! |---|---|---|---|---|---|
+//! | `vnni` | 52.4 | 144.6 | 124.5 | 122.3 | 124.8 |
+//! | `avx512bw` | 52.4 | 68.1 | 113.8 | 89.9 | 58.7 |
+//! | `avxvnni` (EVEX encoding) | 45.4 | 104.3 | 91.0 | 92.4 | 77.6 |
+//! | `avx2` | 44.5 | 48.1 | 62.1 | 54.6 | 40.9 |
+//!
+//! The one entry under the bound, AVX2's 8-bit codes (the int4 mix's few 8-bit tensors),
+//! is within 10% of it. Splitting full bytes into nibbles (`u = 16 hi + lo`, i16 sums, no
+//! sign trick) measured no faster on AVX2 (41 vs 44 GMAC/s for int8), nor did 3-token
+//! sub-tiles. On a Skylake-SP (not measured here) 512-bit integer and FMA instructions share
+//! ports 0 and 5: int8's 4 instructions per 64 multiply-adds match float32's 4 FMAs and
+//! 4-bit codes need about 2.4, so the same rule holds there on instruction counts.
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::x86_64::{quant256, quant512bw};
 use crate::kernels::OutputMatrix;
