@@ -288,4 +288,45 @@ mod tests {
             assert_eq!(b0, b3);
         }
     }
+
+    #[test]
+    fn simd_versions_match_the_scalar_spec_on_random_magnitudes() {
+        let dim = 1536;
+        let mut st = 0x1234_5678_9abc_def1u64;
+        let mut next = || {
+            st ^= st << 13;
+            st ^= st >> 7;
+            st ^= st << 17;
+            st
+        };
+        let x: Vec<f32> = (0..dim * 40)
+            .map(|i| {
+                let u = (next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+                // Block magnitudes from 1e-6 to 1e4.
+                u * 10f32.powi(((i / 32) % 11) as i32 - 6)
+            })
+            .collect();
+        let nb = x.len() / 32;
+        let (mut q0, mut s0, mut b0) = (vec![0i8; x.len()], vec![0f32; nb], vec![0i32; nb]);
+        quantize_rows_q8_scalar(&x, dim, &mut q0, &mut s0, &mut b0);
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx2") {
+                let (mut q, mut s, mut b) = (vec![0i8; x.len()], vec![0f32; nb], vec![0i32; nb]);
+                // SAFETY: AVX2 detected; lengths as the function requires.
+                unsafe { avx2::quantize_rows_q8(&x, &mut q, &mut s, &mut b) };
+                assert_eq!(q0, q);
+                assert_eq!(s0, s);
+                assert_eq!(b0, b);
+            }
+            if std::is_x86_feature_detected!("avx512bw") {
+                let (mut q, mut s, mut b) = (vec![0i8; x.len()], vec![0f32; nb], vec![0i32; nb]);
+                // SAFETY: AVX-512 F/BW detected; lengths as the function requires.
+                unsafe { avx512::quantize_rows_q8(&x, &mut q, &mut s, &mut b) };
+                assert_eq!(q0, q);
+                assert_eq!(s0, s);
+                assert_eq!(b0, b);
+            }
+        }
+    }
 }
