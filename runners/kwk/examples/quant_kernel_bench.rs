@@ -2,11 +2,15 @@
 //! matmuls and lm_head), one thread, for a 512-token prompt tile and single tokens; and the
 //! float32 panel kernels on the same shapes for comparison.
 //! `ISA=<tier>|all cargo run --release -p kwk --example quant_kernel_bench
-//!  [int8|int4|int4:g64|int4:g128|int6|int8codes|float32]` (tiers: vnni, avx512bw,
+//!  [int8|int8:g32|q8sym|int4|int4:g64|int4:g128|int6|float32]` (tiers: vnni, avx512bw,
 //! avxvnni, avx2, scalar; default the CPU's best; `all` every tier the CPU supports).
+//! `int8` is what the int8 format packs (asymmetric 8-bit codes, groups of 64); the int4
+//! format's default mix adds `int8:g32` (8-bit projections) and `q8sym` (symmetric 8-bit
+//! embedding/lm_head) to `int4` (4-bit, groups of 32).
 
 use kwk::format::int4::LowBitWeights;
 use kwk::format::int8::Int8Weights;
+use kwk::format::quantized::INT8_GROUP;
 use kwk::format::{PackedLinear, PreparedInput};
 use kwk::kernels::int8_matmul::QuantIsa;
 use kwk::kernels::q8_activations::quantize_rows_q8;
@@ -75,7 +79,7 @@ fn main() {
     let pack = |rows: usize, cols: usize| -> Matmul {
         let t = Tensor::new(vec![rows, cols], pseudo(rows * cols, (rows * cols) as u64));
         match fmt.as_str() {
-            "int8" => {
+            "q8sym" => {
                 let w = Int8Weights::quantize(&t, None, "bench").unwrap();
                 Box::new(move |i, x, r, y| w.matmul_rows_isa(i, x, r, y))
             }
@@ -95,7 +99,8 @@ fn main() {
                     "int4:g64" => (4, 64),
                     "int4:g128" => (4, 128),
                     "int6" => (6, 64),
-                    "int8codes" => (8, 32),
+                    "int8" => (8, INT8_GROUP),
+                    "int8:g32" => (8, 32),
                     _ => panic!("format {f}"),
                 };
                 let w = LowBitWeights::quantize(&t, bits, gs, None, "bench").unwrap();
