@@ -26,10 +26,11 @@ pub fn isa_flags() -> Vec<String> {
         .collect()
 }
 
-/// The kernel set the in-tree decoder runs with ("scalar", "avx2", "avx512",
-/// "avx512+bf16"), `KWK_ISA` respected.
+/// The kernel tier the in-tree decoder runs with (`KWK_ISA` respected) and the kernels of
+/// each kind of weight on it, e.g. "vnni: float32 avx512f, bf16 avx512bf16, int8/int4
+/// avx512vnni".
 pub fn kernels_in_use() -> String {
-    kwk::kernels::isa_in_use().to_string()
+    kwk::kernels::kernels_summary()
 }
 
 /// The git commit of the tree this binary was built from, if build.rs could read it.

@@ -29,6 +29,9 @@ pub struct RunnerInfo {
     pub load_pack_s: Option<f64>,
     /// KV cache element type the runner used ("f32", "f16").
     pub kv_type: String,
+    /// The kernels the runner's weight matmuls run (kwk formats, e.g. `avx512bw`,
+    /// `avx512f (convert)`); `None` for engines that do not say.
+    pub kernels: Option<String>,
 }
 
 /// The token stream every runner is scored on.

@@ -191,6 +191,10 @@ pub fn evaluate(cfg: &EvalConfig) -> Result<Outcome> {
     if cfg.kld == KldMode::On && !has_float32 {
         bail!("--kld compares against the float32 reference, which is not in --formats; add float32 to --formats");
     }
+    if specs.iter().any(|s| matches!(s, FormatSpec::Kwk { .. })) {
+        // A forced kernel tier this CPU cannot run would measure another tier.
+        kwk::kernels::check_isa_env().map_err(|e| anyhow!(e))?;
+    }
     let needs_calibration = specs.iter().any(|s| {
         matches!(s, FormatSpec::Kwk { precision: kwk::Precision::Int4(o), .. } if o.calibrate || o.gptq)
     });

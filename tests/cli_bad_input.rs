@@ -113,6 +113,39 @@ fn text_shorter_than_two_contexts() {
 }
 
 #[test]
+fn kwk_isa_the_cpu_cannot_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let line = assert_error(
+        kwk_eval()
+            .env("KWK_ISA", "avx1024")
+            .args([
+                "--formats",
+                "float32",
+                "--ctx",
+                "64",
+                "--pp",
+                "16",
+                "--tg",
+                "4",
+            ])
+            .arg("--llm")
+            .arg(tiny_llama())
+            .arg("--text")
+            .arg(eval_txt())
+            .arg("--out")
+            .arg(&out),
+        2,
+        "KWK_ISA=avx1024 is not a kernel tier this CPU supports; set it to one of ",
+    );
+    assert!(
+        line.contains("scalar") && line.ends_with(" or unset it"),
+        "{line}"
+    );
+    no_run_folder(&out);
+}
+
+#[test]
 fn directory_that_is_not_a_model() {
     let dir = tempfile::tempdir().unwrap();
     let not_model = dir.path().join("photos");

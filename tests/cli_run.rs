@@ -59,6 +59,18 @@ fn tiny_run_writes_reports_that_parse_and_gate_exit_codes() {
     assert_eq!(runners.len(), 2);
     assert_eq!(runners[0]["name"], "float32");
     assert_eq!(runners[1]["name"], "int8");
+    // The kernels each row ran, as the decoder names them for this CPU's best tier.
+    use kwk::kernels::{best_isa, WeightKernels};
+    let best = best_isa();
+    assert_eq!(v["machine"]["kernels"], best.summary());
+    assert_eq!(
+        runners[0]["kernels"],
+        best.weight_kernels(WeightKernels::Float32)
+    );
+    assert_eq!(
+        runners[1]["kernels"],
+        best.weight_kernels(WeightKernels::Quantized)
+    );
     for r in runners {
         assert!(r["error"].is_null(), "{r}");
         assert!(r["ppl"].as_f64().unwrap() > 1.0);

@@ -44,7 +44,9 @@ pub struct Machine {
     pub cpu: String,
     /// CPU features the in-tree kernels care about that this CPU has.
     pub isa: Vec<String>,
-    /// The kernel set the in-tree decoder ran with (`KWK_ISA` respected), e.g. "avx512+bf16".
+    /// The kernel tier the in-tree decoder ran with (`KWK_ISA` respected) and what each
+    /// kind of weight runs on it, e.g. "avx512bw: float32 avx512f, bf16 avx512f (convert),
+    /// int8/int4 avx512bw" (each kwk row's `kernels` says which its matmuls ran).
     #[serde(default)]
     pub kernels: Option<String>,
     pub threads: usize,
@@ -98,6 +100,10 @@ pub struct RunnerRecord {
     pub params: Option<u64>,
     pub type_mix: BTreeMap<String, usize>,
     pub kv_type: Option<String>,
+    /// The kernels this row's weight matmuls ran (kwk rows, e.g. `avx512bw`; null for
+    /// llama.cpp rows, which use their own best kernels for the CPU).
+    #[serde(default)]
+    pub kernels: Option<String>,
     pub ppl: Option<f64>,
     pub ppl_err: Option<f64>,
     pub ppl_delta_pct: Option<f64>,
@@ -145,6 +151,7 @@ impl RunnerRecord {
             params: Some(info.params),
             type_mix: info.type_mix.clone(),
             kv_type: Some(info.kv_type.clone()),
+            kernels: info.kernels.clone(),
             load_s: info.load_s,
             load_read_s: info.load_read_s,
             load_pack_s: info.load_pack_s,

@@ -88,6 +88,7 @@ impl KwkRunner {
             load_read_s: Some(read_s),
             load_pack_s: Some(pack_s),
             kv_type: "f32".into(),
+            kernels: Some(precision.kernels().to_string()),
         };
         Ok(KwkRunner {
             model,

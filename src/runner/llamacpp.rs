@@ -114,6 +114,7 @@ impl LlamaCppRunner {
             load_read_s: None,
             load_pack_s: None,
             kv_type: opts.kv_type.as_str().to_string(),
+            kernels: None,
         };
         Ok(Self {
             gguf: gguf_path.to_path_buf(),

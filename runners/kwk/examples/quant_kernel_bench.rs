@@ -1,13 +1,20 @@
 //! Times the int8/int4 matmul kernels on SmolLM2-135M's shapes (one layer's seven
-//! matmuls and lm_head), one thread, for a 512-token prompt tile and single tokens.
-//! `cargo run --release -p kwk --example quant_kernel_bench [int8|int4|int4:g128|int6]`
+//! matmuls and lm_head), one thread, for a 512-token prompt tile and single tokens; and the
+//! float32 panel kernels on the same shapes for comparison.
+//! `ISA=<tier>|all cargo run --release -p kwk --example quant_kernel_bench
+//!  [int8|int8:g32|q8sym|int4|int4:g64|int4:g128|int6|float32]` (tiers: vnni, avx512bw,
+//! avxvnni, avx2, scalar; default the CPU's best; `all` every tier the CPU supports).
+//! `int8` is what the int8 format packs (asymmetric 8-bit codes, groups of 64); the int4
+//! format's default mix adds `int8:g32` (8-bit projections) and `q8sym` (symmetric 8-bit
+//! embedding/lm_head) to `int4` (4-bit, groups of 32).
 
 use kwk::format::int4::LowBitWeights;
 use kwk::format::int8::Int8Weights;
+use kwk::format::quantized::INT8_GROUP;
 use kwk::format::{PackedLinear, PreparedInput};
 use kwk::kernels::int8_matmul::QuantIsa;
 use kwk::kernels::q8_activations::quantize_rows_q8;
-use kwk::kernels::OutputMatrix;
+use kwk::kernels::{self, Isa, OutputMatrix};
 use kwk::model::Tensor;
 use std::time::Instant;
 
@@ -50,10 +57,15 @@ type Matmul = Box<dyn Fn(QuantIsa, &PreparedInput, std::ops::Range<usize>, &Outp
 fn main() {
     let fmt = std::env::args().nth(1).unwrap_or_else(|| "int8".into());
     let isas: Vec<QuantIsa> = match std::env::var("ISA").ok().as_deref() {
-        Some("avx2") => vec![QuantIsa::Avx2],
-        Some("scalar") => vec![QuantIsa::Scalar],
+        None | Some("") => vec![QuantIsa::best()],
         Some("all") => QuantIsa::available(),
-        _ => vec![QuantIsa::best()],
+        Some(name) => match QuantIsa::parse(name) {
+            Some(i) if i.is_available() => vec![i],
+            _ => {
+                eprintln!("error: ISA={name} is not a tier this CPU supports (or `all`)");
+                std::process::exit(2);
+            }
+        },
     };
     let shapes = [
         (576, 576),
@@ -67,9 +79,19 @@ fn main() {
     let pack = |rows: usize, cols: usize| -> Matmul {
         let t = Tensor::new(vec![rows, cols], pseudo(rows * cols, (rows * cols) as u64));
         match fmt.as_str() {
-            "int8" => {
+            "q8sym" => {
                 let w = Int8Weights::quantize(&t, None, "bench").unwrap();
                 Box::new(move |i, x, r, y| w.matmul_rows_isa(i, x, r, y))
+            }
+            "float32" => {
+                let panels = kernels::pack_f32_panels(&t.data, rows, cols);
+                Box::new(move |i, x, r, y| {
+                    let PreparedInput::F32 { data, dim } = x else {
+                        unreachable!()
+                    };
+                    let n = data.len() / dim;
+                    kernels::gemm_f32_panels(tier(i), &panels, rows, cols, data, n, r, y)
+                })
             }
             f => {
                 let (bits, gs) = match f {
@@ -77,6 +99,8 @@ fn main() {
                     "int4:g64" => (4, 64),
                     "int4:g128" => (4, 128),
                     "int6" => (6, 64),
+                    "int8" => (8, INT8_GROUP),
+                    "int8:g32" => (8, 32),
                     _ => panic!("format {f}"),
                 };
                 let w = LowBitWeights::quantize(&t, bits, gs, None, "bench").unwrap();
@@ -95,7 +119,7 @@ fn main() {
                 let nb = x.len() / 32;
                 let (mut q, mut s, mut b) = (vec![0i8; x.len()], vec![0f32; nb], vec![0i32; nb]);
                 quantize_rows_q8(&x, c, &mut q, &mut s, &mut b);
-                xs.push((c, q, s, b));
+                xs.push((c, q, s, b, x));
             }
             let mut y = vec![0f32; n_tok * 49152];
             let reps = if n_tok == 1 { 200 } else { 3 };
@@ -103,13 +127,7 @@ fn main() {
             let t = Clock::start();
             for _ in 0..reps {
                 for (r, c, f) in &layer {
-                    let (_, q, s, b) = xs.iter().find(|v| v.0 == *c).unwrap();
-                    let x = PreparedInput::Q8Blocks {
-                        quants: q,
-                        scales: s,
-                        block_sums: b,
-                        dim: *c,
-                    };
+                    let x = input(&fmt, n_tok, xs.iter().find(|v| v.0 == *c).unwrap());
                     let out = OutputMatrix::new(&mut y, n_tok, *r);
                     f(isa, &x, 0..*r, &out);
                     macs += (*r * *c * n_tok) as f64;
@@ -120,14 +138,15 @@ fn main() {
             let t = Clock::start();
             let hreps = if n_tok == 1 { 20 } else { 1 };
             for _ in 0..hreps {
-                let (_, q, s, b) = &xs[0];
-                let x = PreparedInput::Q8Blocks {
-                    quants: q,
-                    scales: s,
-                    block_sums: b,
-                    dim: 576,
-                };
-                let out = OutputMatrix::new(&mut y, n_tok.min(1), 49152);
+                let one = (
+                    576,
+                    xs[0].1[..576].to_vec(),
+                    xs[0].2[..18].to_vec(),
+                    xs[0].3[..18].to_vec(),
+                    xs[0].4[..576].to_vec(),
+                );
+                let x = input(&fmt, n_tok, &one);
+                let out = OutputMatrix::new(&mut y, 1, 49152);
                 // lm_head for one token (perplexity/pp only need some rows' logits).
                 head(isa, &x, 0..49152, &out);
             }
@@ -137,7 +156,7 @@ fn main() {
             let gmacs = macs / reps as f64 / layer_s / 1e9;
             println!(
                 "{fmt} {} tokens={n_tok}: layer {:.3} ms ({gmacs:.1} GMAC/s), 30 layers {:.1} ms, lm_head(1 token) {:.3} ms -> matmul-only {:.0} tokens/s/thread (on-CPU time; {:.0}% of wall)",
-                isa.name(),
+                if fmt == "float32" { tier(isa).name() } else { isa.label() },
                 layer_s * 1e3,
                 layer_s * 30e3,
                 head_s * 1e3,
@@ -145,5 +164,37 @@ fn main() {
                 wall_share * 100.0
             );
         }
+    }
+}
+
+/// The kernel tier whose quantized path is `q` (the float kernels the tier runs).
+fn tier(q: QuantIsa) -> Isa {
+    match q {
+        QuantIsa::Scalar => Isa::Scalar,
+        QuantIsa::Avx2 => Isa::Avx2,
+        QuantIsa::AvxVnni => Isa::AvxVnni,
+        QuantIsa::Avx512Bw => Isa::Avx512Bw,
+        QuantIsa::Avx512Vnni => Isa::Avx512Vnni {
+            bf16: kernels::isa_supported(Isa::Avx512Vnni { bf16: true }),
+        },
+    }
+}
+
+/// (width, q8 quants, q8 scales, q8 block sums, float32 values) of some tokens.
+type Acts = (usize, Vec<i8>, Vec<f32>, Vec<i32>, Vec<f32>);
+
+/// The activations in the encoding `fmt`'s kernels read (at most `n_tok` tokens).
+fn input<'a>(fmt: &str, n_tok: usize, v: &'a Acts) -> PreparedInput<'a> {
+    if fmt == "float32" {
+        return PreparedInput::F32 {
+            data: &v.4[..n_tok.min(v.4.len() / v.0) * v.0],
+            dim: v.0,
+        };
+    }
+    PreparedInput::Q8Blocks {
+        quants: &v.1,
+        scales: &v.2,
+        block_sums: &v.3,
+        dim: v.0,
     }
 }

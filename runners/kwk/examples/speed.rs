@@ -61,9 +61,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     )?;
     drop(weights);
     println!(
-        "model {path}\nformat {} isa {} (cpu: {}) threads {threads}\nload {load_s:.2}s pack {:.2}s weights {:.1} MiB {:.2} bits/weight",
+        "model {path}\nformat {} kernels {} (tier {}; cpu: {}) threads {threads}\nload {load_s:.2}s pack {:.2}s weights {:.1} MiB {:.2} bits/weight",
         precision.name(),
-        kwk::kernels::isa_in_use(),
+        precision.kernels(),
+        kwk::kernels::kernels_summary(),
         kwk::kernels::detected_flags().join(","),
         dec.pack_s(),
         dec.weight_bytes() as f64 / (1u64 << 20) as f64,

@@ -256,10 +256,12 @@ fn weights_mismatch(c: &ModelConfig, w: &ModelWeights) -> Option<String> {
     None
 }
 
-/// Whether this CPU can run the decoder (`Err` says why not).
+/// Whether this CPU can run the decoder as asked (`Err` says why not). Every kernel has a
+/// portable scalar version, so any CPU can run it; the one refusal is a `KWK_ISA` value that
+/// names no tier this CPU supports (the error lists the ones it does), so that a
+/// measurement never runs under a tier other than the one requested.
 pub fn decoder_available() -> std::result::Result<(), String> {
-    // Every kernel has a portable scalar version, so any CPU can run it; report which
-    // SIMD path is active for information only.
+    kernels::check_isa_env()?;
     let _ = kernels::active_isa();
     Ok(())
 }

@@ -48,6 +48,20 @@ const VALID: &str =
     "float32 (f32), bf16, int8 (balanced), int4[:g32|:g64|:g128][:mix6|:mix8][:calib][:gptq]";
 
 impl Precision {
+    /// The kernels this format's weight matmuls run in this process (the active tier,
+    /// `KWK_ISA` respected): e.g. `avx512vnni` or `avx512bw` for int8/int4, `avx512bf16` or
+    /// `avx512f (convert)` for bf16, `avx512f` for float32 (see
+    /// [`crate::kernels::Isa::weight_kernels`]). Attention and the elementwise steps run the
+    /// float kernels of the same tier in every format.
+    pub fn kernels(&self) -> &'static str {
+        use crate::kernels::{active_isa, WeightKernels};
+        active_isa().weight_kernels(match self {
+            Precision::Float32 => WeightKernels::Float32,
+            Precision::Bf16 => WeightKernels::Bf16,
+            Precision::Int8 | Precision::Int4(_) => WeightKernels::Quantized,
+        })
+    }
+
     /// Parses a format name as users type it: `float32`, `bf16`, `int8` (`balanced`),
     /// `int4`, `int4:g64`, `int4:mix8`, `int4:calib`, `int4:gptq` (options combine, in
     /// any order, each at most once).

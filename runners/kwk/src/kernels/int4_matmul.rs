@@ -10,19 +10,23 @@
 //! operands for `vpdpbusd` (codes are naturally unsigned). 6-bit codes add a 128-byte tile of
 //! high bit pairs: byte `h * 64 + row * 4 + k` holds bits 4..5 of the code of quad
 //! `4h + j` in its bits `2j..2j + 1`. 8-bit codes use the int8 tile layout instead (512
-//! bytes, byte `quad * 64 + row * 4 + k`); AVX2's `vpmaddubsw` would saturate on
-//! `255 · 127 · 2`, so its 8-bit path uses `code - 128` with the sign trick and adds back
-//! `128 · Σa` (exact integers either way). Scales and minimums: `[(group * n_col_groups + cg) * 16
+//! bytes, byte `quad * 64 + row * 4 + k`); `vpmaddubsw` would saturate on `255 · 127 · 2`,
+//! so the paths without VNNI take 8-bit codes as `code - 128` with the sign trick and add
+//! back `128 · Σa` (exact integers either way). Scales and minimums: `[(group * n_col_groups + cg) * 16
 //! + row]`.
 //!
 //! Math per row and column group `cg`: `Σ_b d_a[b] · (d · Σ q·a + m · Σ a)`; the integer
 //! dot of each block goes through `acc = fma(float(dot), d · d_a[b], acc)` and the minimum's
 //! part once per group, `acc = fma(m, S[cg], acc)`, where `S[cg] = Σ_{b in cg} d_a[b] ·
 //! blocksum[b]` is computed once per token (shared code, so every path sees the same
-//! value). The scalar specification and the AVX2/AVX512-VNNI paths perform the same float
-//! operations in the same order and agree to the bit.
+//! value). The scalar specification and every SIMD path (AVX512-VNNI here; AVX-512BW,
+//! 256-bit VNNI and AVX2 in `x86_64/`, see `int8_matmul` for the tiers and the measurement
+//! behind the prompt path) perform the same float operations in the same order and agree to
+//! the bit.
 
 use super::int8_matmul::{drive_row_groups, Q8Rows, QuantIsa, BLOCK, ROW_GROUP, TOKEN_TILE};
+#[cfg(target_arch = "x86_64")]
+use crate::kernels::x86_64::{quant256, quant512bw};
 use crate::kernels::OutputMatrix;
 use half::f16;
 use std::ops::Range;
@@ -140,16 +144,29 @@ pub fn lowbit_matmul(
     assert!(isa.is_available(), "{} path not available", isa.name());
     let ncg = w.n_col_groups();
     let s_all = min_terms(x, 0, x.n_tokens, w.group_size, ncg);
+    #[cfg(target_arch = "x86_64")]
+    let vex = super::int8_matmul::avx_vnni_vex();
     drive_row_groups(rows, x.n_tokens, y, |g, t0, n, out| {
         let s = &s_all[t0 * ncg..(t0 + n) * ncg];
         match isa {
             QuantIsa::Scalar => lowbit_tile_scalar(w, x, s, g, t0, n, out),
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: the path's CPU features were checked above; `check` guaranteed the
-            // slices cover group `g`, tokens `t0..t0 + n`, every block and column group.
-            QuantIsa::Avx2 => unsafe { x86::lowbit_tile_avx2(w, x, s, g, t0, n, out) },
+            // SAFETY (every arm): the path's CPU features were checked above (`avxvnni`
+            // runs the VEX encoding only when AVX-VNNI is present, else the EVEX one);
+            // `check` guaranteed the slices cover group `g`, tokens `t0..t0 + n`, every
+            // block and column group; `s` holds `n` tokens' minimum terms.
+            QuantIsa::Avx2 => unsafe { quant256::avx2::lowbit_tile(w, x, s, g, t0, n, out) },
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: as above.
+            QuantIsa::AvxVnni if vex => unsafe {
+                quant256::avxvnni::lowbit_tile(w, x, s, g, t0, n, out)
+            },
+            #[cfg(target_arch = "x86_64")]
+            QuantIsa::AvxVnni => unsafe {
+                quant256::vnni_evex::lowbit_tile(w, x, s, g, t0, n, out)
+            },
+            #[cfg(target_arch = "x86_64")]
+            QuantIsa::Avx512Bw => unsafe { quant512bw::lowbit_tile(w, x, s, g, t0, n, out) },
+            #[cfg(target_arch = "x86_64")]
             QuantIsa::Avx512Vnni => unsafe {
                 x86::lowbit_tile_vnni_dispatch(w, x, s, g, t0, n, out)
             },
@@ -198,7 +215,7 @@ pub fn lowbit_tile_scalar(
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(crate) mod x86 {
     use super::*;
     use std::arch::x86_64::*;
 
@@ -252,7 +269,10 @@ mod x86 {
     /// AVX512F/BW; `nib` points at a nibble tile, `hb` (6-bit only) at its high-bit tile.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
-    unsafe fn unpack_zmm<const SIX: bool>(nib: *const u8, hb: *const u8) -> [__m512i; 8] {
+    pub(crate) unsafe fn unpack_zmm<const SIX: bool>(
+        nib: *const u8,
+        hb: *const u8,
+    ) -> [__m512i; 8] {
         let low4 = _mm512_set1_epi8(0x0F);
         let bits45 = _mm512_set1_epi8(0x30);
         let mut wv = [_mm512_setzero_si512(); 8];
@@ -404,112 +424,6 @@ mod x86 {
             }
         }
     }
-
-    /// # Safety
-    /// AVX2/FMA/F16C present; same contract as [`lowbit_tile_vnni_dispatch`].
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn lowbit_tile_avx2(
-        w: &LowBitTiles,
-        x: &Q8Rows,
-        s: &[f32],
-        g: usize,
-        t0: usize,
-        n: usize,
-        out: &mut [[f32; ROW_GROUP]; TOKEN_TILE],
-    ) {
-        let nb = w.n_blocks();
-        let ncg = w.n_col_groups();
-        let bpg = w.group_size / BLOCK;
-        let dim = x.dim;
-        let six = w.bits == 6;
-        let eight = w.bits == 8;
-        let tile_bytes = code_tile_bytes(w.bits);
-        // SAFETY: pointers stay inside the checked slices, as in the VNNI kernel.
-        unsafe {
-            let nib = w.nibbles.as_ptr().add(g * nb * tile_bytes);
-            let sc = w.scales.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
-            let mn = w.mins.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
-            let flip = _mm256_set1_epi8(-128);
-            let low4 = _mm256_set1_epi8(0x0F);
-            let three = _mm256_set1_epi8(3);
-            let ones = _mm256_set1_epi16(1);
-            for t in 0..n {
-                let tok = t0 + t;
-                let mut acc = [_mm256_setzero_ps(); 2];
-                for cg in 0..ncg {
-                    for b in cg * bpg..((cg + 1) * bpg).min(nb) {
-                        let tile = nib.add(b * tile_bytes);
-                        let a = x.quants.as_ptr().add(tok * dim + b * BLOCK) as *const i32;
-                        let mut sum = [_mm256_setzero_si256(); 2];
-                        if eight {
-                            // Σ (c - 128) a by the sign trick, then + 128 Σa.
-                            let bs = *x.block_sums.as_ptr().add(tok * nb + b);
-                            sum = [_mm256_set1_epi32(128 * bs); 2];
-                        }
-                        for quad in 0..8 {
-                            let av = _mm256_set1_epi32(a.add(quad).read_unaligned());
-                            for (half, s_h) in sum.iter_mut().enumerate() {
-                                if eight {
-                                    let v = _mm256_loadu_si256(
-                                        tile.add(quad * 64 + half * 32) as *const _
-                                    );
-                                    let qs = _mm256_xor_si256(v, flip);
-                                    let p = _mm256_maddubs_epi16(
-                                        _mm256_abs_epi8(qs),
-                                        _mm256_sign_epi8(av, qs),
-                                    );
-                                    *s_h = _mm256_add_epi32(*s_h, _mm256_madd_epi16(p, ones));
-                                    continue;
-                                }
-                                let v = _mm256_loadu_si256(
-                                    tile.add((quad % 4) * 64 + half * 32) as *const _
-                                );
-                                let mut q = if quad < 4 {
-                                    _mm256_and_si256(v, low4)
-                                } else {
-                                    _mm256_and_si256(_mm256_srli_epi16(v, 4), low4)
-                                };
-                                if six {
-                                    let hb = w.high_bits.as_ptr().add(
-                                        (g * nb + b) * HIGH_BITS_TILE_BYTES
-                                            + (quad / 4) * 64
-                                            + half * 32,
-                                    );
-                                    let h = _mm256_loadu_si256(hb as *const _);
-                                    let shift = _mm_cvtsi32_si128(2 * (quad as i32 % 4));
-                                    let pair = _mm256_and_si256(_mm256_srl_epi16(h, shift), three);
-                                    q = _mm256_or_si256(q, _mm256_slli_epi16(pair, 4));
-                                }
-                                // codes <= 63, |a| <= 127: the i16 pair sums fit.
-                                let p = _mm256_maddubs_epi16(q, av);
-                                *s_h = _mm256_add_epi32(*s_h, _mm256_madd_epi16(p, ones));
-                            }
-                        }
-                        let da = _mm256_set1_ps(*x.scales.as_ptr().add(tok * nb + b));
-                        for (half, acc_h) in acc.iter_mut().enumerate() {
-                            let dw = _mm256_cvtph_ps(_mm_loadu_si128(
-                                sc.add(cg * ROW_GROUP + half * 8) as *const _,
-                            ));
-                            *acc_h = _mm256_fmadd_ps(
-                                _mm256_cvtepi32_ps(sum[half]),
-                                _mm256_mul_ps(dw, da),
-                                *acc_h,
-                            );
-                        }
-                    }
-                    let st = _mm256_set1_ps(s[t * ncg + cg]);
-                    for (half, acc_h) in acc.iter_mut().enumerate() {
-                        let mw = _mm256_cvtph_ps(_mm_loadu_si128(
-                            mn.add(cg * ROW_GROUP + half * 8) as *const _,
-                        ));
-                        *acc_h = _mm256_fmadd_ps(mw, st, *acc_h);
-                    }
-                }
-                _mm256_storeu_ps(out[t].as_mut_ptr(), acc[0]);
-                _mm256_storeu_ps(out[t].as_mut_ptr().add(8), acc[1]);
-            }
-        }
-    }
 }
 
 #[cfg(test)]
@@ -530,6 +444,8 @@ mod tests {
                     (37, 160, 9),
                     (16, 576, 2),
                     (33, 64, 8),
+                    (50, 128, 6),
+                    (19, 192, 7),
                 ] {
                     let w = pseudo(rows * cols, (rows * 31 + cols) as u64 + gs as u64, 0.05);
                     let t = Tensor::new(vec![rows, cols], w.clone());

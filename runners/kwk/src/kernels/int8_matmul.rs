@@ -13,14 +13,43 @@
 //! (the accumulator starts at that value). One f16 scale per row and block (8.5 bits per
 //! weight, the size of llama.cpp's Q8_0).
 //!
-//! Paths: AVX512-VNNI (`vpdpbusd` zmm), AVX2 (`vpmaddubsw` with the sign trick, since
-//! `255 · 127 · 2` would saturate its i16 pairs), and the scalar specification. All three
+//! Paths, one per kernel tier ([`crate::kernels::Isa`], [`QuantIsa`]): AVX512-VNNI
+//! (`vpdpbusd` zmm, here), AVX-512BW without VNNI (`x86_64/quant512bw.rs`: `vpmaddubsw` +
+//! `vpmaddwd` zmm), 256-bit VNNI and AVX2 (`x86_64/quant256.rs`), and the scalar
+//! specification. `vpmaddubsw` would saturate its i16 pair sums on `255 · 127 · 2`, so the
+//! paths without VNNI take full bytes through the sign trick (see those files). All paths
 //! compute the same exact integer block dots and then the same float operations in the same
-//! order (`acc = fma(float(dot), d_w · d_a, acc)` per block), so their results agree to
-//! the bit. GEMM (prompts): a tile of up to [`TOKEN_TILE`] tokens shares each weight load;
+//! order (`acc = fma(float(dot), d_w · d_a, acc)` per block), so their results agree to the
+//! bit; the tests run every path the CPU supports against the scalar one. GEMM (prompts): a
+//! tile of up to [`TOKEN_TILE`] tokens shares each weight load and each weight preparation;
 //! GEMV (one token): the same microkernel with one token, whose independent per-block
 //! integer chains the out-of-order core overlaps; it is bound by memory bandwidth.
-
+//!
+//! ## Prompts without VNNI: integer tiles, not dequantized float tiles
+//! The other way to run a prompt on a CPU without `vpdpbusd` is to dequantize a weight tile
+//! to f32 once and reuse it over the whole token block. Such a kernel performs the float32
+//! panel GEMM's FMAs (one per 16 multiply-adds on zmm) plus the dequantization, so the
+//! float32 kernel's own rate is its upper bound; the integer tiles beat that bound on every
+//! tier for int8 and int4, so they are the rule. Measured on an AMD Zen 4 (EPYC, 2 cores;
+//! `KWK_ISA`-equivalent `ISA=<tier> cargo run --release -p kwk --example quant_kernel_bench
+//! <format>`, SmolLM2-135M's layer shapes, 512-token prompt tile, one thread, on-CPU time,
+//! best of 4 under a load average of ~6 from other jobs), GMAC/s:
+//!
+//! | tier | float32 (the bound) | int8 | int4 (g32) | 6-bit (g64) | 8-bit codes (g32) |
+//! |---|---|---|---|---|---|
+//! | `vnni` | 52.4 | 144.6 | 124.5 | 122.3 | 124.8 |
+//! | `avx512bw` | 52.4 | 68.1 | 113.8 | 89.9 | 58.7 |
+//! | `avxvnni` (EVEX encoding) | 45.4 | 104.3 | 91.0 | 92.4 | 77.6 |
+//! | `avx2` | 44.5 | 48.1 | 62.1 | 54.6 | 40.9 |
+//!
+//! The one entry under the bound, AVX2's 8-bit codes (the int4 mix's few 8-bit tensors),
+//! is within 10% of it. Splitting full bytes into nibbles (`u = 16 hi + lo`, i16 sums, no
+//! sign trick) measured no faster on AVX2 (41 vs 44 GMAC/s for int8), nor did 3-token
+//! sub-tiles. On a Skylake-SP (not measured here) 512-bit integer and FMA instructions share
+//! ports 0 and 5: int8's 4 instructions per 64 multiply-adds match float32's 4 FMAs and
+//! 4-bit codes need about 2.4, so the same rule holds there on instruction counts.
+#[cfg(target_arch = "x86_64")]
+use crate::kernels::x86_64::{quant256, quant512bw};
 use crate::kernels::OutputMatrix;
 use half::f16;
 use std::ops::Range;
@@ -35,77 +64,114 @@ pub const INT8_TILE_BYTES: usize = ROW_GROUP * BLOCK;
 /// Tokens per GEMM microkernel call (the weight tile is loaded once for all of them).
 pub const TOKEN_TILE: usize = 8;
 
-/// The instruction set the quantized kernels run on.
+/// The path the quantized kernels run on (one per [`crate::kernels::Isa`] tier).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QuantIsa {
     Scalar,
-    /// AVX2 + FMA + F16C.
+    /// AVX2 + FMA + F16C: `vpmaddubsw` + `vpmaddwd` on ymm.
     Avx2,
-    /// AVX-512 F/BW + VNNI.
+    /// 256-bit `vpdpbusd`: the AVX-VNNI (VEX) encoding where the CPU has it, else the
+    /// AVX512-VNNI + VL (EVEX) encoding of the same instruction (same source code).
+    AvxVnni,
+    /// AVX-512 F/BW without VNNI: `vpmaddubsw` + `vpmaddwd` on zmm.
+    Avx512Bw,
+    /// AVX-512 F/BW + VNNI: `vpdpbusd` on zmm.
     Avx512Vnni,
 }
 
 impl QuantIsa {
+    /// The tier's name (as `KWK_ISA` spells it, `vnni` aside).
     pub fn name(self) -> &'static str {
         match self {
             QuantIsa::Scalar => "scalar",
             QuantIsa::Avx2 => "avx2",
-            QuantIsa::Avx512Vnni => "avx512",
+            QuantIsa::AvxVnni => "avxvnni",
+            QuantIsa::Avx512Bw => "avx512bw",
+            QuantIsa::Avx512Vnni => "avx512vnni",
+        }
+    }
+
+    /// What reports show: the name, and for `avxvnni` the encoding that runs.
+    pub fn label(self) -> &'static str {
+        match self {
+            QuantIsa::AvxVnni if !avx_vnni_vex() => "avxvnni (evex: avx512vnni+vl)",
+            _ => self.name(),
+        }
+    }
+
+    /// The quantized path of a kernel tier.
+    pub fn from_isa(isa: crate::kernels::Isa) -> QuantIsa {
+        use crate::kernels::Isa;
+        match isa {
+            Isa::Scalar => QuantIsa::Scalar,
+            Isa::Avx2 => QuantIsa::Avx2,
+            Isa::AvxVnni => QuantIsa::AvxVnni,
+            Isa::Avx512Bw => QuantIsa::Avx512Bw,
+            Isa::Avx512Vnni { .. } => QuantIsa::Avx512Vnni,
         }
     }
 
     /// Whether this CPU can run the path.
     pub fn is_available(self) -> bool {
-        match self {
-            QuantIsa::Scalar => true,
-            #[cfg(target_arch = "x86_64")]
-            QuantIsa::Avx2 => {
-                is_x86_feature_detected!("avx2")
-                    && is_x86_feature_detected!("fma")
-                    && is_x86_feature_detected!("f16c")
-            }
-            #[cfg(target_arch = "x86_64")]
-            QuantIsa::Avx512Vnni => {
-                is_x86_feature_detected!("avx512f")
-                    && is_x86_feature_detected!("avx512bw")
-                    && is_x86_feature_detected!("avx512vnni")
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            _ => false,
-        }
+        use crate::kernels::{isa_supported, Isa};
+        isa_supported(match self {
+            QuantIsa::Scalar => Isa::Scalar,
+            QuantIsa::Avx2 => Isa::Avx2,
+            QuantIsa::AvxVnni => Isa::AvxVnni,
+            QuantIsa::Avx512Bw => Isa::Avx512Bw,
+            QuantIsa::Avx512Vnni => Isa::Avx512Vnni { bf16: false },
+        })
     }
 
     /// Every path this CPU can run (tests compare each with the scalar one).
     pub fn available() -> Vec<QuantIsa> {
-        [QuantIsa::Scalar, QuantIsa::Avx2, QuantIsa::Avx512Vnni]
-            .into_iter()
-            .filter(|i| i.is_available())
-            .collect()
+        [
+            QuantIsa::Scalar,
+            QuantIsa::Avx2,
+            QuantIsa::AvxVnni,
+            QuantIsa::Avx512Bw,
+            QuantIsa::Avx512Vnni,
+        ]
+        .into_iter()
+        .filter(|i| i.is_available())
+        .collect()
     }
 
-    /// The best path this CPU has.
+    /// The path of this CPU's best tier.
     pub fn best() -> QuantIsa {
-        *QuantIsa::available().last().unwrap_or(&QuantIsa::Scalar)
+        QuantIsa::from_isa(crate::kernels::best_isa())
+    }
+
+    /// Parses a tier name (`KWK_ISA` spelling; `avx512vnni` also accepted for `vnni`).
+    pub fn parse(name: &str) -> Option<QuantIsa> {
+        Some(match name {
+            "scalar" => QuantIsa::Scalar,
+            "avx2" => QuantIsa::Avx2,
+            "avxvnni" => QuantIsa::AvxVnni,
+            "avx512bw" => QuantIsa::Avx512Bw,
+            "vnni" | "avx512vnni" => QuantIsa::Avx512Vnni,
+            _ => return None,
+        })
     }
 }
 
-/// The quantized kernels' path, chosen once from the crate's ISA choice
-/// ([`crate::kernels::active_isa`], which honours `KWK_ISA=scalar|avx2|avx512`): AVX-512
-/// runs the VNNI kernels when the CPU has VNNI (else AVX2), AVX2 needs F16C too (else
-/// scalar).
+/// Whether the `avxvnni` path runs the VEX (AVX-VNNI) encoding (else EVEX).
+pub fn avx_vnni_vex() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("avxvnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// The quantized kernels' path, chosen once from the crate's tier
+/// ([`crate::kernels::active_isa`], which honours `KWK_ISA`).
 pub fn selected_isa() -> QuantIsa {
     static ISA: OnceLock<QuantIsa> = OnceLock::new();
-    *ISA.get_or_init(|| {
-        let wanted = match crate::kernels::active_isa() {
-            crate::kernels::Isa::Scalar => QuantIsa::Scalar,
-            crate::kernels::Isa::Avx2 => QuantIsa::Avx2,
-            crate::kernels::Isa::Avx512 { .. } => QuantIsa::Avx512Vnni,
-        };
-        [wanted, QuantIsa::Avx2, QuantIsa::Scalar]
-            .into_iter()
-            .find(|i| i.is_available() && (*i as u8) <= (wanted as u8))
-            .unwrap_or(QuantIsa::Scalar)
-    })
+    *ISA.get_or_init(|| QuantIsa::from_isa(crate::kernels::active_isa()))
 }
 
 /// q8 activation blocks of `n_tokens` rows of `dim` values (see `q8_activations`).
@@ -208,14 +274,23 @@ pub fn int8_matmul(isa: QuantIsa, w: &Int8Tiles, x: &Q8Rows, rows: Range<usize>,
     );
     assert!(rows.end <= w.rows);
     assert!(isa.is_available(), "{} path not available", isa.name());
+    #[cfg(target_arch = "x86_64")]
+    let vex = avx_vnni_vex();
     drive_row_groups(rows, x.n_tokens, y, |g, t0, n, out| match isa {
         QuantIsa::Scalar => int8_tile_scalar(w, x, g, t0, n, out),
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: the path's CPU features were checked above; `check` guaranteed the
-        // slices cover group `g`, tokens `t0..t0 + n` and every block.
-        QuantIsa::Avx2 => unsafe { x86::int8_tile_avx2(w, x, g, t0, n, out) },
+        // SAFETY (every arm): the path's CPU features were checked above (`avxvnni` runs
+        // the VEX encoding only when AVX-VNNI is present, else the EVEX one, which
+        // `is_available` then guaranteed); `check` guaranteed the slices cover group `g`,
+        // tokens `t0..t0 + n` and every block.
+        QuantIsa::Avx2 => unsafe { quant256::avx2::int8_tile(w, x, g, t0, n, out) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above.
+        QuantIsa::AvxVnni if vex => unsafe { quant256::avxvnni::int8_tile(w, x, g, t0, n, out) },
+        #[cfg(target_arch = "x86_64")]
+        QuantIsa::AvxVnni => unsafe { quant256::vnni_evex::int8_tile(w, x, g, t0, n, out) },
+        #[cfg(target_arch = "x86_64")]
+        QuantIsa::Avx512Bw => unsafe { quant512bw::int8_tile(w, x, g, t0, n, out) },
+        #[cfg(target_arch = "x86_64")]
         QuantIsa::Avx512Vnni => unsafe { x86::int8_tile_vnni_dispatch(w, x, g, t0, n, out) },
         #[cfg(not(target_arch = "x86_64"))]
         _ => unreachable!(),
@@ -329,62 +404,6 @@ mod x86 {
             }
             for (t, acc_t) in acc.iter().enumerate() {
                 _mm512_storeu_ps(out[t].as_mut_ptr(), *acc_t);
-            }
-        }
-    }
-
-    /// # Safety
-    /// AVX2/FMA/F16C present; same contract as [`int8_tile_vnni_dispatch`].
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn int8_tile_avx2(
-        w: &Int8Tiles,
-        x: &Q8Rows,
-        g: usize,
-        t0: usize,
-        n: usize,
-        out: &mut [[f32; ROW_GROUP]; TOKEN_TILE],
-    ) {
-        let nb = w.n_blocks();
-        let dim = x.dim;
-        // SAFETY: pointers stay inside the checked slices, as in the VNNI kernel.
-        unsafe {
-            let qs = w.qs.as_ptr().add(g * nb * INT8_TILE_BYTES);
-            let sc = w.scales.as_ptr().add(g * nb * ROW_GROUP) as *const u16;
-            let ones = _mm256_set1_epi16(1);
-            let flip = _mm256_set1_epi8(-128);
-            for (t, out_t) in out.iter_mut().take(n).enumerate() {
-                let tok = t0 + t;
-                let mut acc = [_mm256_setzero_ps(); 2];
-                for b in 0..nb {
-                    let tile = qs.add(b * INT8_TILE_BYTES);
-                    let a = x.quants.as_ptr().add(tok * dim + b * BLOCK) as *const i32;
-                    let mut s = [_mm256_setzero_si256(); 2];
-                    for quad in 0..8 {
-                        let av = _mm256_set1_epi32(a.add(quad).read_unaligned());
-                        for (half, s_h) in s.iter_mut().enumerate() {
-                            let wu =
-                                _mm256_loadu_si256(tile.add(quad * 64 + half * 32) as *const _);
-                            // u8 (q + 128) -> i8 q; |q| <= 127, so |q| * |a| * 2 fits i16.
-                            let wq = _mm256_xor_si256(wu, flip);
-                            let p =
-                                _mm256_maddubs_epi16(_mm256_abs_epi8(wq), _mm256_sign_epi8(av, wq));
-                            *s_h = _mm256_add_epi32(*s_h, _mm256_madd_epi16(p, ones));
-                        }
-                    }
-                    let da = _mm256_set1_ps(*x.scales.as_ptr().add(tok * nb + b));
-                    for (half, acc_h) in acc.iter_mut().enumerate() {
-                        let dw = _mm256_cvtph_ps(_mm_loadu_si128(
-                            sc.add(b * ROW_GROUP + half * 8) as *const _
-                        ));
-                        *acc_h = _mm256_fmadd_ps(
-                            _mm256_cvtepi32_ps(s[half]),
-                            _mm256_mul_ps(dw, da),
-                            *acc_h,
-                        );
-                    }
-                }
-                _mm256_storeu_ps(out_t.as_mut_ptr(), acc[0]);
-                _mm256_storeu_ps(out_t.as_mut_ptr().add(8), acc[1]);
             }
         }
     }
@@ -545,6 +564,9 @@ mod tests {
             (37, 160, 9),
             (48, 224, 17),
             (5, 64, 1),
+            (33, 96, 5),
+            (50, 64, 6),
+            (19, 128, 7),
         ] {
             let w = pseudo(rows * cols, rows as u64 * 7 + cols as u64, 0.05);
             let t = Tensor::new(vec![rows, cols], w.clone());

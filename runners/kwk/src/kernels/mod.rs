@@ -1,6 +1,7 @@
 //! Compute kernels. `scalar.rs` is the specification; `x86_64/` holds the AVX2 and AVX-512
-//! versions (with `broadcast.rs`, the only `unsafe` in the crate), chosen once at run time
-//! (`KWK_ISA=scalar|avx2|avx512` forces one).
+//! versions (with `broadcast.rs`, the quantized kernels' files and `q8_activations.rs`, the
+//! only `unsafe` in the crate), chosen once at run time per CPU feature tier ([`Isa`];
+//! `KWK_ISA=vnni|avx512bw|avxvnni|avx2|scalar` forces one the CPU supports).
 //!
 //! Weight layout shared by the float32 and bf16 kernels ("panels"): the rows of a weight
 //! matrix are grouped by [`PANEL_ROWS`] (16, one zmm of f32). Panel `p` holds rows
@@ -26,27 +27,98 @@ use std::sync::OnceLock;
 /// Rows per weight panel (one 512-bit vector of f32).
 pub const PANEL_ROWS: usize = 16;
 
-/// The instruction set the kernels run with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The instruction-set tier the kernels run on, chosen once per process from the CPU's
+/// features (or forced with `KWK_ISA`). Each tier names what the quantized (int8/int4)
+/// kernels use; the float kernels follow the vector width of the tier:
+///
+/// | tier (`KWK_ISA`) | int8/int4 matmuls | float32 | bf16 | CPUs |
+/// |---|---|---|---|---|
+/// | `vnni` | `vpdpbusd` zmm | AVX-512F | `vdpbf16ps` with AVX512_BF16, else convert + FMA | Ice Lake, Sapphire Rapids, Zen 4 |
+/// | `avx512bw` | `vpmaddubsw` + `vpmaddwd` zmm | AVX-512F | convert + FMA | Skylake-SP, Cascade Lake |
+/// | `avxvnni` | `vpdpbusd` ymm (VEX; EVEX with AVX512-VNNI/VL where AVX-VNNI is absent) | AVX2 | AVX2 convert | Alder Lake and later client cores |
+/// | `avx2` | `vpmaddubsw` + `vpmaddwd` ymm | AVX2 | AVX2 convert | Haswell to Comet Lake, Zen 1-3 |
+/// | `scalar` | the specification | scalar | scalar | anything |
+///
+/// Every tier computes the quantized matmuls' exact integer block dots and then the same
+/// float operations in the same order, so all tiers agree to the bit on int8/int4.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Isa {
     Scalar,
-    /// AVX2 + FMA.
+    /// AVX2 + FMA + F16C.
     Avx2,
-    /// AVX-512 F/BW/VL (+ `vdpbf16ps` when `bf16` is set).
-    Avx512 {
+    /// AVX2 + FMA + F16C with 256-bit `vpdpbusd` (AVX-VNNI, or AVX512-VNNI + VL).
+    AvxVnni,
+    /// AVX-512 F/BW/VL + FMA, no VNNI or BF16 instructions.
+    Avx512Bw,
+    /// AVX-512 F/BW/VL + FMA + VNNI (+ `vdpbf16ps` when `bf16` is set).
+    Avx512Vnni {
         bf16: bool,
     },
 }
 
 impl Isa {
+    /// The tier's name, as `KWK_ISA` spells it.
     pub fn name(self) -> &'static str {
         match self {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
-            Isa::Avx512 { bf16: true } => "avx512+bf16",
-            Isa::Avx512 { bf16: false } => "avx512",
+            Isa::AvxVnni => "avxvnni",
+            Isa::Avx512Bw => "avx512bw",
+            Isa::Avx512Vnni { .. } => "vnni",
         }
     }
+
+    /// Whether the float kernels run on 512-bit vectors.
+    pub fn has_avx512(self) -> bool {
+        matches!(self, Isa::Avx512Bw | Isa::Avx512Vnni { .. })
+    }
+
+    /// Whether the float kernels run on 256-bit AVX2 vectors.
+    pub fn is_avx2_class(self) -> bool {
+        matches!(self, Isa::Avx2 | Isa::AvxVnni)
+    }
+
+    /// The kernels a weight format's matmuls run on this tier, as reports show them:
+    /// float32 `avx512f`/`avx2`/`scalar`; bf16 `avx512bf16` (`vdpbf16ps`) or
+    /// `avx512f (convert)`/`avx2 (convert)` (bf16 widened to f32, then FMA); int8/int4
+    /// the quantized path's label (`avx512vnni`, `avx512bw`, `avxvnni`, `avx2`, `scalar`).
+    pub fn weight_kernels(self, kind: WeightKernels) -> &'static str {
+        match kind {
+            WeightKernels::Float32 => match self {
+                _ if self.has_avx512() => "avx512f",
+                _ if self.is_avx2_class() => "avx2",
+                _ => "scalar",
+            },
+            WeightKernels::Bf16 => match self {
+                Isa::Avx512Vnni { bf16: true } => "avx512bf16",
+                _ if self.has_avx512() => "avx512f (convert)",
+                _ if self.is_avx2_class() => "avx2 (convert)",
+                _ => "scalar",
+            },
+            WeightKernels::Quantized => int8_matmul::QuantIsa::from_isa(self).label(),
+        }
+    }
+
+    /// One line for reports: the tier and what each kind of weight runs on it, e.g.
+    /// `avx512bw: float32 avx512f, bf16 avx512f (convert), int8/int4 avx512bw`.
+    pub fn summary(self) -> String {
+        format!(
+            "{}: float32 {}, bf16 {}, int8/int4 {}",
+            self.name(),
+            self.weight_kernels(WeightKernels::Float32),
+            self.weight_kernels(WeightKernels::Bf16),
+            self.weight_kernels(WeightKernels::Quantized)
+        )
+    }
+}
+
+/// The kinds of weight matmul kernel (one per packed format family).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WeightKernels {
+    Float32,
+    Bf16,
+    /// int8 and int4 (and the int4 mix's 6-/8-bit tensors): q8 activations.
+    Quantized,
 }
 
 /// CPU features the kernels care about that this CPU has (for reports).
@@ -63,6 +135,7 @@ pub fn detected_flags() -> Vec<&'static str> {
             "avx2",
             "fma",
             "f16c",
+            "avxvnni",
             "avx512f",
             "avx512bw",
             "avx512dq",
@@ -74,75 +147,130 @@ pub fn detected_flags() -> Vec<&'static str> {
     flags
 }
 
-fn best_isa() -> Isa {
+/// Whether `isa` can run on this CPU.
+pub fn isa_supported(isa: Isa) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::is_x86_feature_detected as has;
-        if has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("fma") {
-            return Isa::Avx512 {
-                bf16: has!("avx512bf16"),
-            };
-        }
-        if has!("avx2") && has!("fma") {
-            return Isa::Avx2;
+        let avx2 = has!("avx2") && has!("fma") && has!("f16c");
+        let avx512 = avx2 && has!("avx512f") && has!("avx512bw") && has!("avx512vl");
+        match isa {
+            Isa::Scalar => true,
+            Isa::Avx2 => avx2,
+            Isa::AvxVnni => avx2 && (has!("avxvnni") || (avx512 && has!("avx512vnni"))),
+            Isa::Avx512Bw => avx512,
+            Isa::Avx512Vnni { bf16 } => {
+                avx512 && has!("avx512vnni") && (!bf16 || has!("avx512bf16"))
+            }
         }
     }
-    Isa::Scalar
-}
-
-/// Whether `isa` can run on this CPU.
-pub fn isa_supported(isa: Isa) -> bool {
-    let best = best_isa();
-    match isa {
-        Isa::Scalar => true,
-        Isa::Avx2 => best != Isa::Scalar,
-        Isa::Avx512 { bf16 } => match best {
-            Isa::Avx512 { bf16: have } => have || !bf16,
-            _ => false,
-        },
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        isa == Isa::Scalar
     }
 }
 
-/// Every ISA this CPU can run, from scalar up (tests compare each against scalar).
+/// Every tier this CPU can run, from scalar up (tests compare each against scalar).
 pub fn supported_isas() -> Vec<Isa> {
     [
         Isa::Scalar,
         Isa::Avx2,
-        Isa::Avx512 { bf16: false },
-        Isa::Avx512 { bf16: true },
+        Isa::AvxVnni,
+        Isa::Avx512Bw,
+        Isa::Avx512Vnni { bf16: false },
+        Isa::Avx512Vnni { bf16: true },
     ]
     .into_iter()
     .filter(|&i| isa_supported(i))
     .collect()
 }
 
-/// The ISA chosen once per process: `KWK_ISA` when set (and supported), else the best.
-/// An unknown or unsupported `KWK_ISA` value falls back to the best ISA with a warning on
-/// stderr (the decoder also reports [`isa_in_use`]).
-pub fn active_isa() -> Isa {
-    static ISA: OnceLock<Isa> = OnceLock::new();
-    *ISA.get_or_init(|| {
-        let best = best_isa();
-        match std::env::var("KWK_ISA").ok().as_deref() {
-            None | Some("") => best,
-            Some("scalar") => Isa::Scalar,
-            Some("avx2") if isa_supported(Isa::Avx2) => Isa::Avx2,
-            Some("avx512") if matches!(best, Isa::Avx512 { .. }) => best,
-            Some(other) => {
-                eprintln!(
-                    "warning: KWK_ISA={other} is not one of scalar|avx2|avx512 supported by \
-                     this CPU; using {}",
-                    best.name()
-                );
-                best
-            }
-        }
-    })
+/// The best tier this CPU has: `vnni` (with `vdpbf16ps` when present) over `avx512bw` over
+/// `avxvnni` over `avx2` over `scalar`.
+pub fn best_isa() -> Isa {
+    let vnni = Isa::Avx512Vnni {
+        bf16: isa_supported(Isa::Avx512Vnni { bf16: true }),
+    };
+    [vnni, Isa::Avx512Bw, Isa::AvxVnni, Isa::Avx2]
+        .into_iter()
+        .find(|&i| isa_supported(i))
+        .unwrap_or(Isa::Scalar)
 }
 
-/// Name of the ISA the kernels run with ("scalar", "avx2", "avx512", "avx512+bf16").
+/// The tier a `KWK_ISA` value asks for: `Ok(None)` when unset or empty (the best tier),
+/// an error naming the values this CPU supports when the value is unknown or the CPU
+/// cannot run it.
+pub fn parse_isa_request(value: Option<&str>) -> Result<Option<Isa>, String> {
+    let v = match value.map(str::trim) {
+        None | Some("") => return Ok(None),
+        Some(v) => v.to_ascii_lowercase(),
+    };
+    let best = best_isa();
+    let wanted = match v.as_str() {
+        "scalar" => Some(Isa::Scalar),
+        "avx2" => Some(Isa::Avx2),
+        "avxvnni" => Some(Isa::AvxVnni),
+        "avx512bw" => Some(Isa::Avx512Bw),
+        // `vnni` uses `vdpbf16ps` too when the CPU has it (every VNNI tier CPU with
+        // AVX512_BF16 runs both).
+        "vnni" => Some(Isa::Avx512Vnni {
+            bf16: isa_supported(Isa::Avx512Vnni { bf16: true }),
+        }),
+        "avx512" => best.has_avx512().then_some(best),
+        _ => None,
+    };
+    match wanted {
+        Some(isa) if isa_supported(isa) => Ok(Some(isa)),
+        _ => Err(format!(
+            "KWK_ISA={v} is not a kernel tier this CPU supports; set it to one of {} or unset it",
+            supported_tier_names().join("|")
+        )),
+    }
+}
+
+/// The `KWK_ISA` values this CPU can run, best first.
+pub fn supported_tier_names() -> Vec<&'static str> {
+    let mut names: Vec<&'static str> = supported_isas().iter().rev().map(|i| i.name()).collect();
+    names.dedup();
+    if best_isa().has_avx512() {
+        names.push("avx512");
+    }
+    names
+}
+
+/// Checks `KWK_ISA` without choosing anything: the error [`parse_isa_request`] gives for
+/// its value, so that a harness can refuse to measure under a tier it did not ask for.
+pub fn check_isa_env() -> Result<(), String> {
+    parse_isa_request(std::env::var("KWK_ISA").ok().as_deref()).map(|_| ())
+}
+
+/// The tier chosen once per process: `KWK_ISA` when set and supported, else the best.
+/// An unknown or unsupported `KWK_ISA` value falls back to the best tier with a warning on
+/// stderr naming the supported values (kwk-eval refuses such a value instead, see
+/// [`check_isa_env`]; every report records the tier that actually ran).
+pub fn active_isa() -> Isa {
+    static ISA: OnceLock<Isa> = OnceLock::new();
+    *ISA.get_or_init(
+        || match parse_isa_request(std::env::var("KWK_ISA").ok().as_deref()) {
+            Ok(Some(isa)) => isa,
+            Ok(None) => best_isa(),
+            Err(e) => {
+                let best = best_isa();
+                eprintln!("warning: {e}; using {}", best.name());
+                best
+            }
+        },
+    )
+}
+
+/// Name of the tier the kernels run with (`vnni`, `avx512bw`, `avxvnni`, `avx2`, `scalar`).
 pub fn isa_in_use() -> &'static str {
     active_isa().name()
+}
+
+/// The kernels each weight format runs with in this process (see [`Isa::summary`]).
+pub fn kernels_summary() -> String {
+    active_isa().summary()
 }
 
 /// A row-major `[n_tokens][ld]` float32 output that worker threads fill in disjoint column
@@ -262,11 +390,11 @@ fn gemm_f32_unchecked(
 ) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 { .. } => {
+        _ if isa.has_avx512() => {
             x86_64::avx512::gemm_f32_panels(w, panel_stride, cols, x, ldx, n_tokens, rows, y)
         }
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => {
+        _ if isa.is_avx2_class() => {
             x86_64::avx2::gemm_f32_panels(w, panel_stride, cols, x, ldx, n_tokens, rows, y)
         }
         _ => scalar::gemm_f32_panels(w, panel_stride, cols, x, ldx, n_tokens, rows, y),
@@ -278,7 +406,7 @@ fn gemm_f32_unchecked(
 pub fn exp_shifted_sum(isa: Isa, x: &mut [f32], shift: f32) -> f32 {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 { .. } => x86_64::avx512::exp_shifted_sum(x, shift),
+        _ if isa.has_avx512() => x86_64::avx512::exp_shifted_sum(x, shift),
         _ => scalar::exp_shifted_sum(x, shift),
     }
 }
@@ -288,7 +416,7 @@ pub fn silu_mul(isa: Isa, g: &mut [f32], u: &[f32]) {
     let n = g.len().min(u.len());
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 { .. } => x86_64::avx512::silu_mul(&mut g[..n], &u[..n]),
+        _ if isa.has_avx512() => x86_64::avx512::silu_mul(&mut g[..n], &u[..n]),
         _ => scalar::silu_mul(&mut g[..n], &u[..n]),
     }
 }
@@ -314,15 +442,15 @@ pub fn gemm_bf16_panels(
     check_panel_args(w.len(), n_rows, cols, x.len(), n_tokens, &rows, y);
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 { bf16: true } => {
+        Isa::Avx512Vnni { bf16: true } => {
             x86_64::avx512::gemm_bf16_panels_dpbf16(w, cols, x, n_tokens, rows, y)
         }
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 { bf16: false } => {
+        _ if isa.has_avx512() => {
             x86_64::avx512::gemm_bf16_panels_fma(w, cols, x, n_tokens, rows, y)
         }
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => x86_64::avx2::gemm_bf16_panels(w, cols, x, n_tokens, rows, y),
+        _ if isa.is_avx2_class() => x86_64::avx2::gemm_bf16_panels(w, cols, x, n_tokens, rows, y),
         _ => scalar::gemm_bf16_panels(w, cols, x, n_tokens, rows, y),
     }
 }
@@ -400,9 +528,9 @@ pub fn dot_f32(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
     let n = a.len().min(b.len());
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 { .. } => x86_64::avx512::dot_f32(&a[..n], &b[..n]),
+        _ if isa.has_avx512() => x86_64::avx512::dot_f32(&a[..n], &b[..n]),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => x86_64::avx2::dot_f32(&a[..n], &b[..n]),
+        _ if isa.is_avx2_class() => x86_64::avx2::dot_f32(&a[..n], &b[..n]),
         _ => scalar::dot_f32(&a[..n], &b[..n]),
     }
 }
@@ -412,9 +540,9 @@ pub fn axpy_f32(isa: Isa, y: &mut [f32], alpha: f32, x: &[f32]) {
     let n = y.len().min(x.len());
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 { .. } => x86_64::avx512::axpy_f32(&mut y[..n], alpha, &x[..n]),
+        _ if isa.has_avx512() => x86_64::avx512::axpy_f32(&mut y[..n], alpha, &x[..n]),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => x86_64::avx2::axpy_f32(&mut y[..n], alpha, &x[..n]),
+        _ if isa.is_avx2_class() => x86_64::avx2::axpy_f32(&mut y[..n], alpha, &x[..n]),
         _ => scalar::axpy_f32(&mut y[..n], alpha, &x[..n]),
     }
 }
@@ -424,7 +552,7 @@ pub fn f32_to_bf16(isa: Isa, x: &[f32], out: &mut [u16]) {
     assert!(out.len() >= x.len());
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 { .. } => x86_64::avx512::f32_to_bf16(x, &mut out[..x.len()]),
+        _ if isa.has_avx512() => x86_64::avx512::f32_to_bf16(x, &mut out[..x.len()]),
         _ => scalar::f32_to_bf16(x, &mut out[..x.len()]),
     }
 }

@@ -1,8 +1,9 @@
 //! Activations quantized to int8 blocks of 32 (one f32 scale per block, like llama.cpp's
-//! Q8_0 `vec_dot_type`), once per matmul input, for the int8/int4 VNNI kernels.
+//! Q8_0 `vec_dot_type`), once per matmul input, for the int8/int4 kernels.
 //! `quantize_rows_q8_scalar` is the specification; [`quantize_rows_q8`] runs the AVX-512
-//! version when the quantized kernels' path (`int8_matmul::selected_isa`) is AVX-512, which
-//! matches it exactly for finite inputs (same division, multiply and rounding; the
+//! version when the quantized kernels' path (`int8_matmul::selected_isa`) is an AVX-512
+//! tier (`vnni` or `avx512bw`) and the AVX2 version on the 256-bit tiers; both match it
+//! exactly for finite inputs (same division, multiply and rounding; the
 //! half-away-from-zero rounding is built from truncation, whose remainder is exact).
 
 /// Values per activation block.
@@ -19,11 +20,25 @@ pub fn quantize_rows_q8(
     block_sums: &mut [i32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if super::int8_matmul::selected_isa() == super::int8_matmul::QuantIsa::Avx512Vnni {
+    if matches!(
+        super::int8_matmul::selected_isa(),
+        super::int8_matmul::QuantIsa::Avx512Vnni | super::int8_matmul::QuantIsa::Avx512Bw
+    ) {
         check_lengths(x, dim, quants, scales, block_sums);
         // SAFETY: AVX-512 F/BW are present (the path was selected on them) and the
         // lengths were checked.
         unsafe { avx512::quantize_rows_q8(x, quants, scales, block_sums) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if matches!(
+        super::int8_matmul::selected_isa(),
+        super::int8_matmul::QuantIsa::Avx2 | super::int8_matmul::QuantIsa::AvxVnni
+    ) {
+        check_lengths(x, dim, quants, scales, block_sums);
+        // SAFETY: AVX2 is present (the path was selected on it) and the lengths were
+        // checked.
+        unsafe { avx2::quantize_rows_q8(x, quants, scales, block_sums) };
         return;
     }
     quantize_rows_q8_scalar(x, dim, quants, scales, block_sums)
@@ -126,6 +141,82 @@ mod avx512 {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::Q8_BLOCK;
+    use std::arch::x86_64::*;
+
+    /// The AVX-512 version's operations on four ymm per block.
+    ///
+    /// # Safety
+    /// AVX2 present; `x.len()` a multiple of 32 and the outputs long enough.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn quantize_rows_q8(
+        x: &[f32],
+        quants: &mut [i8],
+        scales: &mut [f32],
+        block_sums: &mut [i32],
+    ) {
+        let n_blocks = x.len() / Q8_BLOCK;
+        // SAFETY: block b reads x[32b..32b+32] and writes quants[32b..32b+32], scales[b],
+        // block_sums[b], all in bounds by the caller's contract.
+        unsafe {
+            let half = _mm256_set1_ps(0.5);
+            let one = _mm256_set1_ps(1.0);
+            let lim = _mm256_set1_ps(127.0);
+            let sign = _mm256_set1_ps(-0.0);
+            // packs interleave 128-bit lanes; this puts the bytes back in order.
+            let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+            for b in 0..n_blocks {
+                let p = x.as_ptr().add(b * Q8_BLOCK);
+                let v = [
+                    _mm256_loadu_ps(p),
+                    _mm256_loadu_ps(p.add(8)),
+                    _mm256_loadu_ps(p.add(16)),
+                    _mm256_loadu_ps(p.add(24)),
+                ];
+                let mut m = _mm256_andnot_ps(sign, v[0]);
+                for vh in &v[1..] {
+                    m = _mm256_max_ps(m, _mm256_andnot_ps(sign, *vh));
+                }
+                let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+                let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+                let amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_shuffle_ps::<1>(m2, m2)));
+                let d = amax / 127.0;
+                let inv = _mm256_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
+                let mut qi = [_mm256_setzero_si256(); 4];
+                let mut sum = _mm256_setzero_si256();
+                for (h, vh) in v.iter().enumerate() {
+                    let s = _mm256_mul_ps(*vh, inv);
+                    let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(s);
+                    let frac = _mm256_andnot_ps(sign, _mm256_sub_ps(s, t));
+                    let away = _mm256_cmp_ps::<_CMP_GE_OQ>(frac, half);
+                    let step = _mm256_and_ps(away, _mm256_or_ps(one, _mm256_and_ps(s, sign)));
+                    let r = _mm256_add_ps(t, step);
+                    let r = _mm256_max_ps(
+                        _mm256_min_ps(r, lim),
+                        _mm256_sub_ps(_mm256_setzero_ps(), lim),
+                    );
+                    qi[h] = _mm256_cvttps_epi32(r);
+                    sum = _mm256_add_epi32(sum, qi[h]);
+                }
+                let w01 = _mm256_packs_epi32(qi[0], qi[1]);
+                let w23 = _mm256_packs_epi32(qi[2], qi[3]);
+                let bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w01, w23), order);
+                _mm256_storeu_si256(quants.as_mut_ptr().add(b * Q8_BLOCK) as *mut _, bytes);
+                let s4 = _mm_add_epi32(
+                    _mm256_castsi256_si128(sum),
+                    _mm256_extracti128_si256::<1>(sum),
+                );
+                let s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+                let s1 = _mm_add_epi32(s2, _mm_shuffle_epi32::<1>(s2));
+                scales[b] = d;
+                block_sums[b] = _mm_cvtsi128_si32(s1);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -186,6 +277,56 @@ mod tests {
             assert_eq!(q0, q2);
             assert_eq!(s0, s2);
             assert_eq!(b0, b2);
+        }
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx2") {
+            let (mut q3, mut s3, mut b3) = (vec![0i8; x.len()], vec![0f32; nb], vec![0i32; nb]);
+            // SAFETY: AVX2 detected; lengths as the function requires.
+            unsafe { avx2::quantize_rows_q8(&x, &mut q3, &mut s3, &mut b3) };
+            assert_eq!(q0, q3);
+            assert_eq!(s0, s3);
+            assert_eq!(b0, b3);
+        }
+    }
+
+    #[test]
+    fn simd_versions_match_the_scalar_spec_on_random_magnitudes() {
+        let dim = 1536;
+        let mut st = 0x1234_5678_9abc_def1u64;
+        let mut next = || {
+            st ^= st << 13;
+            st ^= st >> 7;
+            st ^= st << 17;
+            st
+        };
+        let x: Vec<f32> = (0..dim * 40)
+            .map(|i| {
+                let u = (next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+                // Block magnitudes from 1e-6 to 1e4.
+                u * 10f32.powi(((i / 32) % 11) as i32 - 6)
+            })
+            .collect();
+        let nb = x.len() / 32;
+        let (mut q0, mut s0, mut b0) = (vec![0i8; x.len()], vec![0f32; nb], vec![0i32; nb]);
+        quantize_rows_q8_scalar(&x, dim, &mut q0, &mut s0, &mut b0);
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx2") {
+                let (mut q, mut s, mut b) = (vec![0i8; x.len()], vec![0f32; nb], vec![0i32; nb]);
+                // SAFETY: AVX2 detected; lengths as the function requires.
+                unsafe { avx2::quantize_rows_q8(&x, &mut q, &mut s, &mut b) };
+                assert_eq!(q0, q);
+                assert_eq!(s0, s);
+                assert_eq!(b0, b);
+            }
+            if std::is_x86_feature_detected!("avx512bw") {
+                let (mut q, mut s, mut b) = (vec![0i8; x.len()], vec![0f32; nb], vec![0i32; nb]);
+                // SAFETY: AVX-512 F/BW detected; lengths as the function requires.
+                unsafe { avx512::quantize_rows_q8(&x, &mut q, &mut s, &mut b) };
+                assert_eq!(q0, q);
+                assert_eq!(s0, s);
+                assert_eq!(b0, b);
+            }
         }
     }
 }

@@ -278,3 +278,75 @@ fn exp_and_silu_match_scalar_within_two_ulp() {
         }
     }
 }
+
+#[test]
+fn kwk_isa_values_force_each_supported_tier_and_refuse_the_rest() {
+    assert_eq!(parse_isa_request(None), Ok(None));
+    assert_eq!(parse_isa_request(Some("")), Ok(None));
+    let supported = supported_isas();
+    for isa in &supported {
+        let got = parse_isa_request(Some(isa.name())).unwrap().unwrap();
+        assert_eq!(got.name(), isa.name());
+        assert!(isa_supported(got));
+        // Upper case is accepted too.
+        assert_eq!(
+            parse_isa_request(Some(&isa.name().to_ascii_uppercase())),
+            Ok(Some(got))
+        );
+    }
+    let best = best_isa();
+    match parse_isa_request(Some("avx512")) {
+        Ok(Some(isa)) => assert!(best.has_avx512() && isa == best),
+        Ok(None) => panic!("avx512 must name a tier"),
+        Err(e) => assert!(!best.has_avx512() && e.contains("set it to one of"), "{e}"),
+    }
+    let err = parse_isa_request(Some("avx1024")).unwrap_err();
+    assert!(
+        err.contains("KWK_ISA=avx1024") && err.contains("scalar"),
+        "{err}"
+    );
+    for name in ["vnni", "avx512bw", "avxvnni", "avx2"] {
+        let tier_here = supported.iter().any(|i| i.name() == name);
+        let parsed = parse_isa_request(Some(name));
+        assert_eq!(parsed.is_ok(), tier_here, "{name}: {parsed:?}");
+        if let Err(e) = parsed {
+            assert!(
+                e.contains("set it to one of ") && e.contains("scalar"),
+                "{e}"
+            );
+        }
+    }
+}
+
+#[test]
+fn each_tier_names_the_kernels_it_runs() {
+    let bw = Isa::Avx512Bw;
+    assert_eq!(bw.weight_kernels(WeightKernels::Float32), "avx512f");
+    assert_eq!(bw.weight_kernels(WeightKernels::Bf16), "avx512f (convert)");
+    assert_eq!(bw.weight_kernels(WeightKernels::Quantized), "avx512bw");
+    let vnni = Isa::Avx512Vnni { bf16: true };
+    assert_eq!(vnni.weight_kernels(WeightKernels::Bf16), "avx512bf16");
+    assert_eq!(vnni.weight_kernels(WeightKernels::Quantized), "avx512vnni");
+    let vnni_no_bf16 = Isa::Avx512Vnni { bf16: false };
+    assert_eq!(
+        vnni_no_bf16.weight_kernels(WeightKernels::Bf16),
+        "avx512f (convert)"
+    );
+    assert_eq!(Isa::Avx2.weight_kernels(WeightKernels::Float32), "avx2");
+    assert_eq!(
+        Isa::Avx2.weight_kernels(WeightKernels::Bf16),
+        "avx2 (convert)"
+    );
+    assert_eq!(Isa::Avx2.weight_kernels(WeightKernels::Quantized), "avx2");
+    assert!(Isa::AvxVnni
+        .weight_kernels(WeightKernels::Quantized)
+        .starts_with("avxvnni"));
+    assert_eq!(
+        Isa::Scalar.weight_kernels(WeightKernels::Quantized),
+        "scalar"
+    );
+    assert_eq!(
+        bw.summary(),
+        "avx512bw: float32 avx512f, bf16 avx512f (convert), int8/int4 avx512bw"
+    );
+}

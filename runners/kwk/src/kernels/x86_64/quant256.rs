@@ -1,0 +1,378 @@
+//! 256-bit int8 / low-bit (4-, 6-, 8-bit code) matmul tiles, one source compiled three
+//! times: [`avx2`] (`vpmaddubsw` + `vpmaddwd`), [`avxvnni`] (`vpdpbusd` ymm, VEX encoding,
+//! Alder Lake and later) and [`vnni_evex`] (the same `vpdpbusd` ymm in its AVX512-VNNI + VL
+//! encoding). The `avxvnni` tier runs [`avxvnni`] where the CPU has AVX-VNNI and
+//! [`vnni_evex`] otherwise, so its logic is tested on every CPU with either extension; only
+//! the VEX instruction encoding itself needs an AVX-VNNI CPU.
+//!
+//! A 16-row group is processed as two 8-row halves (one ymm of i32/f32 lanes each), in
+//! sub-tiles of up to [`SUB_TOKENS`] tokens that share every weight load and every weight
+//! preparation (offset removal, nibble unpacking): 16 ymm registers hold the sub-tile's
+//! accumulators, one weight operand and the constants.
+//!
+//! Exact integer block dots, as the scalar specification computes them:
+//! - int8 tiles and 8-bit codes (bytes `u` in 0..=255): `vpdpbusd` takes `u` unsigned
+//!   directly (`Σ u·a`); `vpmaddubsw` would saturate its i16 pair sums (`255 · 127 · 2 >
+//!   32767`), so the AVX2 instance uses `q = u - 128` with the sign trick
+//!   (`|q| · sign(a, q)`, pair sums at most `128 · 127 · 2 = 32512`) and computes
+//!   `Σ (u - 128)·a`. The accumulator starts at the block sum times whatever offset makes
+//!   the result the wanted dot (`Σ (u - 128)·a` for int8, `Σ u·a` for codes).
+//! - 4-bit codes (0..=15): `vpmaddubsw` pair sums are at most `15 · 127 · 2 = 3810`, so the
+//!   AVX2 instance sums all 8 quads of a block in i16 (at most 30480) and widens once with
+//!   `vpmaddwd`; 6-bit codes (0..=63, pairs up to 16002) are widened every 2 quads.
+//!
+//! Then per block `acc = fma(float(dot), d_w · d_a, acc)` and per column group
+//! `acc = fma(m, S, acc)` (low-bit codes), the scalar twin's float operations in its order.
+
+use crate::kernels::int4_matmul::{code_tile_bytes, LowBitTiles, HIGH_BITS_TILE_BYTES};
+use crate::kernels::int8_matmul::{
+    Int8Tiles, Q8Rows, BLOCK, INT8_TILE_BYTES, ROW_GROUP, TOKEN_TILE,
+};
+use std::arch::x86_64::*;
+
+/// Tokens per sub-tile (the accumulators of 4 tokens and two i32 partial sums fit the 16
+/// ymm registers of AVX2 code).
+pub const SUB_TOKENS: usize = 4;
+
+/// The operations that differ between the instances.
+macro_rules! ops {
+    (sign_trick, $features:literal) => {
+        /// The full-byte path computes `Σ u·a + FULL8_BIAS · Σa`.
+        const FULL8_BIAS: i32 = -128;
+
+        /// Quads of 4-/6-bit codes summed in i16 before widening (see the module doc).
+        const fn small_run(bits: u32) -> usize {
+            if bits == 4 {
+                8
+            } else {
+                2
+            }
+        }
+
+        /// `(|u - 128|, u - 128)` as bytes.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn full8_prep(w: __m256i) -> [__m256i; 2] {
+            let q = _mm256_xor_si256(w, _mm256_set1_epi8(-128));
+            [_mm256_abs_epi8(q), q]
+        }
+
+        /// `s + Σ_4 (u - 128) · a` per i32 lane.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn full8_dot(s: __m256i, w: [__m256i; 2], a: __m256i) -> __m256i {
+            let p = _mm256_maddubs_epi16(w[0], _mm256_sign_epi8(a, w[1]));
+            _mm256_add_epi32(s, _mm256_madd_epi16(p, _mm256_set1_epi16(1)))
+        }
+
+        /// Accumulates `Σ_4 c · a` of small codes (i16 pair sums).
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn small_acc(s: __m256i, c: __m256i, a: __m256i) -> __m256i {
+            _mm256_add_epi16(s, _mm256_maddubs_epi16(c, a))
+        }
+
+        /// Widens what [`small_acc`] accumulated to i32 lanes (one per row).
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn small_finish(s: __m256i) -> __m256i {
+            _mm256_madd_epi16(s, _mm256_set1_epi16(1))
+        }
+    };
+    (dpbusd $dp:ident, $features:literal) => {
+        /// The full-byte path computes `Σ u·a + FULL8_BIAS · Σa`.
+        const FULL8_BIAS: i32 = 0;
+
+        const fn small_run(_bits: u32) -> usize {
+            8
+        }
+
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn full8_prep(w: __m256i) -> [__m256i; 2] {
+            [w, w]
+        }
+
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn full8_dot(s: __m256i, w: [__m256i; 2], a: __m256i) -> __m256i {
+            $dp(s, w[0], a)
+        }
+
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn small_acc(s: __m256i, c: __m256i, a: __m256i) -> __m256i {
+            $dp(s, c, a)
+        }
+
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn small_finish(s: __m256i) -> __m256i {
+            s
+        }
+    };
+}
+
+macro_rules! define_quant256 {
+    ($module:ident, $features:literal, $($kind:tt)+) => {
+        pub mod $module {
+            use super::*;
+
+            ops!($($kind)+, $features);
+
+            /// One int8 tile: rows of group `g`, tokens `t0..t0 + n`, into `out[..n]`.
+            ///
+            /// # Safety
+            /// The CPU has the module's features; `w` and `x` passed their `check`,
+            /// `g < w.n_groups()`, `t0 + n <= x.n_tokens`, `1 <= n <= TOKEN_TILE`.
+            pub unsafe fn int8_tile(
+                w: &Int8Tiles,
+                x: &Q8Rows,
+                g: usize,
+                t0: usize,
+                n: usize,
+                out: &mut [[f32; ROW_GROUP]; TOKEN_TILE],
+            ) {
+                let mut t = 0;
+                while t < n {
+                    let m = (n - t).min(SUB_TOKENS);
+                    let o = &mut out[t..t + m];
+                    // SAFETY: forwarded contract; tokens t0+t..t0+t+m are in range.
+                    unsafe {
+                        match m {
+                            1 => int8_sub::<1>(w, x, g, t0 + t, o),
+                            2 => int8_sub::<2>(w, x, g, t0 + t, o),
+                            3 => int8_sub::<3>(w, x, g, t0 + t, o),
+                            _ => int8_sub::<4>(w, x, g, t0 + t, o),
+                        }
+                    }
+                    t += m;
+                }
+            }
+
+            #[target_feature(enable = $features)]
+            unsafe fn int8_sub<const N: usize>(
+                w: &Int8Tiles,
+                x: &Q8Rows,
+                g: usize,
+                tok: usize,
+                out: &mut [[f32; ROW_GROUP]],
+            ) {
+                let nb = w.n_blocks();
+                let dim = x.dim;
+                // SAFETY: every pointer stays inside the slices `check` validated: the
+                // tiles and scales of group g (blocks < nb), tokens tok..tok+N.
+                unsafe {
+                    let qs = w.qs.as_ptr().add(g * nb * INT8_TILE_BYTES);
+                    let sc = w.scales.as_ptr().add(g * nb * ROW_GROUP) as *const u16;
+                    let xq = x.quants.as_ptr().add(tok * dim);
+                    let xs = x.scales.as_ptr().add(tok * nb);
+                    let xbs = x.block_sums.as_ptr().add(tok * nb);
+                    for h in 0..2 {
+                        let mut acc = [_mm256_setzero_ps(); N];
+                        for b in 0..nb {
+                            let tile = qs.add(b * INT8_TILE_BYTES + h * 32);
+                            let mut s = [_mm256_setzero_si256(); N];
+                            for (t, s_t) in s.iter_mut().enumerate() {
+                                // int8 wants Σ (u - 128)·a.
+                                *s_t = _mm256_set1_epi32((-128 - FULL8_BIAS) * *xbs.add(t * nb + b));
+                            }
+                            for quad in 0..BLOCK / 4 {
+                                let wv = full8_prep(_mm256_loadu_si256(tile.add(quad * 64) as *const _));
+                                for (t, s_t) in s.iter_mut().enumerate() {
+                                    let a = (xq.add(t * dim + b * BLOCK + quad * 4) as *const i32)
+                                        .read_unaligned();
+                                    *s_t = full8_dot(*s_t, wv, _mm256_set1_epi32(a));
+                                }
+                            }
+                            let dw = _mm256_cvtph_ps(_mm_loadu_si128(
+                                sc.add(b * ROW_GROUP + h * 8) as *const _,
+                            ));
+                            for (t, acc_t) in acc.iter_mut().enumerate() {
+                                let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*xs.add(t * nb + b)));
+                                *acc_t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[t]), scale, *acc_t);
+                            }
+                        }
+                        for (t, acc_t) in acc.iter().enumerate() {
+                            _mm256_storeu_ps(out[t].as_mut_ptr().add(h * 8), *acc_t);
+                        }
+                    }
+                }
+            }
+
+            /// One low-bit tile (4-, 6- or 8-bit codes); `s` holds the tokens' minimum
+            /// terms `[t * n_col_groups + cg]` for `t < n`.
+            ///
+            /// # Safety
+            /// As [`int8_tile`], and `s.len() >= n * w.n_col_groups()`.
+            pub unsafe fn lowbit_tile(
+                w: &LowBitTiles,
+                x: &Q8Rows,
+                s: &[f32],
+                g: usize,
+                t0: usize,
+                n: usize,
+                out: &mut [[f32; ROW_GROUP]; TOKEN_TILE],
+            ) {
+                let ncg = w.n_col_groups();
+                let mut t = 0;
+                while t < n {
+                    let m = (n - t).min(SUB_TOKENS);
+                    let o = &mut out[t..t + m];
+                    let st = &s[t * ncg..(t + m) * ncg];
+                    // SAFETY: forwarded contract.
+                    unsafe {
+                        match (w.bits, m) {
+                            (4, 1) => lowbit_sub::<1, 4>(w, x, st, g, t0 + t, o),
+                            (4, 2) => lowbit_sub::<2, 4>(w, x, st, g, t0 + t, o),
+                            (4, 3) => lowbit_sub::<3, 4>(w, x, st, g, t0 + t, o),
+                            (4, _) => lowbit_sub::<4, 4>(w, x, st, g, t0 + t, o),
+                            (6, 1) => lowbit_sub::<1, 6>(w, x, st, g, t0 + t, o),
+                            (6, 2) => lowbit_sub::<2, 6>(w, x, st, g, t0 + t, o),
+                            (6, 3) => lowbit_sub::<3, 6>(w, x, st, g, t0 + t, o),
+                            (6, _) => lowbit_sub::<4, 6>(w, x, st, g, t0 + t, o),
+                            (8, 1) => lowbit_sub::<1, 8>(w, x, st, g, t0 + t, o),
+                            (8, 2) => lowbit_sub::<2, 8>(w, x, st, g, t0 + t, o),
+                            (8, 3) => lowbit_sub::<3, 8>(w, x, st, g, t0 + t, o),
+                            (8, _) => lowbit_sub::<4, 8>(w, x, st, g, t0 + t, o),
+                            (bits, _) => unreachable!("{bits}-bit codes"),
+                        }
+                    }
+                    t += m;
+                }
+            }
+
+            #[target_feature(enable = $features)]
+            unsafe fn lowbit_sub<const N: usize, const BITS: u32>(
+                w: &LowBitTiles,
+                x: &Q8Rows,
+                smin: &[f32],
+                g: usize,
+                tok: usize,
+                out: &mut [[f32; ROW_GROUP]],
+            ) {
+                let nb = w.n_blocks();
+                let ncg = w.n_col_groups();
+                let bpg = w.group_size / BLOCK;
+                let dim = x.dim;
+                let tile_bytes = code_tile_bytes(BITS);
+                let run = small_run(BITS);
+                // SAFETY: every pointer stays inside the slices `check` validated: code
+                // (and high-bit) tiles of group g, blocks < nb, scales/mins of column
+                // groups < ncg, tokens tok..tok+N.
+                unsafe {
+                    let codes = w.nibbles.as_ptr().add(g * nb * tile_bytes);
+                    let hbits = if BITS == 6 {
+                        w.high_bits.as_ptr().add(g * nb * HIGH_BITS_TILE_BYTES)
+                    } else {
+                        std::ptr::null()
+                    };
+                    let sc = w.scales.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
+                    let mn = w.mins.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
+                    let xq = x.quants.as_ptr().add(tok * dim);
+                    let xs = x.scales.as_ptr().add(tok * nb);
+                    let xbs = x.block_sums.as_ptr().add(tok * nb);
+                    let low4 = _mm256_set1_epi8(0x0F);
+                    let bits45 = _mm256_set1_epi8(0x30);
+                    for h in 0..2 {
+                        let mut acc = [_mm256_setzero_ps(); N];
+                        for cg in 0..ncg {
+                            let dw = _mm256_cvtph_ps(_mm_loadu_si128(
+                                sc.add(cg * ROW_GROUP + h * 8) as *const _,
+                            ));
+                            for b in cg * bpg..((cg + 1) * bpg).min(nb) {
+                                let tile = codes.add(b * tile_bytes + h * 32);
+                                let act = |t: usize, quad: usize| {
+                                    _mm256_set1_epi32(
+                                        (xq.add(t * dim + b * BLOCK + quad * 4) as *const i32)
+                                            .read_unaligned(),
+                                    )
+                                };
+                                let mut s = [_mm256_setzero_si256(); N];
+                                if BITS == 8 {
+                                    for (t, s_t) in s.iter_mut().enumerate() {
+                                        // codes want Σ u·a.
+                                        *s_t = _mm256_set1_epi32(-FULL8_BIAS * *xbs.add(t * nb + b));
+                                    }
+                                    for quad in 0..BLOCK / 4 {
+                                        let wv = full8_prep(_mm256_loadu_si256(
+                                            tile.add(quad * 64) as *const _,
+                                        ));
+                                        for (t, s_t) in s.iter_mut().enumerate() {
+                                            *s_t = full8_dot(*s_t, wv, act(t, quad));
+                                        }
+                                    }
+                                } else {
+                                    let hb = if BITS == 6 {
+                                        let p = hbits.add(b * HIGH_BITS_TILE_BYTES + h * 32);
+                                        [
+                                            _mm256_loadu_si256(p as *const _),
+                                            _mm256_loadu_si256(p.add(64) as *const _),
+                                        ]
+                                    } else {
+                                        [_mm256_setzero_si256(); 2]
+                                    };
+                                    let mut s16 = [_mm256_setzero_si256(); N];
+                                    for quad in 0..BLOCK / 4 {
+                                        let v = _mm256_loadu_si256(
+                                            tile.add((quad % 4) * 64) as *const _,
+                                        );
+                                        let mut c = if quad < 4 {
+                                            _mm256_and_si256(v, low4)
+                                        } else {
+                                            _mm256_and_si256(_mm256_srli_epi16::<4>(v), low4)
+                                        };
+                                        if BITS == 6 {
+                                            // Bits 2j..2j+1 of the high-bit byte to bits
+                                            // 4..5 (bits crossing a byte are masked off).
+                                            let hv = hb[quad / 4];
+                                            let placed = match quad % 4 {
+                                                0 => _mm256_slli_epi16::<4>(hv),
+                                                1 => _mm256_slli_epi16::<2>(hv),
+                                                2 => hv,
+                                                _ => _mm256_srli_epi16::<2>(hv),
+                                            };
+                                            c = _mm256_or_si256(c, _mm256_and_si256(placed, bits45));
+                                        }
+                                        for (t, s16_t) in s16.iter_mut().enumerate() {
+                                            *s16_t = small_acc(*s16_t, c, act(t, quad));
+                                        }
+                                        if (quad + 1) % run == 0 {
+                                            for (s_t, s16_t) in s.iter_mut().zip(s16.iter_mut()) {
+                                                *s_t = _mm256_add_epi32(*s_t, small_finish(*s16_t));
+                                                *s16_t = _mm256_setzero_si256();
+                                            }
+                                        }
+                                    }
+                                }
+                                for (t, acc_t) in acc.iter_mut().enumerate() {
+                                    let scale =
+                                        _mm256_mul_ps(dw, _mm256_set1_ps(*xs.add(t * nb + b)));
+                                    *acc_t =
+                                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[t]), scale, *acc_t);
+                                }
+                            }
+                            let mw = _mm256_cvtph_ps(_mm_loadu_si128(
+                                mn.add(cg * ROW_GROUP + h * 8) as *const _,
+                            ));
+                            for (t, acc_t) in acc.iter_mut().enumerate() {
+                                *acc_t = _mm256_fmadd_ps(mw, _mm256_set1_ps(smin[t * ncg + cg]), *acc_t);
+                            }
+                        }
+                        for (t, acc_t) in acc.iter().enumerate() {
+                            _mm256_storeu_ps(out[t].as_mut_ptr().add(h * 8), *acc_t);
+                        }
+                    }
+                }
+            }
+        }
+    };
+}
+
+define_quant256!(avx2, "avx2,fma,f16c", sign_trick);
+define_quant256!(avxvnni, "avx2,fma,f16c,avxvnni", dpbusd _mm256_dpbusd_avx_epi32);
+define_quant256!(
+    vnni_evex,
+    "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
+    dpbusd _mm256_dpbusd_epi32
+);

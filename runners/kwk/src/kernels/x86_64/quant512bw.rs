@@ -1,0 +1,248 @@
+//! AVX-512BW int8 / low-bit matmul tiles for CPUs without AVX512-VNNI (Skylake-SP,
+//! Cascade Lake-class): the VNNI kernels' layout and loop structure (a 16-row group in the
+//! 16 lanes of one zmm, up to 8 tokens sharing every weight load and unpack), with
+//! `vpmaddubsw` (u8 × i8, i16 pair sums) + `vpmaddwd` (widening to i32) in place of
+//! `vpdpbusd`.
+//!
+//! Exactness (see `quant256.rs` for the same rules on ymm):
+//! - int8 tiles and 8-bit codes (bytes `u` in 0..=255) would saturate `vpmaddubsw`'s pair
+//!   sums (`255 · 127 · 2 > 32767`), so the weights become `q = u - 128` and the product is
+//!   `|q| · sign(a, q)` (pairs at most `128 · 127 · 2 = 32512`). AVX-512 has no `vpsignb`:
+//!   the sign is applied with a byte-masked subtraction from zero, the mask being `q`'s
+//!   sign bits (computed once per weight vector, shared by the tokens). The accumulator
+//!   starts at `128 · Σa` for codes (which want `Σ u·a`) and at 0 for int8.
+//! - 4-bit codes: pair sums at most `15 · 127 · 2 = 3810`, so a block's 8 quads are summed
+//!   in i16 (at most 30480) and widened once; 6-bit codes (pairs up to 16002) every 2
+//!   quads.
+//!
+//! Cost per 16 rows × 32 columns × token (vector ALU instructions; the broadcast loads of
+//! activation quads are load-port work): int8 32 (`vpsubb`{k}, `vpmaddubsw`, `vpmaddwd`,
+//! `vpaddd` per quad), 4-bit codes 16, 6-bit 19, versus 8 `vpdpbusd` with VNNI and 32
+//! `vfmadd` for the same 512 multiply-adds in float32; plus 3 per block for the scale.
+
+use crate::kernels::int4_matmul::{
+    x86::unpack_zmm, LowBitTiles, BYTE_TILE_BYTES, HIGH_BITS_TILE_BYTES, NIBBLE_TILE_BYTES,
+};
+use crate::kernels::int8_matmul::{
+    Int8Tiles, Q8Rows, BLOCK, INT8_TILE_BYTES, ROW_GROUP, TOKEN_TILE,
+};
+use std::arch::x86_64::*;
+
+/// One int8 tile: rows of group `g`, tokens `t0..t0 + n`, into `out[..n]`.
+///
+/// # Safety
+/// AVX-512 F/BW present; `w` and `x` passed their `check`, `g < w.n_groups()`,
+/// `t0 + n <= x.n_tokens`, `1 <= n <= TOKEN_TILE`.
+pub unsafe fn int8_tile(
+    w: &Int8Tiles,
+    x: &Q8Rows,
+    g: usize,
+    t0: usize,
+    n: usize,
+    out: &mut [[f32; ROW_GROUP]; TOKEN_TILE],
+) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        match n {
+            1 => int8_n::<1>(w, x, g, t0, out),
+            2 => int8_n::<2>(w, x, g, t0, out),
+            3 => int8_n::<3>(w, x, g, t0, out),
+            4 => int8_n::<4>(w, x, g, t0, out),
+            5 => int8_n::<5>(w, x, g, t0, out),
+            6 => int8_n::<6>(w, x, g, t0, out),
+            7 => int8_n::<7>(w, x, g, t0, out),
+            8 => int8_n::<8>(w, x, g, t0, out),
+            _ => unreachable!("token tile of {n}"),
+        }
+    }
+}
+
+/// `s + Σ_4 (u - 128) · a` per i32 lane, given `|u - 128|` and the mask of `u < 128`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn full8_dot(s: __m512i, wabs: __m512i, neg: __mmask64, a: __m512i) -> __m512i {
+    let signed = _mm512_mask_sub_epi8(a, neg, _mm512_setzero_si512(), a);
+    let p = _mm512_maddubs_epi16(wabs, signed);
+    _mm512_add_epi32(s, _mm512_madd_epi16(p, _mm512_set1_epi16(1)))
+}
+
+/// `(|u - 128|, mask of u - 128 < 0)` of 64 weight bytes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn full8_prep(u: __m512i) -> (__m512i, __mmask64) {
+    let q = _mm512_xor_si512(u, _mm512_set1_epi8(-128));
+    (_mm512_abs_epi8(q), _mm512_movepi8_mask(q))
+}
+
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn int8_n<const N: usize>(
+    w: &Int8Tiles,
+    x: &Q8Rows,
+    g: usize,
+    t0: usize,
+    out: &mut [[f32; ROW_GROUP]; TOKEN_TILE],
+) {
+    let nb = w.n_blocks();
+    let dim = x.dim;
+    // SAFETY: every pointer stays inside the slices `check` validated: tiles and scales of
+    // group g (blocks < nb), activations of tokens t0..t0+N.
+    unsafe {
+        let qs = w.qs.as_ptr().add(g * nb * INT8_TILE_BYTES);
+        let sc = w.scales.as_ptr().add(g * nb * ROW_GROUP) as *const u16;
+        let xq = x.quants.as_ptr().add(t0 * dim);
+        let xs = x.scales.as_ptr().add(t0 * nb);
+        let mut acc = [_mm512_setzero_ps(); N];
+        for b in 0..nb {
+            let tile = qs.add(b * INT8_TILE_BYTES);
+            let mut s = [_mm512_setzero_si512(); N];
+            for quad in 0..BLOCK / 4 {
+                let (wabs, neg) = full8_prep(_mm512_loadu_si512(tile.add(quad * 64) as *const _));
+                for (t, s_t) in s.iter_mut().enumerate() {
+                    let a = (xq.add(t * dim + b * BLOCK + quad * 4) as *const i32).read_unaligned();
+                    *s_t = full8_dot(*s_t, wabs, neg, _mm512_set1_epi32(a));
+                }
+            }
+            let dw = _mm512_cvtph_ps(_mm256_loadu_si256(sc.add(b * ROW_GROUP) as *const _));
+            for (t, acc_t) in acc.iter_mut().enumerate() {
+                let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*xs.add(t * nb + b)));
+                *acc_t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t]), scale, *acc_t);
+            }
+        }
+        for (t, acc_t) in acc.iter().enumerate() {
+            _mm512_storeu_ps(out[t].as_mut_ptr(), *acc_t);
+        }
+    }
+}
+
+/// One low-bit tile (4-, 6- or 8-bit codes); `s` holds the tokens' minimum terms
+/// `[t * n_col_groups + cg]` for `t < n`.
+///
+/// # Safety
+/// As [`int8_tile`], and `s.len() >= n * w.n_col_groups()`.
+pub unsafe fn lowbit_tile(
+    w: &LowBitTiles,
+    x: &Q8Rows,
+    s: &[f32],
+    g: usize,
+    t0: usize,
+    n: usize,
+    out: &mut [[f32; ROW_GROUP]; TOKEN_TILE],
+) {
+    macro_rules! go {
+        ($($n:literal)*) => {
+            // SAFETY: forwarded contract.
+            unsafe {
+                match (w.bits, n) {
+                    $(
+                        (4, $n) => lowbit_n::<$n, 4>(w, x, s, g, t0, out),
+                        (6, $n) => lowbit_n::<$n, 6>(w, x, s, g, t0, out),
+                        (8, $n) => lowbit_n::<$n, 8>(w, x, s, g, t0, out),
+                    )*
+                    _ => unreachable!("bits {} token tile {n}", w.bits),
+                }
+            }
+        };
+    }
+    go!(1 2 3 4 5 6 7 8)
+}
+
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn lowbit_n<const N: usize, const BITS: u32>(
+    w: &LowBitTiles,
+    x: &Q8Rows,
+    smin: &[f32],
+    g: usize,
+    t0: usize,
+    out: &mut [[f32; ROW_GROUP]; TOKEN_TILE],
+) {
+    let nb = w.n_blocks();
+    let ncg = w.n_col_groups();
+    let bpg = w.group_size / BLOCK;
+    let dim = x.dim;
+    let tile_bytes = if BITS == 8 {
+        BYTE_TILE_BYTES
+    } else {
+        NIBBLE_TILE_BYTES
+    };
+    // SAFETY: every pointer stays inside the slices `check` validated: code (and high-bit)
+    // tiles of group g, blocks < nb, scales/mins of column groups < ncg, tokens t0..t0+N.
+    unsafe {
+        let codes = w.nibbles.as_ptr().add(g * nb * tile_bytes);
+        let hbits = if BITS == 6 {
+            w.high_bits.as_ptr().add(g * nb * HIGH_BITS_TILE_BYTES)
+        } else {
+            std::ptr::null()
+        };
+        let sc = w.scales.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
+        let mn = w.mins.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
+        let xq = x.quants.as_ptr().add(t0 * dim);
+        let xs = x.scales.as_ptr().add(t0 * nb);
+        let xbs = x.block_sums.as_ptr().add(t0 * nb);
+        let ones = _mm512_set1_epi16(1);
+        let mut acc = [_mm512_setzero_ps(); N];
+        for cg in 0..ncg {
+            let dw = _mm512_cvtph_ps(_mm256_loadu_si256(sc.add(cg * ROW_GROUP) as *const _));
+            for b in cg * bpg..((cg + 1) * bpg).min(nb) {
+                let tile = codes.add(b * tile_bytes);
+                let act = |t: usize, quad: usize| {
+                    _mm512_set1_epi32(
+                        (xq.add(t * dim + b * BLOCK + quad * 4) as *const i32).read_unaligned(),
+                    )
+                };
+                let mut s = [_mm512_setzero_si512(); N];
+                if BITS == 8 {
+                    for (t, s_t) in s.iter_mut().enumerate() {
+                        // Σ u·a = Σ (u - 128)·a + 128 Σa.
+                        *s_t = _mm512_set1_epi32(128 * *xbs.add(t * nb + b));
+                    }
+                    for quad in 0..BLOCK / 4 {
+                        let (wabs, neg) =
+                            full8_prep(_mm512_loadu_si512(tile.add(quad * 64) as *const _));
+                        for (t, s_t) in s.iter_mut().enumerate() {
+                            *s_t = full8_dot(*s_t, wabs, neg, act(t, quad));
+                        }
+                    }
+                } else {
+                    let hb = if BITS == 6 {
+                        hbits.add(b * HIGH_BITS_TILE_BYTES)
+                    } else {
+                        hbits
+                    };
+                    let c = if BITS == 6 {
+                        unpack_zmm::<true>(tile, hb)
+                    } else {
+                        unpack_zmm::<false>(tile, hb)
+                    };
+                    for (t, s_t) in s.iter_mut().enumerate() {
+                        if BITS == 4 {
+                            let mut p = _mm512_maddubs_epi16(c[0], act(t, 0));
+                            for (quad, cq) in c.iter().enumerate().skip(1) {
+                                p = _mm512_add_epi16(p, _mm512_maddubs_epi16(*cq, act(t, quad)));
+                            }
+                            *s_t = _mm512_madd_epi16(p, ones);
+                        } else {
+                            for pair in 0..4 {
+                                let p = _mm512_add_epi16(
+                                    _mm512_maddubs_epi16(c[2 * pair], act(t, 2 * pair)),
+                                    _mm512_maddubs_epi16(c[2 * pair + 1], act(t, 2 * pair + 1)),
+                                );
+                                *s_t = _mm512_add_epi32(*s_t, _mm512_madd_epi16(p, ones));
+                            }
+                        }
+                    }
+                }
+                for (t, acc_t) in acc.iter_mut().enumerate() {
+                    let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*xs.add(t * nb + b)));
+                    *acc_t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t]), scale, *acc_t);
+                }
+            }
+            let mw = _mm512_cvtph_ps(_mm256_loadu_si256(mn.add(cg * ROW_GROUP) as *const _));
+            for (t, acc_t) in acc.iter_mut().enumerate() {
+                *acc_t = _mm512_fmadd_ps(mw, _mm512_set1_ps(smin[t * ncg + cg]), *acc_t);
+            }
+        }
+        for (t, acc_t) in acc.iter().enumerate() {
+            _mm512_storeu_ps(out[t].as_mut_ptr(), *acc_t);
+        }
+    }
+}
