@@ -48,9 +48,9 @@
 //! weights only tie with float32 there (their gain is the 4x smaller weight reads); 4- and
 //! 6-bit codes sum several quads in i16 and need about half. Splitting full bytes into
 //! nibbles (`u = 16 hi + lo`, i16 sums, no sign fix) measured no faster on AVX2 (41 vs 44
-//! GMAC/s), nor did 3-token sub-tiles. On a Skylake-SP (not measured here) 512-bit integer
-//! multiplies and FMAs issue on the same ports, so the instruction counts carry over: 8-bit
-//! weights about level with float32, 4-bit ahead.
+//! GMAC/s), nor did 3-token sub-tiles. The `avx512bw` tier was measured here by forcing it
+//! on Zen 4, not on a Skylake-SP/Cascade Lake, whose ports for 512-bit integer multiplies
+//! differ; the same bench there (`ISA=avx512bw`) is the check.
 
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::x86_64::{quant256, quant512bw};
