@@ -28,26 +28,30 @@
 //! ## Prompts without VNNI: integer tiles, not dequantized float tiles
 //! The other way to run a prompt on a CPU without `vpdpbusd` is to dequantize a weight tile
 //! to f32 once and reuse it over the whole token block. Such a kernel performs the float32
-//! panel GEMM's FMAs (one per 16 multiply-adds on zmm) plus the dequantization, so the
-//! float32 kernel's own rate is its upper bound; the integer tiles beat that bound on every
-//! tier for int8 and int4, so they are the rule. Measured on an AMD Zen 4 (EPYC, 2 cores;
-//! `KWK_ISA`-equivalent `ISA=<tier> cargo run --release -p kwk --example quant_kernel_bench
-//! <format>`, SmolLM2-135M's layer shapes, 512-token prompt tile, one thread, on-CPU time,
-//! best of 4 under a load average of ~6 from other jobs), GMAC/s:
+//! panel GEMM's FMAs (one per 16 multiply-adds on zmm, 8 on ymm) plus the dequantization,
+//! so the float32 kernel's own rate is its upper bound. The integer tiles match or beat
+//! that bound on every tier, so they are the rule. Measured on an AMD Zen 4 (EPYC, 2
+//! cores, a tier forced as `KWK_ISA` would; `ISA=<tier> cargo run --release -p kwk
+//! --example quant_kernel_bench <format>`: SmolLM2-135M's layer shapes, 512-token prompt
+//! tile, one thread, on-CPU time, best of 3 under a load average of 5-8 from other jobs),
+//! GMAC/s:
 //!
-//! | tier | float32 (the bound) | int8 | int4 (g32) | 6-bit (g64) | 8-bit codes (g32) |
-//! |---|---|---|---|---|---|
-//! | `vnni` | 52.4 | 144.6 | 124.5 | 122.3 | 124.8 |
-//! | `avx512bw` | 52.4 | 68.1 | 113.8 | 89.9 | 58.7 |
-//! | `avxvnni` (EVEX encoding) | 45.4 | 104.3 | 91.0 | 92.4 | 77.6 |
-//! | `avx2` | 44.5 | 48.1 | 62.1 | 54.6 | 40.9 |
+//! | tier | float32 (the bound) | int8 (8-bit codes g64) | int4 (g32) | 6-bit (g64) | 8-bit g32 | symmetric 8-bit (`Int8Tiles`) |
+//! |---|---|---|---|---|---|---|
+//! | `vnni` | 50.4 | 127.4 | 124.7 | 124.7 | 118.1 | 131.7 |
+//! | `avx512bw` | 52.3 | 59.4 | 97.9 | 86.9 | 54.5 | 62.2 |
+//! | `avxvnni` (EVEX encoding) | 45.3 | 90.9 | 85.5 | 80.9 | 80.7 | 91.4 |
+//! | `avx2` | 41.1 | 42.6 | 64.8 | 54.8 | 41.7 | 43.3 |
 //!
-//! The one entry under the bound, AVX2's 8-bit codes (the int4 mix's few 8-bit tensors),
-//! is within 10% of it. Splitting full bytes into nibbles (`u = 16 hi + lo`, i16 sums, no
-//! sign trick) measured no faster on AVX2 (41 vs 44 GMAC/s for int8), nor did 3-token
-//! sub-tiles. On a Skylake-SP (not measured here) 512-bit integer and FMA instructions share
-//! ports 0 and 5: int8's 4 instructions per 64 multiply-adds match float32's 4 FMAs and
-//! 4-bit codes need about 2.4, so the same rule holds there on instruction counts.
+//! Full bytes without VNNI cost 4 instructions per 32-bit lane and quad (sign fix,
+//! `vpmaddubsw`, `vpmaddwd`, add), as many as the FMAs of the same multiply-adds, so 8-bit
+//! weights only tie with float32 there (their gain is the 4x smaller weight reads); 4- and
+//! 6-bit codes sum several quads in i16 and need about half. Splitting full bytes into
+//! nibbles (`u = 16 hi + lo`, i16 sums, no sign fix) measured no faster on AVX2 (41 vs 44
+//! GMAC/s), nor did 3-token sub-tiles. The `avx512bw` tier was measured here by forcing it
+//! on Zen 4, not on a Skylake-SP/Cascade Lake, whose ports for 512-bit integer multiplies
+//! differ; the same bench there (`ISA=avx512bw`) is the check.
+
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::x86_64::{quant256, quant512bw};
 use crate::kernels::OutputMatrix;
