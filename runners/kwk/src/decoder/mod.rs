@@ -287,7 +287,7 @@ fn int4_plan<'a>(
     // Bits Q4_K_M would spend on the tensors the search covers: its whole size less
     // lm_head (kwk keeps that at mix_bits; the float vectors cost the same in both).
     let mut budget = q4km(TensorRole::LmHead, None, output)
-        - output.data.len() as f64 * head_grid.bits_per_weight();
+        - head_grid.tensor_bits(output.rows(), output.cols());
     let mut units: Vec<MixUnit> = Vec::new();
     if weights.lm_head.is_some() {
         budget += q4km(TensorRole::Embedding, None, &weights.embed);

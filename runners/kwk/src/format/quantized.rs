@@ -174,12 +174,23 @@ pub enum Grid {
 }
 
 impl Grid {
-    /// Bits per weight of this grid, scales and minimums included.
+    /// Bits per weight of this grid, scales and minimums included, for rows whose length
+    /// is a multiple of the group.
     pub fn bits_per_weight(self) -> f64 {
         match self {
             Grid::Asym { bits, group } => bits as f64 + 32.0 / group as f64,
             Grid::Sym8 => 8.5,
         }
+    }
+
+    /// Bits of a `rows × cols` matrix on this grid (a last partial group still carries a
+    /// scale and minimum: 576 columns in groups of 128 are 5 groups).
+    pub fn tensor_bits(self, rows: usize, cols: usize) -> f64 {
+        let (bits, group, per_group) = match self {
+            Grid::Asym { bits, group } => (bits, group, 32),
+            Grid::Sym8 => (8, 32, 16),
+        };
+        rows as f64 * (bits as f64 * cols as f64 + (per_group * cols.div_ceil(group)) as f64)
     }
 }
 

@@ -96,7 +96,8 @@ pub fn q4_k_m_bits_per_weight(
 
 /// How a unit's error falls as it climbs the ladder.
 struct Curve {
-    params: u64,
+    /// Bits of the unit's tensors at each ladder step.
+    bits: Vec<f64>,
     /// Relative error at each ladder step.
     err: Vec<f64>,
 }
@@ -107,7 +108,15 @@ pub fn allocate(units: &[MixUnit], ladder: &[Grid], budget_bits: f64) -> Vec<Gri
     let curves: Vec<Curve> = units
         .iter()
         .map(|u| Curve {
-            params: u.params(),
+            bits: ladder
+                .iter()
+                .map(|g| {
+                    u.tensors
+                        .iter()
+                        .map(|(t, _, _)| g.tensor_bits(t.rows(), t.cols()))
+                        .sum()
+                })
+                .collect(),
             err: ladder
                 .iter()
                 .map(|&g| {
@@ -119,7 +128,7 @@ pub fn allocate(units: &[MixUnit], ladder: &[Grid], budget_bits: f64) -> Vec<Gri
                 .collect(),
         })
         .collect();
-    let bits = |c: &Curve, step: usize| c.params as f64 * ladder[step].bits_per_weight();
+    let bits = |c: &Curve, step: usize| c.bits[step];
     let mut level = vec![0usize; units.len()];
     let mut used: f64 = curves.iter().map(|c| bits(c, 0)).sum();
     loop {
@@ -161,6 +170,16 @@ mod tests {
             })
             .collect();
         Tensor::new(vec![rows, cols], data)
+    }
+
+    #[test]
+    fn a_partial_last_group_costs_a_whole_scale_and_minimum() {
+        let g128 = Grid::Asym {
+            bits: 4,
+            group: 128,
+        };
+        assert_eq!(g128.tensor_bits(2, 576), 2.0 * (4.0 * 576.0 + 5.0 * 32.0));
+        assert_eq!(Grid::Sym8.tensor_bits(1, 64), 8.5 * 64.0);
     }
 
     #[test]
