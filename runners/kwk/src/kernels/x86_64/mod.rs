@@ -9,3 +9,25 @@ pub mod avx2;
 pub mod avx512;
 pub mod quant256;
 pub mod quant512bw;
+
+/// Tiles the quantized kernels without VNNI read ahead of the one they compute. Measured
+/// on Zen 4, `speed --precision int8 --pp 1 --tg 64`, 2 threads, tokens/s: `avx512bw` 4
+/// tiles ahead 136, 8 122, 16 119, none 105; `avx2` 4 ahead 97, none 87. The hardware
+/// prefetcher alone leaves kernels that spend several instructions per weight byte short
+/// of the read bandwidth; the `vpdpbusd` zmm kernels measured slower with it (int8 128 vs
+/// 155), so they do not prefetch.
+pub(crate) const PREFETCH_TILES: usize = 4;
+
+/// Prefetches (into L1) the tile [`PREFETCH_TILES`] tiles after `tile` (`bytes` each, a
+/// multiple of 64). Addresses past the matrix are harmless: a prefetch is a hint and
+/// never faults.
+#[inline(always)]
+pub(crate) fn prefetch_ahead(tile: *const u8, bytes: usize) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    let ahead = tile.wrapping_add(PREFETCH_TILES * bytes);
+    for line in (0..bytes).step_by(64) {
+        // SAFETY: SSE is part of the x86-64 baseline; a prefetch reads nothing and never
+        // faults, whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line) as *const i8) };
+    }
+}

@@ -24,6 +24,7 @@
 //! Then per block `acc = fma(float(dot), d_w · d_a, acc)` and per column group
 //! `acc = fma(m, S, acc)` (low-bit codes), the scalar twin's float operations in its order.
 
+use super::prefetch_ahead;
 use crate::kernels::int4_matmul::{code_tile_bytes, LowBitTiles, HIGH_BITS_TILE_BYTES};
 use crate::kernels::int8_matmul::{
     Int8Tiles, Q8Rows, BLOCK, INT8_TILE_BYTES, ROW_GROUP, TOKEN_TILE,
@@ -172,6 +173,9 @@ macro_rules! define_quant256 {
                         let mut acc = [_mm256_setzero_ps(); N];
                         for b in 0..nb {
                             let tile = qs.add(b * INT8_TILE_BYTES + h * 32);
+                            if h == 0 {
+                                prefetch_ahead(tile, INT8_TILE_BYTES);
+                            }
                             let mut s = [_mm256_setzero_si256(); N];
                             for (t, s_t) in s.iter_mut().enumerate() {
                                 // int8 wants Σ (u - 128)·a.
@@ -282,6 +286,9 @@ macro_rules! define_quant256 {
                             ));
                             for b in cg * bpg..((cg + 1) * bpg).min(nb) {
                                 let tile = codes.add(b * tile_bytes + h * 32);
+                                if h == 0 {
+                                    prefetch_ahead(tile, tile_bytes);
+                                }
                                 let act = |t: usize, quad: usize| {
                                     _mm256_set1_epi32(
                                         (xq.add(t * dim + b * BLOCK + quad * 4) as *const i32)

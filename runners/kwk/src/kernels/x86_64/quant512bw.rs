@@ -20,6 +20,7 @@
 //! `vpaddd` per quad), 4-bit codes 16, 6-bit 19, versus 8 `vpdpbusd` with VNNI and 32
 //! `vfmadd` for the same 512 multiply-adds in float32; plus 3 per block for the scale.
 
+use super::prefetch_ahead;
 use crate::kernels::int4_matmul::{
     x86::unpack_zmm, LowBitTiles, BYTE_TILE_BYTES, HIGH_BITS_TILE_BYTES, NIBBLE_TILE_BYTES,
 };
@@ -94,6 +95,7 @@ unsafe fn int8_n<const N: usize>(
         let mut acc = [_mm512_setzero_ps(); N];
         for b in 0..nb {
             let tile = qs.add(b * INT8_TILE_BYTES);
+            prefetch_ahead(tile, INT8_TILE_BYTES);
             let mut s = [_mm512_setzero_si512(); N];
             for quad in 0..BLOCK / 4 {
                 let (wabs, neg) = full8_prep(_mm512_loadu_si512(tile.add(quad * 64) as *const _));
@@ -184,6 +186,7 @@ unsafe fn lowbit_n<const N: usize, const BITS: u32>(
             let dw = _mm512_cvtph_ps(_mm256_loadu_si256(sc.add(cg * ROW_GROUP) as *const _));
             for b in cg * bpg..((cg + 1) * bpg).min(nb) {
                 let tile = codes.add(b * tile_bytes);
+                prefetch_ahead(tile, tile_bytes);
                 let act = |t: usize, quad: usize| {
                     _mm512_set1_epi32(
                         (xq.add(t * dim + b * BLOCK + quad * 4) as *const i32).read_unaligned(),
