@@ -8,12 +8,16 @@
 //!   `lm_head`), plus attention's `q·k` and `p·v` over the positions before it (on average
 //!   `(pp + 1) / 2` for a prompt of `pp` tokens). Norms, rope and softmax are ignored
 //!   (under 1 % here).
-//! - **generation**: the weight bytes a token reads, taken as the format's tensor bytes in
-//!   proportion to the parameters it uses (all but the unused experts and, of the input
-//!   embedding, one row), plus the K and V cache it reads at its position (on average
-//!   `start + (tg - 1) / 2` earlier positions for `tg` tokens generated after `start`).
+//! - **generation**: the weight bytes a token reads (every tensor but the experts it is
+//!   not routed to, counted as `k / n` of the expert tensors, and of an input embedding
+//!   that is not also the output, one row), plus the K and V cache it reads at its
+//!   position (on average `start + (tg - 1) / 2` earlier positions for `tg` tokens
+//!   generated after `start`). kwk counts its packed tensors
+//!   (`KwkDecoder::weight_bytes_read_per_token`), a GGUF file its tensor directory
+//!   ([`gguf_weight_bytes_per_token`]).
 
 use super::ModelConfig;
+use crate::gguf::GgufTensorInfo;
 
 /// Parameters of one layer's attention projections (q, k, v, o).
 fn attention_params(c: &ModelConfig) -> u64 {
@@ -54,26 +58,6 @@ pub fn matmul_params_per_token(c: &ModelConfig) -> u64 {
     c.n_layers as u64 * (attention_params(c) + ffn_used) + (c.vocab_size * c.hidden_size) as u64
 }
 
-/// Matrix parameters stored: layers (every expert), the input embedding, and `lm_head`
-/// when it is not tied to the embedding.
-pub fn stored_matrix_params(c: &ModelConfig) -> u64 {
-    let (_, ffn_stored) = ffn_used_and_stored(c);
-    let embed = (c.vocab_size * c.hidden_size) as u64;
-    let head = if c.tie_word_embeddings { 0 } else { embed };
-    c.n_layers as u64 * (attention_params(c) + ffn_stored) + embed + head
-}
-
-/// Matrix parameters a generated token reads: those it multiplies by, and one row of the
-/// input embedding (a tied `lm_head` reads the whole table anyway).
-pub fn read_params_per_token(c: &ModelConfig) -> u64 {
-    let row = if c.tie_word_embeddings {
-        0
-    } else {
-        c.hidden_size as u64
-    };
-    matmul_params_per_token(c) + row
-}
-
 /// Operations (2 per multiply-add) of one token of a `pp`-token prompt, on average.
 pub fn prompt_ops_per_token(c: &ModelConfig, pp: usize) -> f64 {
     let avg_positions = (pp as f64 + 1.0) / 2.0;
@@ -81,22 +65,41 @@ pub fn prompt_ops_per_token(c: &ModelConfig, pp: usize) -> f64 {
     2.0 * matmul_params_per_token(c) as f64 + attention
 }
 
-/// Bytes one of `tg` tokens generated after `start` positions reads, on average, for a
-/// model whose matrices take `tensor_bytes` in all (the format's packed or file tensor
-/// bytes) and a KV cache of `kv_bytes_per_value` bytes per stored value.
-pub fn generated_bytes_per_token(
+/// Bytes of K and V cache one of `tg` tokens generated after `start` positions reads, on
+/// average, with `kv_bytes_per_value` bytes per stored value.
+pub fn kv_bytes_per_token(
     c: &ModelConfig,
-    tensor_bytes: u64,
     kv_bytes_per_value: f64,
     start: usize,
     tg: usize,
 ) -> f64 {
-    let weights =
-        tensor_bytes as f64 * read_params_per_token(c) as f64 / stored_matrix_params(c) as f64;
     let avg_positions = start as f64 + (tg.max(1) as f64 - 1.0) / 2.0;
-    let kv_per_position =
-        2.0 * (c.n_layers * c.n_kv_heads * c.head_dim) as f64 * kv_bytes_per_value;
-    weights + kv_per_position * avg_positions
+    2.0 * (c.n_layers * c.n_kv_heads * c.head_dim) as f64 * kv_bytes_per_value * avg_positions
+}
+
+/// Weight bytes a generated token reads from a GGUF file's tensors (llama.cpp's names):
+/// expert tensors (`*_exps`) at `experts_per_token / n_experts`, `token_embd` one row when
+/// an `output` tensor exists (else it is the output too, read whole), the rest whole.
+pub fn gguf_weight_bytes_per_token(tensors: &[GgufTensorInfo], c: &ModelConfig) -> f64 {
+    let has_output = tensors.iter().any(|t| t.name == "output.weight");
+    let expert_share = if c.n_experts > 0 {
+        c.experts_per_token as f64 / c.n_experts as f64
+    } else {
+        1.0
+    };
+    tensors
+        .iter()
+        .map(|t| {
+            let bytes = t.n_bytes as f64;
+            if t.name == "token_embd.weight" && has_output {
+                bytes / t.dims.get(1).copied().unwrap_or(1).max(1) as f64
+            } else if t.name.contains("_exps") {
+                bytes * expert_share
+            } else {
+                bytes
+            }
+        })
+        .sum()
 }
 
 #[cfg(test)]
@@ -140,13 +143,12 @@ mod tests {
     fn dense_counts_by_hand() {
         let c = config(0, true);
         assert_eq!(matmul_params_per_token(&c), 2 * (192 + 384) + 80);
-        assert_eq!(stored_matrix_params(&c), 2 * (192 + 384) + 80);
-        let u = config(0, false);
-        assert_eq!(stored_matrix_params(&u), 2 * (192 + 384) + 160);
-        assert_eq!(read_params_per_token(&u), 2 * (192 + 384) + 80 + 8);
         // Attention of a 3-token prompt: positions 1, 2, 3 (average 2), 4 x 8 x 2 x 2 layers.
         let ops = prompt_ops_per_token(&c, 3);
         assert_eq!(ops, 2.0 * 1232.0 + 4.0 * 8.0 * 2.0 * 2.0);
+        // KV: 2 x 2 layers x 2 heads x 2 dims x 2 bytes = 32 per position, positions
+        // 10..13 after start 10 (average 11.5).
+        assert_eq!(kv_bytes_per_token(&c, 2.0, 10, 4), 32.0 * 11.5);
     }
 
     /// MoE: 4 experts of 384 parameters, 2 used per token, router 4 x 8 = 32.
@@ -154,12 +156,33 @@ mod tests {
     fn moe_counts_only_routed_experts() {
         let c = config(4, true);
         assert_eq!(matmul_params_per_token(&c), 2 * (192 + 32 + 2 * 384) + 80);
-        assert_eq!(stored_matrix_params(&c), 2 * (192 + 32 + 4 * 384) + 80);
-        // Weights read in proportion; the KV cache: 2 x 2 layers x 2 heads x 2 dims x 2
-        // bytes = 32 per position, positions 10..13 after start 10 (average 11.5).
-        let stored = stored_matrix_params(&c) as f64;
-        let read = matmul_params_per_token(&c) as f64;
-        let b = generated_bytes_per_token(&c, 4000, 2.0, 10, 4);
-        assert!((b - (4000.0 * read / stored + 32.0 * 11.5)).abs() < 1e-9);
+    }
+
+    fn info(name: &str, dims: &[u64], n_bytes: u64) -> GgufTensorInfo {
+        GgufTensorInfo {
+            name: name.into(),
+            dims: dims.to_vec(),
+            ggml_type: crate::format::ggml_blocks::GgmlType::F32,
+            offset: 0,
+            n_bytes,
+        }
+    }
+
+    #[test]
+    fn gguf_bytes_read_per_token() {
+        let c = config(4, false);
+        let tensors = [
+            info("token_embd.weight", &[8, 10], 320),
+            info("output.weight", &[8, 10], 320),
+            info("blk.0.attn_q.weight", &[8, 8], 256),
+            info("blk.0.ffn_up_exps.weight", &[8, 16, 4], 2048),
+        ];
+        // One embedding row (32), the output, q, and half of the experts.
+        assert_eq!(
+            gguf_weight_bytes_per_token(&tensors, &c),
+            32.0 + 320.0 + 256.0 + 1024.0
+        );
+        // Without an output tensor the embedding is read whole (it is the output).
+        assert_eq!(gguf_weight_bytes_per_token(&tensors[..1], &c), 320.0);
     }
 }
