@@ -17,8 +17,13 @@ pub struct RunnerInfo {
     pub name: String,
     /// `kwk` or `llama.cpp`.
     pub engine: String,
-    /// Bytes of weights the runner holds (packed formats) or of the GGUF file.
-    pub bytes: u64,
+    /// Bytes of weight data: the packed tensors a kwk format holds, or the sum of the
+    /// GGUF's tensor data sizes (llama.cpp's "model size"), so both engines count the same.
+    pub tensor_bytes: u64,
+    /// Size of the file the runner reads its weights from (the GGUF, metadata included);
+    /// `None` for kwk formats, which are packed in memory.
+    pub file_bytes: Option<u64>,
+    /// `8 · tensor_bytes / params`.
     pub bits_per_weight: f64,
     pub params: u64,
     /// Storage types and their tensor counts (e.g. {"q4_1": 182, "f32": 61}).

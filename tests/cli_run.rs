@@ -45,7 +45,7 @@ fn tiny_run_writes_reports_that_parse_and_gate_exit_codes() {
     assert_eq!(out.status.code(), Some(0), "stderr:\n{stderr}");
 
     let v = read_json(&first.join("results.json"));
-    assert_eq!(v["schema_version"], 1);
+    assert_eq!(v["schema_version"], 2);
     assert_eq!(v["complete"], true);
     assert_eq!(v["protocol"]["ctx"], 64);
     assert_eq!(v["protocol"]["chunks"], 2);
@@ -75,7 +75,7 @@ fn tiny_run_writes_reports_that_parse_and_gate_exit_codes() {
         assert!(r["error"].is_null(), "{r}");
         assert!(r["ppl"].as_f64().unwrap() > 1.0);
         assert!(r["ppl_err"].as_f64().unwrap() > 0.0);
-        assert!(r["bytes"].as_u64().unwrap() > 0);
+        assert!(r["tensor_bytes"].as_u64().unwrap() > 0);
         assert!(r["bits_per_weight"].as_f64().unwrap() > 0.0);
         assert_eq!(r["pp_samples_tokens_per_s"].as_array().unwrap().len(), 2);
         assert_eq!(r["tg_samples_tokens_per_s"].as_array().unwrap().len(), 2);

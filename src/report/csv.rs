@@ -9,7 +9,8 @@ use std::path::Path;
 const HEADER: &[&str] = &[
     "name",
     "engine",
-    "bytes",
+    "tensor_bytes",
+    "file_bytes",
     "bits_per_weight",
     "params",
     "type_mix",
@@ -49,7 +50,8 @@ fn cells(r: &RunnerRecord) -> Vec<String> {
     vec![
         r.name.clone(),
         r.engine.clone(),
-        opt(&r.bytes),
+        opt(&r.tensor_bytes),
+        opt(&r.file_bytes),
         opt(&r.bits_per_weight),
         opt(&r.params),
         r.type_mix
@@ -109,8 +111,8 @@ mod tests {
         let rows: Vec<_> = rd.records().collect::<Result<_, _>>().unwrap();
         assert_eq!(rows.len(), 2);
         assert_eq!(&rows[1][0], "int4");
-        assert_eq!(&rows[0][7], "20");
-        assert_eq!(&rows[0][12], "", "unmeasured KLD is empty");
-        assert_eq!(&rows[0][19], "990 1010");
+        assert_eq!(&rows[0][8], "20");
+        assert_eq!(&rows[0][13], "", "unmeasured KLD is empty");
+        assert_eq!(&rows[0][20], "990 1010");
     }
 }

@@ -76,7 +76,9 @@ pub fn render(r: &Results, plots: &PlotFiles) -> String {
     let reference = r.ppl_delta_reference.as_deref().unwrap_or("-");
     let _ = writeln!(
         s,
-        "\nPPL ± its uncertainty as llama-perplexity computes it; ΔPPL relative to `{reference}`; \
+        "\ntensor MiB: bytes of weight data (kwk: packed tensors; GGUF: the sum of its tensor data \
+         sizes, metadata excluded; file sizes are in results.csv), the same measure for both engines; bpw: \
+         8 · tensor bytes / parameters; PPL ± its uncertainty as llama-perplexity computes it; ΔPPL relative to `{reference}`; \
          KLD: mean KL divergence against the float32 reference's distributions; top-1: how often \
          the most likely token agrees with the reference; speeds are mean ± sample stddev of \
          per-repetition tokens/s (llama-bench's definitions); '-' = not measured.\n"

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 /// Bumped when a field changes meaning.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Results {
@@ -95,7 +95,14 @@ fn default_true() -> bool {
 pub struct RunnerRecord {
     pub name: String,
     pub engine: String,
-    pub bytes: Option<u64>,
+    /// Bytes of weight data, the same measure for both engines: a kwk format's packed
+    /// tensors, or the sum of a GGUF's tensor data sizes (metadata excluded).
+    #[serde(alias = "bytes")]
+    pub tensor_bytes: Option<u64>,
+    /// The GGUF file's size (metadata included); null for kwk formats (packed in memory).
+    #[serde(default)]
+    pub file_bytes: Option<u64>,
+    /// `8 · tensor_bytes / params`.
     pub bits_per_weight: Option<f64>,
     pub params: Option<u64>,
     pub type_mix: BTreeMap<String, usize>,
@@ -146,7 +153,8 @@ impl RunnerRecord {
         RunnerRecord {
             name: info.name.clone(),
             engine: info.engine.clone(),
-            bytes: Some(info.bytes),
+            tensor_bytes: Some(info.tensor_bytes),
+            file_bytes: info.file_bytes,
             bits_per_weight: Some(info.bits_per_weight).filter(|b| b.is_finite() && *b > 0.0),
             params: Some(info.params),
             type_mix: info.type_mix.clone(),
@@ -253,8 +261,17 @@ pub(crate) fn fmt_pm(v: Option<f64>, err: Option<f64>, decimals: usize) -> Strin
 /// The table every human-readable exporter shows: header and one row of cells per runner.
 pub(crate) fn table_rows(results: &Results) -> (Vec<&'static str>, Vec<Vec<String>>) {
     let header = vec![
-        "runner", "engine", "size MiB", "bpw", "PPL", "ΔPPL %", "KLD", "top-1 %", "pp t/s",
-        "tg t/s", "load s",
+        "runner",
+        "engine",
+        "tensor MiB",
+        "bpw",
+        "PPL",
+        "ΔPPL %",
+        "KLD",
+        "top-1 %",
+        "pp t/s",
+        "tg t/s",
+        "load s",
     ];
     let rows = results
         .runners
@@ -269,7 +286,7 @@ pub(crate) fn table_rows(results: &Results) -> (Vec<&'static str>, Vec<Vec<Strin
             vec![
                 r.name.clone(),
                 r.engine.clone(),
-                fmt_opt(r.bytes.map(|b| b as f64 / (1024.0 * 1024.0)), 1),
+                fmt_opt(r.tensor_bytes.map(|b| b as f64 / (1024.0 * 1024.0)), 1),
                 fmt_opt(r.bits_per_weight, 2),
                 fmt_pm(r.ppl, r.ppl_err, 4),
                 r.ppl_delta_pct.map_or("-".into(), |d| format!("{d:+.3}")),
@@ -326,7 +343,7 @@ pub(crate) mod testdata {
                 RunnerRecord {
                     name: "float32".into(),
                     engine: "kwk".into(),
-                    bytes: Some(4_000_000),
+                    tensor_bytes: Some(4_000_000),
                     bits_per_weight: Some(32.0),
                     params: Some(1_000_000),
                     ppl: Some(20.0),
@@ -343,7 +360,7 @@ pub(crate) mod testdata {
                 RunnerRecord {
                     name: "int4".into(),
                     engine: "kwk".into(),
-                    bytes: Some(600_000),
+                    tensor_bytes: Some(600_000),
                     bits_per_weight: Some(4.8),
                     params: Some(1_000_000),
                     ppl: Some(20.5),

@@ -80,7 +80,8 @@ impl KwkRunner {
         let info = RunnerInfo {
             name: name.to_string(),
             engine: "kwk".into(),
-            bytes: decoder.weight_bytes(),
+            tensor_bytes: decoder.weight_bytes(),
+            file_bytes: None,
             bits_per_weight: decoder.bits_per_weight(),
             params: model.n_params(),
             type_mix: decoder.type_mix(),

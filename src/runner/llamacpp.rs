@@ -2,7 +2,8 @@
 //!
 //! The GGUF is opened with kwk's reader before any subprocess runs, so a truncated file or
 //! one that is not GGUF fails at once with a clear error, and the report gets its size,
-//! type mix, parameter count and bits per weight from the file itself. Perplexity runs
+//! type mix, parameter count, tensor bytes (the sum of its tensors' data sizes, as for kwk
+//! formats), file size and bits per weight from the file itself. Perplexity runs
 //! llama-perplexity on the harness's text with the harness's context and chunk count, checks
 //! with llama-tokenize that llama.cpp sees the same token ids, and, when the protocol names
 //! a KL-divergence base file, runs llama-perplexity's KL-divergence mode against it. Speed
@@ -101,7 +102,8 @@ impl LlamaCppRunner {
         let info = RunnerInfo {
             name: format!("gguf:{file_name}"),
             engine: "llama.cpp".to_string(),
-            bytes: summary.file_bytes,
+            tensor_bytes: summary.tensor_bytes,
+            file_bytes: Some(summary.file_bytes),
             bits_per_weight: summary.bits_per_weight,
             params: summary.n_params,
             // Lower-case type names, as RunnerInfo documents ("q4_1", "f32").
@@ -437,7 +439,12 @@ mod tests {
         let info = r.info();
         assert_eq!(info.name, "gguf:model.gguf");
         assert_eq!(info.engine, "llama.cpp");
-        assert_eq!(info.bytes, std::fs::metadata(&path).unwrap().len());
+        assert_eq!(
+            info.file_bytes,
+            Some(std::fs::metadata(&path).unwrap().len())
+        );
+        // llama-bench's model_size for this fixture: the tensor data alone.
+        assert_eq!(info.tensor_bytes, 476_416);
         // llama-bench reports this fixture as model_n_params 119104, model_size 476416
         // (tests/data/tiny-llama-bench.json): all F32, so 32 bits per weight.
         assert_eq!(info.params, 119_104);
@@ -688,7 +695,7 @@ mod tests {
             let info = r.info();
             eprintln!(
                 "ROW {ty}: MiB {:.1} bpw {:.2} | PPL {:.4} ± {:.4} tokens_match {:?} | KLD {} same-top {} | pp512 {:.1} ± {:.1} | tg128 {:.1} ± {:.1} | load_s {:?}",
-                info.bytes as f64 / 1048576.0,
+                info.tensor_bytes as f64 / 1048576.0,
                 info.bits_per_weight,
                 p.ppl,
                 p.ppl_err,
