@@ -43,7 +43,7 @@ pub fn read(path: &Path) -> Result<Results> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::testdata::sample_results;
+    use crate::protocol::results::testdata::sample_results;
 
     #[test]
     fn round_trips_and_checks_the_schema() {
