@@ -20,7 +20,8 @@ fn run() -> ExitCode {
         }
     };
     let result = match invocation {
-        Invocation::Evaluate(cfg) => session::evaluate(&cfg),
+        Invocation::Evaluate(args) => session::evaluate(&args),
+        Invocation::Compare(args) => session::compare(&args).map(|()| Outcome::Passed),
         Invocation::Generate(cfg) => kwk_eval::generate::generate(&cfg).map(|()| Outcome::Passed),
     };
     match result {
