@@ -12,8 +12,8 @@ use crate::eval::paired::paired_change;
 use crate::plan::RunPlan;
 use crate::prepare::Prepared;
 use crate::progress::Bar;
-use crate::protocol::results::{Results, RunnerRecord};
-use crate::protocol::{FormatSpec, SpeedRep, SpeedSpec, TokenScores};
+use crate::protocol::results::{Machine, Results, RunnerRecord};
+use crate::protocol::{ComputeKind, FormatSpec, RooflineCost, SpeedRep, SpeedSpec, TokenScores};
 use crate::report;
 use crate::runner::kwk::{KwkRunner, KwkRunnerOptions, ReferenceRole};
 use crate::runner::llamacpp::{LlamaCppRunner, LlamaCppRunnerOptions};
@@ -222,7 +222,12 @@ fn speed_round(
 }
 
 /// The speed rounds; each row's samples summarized once all rounds are done.
-fn speed_pass(plan: &RunPlan, live: &mut [Live], results: &mut Results) -> Result<()> {
+fn speed_pass(
+    plan: &RunPlan,
+    config: &kwk::ModelConfig,
+    live: &mut [Live],
+    results: &mut Results,
+) -> Result<()> {
     let Some(spec) = &plan.speed else {
         return Ok(());
     };
@@ -255,7 +260,53 @@ fn speed_pass(plan: &RunPlan, live: &mut [Live], results: &mut Results) -> Resul
             row.llama_bench = Some(serde_json::Value::Array(l.raw.clone()));
         }
     }
+    for l in live.iter() {
+        let (machine, row) = (&results.machine, &mut results.runners[l.index]);
+        set_roofline(
+            row,
+            l.runner.info().roofline.as_ref(),
+            config,
+            spec,
+            machine,
+        );
+    }
     report::write_all(&plan.out_dir, results)
+}
+
+/// The row's roofline columns: pp against the compute peak its kernels use, tg against the
+/// read bandwidth (`kwk::model::cost` for the numerators; `machine.peaks` for the ceilings,
+/// the best tier's for engines that pick their own kernels).
+fn set_roofline(
+    row: &mut RunnerRecord,
+    cost: Option<&RooflineCost>,
+    config: &kwk::ModelConfig,
+    spec: &SpeedSpec,
+    machine: &Machine,
+) {
+    let Some(cost) = cost else { return };
+    let peaks = match (cost.best_kernels, &machine.peaks_best_tier) {
+        (true, Some(best)) => Some(best),
+        _ => machine.peaks.as_ref(),
+    };
+    let Some(peaks) = peaks else { return };
+    let ops = kwk::model::cost::prompt_ops_per_token(config, spec.pp);
+    let bytes = cost.weight_bytes_per_token
+        + kwk::model::cost::kv_bytes_per_token(config, cost.kv_bytes_per_value, 0, spec.tg);
+    let compute_peak = match cost.compute {
+        ComputeKind::Fp32 => peaks.fp32_gflops,
+        ComputeKind::Bf16 => peaks.bf16_gflops.unwrap_or(peaks.fp32_gflops),
+        ComputeKind::Int8 => peaks.int8_gops,
+    } * 1e9;
+    if spec.pp > 0 {
+        row.pp_ops_per_token = Some(ops);
+        row.pp_roofline_pct = row.pp_tokens_per_s.map(|t| 100.0 * t * ops / compute_peak);
+    }
+    if spec.tg > 0 {
+        row.tg_bytes_per_token = Some(bytes);
+        row.tg_roofline_pct = row
+            .tg_tokens_per_s
+            .map(|t| 100.0 * t * bytes / (peaks.read_gbps * 1e9));
+    }
 }
 
 /// Quality of every format, paired comparisons, then interleaved speed; rows into `results`.
@@ -263,5 +314,90 @@ pub fn run(plan: &RunPlan, prep: &Prepared, results: &mut Results) -> Result<()>
     let (mut live, scores) = quality_pass(plan, prep, results)?;
     compare_rows(plan, results, &scores)?;
     drop(scores);
-    speed_pass(plan, &mut live, results)
+    speed_pass(plan, &prep.model.config, &mut live, results)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kwk::kernels::peaks::Peaks;
+
+    fn peaks(isa: &str, fp32: f64, int8: f64, read: f64) -> Peaks {
+        Peaks {
+            threads: 2,
+            isa: isa.into(),
+            fp32_gflops: fp32,
+            fp32_instruction: "fma".into(),
+            int8_gops: int8,
+            int8_instruction: "dot".into(),
+            bf16_gflops: None,
+            read_gbps: read,
+            read_buffer_bytes: 1 << 28,
+            seconds: 1.0,
+        }
+    }
+
+    /// pp and tg shares by hand: the row's rate times the cost model's numerators over the
+    /// matching ceiling; an engine that picks its own kernels is put against the best tier.
+    #[test]
+    fn roofline_percentages_by_hand() {
+        let model = kwk_fixtures::model_dir("tiny-llama");
+        let config =
+            kwk::model::ModelConfig::from_hf_config_json(&model.join("config.json")).unwrap();
+        let spec = SpeedSpec {
+            pp: 64,
+            tg: 16,
+            reps: 1,
+            threads: 2,
+        };
+        let machine = Machine {
+            cpu: "x".into(),
+            isa: vec![],
+            kernels: None,
+            threads: 2,
+            peaks: Some(peaks("avx2", 10.0, 40.0, 5.0)),
+            peaks_best_tier: Some(peaks("vnni", 20.0, 80.0, 8.0)),
+        };
+        let cost = |compute, best| RooflineCost {
+            compute,
+            weight_bytes_per_token: 1e6,
+            kv_bytes_per_value: 4.0,
+            best_kernels: best,
+        };
+        let ops = kwk::model::cost::prompt_ops_per_token(&config, 64);
+        let bytes = 1e6 + kwk::model::cost::kv_bytes_per_token(&config, 4.0, 0, 16);
+        let mut row = RunnerRecord {
+            pp_tokens_per_s: Some(1000.0),
+            tg_tokens_per_s: Some(100.0),
+            ..Default::default()
+        };
+        set_roofline(
+            &mut row,
+            Some(&cost(ComputeKind::Int8, false)),
+            &config,
+            &spec,
+            &machine,
+        );
+        let close = |a: Option<f64>, b: f64| (a.unwrap() - b).abs() < 1e-9 * b.abs().max(1.0);
+        assert!(close(row.pp_roofline_pct, 100.0 * 1000.0 * ops / 40e9));
+        assert!(close(row.tg_roofline_pct, 100.0 * 100.0 * bytes / 5e9));
+        set_roofline(
+            &mut row,
+            Some(&cost(ComputeKind::Fp32, true)),
+            &config,
+            &spec,
+            &machine,
+        );
+        assert!(close(row.pp_roofline_pct, 100.0 * 1000.0 * ops / 20e9));
+        assert!(close(row.tg_roofline_pct, 100.0 * 100.0 * bytes / 8e9));
+        // bf16 without a bf16 peak falls back to the fp32 ceiling.
+        set_roofline(
+            &mut row,
+            Some(&cost(ComputeKind::Bf16, false)),
+            &config,
+            &spec,
+            &machine,
+        );
+        assert!(close(row.pp_roofline_pct, 100.0 * 1000.0 * ops / 10e9));
+    }
 }

@@ -168,7 +168,7 @@ fn run_folder(out: Option<&Path>, stamp: &str) -> Result<PathBuf> {
         dir.display()
     );
     ensure!(
-        !(dir.exists() && !dir.is_dir()),
+        !dir.exists() || dir.is_dir(),
         "--out '{}' is a file; pass a folder",
         dir.display()
     );

@@ -162,6 +162,14 @@ fn start_results(
 ) -> Results {
     let tokens_bytes: Vec<u8> = stream.tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
     let speed = plan.speed.as_ref();
+    let (peaks, peaks_best_tier) = match speed {
+        Some(_) => {
+            eprintln!("measuring this machine's peaks (roofline, about a second)");
+            let (p, b) = machine::measure_peaks(plan.threads);
+            (Some(p), b)
+        }
+        None => (None, None),
+    };
     Results {
         schema_version: SCHEMA_VERSION,
         complete: false,
@@ -172,6 +180,8 @@ fn start_results(
             isa: machine::isa_flags(),
             kernels: Some(machine::kernels_in_use()),
             threads: plan.threads,
+            peaks,
+            peaks_best_tier,
         },
         versions: Versions {
             kwk: machine::kwk_git_sha(),

@@ -39,6 +39,34 @@ pub struct RunnerInfo {
     /// The kernels the runner's weight matmuls run (kwk formats, e.g. `avx512bw`,
     /// `avx512f (convert)`); `None` for engines that do not say.
     pub kernels: Option<String>,
+    /// What a token costs this runner, for the roofline (`None` when unknown).
+    pub roofline: Option<RooflineCost>,
+}
+
+/// Which measured peak bounds a runner's prompt processing: the arithmetic its weight
+/// matmuls do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ComputeKind {
+    /// Float32 multiply-add (float32 weights, and f16 weights widened to f32).
+    Fp32,
+    /// bf16 dot where the CPU has it (else its ceiling is the fp32 one).
+    Bf16,
+    /// int8 dot: quantized weights against int8-quantized activations (kwk int8/int4,
+    /// llama.cpp's quantized types).
+    Int8,
+}
+
+/// A runner's side of the roofline: which compute peak applies, the weight bytes one
+/// generated token reads, and the bytes of one KV cache value during the speed test.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct RooflineCost {
+    pub compute: ComputeKind,
+    pub weight_bytes_per_token: f64,
+    pub kv_bytes_per_value: f64,
+    /// Whether this engine picks its own best kernels (llama.cpp), so its ceiling is the
+    /// best tier's peaks even when `KWK_ISA` forces kwk onto a lower one.
+    pub best_kernels: bool,
 }
 
 /// The token stream every runner is scored on.

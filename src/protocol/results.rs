@@ -45,6 +45,14 @@ pub struct Machine {
     #[serde(default)]
     pub kernels: Option<String>,
     pub threads: usize,
+    /// This machine's measured peaks with `threads` threads for the kernel tier kwk ran
+    /// (`kwk::kernels::peaks`; null with `--no-speed`): the roofline's ceilings.
+    #[serde(default)]
+    pub peaks: Option<kwk::kernels::peaks::Peaks>,
+    /// The best tier's peaks when `KWK_ISA` forced a lower one (llama.cpp rows, which
+    /// always use their best kernels, are put against these); null otherwise.
+    #[serde(default)]
+    pub peaks_best_tier: Option<kwk::kernels::peaks::Peaks>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -163,6 +171,19 @@ pub struct RunnerRecord {
     pub tg_tokens_per_s: Option<f64>,
     pub tg_tokens_per_s_std: Option<f64>,
     pub tg_samples_tokens_per_s: Vec<f64>,
+    /// Operations (2 per multiply-add) of one prompt token at the speed test's prompt
+    /// length, from the model's shapes (`kwk::model::cost`), and pp as a percentage of the
+    /// matching compute peak (fp32, bf16 or int8 dot; `machine.peaks`).
+    #[serde(default)]
+    pub pp_ops_per_token: Option<f64>,
+    #[serde(default)]
+    pub pp_roofline_pct: Option<f64>,
+    /// Bytes one generated token reads (weights it uses plus its KV cache), and tg as a
+    /// percentage of the measured read bandwidth.
+    #[serde(default)]
+    pub tg_bytes_per_token: Option<f64>,
+    #[serde(default)]
+    pub tg_roofline_pct: Option<f64>,
     pub load_s: Option<f64>,
     pub load_read_s: Option<f64>,
     pub load_pack_s: Option<f64>,
@@ -287,6 +308,8 @@ pub mod testdata {
                 isa: vec!["avx2".into()],
                 kernels: Some("avx2".into()),
                 threads: 2,
+                peaks: None,
+                peaks_best_tier: None,
             },
             versions: Versions {
                 kwk: Some("abc".into()),

@@ -124,6 +124,9 @@ pub fn render(r: &Results, plots: &PlotFiles) -> String {
         },
         r.started_utc
     );
+    if let Some(line) = super::peaks_line(r) {
+        let _ = writeln!(s, "\n{line}");
+    }
     s
 }
 

@@ -97,6 +97,28 @@ fn differs_cell(r: &RunnerRecord) -> String {
     marks.join(" ")
 }
 
+/// One line on the roofline's ceilings (`None` without measured peaks).
+pub(crate) fn peaks_line(results: &Results) -> Option<String> {
+    let p = results.machine.peaks.as_ref()?;
+    let bf16 = p
+        .bf16_gflops
+        .map_or("bf16 converted to f32".to_string(), |b| {
+            format!("bf16 {b:.0} GFLOP/s")
+        });
+    let mut line = format!(
+        "Roofline ceilings measured with {} threads on tier {}: fp32 {:.0} GFLOP/s ({}), int8 {:.0} GOP/s ({}), {bf16}, read {:.1} GB/s",
+        p.threads, p.isa, p.fp32_gflops, p.fp32_instruction, p.int8_gops, p.int8_instruction, p.read_gbps
+    );
+    if let Some(b) = &results.machine.peaks_best_tier {
+        line.push_str(&format!(
+            "; llama.cpp rows against the best tier {}: fp32 {:.0}, int8 {:.0}, read {:.1} GB/s",
+            b.isa, b.fp32_gflops, b.int8_gops, b.read_gbps
+        ));
+    }
+    line.push_str(". pp % roof = pp t/s x operations per prompt token / the peak of the row's arithmetic (fp32, bf16 or int8 dot); tg % roof = tg t/s x bytes read per token (weights used + KV cache) / read bandwidth.");
+    Some(line)
+}
+
 /// The table every human-readable exporter shows: header and one row of cells per runner.
 pub(crate) fn table_rows(results: &Results) -> (Vec<&'static str>, Vec<Vec<String>>) {
     let header = vec![
@@ -110,7 +132,9 @@ pub(crate) fn table_rows(results: &Results) -> (Vec<&'static str>, Vec<Vec<Strin
         "top-1 %",
         ">2SE",
         "pp t/s",
+        "pp % roof",
         "tg t/s",
+        "tg % roof",
         "load s",
     ];
     let rows = results
@@ -139,7 +163,9 @@ pub(crate) fn table_rows(results: &Results) -> (Vec<&'static str>, Vec<Vec<Strin
                 ),
                 differs_cell(r),
                 fmt_pm(r.pp_tokens_per_s, r.pp_tokens_per_s_std, 1),
+                fmt_opt(r.pp_roofline_pct, 0),
                 fmt_pm(r.tg_tokens_per_s, r.tg_tokens_per_s_std, 1),
+                fmt_opt(r.tg_roofline_pct, 0),
                 fmt_opt(r.load_s, 2),
             ]
         })

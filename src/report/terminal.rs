@@ -71,6 +71,9 @@ pub fn notes(r: &Results) -> Vec<String> {
             }
         }
     }
+    if let Some(line) = super::peaks_line(r) {
+        out.push(line);
+    }
     for row in r.failures() {
         out.push(format!(
             "FAILED {}: {}",

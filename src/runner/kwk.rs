@@ -15,7 +15,8 @@ use crate::eval::perplexity::{score_chunks, ChunkLogits};
 use crate::eval::reference::{LogitsBaseWriter, ReferenceComparer};
 use crate::eval::speed::{SpeedSession, SpeedTarget};
 use crate::protocol::{
-    PerplexityProtocol, PerplexityResult, Progress, RunnerInfo, SpeedRep, SpeedSpec, TokenStream,
+    ComputeKind, PerplexityProtocol, PerplexityResult, Progress, RooflineCost, RunnerInfo,
+    SpeedRep, SpeedSpec, TokenStream,
 };
 use anyhow::{anyhow, bail, Context, Result};
 use kwk::{DecoderOptions, KwkDecoder, Model, Precision};
@@ -93,6 +94,17 @@ impl KwkRunner {
             load_pack_s: Some(pack_s),
             kv_type: "f32".into(),
             kernels: Some(precision.kernels().to_string()),
+            roofline: Some(RooflineCost {
+                compute: match precision {
+                    Precision::Float32 => ComputeKind::Fp32,
+                    Precision::Bf16 => ComputeKind::Bf16,
+                    _ => ComputeKind::Int8,
+                },
+                weight_bytes_per_token: decoder.weight_bytes_read_per_token(),
+                // The decoder's KV cache is float32 in every format.
+                kv_bytes_per_value: 4.0,
+                best_kernels: false,
+            }),
         };
         Ok(KwkRunner {
             model,

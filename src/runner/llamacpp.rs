@@ -16,7 +16,8 @@
 
 use crate::eval::reference::{compare_files, LogitsBaseReader};
 use crate::protocol::{
-    PerplexityProtocol, PerplexityResult, Progress, RunnerInfo, SpeedRep, SpeedSpec, TokenStream,
+    ComputeKind, PerplexityProtocol, PerplexityResult, Progress, RooflineCost, RunnerInfo,
+    SpeedRep, SpeedSpec, TokenStream,
 };
 use crate::runner::Runner;
 use anyhow::{anyhow, bail, Context};
@@ -57,6 +58,21 @@ impl Default for LlamaCppRunnerOptions {
     }
 }
 
+/// The arithmetic llama.cpp's matmuls do on a GGUF: by the storage type holding the most
+/// weights, float32 FMA for F32 and F16 (widened), the bf16 dot for BF16, and the int8 dot
+/// for quantized types (their CPU kernels quantize activations to 8 bits).
+fn compute_kind_of(type_params: &std::collections::BTreeMap<String, u64>) -> ComputeKind {
+    let dominant = type_params
+        .iter()
+        .max_by_key(|(_, &n)| n)
+        .map(|(t, _)| t.to_ascii_uppercase());
+    match dominant.as_deref() {
+        Some("F32") | Some("F16") => ComputeKind::Fp32,
+        Some("BF16") => ComputeKind::Bf16,
+        _ => ComputeKind::Int8,
+    }
+}
+
 /// One GGUF file run by llama.cpp.
 pub struct LlamaCppRunner {
     gguf: PathBuf,
@@ -93,6 +109,7 @@ impl LlamaCppRunner {
             )
         })?;
         let summary = file.summary();
+        let weight_bytes_per_token = file.weight_bytes_read_per_token();
         drop(file);
         if summary.n_params == 0 {
             bail!(
@@ -122,6 +139,13 @@ impl LlamaCppRunner {
             load_pack_s: None,
             kv_type: opts.kv_type.as_str().to_string(),
             kernels: None,
+            roofline: Some(RooflineCost {
+                compute: compute_kind_of(&summary.type_params),
+                weight_bytes_per_token,
+                // llama-bench runs with an f16 KV cache (it refuses f32).
+                kv_bytes_per_value: 2.0,
+                best_kernels: true,
+            }),
         };
         Ok(Self {
             gguf: gguf_path.to_path_buf(),

@@ -78,15 +78,11 @@ pub fn kv_bytes_per_token(
 }
 
 /// Weight bytes a generated token reads from a GGUF file's tensors (llama.cpp's names):
-/// expert tensors (`*_exps`) at `experts_per_token / n_experts`, `token_embd` one row when
-/// an `output` tensor exists (else it is the output too, read whole), the rest whole.
-pub fn gguf_weight_bytes_per_token(tensors: &[GgufTensorInfo], c: &ModelConfig) -> f64 {
+/// expert tensors (`*_exps`) at `expert_share` (experts used per token / experts; 1 for a
+/// dense model), `token_embd` one row when an `output` tensor exists (else it is the
+/// output too, read whole), the rest whole.
+pub fn gguf_weight_bytes_per_token(tensors: &[GgufTensorInfo], expert_share: f64) -> f64 {
     let has_output = tensors.iter().any(|t| t.name == "output.weight");
-    let expert_share = if c.n_experts > 0 {
-        c.experts_per_token as f64 / c.n_experts as f64
-    } else {
-        1.0
-    };
     tensors
         .iter()
         .map(|t| {
@@ -170,7 +166,6 @@ mod tests {
 
     #[test]
     fn gguf_bytes_read_per_token() {
-        let c = config(4, false);
         let tensors = [
             info("token_embd.weight", &[8, 10], 320),
             info("output.weight", &[8, 10], 320),
@@ -179,10 +174,10 @@ mod tests {
         ];
         // One embedding row (32), the output, q, and half of the experts.
         assert_eq!(
-            gguf_weight_bytes_per_token(&tensors, &c),
+            gguf_weight_bytes_per_token(&tensors, 0.5),
             32.0 + 320.0 + 256.0 + 1024.0
         );
         // Without an output tensor the embedding is read whole (it is the output).
-        assert_eq!(gguf_weight_bytes_per_token(&tensors[..1], &c), 320.0);
+        assert_eq!(gguf_weight_bytes_per_token(&tensors[..1], 0.5), 320.0);
     }
 }
