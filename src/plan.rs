@@ -168,7 +168,7 @@ fn run_folder(out: Option<&Path>, stamp: &str) -> Result<PathBuf> {
         dir.display()
     );
     ensure!(
-        !(dir.exists() && !dir.is_dir()),
+        !dir.exists() || dir.is_dir(),
         "--out '{}' is a file; pass a folder",
         dir.display()
     );
@@ -232,7 +232,7 @@ pub fn make(a: &EvalArgs) -> Result<RunPlan> {
         out_dir: run_folder(a.out.as_deref(), &stamp)?,
         started_utc,
         baseline: None,
-        limits: GateLimits::from(&a.gate),
+        limits: a.gate.limits(),
         compare_to: a.compare_to.clone(),
     };
     plan.speed = (!a.no_speed).then_some(SpeedSpec {
