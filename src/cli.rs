@@ -1,9 +1,11 @@
 //! The command line (clap derive): every flag, every default, and the parsing of values into
 //! types (formats into [`FormatSpec`]s, KV types and output formats into enums), so nothing
-//! later parses a string. [`crate::plan`] turns [`EvalArgs`] into a checked run plan.
+//! later parses a string. The plan step (`plan.rs`) turns [`EvalArgs`] into a checked run plan.
 
 use crate::generate::GenerateConfig;
 use crate::protocol::{parse_format, FormatSpec};
+pub use crate::report::compare::TableFormat;
+use crate::report::gate::GateLimits;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 
@@ -66,14 +68,6 @@ impl KvArg {
     }
 }
 
-/// How `compare` prints its table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum TableFormat {
-    Terminal,
-    Markdown,
-    Csv,
-}
-
 /// The regression limits, shared by `--baseline` and `compare`.
 #[derive(Debug, Clone, Args)]
 pub struct GateArgs {
@@ -96,6 +90,19 @@ pub struct GateArgs {
     /// Compare speeds even when the CPU, its features or the thread count differ (skipped otherwise, with a note).
     #[arg(long)]
     pub speed_across_machines: bool,
+}
+
+impl GateArgs {
+    /// The limits these flags set.
+    pub fn limits(&self) -> GateLimits {
+        GateLimits {
+            max_ppl_pct: self.max_ppl_regression,
+            max_kld_pct: self.max_kld_regression,
+            max_top1_points: self.max_top1_regression,
+            max_speed_pct: self.max_speed_regression,
+            speed_across_machines: self.speed_across_machines,
+        }
+    }
 }
 
 #[derive(Debug, Args)]

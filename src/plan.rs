@@ -232,7 +232,7 @@ pub fn make(a: &EvalArgs) -> Result<RunPlan> {
         out_dir: run_folder(a.out.as_deref(), &stamp)?,
         started_utc,
         baseline: None,
-        limits: GateLimits::from(&a.gate),
+        limits: a.gate.limits(),
         compare_to: a.compare_to.clone(),
     };
     plan.speed = (!a.no_speed).then_some(SpeedSpec {

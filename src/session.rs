@@ -63,7 +63,7 @@ pub fn evaluate(args: &EvalArgs) -> Result<Outcome> {
 /// `kwk-eval compare`: each later results.json against the first, printed in `args.format`.
 pub fn compare(args: &crate::cli::CompareArgs) -> Result<()> {
     let old = report::json::read(&args.files[0])?;
-    let limits = report::gate::GateLimits::from(&args.gate);
+    let limits = args.gate.limits();
     for path in &args.files[1..] {
         let new = report::json::read(path)?;
         if args.files.len() > 2 {

@@ -7,7 +7,9 @@ use common::*;
 use std::path::{Path, PathBuf};
 
 fn data(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name)
 }
 
 fn compare(format: &str) -> String {
@@ -18,7 +20,12 @@ fn compare(format: &str) -> String {
         .args(["--format", format])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout).unwrap()
 }
 
@@ -32,9 +39,15 @@ fn compare_two_committed_results_in_every_format() {
             .to_string()
     };
     assert!(line("float32").ends_with("same"), "{t}");
-    assert!(line("int8 ").contains("REGRESSED (ppl +2.000% > 0.5%)"), "{t}");
+    assert!(
+        line("int8 ").contains("REGRESSED (ppl +2.000% > 0.5%)"),
+        "{t}"
+    );
     assert!(line("int8 ").contains("+0.01980 ±"), "{t}");
-    assert!(line("gguf:model.gguf").contains("REGRESSED (tg -50.0% < -25%)"), "{t}");
+    assert!(
+        line("gguf:model.gguf").contains("REGRESSED (tg -50.0% < -25%)"),
+        "{t}"
+    );
     let csv = compare("csv");
     let mut rd = csv::Reader::from_reader(csv.as_bytes());
     let rows: Vec<_> = rd.records().collect::<Result<_, _>>().unwrap();
@@ -48,7 +61,10 @@ fn compare_two_committed_results_in_every_format() {
 #[test]
 fn compare_needs_results_files() {
     let line = assert_error(
-        kwk_eval().arg("compare").arg(data("compare-old.json")).arg(eval_txt()),
+        kwk_eval()
+            .arg("compare")
+            .arg(data("compare-old.json"))
+            .arg(eval_txt()),
         2,
         "",
     );
@@ -61,15 +77,23 @@ fn gated(out: &Path, llm: PathBuf, formats: &str) -> assert_cmd::Command {
 
 fn gated_ctx(out: &Path, llm: PathBuf, formats: &str, ctx: &str) -> assert_cmd::Command {
     let mut c = kwk_eval();
-    c.args(["--formats", formats, "--ctx", ctx, "--chunks", "8", "--no-speed"])
-        .args(["--threads", "2", "--no-pack-cache", "--llm"])
-        .arg(llm)
-        .arg("--text")
-        .arg(eval_txt())
-        .arg("--out")
-        .arg(out)
-        .arg("--baseline")
-        .arg(data("compare-old.json"));
+    c.args([
+        "--formats",
+        formats,
+        "--ctx",
+        ctx,
+        "--chunks",
+        "8",
+        "--no-speed",
+    ])
+    .args(["--threads", "2", "--no-pack-cache", "--llm"])
+    .arg(llm)
+    .arg("--text")
+    .arg(eval_txt())
+    .arg("--out")
+    .arg(out)
+    .arg("--baseline")
+    .arg(data("compare-old.json"));
     c
 }
 

@@ -1,5 +1,5 @@
 //! Perplexity exactly as llama-perplexity computes it (default mode, `perplexity()` in
-//! tools/perplexity/perplexity.cpp; see ../shared/reference/llamacpp-protocol.md §1).
+//! tools/perplexity/perplexity.cpp, P:478-650).
 //!
 //! The token stream is cut into `floor(n_tokens / ctx)` non-overlapping windows (capped by
 //! `--chunks`); each window starts from an empty cache at position 0, its first token is

@@ -1,10 +1,11 @@
 //! The float32 reference and what other runners are compared against it with: KL
-//! divergence, same-top-token agreement and Δp, computed exactly as llama-perplexity's
-//! `--kl-divergence` does (tools/perplexity/perplexity.cpp; protocol doc §2).
+//! divergence, same-top-token agreement, Δp and per-token NLL, with llama-perplexity's
+//! `--kl-divergence` per-token arithmetic (tools/perplexity/perplexity.cpp P:191-252) and
+//! statistics (P:1892-1982).
 //!
-//! The reference runner's scored log-probs are kept in llama.cpp's own
-//! `--kl-divergence-base` file format (§2.2), so the same file feeds the in-tree runners
-//! here and `llama-perplexity --kl-divergence` for GGUF runners: header `_logits_`, n_ctx,
+//! Log-probs are kept in llama.cpp's own `--kl-divergence-base` file format: the reference
+//! runner writes one, and llama-perplexity writes one for each GGUF row (the same file a
+//! `--kl-divergence` run would read). Layout: header `_logits_`, n_ctx,
 //! n_vocab, n_chunk (int32), the token stream (int32 × n_chunk·n_ctx), then one record per
 //! scored position of `2·ceil(n_vocab/2) + 4` uint16 words: f32 scale, f32 min_log_prob,
 //! the uint16 codes, one padding word when n_vocab is odd. Host byte order (little-endian

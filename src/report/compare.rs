@@ -9,10 +9,17 @@
 //! ln(PPL_new/PPL_old) ± sqrt((σ_old/PPL_old)² + (σ_new/PPL_new)²), KLD and top-1 alike,
 //! speed from each run's repetitions (standard error of each mean).
 
-use crate::cli::TableFormat;
 use crate::protocol::results::{Protocol, Results, RunnerRecord};
 use crate::report::gate::GateLimits;
 use std::fmt::Write as _;
+
+/// How `compare` prints its table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TableFormat {
+    Terminal,
+    Markdown,
+    Csv,
+}
 
 /// A figure in both runs: old, new, the change and its standard error.
 #[derive(Debug, Clone, Copy, PartialEq)]

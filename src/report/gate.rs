@@ -10,8 +10,7 @@
 //! drops by more than `max_speed_pct`. Speed is skipped, with a line saying why, on another
 //! machine unless `--speed-across-machines`.
 
-use super::compare::{compare, render, Comparison, RowComparison};
-use crate::cli::{GateArgs, TableFormat};
+use super::compare::{compare, render, Comparison, RowComparison, TableFormat};
 use crate::protocol::results::{Protocol, Results};
 use anyhow::{bail, ensure, Result};
 
@@ -33,18 +32,6 @@ impl Default for GateLimits {
             max_top1_points: 0.5,
             max_speed_pct: 25.0,
             speed_across_machines: false,
-        }
-    }
-}
-
-impl From<&GateArgs> for GateLimits {
-    fn from(a: &GateArgs) -> Self {
-        GateLimits {
-            max_ppl_pct: a.max_ppl_regression,
-            max_kld_pct: a.max_kld_regression,
-            max_top1_points: a.max_top1_regression,
-            max_speed_pct: a.max_speed_regression,
-            speed_across_machines: a.speed_across_machines,
         }
     }
 }

@@ -36,9 +36,9 @@ pub fn protocol_line(r: &Results) -> String {
     )
 }
 
-pub fn render(r: &Results, plots: &PlotFiles) -> String {
+/// Loud lines first: an incomplete run, tokens that differ, failed runners.
+fn warnings(r: &Results) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "# kwk-eval: {}\n", r.model);
     if !r.complete {
         let _ = writeln!(
             s,
@@ -62,6 +62,35 @@ pub fn render(r: &Results, plots: &PlotFiles) -> String {
             row.error.as_deref().unwrap_or_default()
         );
     }
+    s
+}
+
+/// The machine and versions, in one sentence.
+fn machine_line(r: &Results) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "Machine: {} ({} threads; kwk kernels {}; CPU features {}). Versions: kwk {}, kwk-eval {}, llama.cpp {}. Started {}.",
+        r.machine.cpu,
+        r.machine.threads,
+        r.machine.kernels.as_deref().unwrap_or("-"),
+        if r.machine.isa.is_empty() { "-".into() } else { r.machine.isa.join(", ") },
+        r.versions.kwk.as_deref().unwrap_or("unknown"),
+        r.versions.kwk_eval,
+        match (&r.versions.llama_cpp, &r.versions.llama_cpp_version) {
+            (Some(b), _) => format!("build {b}"),
+            (None, Some(v)) => format!("'{v}'"),
+            (None, None) => "-".into(),
+        },
+        r.started_utc
+    );
+    s
+}
+
+pub fn render(r: &Results, plots: &PlotFiles) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "# kwk-eval: {}\n", r.model);
+    s.push_str(&warnings(r));
     let _ = writeln!(s, "**Protocol:** {}\n", protocol_line(r));
     let (header, rows) = table_rows(r);
     let _ = writeln!(s, "| {} |", header.join(" | "));
@@ -108,22 +137,7 @@ pub fn render(r: &Results, plots: &PlotFiles) -> String {
     if let Some(sp) = &plots.speed {
         let _ = writeln!(s, "![prompt and generation speed]({sp})\n");
     }
-    let _ = writeln!(
-        s,
-        "Machine: {} ({} threads; kwk kernels {}; CPU features {}). Versions: kwk {}, kwk-eval {}, llama.cpp {}. Started {}.",
-        r.machine.cpu,
-        r.machine.threads,
-        r.machine.kernels.as_deref().unwrap_or("-"),
-        if r.machine.isa.is_empty() { "-".into() } else { r.machine.isa.join(", ") },
-        r.versions.kwk.as_deref().unwrap_or("unknown"),
-        r.versions.kwk_eval,
-        match (&r.versions.llama_cpp, &r.versions.llama_cpp_version) {
-            (Some(b), _) => format!("build {b}"),
-            (None, Some(v)) => format!("'{v}'"),
-            (None, None) => "-".into(),
-        },
-        r.started_utc
-    );
+    s.push_str(&machine_line(r));
     if let Some(line) = super::peaks_line(r) {
         let _ = writeln!(s, "\n{line}");
     }
