@@ -991,9 +991,11 @@ impl GgufFile {
         for t in &self.tensors {
             let name = t.ggml_type.name();
             *type_counts.entry(name.clone()).or_insert(0) += 1;
-            *type_params.entry(name).or_insert(0) += t.n_elements();
-            n_params += t.n_elements();
-            tensor_bytes += t.n_bytes;
+            // Saturating: tensors of a corrupt file may overlap, so their sum is unbounded.
+            let p = type_params.entry(name).or_insert(0u64);
+            *p = p.saturating_add(t.n_elements());
+            n_params = n_params.saturating_add(t.n_elements());
+            tensor_bytes = tensor_bytes.saturating_add(t.n_bytes);
         }
         let bits_per_weight = if n_params == 0 {
             0.0
