@@ -795,7 +795,26 @@ impl GgufFile {
 
         let data_offset = (r.pos as u64).div_ceil(alignment) * alignment;
         let file_size = map.len() as u64;
+        // As llama.cpp (`gguf_init_from_file_impl`): tensors lie in directory order, each at
+        // the padded end of the one before, so they cannot overlap and their sizes sum to at
+        // most the file's (which bounds what loading them can allocate).
+        let mut expected = 0u64;
         for t in &tensors {
+            if t.offset != expected {
+                return Err(KwkError::bad_model(
+                    path,
+                    format!(
+                        "tensor '{}' has data offset {}, expected {expected} (the padded end of \
+                         the tensor before it); the file is corrupt",
+                        t.name, t.offset
+                    ),
+                ));
+            }
+            expected = t
+                .n_bytes
+                .checked_next_multiple_of(alignment)
+                .and_then(|n| expected.checked_add(n))
+                .unwrap_or(u64::MAX);
             let end = data_offset
                 .checked_add(t.offset)
                 .and_then(|s| s.checked_add(t.n_bytes));
@@ -1433,6 +1452,30 @@ mod tests {
         let mut t = sample_tensors();
         t[0].dims = vec![1, 1, 1, 1, 6];
         assert!(open_err(&gguf_bytes(&meta, &t)).contains("5 dimensions"));
+    }
+
+    #[test]
+    fn overlapping_or_gapped_tensors_are_refused() {
+        let good = gguf_bytes(&sample_metadata(), &sample_tensors());
+        // The directory entry of "n": name length 1, "n", 1 dimension, 5, F32, offset.
+        let mut entry = 1u64.to_le_bytes().to_vec();
+        entry.extend(b"n");
+        entry.extend(1u32.to_le_bytes());
+        entry.extend(5u64.to_le_bytes());
+        entry.extend(0u32.to_le_bytes());
+        let at = good.windows(entry.len()).position(|w| w == entry).unwrap() + entry.len();
+        assert_eq!(good[at..at + 8], 192u64.to_le_bytes());
+        for offset in [0u64, 32, 224] {
+            let mut b = good.clone();
+            b[at..at + 8].copy_from_slice(&offset.to_le_bytes());
+            let msg = open_err(&b);
+            assert!(
+                msg.contains(&format!(
+                    "tensor 'n' has data offset {offset}, expected 192"
+                )),
+                "{msg}"
+            );
+        }
     }
 
     #[test]
