@@ -8,7 +8,18 @@
 //! Every count and length is checked against the bytes left in the file before anything
 //! is allocated, and every tensor's extent against the file size, so a truncated or
 //! corrupt file is a `BadModel` error naming the file, never a panic, an out-of-bounds
-//! read or a huge allocation. The format follows `ggml/src/gguf.cpp` (`gguf_init_from_file_impl`)
+//! read (all reads go through bounds-checked slices of the map) or a huge allocation.
+//!
+//! Memory bounds: the header (metadata and tensor directory, everything before the data
+//! section) may be at most [`MAX_HEADER_BYTES`] (128 MiB; real headers, 256k-token
+//! vocabularies included, are under 16 MiB). What the parsed header holds is at most
+//! [`HEADER_MEMORY_PER_BYTE`] (8) bytes of heap per header byte: arrays of numbers and
+//! bools are kept as typed vectors (one element of heap per element on disk), string
+//! arrays as one text buffer plus end offsets ([`GgufStrings`]: 8 bytes per string that
+//! takes at least 8 on disk), and the key and tensor-name lookups are sorted index vectors
+//! (4 bytes per entry) rather than hash maps holding copies of the names. So a header
+//! costs at most 8 × 128 MiB = 1 GiB, and at most 8 × the file's size. Nested arrays are
+//! read one level deep, as no writer produces more ([`MAX_ARRAY_DEPTH`]). The format follows `ggml/src/gguf.cpp` (`gguf_init_from_file_impl`)
 //! and `docs/gguf.md` of llama.cpp.
 //!
 //! [`GgufFile::summary`] gives what a report says about a GGUF without loading it
@@ -18,7 +29,7 @@
 
 use crate::error::{KwkError, Result};
 use crate::format::ggml_blocks::GgmlType;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// Maps `path` read-only. Model files are mapped rather than read so that a multi-gigabyte
@@ -39,8 +50,15 @@ const GGUF_MAGIC: [u8; 4] = *b"GGUF";
 const DEFAULT_ALIGNMENT: u64 = 32;
 /// `GGML_MAX_DIMS`.
 const MAX_DIMS: u32 = 4;
-/// Arrays nested deeper than this are refused (llama.cpp refuses any nesting).
-const MAX_ARRAY_DEPTH: usize = 2;
+/// Arrays nested deeper than this are refused: an array of arrays is read (depth 2), an
+/// array of arrays of arrays is not (llama.cpp's `gguf_init_from_file_impl` refuses any
+/// nesting).
+pub const MAX_ARRAY_DEPTH: usize = 2;
+/// The most bytes a GGUF header (metadata and tensor directory) may take.
+pub const MAX_HEADER_BYTES: usize = 128 << 20;
+/// Heap bytes the parsed header may hold per header byte (see the module docs; the fuzz
+/// tests measure it with a counting allocator on crafted worst cases).
+pub const HEADER_MEMORY_PER_BYTE: usize = 8;
 
 /// The type tag of a metadata value (`enum gguf_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,11 +131,124 @@ pub enum GgufValue {
     F64(f64),
 }
 
-/// A metadata array: its element type and values (all of that type).
+/// A metadata array, stored compactly by element type: numbers and bools as typed vectors,
+/// strings as one buffer ([`GgufStrings`]), nested arrays (one level) as arrays.
 #[derive(Debug, Clone, PartialEq)]
-pub struct GgufArray {
-    pub element_type: GgufValueType,
-    pub values: Vec<GgufValue>,
+pub enum GgufArray {
+    U8(Vec<u8>),
+    I8(Vec<i8>),
+    U16(Vec<u16>),
+    I16(Vec<i16>),
+    U32(Vec<u32>),
+    I32(Vec<i32>),
+    F32(Vec<f32>),
+    Bool(Vec<bool>),
+    String(GgufStrings),
+    Array(Vec<GgufArray>),
+    U64(Vec<u64>),
+    I64(Vec<i64>),
+    F64(Vec<f64>),
+}
+
+/// The strings of a string array: their texts one after another and where each ends.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GgufStrings {
+    text: String,
+    ends: Vec<usize>,
+}
+
+impl GgufStrings {
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    pub fn get(&self, i: usize) -> Option<&str> {
+        let end = *self.ends.get(i)?;
+        let start = if i == 0 { 0 } else { self.ends[i - 1] };
+        self.text.get(start..end)
+    }
+
+    /// The strings in order (an exact-size iterator, so collecting allocates once).
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = &str> + '_ {
+        (0..self.len()).map(|i| self.get(i).unwrap_or_default())
+    }
+}
+
+impl<S: AsRef<str>> FromIterator<S> for GgufStrings {
+    fn from_iter<I: IntoIterator<Item = S>>(iter: I) -> Self {
+        let mut out = GgufStrings::default();
+        for s in iter {
+            out.text.push_str(s.as_ref());
+            out.ends.push(out.text.len());
+        }
+        out
+    }
+}
+
+impl GgufArray {
+    pub fn element_type(&self) -> GgufValueType {
+        use GgufValueType as T;
+        match self {
+            GgufArray::U8(_) => T::U8,
+            GgufArray::I8(_) => T::I8,
+            GgufArray::U16(_) => T::U16,
+            GgufArray::I16(_) => T::I16,
+            GgufArray::U32(_) => T::U32,
+            GgufArray::I32(_) => T::I32,
+            GgufArray::F32(_) => T::F32,
+            GgufArray::Bool(_) => T::Bool,
+            GgufArray::String(_) => T::String,
+            GgufArray::Array(_) => T::Array,
+            GgufArray::U64(_) => T::U64,
+            GgufArray::I64(_) => T::I64,
+            GgufArray::F64(_) => T::F64,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            GgufArray::U8(v) => v.len(),
+            GgufArray::I8(v) => v.len(),
+            GgufArray::U16(v) => v.len(),
+            GgufArray::I16(v) => v.len(),
+            GgufArray::U32(v) => v.len(),
+            GgufArray::I32(v) => v.len(),
+            GgufArray::F32(v) => v.len(),
+            GgufArray::Bool(v) => v.len(),
+            GgufArray::String(v) => v.len(),
+            GgufArray::Array(v) => v.len(),
+            GgufArray::U64(v) => v.len(),
+            GgufArray::I64(v) => v.len(),
+            GgufArray::F64(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Element `i` as a value (strings and nested arrays are copied).
+    pub fn get(&self, i: usize) -> Option<GgufValue> {
+        Some(match self {
+            GgufArray::U8(v) => GgufValue::U8(*v.get(i)?),
+            GgufArray::I8(v) => GgufValue::I8(*v.get(i)?),
+            GgufArray::U16(v) => GgufValue::U16(*v.get(i)?),
+            GgufArray::I16(v) => GgufValue::I16(*v.get(i)?),
+            GgufArray::U32(v) => GgufValue::U32(*v.get(i)?),
+            GgufArray::I32(v) => GgufValue::I32(*v.get(i)?),
+            GgufArray::F32(v) => GgufValue::F32(*v.get(i)?),
+            GgufArray::Bool(v) => GgufValue::Bool(*v.get(i)?),
+            GgufArray::String(v) => GgufValue::String(v.get(i)?.to_string()),
+            GgufArray::Array(v) => GgufValue::Array(v.get(i)?.clone()),
+            GgufArray::U64(v) => GgufValue::U64(*v.get(i)?),
+            GgufArray::I64(v) => GgufValue::I64(*v.get(i)?),
+            GgufArray::F64(v) => GgufValue::F64(*v.get(i)?),
+        })
+    }
 }
 
 impl GgufValue {
@@ -252,9 +383,11 @@ pub struct GgufFile {
     map: memmap2::Mmap,
     version: u32,
     metadata: Vec<(String, GgufValue)>,
-    metadata_index: HashMap<String, usize>,
+    /// Indices of `metadata` sorted by key.
+    metadata_index: Vec<u32>,
     tensors: Vec<GgufTensorInfo>,
-    tensor_index: HashMap<String, usize>,
+    /// Indices of `tensors` sorted by name.
+    tensor_index: Vec<u32>,
     alignment: u64,
     data_offset: u64,
 }
@@ -263,24 +396,76 @@ pub struct GgufFile {
 /// running past the end.
 struct HeaderReader<'a> {
     path: &'a Path,
+    /// The first [`MAX_HEADER_BYTES`] of the file (or all of it, when shorter).
     bytes: &'a [u8],
     pos: usize,
+    /// Whether the file goes on past `bytes` (the header limit, not the file, ended).
+    limited: bool,
 }
 
+/// `n` bytes as "N MiB" (or "N bytes" below a MiB).
+fn mib(n: usize) -> String {
+    if n >= 1 << 20 {
+        format!("{} MiB", n >> 20)
+    } else {
+        format!("{n} bytes")
+    }
+}
+
+/// Fixed-size little-endian values an array can hold.
+trait LeValue: Sized {
+    const SIZE: usize;
+    fn from_le(b: &[u8]) -> Self;
+}
+
+macro_rules! le_value {
+    ($($t:ty),*) => {$(
+        impl LeValue for $t {
+            const SIZE: usize = std::mem::size_of::<$t>();
+            fn from_le(b: &[u8]) -> Self {
+                let mut a = [0u8; std::mem::size_of::<$t>()];
+                a.copy_from_slice(b);
+                <$t>::from_le_bytes(a)
+            }
+        }
+    )*};
+}
+le_value!(u8, i8, u16, i16, u32, i32, f32, u64, i64, f64);
+
 impl<'a> HeaderReader<'a> {
+    fn new(path: &'a Path, file: &'a [u8], max_header_bytes: usize) -> Self {
+        let limit = file.len().min(max_header_bytes);
+        HeaderReader {
+            path,
+            bytes: &file[..limit],
+            pos: 0,
+            limited: limit < file.len(),
+        }
+    }
+
     fn remaining(&self) -> usize {
         self.bytes.len() - self.pos
     }
 
-    fn truncated(&self, what: &str) -> KwkError {
-        KwkError::bad_model(
-            self.path,
+    /// Why the bytes ran out: the end of the file, or the header limit.
+    fn out_of_bytes(&self, what: &str) -> String {
+        if self.limited {
+            format!(
+                "the GGUF header is longer than kwk's limit of {} while reading {what}; \
+                 the file is corrupt (real headers are a few MiB; re-download or re-convert it)",
+                mib(self.bytes.len())
+            )
+        } else {
             format!(
                 "GGUF file ends at byte {} while reading {what}; the file is truncated \
                  (re-download or re-convert it)",
                 self.bytes.len()
-            ),
-        )
+            )
+        }
+    }
+
+    fn truncated(&self, what: &str) -> KwkError {
+        KwkError::bad_model(self.path, self.out_of_bytes(what))
     }
 
     fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8]> {
@@ -308,7 +493,7 @@ impl<'a> HeaderReader<'a> {
     }
 
     /// A count of items each taking at least `min_item_bytes`: refused when the rest of
-    /// the file could not hold that many (guards every allocation sized by the file).
+    /// the header could not hold that many (guards every allocation sized by the file).
     fn count(&mut self, min_item_bytes: usize, what: &str) -> Result<usize> {
         let n = self.u64(what)?;
         let fits = usize::try_from(n)
@@ -316,26 +501,38 @@ impl<'a> HeaderReader<'a> {
             .and_then(|n| n.checked_mul(min_item_bytes))
             .is_some_and(|bytes| bytes <= self.remaining());
         if !fits {
+            let why = if self.limited {
+                format!(
+                    "more than kwk's header limit of {} can hold; the file is corrupt",
+                    mib(self.bytes.len())
+                )
+            } else {
+                format!(
+                    "more than the {} bytes left in the file can hold; the file is corrupt \
+                     or truncated",
+                    self.remaining()
+                )
+            };
             return Err(KwkError::bad_model(
                 self.path,
-                format!(
-                    "{what} is {n}, more than the {} bytes left in the file can hold; \
-                     the file is corrupt or truncated",
-                    self.remaining()
-                ),
+                format!("{what} is {n}, {why}"),
             ));
         }
         Ok(n as usize)
     }
 
-    fn string(&mut self, what: &str) -> Result<String> {
+    fn str(&mut self, what: &str) -> Result<&'a str> {
         let len = self.count(1, &format!("length of {what}"))?;
         let bytes = self.take(len, what)?;
-        String::from_utf8(bytes.to_vec())
+        std::str::from_utf8(bytes)
             .map_err(|_| KwkError::bad_model(self.path, format!("{what} is not valid UTF-8")))
     }
 
-    fn value(&mut self, ty: GgufValueType, what: &str, depth: usize) -> Result<GgufValue> {
+    fn string(&mut self, what: &str) -> Result<String> {
+        Ok(self.str(what)?.to_string())
+    }
+
+    fn value(&mut self, ty: GgufValueType, what: &str) -> Result<GgufValue> {
         use GgufValueType as T;
         Ok(match ty {
             T::U8 => GgufValue::U8(self.array::<1>(what)?[0]),
@@ -345,43 +542,119 @@ impl<'a> HeaderReader<'a> {
             T::U32 => GgufValue::U32(self.u32(what)?),
             T::I32 => GgufValue::I32(i32::from_le_bytes(self.array(what)?)),
             T::F32 => GgufValue::F32(f32::from_le_bytes(self.array(what)?)),
-            T::Bool => match self.array::<1>(what)?[0] {
-                0 => GgufValue::Bool(false),
-                1 => GgufValue::Bool(true),
-                b => {
-                    return Err(KwkError::bad_model(
-                        self.path,
-                        format!("{what} is a bool with byte value {b}"),
-                    ))
-                }
-            },
+            T::Bool => {
+                let [b] = self.array::<1>(what)?;
+                GgufValue::Bool(self.bool(b, what)?)
+            }
             T::String => GgufValue::String(self.string(what)?),
             T::U64 => GgufValue::U64(self.u64(what)?),
             T::I64 => GgufValue::I64(i64::from_le_bytes(self.array(what)?)),
             T::F64 => GgufValue::F64(f64::from_le_bytes(self.array(what)?)),
-            T::Array => {
-                if depth >= MAX_ARRAY_DEPTH {
-                    return Err(KwkError::bad_model(
-                        self.path,
-                        format!("{what} nests arrays more than {MAX_ARRAY_DEPTH} deep"),
-                    ));
-                }
-                let raw = self.u32(what)?;
-                let element_type = GgufValueType::from_u32(raw).ok_or_else(|| {
-                    KwkError::bad_model(self.path, format!("{what} has unknown element type {raw}"))
-                })?;
-                let n = self.count(element_type.min_size(), &format!("element count of {what}"))?;
-                let mut values = Vec::with_capacity(n);
+            T::Array => GgufValue::Array(self.array_value(what, 1)?),
+        })
+    }
+
+    fn bool(&self, b: u8, what: &str) -> Result<bool> {
+        match b {
+            0 => Ok(false),
+            1 => Ok(true),
+            b => Err(KwkError::bad_model(
+                self.path,
+                format!("{what} is a bool with byte value {b}"),
+            )),
+        }
+    }
+
+    /// `n` fixed-size values, read into a vector of exactly `n` elements.
+    fn numbers<T: LeValue>(&mut self, n: usize, what: &str) -> Result<Vec<T>> {
+        // `count` checked n * SIZE against the bytes left, so this cannot overflow.
+        let bytes = self.take(n * T::SIZE, what)?;
+        Ok(bytes.chunks_exact(T::SIZE).map(T::from_le).collect())
+    }
+
+    /// An array (element type, count, elements); `depth` is 1 for a key's value.
+    fn array_value(&mut self, what: &str, depth: usize) -> Result<GgufArray> {
+        use GgufValueType as T;
+        if depth > MAX_ARRAY_DEPTH {
+            return Err(KwkError::bad_model(
+                self.path,
+                format!("{what} nests arrays more than {MAX_ARRAY_DEPTH} deep"),
+            ));
+        }
+        let raw = self.u32(what)?;
+        let element_type = GgufValueType::from_u32(raw).ok_or_else(|| {
+            KwkError::bad_model(self.path, format!("{what} has unknown element type {raw}"))
+        })?;
+        let n = self.count(element_type.min_size(), &format!("element count of {what}"))?;
+        Ok(match element_type {
+            T::U8 => GgufArray::U8(self.numbers(n, what)?),
+            T::I8 => GgufArray::I8(self.numbers(n, what)?),
+            T::U16 => GgufArray::U16(self.numbers(n, what)?),
+            T::I16 => GgufArray::I16(self.numbers(n, what)?),
+            T::U32 => GgufArray::U32(self.numbers(n, what)?),
+            T::I32 => GgufArray::I32(self.numbers(n, what)?),
+            T::F32 => GgufArray::F32(self.numbers(n, what)?),
+            T::U64 => GgufArray::U64(self.numbers(n, what)?),
+            T::I64 => GgufArray::I64(self.numbers(n, what)?),
+            T::F64 => GgufArray::F64(self.numbers(n, what)?),
+            T::Bool => {
+                let bytes = self.take(n, what)?;
+                GgufArray::Bool(
+                    bytes
+                        .iter()
+                        .map(|&b| self.bool(b, what))
+                        .collect::<Result<_>>()?,
+                )
+            }
+            T::String => {
+                // Two passes: check every length first, then copy into buffers of the
+                // exact size (no growth, so no transient double allocation).
+                let start = self.pos;
+                let mut total = 0usize;
                 for _ in 0..n {
-                    values.push(self.value(element_type, what, depth + 1)?);
+                    total += self.str(what)?.len();
                 }
-                GgufValue::Array(GgufArray {
-                    element_type,
-                    values,
-                })
+                self.pos = start;
+                let mut text = String::with_capacity(total);
+                let mut ends = Vec::with_capacity(n);
+                for _ in 0..n {
+                    text.push_str(self.str(what)?);
+                    ends.push(text.len());
+                }
+                GgufArray::String(GgufStrings { text, ends })
+            }
+            T::Array => {
+                let mut items = Vec::with_capacity(n);
+                for _ in 0..n {
+                    items.push(self.array_value(what, depth + 1)?);
+                }
+                GgufArray::Array(items)
             }
         })
     }
+}
+
+/// Indices of `names` in sorted order (for binary search), or the first name that appears
+/// twice.
+fn sorted_index<'a>(n: usize, name: impl Fn(usize) -> &'a str) -> Result<Vec<u32>, &'a str> {
+    // The header limit keeps every count far below u32::MAX.
+    let mut index: Vec<u32> = (0..n as u32).collect();
+    index.sort_unstable_by(|&a, &b| name(a as usize).cmp(name(b as usize)).then(a.cmp(&b)));
+    match index
+        .windows(2)
+        .find(|w| name(w[0] as usize) == name(w[1] as usize))
+    {
+        Some(w) => Err(name(w[1] as usize)),
+        None => Ok(index),
+    }
+}
+
+/// Binary search of a [`sorted_index`].
+fn lookup<'a>(index: &[u32], key: &str, name: impl Fn(usize) -> &'a str) -> Option<usize> {
+    index
+        .binary_search_by(|&i| name(i as usize).cmp(key))
+        .ok()
+        .map(|p| index[p] as usize)
 }
 
 impl GgufFile {
@@ -392,11 +665,12 @@ impl GgufFile {
     }
 
     fn parse(path: &Path, map: memmap2::Mmap) -> Result<GgufFile> {
-        let mut r = HeaderReader {
-            path,
-            bytes: &map,
-            pos: 0,
-        };
+        Self::parse_limited(path, map, MAX_HEADER_BYTES)
+    }
+
+    /// [`Self::parse`] with another header limit (tests use a small one).
+    fn parse_limited(path: &Path, map: memmap2::Mmap, max_header: usize) -> Result<GgufFile> {
+        let mut r = HeaderReader::new(path, &map, max_header);
         let magic = r.array::<4>("the magic number")?;
         if magic != GGUF_MAGIC {
             return Err(KwkError::bad_model(
@@ -426,27 +700,23 @@ impl GgufFile {
         // Minimum key-value pair: key length, value type, one byte of value.
         let n_kv = r.count(8 + 4 + 1, "the metadata key count")?;
 
-        let mut metadata = Vec::with_capacity(n_kv);
-        let mut metadata_index = HashMap::with_capacity(n_kv);
+        let mut metadata: Vec<(String, GgufValue)> = Vec::with_capacity(n_kv);
         for i in 0..n_kv {
             let key = r.string(&format!("metadata key {i}"))?;
             let raw = r.u32(&format!("the type of metadata key '{key}'"))?;
             let ty = GgufValueType::from_u32(raw).ok_or_else(|| {
                 KwkError::bad_model(path, format!("metadata key '{key}' has unknown type {raw}"))
             })?;
-            let value = r.value(ty, &format!("metadata key '{key}'"), 0)?;
-            if metadata_index.insert(key.clone(), metadata.len()).is_some() {
-                return Err(KwkError::bad_model(
-                    path,
-                    format!("metadata key '{key}' appears twice"),
-                ));
-            }
+            let value = r.value(ty, &format!("metadata key '{key}'"))?;
             metadata.push((key, value));
         }
+        let metadata_index = sorted_index(metadata.len(), |i| &metadata[i].0).map_err(|key| {
+            KwkError::bad_model(path, format!("metadata key '{key}' appears twice"))
+        })?;
 
-        let alignment = match metadata_index.get("general.alignment") {
+        let alignment = match lookup(&metadata_index, "general.alignment", |i| &metadata[i].0) {
             None => DEFAULT_ALIGNMENT,
-            Some(&i) => match metadata[i].1 {
+            Some(i) => match metadata[i].1 {
                 GgufValue::U32(a) if a > 0 && a.is_power_of_two() => a as u64,
                 ref v => {
                     return Err(KwkError::bad_model(
@@ -458,7 +728,6 @@ impl GgufFile {
         };
 
         let mut tensors = Vec::with_capacity(n_tensors);
-        let mut tensor_index = HashMap::with_capacity(n_tensors);
         for i in 0..n_tensors {
             let name = r.string(&format!("the name of tensor {i}"))?;
             let n_dims = r.u32(&format!("the dimension count of tensor '{name}'"))?;
@@ -512,12 +781,6 @@ impl GgufFile {
                     format!("tensor '{name}' has offset {offset}, not a multiple of the alignment {alignment}"),
                 ));
             }
-            if tensor_index.insert(name.clone(), tensors.len()).is_some() {
-                return Err(KwkError::bad_model(
-                    path,
-                    format!("tensor '{name}' appears twice"),
-                ));
-            }
             tensors.push(GgufTensorInfo {
                 name,
                 dims,
@@ -527,9 +790,31 @@ impl GgufFile {
             });
         }
 
+        let tensor_index = sorted_index(tensors.len(), |i| &tensors[i].name)
+            .map_err(|name| KwkError::bad_model(path, format!("tensor '{name}' appears twice")))?;
+
         let data_offset = (r.pos as u64).div_ceil(alignment) * alignment;
         let file_size = map.len() as u64;
+        // As llama.cpp (`gguf_init_from_file_impl`): tensors lie in directory order, each at
+        // the padded end of the one before, so they cannot overlap and their sizes sum to at
+        // most the file's (which bounds what loading them can allocate).
+        let mut expected = 0u64;
         for t in &tensors {
+            if t.offset != expected {
+                return Err(KwkError::bad_model(
+                    path,
+                    format!(
+                        "tensor '{}' has data offset {}, expected {expected} (the padded end of \
+                         the tensor before it); the file is corrupt",
+                        t.name, t.offset
+                    ),
+                ));
+            }
+            expected = t
+                .n_bytes
+                .checked_next_multiple_of(alignment)
+                .and_then(|n| expected.checked_add(n))
+                .unwrap_or(u64::MAX);
             let end = data_offset
                 .checked_add(t.offset)
                 .and_then(|s| s.checked_add(t.n_bytes));
@@ -585,7 +870,7 @@ impl GgufFile {
     }
 
     pub fn get(&self, key: &str) -> Option<&GgufValue> {
-        self.metadata_index.get(key).map(|&i| &self.metadata[i].1)
+        lookup(&self.metadata_index, key, |i| &self.metadata[i].0).map(|i| &self.metadata[i].1)
     }
 
     fn wrong_type(&self, key: &str, want: &str, got: &GgufValue) -> KwkError {
@@ -654,9 +939,14 @@ impl GgufFile {
 
     /// An array of strings (e.g. `tokenizer.ggml.tokens`).
     pub fn get_string_array(&self, key: &str) -> Result<Option<Vec<String>>> {
-        self.typed_array(key, "an array of strings", |v| {
-            v.as_str().map(str::to_string)
-        })
+        match self.get_array(key)? {
+            None => Ok(None),
+            Some(GgufArray::String(s)) => Ok(Some(s.iter().map(str::to_string).collect())),
+            Some(other) => match other.get(0) {
+                None => Ok(Some(Vec::new())),
+                Some(v) => Err(self.wrong_type(key, "an array of strings", &v)),
+            },
+        }
     }
 
     /// An array of floats (e.g. `tokenizer.ggml.scores`).
@@ -680,9 +970,9 @@ impl GgufFile {
         let Some(a) = self.get_array(key)? else {
             return Ok(None);
         };
-        a.values
-            .iter()
-            .map(|v| f(v).ok_or_else(|| self.wrong_type(key, want, v)))
+        (0..a.len())
+            .map_while(|i| a.get(i))
+            .map(|v| f(&v).ok_or_else(|| self.wrong_type(key, want, &v)))
             .collect::<Result<Vec<T>>>()
             .map(Some)
     }
@@ -709,7 +999,7 @@ impl GgufFile {
     }
 
     pub fn tensor(&self, name: &str) -> Option<&GgufTensorInfo> {
-        self.tensor_index.get(name).map(|&i| &self.tensors[i])
+        lookup(&self.tensor_index, name, |i| &self.tensors[i].name).map(|i| &self.tensors[i])
     }
 
     /// The data bytes of a tensor of this file. Extents were checked at open; an `info`
@@ -736,9 +1026,11 @@ impl GgufFile {
         for t in &self.tensors {
             let name = t.ggml_type.name();
             *type_counts.entry(name.clone()).or_insert(0) += 1;
-            *type_params.entry(name).or_insert(0) += t.n_elements();
-            n_params += t.n_elements();
-            tensor_bytes += t.n_bytes;
+            // Saturating: tensors of a corrupt file may overlap, so their sum is unbounded.
+            let p = type_params.entry(name).or_insert(0u64);
+            *p = p.saturating_add(t.n_elements());
+            n_params = n_params.saturating_add(t.n_elements());
+            tensor_bytes = tensor_bytes.saturating_add(t.n_bytes);
         }
         let bits_per_weight = if n_params == 0 {
             0.0
@@ -822,10 +1114,10 @@ pub(crate) mod test_writer {
             GgufValue::I64(x) => out.extend(x.to_le_bytes()),
             GgufValue::F64(x) => out.extend(x.to_le_bytes()),
             GgufValue::Array(a) => {
-                out.extend(type_id(a.element_type).to_le_bytes());
-                out.extend((a.values.len() as u64).to_le_bytes());
-                for v in &a.values {
-                    put_value(out, v);
+                out.extend(type_id(a.element_type()).to_le_bytes());
+                out.extend((a.len() as u64).to_le_bytes());
+                for v in (0..a.len()).filter_map(|i| a.get(i)) {
+                    put_value(out, &v);
                 }
             }
         }
@@ -904,30 +1196,15 @@ mod tests {
             kv("a.f64", GgufValue::F64(0.125)),
             kv(
                 "a.strings",
-                GgufValue::Array(GgufArray {
-                    element_type: GgufValueType::String,
-                    values: vec![
-                        GgufValue::String("<s>".into()),
-                        GgufValue::String("é".into()),
-                    ],
-                }),
+                GgufValue::Array(GgufArray::String(["<s>", "é"].into_iter().collect())),
             ),
             kv(
                 "a.floats",
-                GgufValue::Array(GgufArray {
-                    element_type: GgufValueType::F32,
-                    values: vec![GgufValue::F32(-1.0), GgufValue::F32(2.0)],
-                }),
+                GgufValue::Array(GgufArray::F32(vec![-1.0, 2.0])),
             ),
             kv(
                 "a.nested",
-                GgufValue::Array(GgufArray {
-                    element_type: GgufValueType::Array,
-                    values: vec![GgufValue::Array(GgufArray {
-                        element_type: GgufValueType::I32,
-                        values: vec![GgufValue::I32(1), GgufValue::I32(2)],
-                    })],
-                }),
+                GgufValue::Array(GgufArray::Array(vec![GgufArray::I32(vec![1, 2])])),
             ),
         ]
     }
@@ -1093,6 +1370,83 @@ mod tests {
     }
 
     #[test]
+    fn arrays_are_stored_compactly_by_type() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = vec![
+            kv("u8s", GgufValue::Array(GgufArray::U8(vec![7; 1000]))),
+            kv(
+                "bools",
+                GgufValue::Array(GgufArray::Bool(vec![true, false])),
+            ),
+            kv(
+                "strs",
+                GgufValue::Array(GgufArray::String(["", "ab", "", "c"].into_iter().collect())),
+            ),
+        ];
+        let f = GgufFile::open(&write(&dir, "c.gguf", &gguf_bytes(&meta, &[]))).unwrap();
+        match f.get_array("u8s").unwrap().unwrap() {
+            GgufArray::U8(v) => assert_eq!((v.len(), v.capacity()), (1000, 1000)),
+            other => panic!("{other:?}"),
+        }
+        let strs = f.get_array("strs").unwrap().unwrap();
+        assert_eq!(strs.len(), 4);
+        assert_eq!(strs.get(1), Some(GgufValue::String("ab".into())));
+        assert_eq!(strs.get(4), None);
+        assert_eq!(
+            f.get_string_array("strs").unwrap().unwrap(),
+            vec!["", "ab", "", "c"]
+        );
+        assert_eq!(f.metadata(), &meta[..]);
+        // A u8 array is not an array of strings or of floats; an i32 array of u8 works.
+        assert!(f
+            .get_string_array("u8s")
+            .unwrap_err()
+            .to_string()
+            .contains("'u8s'"));
+        assert!(f.get_f32_array("bools").is_err());
+        assert_eq!(f.get_i32_array("u8s").unwrap().unwrap().len(), 1000);
+    }
+
+    #[test]
+    fn arrays_nest_at_most_two_deep() {
+        let two = GgufValue::Array(GgufArray::Array(vec![GgufArray::U8(vec![1])]));
+        let ok = gguf_bytes(&[kv("two", two)], &[]);
+        let dir = tempfile::tempdir().unwrap();
+        GgufFile::open(&write(&dir, "two.gguf", &ok)).unwrap();
+        let three = GgufValue::Array(GgufArray::Array(vec![GgufArray::Array(vec![
+            GgufArray::U8(vec![1]),
+        ])]));
+        let msg = open_err(&gguf_bytes(&[kv("three", three)], &[]));
+        assert!(
+            msg.contains("'three' nests arrays more than 2 deep"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn a_header_longer_than_the_limit_is_refused() {
+        let meta = vec![kv("big", GgufValue::String("x".repeat(5000)))];
+        let bytes = gguf_bytes(&meta, &[]);
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(&dir, "big.gguf", &bytes);
+        let map = || map_file(&path).unwrap();
+        // Within the limit it opens; with a 4 KiB limit the 5000-byte string does not fit.
+        GgufFile::parse_limited(&path, map(), 8192).unwrap();
+        let msg = GgufFile::parse_limited(&path, map(), 4096)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains(
+                "length of metadata key 'big' is 5000, more than kwk's header limit of 4096 bytes"
+            ),
+            "{msg}"
+        );
+        // A file that merely ends inside the header is truncated, not over the limit.
+        let msg = open_err(&bytes[..100]);
+        assert!(msg.contains("left in the file"), "{msg}");
+    }
+
+    #[test]
     fn bad_tensor_entries_are_named() {
         let meta = vec![kv(
             "general.architecture",
@@ -1114,6 +1468,30 @@ mod tests {
         let mut t = sample_tensors();
         t[0].dims = vec![1, 1, 1, 1, 6];
         assert!(open_err(&gguf_bytes(&meta, &t)).contains("5 dimensions"));
+    }
+
+    #[test]
+    fn overlapping_or_gapped_tensors_are_refused() {
+        let good = gguf_bytes(&sample_metadata(), &sample_tensors());
+        // The directory entry of "n": name length 1, "n", 1 dimension, 5, F32, offset.
+        let mut entry = 1u64.to_le_bytes().to_vec();
+        entry.extend(b"n");
+        entry.extend(1u32.to_le_bytes());
+        entry.extend(5u64.to_le_bytes());
+        entry.extend(0u32.to_le_bytes());
+        let at = good.windows(entry.len()).position(|w| w == entry).unwrap() + entry.len();
+        assert_eq!(good[at..at + 8], 192u64.to_le_bytes());
+        for offset in [0u64, 32, 224] {
+            let mut b = good.clone();
+            b[at..at + 8].copy_from_slice(&offset.to_le_bytes());
+            let msg = open_err(&b);
+            assert!(
+                msg.contains(&format!(
+                    "tensor 'n' has data offset {offset}, expected 192"
+                )),
+                "{msg}"
+            );
+        }
     }
 
     #[test]

@@ -123,7 +123,7 @@ fn config_unsupported(c: &ModelConfig, max_cache_len: usize) -> Option<String> {
     if max_cache_len == 0 {
         return Some("a KV cache of 0 tokens cannot hold anything".into());
     }
-    if c.max_position_embeddings > 0 && max_cache_len > c.max_position_embeddings {
+    if max_cache_len > c.max_position_embeddings {
         return Some(format!(
             "a cache of {max_cache_len} tokens is longer than the {} positions the model was \
              trained for (max_position_embeddings); use a shorter context",

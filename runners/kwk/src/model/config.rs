@@ -109,6 +109,88 @@ pub struct ModelConfig {
     pub eos_token_ids: Vec<u32>,
 }
 
+/// The sizes a config declares, by role, for [`ModelConfig::check_sizes`] to name the key
+/// each came from in the source's own terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SizeKey {
+    HiddenSize,
+    IntermediateSize,
+    Layers,
+    Heads,
+    KvHeads,
+    HeadDim,
+    VocabSize,
+    MaxPositions,
+    Experts,
+    ExpertsPerToken,
+    ExpertFfn,
+    SharedExpertFfn,
+}
+
+impl SizeKey {
+    /// The `config.json` key (`architecture` tells Mixtral's expert count key apart).
+    pub fn hf_key(self, architecture: Architecture) -> &'static str {
+        match self {
+            SizeKey::HiddenSize => "hidden_size",
+            SizeKey::IntermediateSize => "intermediate_size",
+            SizeKey::Layers => "num_hidden_layers",
+            SizeKey::Heads => "num_attention_heads",
+            SizeKey::KvHeads => "num_key_value_heads",
+            SizeKey::HeadDim => "head_dim",
+            SizeKey::VocabSize => "vocab_size",
+            SizeKey::MaxPositions => "max_position_embeddings",
+            SizeKey::Experts if architecture == Architecture::Mixtral => "num_local_experts",
+            SizeKey::Experts => "num_experts",
+            SizeKey::ExpertsPerToken => "num_experts_per_tok",
+            SizeKey::ExpertFfn if architecture == Architecture::Mixtral => "intermediate_size",
+            SizeKey::ExpertFfn => "moe_intermediate_size",
+            SizeKey::SharedExpertFfn => "shared_expert_intermediate_size",
+        }
+    }
+
+    /// The GGUF metadata key without the `<arch>.` prefix (llama.cpp's `llama-arch.cpp`).
+    pub fn gguf_key(self, architecture: Architecture) -> &'static str {
+        match self {
+            SizeKey::HiddenSize => "embedding_length",
+            SizeKey::IntermediateSize => "feed_forward_length",
+            SizeKey::Layers => "block_count",
+            SizeKey::Heads => "attention.head_count",
+            SizeKey::KvHeads => "attention.head_count_kv",
+            SizeKey::HeadDim => "attention.key_length",
+            SizeKey::VocabSize => "vocab_size",
+            SizeKey::MaxPositions => "context_length",
+            SizeKey::Experts => "expert_count",
+            SizeKey::ExpertsPerToken => "expert_used_count",
+            SizeKey::ExpertFfn if architecture == Architecture::Mixtral => "feed_forward_length",
+            SizeKey::ExpertFfn => "expert_feed_forward_length",
+            SizeKey::SharedExpertFfn => "expert_shared_feed_forward_length",
+        }
+    }
+
+    /// The largest value kwk accepts. Far above every released model (hidden 16384,
+    /// 126 layers, 128 heads, head size 256, vocabulary 262144, context 10M, 384 experts)
+    /// and low enough that every product the loader and decoder form from them fits in
+    /// 64 bits; a larger value is a corrupt or hostile file.
+    pub fn max(self) -> usize {
+        match self {
+            SizeKey::HiddenSize => 1 << 20,
+            SizeKey::IntermediateSize | SizeKey::ExpertFfn | SizeKey::SharedExpertFfn => 1 << 22,
+            SizeKey::Layers | SizeKey::Heads | SizeKey::KvHeads => 1 << 12,
+            SizeKey::HeadDim => 1 << 14,
+            SizeKey::VocabSize => 1 << 24,
+            SizeKey::MaxPositions => 1 << 27,
+            SizeKey::Experts | SizeKey::ExpertsPerToken => 1 << 14,
+        }
+    }
+}
+
+/// The most parameters a config may imply (2^44, about 17.6 trillion).
+pub const MAX_PARAMS: u64 = 1 << 44;
+/// The most bytes a float32 KV cache over the whole context may take (2^56).
+pub const MAX_KV_CACHE_BYTES: u64 = 1 << 56;
+/// The largest `config.json` read (real ones are a few kilobytes).
+pub const MAX_CONFIG_JSON_BYTES: u64 = 16 << 20;
+
 /// Reads typed keys of one JSON object and names the file and key in every error.
 struct JsonKeys<'a> {
     path: &'a Path,
@@ -211,6 +293,19 @@ impl ModelConfig {
     /// qwen3_moe). Missing required keys and wrongly typed values are `BadModel` errors
     /// naming the file and key; an unknown `model_type` is `Unsupported`.
     pub fn from_hf_config_json(path: &Path) -> Result<ModelConfig> {
+        let len = std::fs::metadata(path)
+            .map_err(|e| KwkError::io(path, e))?
+            .len();
+        if len > MAX_CONFIG_JSON_BYTES {
+            return Err(KwkError::bad_model(
+                path,
+                format!(
+                    "config.json is {len} bytes, more than kwk's limit of {} MiB (real ones \
+                     are a few kilobytes); is this the right file?",
+                    MAX_CONFIG_JSON_BYTES >> 20
+                ),
+            ));
+        }
         let text = std::fs::read_to_string(path).map_err(|e| KwkError::io(path, e))?;
         let value: Value = serde_json::from_str(&text).map_err(|e| {
             KwkError::bad_model(path, format!("config.json is not valid JSON: {e}"))
@@ -344,7 +439,7 @@ impl ModelConfig {
             _ => None,
         };
 
-        Ok(ModelConfig {
+        let config = ModelConfig {
             architecture,
             hidden_size,
             intermediate_size,
@@ -366,7 +461,11 @@ impl ModelConfig {
             sliding_window,
             bos_token_id: keys.opt_token_id("bos_token_id")?,
             eos_token_ids: keys.token_id_list("eos_token_id")?,
-        })
+        };
+        config.check_sizes(path, &|k| {
+            format!("config key '{}'", k.hf_key(architecture))
+        })?;
+        Ok(config)
     }
 
     /// `rope_scaling`: `null`, `{"rope_type": "llama3", ...}` (older files say `"type"`),
@@ -411,6 +510,99 @@ impl ModelConfig {
             }
             other => Ok(RopeScaling::Other(other.to_string())),
         }
+    }
+
+    /// Checks every size against [`SizeKey::max`], the context length against 0, and the
+    /// products the loaders and the decoder form (attention widths, parameter count, KV
+    /// cache bytes over the whole context) with checked arithmetic, so no later
+    /// multiplication of these sizes can overflow. `key` names a size's key in the source
+    /// (e.g. "config key 'hidden_size'"); errors are `BadModel` naming `path` and the key.
+    pub fn check_sizes(&self, path: &Path, key: &dyn Fn(SizeKey) -> String) -> Result<()> {
+        use SizeKey as K;
+        let moe = self.architecture.is_moe();
+        let mut sizes = vec![
+            (K::HiddenSize, self.hidden_size),
+            (K::Layers, self.n_layers),
+            (K::Heads, self.n_heads),
+            (K::KvHeads, self.n_kv_heads),
+            (K::HeadDim, self.head_dim),
+            (K::VocabSize, self.vocab_size),
+            (K::MaxPositions, self.max_position_embeddings),
+        ];
+        if moe {
+            sizes.extend([
+                (K::Experts, self.n_experts),
+                (K::ExpertsPerToken, self.experts_per_token),
+                (K::ExpertFfn, self.moe_intermediate_size),
+            ]);
+            if self.shared_expert_intermediate_size > 0 {
+                sizes.push((K::SharedExpertFfn, self.shared_expert_intermediate_size));
+            }
+        } else {
+            sizes.push((K::IntermediateSize, self.intermediate_size));
+        }
+        for (k, v) in sizes {
+            if v == 0 {
+                let why = if k == K::MaxPositions {
+                    "; the context length bounds the KV cache, so it must be positive (set it \
+                     to the context the model was trained for)"
+                } else {
+                    "; it must be positive"
+                };
+                return Err(KwkError::bad_model(path, format!("{} is 0{why}", key(k))));
+            }
+            if v > k.max() {
+                return Err(KwkError::bad_model(
+                    path,
+                    format!(
+                        "{} is {v}, more than kwk's limit of {}; the file is corrupt",
+                        key(k),
+                        k.max()
+                    ),
+                ));
+            }
+        }
+        // Every factor is below 2^27 here, so these u64 products cannot overflow; the
+        // sums and the products with the layer count are checked all the same.
+        let u = |x: usize| x as u64;
+        let d = u(self.hidden_size);
+        let q_dim = u(self.n_heads) * u(self.head_dim);
+        let kv_dim = u(self.n_kv_heads) * u(self.head_dim);
+        let ffn = if moe {
+            let experts = u(self.n_experts) * 3 * d * u(self.moe_intermediate_size);
+            experts + u(self.n_experts) * d + 3 * d * u(self.shared_expert_intermediate_size) + d
+        } else {
+            3 * d * u(self.intermediate_size)
+        };
+        let per_layer = d * (2 * q_dim + 2 * kv_dim) + ffn + 2 * d;
+        let embeddings = u(self.vocab_size) * d * if self.tie_word_embeddings { 1 } else { 2 };
+        let params = u(self.n_layers)
+            .checked_mul(per_layer)
+            .and_then(|p| p.checked_add(embeddings));
+        let names = [K::HiddenSize, K::Layers, K::VocabSize].map(key).join(", ");
+        if !params.is_some_and(|p| p <= MAX_PARAMS) {
+            return Err(KwkError::bad_model(
+                path,
+                format!(
+                    "the sizes ({names}, ...) imply more than 2^44 parameters (kwk's limit); \
+                     the file is corrupt"
+                ),
+            ));
+        }
+        let kv_bytes =
+            (2 * 4 * u(self.n_layers) * kv_dim).checked_mul(u(self.max_position_embeddings));
+        if !kv_bytes.is_some_and(|b| b <= MAX_KV_CACHE_BYTES) {
+            return Err(KwkError::bad_model(
+                path,
+                format!(
+                    "{} is {}: a KV cache that long would take more than 2^56 bytes; the file \
+                     is corrupt",
+                    key(K::MaxPositions),
+                    self.max_position_embeddings
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Query heads sharing one key/value head.
@@ -590,5 +782,141 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("num_key_value_heads"));
+    }
+
+    #[test]
+    fn zero_context_length_is_an_error_naming_the_key() {
+        let mut v = base();
+        v["max_position_embeddings"] = json!(0);
+        let err = parse(v).unwrap_err().to_string();
+        assert!(
+            err.starts_with("config.json: config key 'max_position_embeddings' is 0; the context length bounds the KV cache"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn sizes_above_the_limits_are_errors_naming_the_key() {
+        for (key, value) in [
+            ("hidden_size", 1usize << 21),
+            ("num_hidden_layers", 5000),
+            ("vocab_size", 1 << 25),
+            ("intermediate_size", usize::MAX),
+            ("max_position_embeddings", 1 << 28),
+        ] {
+            let mut v = base();
+            v[key] = json!(value);
+            if key == "hidden_size" {
+                v["head_dim"] = json!(16);
+            }
+            let err = parse(v).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!(
+                    "config key '{key}' is {value}, more than kwk's limit"
+                )),
+                "{key}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn products_of_sizes_are_checked() {
+        // Each size within its limit, the parameter count above 2^44.
+        let mut v = base();
+        v["hidden_size"] = json!(1 << 20);
+        v["num_attention_heads"] = json!(128);
+        v["intermediate_size"] = json!(1 << 22);
+        v["num_hidden_layers"] = json!(4096);
+        let err = parse(v).unwrap_err().to_string();
+        assert!(err.contains("imply more than 2^44 parameters"), "{err}");
+        // A KV cache over the whole context above 2^56 bytes.
+        let mut v = base();
+        v["num_attention_heads"] = json!(4096);
+        v["num_key_value_heads"] = json!(4096);
+        v["head_dim"] = json!(1 << 14);
+        v["max_position_embeddings"] = json!(1 << 27);
+        let err = parse(v).unwrap_err().to_string();
+        assert!(
+            err.contains("config key 'max_position_embeddings' is 134217728: a KV cache"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn an_oversized_config_json_is_refused_before_reading() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.json");
+        let f = std::fs::File::create(&path).unwrap();
+        f.set_len(MAX_CONFIG_JSON_BYTES + 1).unwrap();
+        let err = ModelConfig::from_hf_config_json(&path)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("more than kwk's limit of 16 MiB"), "{err}");
+    }
+
+    /// The `ModelConfig` of a GGUF holding only these metadata pairs (and llama defaults).
+    fn gguf_config(edit: &[(&str, crate::gguf::GgufValue)]) -> Result<ModelConfig> {
+        use crate::gguf::GgufValue as V;
+        let mut meta: Vec<(String, V)> = vec![
+            ("general.architecture".into(), V::String("llama".into())),
+            ("llama.embedding_length".into(), V::U32(64)),
+            ("llama.block_count".into(), V::U32(2)),
+            ("llama.attention.head_count".into(), V::U32(4)),
+            ("llama.attention.head_count_kv".into(), V::U32(2)),
+            (
+                "llama.attention.layer_norm_rms_epsilon".into(),
+                V::F32(1e-5),
+            ),
+            ("llama.context_length".into(), V::U32(2048)),
+            ("llama.feed_forward_length".into(), V::U32(128)),
+            ("llama.vocab_size".into(), V::U32(100)),
+        ];
+        for (k, v) in edit {
+            match meta.iter_mut().find(|(m, _)| m == k) {
+                Some(slot) => slot.1 = v.clone(),
+                None => meta.push((k.to_string(), v.clone())),
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.gguf");
+        std::fs::write(&path, crate::gguf::test_writer::gguf_bytes(&meta, &[])).unwrap();
+        let file = crate::gguf::GgufFile::open(&path)?;
+        crate::model::gguf_loader::config_from_gguf(&file)
+    }
+
+    #[test]
+    fn gguf_sizes_are_checked_like_config_json() {
+        use crate::gguf::GgufValue as V;
+        assert_eq!(gguf_config(&[]).unwrap().max_position_embeddings, 2048);
+        let err = gguf_config(&[("llama.context_length", V::U32(0))])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(
+                "m.gguf: metadata key 'llama.context_length' is 0; the context length bounds"
+            ),
+            "{err}"
+        );
+        let err = gguf_config(&[("llama.block_count", V::U64(u64::MAX))])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("metadata key 'llama.block_count' is 18446744073709551615, more than kwk's limit of 4096"),
+            "{err}"
+        );
+        let err = gguf_config(&[
+            ("llama.embedding_length", V::U32(1 << 20)),
+            ("llama.attention.head_count", V::U32(128)),
+            ("llama.attention.head_count_kv", V::U32(128)),
+            ("llama.feed_forward_length", V::U32(1 << 22)),
+            ("llama.block_count", V::U32(4096)),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("metadata key 'llama.embedding_length'"),
+            "{err}"
+        );
+        assert!(err.contains("2^44 parameters"), "{err}");
     }
 }

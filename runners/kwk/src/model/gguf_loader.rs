@@ -212,7 +212,7 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         }
     }
 
-    Ok(ModelConfig {
+    let config = ModelConfig {
         architecture,
         hidden_size,
         intermediate_size,
@@ -234,7 +234,11 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         sliding_window,
         bos_token_id: tok("bos_token_id")?,
         eos_token_ids,
-    })
+    };
+    config.check_sizes(path, &|k| {
+        format!("metadata key '{arch}.{}'", k.gguf_key(architecture))
+    })?;
+    Ok(config)
 }
 
 /// llama3 rope factors per frequency, as `conversion/llama.py` computes them for
