@@ -5,7 +5,8 @@
 //! `complete` is false until the last runner has finished, so a run that was interrupted
 //! says so in every file it left. Files are written to a temporary name and renamed, so a
 //! reader never sees half a file. Submodules depend on [`crate::protocol`], on the leaves
-//! `table` and `files`, and `gate` on `compare`; only this file calls the exporters.
+//! `table` and `files`, `gate` on `compare` and `markdown` on `plot` (the plot file names);
+//! [`write_all`] here writes every file of a run folder.
 
 pub mod compare;
 pub mod csv;
