@@ -2,7 +2,9 @@
 //! (running PPL, per-repetition samples) are space-separated in one cell; the type mix is
 //! `type:count` pairs; llama-bench's raw objects stay in results.json only.
 
-use super::{write_atomically, Results, RunnerRecord};
+use super::files::write_atomically;
+use super::table::spread;
+use crate::protocol::results::{Results, RunnerRecord};
 use anyhow::{Context, Result};
 use std::path::Path;
 
@@ -99,11 +101,11 @@ fn cells(r: &RunnerRecord) -> Vec<String> {
         opt(&r.pp_tokens_per_s),
         opt(&r.pp_tokens_per_s_std),
         list(&r.pp_samples_tokens_per_s),
-        super::spread(&r.pp_samples_tokens_per_s),
+        spread(&r.pp_samples_tokens_per_s),
         opt(&r.tg_tokens_per_s),
         opt(&r.tg_tokens_per_s_std),
         list(&r.tg_samples_tokens_per_s),
-        super::spread(&r.tg_samples_tokens_per_s),
+        spread(&r.tg_samples_tokens_per_s),
         opt(&r.pp_ops_per_token),
         opt(&r.pp_roofline_pct),
         opt(&r.tg_bytes_per_token),

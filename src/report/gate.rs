@@ -10,73 +10,10 @@
 //! drops by more than `max_speed_pct`. Speed is skipped, with a line saying why, on another
 //! machine unless `--speed-across-machines`.
 
-use super::compare::{compare, render, Comparison, RowComparison, TableFormat};
+pub use super::compare::GateLimits;
+use super::compare::{compare, render, Comparison, TableFormat};
 use crate::protocol::results::{Protocol, Results};
 use anyhow::{bail, ensure, Result};
-
-/// The regression limits.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct GateLimits {
-    pub max_ppl_pct: f64,
-    pub max_kld_pct: f64,
-    pub max_top1_points: f64,
-    pub max_speed_pct: f64,
-    pub speed_across_machines: bool,
-}
-
-impl Default for GateLimits {
-    fn default() -> Self {
-        GateLimits {
-            max_ppl_pct: 0.5,
-            max_kld_pct: 10.0,
-            max_top1_points: 0.5,
-            max_speed_pct: 25.0,
-            speed_across_machines: false,
-        }
-    }
-}
-
-impl GateLimits {
-    /// The figures of `row` beyond these limits, e.g. `ppl +0.8% > 0.5%`.
-    pub fn regressions(&self, row: &RowComparison) -> Vec<String> {
-        let mut out = Vec::new();
-        if let Some(c) = row.ppl {
-            let pct = (c.change.exp() - 1.0) * 100.0;
-            if pct > self.max_ppl_pct {
-                out.push(format!("ppl {pct:+.3}% > {}%", self.max_ppl_pct));
-            }
-        }
-        if let Some(c) = row.kld {
-            let pct = if c.old > 0.0 {
-                c.change / c.old * 100.0
-            } else {
-                0.0
-            };
-            if pct > self.max_kld_pct {
-                out.push(format!("kld {pct:+.1}% > {}%", self.max_kld_pct));
-            }
-        }
-        if let Some(c) = row.top1 {
-            if -c.change > self.max_top1_points {
-                out.push(format!(
-                    "top1 {:+.2} pts < -{}",
-                    c.change, self.max_top1_points
-                ));
-            }
-        }
-        for (what, c) in [("pp", row.pp), ("tg", row.tg)] {
-            if let Some(c) = c {
-                if -c.change > self.max_speed_pct {
-                    out.push(format!(
-                        "{what} {:+.1}% < -{}%",
-                        c.change, self.max_speed_pct
-                    ));
-                }
-            }
-        }
-        out
-    }
-}
 
 /// What a run plan knows of its identity before loading the model.
 #[derive(Debug, Clone)]

@@ -1,7 +1,8 @@
 //! results.json: [`Results`] as pretty JSON (the contract other programs read), and
 //! reading one back for the regression gate.
 
-use super::{write_atomically, Results, SCHEMA_VERSION};
+use super::files::write_atomically;
+use crate::protocol::results::{Results, SCHEMA_VERSION};
 use anyhow::{bail, Context, Result};
 use std::path::Path;
 

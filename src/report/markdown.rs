@@ -1,40 +1,13 @@
 //! report.md: the table, the protocol in one line, loud warnings (incomplete run, tokens
 //! that differ between kwk-eval and llama.cpp, failed runners), and the plots.
 
+use super::files::write_atomically;
 use super::plot::PlotFiles;
-use super::{table_rows, write_atomically, Results};
+use super::table::{notes, protocol_line, table_rows};
+use crate::protocol::results::Results;
 use anyhow::Result;
 use std::fmt::Write as _;
 use std::path::Path;
-
-/// The protocol in one line (also printed under the terminal table).
-pub fn protocol_line(r: &Results) -> String {
-    let p = &r.protocol;
-    let sha = &p.text_sha256[..p.text_sha256.len().min(12)];
-    let speed = if p.speed {
-        format!(
-            "speed pp{} / tg{} × {} reps in {} interleaved rounds",
-            p.pp,
-            p.tg,
-            p.reps,
-            r.speed_rounds.len()
-        )
-    } else {
-        "speed not measured (--no-speed)".to_string()
-    };
-    format!(
-        "ctx {} × {} chunks = {} scored tokens of '{}' (sha256 {sha}…, {} tokens, BOS {}); \
-         {speed}; {} threads; KLD vs float32: {}",
-        p.ctx,
-        p.chunks,
-        p.scored_tokens,
-        p.text,
-        p.text_tokens,
-        if p.add_bos { "added" } else { "none" },
-        r.machine.threads,
-        if p.kld { "yes" } else { "no" },
-    )
-}
 
 /// Loud lines first: an incomplete run, tokens that differ, failed runners.
 fn warnings(r: &Results) -> String {
@@ -109,7 +82,7 @@ pub fn render(r: &Results, plots: &PlotFiles) -> String {
         let _ = writeln!(s, "| {} |", cells.join(" | "));
     }
     let _ = writeln!(s);
-    for n in super::terminal::notes(r)
+    for n in notes(r)
         .iter()
         .filter(|n| !n.starts_with("FAILED") && !n.starts_with("WARNING"))
     {
@@ -138,7 +111,7 @@ pub fn render(r: &Results, plots: &PlotFiles) -> String {
         let _ = writeln!(s, "![prompt and generation speed]({sp})\n");
     }
     s.push_str(&machine_line(r));
-    if let Some(line) = super::peaks_line(r) {
+    if let Some(line) = super::table::peaks_line(r) {
         let _ = writeln!(s, "\n{line}");
     }
     s

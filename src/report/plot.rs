@@ -4,7 +4,7 @@
 //! in the binary (assets/fonts, Bitstream Vera licence), so a machine without fonts still
 //! gets labelled plots.
 
-use super::Results;
+use crate::protocol::results::{Results, RunnerRecord};
 use anyhow::{anyhow, Context, Result};
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -114,10 +114,7 @@ fn model_short_name(model: &str) -> &str {
 type Bar = (String, f64, f64, bool);
 
 /// A bar per runner with a figure.
-fn speed_bars(
-    results: &Results,
-    pick: impl Fn(&super::RunnerRecord) -> Option<(f64, f64)>,
-) -> Vec<Bar> {
+fn speed_bars(results: &Results, pick: impl Fn(&RunnerRecord) -> Option<(f64, f64)>) -> Vec<Bar> {
     results
         .runners
         .iter()

@@ -1,0 +1,253 @@
+//! The table every human-readable export shares: the cells of each row, the protocol in one
+//! line, the notes under the table (rows beyond 2 SE, `--compare-to`, failures, token
+//! warnings) and column alignment for a terminal. A leaf of `report`: it reads
+//! [`Results`] and writes strings.
+
+use crate::protocol::results::{PairedChange, Results, RunnerRecord};
+
+/// Formats an optional figure with `decimals`, or `-`.
+pub fn fmt_opt(v: Option<f64>, decimals: usize) -> String {
+    v.map_or_else(|| "-".to_string(), |x| format!("{x:.decimals$}"))
+}
+
+/// `mean ± std`, or `-`.
+pub fn fmt_pm(v: Option<f64>, err: Option<f64>, decimals: usize) -> String {
+    match (v, err) {
+        (Some(v), Some(e)) => format!("{v:.decimals$} ± {e:.decimals$}"),
+        (Some(v), None) => format!("{v:.decimals$}"),
+        _ => "-".into(),
+    }
+}
+
+/// `value ± err` with `decimals`, `value` alone without an error, or `-`.
+pub fn pm(v: Option<f64>, err: Option<f64>, decimals: usize, signed: bool) -> String {
+    match (v, signed) {
+        (None, _) => "-".into(),
+        (Some(v), true) => match err {
+            Some(e) => format!("{v:+.decimals$} ± {e:.decimals$}"),
+            None => format!("{v:+.decimals$}"),
+        },
+        (Some(_), false) => fmt_pm(v, err, decimals),
+    }
+}
+
+/// `median [min–max]` of speed samples, or `-`.
+pub fn spread(samples: &[f64]) -> String {
+    if samples.is_empty() {
+        return "-".into();
+    }
+    let mut s = samples.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    let median = if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    };
+    format!("{median:.1} [{:.1}–{:.1}]", s[0], s[n - 1])
+}
+
+/// Whether a row differs from the reference (`≠`) or the `--compare-to` row (`≠c`) beyond
+/// two standard errors.
+pub fn differs_cell(r: &RunnerRecord) -> String {
+    let mut marks = Vec::new();
+    if r.differs_from_reference() == Some(true) {
+        marks.push("≠ref");
+    }
+    if r.compare_to.as_ref().is_some_and(PairedChange::beyond_2se) {
+        marks.push("≠cmp");
+    }
+    marks.join(" ")
+}
+
+/// The table every human-readable exporter shows: header and one row of cells per runner.
+pub fn table_rows(results: &Results) -> (Vec<&'static str>, Vec<Vec<String>>) {
+    let header = vec![
+        "runner",
+        "engine",
+        "tensor MiB",
+        "bpw",
+        "PPL",
+        "Δln PPL vs ref",
+        "KLD",
+        "top-1 %",
+        ">2SE",
+        "pp t/s",
+        "pp % roof",
+        "tg t/s",
+        "tg % roof",
+        "load s",
+    ];
+    let rows = results
+        .runners
+        .iter()
+        .map(|r| {
+            if r.error.is_some() {
+                // The error itself is printed under the table.
+                let mut cells = vec![r.name.clone(), r.engine.clone(), "FAILED".to_string()];
+                cells.resize(header.len(), "-".to_string());
+                return cells;
+            }
+            vec![
+                r.name.clone(),
+                r.engine.clone(),
+                fmt_opt(r.tensor_bytes.map(|b| b as f64 / (1024.0 * 1024.0)), 1),
+                fmt_opt(r.bits_per_weight, 2),
+                fmt_pm(r.ppl, r.ppl_err, 4),
+                pm(r.ln_ppl_ratio, r.ln_ppl_ratio_err, 5, true),
+                pm(r.kld_mean, r.kld_mean_err, 5, false),
+                pm(
+                    r.top1_agreement.map(|t| t * 100.0),
+                    r.top1_agreement_err.map(|t| t * 100.0),
+                    2,
+                    false,
+                ),
+                differs_cell(r),
+                fmt_pm(r.pp_tokens_per_s, r.pp_tokens_per_s_std, 1),
+                fmt_opt(r.pp_roofline_pct, 0),
+                fmt_pm(r.tg_tokens_per_s, r.tg_tokens_per_s_std, 1),
+                fmt_opt(r.tg_roofline_pct, 0),
+                fmt_opt(r.load_s, 2),
+            ]
+        })
+        .collect();
+    (header, rows)
+}
+
+/// The protocol in one line (also printed under the terminal table).
+pub fn protocol_line(r: &Results) -> String {
+    let p = &r.protocol;
+    let sha = &p.text_sha256[..p.text_sha256.len().min(12)];
+    let speed = if p.speed {
+        format!(
+            "speed pp{} / tg{} × {} reps in {} interleaved rounds",
+            p.pp,
+            p.tg,
+            p.reps,
+            r.speed_rounds.len()
+        )
+    } else {
+        "speed not measured (--no-speed)".to_string()
+    };
+    format!(
+        "ctx {} × {} chunks = {} scored tokens of '{}' (sha256 {sha}…, {} tokens, BOS {}); \
+         {speed}; {} threads; KLD vs float32: {}",
+        p.ctx,
+        p.chunks,
+        p.scored_tokens,
+        p.text,
+        p.text_tokens,
+        if p.add_bos { "added" } else { "none" },
+        r.machine.threads,
+        if p.kld { "yes" } else { "no" },
+    )
+}
+
+/// `header` and `rows` as aligned columns (the first two left-aligned, the rest right).
+pub fn aligned(header: &[String], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, c) in widths.iter_mut().zip(row) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: &[String]| -> String {
+        let cells: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .enumerate()
+            .map(|(i, (c, w))| {
+                let pad = " ".repeat(w.saturating_sub(c.chars().count()));
+                if i < 2 {
+                    format!("{c}{pad}")
+                } else {
+                    format!("{pad}{c}")
+                }
+            })
+            .collect();
+        cells.join("  ").trim_end().to_string()
+    };
+    let mut out = line(header);
+    out.push('\n');
+    out.push_str(&"-".repeat(widths.iter().sum::<usize>() + 2 * (widths.len().max(1) - 1)));
+    out.push('\n');
+    for row in rows {
+        out.push_str(&line(row));
+        out.push('\n');
+    }
+    out
+}
+
+/// One line on the roofline's ceilings (`None` without measured peaks).
+pub fn peaks_line(results: &Results) -> Option<String> {
+    let p = results.machine.peaks.as_ref()?;
+    let bf16 = p
+        .bf16_gflops
+        .map_or("bf16 converted to f32".to_string(), |b| {
+            format!("bf16 {b:.0} GFLOP/s")
+        });
+    let mut line = format!(
+        "Roofline ceilings measured with {} threads on tier {}: fp32 {:.0} GFLOP/s ({}), int8 {:.0} GOP/s ({}), {bf16}, read {:.1} GB/s",
+        p.threads, p.isa, p.fp32_gflops, p.fp32_instruction, p.int8_gops, p.int8_instruction, p.read_gbps
+    );
+    if let Some(b) = &results.machine.peaks_best_tier {
+        line.push_str(&format!(
+            "; llama.cpp rows against the best tier {}: fp32 {:.0}, int8 {:.0}, read {:.1} GB/s",
+            b.isa, b.fp32_gflops, b.int8_gops, b.read_gbps
+        ));
+    }
+    line.push_str(". pp % roof = pp t/s x operations per prompt token / the peak of the row's arithmetic (fp32, bf16 or int8 dot); tg % roof = tg t/s x bytes read per token (weights used + KV cache) / read bandwidth.");
+    Some(line)
+}
+
+/// The lines under the table: which rows differ beyond 2 SE, failures, token warnings.
+pub fn notes(r: &Results) -> Vec<String> {
+    let mut out = Vec::new();
+    let reference = r.ppl_delta_reference.as_deref().unwrap_or("the reference");
+    let differ: Vec<&str> = r
+        .runners
+        .iter()
+        .filter(|x| x.differs_from_reference() == Some(true))
+        .map(|x| x.name.as_str())
+        .collect();
+    if r.runners.iter().any(|x| x.ln_ppl_ratio.is_some()) {
+        out.push(format!(
+            "differ from {reference} beyond 2 SE (ln PPL, KLD or top-1, paired on the same tokens): {}",
+            if differ.is_empty() { "none".into() } else { differ.join(", ") }
+        ));
+    }
+    if let Some(row) = &r.compare_to {
+        for x in &r.runners {
+            if let Some(c) = &x.compare_to {
+                out.push(format!(
+                    "{} vs {row}: Δln PPL {:+.5} ± {:.5}, ΔKLD {:+.5} ± {:.5}, Δtop-1 {:+.2} ± {:.2} pts{}",
+                    x.name,
+                    c.ln_ppl_ratio,
+                    c.ln_ppl_ratio_err,
+                    c.kld_diff,
+                    c.kld_diff_err,
+                    100.0 * c.top1_diff,
+                    100.0 * c.top1_diff_err,
+                    if c.beyond_2se() { " (differs beyond 2 SE)" } else { "" }
+                ));
+            }
+        }
+    }
+    if let Some(line) = peaks_line(r) {
+        out.push(line);
+    }
+    for row in r.failures() {
+        out.push(format!(
+            "FAILED {}: {}",
+            row.name,
+            row.error.as_deref().unwrap_or_default()
+        ));
+    }
+    for row in r.runners.iter().filter(|x| x.tokens_match == Some(false)) {
+        out.push(format!(
+            "WARNING: {} tokenized the text to other ids than kwk-eval; its perplexity is not comparable",
+            row.name
+        ));
+    }
+    out
+}
