@@ -580,7 +580,7 @@ impl ModelConfig {
             .checked_mul(per_layer)
             .and_then(|p| p.checked_add(embeddings));
         let names = [K::HiddenSize, K::Layers, K::VocabSize].map(key).join(", ");
-        if !params.is_some_and(|p| p <= MAX_PARAMS) {
+        if params.is_none_or(|p| p > MAX_PARAMS) {
             return Err(KwkError::bad_model(
                 path,
                 format!(
@@ -591,7 +591,7 @@ impl ModelConfig {
         }
         let kv_bytes =
             (2 * 4 * u(self.n_layers) * kv_dim).checked_mul(u(self.max_position_embeddings));
-        if !kv_bytes.is_some_and(|b| b <= MAX_KV_CACHE_BYTES) {
+        if kv_bytes.is_none_or(|b| b > MAX_KV_CACHE_BYTES) {
             return Err(KwkError::bad_model(
                 path,
                 format!(
