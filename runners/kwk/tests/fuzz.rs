@@ -656,8 +656,9 @@ impl Target {
             }
             Target::GgufModel => {
                 if let Ok((config, _weights, meta, _)) = load_gguf(&file) {
-                    let _ = kwk::model::cost::stored_matrix_params(&config);
+                    let _ = kwk::model::cost::matmul_params_per_token(&config);
                     let _ = kwk::model::cost::prompt_ops_per_token(&config, 512);
+                    let _ = kwk::model::cost::kv_bytes_per_token(&config, 4.0, 0, 128);
                     exercise(Tokenizer::from_gguf(&meta));
                 }
             }
