@@ -1,6 +1,7 @@
 //! The command line (clap derive). The only file that sees clap: it turns arguments into
 //! [`EvalConfig`] / [`GenerateConfig`] and knows every default.
 
+use crate::cache::{CacheAction, CacheConfig};
 use crate::generate::GenerateConfig;
 use crate::session::{EvalConfig, KldMode};
 use clap::{Args, Parser, Subcommand};
@@ -29,6 +30,32 @@ pub struct Cli {
 pub enum Command {
     /// Stream a completion of a prompt with the in-tree decoder and print its tokens/s.
     Generate(GenerateArgs),
+    /// The pack cache: list its files, prune it to its size limit, or clear it.
+    Cache(CacheArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CacheArgs {
+    #[command(subcommand)]
+    pub action: CacheCommand,
+    /// The pack cache folder (default: ~/.cache/kwk/pack).
+    #[arg(long, value_name = "DIR", global = true)]
+    pub pack_cache: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CacheCommand {
+    /// Each cached model: formats, size, last use.
+    List,
+    /// Remove temporary and orphaned files, then least recently used files over the limit
+    /// (KWK_PACK_CACHE_GB, default 16).
+    Prune {
+        /// Size limit in GB for this prune (default: KWK_PACK_CACHE_GB or 16).
+        #[arg(long, value_name = "GB")]
+        limit_gb: Option<f64>,
+    },
+    /// Delete every pack cache file.
+    Clear,
 }
 
 #[derive(Debug, Args)]
@@ -181,6 +208,7 @@ pub struct GenerateArgs {
 pub enum Invocation {
     Evaluate(EvalConfig),
     Generate(GenerateConfig),
+    Cache(CacheConfig),
 }
 
 /// `~/.cache/kwk/pack` (or `$XDG_CACHE_HOME/kwk/pack`), `None` when no home is known.
@@ -216,6 +244,18 @@ impl Cli {
                     seed: g.seed,
                 },
                 pack_cache_dir: pack_cache(g.pack_cache, g.no_pack_cache),
+            }),
+            Some(Command::Cache(c)) => Invocation::Cache(CacheConfig {
+                action: match c.action {
+                    CacheCommand::List => CacheAction::List,
+                    CacheCommand::Prune { limit_gb } => CacheAction::Prune { limit_gb },
+                    CacheCommand::Clear => CacheAction::Clear,
+                },
+                // Without a home folder there is no default; "." would be a surprise.
+                dir: c
+                    .pack_cache
+                    .or_else(default_pack_cache)
+                    .unwrap_or_else(|| PathBuf::from(".cache/kwk/pack")),
             }),
             None => {
                 let e = self.eval;
@@ -302,6 +342,15 @@ mod tests {
         let cli =
             Cli::try_parse_from(["kwk-eval", "generate", "--llm", "m", "--prompt", "hi"]).unwrap();
         assert!(matches!(cli.into_invocation(), Invocation::Generate(_)));
+        let cli = Cli::try_parse_from([
+            "kwk-eval", "cache", "prune", "--limit-gb", "0.5", "--pack-cache", "/x",
+        ])
+        .unwrap();
+        let Invocation::Cache(c) = cli.into_invocation() else {
+            panic!()
+        };
+        assert_eq!(c.action, CacheAction::Prune { limit_gb: Some(0.5) });
+        assert_eq!(c.dir, PathBuf::from("/x"));
         let e = Cli::try_parse_from(["kwk-eval", "--llm", "m"]).unwrap_err();
         assert!(one_line(&e).contains("--text"), "{}", one_line(&e));
         assert!(!one_line(&e).contains('\n'));

@@ -3,9 +3,10 @@
 //!
 //! `cli` turns arguments into a config; `session` runs an evaluation (`text` reads the
 //! text, `runner` builds the runners, `eval` measures, `report` writes and gates);
-//! `generate` streams a completion. `main.rs` maps the outcome to an exit code.
+//! `generate` streams a completion; `cache` lists and prunes the pack cache. `main.rs` maps the outcome to an exit code.
 #![forbid(unsafe_code)]
 
+pub mod cache;
 pub mod cli;
 pub mod eval;
 pub mod generate;

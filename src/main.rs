@@ -22,6 +22,7 @@ fn run() -> ExitCode {
     let result = match invocation {
         Invocation::Evaluate(cfg) => session::evaluate(&cfg),
         Invocation::Generate(cfg) => kwk_eval::generate::generate(&cfg).map(|()| Outcome::Passed),
+        Invocation::Cache(cfg) => kwk_eval::cache::run(&cfg).map(|()| Outcome::Passed),
     };
     match result {
         Ok(Outcome::Passed) => ExitCode::SUCCESS,

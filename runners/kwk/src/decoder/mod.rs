@@ -442,14 +442,20 @@ fn equalize_for(
     )
 }
 
+/// The ids that end generation: the config's and the tokenizer's.
+pub fn eos_ids(config: &ModelConfig, tokenizer: &crate::tokenizer::Tokenizer) -> Vec<u32> {
+    let mut eos = config.eos_token_ids.clone();
+    for &id in tokenizer.eos_ids() {
+        if !eos.contains(&id) {
+            eos.push(id);
+        }
+    }
+    eos
+}
+
 impl KwkDecoder {
     pub fn new(model: &Model, options: DecoderOptions) -> Result<Self> {
-        let mut eos = model.config.eos_token_ids.clone();
-        for &id in model.tokenizer.eos_ids() {
-            if !eos.contains(&id) {
-                eos.push(id);
-            }
-        }
+        let eos = eos_ids(&model.config, &model.tokenizer);
         Self::from_weights(
             &model.config,
             &model.weights,

@@ -13,7 +13,7 @@ pub mod safetensors_loader;
 pub mod source;
 
 pub use config::{Architecture, ModelConfig, RopeScaling};
-pub use source::{load_model, ModelSource};
+pub use source::{load_model, load_model_header, ModelHeader, ModelSource};
 
 use crate::tokenizer::Tokenizer;
 
