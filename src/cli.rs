@@ -343,13 +343,24 @@ mod tests {
             Cli::try_parse_from(["kwk-eval", "generate", "--llm", "m", "--prompt", "hi"]).unwrap();
         assert!(matches!(cli.into_invocation(), Invocation::Generate(_)));
         let cli = Cli::try_parse_from([
-            "kwk-eval", "cache", "prune", "--limit-gb", "0.5", "--pack-cache", "/x",
+            "kwk-eval",
+            "cache",
+            "prune",
+            "--limit-gb",
+            "0.5",
+            "--pack-cache",
+            "/x",
         ])
         .unwrap();
         let Invocation::Cache(c) = cli.into_invocation() else {
             panic!()
         };
-        assert_eq!(c.action, CacheAction::Prune { limit_gb: Some(0.5) });
+        assert_eq!(
+            c.action,
+            CacheAction::Prune {
+                limit_gb: Some(0.5)
+            }
+        );
         assert_eq!(c.dir, PathBuf::from("/x"));
         let e = Cli::try_parse_from(["kwk-eval", "--llm", "m"]).unwrap_err();
         assert!(one_line(&e).contains("--text"), "{}", one_line(&e));

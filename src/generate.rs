@@ -39,8 +39,8 @@ pub fn generate(cfg: &GenerateConfig) -> Result<()> {
             crate::runner::KNOWN_FORMATS.trim_end_matches(", and gguf:PATH")
         )
     })?;
-    // A warm start reads only the model's header and the pack cache; the weights are read
-    // (and packed) only when the cache has no valid entry, and dropped once packed.
+    // A warm start reads only the model's header and the pack cache; otherwise int8/int4
+    // stream the weights one layer at a time (`KwkDecoder::from_header`).
     let header = kwk::model::load_model_header(&cfg.llm)
         .with_context(|| format!("loading --llm '{}'", cfg.llm))?;
     let prompt = header
@@ -55,24 +55,8 @@ pub fn generate(cfg: &GenerateConfig) -> Result<()> {
         pack_cache_dir: cfg.pack_cache_dir.clone(),
     };
     let packing = || format!("packing '{}' as {}", cfg.llm, cfg.format);
-    let eos = kwk::decoder::eos_ids(&header.config, &header.tokenizer);
-    let warm = KwkDecoder::from_pack_cache(
-        &header.config,
-        eos,
-        &header.info.resolved_path,
-        options.clone(),
-    )
-    .with_context(packing)?;
-    let (mut decoder, tokenizer) = match warm {
-        Some(d) => (d, header.tokenizer),
-        None => {
-            let model = header
-                .load_weights()
-                .with_context(|| format!("loading --llm '{}'", cfg.llm))?;
-            let d = KwkDecoder::new(&model, options).with_context(packing)?;
-            (d, model.tokenizer)
-        }
-    };
+    let mut decoder = KwkDecoder::from_header(&header, options).with_context(packing)?;
+    let tokenizer = header.tokenizer;
     if let Some(o) = decoder.pack_cache_outcome() {
         eprintln!("pack cache: {o:?}");
     }

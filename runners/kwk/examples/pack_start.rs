@@ -1,6 +1,6 @@
 //! Start-up time and memory through the pack cache: process start to the first token's
-//! logits, cold (no cache entry: read, equalize, quantize, write) or warm (the cache file
-//! mapped, the weights not read), with the peak resident memory and a hash of the logits
+//! logits, cold (no cache entry: the weights streamed layer by layer, equalized, quantized
+//! and written) or warm (the cache file mapped, the weights not read), with the peak resident memory and a hash of the logits
 //! (a warm start must print the same hash as a cold one).
 //!
 //! `cargo run --release -p kwk --example pack_start -- MODEL FORMAT CACHE_DIR [THREADS]`
@@ -9,7 +9,7 @@
 //! packed_bytes kv_bytes`. Peak RSS is the process's `VmHWM` (/proc/self/status): the
 //! most resident memory at any point, mapped cache pages included.
 
-use kwk::decoder::{eos_ids, DecoderOptions, KwkDecoder, Precision};
+use kwk::decoder::{DecoderOptions, KwkDecoder, Precision};
 use sha2::{Digest, Sha256};
 use std::time::Instant;
 
@@ -29,9 +29,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let precision = Precision::parse(&args[1])?;
     let threads: usize = args.get(3).map_or(Ok(2), |t| t.parse())?;
     let header = kwk::model::load_model_header(&args[0])?;
-    let prompt = header
-        .tokenizer
-        .encode("The pack cache keeps packed weights so that the next start", true)?;
+    let prompt = header.tokenizer.encode(
+        "The pack cache keeps packed weights so that the next start",
+        true,
+    )?;
     let options = DecoderOptions {
         max_cache_len: 64,
         precision,
@@ -39,19 +40,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         calibration_tokens: None,
         pack_cache_dir: Some(args[2].clone().into()),
     };
-    let eos = eos_ids(&header.config, &header.tokenizer);
     let config = header.config.clone();
-    let (mut dec, start) = match KwkDecoder::from_pack_cache(
-        &header.config,
-        eos,
-        &header.info.resolved_path,
-        options.clone(),
-    )? {
-        Some(d) => (d, "warm"),
-        None => {
-            let model = header.load_weights()?;
-            (KwkDecoder::new(&model, options)?, "cold")
-        }
+    let mut dec = KwkDecoder::from_header(&header, options)?;
+    let start = match dec.pack_cache_outcome() {
+        Some(kwk::pack_cache::PackOutcome::Loaded(_)) => "warm",
+        _ => "cold",
     };
     let ready_s = started.elapsed().as_secs_f64();
     let logits = dec.forward(&prompt, prompt.len() - 1)?;

@@ -18,6 +18,7 @@ mod layers;
 pub mod precision;
 pub mod rope;
 pub mod sampling;
+mod stream;
 
 pub use precision::{Int4Options, Precision, DEFAULT_INT4_GROUP};
 
@@ -266,6 +267,71 @@ pub fn decoder_available() -> std::result::Result<(), String> {
     Ok(())
 }
 
+/// The mix units of layer `i` (q, k, v, o, gate, up, down; an MoE layer's experts share a
+/// unit per role), each tensor with the second moments of its input (`li`'s importance when
+/// it has them, else ones) and its rounding importance.
+fn layer_mix_units<'a>(
+    i: usize,
+    l: &'a crate::model::LayerWeights,
+    li: Option<&'a LayerImportance>,
+    ones: &'a [f32],
+) -> Vec<MixUnit<'a>> {
+    use crate::model::Tensor;
+    // The moments of each input (ones when equalization produced none); rounding is
+    // weighted by them when it did.
+    let m = |v: Option<&'a [f32]>, t: &Tensor| -> (&'a [f32], Option<&'a [f32]>) {
+        match v.filter(|v| v.len() == t.cols()) {
+            Some(v) => (v, Some(v)),
+            None => (&ones[..t.cols().min(ones.len())], None),
+        }
+    };
+    let mlps: Vec<&Mlp> = match &l.ffn {
+        FeedForward::Dense(m) => vec![m],
+        FeedForward::Moe(m) => m.experts.iter().chain(m.shared_expert.iter()).collect(),
+    };
+    let attn_in = li.map(|x| &x.attn_in[..]);
+    let ffn_in = li.map(|x| &x.ffn_in[..]);
+    type Inputs<'b> = Vec<(&'b Tensor, Option<&'b [f32]>)>;
+    let groups: Vec<(TensorRole, Inputs)> = vec![
+        (TensorRole::AttnQ, vec![(&l.q, attn_in)]),
+        (TensorRole::AttnK, vec![(&l.k, attn_in)]),
+        (TensorRole::AttnV, vec![(&l.v, attn_in)]),
+        (
+            TensorRole::AttnOutput,
+            vec![(&l.o, li.map(|x| &x.o_in[..]))],
+        ),
+        (
+            TensorRole::FfnGate,
+            mlps.iter().map(|mm| (&mm.gate, ffn_in)).collect(),
+        ),
+        (
+            TensorRole::FfnUp,
+            mlps.iter().map(|mm| (&mm.up, ffn_in)).collect(),
+        ),
+        (
+            TensorRole::FfnDown,
+            mlps.iter()
+                .enumerate()
+                .map(|(j, mm)| (&mm.down, li.and_then(|x| x.down_in.get(j)).map(|v| &v[..])))
+                .collect(),
+        ),
+    ];
+    groups
+        .into_iter()
+        .map(|(role, tensors)| MixUnit {
+            role,
+            layer: Some(i),
+            tensors: tensors
+                .into_iter()
+                .map(|(t, v)| {
+                    let (moment, imp) = m(v, t);
+                    (t, moment, imp)
+                })
+                .collect(),
+        })
+        .collect()
+}
+
 /// The `int4` mix by sensitivity (`quantize::mix`): a grid per (role, layer) for every
 /// linear but `lm_head`, within the bits llama.cpp's Q4_K_M would give the model.
 fn int4_plan<'a>(
@@ -300,57 +366,11 @@ fn int4_plan<'a>(
     }
     for (i, l) in weights.layers.iter().enumerate() {
         let li = eq.importance.get(i).filter(|x| !x.attn_in.is_empty());
-        // The moments of each input (ones when equalization produced none); rounding is
-        // weighted by them when it did.
-        let m = |v: Option<&'a [f32]>, t: &Tensor| -> (&'a [f32], Option<&'a [f32]>) {
-            match v.filter(|v| v.len() == t.cols()) {
-                Some(v) => (v, Some(v)),
-                None => (&ones[..t.cols().min(ones.len())], None),
+        for u in layer_mix_units(i, l, li, ones) {
+            for (t, _, _) in &u.tensors {
+                budget += q4km(u.role, Some(i), t);
             }
-        };
-        let mlps: Vec<&Mlp> = match &l.ffn {
-            FeedForward::Dense(m) => vec![m],
-            FeedForward::Moe(m) => m.experts.iter().chain(m.shared_expert.iter()).collect(),
-        };
-        let attn_in = li.map(|x| &x.attn_in[..]);
-        let ffn_in = li.map(|x| &x.ffn_in[..]);
-        type Inputs<'b> = Vec<(&'b Tensor, Option<&'b [f32]>)>;
-        let groups: Vec<(TensorRole, Inputs)> = vec![
-            (TensorRole::AttnQ, vec![(&l.q, attn_in)]),
-            (TensorRole::AttnK, vec![(&l.k, attn_in)]),
-            (TensorRole::AttnV, vec![(&l.v, attn_in)]),
-            (
-                TensorRole::AttnOutput,
-                vec![(&l.o, li.map(|x| &x.o_in[..]))],
-            ),
-            (
-                TensorRole::FfnGate,
-                mlps.iter().map(|mm| (&mm.gate, ffn_in)).collect(),
-            ),
-            (
-                TensorRole::FfnUp,
-                mlps.iter().map(|mm| (&mm.up, ffn_in)).collect(),
-            ),
-            (
-                TensorRole::FfnDown,
-                mlps.iter()
-                    .enumerate()
-                    .map(|(j, mm)| (&mm.down, li.and_then(|x| x.down_in.get(j)).map(|v| &v[..])))
-                    .collect(),
-            ),
-        ];
-        for (role, tensors) in groups {
-            let mut members = Vec::new();
-            for (t, v) in tensors {
-                budget += q4km(role, Some(i), t);
-                let (moment, imp) = m(v, t);
-                members.push((t, moment, imp));
-            }
-            units.push(MixUnit {
-                role,
-                layer: Some(i),
-                tensors: members,
-            });
+            units.push(u);
         }
     }
     let mix_bits = opts
@@ -1233,6 +1253,13 @@ mod names {
 fn put_floats(s: &mut PackSession, w: &ModelWeights) {
     s.put_floats(names::FINAL_NORM, &w.final_norm);
     for (i, l) in w.layers.iter().enumerate() {
+        put_layer_floats(s, i, l);
+    }
+}
+
+/// Stores layer `i`'s float vectors in the session.
+fn put_layer_floats(s: &mut PackSession, i: usize, l: &crate::model::LayerWeights) {
+    {
         let n = |what: &str| names::layer(i, what);
         s.put_floats(&n("attn_norm"), &l.attn_norm);
         s.put_floats(&n("ffn_norm"), &l.ffn_norm);
@@ -1257,29 +1284,32 @@ fn put_floats(s: &mut PackSession, w: &ModelWeights) {
 }
 
 fn count_params(w: &ModelWeights) -> u64 {
+    let mut n = (w.embed.data.len() + w.final_norm.len()) as u64;
+    n += w.lm_head.as_ref().map(|t| t.data.len()).unwrap_or(0) as u64;
+    n + w.layers.iter().map(layer_params).sum::<u64>()
+}
+
+/// Parameters of one layer: matrices, norms, biases, routers.
+fn layer_params(l: &crate::model::LayerWeights) -> u64 {
     fn mlp(m: &Mlp) -> usize {
         m.gate.data.len() + m.up.data.len() + m.down.data.len()
     }
     let opt = |v: &Option<Vec<f32>>| v.as_ref().map(|x| x.len()).unwrap_or(0);
-    let mut n = w.embed.data.len() + w.final_norm.len();
-    n += w.lm_head.as_ref().map(|t| t.data.len()).unwrap_or(0);
-    for l in &w.layers {
-        n += l.attn_norm.len() + l.ffn_norm.len();
-        n += l.q.data.len() + l.k.data.len() + l.v.data.len() + l.o.data.len();
-        n += opt(&l.q_bias) + opt(&l.k_bias) + opt(&l.v_bias) + opt(&l.q_norm) + opt(&l.k_norm);
-        n += match &l.ffn {
-            FeedForward::Dense(m) => mlp(m),
-            FeedForward::Moe(m) => {
-                m.router.data.len()
-                    + m.experts.iter().map(mlp).sum::<usize>()
-                    + m.shared_expert.as_ref().map(mlp).unwrap_or(0)
-                    + m.shared_expert_gate
-                        .as_ref()
-                        .map(|t| t.data.len())
-                        .unwrap_or(0)
-            }
-        };
-    }
+    let mut n = l.attn_norm.len() + l.ffn_norm.len();
+    n += l.q.data.len() + l.k.data.len() + l.v.data.len() + l.o.data.len();
+    n += opt(&l.q_bias) + opt(&l.k_bias) + opt(&l.v_bias) + opt(&l.q_norm) + opt(&l.k_norm);
+    n += match &l.ffn {
+        FeedForward::Dense(m) => mlp(m),
+        FeedForward::Moe(m) => {
+            m.router.data.len()
+                + m.experts.iter().map(mlp).sum::<usize>()
+                + m.shared_expert.as_ref().map(mlp).unwrap_or(0)
+                + m.shared_expert_gate
+                    .as_ref()
+                    .map(|t| t.data.len())
+                    .unwrap_or(0)
+        }
+    };
     n as u64
 }
 

@@ -9,6 +9,7 @@
 
 pub mod config;
 pub mod gguf_loader;
+pub mod lazy;
 pub mod safetensors_loader;
 pub mod source;
 

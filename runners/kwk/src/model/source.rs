@@ -465,7 +465,7 @@ pub struct ModelHeader {
     pub config: ModelConfig,
     pub tokenizer: Tokenizer,
     pub info: LoadInfo,
-    source: ModelSource,
+    pub(crate) source: ModelSource,
 }
 
 /// [`load_model_header`] with hub settings from the environment.
@@ -495,7 +495,11 @@ pub fn load_model_header_with(spec: &str, settings: &HubSettings) -> Result<Mode
             let mut bytes = 0;
             for entry in std::fs::read_dir(&path).map_err(|e| KwkError::io(&path, e))? {
                 let entry = entry.map_err(|e| KwkError::io(&path, e))?;
-                if entry.file_name().to_string_lossy().ends_with(".safetensors") {
+                if entry
+                    .file_name()
+                    .to_string_lossy()
+                    .ends_with(".safetensors")
+                {
                     bytes += std::fs::metadata(entry.path()).map_or(0, |m| m.len());
                 }
             }

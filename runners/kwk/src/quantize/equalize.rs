@@ -135,34 +135,38 @@ impl ActivationStats {
         let layers = weights
             .layers
             .iter()
-            .map(|l| {
-                let attn_in: Vec<f32> = l.attn_norm.iter().map(|g| g * g).collect();
-                let mut v2 = row_moments(&l.v, &attn_in);
-                if let Some(b) = &l.v_bias {
-                    v2.iter_mut().zip(b).for_each(|(v, b)| *v += b * b);
-                }
-                let o_in = (0..l.o.cols()).map(|c| v2[kv_channel(config, c)]).collect();
-                let ffn_in: Vec<f32> = l.ffn_norm.iter().map(|g| g * g).collect();
-                let down_in = mlps(&l.ffn)
-                    .into_iter()
-                    .map(|m| {
-                        let g2 = row_moments(&m.gate, &ffn_in);
-                        let u2 = row_moments(&m.up, &ffn_in);
-                        g2.iter()
-                            .zip(&u2)
-                            .map(|(&g, &u)| silu_second_moment(g) * u)
-                            .collect()
-                    })
-                    .collect();
-                LayerStats {
-                    attn_in,
-                    o_in,
-                    ffn_in,
-                    down_in,
-                }
-            })
+            .map(|l| estimate_layer(l, config))
             .collect();
         ActivationStats { layers }
+    }
+}
+
+/// [`ActivationStats::estimate`] of one layer (each layer's estimate needs only its own
+/// weights, so a streaming packer estimates layer by layer).
+pub fn estimate_layer(l: &LayerWeights, config: &ModelConfig) -> LayerStats {
+    let attn_in: Vec<f32> = l.attn_norm.iter().map(|g| g * g).collect();
+    let mut v2 = row_moments(&l.v, &attn_in);
+    if let Some(b) = &l.v_bias {
+        v2.iter_mut().zip(b).for_each(|(v, b)| *v += b * b);
+    }
+    let o_in = (0..l.o.cols()).map(|c| v2[kv_channel(config, c)]).collect();
+    let ffn_in: Vec<f32> = l.ffn_norm.iter().map(|g| g * g).collect();
+    let down_in = mlps(&l.ffn)
+        .into_iter()
+        .map(|m| {
+            let g2 = row_moments(&m.gate, &ffn_in);
+            let u2 = row_moments(&m.up, &ffn_in);
+            g2.iter()
+                .zip(&u2)
+                .map(|(&g, &u)| silu_second_moment(g) * u)
+                .collect()
+        })
+        .collect();
+    LayerStats {
+        attn_in,
+        o_in,
+        ffn_in,
+        down_in,
     }
 }
 
@@ -607,7 +611,9 @@ fn keep(a: Vec<f32>) -> Vec<f32> {
 /// Searches one layer's factors in order (attention input, v → o, feed-forward input,
 /// up → down), applying each before the next is searched, and returns the factors and the
 /// rounding importance in the final coordinates.
-fn equalize_layer(
+/// Equalizes one layer in place (what [`equalize`] does per layer): the factors chosen and
+/// the rounding importance.
+pub fn equalize_layer(
     l: &mut LayerWeights,
     config: &ModelConfig,
     stats: &LayerStats,
