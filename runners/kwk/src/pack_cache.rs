@@ -474,7 +474,9 @@ impl Writer {
         dep: &str,
         t: &QuantizedTensor,
     ) -> std::io::Result<TensorEntry> {
-        let (kind, bits, group_size, parts): (u8, u32, usize, Vec<(&[u8], u64)>) = match t {
+        // (kind, bits, group size, [(array bytes, element count)])
+        type Layout<'a> = (u8, u32, usize, Vec<(&'a [u8], u64)>);
+        let (kind, bits, group_size, parts): Layout = match t {
             QuantizedTensor::Int8(w) => (
                 0,
                 8,
