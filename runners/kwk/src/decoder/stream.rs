@@ -16,7 +16,9 @@
 use super::*;
 use crate::model::lazy::LazyWeights;
 use crate::model::{LayerWeights, ModelHeader, Tensor};
-use crate::quantize::equalize::{equalize_layer, estimate_layer, EqualizeOptions};
+use crate::quantize::equalize::{
+    apply_layer, equalize_layer, estimate_layer, EqualizeOptions, LayerScales,
+};
 use crate::quantize::mix::{allocate_curves, unit_curve, Curve};
 
 /// The widest input of a layer's linears.
@@ -94,67 +96,87 @@ impl KwkDecoder {
             move |role| crate::format::quantized::grid_for(&precision, &place(role, Some(i)))
         };
         let eq_opts = EqualizeOptions::ESTIMATED;
-        let equalize_one = |l: &mut LayerWeights, i: usize| -> Result<LayerImportance> {
+        let equalize_one = |l: &mut LayerWeights, i: usize| -> Result<Saved> {
             let stats = estimate_layer(l, config);
-            let (_, imp) = equalize_layer(l, config, &stats, &grid_of(i), eq_opts)?;
-            Ok(if eq_opts.importance {
+            let (scales, imp) = equalize_layer(l, config, &stats, &grid_of(i), eq_opts)?;
+            let imp = if eq_opts.importance {
                 imp
             } else {
                 LayerImportance::default()
+            };
+            Ok(Saved {
+                scales,
+                imp,
+                floats: float_part(l),
             })
         };
 
-        // Pass 2 (int4): the mix curves, then the grids.
+        // Pass 2: equalize each layer (the factors, importance and float vectors are kept;
+        // they are small), and for int4 its mix curves; then the int4 grids.
+        let mut saved: Vec<Saved> = Vec::with_capacity(n_layers);
         let mut plan: HashMap<(TensorRole, Option<usize>), Grid> = HashMap::new();
-        if let Precision::Int4(opts) = &precision {
+        let int4 = match &precision {
+            Precision::Int4(opts) => Some(*opts),
+            _ => None,
+        };
+        {
             use crate::quantize::mix::{ladder, q4_k_m_bits_per_weight};
             let q4km = |role, layer, t: &Tensor| {
                 t.data.len() as f64 * q4_k_m_bits_per_weight(role, layer, n_layers, t.cols())
             };
-            let head_grid = grid_for(&precision, &place(TensorRole::LmHead, None))?
-                .ok_or_else(|| KwkError::InvalidArgument("lm_head has no int4 grid".into()))?;
-            let mix_bits = opts
-                .mix_bits
-                .unwrap_or_else(|| default_mix_bits(place(TensorRole::LmHead, None).model_params));
-            let steps = ladder(opts.group_size, mix_bits);
-            // Q4_K_M's bits of the output projection, from its shape alone.
-            let out_bits =
-                (vocab * d) as f64 * q4_k_m_bits_per_weight(TensorRole::LmHead, None, n_layers, d);
-            let mut budget = out_bits - head_grid.tensor_bits(vocab, d);
+            let mut steps = Vec::new();
+            let mut budget = 0.0;
             let mut keys: Vec<(TensorRole, Option<usize>)> = Vec::new();
             let mut curves: Vec<Curve> = Vec::new();
-            if !config.tie_word_embeddings {
-                let e = lazy.embed()?;
-                budget += q4km(TensorRole::Embedding, None, &e);
-                let ones = vec![1f32; e.cols()];
-                let unit = MixUnit {
-                    role: TensorRole::Embedding,
-                    layer: None,
-                    tensors: vec![(&e, &ones[..], None)],
-                };
-                curves.push(unit_curve(&unit, &steps));
-                keys.push((TensorRole::Embedding, None));
-                lazy.release_pages();
+            if let Some(opts) = &int4 {
+                let head_grid = grid_for(&precision, &place(TensorRole::LmHead, None))?
+                    .ok_or_else(|| KwkError::InvalidArgument("lm_head has no int4 grid".into()))?;
+                let mix_bits = opts.mix_bits.unwrap_or_else(|| {
+                    default_mix_bits(place(TensorRole::LmHead, None).model_params)
+                });
+                steps = ladder(opts.group_size, mix_bits);
+                // Q4_K_M's bits of the output projection, from its shape alone.
+                let out_bits = (vocab * d) as f64
+                    * q4_k_m_bits_per_weight(TensorRole::LmHead, None, n_layers, d);
+                budget = out_bits - head_grid.tensor_bits(vocab, d);
+                if !config.tie_word_embeddings {
+                    let e = lazy.embed()?;
+                    budget += q4km(TensorRole::Embedding, None, &e);
+                    let ones = vec![1f32; e.cols()];
+                    let unit = MixUnit {
+                        role: TensorRole::Embedding,
+                        layer: None,
+                        tensors: vec![(&e, &ones[..], None)],
+                    };
+                    curves.push(unit_curve(&unit, &steps));
+                    keys.push((TensorRole::Embedding, None));
+                    lazy.release_pages();
+                }
             }
             for i in 0..n_layers {
                 let mut l = lazy.layer(i)?;
-                let imp = equalize_one(&mut l, i)?;
-                let ones = vec![1f32; layer_width(&l)];
-                let li = Some(&imp).filter(|x| !x.attn_in.is_empty());
-                for u in layer_mix_units(i, &l, li, &ones) {
-                    for (t, _, _) in &u.tensors {
-                        budget += q4km(u.role, Some(i), t);
+                let sv = equalize_one(&mut l, i)?;
+                if int4.is_some() {
+                    let ones = vec![1f32; layer_width(&l)];
+                    let li = Some(&sv.imp).filter(|x| !x.attn_in.is_empty());
+                    for u in layer_mix_units(i, &l, li, &ones) {
+                        for (t, _, _) in &u.tensors {
+                            budget += q4km(u.role, Some(i), t);
+                        }
+                        curves.push(unit_curve(&u, &steps));
+                        keys.push((u.role, u.layer));
                     }
-                    curves.push(unit_curve(&u, &steps));
-                    keys.push((u.role, u.layer));
                 }
+                saved.push(sv);
                 drop(l);
                 lazy.release_pages();
             }
-            plan = keys
-                .into_iter()
-                .zip(allocate_curves(&curves, &steps, budget))
-                .collect();
+            if int4.is_some() {
+                plan = keys
+                    .into_iter()
+                    .zip(allocate_curves(&curves, &steps, budget))
+                    .collect();
+            }
         }
         let grid = |role, layer| plan.get(&(role, layer)).copied();
 
@@ -172,7 +194,6 @@ impl KwkDecoder {
                 Err(e) => not_written = Some(PackOutcome::NotWritten(e.to_string())),
             }
         }
-        let caching = session.is_some();
         let mut pack = |name: &str,
                         t: &Tensor,
                         role,
@@ -212,112 +233,111 @@ impl KwkDecoder {
         lazy.release_pages();
         let final_norm = lazy.final_norm()?;
         let mut layers = Vec::with_capacity(n_layers);
-        let mut floats: Vec<ModelWeights> = Vec::new();
-        for i in 0..n_layers {
-            let mut l = lazy.layer(i)?;
-            let imp = equalize_one(&mut l, i)?;
-            let pick = |v: &[f32]| (!v.is_empty()).then_some(v).map(|v| v.to_vec());
+        for (i, sv) in saved.iter().enumerate() {
+            let imp = &sv.imp;
             let attn_in = pick(&imp.attn_in);
             let o_in = pick(&imp.o_in);
             let ffn_in = pick(&imp.ffn_in);
-            let mut pack_mlp = |m: &Mlp, j: usize| -> Result<PackedMlp> {
-                let down_in = imp.down_in.get(j).and_then(|v| pick(v));
-                let n = |w: &str| names::mlp(i, j, w);
-                Ok(PackedMlp {
-                    gate: pack(
-                        &n("gate"),
-                        &m.gate,
-                        TensorRole::FfnGate,
-                        Some(i),
-                        ffn_in.as_deref(),
-                    )?,
-                    up: pack(
-                        &n("up"),
-                        &m.up,
-                        TensorRole::FfnUp,
-                        Some(i),
-                        ffn_in.as_deref(),
-                    )?,
-                    down: pack(
-                        &n("down"),
-                        &m.down,
-                        TensorRole::FfnDown,
-                        Some(i),
-                        down_in.as_deref(),
-                    )?,
-                })
-            };
-            let ffn = match &l.ffn {
-                FeedForward::Dense(m) => PackedFfn::Dense(pack_mlp(m, 0)?),
-                FeedForward::Moe(m) => PackedFfn::Moe(PackedMoe {
-                    router: m.router.clone(),
-                    experts: m
+            let n = |w: &str| names::layer(i, w);
+            let m = |j: usize, w: &str| names::mlp(i, j, w);
+            let fl = &sv.floats;
+            let layer = if let FeedForward::Dense(_) = &fl.ffn {
+                // One matrix at a time: load, scale, pack, drop.
+                use crate::quantize::equalize::{apply_to_part, DensePart as P};
+                let mut one = |part: P, name: &str, role, imp: Option<&[f32]>| {
+                    let mut t = lazy.dense_part(i, part)?;
+                    apply_to_part(&mut t, part, config, &sv.scales);
+                    let packed = pack(name, &t, role, Some(i), imp);
+                    drop(t);
+                    lazy.release_pages();
+                    packed
+                };
+                let q = one(P::Q, &n("q"), TensorRole::AttnQ, attn_in)?;
+                let k = one(P::K, &n("k"), TensorRole::AttnK, attn_in)?;
+                let v = one(P::V, &n("v"), TensorRole::AttnV, attn_in)?;
+                let o = one(P::O, &n("o"), TensorRole::AttnOutput, o_in)?;
+                let down_in = imp.down_in.first().and_then(|v| pick(v));
+                let gate = one(P::Gate, &m(0, "gate"), TensorRole::FfnGate, ffn_in)?;
+                let up = one(P::Up, &m(0, "up"), TensorRole::FfnUp, ffn_in)?;
+                let down = one(P::Down, &m(0, "down"), TensorRole::FfnDown, down_in)?;
+                Layer {
+                    attn_norm: fl.attn_norm.clone(),
+                    q,
+                    k,
+                    v,
+                    o,
+                    q_bias: fl.q_bias.clone(),
+                    k_bias: fl.k_bias.clone(),
+                    v_bias: fl.v_bias.clone(),
+                    q_norm: fl.q_norm.clone(),
+                    k_norm: fl.k_norm.clone(),
+                    ffn_norm: fl.ffn_norm.clone(),
+                    ffn: PackedFfn::Dense(PackedMlp { gate, up, down }),
+                }
+            } else {
+                // Mixture of experts: the whole layer, scaled as the search left it.
+                let mut l = lazy.layer(i)?;
+                apply_layer(&mut l, config, &sv.scales);
+                let mut pack_mlp = |mm: &Mlp, j: usize| -> Result<PackedMlp> {
+                    let down_in = imp.down_in.get(j).and_then(|v| pick(v));
+                    Ok(PackedMlp {
+                        gate: pack(
+                            &m(j, "gate"),
+                            &mm.gate,
+                            TensorRole::FfnGate,
+                            Some(i),
+                            ffn_in,
+                        )?,
+                        up: pack(&m(j, "up"), &mm.up, TensorRole::FfnUp, Some(i), ffn_in)?,
+                        down: pack(
+                            &m(j, "down"),
+                            &mm.down,
+                            TensorRole::FfnDown,
+                            Some(i),
+                            down_in,
+                        )?,
+                    })
+                };
+                let FeedForward::Moe(mo) = &l.ffn else {
+                    return Err(bad(format!("layer {i} changed its kind between passes")));
+                };
+                let ffn = PackedFfn::Moe(PackedMoe {
+                    router: mo.router.clone(),
+                    experts: mo
                         .experts
                         .iter()
                         .enumerate()
                         .map(|(j, e)| pack_mlp(e, j))
                         .collect::<Result<_>>()?,
-                    shared: m
+                    shared: mo
                         .shared_expert
                         .as_ref()
-                        .map(|s| pack_mlp(s, m.experts.len()))
+                        .map(|s| pack_mlp(s, mo.experts.len()))
                         .transpose()?,
-                    shared_gate: m.shared_expert_gate.as_ref().map(|g| g.data.clone()),
+                    shared_gate: mo.shared_expert_gate.as_ref().map(|g| g.data.clone()),
                     top_k: config.experts_per_token,
                     renormalize: config.architecture == Architecture::Mixtral
                         || config.norm_topk_prob,
-                }),
-            };
-            let n = |w: &str| names::layer(i, w);
-            layers.push(Layer {
-                attn_norm: l.attn_norm.clone(),
-                q: pack(
-                    &n("q"),
-                    &l.q,
-                    TensorRole::AttnQ,
-                    Some(i),
-                    attn_in.as_deref(),
-                )?,
-                k: pack(
-                    &n("k"),
-                    &l.k,
-                    TensorRole::AttnK,
-                    Some(i),
-                    attn_in.as_deref(),
-                )?,
-                v: pack(
-                    &n("v"),
-                    &l.v,
-                    TensorRole::AttnV,
-                    Some(i),
-                    attn_in.as_deref(),
-                )?,
-                o: pack(
-                    &n("o"),
-                    &l.o,
-                    TensorRole::AttnOutput,
-                    Some(i),
-                    o_in.as_deref(),
-                )?,
-                q_bias: l.q_bias.clone(),
-                k_bias: l.k_bias.clone(),
-                v_bias: l.v_bias.clone(),
-                q_norm: l.q_norm.clone(),
-                k_norm: l.k_norm.clone(),
-                ffn_norm: l.ffn_norm.clone(),
-                ffn,
-            });
-            // Keep only the float vectors (for the cache file), not the matrices.
-            if caching {
-                floats.push(ModelWeights {
-                    embed: Tensor::new(vec![0, 0], Vec::new()),
-                    layers: vec![float_part(&l)],
-                    final_norm: Vec::new(),
-                    lm_head: None,
                 });
-            }
-            drop(l);
-            lazy.release_pages();
+                let layer = Layer {
+                    attn_norm: l.attn_norm.clone(),
+                    q: pack(&n("q"), &l.q, TensorRole::AttnQ, Some(i), attn_in)?,
+                    k: pack(&n("k"), &l.k, TensorRole::AttnK, Some(i), attn_in)?,
+                    v: pack(&n("v"), &l.v, TensorRole::AttnV, Some(i), attn_in)?,
+                    o: pack(&n("o"), &l.o, TensorRole::AttnOutput, Some(i), o_in)?,
+                    q_bias: l.q_bias.clone(),
+                    k_bias: l.k_bias.clone(),
+                    v_bias: l.v_bias.clone(),
+                    q_norm: l.q_norm.clone(),
+                    k_norm: l.k_norm.clone(),
+                    ffn_norm: l.ffn_norm.clone(),
+                    ffn,
+                };
+                drop(l);
+                lazy.release_pages();
+                layer
+            };
+            layers.push(layer);
         }
         if layers.len() != n_layers {
             return Err(bad(format!("{} layers packed of {n_layers}", layers.len())));
@@ -325,8 +345,8 @@ impl KwkDecoder {
         let pack_cache = match session {
             Some(mut s) => {
                 s.put_floats(names::FINAL_NORM, &final_norm);
-                for (i, w) in floats.iter().enumerate() {
-                    put_layer_floats(&mut s, i, &w.layers[0]);
+                for (i, sv) in saved.iter().enumerate() {
+                    put_layer_floats(&mut s, i, &sv.floats);
                 }
                 Some(s.finish())
             }
@@ -351,9 +371,22 @@ impl KwkDecoder {
     }
 }
 
+/// `v` unless empty (no importance).
+fn pick(v: &[f32]) -> Option<&[f32]> {
+    (!v.is_empty()).then_some(v)
+}
+
+/// What pass 2 keeps of a layer for pass 3.
+struct Saved {
+    scales: LayerScales,
+    imp: LayerImportance,
+    /// The equalized float vectors (norms, biases, router), matrices empty.
+    floats: LayerWeights,
+}
+
 /// A layer's float vectors with empty matrices (what the cache file stores of it).
 fn float_part(l: &LayerWeights) -> LayerWeights {
-    let empty = || Tensor::new(vec![0, 0], Vec::new());
+    let empty = || Tensor::new(vec![0, 1], Vec::new());
     let empty_mlp = || Mlp {
         gate: empty(),
         up: empty(),

@@ -9,6 +9,7 @@ use super::safetensors_loader::{
 use super::{LayerWeights, ModelConfig, ModelHeader, ModelSource, Tensor};
 use crate::error::Result;
 use crate::gguf::GgufFile;
+use crate::quantize::equalize::DensePart;
 
 enum Src {
     Gguf { file: GgufFile, unpermute_qk: bool },
@@ -74,6 +75,24 @@ impl LazyWeights {
 
     pub fn final_norm(&self) -> Result<Vec<f32>> {
         self.with(|s| require_vec(s, WeightName::FinalNorm, self.config.hidden_size))
+    }
+
+    /// One matrix of dense layer `i` (`[out, in]`, the shape the config implies).
+    pub fn dense_part(&self, i: usize, part: DensePart) -> Result<Tensor> {
+        use super::safetensors_loader::LayerTensor as T;
+        let c = &self.config;
+        let (d, ffn) = (c.hidden_size, c.intermediate_size);
+        let (q, kv) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
+        let (t, shape) = match part {
+            DensePart::Q => (T::Q, [q, d]),
+            DensePart::K => (T::K, [kv, d]),
+            DensePart::V => (T::V, [kv, d]),
+            DensePart::O => (T::O, [d, q]),
+            DensePart::Gate => (T::Gate, [ffn, d]),
+            DensePart::Up => (T::Up, [ffn, d]),
+            DensePart::Down => (T::Down, [d, ffn]),
+        };
+        self.with(|s| require(s, WeightName::Layer(i, t), &shape))
     }
 
     /// Layer `i`, every tensor of it.
