@@ -550,6 +550,9 @@ impl Writer {
         };
         for t in &s.tensors {
             out.tensors.push(self.copy_tensor(from, t)?);
+            // The copied pages are not this process's weights: drop them from its
+            // resident set (the page cache keeps them).
+            crate::gguf::release_pages(&from.map);
         }
         for f in &s.floats {
             self.align()?;
