@@ -2,6 +2,7 @@
 //! types (formats into [`FormatSpec`]s, KV types and output formats into enums), so nothing
 //! later parses a string. The plan step (`plan.rs`) turns [`EvalArgs`] into a checked run plan.
 
+use crate::cache::{CacheAction, CacheConfig};
 use crate::generate::GenerateConfig;
 use crate::protocol::{parse_format, FormatSpec};
 pub use crate::report::compare::TableFormat;
@@ -35,6 +36,8 @@ pub enum Command {
     /// Compare results.json files: per-row changes in PPL, KLD, top-1 and speed with their
     /// uncertainty and a verdict (each later file against the first).
     Compare(CompareArgs),
+    /// The pack cache: list its files, prune it to its size limit, or clear it.
+    Cache(CacheArgs),
 }
 
 /// One entry of `--formats`: a format, or `none`.
@@ -117,6 +120,30 @@ pub struct CompareArgs {
 
     #[command(flatten)]
     pub gate: GateArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct CacheArgs {
+    #[command(subcommand)]
+    pub action: CacheCommand,
+    /// The pack cache folder (default: ~/.cache/kwk/pack).
+    #[arg(long, value_name = "DIR", global = true)]
+    pub pack_cache: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CacheCommand {
+    /// Each cached model: formats, size, last use.
+    List,
+    /// Remove temporary and orphaned files, then least recently used files over the limit
+    /// (KWK_PACK_CACHE_GB, default 16).
+    Prune {
+        /// Size limit in GB for this prune (default: KWK_PACK_CACHE_GB or 16).
+        #[arg(long, value_name = "GB")]
+        limit_gb: Option<f64>,
+    },
+    /// Delete every pack cache file.
+    Clear,
 }
 
 #[derive(Debug, Args)]
@@ -287,6 +314,7 @@ pub enum Invocation {
     Evaluate(Box<EvalArgs>),
     Generate(GenerateConfig),
     Compare(CompareArgs),
+    Cache(CacheConfig),
 }
 
 /// `~/.cache/kwk/pack` (or `$XDG_CACHE_HOME/kwk/pack`), `None` when no home is known.
@@ -325,6 +353,18 @@ impl Cli {
                 pack_cache_dir: pack_cache(g.pack_cache, g.no_pack_cache),
             }),
             Some(Command::Compare(c)) => Invocation::Compare(c),
+            Some(Command::Cache(c)) => Invocation::Cache(CacheConfig {
+                action: match c.action {
+                    CacheCommand::List => CacheAction::List,
+                    CacheCommand::Prune { limit_gb } => CacheAction::Prune { limit_gb },
+                    CacheCommand::Clear => CacheAction::Clear,
+                },
+                // Without a home folder there is no default; "." would be a surprise.
+                dir: c
+                    .pack_cache
+                    .or_else(default_pack_cache)
+                    .unwrap_or_else(|| PathBuf::from(".cache/kwk/pack")),
+            }),
             None => Invocation::Evaluate(Box::new(self.eval)),
         }
     }
@@ -407,6 +447,26 @@ mod tests {
         let cli =
             Cli::try_parse_from(["kwk-eval", "generate", "--llm", "m", "--prompt", "hi"]).unwrap();
         assert!(matches!(cli.into_invocation(), Invocation::Generate(_)));
+        let cli = Cli::try_parse_from([
+            "kwk-eval",
+            "cache",
+            "prune",
+            "--limit-gb",
+            "0.5",
+            "--pack-cache",
+            "/x",
+        ])
+        .unwrap();
+        let Invocation::Cache(c) = cli.into_invocation() else {
+            panic!()
+        };
+        assert_eq!(
+            c.action,
+            CacheAction::Prune {
+                limit_gb: Some(0.5)
+            }
+        );
+        assert_eq!(c.dir, PathBuf::from("/x"));
         let e = Cli::try_parse_from(["kwk-eval", "--llm", "m"]).unwrap_err();
         assert!(one_line(&e).contains("--text"), "{}", one_line(&e));
         assert!(!one_line(&e).contains('\n'));

@@ -26,6 +26,7 @@ fn new_suffix(full: &str, printed: usize) -> Option<&str> {
 }
 
 pub fn generate(cfg: &GenerateConfig) -> Result<()> {
+    let started = std::time::Instant::now();
     anyhow::ensure!(cfg.threads >= 1, "--threads 0: pass at least 1 thread");
     anyhow::ensure!(
         !cfg.prompt.is_empty(),
@@ -38,32 +39,43 @@ pub fn generate(cfg: &GenerateConfig) -> Result<()> {
             crate::protocol::KNOWN_FORMATS.trim_end_matches(", and gguf:PATH")
         )
     })?;
-    let model =
-        kwk::load_model(&cfg.llm).with_context(|| format!("loading --llm '{}'", cfg.llm))?;
-    let prompt = model
+    // A warm start reads only the model's header and the pack cache; otherwise int8/int4
+    // stream the weights one layer at a time (`KwkDecoder::from_header`).
+    let header = kwk::model::load_model_header(&cfg.llm)
+        .with_context(|| format!("loading --llm '{}'", cfg.llm))?;
+    let prompt = header
         .tokenizer
         .encode(&cfg.prompt, true)
         .context("tokenizing --prompt")?;
-    let mut decoder = KwkDecoder::new(
-        &model,
-        DecoderOptions {
-            max_cache_len: prompt.len() + cfg.max_new_tokens,
-            precision,
-            threads: cfg.threads,
-            calibration_tokens: None,
-            pack_cache_dir: cfg.pack_cache_dir.clone(),
-        },
-    )
-    .with_context(|| format!("packing '{}' as {}", cfg.llm, cfg.format))?;
+    let options = DecoderOptions {
+        max_cache_len: prompt.len() + cfg.max_new_tokens,
+        precision,
+        threads: cfg.threads,
+        calibration_tokens: None,
+        pack_cache_dir: cfg.pack_cache_dir.clone(),
+    };
+    let packing = || format!("packing '{}' as {}", cfg.llm, cfg.format);
+    let mut decoder = KwkDecoder::from_header(&header, options).with_context(packing)?;
+    let tokenizer = header.tokenizer;
+    if let Some(o) = decoder.pack_cache_outcome() {
+        eprintln!("pack cache: {o:?}");
+    }
+    eprintln!(
+        "ready after {:.3} s (packing or mapping {:.3} s)",
+        started.elapsed().as_secs_f64(),
+        decoder.pack_s()
+    );
     let mut out = std::io::stdout().lock();
     write!(out, "{}", cfg.prompt)?;
     out.flush()?;
     let mut generated: Vec<u32> = Vec::new();
     let mut printed = 0usize;
     let mut failure: Option<anyhow::Error> = None;
+    let mut first_token_s = None;
     let stats = decoder.generate(&prompt, cfg.max_new_tokens, &cfg.sampling, &mut |tok| {
+        first_token_s.get_or_insert_with(|| started.elapsed().as_secs_f64());
         generated.push(tok);
-        let text = match model.tokenizer.decode(&generated) {
+        let text = match tokenizer.decode(&generated) {
             Ok(t) => t,
             Err(e) => {
                 failure = Some(anyhow::Error::new(e).context("decoding generated tokens"));
@@ -83,7 +95,7 @@ pub fn generate(cfg: &GenerateConfig) -> Result<()> {
         return Err(e);
     }
     // Whatever was held back (an incomplete character at the very end).
-    let text = model.tokenizer.decode(&generated)?;
+    let text = tokenizer.decode(&generated)?;
     if text.len() > printed && text.is_char_boundary(printed) {
         write!(out, "{}", &text[printed..])?;
     }
@@ -100,6 +112,9 @@ pub fn generate(cfg: &GenerateConfig) -> Result<()> {
         cfg.format,
         cfg.threads
     );
+    if let Some(t) = first_token_s {
+        eprintln!("first token {t:.3} s after start");
+    }
     Ok(())
 }
 

@@ -5,10 +5,12 @@
 //! checked run plan, nothing loaded) → `prepare` (model, tokens, chunk plan, identity) →
 //! `measure` (runners from `runner`, measurements from `eval`) → `report` (exporters,
 //! `compare`, the gate). `protocol` holds the types they pass along and imports nothing
-//! from the crate. `session` drives a run; `generate` streams a completion. `main.rs` maps
+//! from the crate. `session` drives a run; `generate` streams a completion; `cache` lists and prunes the pack
+//! cache. `main.rs` maps
 //! the outcome to an exit code.
 #![forbid(unsafe_code)]
 
+pub mod cache;
 pub mod cli;
 pub mod eval;
 pub mod generate;

@@ -23,6 +23,7 @@ fn run() -> ExitCode {
         Invocation::Evaluate(args) => session::evaluate(&args),
         Invocation::Compare(args) => session::compare(&args).map(|()| Outcome::Passed),
         Invocation::Generate(cfg) => kwk_eval::generate::generate(&cfg).map(|()| Outcome::Passed),
+        Invocation::Cache(cfg) => kwk_eval::cache::run(&cfg).map(|()| Outcome::Passed),
     };
     match result {
         Ok(Outcome::Passed) => ExitCode::SUCCESS,

@@ -3,9 +3,6 @@
 //! `cargo run --release -p kwk --example quant_pack_time -- MODEL [FORMAT...]`
 
 use kwk::decoder::{DecoderOptions, KwkDecoder, Precision};
-use kwk::format::{TensorPlace, TensorRole};
-use kwk::model::{FeedForward, Mlp, Model, Tensor};
-use kwk::pack_cache::PackSession;
 use std::time::Instant;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -25,31 +22,38 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         model.n_params()
     );
     if let Some(dir) = std::env::var_os("PACK_CACHE") {
-        // The pack cache through PackSession, the decoder's packing order: a cold pass
-        // (quantize + write) then a warm one (read + validate).
+        // The pack cache: a cold build (quantize + write, or reuse) then a warm one
+        // (mapped from the cache file alone, the weights not used).
         for f in &formats {
             let precision = Precision::parse(f)?;
-            for pass in ["cold", "warm"] {
-                let t = Instant::now();
-                let mut s = PackSession::open(
-                    Some(dir.as_ref()),
-                    &model.info.resolved_path,
-                    &precision,
-                    None,
-                );
-                let loading = s.is_loading();
-                let n = pack_all(&model, &mut s)?;
-                println!(
-                    "{f} {pass}: {n} tensors in {:.3} s ({}) -> {:?}",
-                    t.elapsed().as_secs_f64(),
-                    if loading {
-                        "read from cache"
-                    } else {
-                        "quantized"
-                    },
-                    s.finish()
-                );
-            }
+            let options = DecoderOptions {
+                max_cache_len: 600,
+                precision,
+                threads: 2,
+                calibration_tokens: None,
+                pack_cache_dir: Some(dir.clone().into()),
+            };
+            let t = Instant::now();
+            let cold = KwkDecoder::new(&model, options.clone())?;
+            println!(
+                "{f} cold: {:.3} s -> {:?}",
+                t.elapsed().as_secs_f64(),
+                cold.pack_cache_outcome()
+            );
+            drop(cold);
+            let t = Instant::now();
+            let warm = KwkDecoder::from_pack_cache(
+                &model.config,
+                model.config.eos_token_ids.clone(),
+                &model.info.resolved_path,
+                options,
+            )?
+            .ok_or("the pack cache written by the cold build was not found")?;
+            println!(
+                "{f} warm: {:.3} s -> {:?}",
+                t.elapsed().as_secs_f64(),
+                warm.pack_cache_outcome()
+            );
         }
         return Ok(());
     }
@@ -77,50 +81,4 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     Ok(())
-}
-
-/// Packs every linear weight through `s` in the decoder's order; returns the count.
-fn pack_all(model: &Model, s: &mut PackSession) -> Result<usize, Box<dyn std::error::Error>> {
-    let w = &model.weights;
-    let n_layers = w.layers.len();
-    let params = model.n_params();
-    let place = |role, layer| TensorPlace {
-        role,
-        layer,
-        n_layers,
-        model_params: params,
-    };
-    let mut n = 0;
-    let mut one = |t: &Tensor, role, layer| -> Result<(), Box<dyn std::error::Error>> {
-        s.pack(t, place(role, layer), None)?;
-        n += 1;
-        Ok(())
-    };
-    match &w.lm_head {
-        None => one(&w.embed, TensorRole::LmHead, None)?,
-        Some(h) => {
-            one(&w.embed, TensorRole::Embedding, None)?;
-            one(h, TensorRole::LmHead, None)?;
-        }
-    }
-    for (i, l) in w.layers.iter().enumerate() {
-        let mut mlp = |m: &Mlp| -> Result<(), Box<dyn std::error::Error>> {
-            one(&m.gate, TensorRole::FfnGate, Some(i))?;
-            one(&m.up, TensorRole::FfnUp, Some(i))?;
-            one(&m.down, TensorRole::FfnDown, Some(i))
-        };
-        match &l.ffn {
-            FeedForward::Dense(m) => mlp(m)?,
-            FeedForward::Moe(m) => {
-                for e in &m.experts {
-                    mlp(e)?;
-                }
-            }
-        }
-        one(&l.q, TensorRole::AttnQ, Some(i))?;
-        one(&l.k, TensorRole::AttnK, Some(i))?;
-        one(&l.v, TensorRole::AttnV, Some(i))?;
-        one(&l.o, TensorRole::AttnOutput, Some(i))?;
-    }
-    Ok(n)
 }

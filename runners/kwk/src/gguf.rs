@@ -44,6 +44,17 @@ pub(crate) fn map_file(path: &Path) -> Result<memmap2::Mmap> {
     Ok(map)
 }
 
+/// Drops the pages of a read-only file mapping from this process's resident set (the page
+/// cache keeps them; a later read faults them back in). A streaming loader calls it after
+/// each layer so that the source it has read does not count as its memory.
+pub(crate) fn release_pages(map: &memmap2::Mmap) {
+    // SAFETY: `map` is a read-only, file-backed mapping of a file nobody modifies while it
+    // is read (see `map_file`); MADV_DONTNEED on such a mapping only drops page-table
+    // entries, and the next access reads the same file bytes again. No reference into the
+    // mapping is invalidated.
+    let _ = unsafe { map.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
+}
+
 /// `GGUF` read as a little-endian u32.
 const GGUF_MAGIC: [u8; 4] = *b"GGUF";
 /// `GGUF_DEFAULT_ALIGNMENT` in ggml/src/gguf.cpp.
@@ -992,6 +1003,11 @@ impl GgufFile {
             _ => 1.0,
         };
         crate::model::cost::gguf_weight_bytes_per_token(&self.tensors, share)
+    }
+
+    /// Drops the mapped pages read so far from the resident set ([`release_pages`]).
+    pub(crate) fn release_pages(&self) {
+        release_pages(&self.map);
     }
 
     pub fn tensors(&self) -> &[GgufTensorInfo] {

@@ -1,108 +1,93 @@
-//! The pack cache: int8/int4 weights packed once are written to `pack_cache_dir` and read
-//! back on the next start instead of being quantized again.
+//! The pack cache: int8/int4 weights packed once are kept in `pack_cache_dir`, and the next
+//! start maps them from there instead of reading the model and quantizing again.
 //!
-//! One file per (model, format): the name is a hash of the key string
-//! `kwk-pack v{PACK_VERSION}; source {path}; files {name:size:mtime...}; format {precision};
-//! calibration {hash}`, and the key string itself is stored in the file and compared on
-//! read, so a changed model file (size or mtime), format spec, calibration text or packing
-//! code (bump [`PACK_VERSION`] whenever a packed layout or the rounding changes) never
-//! reuses stale weights.
+//! **One file per model** (`<sha256(canonical source path)[..12]>.kwkpack`), holding one
+//! section per recipe packed for it. A warm start ([`try_load`]) reads only that file: the
+//! source is identified by `stat` alone and never read, and every packed array is
+//! memory-mapped in the layout the kernels use (each array starts on a 64-byte boundary),
+//! not copied.
 //!
-//! Layout: magic `KWKPACK\0`, version u32, key length u32, key bytes, then the channel
-//! equalization factors (`quantize::equalize`; an entry of kind 2: per layer the f32
-//! vectors, each length-prefixed) and one entry per
-//! packed tensor in the order the decoder packs them (role, layer, kind, bits, group size,
-//! rows, cols, then the packed arrays, each length-prefixed), then a trailer: `KWKEND\0\0`,
-//! entry count u64, body length u64 and the SHA-256 of the body. All integers little
-//! endian. A file is trusted only if magic, version, key, length, checksum and every
-//! entry's bounds check out, and each entry must match the tensor the decoder asks for
-//! (role, layer, shape); otherwise it is ignored with a warning on stderr and rewritten.
-//! Writes go to a temporary file in the same folder, renamed into place when complete.
+//! **Identity.** The source is its canonical path (symlinks resolved; a hub model resolves
+//! to its snapshot folder `models--ORG--NAME/snapshots/COMMIT`, so repo id and commit are
+//! both in it) and, per weight/config file, size, mtime, ctime, inode and device. When they
+//! all match the index, the file is used as is (fast path). On any difference the files are
+//! hashed (SHA-256 in 64 MiB chunks on all threads, about 1 s per GB on two threads): same
+//! contents → the index's stats are refreshed and the file used; different contents → the
+//! model is read and every tensor whose key is unchanged is reused, the others packed again.
 //!
-//! Use ([`PackSession`]): `open` once per decoder, `pack` each linear weight in order,
-//! `finish` at the end (writes the file after a miss).
+//! **Key of a packed tensor** (`dep`): SHA-256 of the recipe ([`recipe_key`]: layout version
+//! [`PACK_VERSION`], format with all its options, calibration-text hash), the tensor's
+//! place, its grid, its per-column importance, and the float32 values it was quantized from
+//! (after channel equalization). Equal keys mean the packing would write the same bytes,
+//! so a tensor changed at the same size and mtime is repacked and the rest reused. Bump
+//! [`PACK_VERSION`] whenever a packed layout or the rounding changes: the test
+//! `layout_golden_hash_pins_pack_version` fails until you do.
+//!
+//! **File layout.** A 64-byte header (`KWKPACK\0`, version u32), the arrays (each padded
+//! to 64 bytes), a JSON index (source identity, file hashes, sections: per tensor its name,
+//! layout, shape, key, array offsets, CRC-32 of its bytes; per float vector the same), and
+//! a trailer: `KWKINDEX`, index offset u64, index length u64, SHA-256 of the index. Little
+//! endian. **Integrity**: the index by its SHA-256; each tensor of the section being loaded
+//! by its CRC-32 (hardware CRC, about 0.1 s per GB; it also faults the pages in, which the
+//! first token would do anyway). A file failing any check is deleted at once and rewritten
+//! by the same run (never warned about twice).
+//!
+//! **Directory.** Writes go to `.NAME.tmp.PID.N` in the same folder and are renamed into
+//! place when complete (a failed write removes its temporary file). Packers of one model
+//! serialise on `NAME.lock` (`flock`): the second one waiting finds the first one's file and
+//! loads it. Last use is the file's mtime (set on every hit). After each write the folder
+//! is swept (temporary files of dead processes, files of older layouts, files whose source
+//! no longer exists) and least recently used files are deleted until the total is under
+//! the limit: `KWK_PACK_CACHE_GB` (default 16). [`list`], [`prune`] and [`clear`] back
+//! `kwk-eval cache`.
 
 use crate::decoder::Precision;
 use crate::error::{KwkError, Result};
 use crate::format::int4::LowBitWeights;
 use crate::format::int8::Int8Weights;
 use crate::format::quantized::{quantize_on, Grid, QuantizedTensor};
-use crate::format::{PackedLinear, TensorPlace, TensorRole};
+use crate::format::storage::Store;
+use crate::format::{PackedLinear, TensorPlace};
 use crate::model::Tensor;
-use crate::quantize::equalize::{ChannelScales, LayerScales};
 use half::f16;
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use std::collections::HashMap;
 use std::fs::File;
-use std::io::{BufWriter, Read, Write};
+use std::io::{BufWriter, Write};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::SystemTime;
 
-/// Version of the packed layouts and rounding; part of every cache key.
-pub const PACK_VERSION: u32 = 2;
+/// Version of the packed layouts, the rounding and this file format; part of every key.
+pub const PACK_VERSION: u32 = 3;
 
 const MAGIC: &[u8; 8] = b"KWKPACK\0";
-const TRAILER_MAGIC: &[u8; 8] = b"KWKEND\0\0";
+const TRAILER_MAGIC: &[u8; 8] = b"KWKINDEX";
+const HEADER_LEN: u64 = 64;
 const TRAILER_LEN: usize = 8 + 8 + 8 + 32;
+/// Every array starts on a multiple of this many bytes (a cache line; kernels' loads).
+const ALIGN: u64 = 64;
+const EXT: &str = "kwkpack";
+/// Bytes hashed per task when source files are hashed.
+const HASH_CHUNK: u64 = 64 << 20;
+/// Default size limit of the cache folder, in GB (`KWK_PACK_CACHE_GB`).
+pub const DEFAULT_LIMIT_GB: f64 = 16.0;
 
-const ROLES: [TensorRole; 10] = [
-    TensorRole::Embedding,
-    TensorRole::LmHead,
-    TensorRole::AttnQ,
-    TensorRole::AttnK,
-    TensorRole::AttnV,
-    TensorRole::AttnOutput,
-    TensorRole::FfnGate,
-    TensorRole::FfnUp,
-    TensorRole::FfnDown,
-    TensorRole::Router,
-];
-
-fn role_code(role: TensorRole) -> u8 {
-    ROLES.iter().position(|&r| r == role).unwrap_or(255) as u8
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// What identifies the weights: the source path and the size and modification time of
-/// each weight/config file in it.
-pub fn source_fingerprint(source: &Path) -> Result<String> {
-    let meta = std::fs::metadata(source).map_err(|e| KwkError::io(source, e))?;
-    let mut files = Vec::new();
-    if meta.is_dir() {
-        let rd = std::fs::read_dir(source).map_err(|e| KwkError::io(source, e))?;
-        for entry in rd {
-            let entry = entry.map_err(|e| KwkError::io(source, e))?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if [".safetensors", ".json", ".gguf"]
-                .iter()
-                .any(|s| name.ends_with(s))
-            {
-                let m = entry
-                    .metadata()
-                    .map_err(|e| KwkError::io(entry.path(), e))?;
-                files.push((name, m));
-            }
-        }
-        files.sort_by(|a, b| a.0.cmp(&b.0));
-    } else {
-        files.push((String::new(), meta));
-    }
-    let mut out = format!("source {}; files", source.display());
-    for (name, m) in files {
-        let mtime = m
-            .modified()
-            .ok()
-            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        out.push_str(&format!(" {name}:{}:{mtime}", m.len()));
-    }
-    Ok(out)
-}
+// ---------------------------------------------------------------------------------------
+// Recipe and keys
 
-/// The cache key string of a source, format and calibration text.
-pub fn cache_key(
-    source: &Path,
-    precision: &Precision,
-    calibration: Option<&[u32]>,
-) -> Result<String> {
+/// Everything besides the weights that decides packed bytes: layout version, the format
+/// with all its options (group, mix, calibration and GPTQ switches and settings: the
+/// `Precision` value in full), and the calibration tokens. One string per recipe; a new
+/// setting is a new field here.
+pub fn recipe_key(precision: &Precision, calibration: Option<&[u32]>) -> String {
     let calib = match calibration {
         None => "none".to_string(),
         Some(tokens) => {
@@ -113,303 +98,485 @@ pub fn cache_key(
             hex(&h.finalize()[..16])
         }
     };
-    Ok(format!(
-        "kwk-pack v{PACK_VERSION}; {}; format {precision:?}; calibration {calib}",
-        source_fingerprint(source)?
-    ))
+    format!("kwk-pack layout v{PACK_VERSION}; format {precision:?}; calibration {calib}")
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// The cache file for a key in `dir`.
-pub fn cache_file(dir: &Path, key: &str) -> PathBuf {
-    let digest = Sha256::digest(key.as_bytes());
-    dir.join(format!("{}.kwkpack", hex(&digest[..12])))
-}
-
-/// One cached tensor and where it belongs.
-#[derive(Debug)]
-struct CachedEntry {
-    role: u8,
-    layer: i64,
-    payload: Payload,
-}
-
-#[derive(Debug)]
-enum Payload {
-    Tensor(QuantizedTensor),
-    /// The channel-equalization factors the packed tensors were made with (first entry).
-    Scales(ChannelScales),
-}
-
-/// Role code of the channel-scales entry.
-const SCALES_ROLE: u8 = 254;
-
-/// A bounds-checked reader over the file body.
-struct Cursor<'a> {
-    buf: &'a [u8],
-    at: usize,
-}
-
-impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize) -> std::result::Result<&'a [u8], String> {
-        let end = self.at.checked_add(n).filter(|&e| e <= self.buf.len());
-        let end = end.ok_or_else(|| format!("truncated at byte {}", self.at))?;
-        let s = &self.buf[self.at..end];
-        self.at = end;
-        Ok(s)
+/// The key of one packed tensor (see the module doc).
+fn dep_key(
+    recipe: &str,
+    tensor: &Tensor,
+    place: &TensorPlace,
+    grid: Option<Grid>,
+    importance: Option<&[f32]>,
+) -> String {
+    let mut h = Sha256::new();
+    h.update(recipe.as_bytes());
+    h.update(format!("; {place:?}; {grid:?}; {:?}", tensor.shape).as_bytes());
+    match importance {
+        None => h.update(b"; no importance"),
+        Some(v) => {
+            h.update(b"; importance");
+            h.update(bytemuck::cast_slice::<f32, u8>(v));
+        }
     }
-    fn u8(&mut self) -> std::result::Result<u8, String> {
-        Ok(self.take(1)?[0])
+    h.update(b"; values");
+    h.update(bytemuck::cast_slice::<f32, u8>(&tensor.data));
+    hex(&h.finalize()[..16])
+}
+
+// ---------------------------------------------------------------------------------------
+// Source identity
+
+/// `stat` of one weight/config file of a source.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileStat {
+    pub name: String,
+    pub size: u64,
+    pub mtime_ns: i128,
+    pub ctime_ns: i128,
+    pub inode: u64,
+    pub dev: u64,
+}
+
+/// What a source is on disk (see the module doc).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceIdentity {
+    pub canonical: String,
+    pub files: Vec<FileStat>,
+}
+
+fn stat_of(name: String, m: &std::fs::Metadata) -> FileStat {
+    FileStat {
+        name,
+        size: m.len(),
+        mtime_ns: m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128,
+        ctime_ns: m.ctime() as i128 * 1_000_000_000 + m.ctime_nsec() as i128,
+        inode: m.ino(),
+        dev: m.dev(),
     }
-    fn u32(&mut self) -> std::result::Result<u32, String> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
+}
+
+/// The identity of `source` (a model file or folder), from `stat` only.
+pub fn source_identity(source: &Path) -> Result<SourceIdentity> {
+    let canonical = std::fs::canonicalize(source).map_err(|e| KwkError::io(source, e))?;
+    let meta = std::fs::metadata(&canonical).map_err(|e| KwkError::io(source, e))?;
+    let mut files = Vec::new();
+    if meta.is_dir() {
+        let rd = std::fs::read_dir(&canonical).map_err(|e| KwkError::io(source, e))?;
+        for entry in rd {
+            let entry = entry.map_err(|e| KwkError::io(source, e))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if [".safetensors", ".json", ".gguf"]
+                .iter()
+                .any(|s| name.ends_with(s))
+            {
+                // Follows symlinks (hub snapshots link into blobs/): a retargeted link
+                // changes the inode.
+                let p = entry.path();
+                let m = std::fs::metadata(&p).map_err(|e| KwkError::io(&p, e))?;
+                files.push(stat_of(name, &m));
+            }
+        }
+        files.sort_by(|a, b| a.name.cmp(&b.name));
+    } else {
+        files.push(stat_of(String::new(), &meta));
     }
-    fn u64(&mut self) -> std::result::Result<u64, String> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
+    Ok(SourceIdentity {
+        canonical: canonical.to_string_lossy().into_owned(),
+        files,
+    })
+}
+
+/// SHA-256 of each file of `id` (chunks hashed in parallel, then the chunk digests).
+fn content_hashes(id: &SourceIdentity) -> Result<Vec<String>> {
+    let root = Path::new(&id.canonical);
+    id.files
+        .iter()
+        .map(|f| {
+            let path = if f.name.is_empty() {
+                root.to_path_buf()
+            } else {
+                root.join(&f.name)
+            };
+            let file = File::open(&path).map_err(|e| KwkError::io(&path, e))?;
+            let len = file.metadata().map_err(|e| KwkError::io(&path, e))?.len();
+            let chunks: Vec<u64> = (0..len.div_ceil(HASH_CHUNK)).collect();
+            let digests = chunks
+                .par_iter()
+                .map(|&c| {
+                    use std::os::unix::fs::FileExt;
+                    let start = c * HASH_CHUNK;
+                    let n = HASH_CHUNK.min(len - start) as usize;
+                    let mut buf = vec![0u8; n];
+                    file.read_exact_at(&mut buf, start)?;
+                    Ok(Sha256::digest(&buf).to_vec())
+                })
+                .collect::<std::io::Result<Vec<_>>>()
+                .map_err(|e| KwkError::io(&path, e))?;
+            let mut h = Sha256::new();
+            h.update(len.to_le_bytes());
+            for d in digests {
+                h.update(d);
+            }
+            Ok(hex(&h.finalize()))
+        })
+        .collect()
+}
+
+/// The cache file of a source in `dir`.
+pub fn cache_file(dir: &Path, id: &SourceIdentity) -> PathBuf {
+    let digest = Sha256::digest(id.canonical.as_bytes());
+    dir.join(format!("{}.{EXT}", hex(&digest[..12])))
+}
+
+// ---------------------------------------------------------------------------------------
+// The file
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct TensorEntry {
+    name: String,
+    /// 0: symmetric int8 blocks ([`Int8Weights`]); 1: asymmetric groups ([`LowBitWeights`]).
+    kind: u8,
+    bits: u32,
+    group_size: usize,
+    rows: usize,
+    cols: usize,
+    dep: String,
+    /// The bytes `offset..offset + len` hold the arrays; `crc` is their CRC-32.
+    offset: u64,
+    len: u64,
+    crc: u32,
+    /// Each array: absolute byte offset and length in elements.
+    arrays: Vec<(u64, u64)>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct FloatEntry {
+    name: String,
+    offset: u64,
+    count: u64,
+    crc: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Section {
+    recipe: String,
+    tensors: Vec<TensorEntry>,
+    floats: Vec<FloatEntry>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Index {
+    version: u32,
+    source: SourceIdentity,
+    file_hashes: Vec<String>,
+    sections: Vec<Section>,
+}
+
+/// An opened, index-checked cache file.
+struct PackFile {
+    map: Arc<memmap2::Mmap>,
+    index: Index,
+}
+
+fn map_read_only(path: &Path, populate: bool) -> std::io::Result<memmap2::Mmap> {
+    let file = File::open(path)?;
+    let mut opts = memmap2::MmapOptions::new();
+    if populate {
+        opts.populate();
     }
-    fn bytes(&mut self) -> std::result::Result<Vec<u8>, String> {
-        let n = self.u64()? as usize;
-        Ok(self.take(n)?.to_vec())
+    // SAFETY: the map is read-only. Cache files are never modified in place: writers
+    // create a new file and rename it over the old one, which leaves this mapping's inode
+    // intact; deleting a mapped file keeps its pages until unmapped.
+    unsafe { opts.map(&file) }
+}
+
+impl PackFile {
+    fn open(path: &Path) -> std::result::Result<PackFile, String> {
+        let map = map_read_only(path, false).map_err(|e| format!("cannot map: {e}"))?;
+        let n = map.len();
+        if n < HEADER_LEN as usize + TRAILER_LEN || &map[..8] != MAGIC {
+            return Err("not a kwk pack file (bad magic or too short)".into());
+        }
+        let version = u32::from_le_bytes(map[8..12].try_into().unwrap());
+        if version != PACK_VERSION {
+            return Err(format!(
+                "pack layout version {version}, this kwk writes {PACK_VERSION}"
+            ));
+        }
+        let t = &map[n - TRAILER_LEN..];
+        if &t[..8] != TRAILER_MAGIC {
+            return Err("bad trailer (file truncated or overwritten)".into());
+        }
+        let off = u64::from_le_bytes(t[8..16].try_into().unwrap());
+        let len = u64::from_le_bytes(t[16..24].try_into().unwrap());
+        let end = off
+            .checked_add(len)
+            .filter(|&e| e == (n - TRAILER_LEN) as u64);
+        if end.is_none() || off < HEADER_LEN {
+            return Err("index out of place (file truncated or overwritten)".into());
+        }
+        let raw = &map[off as usize..(off + len) as usize];
+        if Sha256::digest(raw).as_slice() != &t[24..56] {
+            return Err("index checksum mismatch".into());
+        }
+        let index: Index =
+            serde_json::from_slice(raw).map_err(|e| format!("unreadable index: {e}"))?;
+        if index.version != PACK_VERSION {
+            return Err(format!("index version {}", index.version));
+        }
+        for s in &index.sections {
+            let ranges = s
+                .tensors
+                .iter()
+                .map(|t| (t.offset, t.len))
+                .chain(s.floats.iter().map(|f| (f.offset, f.count * 4)));
+            for (o, l) in ranges {
+                if o < HEADER_LEN || o.checked_add(l).is_none_or(|e| e > off) {
+                    return Err("an entry lies outside the data".into());
+                }
+            }
+        }
+        Ok(PackFile {
+            map: Arc::new(map),
+            index,
+        })
     }
-    fn floats(&mut self) -> std::result::Result<Vec<f32>, String> {
-        let n = self.u64()? as usize;
-        let raw = self.take(n.checked_mul(4).ok_or("bad length")?)?;
-        Ok(raw
-            .chunks_exact(4)
+
+    fn section(&self, recipe: &str) -> Option<&Section> {
+        self.index.sections.iter().find(|s| s.recipe == recipe)
+    }
+
+    fn bytes(&self, offset: u64, len: u64) -> &[u8] {
+        &self.map[offset as usize..(offset + len) as usize]
+    }
+
+    /// The tensor of `e`, mapped, after its CRC is checked.
+    fn tensor(&self, e: &TensorEntry) -> std::result::Result<QuantizedTensor, String> {
+        if crc32fast::hash(self.bytes(e.offset, e.len)) != e.crc {
+            return Err(format!("{}: CRC mismatch (corrupted file)", e.name));
+        }
+        let bad = || format!("{}: arrays do not fit {}x{}", e.name, e.rows, e.cols);
+        let u8s = |i: usize| -> std::result::Result<Store<u8>, String> {
+            let (o, n) = *e.arrays.get(i).ok_or_else(bad)?;
+            Store::mapped(self.map.clone(), o as usize, n as usize).ok_or_else(bad)
+        };
+        let f16s = |i: usize| -> std::result::Result<Store<f16>, String> {
+            let (o, n) = *e.arrays.get(i).ok_or_else(bad)?;
+            Store::mapped(self.map.clone(), o as usize, n as usize).ok_or_else(bad)
+        };
+        let t = match (e.kind, e.arrays.len()) {
+            (0, 2) => Int8Weights::from_parts(e.rows, e.cols, u8s(0)?, f16s(1)?)
+                .map(QuantizedTensor::Int8),
+            (1, 4) => LowBitWeights::from_parts(
+                e.bits,
+                e.group_size,
+                e.rows,
+                e.cols,
+                u8s(0)?,
+                u8s(1)?,
+                f16s(2)?,
+                f16s(3)?,
+            )
+            .map(QuantizedTensor::LowBit),
+            _ => None,
+        };
+        t.ok_or_else(bad)
+    }
+
+    fn floats(&self, e: &FloatEntry) -> std::result::Result<Vec<f32>, String> {
+        let b = self.bytes(e.offset, e.count * 4);
+        if crc32fast::hash(b) != e.crc {
+            return Err(format!("{}: CRC mismatch (corrupted file)", e.name));
+        }
+        Ok(b.chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect())
     }
-    fn halves(&mut self) -> std::result::Result<Vec<f16>, String> {
-        let n = self.u64()? as usize;
-        let raw = self.take(n.checked_mul(2).ok_or("bad length")?)?;
-        Ok(raw
-            .chunks_exact(2)
-            .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])))
-            .collect())
-    }
 }
 
-/// Reads the factors of `n_layers` layers: per layer the attention-input, v→o and
-/// feed-forward-input vectors, then a count of MLPs and one vector each.
-fn read_scales(c: &mut Cursor, n_layers: usize) -> std::result::Result<ChannelScales, String> {
-    let mut layers = Vec::new();
-    for _ in 0..n_layers {
-        let (attn_in, v_to_o, ffn_in) = (c.floats()?, c.floats()?, c.floats()?);
-        let n = c.u64()? as usize;
-        if n > c.buf.len() {
-            return Err("bad MLP count".into());
-        }
-        let up_to_down = (0..n)
-            .map(|_| c.floats())
-            .collect::<std::result::Result<_, _>>()?;
-        layers.push(LayerScales {
-            attn_in,
-            v_to_o,
-            ffn_in,
-            up_to_down,
-        });
-    }
-    Ok(ChannelScales { layers })
+#[cfg(test)]
+thread_local! {
+    /// Tests: a write fails once this many more bytes have been written (a full disk).
+    static FAIL_WRITE_AFTER: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
 }
 
-/// Reads and validates a cache file; `Err` says why it cannot be trusted.
-fn read_cache(path: &Path, key: &str) -> std::result::Result<Vec<CachedEntry>, String> {
-    let mut buf = Vec::new();
-    File::open(path)
-        .and_then(|mut f| f.read_to_end(&mut buf))
-        .map_err(|e| format!("cannot read: {e}"))?;
-    if buf.len() < MAGIC.len() + 8 + TRAILER_LEN || &buf[..8] != MAGIC {
-        return Err("not a kwk pack file (bad magic or too short)".into());
-    }
-    let body_len = buf.len() - TRAILER_LEN;
-    let (body, trailer) = buf.split_at(body_len);
-    if &trailer[..8] != TRAILER_MAGIC {
-        return Err("bad trailer (file truncated or overwritten)".into());
-    }
-    let n_entries = u64::from_le_bytes(trailer[8..16].try_into().unwrap());
-    let recorded_len = u64::from_le_bytes(trailer[16..24].try_into().unwrap());
-    if recorded_len != body_len as u64 {
-        return Err(format!(
-            "length {body_len} differs from the recorded {recorded_len}"
-        ));
-    }
-    if Sha256::digest(body).as_slice() != &trailer[24..56] {
-        return Err("checksum mismatch".into());
-    }
-    let mut c = Cursor { buf: body, at: 8 };
-    let version = c.u32()?;
-    if version != PACK_VERSION {
-        return Err(format!(
-            "pack version {version}, this kwk writes {PACK_VERSION}"
-        ));
-    }
-    let key_len = c.u32()? as usize;
-    if c.take(key_len)? != key.as_bytes() {
-        return Err("written for another model, format or kwk version (key differs)".into());
-    }
-    let mut entries = Vec::new();
-    for i in 0..n_entries {
-        let role = c.u8()?;
-        let layer = c.u64()? as i64;
-        let kind = c.u8()?;
-        let bits = c.u8()? as u32;
-        let group_size = c.u32()? as usize;
-        let rows = c.u64()? as usize;
-        let cols = c.u64()? as usize;
-        if kind == 2 {
-            let scales = read_scales(&mut c, rows).map_err(|e| format!("entry {i}: {e}"))?;
-            entries.push(CachedEntry {
-                role,
-                layer,
-                payload: Payload::Scales(scales),
-            });
-            continue;
-        }
-        let tensor = match kind {
-            0 => {
-                let (qs, scales) = (c.bytes()?, c.halves()?);
-                Int8Weights::from_parts(rows, cols, qs, scales).map(QuantizedTensor::Int8)
-            }
-            1 => {
-                let (nib, hb, sc, mn) = (c.bytes()?, c.bytes()?, c.halves()?, c.halves()?);
-                LowBitWeights::from_parts(bits, group_size, rows, cols, nib, hb, sc, mn)
-                    .map(QuantizedTensor::LowBit)
-            }
-            k => return Err(format!("entry {i}: unknown kind {k}")),
-        };
-        let tensor =
-            tensor.ok_or_else(|| format!("entry {i}: array lengths do not fit {rows}x{cols}"))?;
-        entries.push(CachedEntry {
-            role,
-            layer,
-            payload: Payload::Tensor(tensor),
-        });
-    }
-    if c.at != body.len() {
-        return Err(format!(
-            "{} unexpected bytes after the last entry",
-            body.len() - c.at
-        ));
-    }
-    Ok(entries)
-}
-
-/// Writes entries as they are packed, hashing on the way; renamed into place by `finish`.
-struct CacheWriter {
+/// Writes a new cache file under a temporary name; [`Writer::finish`] renames it.
+struct Writer {
     tmp: PathBuf,
     file: BufWriter<File>,
-    hasher: Sha256,
-    len: u64,
-    n_entries: u64,
+    pos: u64,
 }
 
-impl CacheWriter {
-    fn create(path: &Path, key: &str) -> std::io::Result<CacheWriter> {
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
+impl Writer {
+    fn create(path: &Path) -> std::io::Result<Writer> {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let dir = path.parent().unwrap_or(Path::new("."));
+        std::fs::create_dir_all(dir)?;
         let name = path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let tmp = path.with_file_name(format!(".{name}.tmp.{}", std::process::id()));
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = dir.join(format!(".{name}.tmp.{}.{n}", std::process::id()));
         let file = BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
-        let mut w = CacheWriter {
-            tmp,
-            file,
-            hasher: Sha256::new(),
-            len: 0,
-            n_entries: 0,
-        };
-        w.put(MAGIC)?;
-        w.put(&PACK_VERSION.to_le_bytes())?;
-        w.put(&(key.len() as u32).to_le_bytes())?;
-        w.put(key.as_bytes())?;
+        let mut w = Writer { tmp, file, pos: 0 };
+        let mut header = [0u8; HEADER_LEN as usize];
+        header[..8].copy_from_slice(MAGIC);
+        header[8..12].copy_from_slice(&PACK_VERSION.to_le_bytes());
+        if let Err(e) = w.put(&header) {
+            let _ = std::fs::remove_file(&w.tmp);
+            return Err(e);
+        }
         Ok(w)
     }
 
     fn put(&mut self, b: &[u8]) -> std::io::Result<()> {
-        self.hasher.update(b);
-        self.len += b.len() as u64;
-        self.file.write_all(b)
-    }
-
-    fn put_bytes(&mut self, b: &[u8]) -> std::io::Result<()> {
-        self.put(&(b.len() as u64).to_le_bytes())?;
-        self.put(b)
-    }
-
-    fn put_halves(&mut self, h: &[f16]) -> std::io::Result<()> {
-        self.put(&(h.len() as u64).to_le_bytes())?;
-        let raw: Vec<u8> = h.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect();
-        self.put(&raw)
-    }
-
-    fn put_floats(&mut self, v: &[f32]) -> std::io::Result<()> {
-        self.put(&(v.len() as u64).to_le_bytes())?;
-        let raw: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-        self.put(&raw)
-    }
-
-    fn scales_entry(&mut self, scales: &ChannelScales) -> std::io::Result<()> {
-        self.put(&[SCALES_ROLE])?;
-        self.put(&(-1i64 as u64).to_le_bytes())?;
-        self.put(&[2, 0])?;
-        self.put(&0u32.to_le_bytes())?;
-        self.put(&(scales.layers.len() as u64).to_le_bytes())?;
-        self.put(&0u64.to_le_bytes())?;
-        for l in &scales.layers {
-            self.put_floats(&l.attn_in)?;
-            self.put_floats(&l.v_to_o)?;
-            self.put_floats(&l.ffn_in)?;
-            self.put(&(l.up_to_down.len() as u64).to_le_bytes())?;
-            for a in &l.up_to_down {
-                self.put_floats(a)?;
+        #[cfg(test)]
+        if let Some(left) = FAIL_WRITE_AFTER.with(|c| c.get()) {
+            if (b.len() as u64) > left {
+                return Err(std::io::Error::other("injected write error (disk full)"));
             }
+            FAIL_WRITE_AFTER.with(|c| c.set(Some(left - b.len() as u64)));
         }
-        self.n_entries += 1;
+        self.file.write_all(b)?;
+        self.pos += b.len() as u64;
         Ok(())
     }
 
-    fn entry(&mut self, place: &TensorPlace, t: &QuantizedTensor) -> std::io::Result<()> {
-        self.put(&[role_code(place.role)])?;
-        self.put(&(place.layer.map_or(-1i64, |l| l as i64) as u64).to_le_bytes())?;
-        match t {
-            QuantizedTensor::Int8(w) => {
-                self.put(&[0, 8])?;
-                self.put(&0u32.to_le_bytes())?;
-                self.put(&(w.rows() as u64).to_le_bytes())?;
-                self.put(&(w.cols() as u64).to_le_bytes())?;
-                self.put_bytes(w.codes())?;
-                self.put_halves(w.scales())?;
+    fn align(&mut self) -> std::io::Result<()> {
+        let pad = (ALIGN - self.pos % ALIGN) % ALIGN;
+        self.put(&[0u8; ALIGN as usize][..pad as usize])
+    }
+
+    /// Writes `arrays` (each aligned); returns (offset, length, CRC, per-array offsets).
+    fn region(&mut self, arrays: &[&[u8]]) -> std::io::Result<(u64, u64, u32, Vec<u64>)> {
+        self.align()?;
+        let start = self.pos;
+        let mut crc = crc32fast::Hasher::new();
+        let mut offsets = Vec::with_capacity(arrays.len());
+        for (i, a) in arrays.iter().enumerate() {
+            if i > 0 {
+                let pad = ((ALIGN - self.pos % ALIGN) % ALIGN) as usize;
+                crc.update(&[0u8; ALIGN as usize][..pad]);
+                self.align()?;
             }
+            offsets.push(self.pos);
+            crc.update(a);
+            self.put(a)?;
+        }
+        Ok((start, self.pos - start, crc.finalize(), offsets))
+    }
+
+    fn tensor(
+        &mut self,
+        name: &str,
+        dep: &str,
+        t: &QuantizedTensor,
+    ) -> std::io::Result<TensorEntry> {
+        // (kind, bits, group size, [(array bytes, element count)])
+        type Layout<'a> = (u8, u32, usize, Vec<(&'a [u8], u64)>);
+        let (kind, bits, group_size, parts): Layout = match t {
+            QuantizedTensor::Int8(w) => (
+                0,
+                8,
+                32,
+                vec![
+                    (w.codes(), w.codes().len() as u64),
+                    (bytemuck::cast_slice(w.scales()), w.scales().len() as u64),
+                ],
+            ),
             QuantizedTensor::LowBit(w) => {
-                self.put(&[1, w.bits() as u8])?;
-                self.put(&(w.group_size() as u32).to_le_bytes())?;
-                self.put(&(w.rows() as u64).to_le_bytes())?;
-                self.put(&(w.cols() as u64).to_le_bytes())?;
                 let (nib, hb, sc, mn) = w.parts();
-                self.put_bytes(nib)?;
-                self.put_bytes(hb)?;
-                self.put_halves(sc)?;
-                self.put_halves(mn)?;
+                (
+                    1,
+                    w.bits(),
+                    w.group_size(),
+                    vec![
+                        (nib, nib.len() as u64),
+                        (hb, hb.len() as u64),
+                        (bytemuck::cast_slice(sc), sc.len() as u64),
+                        (bytemuck::cast_slice(mn), mn.len() as u64),
+                    ],
+                )
             }
-        }
-        self.n_entries += 1;
-        Ok(())
+        };
+        let raw: Vec<&[u8]> = parts.iter().map(|p| p.0).collect();
+        let (offset, len, crc, offsets) = self.region(&raw)?;
+        Ok(TensorEntry {
+            name: name.to_string(),
+            kind,
+            bits,
+            group_size,
+            rows: t.rows(),
+            cols: t.cols(),
+            dep: dep.to_string(),
+            offset,
+            len,
+            crc,
+            arrays: offsets.into_iter().zip(parts.iter().map(|p| p.1)).collect(),
+        })
     }
 
-    fn finish(mut self, path: &Path) -> std::io::Result<()> {
-        let digest = std::mem::take(&mut self.hasher).finalize();
+    /// Copies an entry of another file byte for byte (its arrays keep their alignment).
+    fn copy_tensor(&mut self, from: &PackFile, e: &TensorEntry) -> std::io::Result<TensorEntry> {
+        self.align()?;
+        let start = self.pos;
+        self.put(from.bytes(e.offset, e.len))?;
+        let mut out = e.clone();
+        out.offset = start;
+        for a in &mut out.arrays {
+            a.0 = a.0 - e.offset + start;
+        }
+        Ok(out)
+    }
+
+    fn floats(&mut self, name: &str, v: &[f32]) -> std::io::Result<FloatEntry> {
+        let raw: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let (offset, _, crc, _) = self.region(&[&raw])?;
+        Ok(FloatEntry {
+            name: name.to_string(),
+            offset,
+            count: v.len() as u64,
+            crc,
+        })
+    }
+
+    fn copy_section(&mut self, from: &PackFile, s: &Section) -> std::io::Result<Section> {
+        let mut out = Section {
+            recipe: s.recipe.clone(),
+            tensors: Vec::new(),
+            floats: Vec::new(),
+        };
+        for t in &s.tensors {
+            out.tensors.push(self.copy_tensor(from, t)?);
+            // The copied pages are not this process's weights: drop them from its
+            // resident set (the page cache keeps them).
+            crate::gguf::release_pages(&from.map);
+        }
+        for f in &s.floats {
+            self.align()?;
+            let start = self.pos;
+            self.put(from.bytes(f.offset, f.count * 4))?;
+            out.floats.push(FloatEntry {
+                offset: start,
+                ..f.clone()
+            });
+        }
+        Ok(out)
+    }
+
+    fn finish(mut self, index: &Index, path: &Path) -> std::io::Result<()> {
+        let raw = serde_json::to_vec(index).map_err(std::io::Error::other)?;
+        self.align()?;
+        let off = self.pos;
+        self.put(&raw)?;
         let mut trailer = Vec::with_capacity(TRAILER_LEN);
         trailer.extend_from_slice(TRAILER_MAGIC);
-        trailer.extend_from_slice(&self.n_entries.to_le_bytes());
-        trailer.extend_from_slice(&self.len.to_le_bytes());
-        trailer.extend_from_slice(&digest);
-        self.file.write_all(&trailer)?;
+        trailer.extend_from_slice(&off.to_le_bytes());
+        trailer.extend_from_slice(&(raw.len() as u64).to_le_bytes());
+        trailer.extend_from_slice(&Sha256::digest(&raw));
+        self.put(&trailer)?;
         let file = self.file.into_inner().map_err(|e| e.into_error())?;
         file.sync_all()?;
         drop(file);
@@ -417,349 +584,623 @@ impl CacheWriter {
     }
 }
 
+// ---------------------------------------------------------------------------------------
+// Loading (warm start)
+
 /// How a decoder's weights were obtained.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PackOutcome {
     /// No cache folder was given.
     NoCache,
-    /// Every tensor came from this cache file.
+    /// Every tensor came from this cache file (mapped).
     Loaded(PathBuf),
-    /// Tensors were quantized and the cache file written.
+    /// Every tensor was quantized and the cache file written.
     Written(PathBuf),
+    /// The source changed: `reused` tensors were kept, `repacked` quantized again, and
+    /// the file rewritten.
+    Updated {
+        path: PathBuf,
+        reused: usize,
+        repacked: usize,
+    },
     /// Tensors were quantized; the cache could not be used or written (why).
     NotWritten(String),
 }
 
-/// Packs a decoder's quantized weights through the cache (see the module doc).
+/// The packed tensors and float vectors of one recipe, read from a cache file.
+pub struct CachedModel {
+    pub path: PathBuf,
+    tensors: HashMap<String, QuantizedTensor>,
+    floats: HashMap<String, Vec<f32>>,
+}
+
+impl CachedModel {
+    /// The packed tensor stored as `name` (each can be taken once).
+    pub fn take_tensor(&mut self, name: &str) -> Option<Box<dyn PackedLinear>> {
+        self.tensors.remove(name).map(QuantizedTensor::into_packed)
+    }
+    pub fn has_tensor(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+    /// The float vector stored as `name` (norms, biases, routers).
+    pub fn take_floats(&mut self, name: &str) -> Option<Vec<f32>> {
+        self.floats.remove(name)
+    }
+    pub fn has_floats(&self, name: &str) -> bool {
+        self.floats.contains_key(name)
+    }
+    /// Entries nobody took (a complete build takes all).
+    pub fn left_over(&self) -> usize {
+        self.tensors.len() + self.floats.len()
+    }
+}
+
+/// Reports a cache file that failed a check and deletes it (it is rewritten by this run).
+fn discard(path: &Path, why: &str) {
+    eprintln!(
+        "warning: pack cache {}: {why}; deleting it (it is written again by this run)",
+        path.display()
+    );
+    let _ = std::fs::remove_file(path);
+}
+
+/// Sets the file's mtime to now: the last use the eviction order reads.
+fn touch(path: &Path) {
+    if let Ok(f) = File::options().append(true).open(path) {
+        let _ = f.set_modified(SystemTime::now());
+    }
+}
+
+/// Opens and checks the cache file of `id`, refreshing a stale identity when the contents
+/// hash the same. `Ok(None)`: no usable file.
+fn open_checked(path: &Path, id: &SourceIdentity) -> Result<Option<PackFile>> {
+    if !path.exists() {
+        return Ok(None);
+    }
+    let pf = match PackFile::open(path) {
+        Ok(pf) => pf,
+        Err(why) => {
+            discard(path, &why);
+            return Ok(None);
+        }
+    };
+    if pf.index.source.canonical != id.canonical {
+        return Ok(None);
+    }
+    if pf.index.source == *id {
+        return Ok(Some(pf));
+    }
+    // Doubt: hash the contents. Same → record the new stats (rewrite the index).
+    let hashes = content_hashes(id)?;
+    if hashes != pf.index.file_hashes || pf.index.source.files.len() != id.files.len() {
+        return Ok(None);
+    }
+    match rewrite(&pf, path, id, &hashes, None) {
+        Ok(()) => {}
+        Err(e) => eprintln!(
+            "warning: pack cache {}: could not record the model's new file times: {e}",
+            path.display()
+        ),
+    }
+    Ok(PackFile::open(path).ok())
+}
+
+/// Rewrites `pf` to `path` with a new identity, keeping its sections (dropping `drop_recipe`).
+fn rewrite(
+    pf: &PackFile,
+    path: &Path,
+    id: &SourceIdentity,
+    hashes: &[String],
+    drop_recipe: Option<&str>,
+) -> std::io::Result<()> {
+    let mut w = Writer::create(path)?;
+    let result = (|| {
+        let mut sections = Vec::new();
+        for s in &pf.index.sections {
+            if Some(s.recipe.as_str()) != drop_recipe {
+                sections.push(w.copy_section(pf, s)?);
+            }
+        }
+        let index = Index {
+            version: PACK_VERSION,
+            source: id.clone(),
+            file_hashes: hashes.to_vec(),
+            sections,
+        };
+        Ok(index)
+    })();
+    match result {
+        Ok(index) => {
+            let tmp = w.tmp.clone();
+            w.finish(&index, path).inspect_err(|_| {
+                let _ = std::fs::remove_file(tmp);
+            })
+        }
+        Err(e) => {
+            let _ = std::fs::remove_file(&w.tmp);
+            Err(e)
+        }
+    }
+}
+
+/// Loads every entry of a section, CRC-checked; `Err` names the bad one.
+fn load_section(
+    pf: &PackFile,
+    s: &Section,
+    path: &Path,
+) -> std::result::Result<CachedModel, String> {
+    let tensors = s
+        .tensors
+        .par_iter()
+        .map(|e| Ok((e.name.clone(), pf.tensor(e)?)))
+        .collect::<std::result::Result<HashMap<_, _>, String>>()?;
+    let floats = s
+        .floats
+        .iter()
+        .map(|e| Ok((e.name.clone(), pf.floats(e)?)))
+        .collect::<std::result::Result<HashMap<_, _>, String>>()?;
+    Ok(CachedModel {
+        path: path.to_path_buf(),
+        tensors,
+        floats,
+    })
+}
+
+/// A warm start: the packed tensors of `source` in `precision` from `dir`, reading only the
+/// cache file (see the module doc); `Ok(None)` when there is no valid entry.
+pub fn try_load(
+    dir: &Path,
+    source: &Path,
+    precision: &Precision,
+    calibration: Option<&[u32]>,
+) -> Result<Option<CachedModel>> {
+    let id = source_identity(source)?;
+    let path = cache_file(dir, &id);
+    let Some(pf) = open_checked(&path, &id)? else {
+        return Ok(None);
+    };
+    let recipe = recipe_key(precision, calibration);
+    let Some(section) = pf.section(&recipe) else {
+        return Ok(None);
+    };
+    match load_section(&pf, section, &path) {
+        Ok(m) => {
+            touch(&path);
+            Ok(Some(m))
+        }
+        Err(why) => {
+            discard(&path, &why);
+            Ok(None)
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Packing (cold start)
+
+/// Packs a decoder's quantized weights and writes them to the cache (see the module doc).
+/// Holds the model's lock from `open` to `finish`.
 pub struct PackSession {
-    precision: Precision,
-    path: Option<PathBuf>,
-    cached: Option<std::vec::IntoIter<CachedEntry>>,
-    writer: Option<CacheWriter>,
-    /// Set when the cache had to be abandoned mid-way (written nothing).
+    path: PathBuf,
+    recipe: String,
+    id: SourceIdentity,
+    hashes: Vec<String>,
+    old: Option<PackFile>,
+    /// Reusable entries of the old file for this recipe, by name.
+    reusable: HashMap<String, TensorEntry>,
+    /// Other recipes' sections to keep (the source is unchanged).
+    keep: Vec<Section>,
+    writer: Option<Writer>,
+    section: Section,
+    reused: usize,
+    repacked: usize,
     abandoned: Option<String>,
+    _lock: Option<File>,
+    /// Another process wrote this recipe while we waited for the lock.
+    hit: Option<CachedModel>,
+}
+
+/// The lock file of a cache file.
+fn lock_path(path: &Path) -> PathBuf {
+    path.with_extension("lock")
 }
 
 impl PackSession {
-    /// Opens the cache for `source` (the model's file or folder) in `precision` (int8 or
-    /// int4); `cache_dir = None` packs without a cache. A cache file that cannot be trusted
-    /// is reported on stderr and rewritten.
+    /// Opens the cache of `source` for writing `precision`: waits for the model's lock,
+    /// then loads a file another process completed meanwhile ([`PackSession::take_hit`]),
+    /// else prepares the reuse of the old file's unchanged tensors.
     pub fn open(
-        cache_dir: Option<&Path>,
+        dir: &Path,
         source: &Path,
         precision: &Precision,
         calibration: Option<&[u32]>,
-    ) -> PackSession {
+    ) -> Result<PackSession> {
+        let id = source_identity(source)?;
+        let path = cache_file(dir, &id);
+        std::fs::create_dir_all(dir).map_err(|e| KwkError::io(dir, e))?;
+        let lock = File::create(lock_path(&path)).map_err(|e| KwkError::io(dir, e))?;
+        lock.lock().map_err(|e| KwkError::io(lock_path(&path), e))?;
+        let recipe = recipe_key(precision, calibration);
         let mut s = PackSession {
-            precision: *precision,
-            path: None,
-            cached: None,
+            path: path.clone(),
+            recipe: recipe.clone(),
+            id: id.clone(),
+            hashes: Vec::new(),
+            old: None,
+            reusable: HashMap::new(),
+            keep: Vec::new(),
             writer: None,
+            section: Section {
+                recipe: recipe.clone(),
+                tensors: Vec::new(),
+                floats: Vec::new(),
+            },
+            reused: 0,
+            repacked: 0,
             abandoned: None,
+            _lock: Some(lock),
+            hit: None,
         };
-        let Some(dir) = cache_dir else { return s };
-        let key = match cache_key(source, precision, calibration) {
-            Ok(k) => k,
-            Err(e) => {
-                s.abandoned = Some(format!("cannot fingerprint the model: {e}"));
-                return s;
-            }
-        };
-        let path = cache_file(dir, &key);
-        if path.exists() {
-            match read_cache(&path, &key) {
-                Ok(entries) => {
-                    s.cached = Some(entries.into_iter());
-                    s.path = Some(path);
-                    return s;
+        if let Some(pf) = open_checked(&path, &id)? {
+            // Unchanged source: keep other recipes; this one may be complete already.
+            if let Some(sec) = pf.section(&recipe) {
+                match load_section(&pf, sec, &path) {
+                    Ok(m) => {
+                        touch(&path);
+                        s.hit = Some(m);
+                        return Ok(s);
+                    }
+                    Err(why) => {
+                        discard(&path, &why);
+                        s.hashes = content_hashes(&id)?;
+                        s.start_writer();
+                        return Ok(s);
+                    }
                 }
-                Err(why) => eprintln!(
-                    "warning: pack cache {}: {why}; ignoring it and packing again (it will be rewritten)",
-                    path.display()
-                ),
+            }
+            s.hashes = pf.index.file_hashes.clone();
+            s.keep = pf.index.sections.clone();
+            s.old = Some(pf);
+        } else {
+            s.hashes = content_hashes(&id)?;
+            // A file of another version of this source: its tensors may be reused by key.
+            if let Ok(pf) = PackFile::open(&path) {
+                if let Some(sec) = pf.section(&recipe) {
+                    s.reusable = sec
+                        .tensors
+                        .iter()
+                        .map(|t| (t.name.clone(), t.clone()))
+                        .collect();
+                }
+                s.old = Some(pf);
             }
         }
-        match CacheWriter::create(&path, &key) {
-            Ok(w) => s.writer = Some(w),
-            Err(e) => s.abandoned = Some(format!("cannot write {}: {e}", path.display())),
-        }
-        s.path = Some(path);
-        s
+        s.start_writer();
+        Ok(s)
     }
 
-    /// The channel-equalization factors stored first in the cache file being read; `None`
-    /// when writing, or when the file holds none (it is then abandoned and everything is
-    /// packed again).
-    pub fn take_scales(&mut self) -> Option<ChannelScales> {
-        let entries = self.cached.as_mut()?;
-        match entries.next() {
-            Some(CachedEntry {
-                payload: Payload::Scales(s),
-                ..
-            }) => Some(s),
-            _ => {
-                let why = format!(
-                    "{}: no channel scales where the first entry should be",
-                    self.path
-                        .as_ref()
-                        .map(|p| p.display().to_string())
-                        .unwrap_or_default()
-                );
-                eprintln!("warning: pack cache {why}; packing again");
-                self.cached = None;
-                self.abandoned = Some(why);
-                None
-            }
+    fn start_writer(&mut self) {
+        match Writer::create(&self.path) {
+            Ok(w) => self.writer = Some(w),
+            Err(e) => self.abandoned = Some(format!("cannot write {}: {e}", self.path.display())),
         }
     }
 
-    /// Records the channel-equalization factors (the first entry of a file being written).
-    pub fn put_scales(&mut self, scales: &ChannelScales) {
-        if let Some(w) = self.writer.as_mut() {
-            if let Err(e) = w.scales_entry(scales) {
-                self.abandoned = Some(format!("writing the pack cache: {e}"));
-                self.writer = None;
-            }
+    /// The cached tensors when another process completed this recipe while we waited.
+    pub fn take_hit(&mut self) -> Option<CachedModel> {
+        self.hit.take()
+    }
+
+    fn write_failed(&mut self, e: std::io::Error) {
+        self.abandoned = Some(format!("writing the pack cache: {e}"));
+        if let Some(w) = self.writer.take() {
+            let _ = std::fs::remove_file(&w.tmp);
         }
     }
 
-    /// Whether weights are being read from the cache.
-    pub fn is_loading(&self) -> bool {
-        self.cached.is_some()
-    }
-
-    /// The packed form of `tensor` at `place`: the next cached entry when loading, else
-    /// quantized now (and appended to the cache being written).
+    /// The packed form of `tensor`, stored as `name`: reused from the old file when its key
+    /// is unchanged, else quantized on `grid` (or the mix rule's) with `importance`.
     pub fn pack(
         &mut self,
-        tensor: &Tensor,
-        place: TensorPlace,
-        importance: Option<&[f32]>,
-    ) -> Result<Box<dyn PackedLinear>> {
-        self.pack_on(tensor, place, None, importance)
-    }
-
-    /// [`PackSession::pack`] on `grid` when given (else the mix rule's grid for `place`).
-    pub fn pack_on(
-        &mut self,
+        name: &str,
         tensor: &Tensor,
         place: TensorPlace,
         grid: Option<Grid>,
         importance: Option<&[f32]>,
+        precision: &Precision,
     ) -> Result<Box<dyn PackedLinear>> {
-        if let Some(entries) = self.cached.as_mut() {
-            let next = entries.next();
-            let layer = place.layer.map_or(-1, |l| l as i64);
-            match next {
-                Some(CachedEntry {
-                    role,
-                    layer: l,
-                    payload: Payload::Tensor(t),
-                }) if role == role_code(place.role)
-                    && l == layer
-                    && t.rows() == tensor.rows()
-                    && t.cols() == tensor.cols() =>
-                {
+        let dep = dep_key(&self.recipe, tensor, &place, grid, importance);
+        if let (Some(old), Some(e)) = (&self.old, self.reusable.get(name)) {
+            if e.dep == dep && e.rows == tensor.rows() && e.cols == tensor.cols() {
+                if let Ok(t) = old.tensor(e) {
+                    let copied = self.writer.as_mut().map(|w| w.copy_tensor(old, e));
+                    match copied {
+                        Some(Ok(entry)) => self.section.tensors.push(entry),
+                        Some(Err(err)) => self.write_failed(err),
+                        None => {}
+                    }
+                    self.reused += 1;
                     return Ok(t.into_packed());
-                }
-                _ => {
-                    let why = format!(
-                        "{}: entry does not match the {:?} weight of layer {:?}",
-                        self.path
-                            .as_ref()
-                            .map(|p| p.display().to_string())
-                            .unwrap_or_default(),
-                        place.role,
-                        place.layer
-                    );
-                    eprintln!("warning: pack cache {why}; packing the remaining weights again");
-                    self.cached = None;
-                    self.abandoned = Some(why);
                 }
             }
         }
-        let t = quantize_on(tensor, &self.precision, place, grid, importance)?;
+        let t = quantize_on(tensor, precision, place, grid, importance)?;
+        self.repacked += 1;
         if let Some(w) = self.writer.as_mut() {
-            if let Err(e) = w.entry(&place, &t) {
-                self.abandoned = Some(format!("writing the pack cache: {e}"));
-                self.writer = None;
+            match w.tensor(name, &dep, &t) {
+                Ok(entry) => self.section.tensors.push(entry),
+                Err(e) => self.write_failed(e),
             }
         }
         Ok(t.into_packed())
     }
 
-    /// Ends the session: writes the cache file after a miss.
+    /// Stores a float vector (norm, bias, router) as `name`.
+    pub fn put_floats(&mut self, name: &str, v: &[f32]) {
+        if let Some(w) = self.writer.as_mut() {
+            match w.floats(name, v) {
+                Ok(entry) => self.section.floats.push(entry),
+                Err(e) => self.write_failed(e),
+            }
+        }
+    }
+
+    /// Ends the session: writes the file (other recipes of an unchanged source copied),
+    /// then sweeps the folder and applies the size limit.
     pub fn finish(mut self) -> PackOutcome {
         if let Some(why) = self.abandoned.take() {
-            if let Some(w) = self.writer.take() {
-                let _ = std::fs::remove_file(&w.tmp);
-            }
             return PackOutcome::NotWritten(why);
         }
-        let Some(path) = self.path.take() else {
-            return PackOutcome::NoCache;
+        let Some(mut w) = self.writer.take() else {
+            return PackOutcome::NotWritten("no writer".into());
         };
-        if let Some(entries) = self.cached.as_mut() {
-            if entries.next().is_some() {
-                eprintln!(
-                    "warning: pack cache {} holds more tensors than the model; it will be rewritten next time",
-                    path.display()
-                );
-                let _ = std::fs::remove_file(&path);
-                return PackOutcome::NotWritten("cache held extra tensors".into());
-            }
-            return PackOutcome::Loaded(path);
-        }
-        match self.writer.take() {
-            Some(w) => {
-                let tmp = w.tmp.clone();
-                match w.finish(&path) {
-                    Ok(()) => PackOutcome::Written(path),
+        let mut sections = Vec::new();
+        if let Some(old) = &self.old {
+            for s in &self.keep {
+                if s.recipe == self.recipe {
+                    continue;
+                }
+                match w.copy_section(old, s) {
+                    Ok(c) => sections.push(c),
                     Err(e) => {
-                        let _ = std::fs::remove_file(tmp);
-                        PackOutcome::NotWritten(format!("writing {}: {e}", path.display()))
+                        let _ = std::fs::remove_file(&w.tmp);
+                        return PackOutcome::NotWritten(format!("writing the pack cache: {e}"));
                     }
                 }
             }
-            None => PackOutcome::NotWritten("no writer".into()),
+        }
+        sections.push(std::mem::replace(
+            &mut self.section,
+            Section {
+                recipe: String::new(),
+                tensors: Vec::new(),
+                floats: Vec::new(),
+            },
+        ));
+        let index = Index {
+            version: PACK_VERSION,
+            source: self.id.clone(),
+            file_hashes: self.hashes.clone(),
+            sections,
+        };
+        let tmp = w.tmp.clone();
+        if let Err(e) = w.finish(&index, &self.path) {
+            let _ = std::fs::remove_file(tmp);
+            return PackOutcome::NotWritten(format!("writing {}: {e}", self.path.display()));
+        }
+        if let Some(dir) = self.path.parent() {
+            if let Err(e) = prune(dir, limit_bytes(), Some(&self.path)) {
+                eprintln!("warning: pack cache {}: {e}", dir.display());
+            }
+        }
+        if self.reused > 0 {
+            PackOutcome::Updated {
+                path: self.path.clone(),
+                reused: self.reused,
+                repacked: self.repacked,
+            }
+        } else {
+            PackOutcome::Written(self.path.clone())
         }
     }
+}
+
+impl Drop for PackSession {
+    fn drop(&mut self) {
+        if let Some(w) = self.writer.take() {
+            let _ = std::fs::remove_file(&w.tmp);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The folder: limit, sweep, list
+
+/// The size limit from `KWK_PACK_CACHE_GB` (default [`DEFAULT_LIMIT_GB`]); an unreadable
+/// value is reported and the default used.
+pub fn limit_bytes() -> u64 {
+    let gb = match std::env::var("KWK_PACK_CACHE_GB") {
+        Ok(v) => match v.trim().parse::<f64>() {
+            Ok(x) if x >= 0.0 && x.is_finite() => x,
+            _ => {
+                eprintln!(
+                    "warning: KWK_PACK_CACHE_GB='{v}' is not a number of GB; using {DEFAULT_LIMIT_GB}"
+                );
+                DEFAULT_LIMIT_GB
+            }
+        },
+        Err(_) => DEFAULT_LIMIT_GB,
+    };
+    (gb * 1e9) as u64
+}
+
+/// One cache file, for `kwk-eval cache list`.
+#[derive(Debug, Clone, Serialize)]
+pub struct CacheEntryInfo {
+    pub path: PathBuf,
+    /// The model's canonical path (`None`: unreadable or older layout).
+    pub model: Option<String>,
+    /// The recipes packed in it.
+    pub formats: Vec<String>,
+    pub bytes: u64,
+    /// Last use (seconds since the Unix epoch).
+    pub last_use_unix: u64,
+}
+
+/// The cache files in `dir`, most recently used first.
+pub fn list(dir: &Path) -> Result<Vec<CacheEntryInfo>> {
+    let mut out = Vec::new();
+    let rd = match std::fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(KwkError::io(dir, e)),
+    };
+    for entry in rd {
+        let entry = entry.map_err(|e| KwkError::io(dir, e))?;
+        let path = entry.path();
+        if path.extension().and_then(|e| e.to_str()) != Some(EXT) {
+            continue;
+        }
+        let Ok(m) = entry.metadata() else { continue };
+        let last_use_unix = m
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_secs());
+        let (model, formats) = match PackFile::open(&path) {
+            Ok(pf) => (
+                Some(pf.index.source.canonical.clone()),
+                pf.index
+                    .sections
+                    .iter()
+                    .map(|s| {
+                        let f = s.recipe.split("; format ").nth(1).unwrap_or(&s.recipe);
+                        f.to_string()
+                    })
+                    .collect(),
+            ),
+            Err(_) => (None, Vec::new()),
+        };
+        out.push(CacheEntryInfo {
+            path,
+            model,
+            formats,
+            bytes: m.len(),
+            last_use_unix,
+        });
+    }
+    out.sort_by(|a, b| {
+        b.last_use_unix
+            .cmp(&a.last_use_unix)
+            .then(a.path.cmp(&b.path))
+    });
+    Ok(out)
+}
+
+/// What [`prune`] removed.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct PruneReport {
+    /// Temporary files of processes no longer running.
+    pub temporary: Vec<PathBuf>,
+    /// Unreadable files, older layouts, files whose model no longer exists.
+    pub orphaned: Vec<PathBuf>,
+    /// Least recently used files over the limit.
+    pub evicted: Vec<PathBuf>,
+    /// Bytes left in the folder.
+    pub bytes_left: u64,
+}
+
+fn pid_alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Sweeps `dir` (temporary files of dead processes, unreadable or older files, files whose
+/// model is gone), then deletes least recently used files until at most `limit` bytes are
+/// left; `keep` (the file just written) goes last.
+pub fn prune(dir: &Path, limit: u64, keep: Option<&Path>) -> Result<PruneReport> {
+    let mut report = PruneReport::default();
+    let rd = match std::fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(report),
+        Err(e) => return Err(KwkError::io(dir, e)),
+    };
+    for entry in rd.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let path = entry.path();
+        // `.NAME.kwkpack.tmp.PID.N`
+        if let Some(rest) = name.strip_prefix('.').and_then(|n| n.split_once(".tmp.")) {
+            let pid = rest.1.split('.').next().and_then(|p| p.parse::<u32>().ok());
+            if pid.is_some_and(|p| !pid_alive(p)) && std::fs::remove_file(&path).is_ok() {
+                report.temporary.push(path);
+            }
+        }
+    }
+    let locked = |p: &Path| -> Option<File> {
+        let f = File::create(lock_path(p)).ok()?;
+        f.try_lock().ok()?;
+        Some(f)
+    };
+    for e in list(dir)? {
+        if Some(e.path.as_path()) == keep {
+            continue;
+        }
+        let gone = match &e.model {
+            None => true,
+            Some(m) => !Path::new(m).exists(),
+        };
+        if gone {
+            // Not while a packer of that model holds its lock.
+            if let Some(_l) = locked(&e.path) {
+                if std::fs::remove_file(&e.path).is_ok() {
+                    let _ = std::fs::remove_file(lock_path(&e.path));
+                    report.orphaned.push(e.path);
+                }
+            }
+        }
+    }
+    let mut entries = list(dir)?;
+    // Most recently used first; the file just written counts as the most recent.
+    entries.sort_by_key(|e| {
+        (
+            Some(e.path.as_path()) != keep,
+            std::cmp::Reverse(e.last_use_unix),
+        )
+    });
+    let mut total: u64 = entries.iter().map(|e| e.bytes).sum();
+    while total > limit {
+        let Some(e) = entries.pop() else { break };
+        if Some(e.path.as_path()) == keep {
+            break;
+        }
+        if std::fs::remove_file(&e.path).is_ok() {
+            let _ = std::fs::remove_file(lock_path(&e.path));
+            total -= e.bytes;
+            report.evicted.push(e.path);
+        }
+    }
+    report.bytes_left = total;
+    Ok(report)
+}
+
+/// Deletes every cache file (and lock and temporary file) in `dir`; returns how many.
+pub fn clear(dir: &Path) -> Result<usize> {
+    let rd = match std::fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(KwkError::io(dir, e)),
+    };
+    let mut n = 0;
+    for entry in rd.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let ours = name.ends_with(&format!(".{EXT}"))
+            || name.ends_with(".lock")
+            || (name.starts_with('.') && name.contains(&format!(".{EXT}.tmp.")));
+        if ours && std::fs::remove_file(entry.path()).is_ok() && name.ends_with(EXT) {
+            n += 1;
+        }
+    }
+    Ok(n)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::decoder::Int4Options;
-
-    fn tensors() -> Vec<(Tensor, TensorPlace)> {
-        let place = |role, layer| TensorPlace {
-            role,
-            layer,
-            n_layers: 2,
-            model_params: 1000,
-        };
-        let t = |rows: usize, cols: usize, seed: usize| {
-            Tensor::new(
-                vec![rows, cols],
-                (0..rows * cols)
-                    .map(|i| (((i * 31 + seed) % 97) as f32 - 48.0) * 0.001)
-                    .collect(),
-            )
-        };
-        vec![
-            (t(40, 64, 1), place(TensorRole::LmHead, None)),
-            (t(17, 64, 2), place(TensorRole::AttnQ, Some(0))),
-            (t(32, 96, 3), place(TensorRole::FfnDown, Some(0))),
-            (t(16, 128, 4), place(TensorRole::FfnUp, Some(1))),
-        ]
-    }
-
-    fn pack_all(
-        dir: &Path,
-        source: &Path,
-        p: &Precision,
-    ) -> (Vec<Box<dyn PackedLinear>>, PackOutcome) {
-        let mut s = PackSession::open(Some(dir), source, p, None);
-        let out = tensors()
-            .iter()
-            .map(|(t, pl)| s.pack(t, *pl, None).unwrap())
-            .collect();
-        (out, s.finish())
-    }
-
-    fn same(a: &[Box<dyn PackedLinear>], b: &[Box<dyn PackedLinear>]) {
-        assert_eq!(a.len(), b.len());
-        for (x, y) in a.iter().zip(b) {
-            assert_eq!(
-                (x.rows(), x.cols(), x.bytes()),
-                (y.rows(), y.cols(), y.bytes())
-            );
-            let (mut rx, mut ry) = (vec![0f32; x.cols()], vec![0f32; y.cols()]);
-            for r in 0..x.rows() {
-                x.dequantize_row(r, &mut rx);
-                y.dequantize_row(r, &mut ry);
-                assert_eq!(rx, ry);
-            }
-        }
-    }
-
-    #[test]
-    fn round_trip_then_corruption_is_detected_and_rewritten() {
-        let dir = tempfile::tempdir().unwrap();
-        let source = dir.path().join("model.gguf");
-        std::fs::write(&source, b"weights").unwrap();
-        let cache = dir.path().join("cache");
-        let p = Precision::Int4(Int4Options {
-            group_size: 32,
-            mix_bits: None,
-            calibrate: false,
-            gptq: false,
-        });
-        let (first, o1) = pack_all(&cache, &source, &p);
-        let PackOutcome::Written(path) = o1 else {
-            panic!("{o1:?}")
-        };
-        let (second, o2) = pack_all(&cache, &source, &p);
-        assert_eq!(o2, PackOutcome::Loaded(path.clone()));
-        same(&first, &second);
-
-        // Flip one byte in the body: checksum mismatch, ignored, rewritten.
-        let mut bytes = std::fs::read(&path).unwrap();
-        bytes[100] ^= 0x40;
-        std::fs::write(&path, &bytes).unwrap();
-        let (third, o3) = pack_all(&cache, &source, &p);
-        assert_eq!(o3, PackOutcome::Written(path.clone()));
-        same(&first, &third);
-        // Truncated file: also rewritten.
-        std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
-        assert_eq!(
-            pack_all(&cache, &source, &p).1,
-            PackOutcome::Written(path.clone())
-        );
-        assert_eq!(
-            pack_all(&cache, &source, &p).1,
-            PackOutcome::Loaded(path.clone())
-        );
-        // No temporary files left behind.
-        let names: Vec<_> = std::fs::read_dir(&cache)
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        assert_eq!(names.len(), 1, "{names:?}");
-    }
-
-    #[test]
-    fn key_changes_with_format_and_model_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let source = dir.path().join("model.gguf");
-        std::fs::write(&source, b"weights").unwrap();
-        let a = cache_key(&source, &Precision::Int8, None).unwrap();
-        let b = cache_key(
-            &source,
-            &Precision::Int4(Int4Options {
-                group_size: 64,
-                mix_bits: None,
-                calibrate: false,
-                gptq: false,
-            }),
-            None,
-        )
-        .unwrap();
-        let c = cache_key(&source, &Precision::Int8, Some(&[1, 2, 3])).unwrap();
-        std::fs::write(&source, b"other weights").unwrap();
-        let d = cache_key(&source, &Precision::Int8, None).unwrap();
-        let keys = [&a, &b, &c, &d];
-        for i in 0..4 {
-            for j in i + 1..4 {
-                assert_ne!(keys[i], keys[j]);
-            }
-        }
-        // A file written under one key is refused under another.
-        let cache = dir.path().join("cache");
-        let (_, o) = pack_all(&cache, &source, &Precision::Int8);
-        let PackOutcome::Written(path) = o else {
-            panic!()
-        };
-        assert!(read_cache(&path, &a).unwrap_err().contains("key differs"));
-    }
-}
+mod tests;

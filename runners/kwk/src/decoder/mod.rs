@@ -18,6 +18,7 @@ mod layers;
 pub mod precision;
 pub mod rope;
 pub mod sampling;
+mod stream;
 
 pub use precision::{Int4Options, Precision, DEFAULT_INT4_GROUP};
 
@@ -27,9 +28,9 @@ use crate::format::quantized::{grid_for, quantize_on, Grid};
 use crate::format::{self, PackedLinear, TensorPlace, TensorRole};
 use crate::kernels::{self, OutputMatrix};
 use crate::model::{Architecture, FeedForward, Mlp, Model, ModelConfig, ModelWeights, RopeScaling};
-use crate::pack_cache::{PackOutcome, PackSession};
+use crate::pack_cache::{self, CachedModel, PackOutcome, PackSession};
 use crate::quantize::equalize::{
-    apply, equalize, ActivationStats, EqualizeOptions, Equalized, LayerImportance, LayerStats,
+    equalize, ActivationStats, EqualizeOptions, Equalized, LayerImportance, LayerStats,
 };
 use crate::quantize::mix::{allocate, ladder, q4_k_m_bits_per_weight, MixUnit};
 use crate::threads::ThreadPool;
@@ -266,6 +267,71 @@ pub fn decoder_available() -> std::result::Result<(), String> {
     Ok(())
 }
 
+/// The mix units of layer `i` (q, k, v, o, gate, up, down; an MoE layer's experts share a
+/// unit per role), each tensor with the second moments of its input (`li`'s importance when
+/// it has them, else ones) and its rounding importance.
+fn layer_mix_units<'a>(
+    i: usize,
+    l: &'a crate::model::LayerWeights,
+    li: Option<&'a LayerImportance>,
+    ones: &'a [f32],
+) -> Vec<MixUnit<'a>> {
+    use crate::model::Tensor;
+    // The moments of each input (ones when equalization produced none); rounding is
+    // weighted by them when it did.
+    let m = |v: Option<&'a [f32]>, t: &Tensor| -> (&'a [f32], Option<&'a [f32]>) {
+        match v.filter(|v| v.len() == t.cols()) {
+            Some(v) => (v, Some(v)),
+            None => (&ones[..t.cols().min(ones.len())], None),
+        }
+    };
+    let mlps: Vec<&Mlp> = match &l.ffn {
+        FeedForward::Dense(m) => vec![m],
+        FeedForward::Moe(m) => m.experts.iter().chain(m.shared_expert.iter()).collect(),
+    };
+    let attn_in = li.map(|x| &x.attn_in[..]);
+    let ffn_in = li.map(|x| &x.ffn_in[..]);
+    type Inputs<'b> = Vec<(&'b Tensor, Option<&'b [f32]>)>;
+    let groups: Vec<(TensorRole, Inputs)> = vec![
+        (TensorRole::AttnQ, vec![(&l.q, attn_in)]),
+        (TensorRole::AttnK, vec![(&l.k, attn_in)]),
+        (TensorRole::AttnV, vec![(&l.v, attn_in)]),
+        (
+            TensorRole::AttnOutput,
+            vec![(&l.o, li.map(|x| &x.o_in[..]))],
+        ),
+        (
+            TensorRole::FfnGate,
+            mlps.iter().map(|mm| (&mm.gate, ffn_in)).collect(),
+        ),
+        (
+            TensorRole::FfnUp,
+            mlps.iter().map(|mm| (&mm.up, ffn_in)).collect(),
+        ),
+        (
+            TensorRole::FfnDown,
+            mlps.iter()
+                .enumerate()
+                .map(|(j, mm)| (&mm.down, li.and_then(|x| x.down_in.get(j)).map(|v| &v[..])))
+                .collect(),
+        ),
+    ];
+    groups
+        .into_iter()
+        .map(|(role, tensors)| MixUnit {
+            role,
+            layer: Some(i),
+            tensors: tensors
+                .into_iter()
+                .map(|(t, v)| {
+                    let (moment, imp) = m(v, t);
+                    (t, moment, imp)
+                })
+                .collect(),
+        })
+        .collect()
+}
+
 /// The `int4` mix by sensitivity (`quantize::mix`): a grid per (role, layer) for every
 /// linear but `lm_head`, within the bits llama.cpp's Q4_K_M would give the model.
 fn int4_plan<'a>(
@@ -300,57 +366,11 @@ fn int4_plan<'a>(
     }
     for (i, l) in weights.layers.iter().enumerate() {
         let li = eq.importance.get(i).filter(|x| !x.attn_in.is_empty());
-        // The moments of each input (ones when equalization produced none); rounding is
-        // weighted by them when it did.
-        let m = |v: Option<&'a [f32]>, t: &Tensor| -> (&'a [f32], Option<&'a [f32]>) {
-            match v.filter(|v| v.len() == t.cols()) {
-                Some(v) => (v, Some(v)),
-                None => (&ones[..t.cols().min(ones.len())], None),
+        for u in layer_mix_units(i, l, li, ones) {
+            for (t, _, _) in &u.tensors {
+                budget += q4km(u.role, Some(i), t);
             }
-        };
-        let mlps: Vec<&Mlp> = match &l.ffn {
-            FeedForward::Dense(m) => vec![m],
-            FeedForward::Moe(m) => m.experts.iter().chain(m.shared_expert.iter()).collect(),
-        };
-        let attn_in = li.map(|x| &x.attn_in[..]);
-        let ffn_in = li.map(|x| &x.ffn_in[..]);
-        type Inputs<'b> = Vec<(&'b Tensor, Option<&'b [f32]>)>;
-        let groups: Vec<(TensorRole, Inputs)> = vec![
-            (TensorRole::AttnQ, vec![(&l.q, attn_in)]),
-            (TensorRole::AttnK, vec![(&l.k, attn_in)]),
-            (TensorRole::AttnV, vec![(&l.v, attn_in)]),
-            (
-                TensorRole::AttnOutput,
-                vec![(&l.o, li.map(|x| &x.o_in[..]))],
-            ),
-            (
-                TensorRole::FfnGate,
-                mlps.iter().map(|mm| (&mm.gate, ffn_in)).collect(),
-            ),
-            (
-                TensorRole::FfnUp,
-                mlps.iter().map(|mm| (&mm.up, ffn_in)).collect(),
-            ),
-            (
-                TensorRole::FfnDown,
-                mlps.iter()
-                    .enumerate()
-                    .map(|(j, mm)| (&mm.down, li.and_then(|x| x.down_in.get(j)).map(|v| &v[..])))
-                    .collect(),
-            ),
-        ];
-        for (role, tensors) in groups {
-            let mut members = Vec::new();
-            for (t, v) in tensors {
-                budget += q4km(role, Some(i), t);
-                let (moment, imp) = m(v, t);
-                members.push((t, moment, imp));
-            }
-            units.push(MixUnit {
-                role,
-                layer: Some(i),
-                tensors: members,
-            });
+            units.push(u);
         }
     }
     let mix_bits = opts
@@ -442,14 +462,20 @@ fn equalize_for(
     )
 }
 
+/// The ids that end generation: the config's and the tokenizer's.
+pub fn eos_ids(config: &ModelConfig, tokenizer: &crate::tokenizer::Tokenizer) -> Vec<u32> {
+    let mut eos = config.eos_token_ids.clone();
+    for &id in tokenizer.eos_ids() {
+        if !eos.contains(&id) {
+            eos.push(id);
+        }
+    }
+    eos
+}
+
 impl KwkDecoder {
     pub fn new(model: &Model, options: DecoderOptions) -> Result<Self> {
-        let mut eos = model.config.eos_token_ids.clone();
-        for &id in model.tokenizer.eos_ids() {
-            if !eos.contains(&id) {
-                eos.push(id);
-            }
-        }
+        let eos = eos_ids(&model.config, &model.tokenizer);
         Self::from_weights(
             &model.config,
             &model.weights,
@@ -485,62 +511,51 @@ impl KwkDecoder {
             n_layers,
             model_params: n_params,
         };
-        // int8/int4 weights go through the pack cache when a folder is given: read back
-        // when a valid file exists for this model and format, else quantized and written.
-        // The session reads entries in packing order, so cached packing runs the jobs
-        // below in order on this thread (quantizing a tensor is itself parallel).
+        // int8/int4 weights go through the pack cache when a folder is given: mapped from
+        // a valid file for this model and recipe (the weights are then not used), else
+        // quantized, reusing the tensors of an older file whose key is unchanged, and
+        // written (`pack_cache`).
         let quantized = matches!(precision, Precision::Int8 | Precision::Int4(_));
-        let session = match (&options.pack_cache_dir, quantized) {
-            (Some(dir), true) => Some(Mutex::new(PackSession::open(
-                Some(dir),
-                source,
-                &precision,
-                options.calibration_tokens.as_deref(),
-            ))),
-            _ => None,
-        };
+        let calibration = options.calibration_tokens.as_deref();
+        let mut session = None;
+        let mut not_written = None;
+        if let (Some(dir), true) = (&options.pack_cache_dir, quantized) {
+            match pack_cache::try_load(dir, source, &precision, calibration) {
+                Ok(Some(cached)) => {
+                    return Self::from_cached(config, eos, cached, source, options, started)
+                }
+                Ok(None) => {}
+                Err(e) => eprintln!("warning: pack cache: {e}; packing without it"),
+            }
+            match PackSession::open(dir, source, &precision, calibration) {
+                Ok(mut s) => {
+                    if let Some(cached) = s.take_hit() {
+                        return Self::from_cached(config, eos, cached, source, options, started);
+                    }
+                    session = Some(Mutex::new(s));
+                }
+                Err(e) => not_written = Some(PackOutcome::NotWritten(e.to_string())),
+            }
+        }
         // Quantized formats first move per-channel factors across norm/linear pairs where
         // that lowers the estimated rounding error (`quantize::equalize`), and round with
         // per-column importance; the decoder then runs the equalized weights.
-        // A pack-cache hit holds the factors the packed tensors were made with: applying
-        // them gives the norms and biases without searching (or calibrating) again.
-        let cached_scales = session.as_ref().and_then(|s| {
-            let mut s = lock(s);
-            if s.is_loading() {
-                s.take_scales()
-            } else {
-                None
-            }
-        });
-        let equalized = match (quantized, cached_scales) {
-            (false, _) => None,
-            (true, Some(scales)) => Some(Equalized {
-                weights: apply(weights, config, &scales),
-                scales,
-                importance: Vec::new(),
-            }),
-            (true, None) => {
-                let e = equalize_for(
-                    config,
-                    weights,
-                    &precision,
-                    options.calibration_tokens.as_deref(),
-                    options.threads,
-                    &place,
-                )?;
-                if let Some(s) = &session {
-                    lock(s).put_scales(&e.scales);
-                }
-                Some(e)
-            }
+        let equalized = if quantized {
+            Some(equalize_for(
+                config,
+                weights,
+                &precision,
+                calibration,
+                options.threads,
+                &place,
+            )?)
+        } else {
+            None
         };
         let weights: &ModelWeights = equalized.as_ref().map_or(weights, |e| &e.weights);
         // Second moments of 1 for inputs without measured or estimated ones (the embedding).
         let unit_moments = vec![1f32; widest_input(weights)];
-        let loading = session.as_ref().is_some_and(|s| lock(s).is_loading());
         let plan = match (&precision, &equalized) {
-            // Read back from the cache, each tensor on the grid it was packed on.
-            _ if loading => HashMap::new(),
             (Precision::Int4(opts), Some(eq)) => {
                 int4_plan(config, weights, eq, &unit_moments, opts, &place)?
             }
@@ -553,16 +568,25 @@ impl KwkDecoder {
             let v = pick(li);
             (!v.is_empty()).then_some(v)
         };
-        let pack = |t: &crate::model::Tensor, role, layer, imp: Option<&[f32]>| match &session {
-            Some(s) => lock(s).pack_on(t, place(role, layer), grid(role, layer), imp),
-            None if quantized => {
-                Ok(
-                    quantize_on(t, &precision, place(role, layer), grid(role, layer), imp)?
-                        .into_packed(),
-                )
-            }
-            None => format::pack_linear(t, &precision, place(role, layer)),
-        };
+        let pack =
+            |name: &str, t: &crate::model::Tensor, role, layer, imp: Option<&[f32]>| match &session
+            {
+                Some(s) => lock(s).pack(
+                    name,
+                    t,
+                    place(role, layer),
+                    grid(role, layer),
+                    imp,
+                    &precision,
+                ),
+                None if quantized => {
+                    Ok(
+                        quantize_on(t, &precision, place(role, layer), grid(role, layer), imp)?
+                            .into_packed(),
+                    )
+                }
+                None => format::pack_linear(t, &precision, place(role, layer)),
+            };
 
         // Jobs: the embedding, the untied lm_head, then each layer, taken from a shared
         // counter by the pool's threads (the embedding costs about as much as 8 layers of
@@ -575,10 +599,23 @@ impl KwkDecoder {
             let down_in = importance(Some(layer), &|li| {
                 li.down_in.get(which).map_or(&[][..], |v| &v[..])
             });
+            let n = |w: &str| names::mlp(layer, which, w);
             Ok(PackedMlp {
-                gate: pack(&m.gate, TensorRole::FfnGate, Some(layer), ffn_in)?,
-                up: pack(&m.up, TensorRole::FfnUp, Some(layer), ffn_in)?,
-                down: pack(&m.down, TensorRole::FfnDown, Some(layer), down_in)?,
+                gate: pack(
+                    &n("gate"),
+                    &m.gate,
+                    TensorRole::FfnGate,
+                    Some(layer),
+                    ffn_in,
+                )?,
+                up: pack(&n("up"), &m.up, TensorRole::FfnUp, Some(layer), ffn_in)?,
+                down: pack(
+                    &n("down"),
+                    &m.down,
+                    TensorRole::FfnDown,
+                    Some(layer),
+                    down_in,
+                )?,
             })
         };
         let pack_layer = |i: usize| -> Result<Layer> {
@@ -606,12 +643,13 @@ impl KwkDecoder {
                         || config.norm_topk_prob,
                 }),
             };
+            let n = |w: &str| names::layer(i, w);
             Ok(Layer {
                 attn_norm: l.attn_norm.clone(),
-                q: pack(&l.q, TensorRole::AttnQ, Some(i), attn_in)?,
-                k: pack(&l.k, TensorRole::AttnK, Some(i), attn_in)?,
-                v: pack(&l.v, TensorRole::AttnV, Some(i), attn_in)?,
-                o: pack(&l.o, TensorRole::AttnOutput, Some(i), o_in)?,
+                q: pack(&n("q"), &l.q, TensorRole::AttnQ, Some(i), attn_in)?,
+                k: pack(&n("k"), &l.k, TensorRole::AttnK, Some(i), attn_in)?,
+                v: pack(&n("v"), &l.v, TensorRole::AttnV, Some(i), attn_in)?,
+                o: pack(&n("o"), &l.o, TensorRole::AttnOutput, Some(i), o_in)?,
                 q_bias: l.q_bias.clone(),
                 k_bias: l.k_bias.clone(),
                 v_bias: l.v_bias.clone(),
@@ -635,24 +673,27 @@ impl KwkDecoder {
         let run_jobs = || loop {
             let job = next_job.fetch_add(1, Ordering::Relaxed);
             match job {
-                0 => *lock(&embed_slot) = Some(pack(&weights.embed, embed_role, None, None)),
+                0 => {
+                    *lock(&embed_slot) =
+                        Some(pack(names::EMBED, &weights.embed, embed_role, None, None))
+                }
                 1 => {
                     *lock(&head_slot) = weights
                         .lm_head
                         .as_ref()
-                        .map(|h| pack(h, TensorRole::LmHead, None, None))
+                        .map(|h| pack(names::LM_HEAD, h, TensorRole::LmHead, None, None))
                 }
                 j if j < n_jobs => *lock(&layer_slots[j - 2]) = Some(pack_layer(j - 2)),
                 _ => break,
             }
         };
+        // With a session, tensors are quantized one after the other on this thread
+        // (quantizing a tensor is itself parallel) while the session writes them.
         if session.is_some() {
             run_jobs();
         } else {
             pool.run(|_, _| run_jobs());
         }
-        let pack_cache =
-            session.map(|s| s.into_inner().unwrap_or_else(|e| e.into_inner()).finish());
         let embed = lock(&embed_slot).take().expect("the embedding job ran")?;
         let lm_head = lock(&head_slot).take().transpose()?;
         let layers = layer_slots
@@ -663,10 +704,230 @@ impl KwkDecoder {
                     .expect("every layer job ran")
             })
             .collect::<Result<Vec<Layer>>>()?;
-        let pack_s = started.elapsed().as_secs_f64();
+        let pack_cache = match session {
+            Some(s) => {
+                let mut s = s.into_inner().unwrap_or_else(|e| e.into_inner());
+                put_floats(&mut s, weights);
+                Some(s.finish())
+            }
+            None => not_written,
+        };
+        Ok(Self::assemble(
+            config,
+            precision,
+            eos,
+            pool,
+            Parts {
+                embed,
+                lm_head,
+                final_norm: weights.final_norm.clone(),
+                layers,
+            },
+            n_params,
+            started.elapsed().as_secs_f64(),
+            pack_cache,
+            &options,
+        ))
+    }
+
+    /// A warm start: the decoder from the pack cache alone, without the model's weights
+    /// (`config` and `eos` from the model's metadata); `Ok(None)` when the cache holds no
+    /// valid entry for `source` in `options.precision` (then load the weights and call
+    /// [`KwkDecoder::from_weights`], which packs and writes it).
+    pub fn from_pack_cache(
+        config: &ModelConfig,
+        eos: Vec<u32>,
+        source: &Path,
+        options: DecoderOptions,
+    ) -> Result<Option<Self>> {
+        if let Some(why) = config_unsupported(config, options.max_cache_len) {
+            return Err(KwkError::Unsupported(why));
+        }
+        let started = Instant::now();
+        let quantized = matches!(options.precision, Precision::Int8 | Precision::Int4(_));
+        let Some(dir) = options.pack_cache_dir.as_ref().filter(|_| quantized) else {
+            return Ok(None);
+        };
+        let calibration = options.calibration_tokens.as_deref();
+        match pack_cache::try_load(dir, source, &options.precision, calibration)? {
+            Some(cached) => {
+                Self::from_cached(config, eos, cached, source, options, started).map(Some)
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Builds the decoder from the tensors and float vectors of a cache entry.
+    fn from_cached(
+        config: &ModelConfig,
+        eos: Vec<u32>,
+        mut c: CachedModel,
+        source: &Path,
+        options: DecoderOptions,
+        started: Instant,
+    ) -> Result<Self> {
+        let path = c.path.clone();
+        let bad = |what: String| {
+            KwkError::bad_model(
+                &path,
+                format!(
+                    "pack cache entry for {} does not fit the model: {what}; delete it \
+                     (kwk-eval cache clear)",
+                    source.display()
+                ),
+            )
+        };
+        let d = config.hidden_size;
+        let (qd, kvd) = (
+            config.n_heads * config.head_dim,
+            config.n_kv_heads * config.head_dim,
+        );
+        let tensor = |c: &mut CachedModel, name: &str, rows: usize, cols: usize| {
+            let t = c
+                .take_tensor(name)
+                .ok_or_else(|| bad(format!("no tensor {name}")))?;
+            if (t.rows(), t.cols()) != (rows, cols) {
+                return Err(bad(format!(
+                    "{name} is {}x{}, the model needs {rows}x{cols}",
+                    t.rows(),
+                    t.cols()
+                )));
+            }
+            Ok(t)
+        };
+        let mut floats_n = 0u64;
+        let mut floats = |c: &mut CachedModel, name: &str, len: Option<usize>| {
+            let v = c.take_floats(name);
+            if let (Some(v), Some(n)) = (&v, len) {
+                if v.len() != n {
+                    return Err(bad(format!("{name} has {} values, expected {n}", v.len())));
+                }
+            }
+            floats_n += v.as_ref().map_or(0, |v| v.len() as u64);
+            Ok(v)
+        };
+        let need = |v: Option<Vec<f32>>, name: &str| v.ok_or_else(|| bad(format!("no {name}")));
+        let tied = !c.has_tensor(names::LM_HEAD);
+        let embed = tensor(&mut c, names::EMBED, config.vocab_size, d)?;
+        let lm_head = if tied {
+            None
+        } else {
+            Some(tensor(&mut c, names::LM_HEAD, config.vocab_size, d)?)
+        };
+        let final_norm = need(floats(&mut c, names::FINAL_NORM, Some(d))?, "final norm")?;
+        let mut layers = Vec::with_capacity(config.n_layers);
+        for i in 0..config.n_layers {
+            let n = |w: &str| names::layer(i, w);
+            let mlp = |c: &mut CachedModel, j: usize| -> Result<PackedMlp> {
+                let m = |w: &str| names::mlp(i, j, w);
+                let gate = c
+                    .take_tensor(&m("gate"))
+                    .ok_or_else(|| bad(format!("no tensor {}", m("gate"))))?;
+                let ffn = gate.rows();
+                if gate.cols() != d {
+                    return Err(bad(format!("{} has {} columns", m("gate"), gate.cols())));
+                }
+                Ok(PackedMlp {
+                    gate,
+                    up: tensor(c, &m("up"), ffn, d)?,
+                    down: tensor(c, &m("down"), d, ffn)?,
+                })
+            };
+            let moe = c.has_floats(&n("router"));
+            let ffn = if moe {
+                let ne = config.n_experts;
+                let router = need(floats(&mut c, &n("router"), Some(ne * d))?, "router")?;
+                let experts = (0..ne).map(|j| mlp(&mut c, j)).collect::<Result<_>>()?;
+                let shared = if c.has_tensor(&names::mlp(i, ne, "gate")) {
+                    Some(mlp(&mut c, ne)?)
+                } else {
+                    None
+                };
+                PackedFfn::Moe(PackedMoe {
+                    router: crate::model::Tensor::new(vec![ne, d], router),
+                    experts,
+                    shared,
+                    shared_gate: floats(&mut c, &n("shared_gate"), Some(d))?,
+                    top_k: config.experts_per_token,
+                    renormalize: config.architecture == Architecture::Mixtral
+                        || config.norm_topk_prob,
+                })
+            } else {
+                PackedFfn::Dense(mlp(&mut c, 0)?)
+            };
+            layers.push(Layer {
+                attn_norm: need(floats(&mut c, &n("attn_norm"), Some(d))?, "attn_norm")?,
+                q: tensor(&mut c, &n("q"), qd, d)?,
+                k: tensor(&mut c, &n("k"), kvd, d)?,
+                v: tensor(&mut c, &n("v"), kvd, d)?,
+                o: tensor(&mut c, &n("o"), d, qd)?,
+                q_bias: floats(&mut c, &n("q_bias"), Some(qd))?,
+                k_bias: floats(&mut c, &n("k_bias"), Some(kvd))?,
+                v_bias: floats(&mut c, &n("v_bias"), Some(kvd))?,
+                q_norm: floats(&mut c, &n("q_norm"), Some(config.head_dim))?,
+                k_norm: floats(&mut c, &n("k_norm"), Some(config.head_dim))?,
+                ffn_norm: need(floats(&mut c, &n("ffn_norm"), Some(d))?, "ffn_norm")?,
+                ffn,
+            });
+        }
+        if c.left_over() > 0 {
+            return Err(bad(format!(
+                "{} entries the model does not have",
+                c.left_over()
+            )));
+        }
+        // Parameters: every packed linear (the tied table once) and every float vector.
+        let mut n_params = floats_n;
+        let mut all: Vec<&dyn PackedLinear> = vec![embed.as_ref()];
+        all.extend(lm_head.iter().map(|h| h.as_ref()));
+        for l in &layers {
+            all.extend(l.linears());
+        }
+        n_params += all
+            .iter()
+            .map(|t| (t.rows() * t.cols()) as u64)
+            .sum::<u64>();
+        let pool = ThreadPool::new(options.threads);
+        Ok(Self::assemble(
+            config,
+            options.precision,
+            eos,
+            pool,
+            Parts {
+                embed,
+                lm_head,
+                final_norm,
+                layers,
+            },
+            n_params,
+            started.elapsed().as_secs_f64(),
+            Some(PackOutcome::Loaded(path.clone())),
+            &options,
+        ))
+    }
+
+    /// The decoder around packed parts.
+    #[allow(clippy::too_many_arguments)]
+    fn assemble(
+        config: &ModelConfig,
+        precision: Precision,
+        eos: Vec<u32>,
+        pool: ThreadPool,
+        parts: Parts,
+        n_params: u64,
+        pack_s: f64,
+        pack_cache: Option<PackOutcome>,
+        options: &DecoderOptions,
+    ) -> Self {
+        let Parts {
+            embed,
+            lm_head,
+            final_norm,
+            layers,
+        } = parts;
         let mut weight_bytes = embed.bytes() as u64
             + lm_head.as_ref().map(|h| h.bytes() as u64).unwrap_or(0)
-            + 4 * weights.final_norm.len() as u64;
+            + 4 * final_norm.len() as u64;
         for l in &layers {
             weight_bytes += l.bytes();
         }
@@ -677,19 +938,19 @@ impl KwkDecoder {
             options.max_cache_len,
         );
         let kv = KvCache::new(
-            n_layers,
+            config.n_layers,
             config.n_kv_heads,
             config.head_dim,
             options.max_cache_len,
         );
-        Ok(KwkDecoder {
+        KwkDecoder {
             config: config.clone(),
             precision,
             max_cache_len: options.max_cache_len,
             pool,
             embed,
             lm_head,
-            final_norm: weights.final_norm.clone(),
+            final_norm,
             layers,
             rope,
             kv,
@@ -701,7 +962,7 @@ impl KwkDecoder {
             pack_cache,
             x_buf: Vec::new(),
             scratch: Scratch::default(),
-        })
+        }
     }
 
     /// Per-channel second moments of every linear's input over `tokens`, run in windows of
@@ -979,30 +1240,92 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The packed parts a decoder runs on.
+struct Parts {
+    embed: Box<dyn PackedLinear>,
+    lm_head: Option<Box<dyn PackedLinear>>,
+    final_norm: Vec<f32>,
+    layers: Vec<Layer>,
+}
+
+/// Names of the entries of a pack-cache section.
+mod names {
+    /// The embedding table (the output projection too when tied).
+    pub const EMBED: &str = "embed";
+    pub const LM_HEAD: &str = "lm_head";
+    pub const FINAL_NORM: &str = "final_norm";
+    /// `blk.I.WHAT` (q, k, v, o, attn_norm, ffn_norm, biases, q/k norms, router).
+    pub fn layer(i: usize, what: &str) -> String {
+        format!("blk.{i}.{what}")
+    }
+    /// `blk.I.mlp.J.WHAT`: MLP `J` of layer `I` (0 when dense; experts, then the shared
+    /// expert).
+    pub fn mlp(i: usize, j: usize, what: &str) -> String {
+        format!("blk.{i}.mlp.{j}.{what}")
+    }
+}
+
+/// Stores the float vectors a warm start needs (after equalization) in the session.
+fn put_floats(s: &mut PackSession, w: &ModelWeights) {
+    s.put_floats(names::FINAL_NORM, &w.final_norm);
+    for (i, l) in w.layers.iter().enumerate() {
+        put_layer_floats(s, i, l);
+    }
+}
+
+/// Stores layer `i`'s float vectors in the session.
+fn put_layer_floats(s: &mut PackSession, i: usize, l: &crate::model::LayerWeights) {
+    {
+        let n = |what: &str| names::layer(i, what);
+        s.put_floats(&n("attn_norm"), &l.attn_norm);
+        s.put_floats(&n("ffn_norm"), &l.ffn_norm);
+        for (what, v) in [
+            ("q_bias", &l.q_bias),
+            ("k_bias", &l.k_bias),
+            ("v_bias", &l.v_bias),
+            ("q_norm", &l.q_norm),
+            ("k_norm", &l.k_norm),
+        ] {
+            if let Some(v) = v {
+                s.put_floats(&n(what), v);
+            }
+        }
+        if let FeedForward::Moe(m) = &l.ffn {
+            s.put_floats(&n("router"), &m.router.data);
+            if let Some(g) = &m.shared_expert_gate {
+                s.put_floats(&n("shared_gate"), &g.data);
+            }
+        }
+    }
+}
+
 fn count_params(w: &ModelWeights) -> u64 {
+    let mut n = (w.embed.data.len() + w.final_norm.len()) as u64;
+    n += w.lm_head.as_ref().map(|t| t.data.len()).unwrap_or(0) as u64;
+    n + w.layers.iter().map(layer_params).sum::<u64>()
+}
+
+/// Parameters of one layer: matrices, norms, biases, routers.
+fn layer_params(l: &crate::model::LayerWeights) -> u64 {
     fn mlp(m: &Mlp) -> usize {
         m.gate.data.len() + m.up.data.len() + m.down.data.len()
     }
     let opt = |v: &Option<Vec<f32>>| v.as_ref().map(|x| x.len()).unwrap_or(0);
-    let mut n = w.embed.data.len() + w.final_norm.len();
-    n += w.lm_head.as_ref().map(|t| t.data.len()).unwrap_or(0);
-    for l in &w.layers {
-        n += l.attn_norm.len() + l.ffn_norm.len();
-        n += l.q.data.len() + l.k.data.len() + l.v.data.len() + l.o.data.len();
-        n += opt(&l.q_bias) + opt(&l.k_bias) + opt(&l.v_bias) + opt(&l.q_norm) + opt(&l.k_norm);
-        n += match &l.ffn {
-            FeedForward::Dense(m) => mlp(m),
-            FeedForward::Moe(m) => {
-                m.router.data.len()
-                    + m.experts.iter().map(mlp).sum::<usize>()
-                    + m.shared_expert.as_ref().map(mlp).unwrap_or(0)
-                    + m.shared_expert_gate
-                        .as_ref()
-                        .map(|t| t.data.len())
-                        .unwrap_or(0)
-            }
-        };
-    }
+    let mut n = l.attn_norm.len() + l.ffn_norm.len();
+    n += l.q.data.len() + l.k.data.len() + l.v.data.len() + l.o.data.len();
+    n += opt(&l.q_bias) + opt(&l.k_bias) + opt(&l.v_bias) + opt(&l.q_norm) + opt(&l.k_norm);
+    n += match &l.ffn {
+        FeedForward::Dense(m) => mlp(m),
+        FeedForward::Moe(m) => {
+            m.router.data.len()
+                + m.experts.iter().map(mlp).sum::<usize>()
+                + m.shared_expert.as_ref().map(mlp).unwrap_or(0)
+                + m.shared_expert_gate
+                    .as_ref()
+                    .map(|t| t.data.len())
+                    .unwrap_or(0)
+        }
+    };
     n as u64
 }
 

@@ -629,8 +629,9 @@ fn every_architecture_matches_a_float64_reference() {
 fn pack_cache_round_trips_through_the_decoder() {
     use crate::pack_cache::PackOutcome;
     let f = load_fixture("tiny-mixtral");
-    let cache = tempfile::tempdir().expect("temp dir");
     for precision in [Precision::Int8, Precision::parse("int4").unwrap()] {
+        // One folder per format: a flipped byte then lies in this format's section.
+        let cache = tempfile::tempdir().expect("temp dir");
         let build = || {
             KwkDecoder::from_weights(
                 &f.config,

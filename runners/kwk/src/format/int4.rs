@@ -9,6 +9,7 @@
 
 use crate::error::{KwkError, Result};
 use crate::format::int8::{check_importance, check_shape, q8_rows};
+use crate::format::storage::Store;
 use crate::format::{InputKind, PackedLinear, PreparedInput};
 use crate::kernels::int4_matmul::{
     code_tile_bytes, lowbit_matmul, LowBitTiles, HIGH_BITS_TILE_BYTES, NIBBLE_TILE_BYTES,
@@ -28,10 +29,10 @@ pub struct LowBitWeights {
     group_size: usize,
     rows: usize,
     cols: usize,
-    nibbles: Vec<u8>,
-    high_bits: Vec<u8>,
-    scales: Vec<f16>,
-    mins: Vec<f16>,
+    nibbles: Store<u8>,
+    high_bits: Store<u8>,
+    scales: Store<f16>,
+    mins: Store<f16>,
 }
 
 /// Group sizes the format accepts.
@@ -128,10 +129,10 @@ impl LowBitWeights {
             group_size,
             rows,
             cols,
-            nibbles,
-            high_bits,
-            scales,
-            mins,
+            nibbles: nibbles.into(),
+            high_bits: high_bits.into(),
+            scales: scales.into(),
+            mins: mins.into(),
         })
     }
 
@@ -142,10 +143,10 @@ impl LowBitWeights {
         group_size: usize,
         rows: usize,
         cols: usize,
-        nibbles: Vec<u8>,
-        high_bits: Vec<u8>,
-        scales: Vec<f16>,
-        mins: Vec<f16>,
+        nibbles: Store<u8>,
+        high_bits: Store<u8>,
+        scales: Store<f16>,
+        mins: Store<f16>,
     ) -> Option<Self> {
         let tiles = rows.div_ceil(ROW_GROUP) * (cols / BLOCK);
         let ncg_total = rows.div_ceil(ROW_GROUP) * cols.div_ceil(group_size.max(1)) * ROW_GROUP;

@@ -6,6 +6,7 @@
 //! see `format::quantized::INT8_GROUP`).
 
 use crate::error::{KwkError, Result};
+use crate::format::storage::Store;
 use crate::format::{InputKind, PackedLinear, PreparedInput};
 use crate::kernels::int8_matmul::{
     int8_matmul, selected_isa, Int8Tiles, Q8Rows, QuantIsa, BLOCK, INT8_TILE_BYTES, ROW_GROUP,
@@ -23,9 +24,9 @@ pub struct Int8Weights {
     rows: usize,
     cols: usize,
     /// Tiles of 16 rows × 32 columns, codes stored as `q + 128`.
-    qs: Vec<u8>,
+    qs: Store<u8>,
     /// `[(group * n_blocks + block) * 16 + row]`.
-    scales: Vec<f16>,
+    scales: Store<f16>,
 }
 
 /// Checks that per-column importance weights, when given, cover the `cols` columns.
@@ -96,13 +97,13 @@ impl Int8Weights {
         Ok(Int8Weights {
             rows,
             cols,
-            qs,
-            scales,
+            qs: qs.into(),
+            scales: scales.into(),
         })
     }
 
     /// Rebuilds from packed parts (the pack cache); `None` if the lengths do not fit.
-    pub fn from_parts(rows: usize, cols: usize, qs: Vec<u8>, scales: Vec<f16>) -> Option<Self> {
+    pub fn from_parts(rows: usize, cols: usize, qs: Store<u8>, scales: Store<f16>) -> Option<Self> {
         let tiles = rows.div_ceil(ROW_GROUP) * (cols / BLOCK);
         (cols.is_multiple_of(BLOCK)
             && qs.len() == tiles * INT8_TILE_BYTES

@@ -15,6 +15,7 @@ pub mod ggml_blocks;
 pub mod int4;
 pub mod int8;
 pub mod quantized;
+pub mod storage;
 
 use crate::decoder::Precision;
 use crate::error::Result;

@@ -370,12 +370,12 @@ enum GgufLocation<'a> {
 }
 
 /// A GGUF file as a [`WeightSource`].
-struct GgufSource<'a> {
-    file: &'a GgufFile,
+pub(crate) struct GgufSource<'a> {
+    pub(crate) file: &'a GgufFile,
     /// Undo `LlamaModel.permute` on q/k (llama-arch files).
-    unpermute_qk: bool,
-    n_heads: usize,
-    n_kv_heads: usize,
+    pub(crate) unpermute_qk: bool,
+    pub(crate) n_heads: usize,
+    pub(crate) n_kv_heads: usize,
 }
 
 impl GgufSource<'_> {

@@ -10,11 +10,12 @@
 pub mod config;
 pub mod cost;
 pub mod gguf_loader;
+pub mod lazy;
 pub mod safetensors_loader;
 pub mod source;
 
 pub use config::{Architecture, ModelConfig, RopeScaling};
-pub use source::{load_model, ModelSource};
+pub use source::{load_model, load_model_header, ModelHeader, ModelSource};
 
 use crate::tokenizer::Tokenizer;
 

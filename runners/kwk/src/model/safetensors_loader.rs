@@ -69,7 +69,7 @@ pub(crate) trait WeightSource: Sync {
     fn load(&self, name: WeightName, shape: &[usize]) -> Result<Option<Tensor>>;
 }
 
-fn require(src: &dyn WeightSource, name: WeightName, shape: &[usize]) -> Result<Tensor> {
+pub(crate) fn require(src: &dyn WeightSource, name: WeightName, shape: &[usize]) -> Result<Tensor> {
     src.load(name, shape)?.ok_or_else(|| {
         KwkError::bad_model(
             src.path(),
@@ -81,7 +81,11 @@ fn require(src: &dyn WeightSource, name: WeightName, shape: &[usize]) -> Result<
     })
 }
 
-fn require_vec(src: &dyn WeightSource, name: WeightName, len: usize) -> Result<Vec<f32>> {
+pub(crate) fn require_vec(
+    src: &dyn WeightSource,
+    name: WeightName,
+    len: usize,
+) -> Result<Vec<f32>> {
     Ok(require(src, name, &[len])?.data)
 }
 
@@ -104,7 +108,11 @@ fn load_mlp(
     })
 }
 
-fn assemble_layer(src: &dyn WeightSource, c: &ModelConfig, l: usize) -> Result<LayerWeights> {
+pub(crate) fn assemble_layer(
+    src: &dyn WeightSource,
+    c: &ModelConfig,
+    l: usize,
+) -> Result<LayerWeights> {
     use LayerTensor as T;
     let d = c.hidden_size;
     let q_dim = c.n_heads * c.head_dim;
@@ -303,7 +311,7 @@ impl SafetensorsFile {
 }
 
 /// The tensors of a Hugging Face checkpoint (one or several safetensors files).
-struct SafetensorsSource {
+pub(crate) struct SafetensorsSource {
     dir: PathBuf,
     architecture: Architecture,
     files: Vec<SafetensorsFile>,
@@ -312,7 +320,7 @@ struct SafetensorsSource {
 }
 
 impl SafetensorsSource {
-    fn open(dir: &Path, architecture: Architecture) -> Result<SafetensorsSource> {
+    pub(crate) fn open(dir: &Path, architecture: Architecture) -> Result<SafetensorsSource> {
         let files = safetensors_files(dir)?;
         let files = files
             .par_iter()
@@ -397,6 +405,15 @@ impl SafetensorsSource {
             }
         }
         info
+    }
+}
+
+impl SafetensorsSource {
+    /// Drops the mapped pages read so far from this process's resident set.
+    pub(crate) fn release_pages(&self) {
+        for f in &self.files {
+            crate::gguf::release_pages(&f.map);
+        }
     }
 }
 

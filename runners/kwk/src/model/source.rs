@@ -458,6 +458,101 @@ pub fn load_model_with(spec: &str, settings: &HubSettings) -> Result<Model> {
     })
 }
 
+/// A model's config, tokenizer and load figures without its weights: what a warm start
+/// from the pack cache needs ([`crate::KwkDecoder::from_pack_cache`]). The GGUF header or
+/// `config.json` and the tokenizer are read; no tensor is.
+pub struct ModelHeader {
+    pub config: ModelConfig,
+    pub tokenizer: Tokenizer,
+    pub info: LoadInfo,
+    pub(crate) source: ModelSource,
+}
+
+/// [`load_model_header`] with hub settings from the environment.
+pub fn load_model_header(spec: &str) -> Result<ModelHeader> {
+    load_model_header_with(spec, &HubSettings::from_env())
+}
+
+/// The header of the model `spec` names (see [`resolve_spec`]).
+pub fn load_model_header_with(spec: &str, settings: &HubSettings) -> Result<ModelHeader> {
+    let (source, path) = resolve_local(spec, settings)?;
+    let start = Instant::now();
+    let (config, tokenizer, source_bytes, source_types) = match &source {
+        ModelSource::Gguf(_) => {
+            let file = crate::gguf::GgufFile::open(&path)?;
+            let config = super::gguf_loader::config_from_gguf(&file)?;
+            let meta = super::gguf_loader::tokenizer_metadata_from_gguf(&file)?;
+            let summary = file.summary();
+            (
+                config,
+                Tokenizer::from_gguf(&meta)?,
+                summary.tensor_bytes,
+                summary.type_counts,
+            )
+        }
+        ModelSource::HfFolder(_) | ModelSource::Hub { .. } => {
+            let config = ModelConfig::from_hf_config_json(&path.join("config.json"))?;
+            let mut bytes = 0;
+            for entry in std::fs::read_dir(&path).map_err(|e| KwkError::io(&path, e))? {
+                let entry = entry.map_err(|e| KwkError::io(&path, e))?;
+                if entry
+                    .file_name()
+                    .to_string_lossy()
+                    .ends_with(".safetensors")
+                {
+                    bytes += std::fs::metadata(entry.path()).map_or(0, |m| m.len());
+                }
+            }
+            (
+                config,
+                Tokenizer::from_hf_folder(&path)?,
+                bytes,
+                Default::default(),
+            )
+        }
+    };
+    Ok(ModelHeader {
+        config,
+        tokenizer,
+        info: LoadInfo {
+            requested: spec.to_string(),
+            resolved_path: path,
+            source_bytes,
+            source_types,
+            read_s: start.elapsed().as_secs_f64(),
+        },
+        source,
+    })
+}
+
+impl ModelHeader {
+    /// Reads the weights: the whole [`Model`].
+    pub fn load_weights(self) -> Result<Model> {
+        let start = Instant::now();
+        let path = &self.info.resolved_path;
+        let (weights, info) = match self.source {
+            ModelSource::Gguf(_) => {
+                let (_, weights, _, info) = load_gguf(path)?;
+                (weights, info)
+            }
+            ModelSource::HfFolder(_) | ModelSource::Hub { .. } => {
+                load_hf_weights(path, &self.config)?
+            }
+        };
+        Ok(Model {
+            config: self.config,
+            weights,
+            tokenizer: self.tokenizer,
+            info: LoadInfo {
+                read_s: self.info.read_s + start.elapsed().as_secs_f64(),
+                source_types: info.source_types,
+                source_bytes: info.source_bytes,
+                ..self.info
+            },
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -135,34 +135,38 @@ impl ActivationStats {
         let layers = weights
             .layers
             .iter()
-            .map(|l| {
-                let attn_in: Vec<f32> = l.attn_norm.iter().map(|g| g * g).collect();
-                let mut v2 = row_moments(&l.v, &attn_in);
-                if let Some(b) = &l.v_bias {
-                    v2.iter_mut().zip(b).for_each(|(v, b)| *v += b * b);
-                }
-                let o_in = (0..l.o.cols()).map(|c| v2[kv_channel(config, c)]).collect();
-                let ffn_in: Vec<f32> = l.ffn_norm.iter().map(|g| g * g).collect();
-                let down_in = mlps(&l.ffn)
-                    .into_iter()
-                    .map(|m| {
-                        let g2 = row_moments(&m.gate, &ffn_in);
-                        let u2 = row_moments(&m.up, &ffn_in);
-                        g2.iter()
-                            .zip(&u2)
-                            .map(|(&g, &u)| silu_second_moment(g) * u)
-                            .collect()
-                    })
-                    .collect();
-                LayerStats {
-                    attn_in,
-                    o_in,
-                    ffn_in,
-                    down_in,
-                }
-            })
+            .map(|l| estimate_layer(l, config))
             .collect();
         ActivationStats { layers }
+    }
+}
+
+/// [`ActivationStats::estimate`] of one layer (each layer's estimate needs only its own
+/// weights, so a streaming packer estimates layer by layer).
+pub fn estimate_layer(l: &LayerWeights, config: &ModelConfig) -> LayerStats {
+    let attn_in: Vec<f32> = l.attn_norm.iter().map(|g| g * g).collect();
+    let mut v2 = row_moments(&l.v, &attn_in);
+    if let Some(b) = &l.v_bias {
+        v2.iter_mut().zip(b).for_each(|(v, b)| *v += b * b);
+    }
+    let o_in = (0..l.o.cols()).map(|c| v2[kv_channel(config, c)]).collect();
+    let ffn_in: Vec<f32> = l.ffn_norm.iter().map(|g| g * g).collect();
+    let down_in = mlps(&l.ffn)
+        .into_iter()
+        .map(|m| {
+            let g2 = row_moments(&m.gate, &ffn_in);
+            let u2 = row_moments(&m.up, &ffn_in);
+            g2.iter()
+                .zip(&u2)
+                .map(|(&g, &u)| silu_second_moment(g) * u)
+                .collect()
+        })
+        .collect();
+    LayerStats {
+        attn_in,
+        o_in,
+        ffn_in,
+        down_in,
     }
 }
 
@@ -214,7 +218,7 @@ fn div_vec(v: &mut [f32], alpha: &[f32]) {
 }
 
 /// Applies one layer's factors in place (the order the search chose them in).
-fn apply_layer(l: &mut LayerWeights, config: &ModelConfig, s: &LayerScales) {
+pub fn apply_layer(l: &mut LayerWeights, config: &ModelConfig, s: &LayerScales) {
     if !s.attn_in.is_empty() {
         div_vec(&mut l.attn_norm, &s.attn_in);
         for t in [&mut l.q, &mut l.k, &mut l.v] {
@@ -248,6 +252,56 @@ fn apply_layer(l: &mut LayerWeights, config: &ModelConfig, s: &LayerScales) {
         if !a.is_empty() {
             scale_rows_inv(&mut m.up, a);
             scale_cols(&mut m.down, a);
+        }
+    }
+}
+
+/// A matrix of a dense (non-MoE) layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DensePart {
+    Q,
+    K,
+    V,
+    O,
+    Gate,
+    Up,
+    Down,
+}
+
+/// Applies a dense layer's factors to one of its matrices alone: the same operations in
+/// the same order as [`apply_layer`] on the whole layer, so a streaming packer can load,
+/// scale and pack one matrix at a time.
+pub fn apply_to_part(t: &mut Tensor, part: DensePart, config: &ModelConfig, s: &LayerScales) {
+    let up_down = s.up_to_down.first().filter(|a| !a.is_empty());
+    match part {
+        DensePart::Q | DensePart::K | DensePart::V => {
+            if !s.attn_in.is_empty() {
+                scale_cols(t, &s.attn_in);
+            }
+            if part == DensePart::V && !s.v_to_o.is_empty() {
+                scale_rows_inv(t, &s.v_to_o);
+            }
+        }
+        DensePart::O => {
+            if !s.v_to_o.is_empty() {
+                let per_col: Vec<f32> = (0..t.cols())
+                    .map(|c| s.v_to_o[kv_channel(config, c)])
+                    .collect();
+                scale_cols(t, &per_col);
+            }
+        }
+        DensePart::Gate | DensePart::Up => {
+            if !s.ffn_in.is_empty() {
+                scale_cols(t, &s.ffn_in);
+            }
+            if let (DensePart::Up, Some(a)) = (part, up_down) {
+                scale_rows_inv(t, a);
+            }
+        }
+        DensePart::Down => {
+            if let Some(a) = up_down {
+                scale_cols(t, a);
+            }
         }
     }
 }
@@ -607,7 +661,9 @@ fn keep(a: Vec<f32>) -> Vec<f32> {
 /// Searches one layer's factors in order (attention input, v → o, feed-forward input,
 /// up → down), applying each before the next is searched, and returns the factors and the
 /// rounding importance in the final coordinates.
-fn equalize_layer(
+/// Equalizes one layer in place (what [`equalize`] does per layer): the factors chosen and
+/// the rounding importance.
+pub fn equalize_layer(
     l: &mut LayerWeights,
     config: &ModelConfig,
     stats: &LayerStats,

@@ -94,42 +94,51 @@ pub fn q4_k_m_bits_per_weight(
     }
 }
 
-/// How a unit's error falls as it climbs the ladder.
-struct Curve {
+/// How a unit's error falls as it climbs the ladder (what [`allocate_curves`] needs of a
+/// unit: a streaming packer keeps these instead of the tensors).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Curve {
     /// Bits of the unit's tensors at each ladder step.
-    bits: Vec<f64>,
+    pub bits: Vec<f64>,
     /// Relative error at each ladder step.
-    err: Vec<f64>,
+    pub err: Vec<f64>,
 }
 
 /// Chooses a grid per unit (see the module doc): `budget_bits` is what the units may use in
 /// all (bits of everything else already taken off).
 pub fn allocate(units: &[MixUnit], ladder: &[Grid], budget_bits: f64) -> Vec<Grid> {
-    let curves: Vec<Curve> = units
-        .iter()
-        .map(|u| Curve {
-            bits: ladder
-                .iter()
-                .map(|g| {
-                    u.tensors
-                        .iter()
-                        .map(|(t, _, _)| g.tensor_bits(t.rows(), t.cols()))
-                        .sum()
-                })
-                .collect(),
-            err: ladder
-                .iter()
-                .map(|&g| {
-                    u.tensors
-                        .iter()
-                        .map(|&(t, m, imp)| relative_error(t, g, m, imp))
-                        .sum()
-                })
-                .collect(),
-        })
-        .collect();
+    let curves: Vec<Curve> = units.iter().map(|u| unit_curve(u, ladder)).collect();
+    allocate_curves(&curves, ladder, budget_bits)
+}
+
+/// The curve of one unit on `ladder`.
+pub fn unit_curve(u: &MixUnit, ladder: &[Grid]) -> Curve {
+    Curve {
+        bits: ladder
+            .iter()
+            .map(|g| {
+                u.tensors
+                    .iter()
+                    .map(|(t, _, _)| g.tensor_bits(t.rows(), t.cols()))
+                    .sum()
+            })
+            .collect(),
+        err: ladder
+            .iter()
+            .map(|&g| {
+                u.tensors
+                    .iter()
+                    .map(|&(t, m, imp)| relative_error(t, g, m, imp))
+                    .sum()
+            })
+            .collect(),
+    }
+}
+
+/// [`allocate`] on the units' curves.
+pub fn allocate_curves(curves: &[Curve], ladder: &[Grid], budget_bits: f64) -> Vec<Grid> {
     let bits = |c: &Curve, step: usize| c.bits[step];
-    let mut level = vec![0usize; units.len()];
+    let mut level = vec![0usize; curves.len()];
     let mut used: f64 = curves.iter().map(|c| bits(c, 0)).sum();
     loop {
         // The best (error drop per bit) affordable move of any unit to any higher step.

@@ -1,0 +1,377 @@
+//! Tests of the pack cache file, identity, folder management and failure handling.
+
+use super::*;
+use crate::decoder::Int4Options;
+use crate::format::TensorRole;
+
+fn int4() -> Precision {
+    Precision::Int4(Int4Options {
+        group_size: 32,
+        mix_bits: None,
+        calibrate: false,
+        gptq: false,
+    })
+}
+
+fn place(role: TensorRole, layer: Option<usize>) -> TensorPlace {
+    TensorPlace {
+        role,
+        layer,
+        n_layers: 2,
+        model_params: 1000,
+    }
+}
+
+fn tensor(rows: usize, cols: usize, seed: usize) -> Tensor {
+    Tensor::new(
+        vec![rows, cols],
+        (0..rows * cols)
+            .map(|i| (((i * 31 + seed * 7) % 97) as f32 - 48.0) * 0.001)
+            .collect(),
+    )
+}
+
+fn tensors() -> Vec<(&'static str, Tensor, TensorPlace)> {
+    vec![
+        (
+            "lm_head",
+            tensor(40, 64, 1),
+            place(TensorRole::LmHead, None),
+        ),
+        (
+            "blk.0.q",
+            tensor(17, 64, 2),
+            place(TensorRole::AttnQ, Some(0)),
+        ),
+        (
+            "blk.0.down",
+            tensor(32, 96, 3),
+            place(TensorRole::FfnDown, Some(0)),
+        ),
+        (
+            "blk.1.up",
+            tensor(16, 128, 4),
+            place(TensorRole::FfnUp, Some(1)),
+        ),
+    ]
+}
+
+/// Packs `ts` for `source` through a session (or loads them); returns the outcome and the
+/// dequantized rows of every tensor.
+fn pack_all(
+    dir: &Path,
+    source: &Path,
+    p: &Precision,
+    ts: &[(&str, Tensor, TensorPlace)],
+) -> (PackOutcome, Vec<Vec<f32>>) {
+    let rows = |t: &dyn PackedLinear| {
+        let mut out = vec![0f32; t.rows() * t.cols()];
+        for r in 0..t.rows() {
+            t.dequantize_row(r, &mut out[r * t.cols()..(r + 1) * t.cols()]);
+        }
+        out
+    };
+    if let Some(mut c) = try_load(dir, source, p, None).unwrap() {
+        let out = ts
+            .iter()
+            .map(|(n, _, _)| rows(c.take_tensor(n).expect("cached tensor").as_ref()))
+            .collect();
+        assert_eq!(c.take_floats("norm"), Some(vec![1.0, 2.0]));
+        return (PackOutcome::Loaded(c.path.clone()), out);
+    }
+    let mut s = PackSession::open(dir, source, p, None).unwrap();
+    let out = ts
+        .iter()
+        .map(|(n, t, pl)| rows(s.pack(n, t, *pl, None, None, p).unwrap().as_ref()))
+        .collect();
+    s.put_floats("norm", &[1.0, 2.0]);
+    (s.finish(), out)
+}
+
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.ends_with(".lock"))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn round_trip_then_corruption_is_detected_and_rewritten_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("model.gguf");
+    std::fs::write(&source, b"weights").unwrap();
+    let cache = dir.path().join("cache");
+    let ts = tensors();
+    let (o1, first) = pack_all(&cache, &source, &int4(), &ts);
+    let PackOutcome::Written(path) = o1 else {
+        panic!("{o1:?}")
+    };
+    let (o2, second) = pack_all(&cache, &source, &int4(), &ts);
+    assert_eq!(o2, PackOutcome::Loaded(path.clone()));
+    assert_eq!(first, second);
+    let good = std::fs::read(&path).unwrap();
+    // A bit flipped in a packed array, in the index, and a truncated file: each is
+    // detected, deleted and written again by the same run; the next run loads it.
+    let index_at = good.len() - TRAILER_LEN - 10;
+    for damage in ["array", "index", "truncated"] {
+        let mut bytes = good.clone();
+        match damage {
+            "array" => bytes[HEADER_LEN as usize + 3] ^= 0x10,
+            "index" => bytes[index_at] ^= 0x01,
+            _ => bytes.truncate(good.len() / 2),
+        }
+        std::fs::write(&path, &bytes).unwrap();
+        let (o, again) = pack_all(&cache, &source, &int4(), &ts);
+        assert_eq!(o, PackOutcome::Written(path.clone()), "{damage}");
+        assert_eq!(again, first, "{damage}");
+        let (o, _) = pack_all(&cache, &source, &int4(), &ts);
+        assert_eq!(o, PackOutcome::Loaded(path.clone()), "{damage}");
+    }
+    assert_eq!(names_in(&cache).len(), 1, "{:?}", names_in(&cache));
+}
+
+#[test]
+fn one_file_holds_every_format_and_a_touched_source_is_rehashed() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("model.gguf");
+    std::fs::write(&source, b"weights").unwrap();
+    let cache = dir.path().join("cache");
+    let ts = tensors();
+    let (a, _) = pack_all(&cache, &source, &int4(), &ts);
+    let (b, _) = pack_all(&cache, &source, &Precision::Int8, &ts);
+    assert!(matches!(a, PackOutcome::Written(_)) && matches!(b, PackOutcome::Written(_)));
+    assert_eq!(names_in(&cache).len(), 1);
+    let infos = list(&cache).unwrap();
+    assert_eq!(infos[0].formats.len(), 2, "{:?}", infos[0].formats);
+    // New mtime, same contents: the hashes match, both formats still load.
+    let f = File::options().append(true).open(&source).unwrap();
+    f.set_modified(SystemTime::now() + std::time::Duration::from_secs(5))
+        .unwrap();
+    for p in [int4(), Precision::Int8] {
+        assert!(matches!(
+            pack_all(&cache, &source, &p, &ts).0,
+            PackOutcome::Loaded(_)
+        ));
+    }
+    // Another recipe (key) is another section, not a reuse.
+    let g64 = Precision::Int4(Int4Options {
+        group_size: 64,
+        mix_bits: None,
+        calibrate: false,
+        gptq: false,
+    });
+    assert!(matches!(
+        pack_all(&cache, &source, &g64, &ts).0,
+        PackOutcome::Written(_)
+    ));
+    assert_eq!(list(&cache).unwrap()[0].formats.len(), 3);
+}
+
+#[test]
+fn changed_tensor_at_same_size_and_mtime_is_repacked_and_the_rest_reused() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("model.gguf");
+    std::fs::write(&source, b"weights v1").unwrap();
+    let mtime = std::fs::metadata(&source).unwrap().modified().unwrap();
+    let cache = dir.path().join("cache");
+    let mut ts = tensors();
+    let (o, _) = pack_all(&cache, &source, &int4(), &ts);
+    assert!(matches!(o, PackOutcome::Written(_)));
+    // Same size, same mtime, other contents (only ctime tells).
+    std::fs::write(&source, b"weights v2").unwrap();
+    File::options()
+        .append(true)
+        .open(&source)
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+    ts[2].1.data[5] += 0.25;
+    let (o, got) = pack_all(&cache, &source, &int4(), &ts);
+    let PackOutcome::Updated {
+        reused, repacked, ..
+    } = o
+    else {
+        panic!("{o:?}")
+    };
+    assert_eq!((reused, repacked), (3, 1));
+    // The same values as packing from scratch.
+    let fresh = dir.path().join("fresh");
+    assert_eq!(pack_all(&fresh, &source, &int4(), &ts).1, got);
+    assert!(matches!(
+        pack_all(&cache, &source, &int4(), &ts).0,
+        PackOutcome::Loaded(_)
+    ));
+}
+
+#[test]
+fn a_retargeted_symlink_is_another_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a.gguf"), dir.path().join("b.gguf"));
+    std::fs::write(&a, b"model a").unwrap();
+    std::fs::write(&b, b"model b").unwrap();
+    let link = dir.path().join("model.gguf");
+    std::os::unix::fs::symlink(&a, &link).unwrap();
+    let cache = dir.path().join("cache");
+    let ts = tensors();
+    let PackOutcome::Written(pa) = pack_all(&cache, &link, &int4(), &ts).0 else {
+        panic!()
+    };
+    std::fs::remove_file(&link).unwrap();
+    std::os::unix::fs::symlink(&b, &link).unwrap();
+    let o = pack_all(&cache, &link, &int4(), &ts).0;
+    let PackOutcome::Written(pb) = o else {
+        panic!("{o:?}")
+    };
+    assert_ne!(pa, pb);
+    // A folder whose file is a symlink retargeted in place: the inode changes.
+    let folder = dir.path().join("folder");
+    std::fs::create_dir(&folder).unwrap();
+    std::os::unix::fs::symlink(&a, folder.join("model.safetensors")).unwrap();
+    let before = source_identity(&folder).unwrap();
+    std::fs::remove_file(folder.join("model.safetensors")).unwrap();
+    std::os::unix::fs::symlink(&b, folder.join("model.safetensors")).unwrap();
+    let after = source_identity(&folder).unwrap();
+    assert_eq!(before.canonical, after.canonical);
+    assert_ne!(before, after);
+}
+
+#[test]
+fn eviction_under_a_tiny_limit_keeps_the_most_recently_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let ts = tensors();
+    let mut paths = Vec::new();
+    for (i, name) in ["a", "b", "c"].iter().enumerate() {
+        let src = dir.path().join(format!("{name}.gguf"));
+        std::fs::write(&src, name.as_bytes()).unwrap();
+        let PackOutcome::Written(p) = pack_all(&cache, &src, &int4(), &ts).0 else {
+            panic!()
+        };
+        let t = SystemTime::now() - std::time::Duration::from_secs(1000 - 100 * i as u64);
+        File::options()
+            .append(true)
+            .open(&p)
+            .unwrap()
+            .set_modified(t)
+            .unwrap();
+        paths.push(p);
+    }
+    // Use "a" again: it becomes the most recent.
+    let src_a = dir.path().join("a.gguf");
+    assert!(matches!(
+        pack_all(&cache, &src_a, &int4(), &ts).0,
+        PackOutcome::Loaded(_)
+    ));
+    let one = std::fs::metadata(&paths[0]).unwrap().len();
+    let report = prune(&cache, one + one / 2, None).unwrap();
+    assert_eq!(report.evicted.len(), 2, "{report:?}");
+    assert!(paths[0].exists() && !paths[1].exists() && !paths[2].exists());
+    // An orphan (model deleted) and a dead process's temporary file are swept.
+    std::fs::remove_file(&src_a).unwrap();
+    let tmp = cache.join(".x.kwkpack.tmp.4000000000.0");
+    std::fs::write(&tmp, b"partial").unwrap();
+    let report = prune(&cache, u64::MAX, None).unwrap();
+    assert_eq!(report.orphaned, vec![paths[0].clone()]);
+    assert_eq!(report.temporary, vec![tmp]);
+    assert!(names_in(&cache).is_empty(), "{:?}", names_in(&cache));
+    assert_eq!(clear(&cache).unwrap(), 0);
+}
+
+#[test]
+fn two_concurrent_packers_both_succeed_and_leave_one_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("model.gguf");
+    std::fs::write(&source, b"weights").unwrap();
+    let cache = dir.path().join("cache");
+    let results: Vec<(PackOutcome, Vec<Vec<f32>>)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|_| s.spawn(|| pack_all(&cache, &source, &int4(), &tensors())))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(results[0].1, results[1].1);
+    let written = results
+        .iter()
+        .filter(|r| matches!(r.0, PackOutcome::Written(_)))
+        .count();
+    assert!(
+        written >= 1,
+        "{:?}",
+        results.iter().map(|r| &r.0).collect::<Vec<_>>()
+    );
+    assert_eq!(names_in(&cache).len(), 1, "{:?}", names_in(&cache));
+    assert!(matches!(
+        pack_all(&cache, &source, &int4(), &tensors()).0,
+        PackOutcome::Loaded(_)
+    ));
+}
+
+#[test]
+fn a_write_error_leaves_no_temporary_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("model.gguf");
+    std::fs::write(&source, b"weights").unwrap();
+    let cache = dir.path().join("cache");
+    for budget in [10u64, 300, 2000] {
+        FAIL_WRITE_AFTER.with(|c| c.set(Some(budget)));
+        let (o, got) = pack_all(&cache, &source, &int4(), &tensors());
+        FAIL_WRITE_AFTER.with(|c| c.set(None));
+        assert!(
+            matches!(&o, PackOutcome::NotWritten(why) if why.contains("injected")),
+            "{budget}: {o:?}"
+        );
+        assert_eq!(got.len(), 4);
+        assert!(
+            names_in(&cache).is_empty(),
+            "{budget}: {:?}",
+            names_in(&cache)
+        );
+    }
+}
+
+/// Packing a fixed tensor gives fixed bytes. If this fails, a packed layout or the
+/// rounding changed: bump `PACK_VERSION` (so old cache files are not reused) and then
+/// update the hashes here.
+#[test]
+fn layout_golden_hash_pins_pack_version() {
+    let t = Tensor::new(
+        vec![20, 128],
+        (0..20 * 128)
+            .map(|i| ((i as f32 * 0.37).sin() * 0.05) + if i % 61 == 0 { 0.3 } else { 0.0 })
+            .collect(),
+    );
+    let mut h = Sha256::new();
+    let p = place(TensorRole::AttnQ, Some(0));
+    for (prec, grid) in [
+        (Precision::Int8, None),
+        (int4(), Some(Grid::Asym { bits: 4, group: 32 })),
+        (int4(), Some(Grid::Asym { bits: 6, group: 64 })),
+        (int4(), Some(Grid::Sym8)),
+    ] {
+        let imp: Vec<f32> = (0..128).map(|i| 1.0 + (i % 7) as f32).collect();
+        for importance in [None, Some(&imp[..])] {
+            match quantize_on(&t, &prec, p, grid, importance).unwrap() {
+                QuantizedTensor::Int8(w) => {
+                    h.update(w.codes());
+                    h.update(bytemuck::cast_slice(w.scales()));
+                }
+                QuantizedTensor::LowBit(w) => {
+                    let (a, b, c, d) = w.parts();
+                    h.update(a);
+                    h.update(b);
+                    h.update(bytemuck::cast_slice(c));
+                    h.update(bytemuck::cast_slice(d));
+                }
+            }
+        }
+    }
+    let got = hex(&h.finalize()[..16]);
+    assert_eq!(
+        (PACK_VERSION, got.as_str()),
+        (3, "eaed7ef5991a8c815f0cca4d9b86b847"),
+        "packed bytes changed: bump PACK_VERSION and update this hash"
+    );
+}
