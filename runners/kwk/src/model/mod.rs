@@ -9,6 +9,7 @@
 
 pub mod config;
 pub mod gguf_loader;
+pub mod memory;
 pub mod safetensors_loader;
 pub mod source;
 
