@@ -311,7 +311,11 @@ impl ModelConfig {
                     (e, k, intermediate_size, 0, true)
                 }
                 Architecture::Qwen2Moe | Architecture::Qwen3Moe => {
-                    let e = keys.usize("num_experts")?;
+                    // transformers 5 writes qwen3_moe's count as `num_local_experts`.
+                    let e = match keys.opt_usize("num_local_experts")? {
+                        Some(e) if keys.get("num_experts").is_none() => e,
+                        _ => keys.usize("num_experts")?,
+                    };
                     let k = keys.usize("num_experts_per_tok")?;
                     let moe = keys.usize("moe_intermediate_size")?;
                     let shared = if architecture == Architecture::Qwen2Moe {
@@ -633,9 +637,13 @@ mod tests {
         v["num_experts_per_tok"] = json!(2);
         v["moe_intermediate_size"] = json!(32);
         v["head_dim"] = json!(32);
-        let c = parse(v).unwrap();
+        let c = parse(v.clone()).unwrap();
         assert!(c.norm_topk_prob);
         assert_eq!(c.head_dim, 32);
+        // transformers 5 writes qwen3_moe's expert count as num_local_experts.
+        let count = v.as_object_mut().unwrap().remove("num_experts").unwrap();
+        v["num_local_experts"] = count;
+        assert_eq!(parse(v.clone()).unwrap().n_experts, 8);
         assert_eq!(c.shared_expert_intermediate_size, 0);
     }
 
