@@ -259,3 +259,15 @@ except KeyboardInterrupt:
     lines = out.stdout.splitlines()
     assert lines[0].startswith("counted ") and int(lines[0].split()[1]) > 0, lines
     assert lines[1] == "interrupted", lines
+
+
+def test_state_dict_tensors_are_read_in_place():
+    from kwk.decode import _state_arrays
+
+    for dtype in (torch.float32, torch.bfloat16):
+        model = tiny_model("qwen2").to(dtype)
+        arrays, _keep = _state_arrays(model)
+        params = dict(model.state_dict())
+        assert arrays
+        for name, _dt, arr in arrays:
+            assert arr.ctypes.data == params[name].data_ptr(), (dtype, name)
