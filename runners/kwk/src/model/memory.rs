@@ -201,3 +201,159 @@ pub fn weights_from_hf_tensors(
     };
     assemble_weights(&source, config)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::safetensors_loader::load_hf_weights;
+    use crate::model::FeedForward;
+    use kwk_fixtures::model_dir;
+
+    /// The fixture's tensors (float32) by name, owned.
+    fn fixture_tensors(name: &str) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+        let bytes = std::fs::read(model_dir(name).join("model.safetensors")).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        st.tensors()
+            .into_iter()
+            .map(|(n, v)| {
+                let data = v
+                    .data()
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                    .collect();
+                (n, v.shape().to_vec(), data)
+            })
+            .collect()
+    }
+
+    fn borrowed(owned: &[(String, Vec<usize>, Vec<f32>)]) -> NamedTensors<'_> {
+        owned
+            .iter()
+            .map(|(n, s, d)| {
+                (
+                    n.clone(),
+                    NamedTensor {
+                        shape: s.clone(),
+                        data: TensorData::F32(d),
+                    },
+                )
+            })
+            .collect()
+    }
+
+    fn config(name: &str) -> ModelConfig {
+        ModelConfig::from_hf_config_json(&model_dir(name).join("config.json")).unwrap()
+    }
+
+    #[test]
+    fn checkpoint_names_give_the_folder_loaders_weights() {
+        for name in ["tiny-llama", "tiny-qwen2", "tiny-mixtral"] {
+            let c = config(name);
+            let owned = fixture_tensors(name);
+            let w = weights_from_hf_tensors(&c, &borrowed(&owned), Path::new("mem")).unwrap();
+            let (want, _) = load_hf_weights(&model_dir(name), &c).unwrap();
+            assert_eq!(w.embed, want.embed, "{name}");
+            assert_eq!(w.final_norm, want.final_norm, "{name}");
+            assert_eq!(w.layers[1].q, want.layers[1].q, "{name}");
+            assert_eq!(w.layers[0].k_bias, want.layers[0].k_bias, "{name}");
+        }
+    }
+
+    /// transformers 5's Mixtral: `mlp.` instead of `block_sparse_moe.`, experts fused into
+    /// `gate_up_proj` [experts, 2*ffn, d] and `down_proj` [experts, d, ffn].
+    #[test]
+    fn fused_transformers5_experts_are_sliced_per_expert() {
+        let c = config("tiny-mixtral");
+        let owned = fixture_tensors("tiny-mixtral");
+        let get = |n: &str| owned.iter().find(|t| t.0 == n).unwrap().clone();
+        let mut fused: Vec<(String, Vec<usize>, Vec<f32>)> = owned
+            .iter()
+            .filter(|t| !t.0.contains(".experts."))
+            .map(|(n, s, d)| {
+                (
+                    n.replace(".block_sparse_moe.", ".mlp."),
+                    s.clone(),
+                    d.clone(),
+                )
+            })
+            .collect();
+        for l in 0..c.n_layers {
+            let (mut gate_up, mut down) = (Vec::new(), Vec::new());
+            for e in 0..c.n_experts {
+                let p = format!("model.layers.{l}.block_sparse_moe.experts.{e}");
+                gate_up.extend(get(&format!("{p}.w1.weight")).2);
+                gate_up.extend(get(&format!("{p}.w3.weight")).2);
+                down.extend(get(&format!("{p}.w2.weight")).2);
+            }
+            let (e, f, d) = (c.n_experts, c.moe_intermediate_size, c.hidden_size);
+            let p = format!("model.layers.{l}.mlp.experts");
+            fused.push((format!("{p}.gate_up_proj"), vec![e, 2 * f, d], gate_up));
+            fused.push((format!("{p}.down_proj"), vec![e, d, f], down));
+        }
+        let w = weights_from_hf_tensors(&c, &borrowed(&fused), Path::new("mem")).unwrap();
+        let (want, _) = load_hf_weights(&model_dir("tiny-mixtral"), &c).unwrap();
+        for (got, want) in w.layers.iter().zip(&want.layers) {
+            let (FeedForward::Moe(g), FeedForward::Moe(x)) = (&got.ffn, &want.ffn) else {
+                panic!("moe expected")
+            };
+            assert_eq!(g.router, x.router);
+            for (ge, xe) in g.experts.iter().zip(&x.experts) {
+                assert_eq!((&ge.gate, &ge.up, &ge.down), (&xe.gate, &xe.up, &xe.down));
+            }
+        }
+    }
+
+    #[test]
+    fn bf16_bits_wrong_lengths_and_missing_tensors_are_reported() {
+        let c = config("tiny-llama");
+        let owned = fixture_tensors("tiny-llama");
+        let bits: Vec<(String, Vec<usize>, Vec<u16>)> = owned
+            .iter()
+            .map(|(n, s, d)| {
+                let b = d
+                    .iter()
+                    .map(|x| half::bf16::from_f32(*x).to_bits())
+                    .collect();
+                (n.clone(), s.clone(), b)
+            })
+            .collect();
+        let named: NamedTensors = bits
+            .iter()
+            .map(|(n, s, b)| {
+                let t = NamedTensor {
+                    shape: s.clone(),
+                    data: TensorData::Bf16(b),
+                };
+                (n.clone(), t)
+            })
+            .collect();
+        let w = weights_from_hf_tensors(&c, &named, Path::new("mem")).unwrap();
+        let embed = &owned
+            .iter()
+            .find(|t| t.0 == "model.embed_tokens.weight")
+            .unwrap()
+            .2;
+        for (got, x) in w.embed.data.iter().zip(embed) {
+            assert_eq!(*got, half::bf16::from_f32(*x).to_f32());
+        }
+
+        let mut short = borrowed(&owned);
+        let name = "model.layers.0.self_attn.o_proj.weight";
+        let full = owned.iter().find(|t| t.0 == name).unwrap();
+        short.get_mut(name).unwrap().data = TensorData::F32(&full.2[1..]);
+        let msg = weights_from_hf_tensors(&c, &short, Path::new("mem"))
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains(name) && msg.contains("elements"), "{msg}");
+
+        let mut missing = borrowed(&owned);
+        missing.remove("model.layers.1.mlp.up_proj.weight");
+        let msg = weights_from_hf_tensors(&c, &missing, Path::new("mem"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("'model.layers.1.mlp.up_proj.weight' is missing"),
+            "{msg}"
+        );
+    }
+}
