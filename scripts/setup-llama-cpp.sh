@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds llama.cpp's command-line tools (llama-perplexity, llama-bench, llama-quantize,
-# llama-tokenize) from the llama.cpp tree vendored in the llama-cpp-python source
+# llama-tokenize, llama-imatrix) from the llama.cpp tree vendored in the llama-cpp-python source
 # distribution on PyPI, at a pinned version. Idempotent: a finished build is reused.
 #
 #   scripts/setup-llama-cpp.sh            # prints the bin directory on the last line
@@ -14,7 +14,7 @@ VERSION="${KWK_LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 CACHE="${KWK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kwk}"
 ROOT="$CACHE/llama.cpp-$VERSION"
 BIN="$ROOT/build/bin"
-TOOLS=(llama-perplexity llama-bench llama-quantize llama-tokenize)
+TOOLS=(llama-perplexity llama-bench llama-quantize llama-tokenize llama-imatrix)
 
 # Bumped when the patches below change, so an older build is rebuilt.
 BUILD_STAMP="log-flush-1"

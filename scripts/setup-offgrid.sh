@@ -17,6 +17,12 @@
 #                                                        3% of the channels into every linear
 #                                                        carry 6-12x larger activations
 #   ...-offgrid-{rot,rot-outlier}-{Q8_0,Q4_K_M,Q4_1,Q4_0}.gguf   llama-quantize of each F32
+#   ...-offgrid-{rot,rot-outlier}-Q4_K_M-imatrix.gguf   Q4_K_M with llama-imatrix's importance
+#                                                        matrix from the calibration text
+#   $KWK_CACHE/calib/wiki-test-tail-120k.txt             that text: the last 120,000 bytes of
+#                                                        wiki.test.raw, disjoint from the
+#                                                        chunks a 40-chunk run scores; pass
+#                                                        it to kwk-eval as --calib-text
 # A quantized file older than its F32 copy is remade.
 #
 # KWK_OFFGRID=0 skips all of this (setup-model.sh then makes the original model's files only).
@@ -47,6 +53,7 @@ else
   BIN="$("$HERE/setup-llama-cpp.sh" | tail -n1)"
 fi
 QUANTIZE="$BIN/llama-quantize"
+IMATRIX="$BIN/llama-imatrix"
 [ -x "$QUANTIZE" ] || { echo "error: $QUANTIZE not found; run scripts/setup-llama-cpp.sh" >&2; exit 1; }
 export LD_LIBRARY_PATH="$BIN${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # Clear llama.cpp's environment overrides so they cannot change the output.
@@ -69,6 +76,33 @@ quantize() { # in out type
   mv "$out.tmp" "$out"
 }
 
+CALIB_DIR="$CACHE/calib"
+CALIB="$CALIB_DIR/wiki-test-tail-120k.txt"
+TEXT="$HERE/../datasets/wikitext-2-raw/wiki.test.raw"
+if [ ! -f "$CALIB" ]; then
+  mkdir -p "$CALIB_DIR"
+  tail -c 120000 "$TEXT" > "$CALIB.tmp" && mv "$CALIB.tmp" "$CALIB"
+fi
+
+imatrix_quantize() { # in out
+  local in="$1" out="$2" mat="${2%.gguf}.imatrix"
+  if [ -f "$out" ] && [ "$out" -nt "$in" ] && [ "$out" -nt "$CALIB" ]; then
+    echo "present: $out" >&2
+    return 0
+  fi
+  echo "making $out (Q4_K_M, importance matrix from $CALIB)" >&2
+  rm -f "$mat.tmp.gguf" "$out.tmp"
+  if ! "$IMATRIX" -m "$in" -f "$CALIB" -o "$mat.tmp.gguf" -c 512 -t "$(nproc)" >"$out.log" 2>&1 \
+     || ! "$QUANTIZE" --imatrix "$mat.tmp.gguf" "$in" "$out.tmp" Q4_K_M >>"$out.log" 2>&1; then
+    tail -n 20 "$out.log" >&2
+    echo "error: llama-imatrix/llama-quantize failed making $out (log: $out.log)" >&2
+    rm -f "$mat.tmp.gguf" "$out.tmp"
+    exit 1
+  fi
+  mv "$mat.tmp.gguf" "$mat"
+  mv "$out.tmp" "$out"
+}
+
 for variant in "${VARIANTS[@]}"; do
   copy="$("$PY" "$HERE/make-offgrid.py" "$F32" --variant "$variant" | tail -n1)"
   [ -f "$copy" ] || { echo "error: make-offgrid.py did not produce $copy" >&2; exit 1; }
@@ -76,6 +110,7 @@ for variant in "${VARIANTS[@]}"; do
   for t in "${DERIVED_TYPES[@]}"; do
     quantize "$copy" "$stem-$t.gguf" "$t"
   done
+  imatrix_quantize "$copy" "$stem-Q4_K_M-imatrix.gguf"
 done
 
 echo "$DIR"

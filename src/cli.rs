@@ -1,9 +1,12 @@
-//! The command line (clap derive). The only file that sees clap: it turns arguments into
-//! [`EvalConfig`] / [`GenerateConfig`] and knows every default.
+//! The command line (clap derive): every flag, every default, and the parsing of values into
+//! types (formats into [`FormatSpec`]s, KV types and output formats into enums), so nothing
+//! later parses a string. The plan step (`plan.rs`) turns [`EvalArgs`] into a checked run plan.
 
 use crate::generate::GenerateConfig;
-use crate::session::{EvalConfig, KldMode};
-use clap::{Args, Parser, Subcommand};
+use crate::protocol::{parse_format, FormatSpec};
+pub use crate::report::compare::TableFormat;
+use crate::report::gate::GateLimits;
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 
 #[derive(Debug, Parser)]
@@ -16,7 +19,7 @@ use std::path::PathBuf;
     subcommand_negates_reqs = true,
     after_help = "Example:\n  kwk-eval --llm HuggingFaceTB/SmolLM2-135M --text wiki.test.raw --gguf model-Q8_0.gguf --llama-bench\n\n\
 Writes results.json, results.csv, report.md and plots (PNG + SVG) to the run folder and prints the table.\n\
-Exit status: 0 ok, 1 the --baseline regression gate failed, 2 error."
+Exit status: 0 ok, 1 the --baseline regression gate failed, 2 error (a baseline measured on other tokens, model or protocol included)."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -29,6 +32,91 @@ pub struct Cli {
 pub enum Command {
     /// Stream a completion of a prompt with the in-tree decoder and print its tokens/s.
     Generate(GenerateArgs),
+    /// Compare results.json files: per-row changes in PPL, KLD, top-1 and speed with their
+    /// uncertainty and a verdict (each later file against the first).
+    Compare(CompareArgs),
+}
+
+/// One entry of `--formats`: a format, or `none`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FormatArg {
+    None,
+    Format(FormatSpec),
+}
+
+fn parse_format_arg(s: &str) -> Result<FormatArg, String> {
+    if s.trim() == "none" {
+        Ok(FormatArg::None)
+    } else {
+        parse_format(s).map(FormatArg::Format)
+    }
+}
+
+/// KV cache type of llama-perplexity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum KvArg {
+    F16,
+    F32,
+}
+
+impl KvArg {
+    pub fn kv_type(self) -> llamacpp::KvType {
+        match self {
+            KvArg::F16 => llamacpp::KvType::F16,
+            KvArg::F32 => llamacpp::KvType::F32,
+        }
+    }
+}
+
+/// The regression limits, shared by `--baseline` and `compare`.
+#[derive(Debug, Clone, Args)]
+pub struct GateArgs {
+    /// Regression limit: largest allowed relative perplexity rise, in percent.
+    #[arg(long, value_name = "PCT", default_value_t = 0.5)]
+    pub max_ppl_regression: f64,
+
+    /// Regression limit: largest allowed relative rise of the mean KL divergence, in percent.
+    #[arg(long, value_name = "PCT", default_value_t = 10.0)]
+    pub max_kld_regression: f64,
+
+    /// Regression limit: largest allowed drop of top-1 agreement, in percentage points.
+    #[arg(long, value_name = "POINTS", default_value_t = 0.5)]
+    pub max_top1_regression: f64,
+
+    /// Regression limit: largest allowed pp or tg speed drop, in percent (wide: shared machines drift).
+    #[arg(long, value_name = "PCT", default_value_t = 25.0)]
+    pub max_speed_regression: f64,
+
+    /// Compare speeds even when the CPU, its features or the thread count differ (skipped otherwise, with a note).
+    #[arg(long)]
+    pub speed_across_machines: bool,
+}
+
+impl GateArgs {
+    /// The limits these flags set.
+    pub fn limits(&self) -> GateLimits {
+        GateLimits {
+            max_ppl_pct: self.max_ppl_regression,
+            max_kld_pct: self.max_kld_regression,
+            max_top1_points: self.max_top1_regression,
+            max_speed_pct: self.max_speed_regression,
+            speed_across_machines: self.speed_across_machines,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct CompareArgs {
+    /// results.json files: OLD NEW [NEWER ...]; each later one is compared with the first.
+    #[arg(value_name = "RESULTS_JSON", num_args = 2.., required = true)]
+    pub files: Vec<PathBuf>,
+
+    /// Table format.
+    #[arg(long, value_enum, default_value_t = TableFormat::Terminal)]
+    pub format: TableFormat,
+
+    #[command(flatten)]
+    pub gate: GateArgs,
 }
 
 #[derive(Debug, Args)]
@@ -42,8 +130,8 @@ pub struct EvalArgs {
     pub text: Option<PathBuf>,
 
     /// In-tree formats to run, comma-separated (float32, bf16, int8, int4[:g64|:mix8|:calib|:gptq], gguf:PATH; "none" for none).
-    #[arg(long, value_name = "LIST", default_value = "float32,bf16,int8,int4")]
-    pub formats: String,
+    #[arg(long, value_name = "LIST", default_value = "float32,bf16,int8,int4", value_delimiter = ',', value_parser = parse_format_arg)]
+    pub formats: Vec<FormatArg>,
 
     /// A GGUF file to run with llama.cpp beside the in-tree formats (repeatable).
     #[arg(long, value_name = "PATH")]
@@ -58,16 +146,16 @@ pub struct EvalArgs {
     pub llama_cpp_dir: Option<PathBuf>,
 
     /// KV cache type of llama-perplexity: f16 (llama.cpp's default) or f32 (exact parity with kwk's float32 cache).
-    #[arg(long, value_name = "TYPE", default_value = "f16", value_parser = ["f16", "f32"])]
-    pub llama_kv: String,
+    #[arg(long, value_name = "TYPE", value_enum, default_value_t = KvArg::F16)]
+    pub llama_kv: KvArg,
 
     /// Tokens per perplexity chunk (even, at least 8), as llama-perplexity's -c.
     #[arg(long, default_value_t = 512)]
     pub ctx: usize,
 
-    /// Score at most N chunks (default: every whole chunk of the text).
-    #[arg(long, value_name = "N")]
-    pub chunks: Option<usize>,
+    /// Score at most N chunks; "all" for every whole chunk of the text.
+    #[arg(long, value_name = "N|all", default_value = "20", value_parser = parse_chunks)]
+    pub chunks: Chunks,
 
     /// Threads for every runner, llama.cpp included (default: all available cores).
     #[arg(long, value_name = "N")]
@@ -81,25 +169,24 @@ pub struct EvalArgs {
     #[arg(long, default_value_t = 128)]
     pub tg: usize,
 
-    /// Timed repetitions of each speed test, after one warm-up (llama-bench -r).
-    #[arg(long, default_value_t = 5)]
+    /// Timed repetitions of each speed test, after one warm-up; run in rounds, one repetition of every runner per round (llama-bench runs with -r 1 once per round).
+    #[arg(long, default_value_t = 3)]
     pub reps: usize,
 
     /// Run folder for the reports (default: runs/<UTC timestamp>); must not hold a results.json.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
 
-    /// A results.json to compare against: exit 1 when a runner regressed beyond the limits.
+    /// A results.json to compare against: its model, tokens, text, ctx/chunks and KV type must match (checked before anything runs, exit 2 otherwise); exit 1 when a runner regressed beyond the limits.
     #[arg(long, value_name = "FILE")]
     pub baseline: Option<PathBuf>,
 
-    /// Regression limit: largest allowed relative perplexity rise, in percent.
-    #[arg(long, value_name = "PCT", default_value_t = 0.5)]
-    pub max_ppl_regression: f64,
+    #[command(flatten)]
+    pub gate: GateArgs,
 
-    /// Regression limit: largest allowed pp or tg speed drop, in percent (wide: shared machines drift).
-    #[arg(long, value_name = "PCT", default_value_t = 25.0)]
-    pub max_speed_regression: f64,
+    /// A row (as named in the report, e.g. int8 or gguf:model-Q8_0.gguf) every other row is also compared with, token by token (needs the float32 reference).
+    #[arg(long, value_name = "ROW")]
+    pub compare_to: Option<String>,
 
     /// Skip the speed tests (perplexity only).
     #[arg(long)]
@@ -177,14 +264,33 @@ pub struct GenerateArgs {
     pub no_pack_cache: bool,
 }
 
+/// `--chunks`: a count, or every whole chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Chunks {
+    All,
+    AtMost(usize),
+}
+
+fn parse_chunks(s: &str) -> Result<Chunks, String> {
+    if s == "all" {
+        return Ok(Chunks::All);
+    }
+    match s.parse::<usize>() {
+        Ok(0) => Err("0 scores nothing; pass 1 or more, or all".into()),
+        Ok(n) => Ok(Chunks::AtMost(n)),
+        Err(_) => Err(format!("'{s}' is not a chunk count; pass a number or all")),
+    }
+}
+
 /// What to run.
 pub enum Invocation {
-    Evaluate(EvalConfig),
+    Evaluate(Box<EvalArgs>),
     Generate(GenerateConfig),
+    Compare(CompareArgs),
 }
 
 /// `~/.cache/kwk/pack` (or `$XDG_CACHE_HOME/kwk/pack`), `None` when no home is known.
-fn default_pack_cache() -> Option<PathBuf> {
+pub fn default_pack_cache() -> Option<PathBuf> {
     let base = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .filter(|p| p.is_absolute())
@@ -192,7 +298,8 @@ fn default_pack_cache() -> Option<PathBuf> {
     Some(base.join("kwk").join("pack"))
 }
 
-fn pack_cache(dir: Option<PathBuf>, disabled: bool) -> Option<PathBuf> {
+/// The pack cache folder a run uses: `--pack-cache`, the default, or none.
+pub fn pack_cache(dir: Option<PathBuf>, disabled: bool) -> Option<PathBuf> {
     if disabled {
         None
     } else {
@@ -217,42 +324,8 @@ impl Cli {
                 },
                 pack_cache_dir: pack_cache(g.pack_cache, g.no_pack_cache),
             }),
-            None => {
-                let e = self.eval;
-                Invocation::Evaluate(EvalConfig {
-                    // clap enforces both when no subcommand is given.
-                    llm: e.llm.unwrap_or_default(),
-                    text: e.text.unwrap_or_default(),
-                    formats: e.formats,
-                    ggufs: e.gguf,
-                    llama_bench: e.llama_bench,
-                    llama_cpp_dir: e.llama_cpp_dir,
-                    ctx: e.ctx,
-                    chunks: e.chunks,
-                    threads: e.threads.unwrap_or_else(crate::machine::available_threads),
-                    pp: e.pp,
-                    tg: e.tg,
-                    reps: e.reps,
-                    out: e.out,
-                    baseline: e.baseline,
-                    max_ppl_regression_pct: e.max_ppl_regression,
-                    max_speed_regression_pct: e.max_speed_regression,
-                    no_speed: e.no_speed,
-                    kld: match (e.kld, e.no_kld) {
-                        (true, _) => KldMode::On,
-                        (_, true) => KldMode::Off,
-                        _ => KldMode::Auto,
-                    },
-                    keep_logits: e.keep_logits,
-                    calib_text: e.calib_text,
-                    pack_cache_dir: pack_cache(e.pack_cache, e.no_pack_cache),
-                    llama_kv_type: if e.llama_kv == "f32" {
-                        llamacpp::KvType::F32
-                    } else {
-                        llamacpp::KvType::F16
-                    },
-                })
-            }
+            Some(Command::Compare(c)) => Invocation::Compare(c),
+            None => Invocation::Evaluate(Box::new(self.eval)),
         }
     }
 }
@@ -276,7 +349,7 @@ pub fn one_line(e: &clap::Error) -> String {
     let text = e.to_string();
     let body: Vec<&str> = text
         .lines()
-        .take_while(|l| !l.starts_with("Usage:"))
+        .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
         .map(str::trim)
         .filter(|l| !l.is_empty())
         .collect();
@@ -304,10 +377,42 @@ mod tests {
         let Invocation::Evaluate(c) = cli.into_invocation() else {
             panic!()
         };
-        assert_eq!((c.ctx, c.pp, c.tg, c.reps), (512, 512, 128, 5));
-        assert_eq!(c.formats, "float32,bf16,int8,int4");
-        assert_eq!(c.kld, KldMode::Auto);
-        assert!(c.threads >= 1);
+        assert_eq!((c.ctx, c.pp, c.tg, c.reps), (512, 512, 128, 3));
+        assert_eq!(c.chunks, Chunks::AtMost(20));
+        let names: Vec<String> = c
+            .formats
+            .iter()
+            .map(|f| match f {
+                FormatArg::Format(f) => f.name(),
+                FormatArg::None => "none".into(),
+            })
+            .collect();
+        assert_eq!(names, ["float32", "bf16", "int8", "int4"]);
+        assert_eq!(c.llama_kv, KvArg::F16);
+        let cli = Cli::try_parse_from([
+            "kwk-eval",
+            "--llm",
+            "m",
+            "--text",
+            "t",
+            "--chunks",
+            "all",
+            "--llama-kv",
+            "f32",
+        ])
+        .unwrap();
+        assert_eq!(cli.eval.chunks, Chunks::All);
+        assert_eq!(cli.eval.llama_kv, KvArg::F32);
+        let e = Cli::try_parse_from(["kwk-eval", "--llm", "m", "--text", "t", "--formats", "int3"])
+            .unwrap_err();
+        assert!(one_line(&e).contains("known formats"), "{}", one_line(&e));
+        let cli =
+            Cli::try_parse_from(["kwk-eval", "compare", "a.json", "b.json", "--format", "csv"])
+                .unwrap();
+        assert!(
+            matches!(cli.into_invocation(), Invocation::Compare(c) if c.format == TableFormat::Csv)
+        );
+        assert!(Cli::try_parse_from(["kwk-eval", "compare", "a.json"]).is_err());
         let cli =
             Cli::try_parse_from(["kwk-eval", "generate", "--llm", "m", "--prompt", "hi"]).unwrap();
         assert!(matches!(cli.into_invocation(), Invocation::Generate(_)));

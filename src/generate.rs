@@ -35,7 +35,7 @@ pub fn generate(cfg: &GenerateConfig) -> Result<()> {
         anyhow::anyhow!(
             "unknown --format '{}' ({e}); known formats: {}",
             cfg.format,
-            crate::runner::KNOWN_FORMATS.trim_end_matches(", and gguf:PATH")
+            crate::protocol::KNOWN_FORMATS.trim_end_matches(", and gguf:PATH")
         )
     })?;
     let model =

@@ -1,17 +1,24 @@
 //! kwk-eval: what a weight format costs in quality and buys in speed, measured on the same
 //! tokens for kwk's in-tree decoder and for llama.cpp.
 //!
-//! `cli` turns arguments into a config; `session` runs an evaluation (`text` reads the
-//! text, `runner` builds the runners, `eval` measures, `report` writes and gates);
-//! `generate` streams a completion. [`run`] is the whole command line (the binary and the
-//! Python package's `python -m kwk.bench` call it) and maps the outcome to an exit code.
+//! Data flows one way: `cli` (clap: flags into typed values) → `plan` (an immutable,
+//! checked run plan, nothing loaded) → `prepare` (model, tokens, chunk plan, identity) →
+//! `measure` (runners from `runner`, measurements from `eval`) → `report` (exporters,
+//! `compare`, the gate). `protocol` holds the types they pass along and imports nothing
+//! from the crate. `session` drives a run; `generate` streams a completion. [`run`] is the
+//! whole command line (the binary and the Python package's `python -m kwk.bench` call it)
+//! and maps the outcome to an exit code.
 #![forbid(unsafe_code)]
 
 pub mod cli;
 pub mod eval;
 pub mod generate;
 pub mod machine;
+pub mod measure;
+pub mod plan;
+pub mod prepare;
 pub mod progress;
+pub mod protocol;
 pub mod report;
 pub mod runner;
 pub mod session;
@@ -41,7 +48,8 @@ where
         }
     };
     let result = match invocation {
-        cli::Invocation::Evaluate(cfg) => session::evaluate(&cfg),
+        cli::Invocation::Evaluate(args) => session::evaluate(&args),
+        cli::Invocation::Compare(args) => session::compare(&args).map(|()| Outcome::Passed),
         cli::Invocation::Generate(cfg) => generate::generate(&cfg).map(|()| Outcome::Passed),
     };
     match result {

@@ -33,6 +33,20 @@ pub fn kernels_in_use() -> String {
     kwk::kernels::kernels_summary()
 }
 
+/// This machine's peaks on `threads` threads for the tier kwk runs (about a second), and
+/// for the best tier too when `KWK_ISA` forced a lower one.
+pub fn measure_peaks(
+    threads: usize,
+) -> (
+    kwk::kernels::peaks::Peaks,
+    Option<kwk::kernels::peaks::Peaks>,
+) {
+    use kwk::kernels::{active_isa, best_isa, peaks};
+    let active = peaks::measure(active_isa(), threads);
+    let best = (best_isa() != active_isa()).then(|| peaks::measure(best_isa(), threads));
+    (active, best)
+}
+
 /// The git commit of the tree this binary was built from, if build.rs could read it.
 pub fn kwk_git_sha() -> Option<String> {
     option_env!("KWK_GIT_SHA")

@@ -2,7 +2,7 @@
 //! repetitions of a speed test. Hidden when stderr is not a terminal, so logs and CI
 //! output stay clean.
 
-use crate::runner::Progress;
+use crate::protocol::Progress;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
 

@@ -4,7 +4,7 @@
 //! Nothing non-finite leaves this module as a number: a NaN or infinite figure is an error
 //! for the runner that produced it.
 
-use crate::runner::SpeedSample;
+use crate::protocol::SpeedSample;
 use anyhow::{ensure, Result};
 use statrs::distribution::{ContinuousCDF, StudentsT};
 use statrs::statistics::Statistics;

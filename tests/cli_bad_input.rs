@@ -30,7 +30,7 @@ fn unknown_format_name() {
     let line = assert_error(
         kwk_eval().args(["--llm", "x", "--text", "x.txt", "--formats", "float32,int3"]),
         2,
-        "unknown format 'int3' in --formats",
+        "invalid value 'int3' for '--formats <LIST>': unknown format 'int3' in --formats",
     );
     assert!(line.contains("known formats: float32, bf16"), "{line}");
 }

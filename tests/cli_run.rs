@@ -39,13 +39,13 @@ fn read_json(p: &Path) -> serde_json::Value {
 fn tiny_run_writes_reports_that_parse_and_gate_exit_codes() {
     let dir = tempfile::tempdir().unwrap();
     let first = dir.path().join("first");
-    let out = run_tiny(&first, &[]);
+    let out = run_tiny(&first, &["--compare-to", "float32"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "stderr:\n{stderr}");
 
     let v = read_json(&first.join("results.json"));
-    assert_eq!(v["schema_version"], 1);
+    assert_eq!(v["schema_version"], 2);
     assert_eq!(v["complete"], true);
     assert_eq!(v["protocol"]["ctx"], 64);
     assert_eq!(v["protocol"]["chunks"], 2);
@@ -75,7 +75,7 @@ fn tiny_run_writes_reports_that_parse_and_gate_exit_codes() {
         assert!(r["error"].is_null(), "{r}");
         assert!(r["ppl"].as_f64().unwrap() > 1.0);
         assert!(r["ppl_err"].as_f64().unwrap() > 0.0);
-        assert!(r["bytes"].as_u64().unwrap() > 0);
+        assert!(r["tensor_bytes"].as_u64().unwrap() > 0);
         assert!(r["bits_per_weight"].as_f64().unwrap() > 0.0);
         assert_eq!(r["pp_samples_tokens_per_s"].as_array().unwrap().len(), 2);
         assert_eq!(r["tg_samples_tokens_per_s"].as_array().unwrap().len(), 2);
@@ -93,6 +93,19 @@ fn tiny_run_writes_reports_that_parse_and_gate_exit_codes() {
     assert!((0.0..1.0).contains(&kld), "int8 KLD {kld}");
     let top1 = runners[1]["top1_agreement"].as_f64().unwrap();
     assert!((0.5..=1.0).contains(&top1), "int8 top-1 {top1}");
+    // Paired against the reference on the same tokens, and against --compare-to float32:
+    // the same differences, so the same figures.
+    let lr = runners[1]["ln_ppl_ratio"].as_f64().unwrap();
+    let lre = runners[1]["ln_ppl_ratio_err"].as_f64().unwrap();
+    assert!(lr.abs() < 0.1 && lre > 0.0 && lre < 0.05, "{lr} ± {lre}");
+    assert_eq!(runners[1]["compare_to"]["row"], "float32");
+    assert_eq!(runners[1]["compare_to"]["ln_ppl_ratio"].as_f64(), Some(lr));
+    assert!(runners[1]["top1_agreement_err"].as_f64().unwrap() >= 0.0);
+    // Speed in interleaved rounds, the order rotating.
+    assert_eq!(
+        v["speed_rounds"],
+        serde_json::json!([["float32", "int8"], ["int8", "float32"]])
+    );
     assert!(
         !first.join("float32-kl-divergence-base.bin").exists(),
         "reference file not removed"
@@ -150,7 +163,12 @@ fn tiny_run_writes_reports_that_parse_and_gate_exit_codes() {
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{stdout}");
-    assert!(stdout.contains("int8: REGRESSED PPL"), "{stdout}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("int8") && l.contains("REGRESSED (ppl +1.0")),
+        "{stdout}"
+    );
     assert!(stdout.contains("gate: FAILED"), "{stdout}");
     // The reports of a gated run are complete all the same.
     assert_eq!(read_json(&third.join("results.json"))["complete"], true);

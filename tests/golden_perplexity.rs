@@ -4,8 +4,9 @@
 
 mod common;
 use common::*;
+use kwk_eval::protocol::{ChunkPlan, NoProgress, PerplexityProtocol, TokenStream};
 use kwk_eval::runner::kwk::{KwkRunner, KwkRunnerOptions, ReferenceRole};
-use kwk_eval::runner::{NoProgress, PerplexityProtocol, Runner, TokenStream};
+use kwk_eval::runner::Runner;
 use std::rc::Rc;
 
 fn rel(a: f64, b: f64) -> f64 {
@@ -48,8 +49,7 @@ fn check_fixture(name: &str) {
     )
     .unwrap();
     let protocol = PerplexityProtocol {
-        ctx,
-        chunks,
+        plan: ChunkPlan::new(stream.tokens.len(), ctx, Some(chunks)).unwrap(),
         threads: 2,
         reference_logits: None,
     };

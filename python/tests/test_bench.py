@@ -43,7 +43,7 @@ def test_bench_writes_what_kwk_eval_writes(fixtures_dir, kwk_eval_bin, tmp_path)
     assert a["protocol"] == b["protocol"]
     assert [r["name"] for r in a["runners"]] == [r["name"] for r in b["runners"]] == ["float32", "int8"]
     for ra, rb in zip(a["runners"], b["runners"]):
-        for k in ("ppl", "ppl_err", "bytes", "bits_per_weight", "kernels"):
+        for k in ("ppl", "ppl_err", "tensor_bytes", "file_bytes", "bits_per_weight", "kernels"):
             assert ra[k] == rb[k], (ra["name"], k)
     # The terminal table is printed as kwk-eval prints it (speed columns aside).
     assert "float32" in py.stdout and "int8" in py.stdout

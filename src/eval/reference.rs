@@ -1,18 +1,25 @@
 //! The float32 reference and what other runners are compared against it with: KL
-//! divergence, same-top-token agreement and Δp, computed exactly as llama-perplexity's
-//! `--kl-divergence` does (tools/perplexity/perplexity.cpp; protocol doc §2).
+//! divergence, same-top-token agreement, Δp and per-token NLL, with llama-perplexity's
+//! `--kl-divergence` per-token arithmetic (tools/perplexity/perplexity.cpp P:191-252) and
+//! statistics (P:1892-1982).
 //!
-//! The reference runner's scored log-probs are kept in llama.cpp's own
-//! `--kl-divergence-base` file format (§2.2), so the same file feeds the in-tree runners
-//! here and `llama-perplexity --kl-divergence` for GGUF runners: header `_logits_`, n_ctx,
+//! Log-probs are kept in llama.cpp's own `--kl-divergence-base` file format: the reference
+//! runner writes one, and llama-perplexity writes one for each GGUF row (the same file a
+//! `--kl-divergence` run would read). Layout: header `_logits_`, n_ctx,
 //! n_vocab, n_chunk (int32), the token stream (int32 × n_chunk·n_ctx), then one record per
 //! scored position of `2·ceil(n_vocab/2) + 4` uint16 words: f32 scale, f32 min_log_prob,
 //! the uint16 codes, one padding word when n_vocab is odd. Host byte order (little-endian
 //! on x86). Size: `20 + 4·n_chunk·n_ctx + 2·words·n_chunk·(n_ctx-1-n_ctx/2)` bytes, about
 //! 1 GB for 40 chunks of 512 with a 49k vocabulary.
+//!
+//! Every row is compared record against record: an in-tree row's logits are encoded into
+//! the same 16-bit record a GGUF row's llama-perplexity writes (`--kl-divergence-base`), so
+//! both engines' KLD, top-1 and per-token NLL come from the same arithmetic on the same
+//! representation. The per-token values are kept ([`TokenScores`]) for paired errors.
 
-use crate::eval::perplexity::{ChunkLogits, ChunkPlan};
-use crate::runner::ReferenceComparison;
+use crate::eval::paired::paired;
+use crate::eval::perplexity::ChunkLogits;
+use crate::protocol::{ChunkPlan, ReferenceComparison, TokenScores};
 use anyhow::{bail, ensure, Context, Result};
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
@@ -113,6 +120,8 @@ pub struct LogitsBaseWriter {
     written: usize,
     record: Vec<u16>,
     bytes: Vec<u8>,
+    /// NLL of each scored target, decoded from its record.
+    nll: Vec<f32>,
 }
 
 impl LogitsBaseWriter {
@@ -150,6 +159,7 @@ impl LogitsBaseWriter {
             written: 0,
             record: vec![0; record_words(n_vocab)],
             bytes: Vec::new(),
+            nll: Vec::new(),
         })
     }
 
@@ -165,8 +175,9 @@ impl LogitsBaseWriter {
             "more chunks than the base file header announced"
         );
         self.bytes.clear();
-        for row in c.rows.chunks_exact(c.vocab) {
+        for (row, &t) in c.rows.chunks_exact(c.vocab).zip(c.targets) {
             encode_log_probs(row, &mut self.record);
+            self.nll.push(-decode_log_prob(&self.record, t as usize));
             for w in &self.record {
                 self.bytes.extend_from_slice(&w.to_le_bytes());
             }
@@ -178,7 +189,8 @@ impl LogitsBaseWriter {
         Ok(())
     }
 
-    pub fn finish(mut self) -> Result<PathBuf> {
+    /// Flushes the file; the reference's own per-token figures (KLD 0, same top).
+    pub fn finish(mut self) -> Result<TokenScores> {
         ensure!(
             self.written == self.chunks,
             "the base file '{}' got {} of {} chunks",
@@ -189,7 +201,12 @@ impl LogitsBaseWriter {
         self.out
             .flush()
             .with_context(|| format!("writing '{}'", self.path.display()))?;
-        Ok(self.path)
+        let n = self.nll.len();
+        Ok(TokenScores {
+            nll: self.nll,
+            kld: vec![0.0; n],
+            same_top: vec![true; n],
+        })
     }
 }
 
@@ -324,100 +341,90 @@ pub fn percentile(values: &[f32], fraction: f32) -> f32 {
     (1.0 - p) * values[ip] + p * values[(ip + 1).min(values.len() - 1)]
 }
 
-/// Running sums of §2.4 over scored tokens.
+/// First index of the largest code (codes are monotone in the log-prob, scale ≥ 0).
+fn first_argmax(codes: &[u16]) -> usize {
+    let mut imax = 0;
+    for (i, &c) in codes.iter().enumerate() {
+        if c > codes[imax] {
+            imax = i;
+        }
+    }
+    imax
+}
+
+/// Per-token figures of §2.4 over scored tokens, kept token by token.
 #[derive(Debug, Clone, Default)]
 pub struct KldAccumulator {
-    pub sum_nll: f64,
-    pub sum_nll2: f64,
-    pub sum_nll_base: f64,
-    pub sum_nll_base2: f64,
-    pub sum_kld: f64,
-    pub sum_kld2: f64,
-    pub sum_p_diff: f64,
-    pub sum_p_diff2: f64,
-    pub sum_p_diff4: f64,
-    pub max_p_diff: f32,
-    pub n_same_top: usize,
-    pub count: usize,
-    pub kld_values: Vec<f32>,
-    pub p_diff_values: Vec<f32>,
+    pub nll: Vec<f32>,
+    pub nll_base: Vec<f32>,
+    pub kld: Vec<f32>,
+    pub same_top: Vec<bool>,
+    pub p_diff: Vec<f32>,
+    record: Vec<u16>,
 }
 
 impl KldAccumulator {
-    /// One scored position: this runner's `logits`, the reference `record`, the target.
-    /// Mirrors llama.cpp's `log_softmax(..., base_log_prob, tok, kld)` (P:191-252).
-    pub fn add(&mut self, logits: &[f32], record: &[u16], tok: usize) {
-        let mut max_logit = logits[0];
-        let mut imax = 0;
-        for (i, &l) in logits.iter().enumerate().skip(1) {
-            if l > max_logit {
-                max_logit = l;
-                imax = i;
-            }
-        }
-        let mut sum_exp = 0.0f64;
-        for &l in logits {
-            sum_exp += f64::from((l - max_logit).exp());
-        }
-        let log_sum_exp = sum_exp.ln() as f32;
-        let (scale, min_log_prob) = record_header(record);
-        let codes = &record[4..];
-
-        let nll = max_logit + log_sum_exp - logits[tok];
-        self.sum_nll += f64::from(nll);
-        self.sum_nll2 += f64::from(nll * nll);
-        let nll_base = -(scale * f32::from(codes[tok]) + min_log_prob);
-        self.sum_nll_base += f64::from(nll_base);
-        self.sum_nll_base2 += f64::from(nll_base * nll_base);
-
-        let max_plus_lse = max_logit + log_sum_exp;
-        let mut sum = 0.0f64;
-        let mut imax_base = 0usize;
-        let mut p_log_base_max = 0.0f32;
-        for (i, &l) in logits.iter().enumerate() {
-            let p_log_base = scale * f32::from(codes[i]) + min_log_prob;
-            if i == 0 || p_log_base > p_log_base_max {
-                p_log_base_max = p_log_base;
-                imax_base = i;
-            }
-            if p_log_base > -16.0 {
-                let p_base = p_log_base.exp();
-                sum += f64::from(p_base * (p_log_base - l + max_plus_lse));
-            }
-        }
-        self.sum_kld += sum;
-        self.sum_kld2 += sum * sum;
-        self.count += 1;
-        if imax == imax_base {
-            self.n_same_top += 1;
-        }
-        let p_diff = (-nll).exp() - (-nll_base).exp();
-        self.sum_p_diff += f64::from(p_diff);
-        let p_diff2 = f64::from(p_diff * p_diff);
-        self.sum_p_diff2 += p_diff2;
-        self.sum_p_diff4 += p_diff2 * p_diff2;
-        self.max_p_diff = self.max_p_diff.max(p_diff.abs());
-        self.kld_values.push(sum as f32);
-        self.p_diff_values.push(p_diff);
+    /// One scored position from this runner's `logits`: encoded into a record first, so an
+    /// in-tree row is measured exactly like a GGUF row ([`Self::add_records`]).
+    pub fn add(&mut self, logits: &[f32], base: &[u16], tok: usize) {
+        let mut q = std::mem::take(&mut self.record);
+        q.resize(record_words(logits.len()), 0);
+        encode_log_probs(logits, &mut q);
+        self.add_records(&q, base, tok, logits.len());
+        self.record = q;
     }
 
-    /// The report's figures (§2.5): mean KLD ± unc, 99th-percentile KLD, same-top
-    /// fraction, RMS Δp. Errors when a figure is not finite.
-    pub fn finish(mut self) -> Result<ReferenceComparison> {
+    /// One scored position: this runner's record `q`, the reference `base`, the target.
+    /// llama.cpp's per-token arithmetic (P:191-252) on decoded log-probs: KLD over tokens
+    /// whose reference log-prob exceeds −16, first-argmax agreement, Δp of the target.
+    pub fn add_records(&mut self, q: &[u16], base: &[u16], tok: usize, n_vocab: usize) {
+        let (qs, qm) = record_header(q);
+        let (bs, bm) = record_header(base);
+        let (qc, bc) = (&q[4..4 + n_vocab], &base[4..4 + n_vocab]);
+        let nll = -(qs * f32::from(qc[tok]) + qm);
+        let nll_base = -(bs * f32::from(bc[tok]) + bm);
+        let mut sum = 0.0f64;
+        for (&b, &c) in bc.iter().zip(qc) {
+            let lb = bs * f32::from(b) + bm;
+            if lb > -16.0 {
+                let lq = qs * f32::from(c) + qm;
+                sum += f64::from(lb.exp() * (lb - lq));
+            }
+        }
+        self.nll.push(nll);
+        self.nll_base.push(nll_base);
+        self.kld.push(sum as f32);
+        self.same_top.push(first_argmax(qc) == first_argmax(bc));
+        self.p_diff.push((-nll).exp() - (-nll_base).exp());
+    }
+
+    /// The report's figures (§2.5) and the per-token values: mean KLD ± unc, 99th-percentile
+    /// KLD, same-top fraction ± `sqrt(p(1-p)/(N-1))`, RMS Δp, and ln(PPL/PPL_ref) ± its
+    /// paired error. Errors when a figure is not finite.
+    pub fn finish(self) -> Result<(ReferenceComparison, TokenScores)> {
+        let n = self.kld.len();
         ensure!(
-            self.count > 0,
-            "no scored tokens to compare against the reference"
+            n > 1,
+            "fewer than 2 scored tokens to compare against the reference"
         );
-        let (kld_mean, kld_mean_err) = mean_and_unc(self.sum_kld, self.sum_kld2, self.count);
-        self.kld_values.sort_by(f32::total_cmp);
-        let kld_p99 = f64::from(percentile(&self.kld_values, 0.990));
-        let (p_diff_mse, _) = mean_and_unc(self.sum_p_diff2, self.sum_p_diff4, self.count);
+        let sum = |v: &[f32], pow: i32| v.iter().map(|&x| f64::from(x).powi(pow)).sum::<f64>();
+        let (kld_mean, kld_mean_err) = mean_and_unc(sum(&self.kld, 1), sum(&self.kld, 2), n);
+        let mut sorted = self.kld.clone();
+        sorted.sort_by(f32::total_cmp);
+        let kld_p99 = f64::from(percentile(&sorted, 0.990));
+        let (p_diff_mse, _) = mean_and_unc(sum(&self.p_diff, 2), sum(&self.p_diff, 4), n);
+        let top1 = self.same_top.iter().filter(|&&s| s).count() as f64 / n as f64;
+        let f64s = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<_>>();
+        let ratio = paired(&f64s(&self.nll), &f64s(&self.nll_base))?;
         let r = ReferenceComparison {
             kld_mean,
             kld_mean_err,
             kld_p99,
-            top1_agreement: self.n_same_top as f64 / self.count as f64,
+            top1_agreement: top1,
+            top1_agreement_err: (top1 * (1.0 - top1) / (n as f64 - 1.0)).sqrt(),
             delta_p_rms: p_diff_mse.sqrt(),
+            ln_ppl_ratio: ratio.mean,
+            ln_ppl_ratio_err: ratio.se,
         };
         for (name, v) in [
             ("mean KLD", r.kld_mean),
@@ -430,8 +437,41 @@ impl KldAccumulator {
                 "{name} against the reference is {v}: NaN or infinite logits"
             );
         }
-        Ok(r)
+        let tokens = TokenScores {
+            nll: self.nll,
+            kld: self.kld,
+            same_top: self.same_top,
+        };
+        Ok((r, tokens))
     }
+}
+
+/// Compares a row's own log-prob file (llama-perplexity `--kl-divergence-base` of a GGUF)
+/// with the reference's, record by record. Both must hold `plan`'s chunks of `tokens`.
+pub fn compare_files(
+    row: &Path,
+    base: &Path,
+    plan: &ChunkPlan,
+    n_vocab: usize,
+    tokens: &[u32],
+) -> Result<(ReferenceComparison, TokenScores)> {
+    let mut q = LogitsBaseReader::open(row)?;
+    q.check_matches(plan, n_vocab, tokens)?;
+    let mut b = LogitsBaseReader::open(base)?;
+    b.check_matches(plan, n_vocab, tokens)?;
+    let (mut qr, mut br) = (
+        vec![0u16; record_words(n_vocab)],
+        vec![0u16; record_words(n_vocab)],
+    );
+    let mut acc = KldAccumulator::default();
+    for k in 0..plan.chunks {
+        for t in plan.targets(tokens, k) {
+            q.read_record(&mut qr)?;
+            b.read_record(&mut br)?;
+            acc.add_records(&qr, &br, *t as usize, n_vocab);
+        }
+    }
+    acc.finish()
 }
 
 /// Compares chunk after chunk of a runner's logits with a base file.
@@ -460,7 +500,7 @@ impl ReferenceComparer {
         Ok(())
     }
 
-    pub fn finish(self) -> Result<ReferenceComparison> {
+    pub fn finish(self) -> Result<(ReferenceComparison, TokenScores)> {
         self.acc.finish()
     }
 }
@@ -526,22 +566,33 @@ mod tests {
         encode_log_probs(&base_row, &mut rec);
         let mut same = KldAccumulator::default();
         same.add(&base_row, &rec, 1);
-        assert!(same.sum_kld.abs() < 1e-6);
-        assert_eq!(same.n_same_top, 1);
+        assert!(same.kld[0].abs() < 1e-6);
+        assert!(same.same_top[0]);
 
         let mut acc = KldAccumulator::default();
         acc.add(&[0.0, 0.0], &rec, 1);
         // KL(p||q) = 1/4 ln(1/2) + 3/4 ln(3/2)
         let kl = 0.25 * (0.5f64).ln() + 0.75 * (1.5f64).ln();
-        assert!((acc.sum_kld - kl).abs() < 1e-4, "{} vs {kl}", acc.sum_kld);
+        assert!(
+            (f64::from(acc.kld[0]) - kl).abs() < 1e-4,
+            "{} vs {kl}",
+            acc.kld[0]
+        );
         // Q's argmax is token 0 (first of equals), the reference's token 1.
-        assert_eq!(acc.n_same_top, 0);
+        assert!(!acc.same_top[0]);
         // Δp = q(1) - p(1) = 1/2 - 3/4.
-        assert!((acc.p_diff_values[0] + 0.25).abs() < 1e-4);
-        let r = acc.finish().unwrap();
+        assert!((acc.p_diff[0] + 0.25).abs() < 1e-4);
+        // NLL: ln 2 for Q, ln(4/3) for the reference: ln(PPL/PPL_ref) = ln(3/2).
+        assert!((acc.nll[0] - 2f32.ln()).abs() < 1e-4);
+        assert!((acc.nll_base[0] - (4.0f32 / 3.0).ln()).abs() < 1e-4);
+        acc.add(&[0.0, 0.0], &rec, 1);
+        let (r, t) = acc.finish().unwrap();
         assert!((r.delta_p_rms - 0.25).abs() < 1e-4);
         assert_eq!(r.top1_agreement, 0.0);
         assert_eq!(r.kld_mean_err, 0.0, "N <= 10 gives no uncertainty");
+        assert!((r.ln_ppl_ratio - 1.5f64.ln()).abs() < 1e-4);
+        assert!(r.ln_ppl_ratio_err < 1e-6, "identical differences");
+        assert_eq!(t.nll.len(), 2);
     }
 
     #[test]
@@ -580,7 +631,8 @@ mod tests {
             };
             w.write_chunk(&c).unwrap();
         }
-        w.finish().unwrap();
+        let own = w.finish().unwrap();
+        assert_eq!(own.nll.len(), plan.scored_tokens());
         let len = std::fs::metadata(&path).unwrap().len();
         assert_eq!(len, base_file_bytes(8, vocab, 2));
         let r = LogitsBaseReader::open(&path).unwrap();
@@ -599,9 +651,18 @@ mod tests {
             };
             cmp.compare_chunk(&c).unwrap();
         }
-        let res = cmp.finish().unwrap();
+        let (res, scores) = cmp.finish().unwrap();
         assert!(res.kld_mean.abs() < 1e-5);
         assert_eq!(res.top1_agreement, 1.0);
+        // The same rows give the same per-token NLL as the reference wrote.
+        assert_eq!(scores.nll, own.nll);
+        assert_eq!(res.ln_ppl_ratio, 0.0);
+        // A second file with the same rows compares file against file alike.
+        let copy = dir.path().join("row.bin");
+        std::fs::copy(&path, &copy).unwrap();
+        let (f, fs) = compare_files(&copy, &path, &plan, vocab, &tokens).unwrap();
+        assert_eq!((f.top1_agreement, f.ln_ppl_ratio), (1.0, 0.0));
+        assert_eq!(fs.nll, own.nll);
         std::fs::write(&path, b"_logits_\x08\x00").unwrap();
         assert!(LogitsBaseReader::open(&path).is_err());
         std::fs::write(&path, b"GGUF....").unwrap();

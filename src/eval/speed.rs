@@ -6,12 +6,12 @@
 //! tg: the cache is emptied, then `tg` single-token steps, each asking for its logits
 //! (llama-bench's tg test starts from an empty cache too; the first token is BOS when the
 //! tokenizer adds one). One untimed warm-up like llama-bench's (a whole prompt for pp, one
-//! token for tg), then `reps` timed repetitions. Per repetition `tokens / seconds`; the
-//! figure is the mean of those and the sample (n-1) standard deviation, raw samples kept.
-//! Random ids come from a fixed-seed generator, so every runner sees the same prompts.
+//! token for tg) before a runner's first repetition, then one timed repetition per call
+//! ([`SpeedSession::rep`]): the harness calls it once per runner per round, so repetitions
+//! of different runners interleave. Per repetition `tokens / seconds`. Random ids come from
+//! a fixed-seed generator, so every runner sees the same prompts.
 
-use crate::runner::{Progress, SpeedResult, SpeedSpec};
-use crate::stats::speed_sample;
+use crate::protocol::{SpeedRep, SpeedSpec};
 use anyhow::{ensure, Result};
 use std::time::Instant;
 
@@ -73,56 +73,67 @@ fn time_tg(t: &mut dyn SpeedTarget, tokens: &[u32]) -> Result<f64> {
     Ok(start.elapsed().as_secs_f64())
 }
 
-/// Measures pp and tg on `target` (a test whose size is 0 is skipped, as in llama-bench).
-pub fn measure_speed(
-    target: &mut dyn SpeedTarget,
-    spec: &SpeedSpec,
-    n_vocab: usize,
-    bos: Option<u32>,
-    progress: &dyn Progress,
-) -> Result<SpeedResult> {
-    ensure!(spec.reps >= 1, "--reps must be at least 1");
-    ensure!(n_vocab > 0, "the model has an empty vocabulary");
-    let mut rng = TokenRng::new(SPEED_SEED);
-    let tests = (spec.pp > 0) as u64 + (spec.tg > 0) as u64;
-    progress.set_total(tests * spec.reps as u64, "reps");
-    let mut done = 0;
-    let mut pp = None;
-    if spec.pp > 0 {
-        let warm = random_prompt(&mut rng, spec.pp, n_vocab, bos);
-        time_pp(target, &warm)?;
-        let mut samples = Vec::with_capacity(spec.reps);
-        for _ in 0..spec.reps {
-            let prompt = random_prompt(&mut rng, spec.pp, n_vocab, bos);
-            let s = time_pp(target, &prompt)?;
-            samples.push(spec.pp as f64 / s);
-            done += 1;
-            progress.advance(done);
+/// One runner's speed test across rounds: the first repetition is preceded by one untimed
+/// warm-up of each test (llama-bench's), later ones are not; prompts come from one
+/// fixed-seed stream per runner, so every runner times the same prompts in the same round.
+pub struct SpeedSession {
+    rng: TokenRng,
+    warmed: bool,
+}
+
+impl Default for SpeedSession {
+    fn default() -> Self {
+        SpeedSession {
+            rng: TokenRng::new(SPEED_SEED),
+            warmed: false,
         }
-        pp = Some(speed_sample("pp", samples)?);
     }
-    let mut tg = None;
-    if spec.tg > 0 {
-        let warm = random_prompt(&mut rng, 1, n_vocab, bos);
-        time_tg(target, &warm)?;
-        let mut samples = Vec::with_capacity(spec.reps);
-        for _ in 0..spec.reps {
-            let tokens = random_prompt(&mut rng, spec.tg, n_vocab, bos);
-            let s = time_tg(target, &tokens)?;
-            samples.push(spec.tg as f64 / s);
-            done += 1;
-            progress.advance(done);
+}
+
+impl SpeedSession {
+    /// One timed repetition of pp and tg on `target` (a test of size 0 is skipped, as in
+    /// llama-bench); tokens per second of each.
+    pub fn rep(
+        &mut self,
+        target: &mut dyn SpeedTarget,
+        spec: &SpeedSpec,
+        n_vocab: usize,
+        bos: Option<u32>,
+    ) -> Result<SpeedRep> {
+        ensure!(n_vocab > 0, "the model has an empty vocabulary");
+        let warm = !self.warmed;
+        self.warmed = true;
+        let mut pp = None;
+        if spec.pp > 0 {
+            if warm {
+                time_pp(target, &random_prompt(&mut self.rng, spec.pp, n_vocab, bos))?;
+            }
+            let prompt = random_prompt(&mut self.rng, spec.pp, n_vocab, bos);
+            pp = Some(spec.pp as f64 / time_pp(target, &prompt)?);
         }
-        tg = Some(speed_sample("tg", samples)?);
+        let mut tg = None;
+        if spec.tg > 0 {
+            if warm {
+                time_tg(target, &random_prompt(&mut self.rng, 1, n_vocab, bos))?;
+            }
+            let tokens = random_prompt(&mut self.rng, spec.tg, n_vocab, bos);
+            tg = Some(spec.tg as f64 / time_tg(target, &tokens)?);
+        }
+        target.reset();
+        Ok(SpeedRep { pp, tg, raw: None })
     }
-    target.reset();
-    Ok(SpeedResult { pp, tg, raw: None })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runner::NoProgress;
+
+    fn reps(r: &mut Recorder, spec: &SpeedSpec, n_vocab: usize, bos: Option<u32>) -> Vec<SpeedRep> {
+        let mut session = SpeedSession::default();
+        (0..spec.reps)
+            .map(|_| session.rep(r, spec, n_vocab, bos).unwrap())
+            .collect()
+    }
 
     /// Records calls; each forward "takes" no measurable time, so only the call pattern is
     /// checked here (no test asserts a wall-clock time).
@@ -154,7 +165,7 @@ mod tests {
             reps: 3,
             threads: 1,
         };
-        let res = measure_speed(&mut r, &spec, 100, Some(1), &NoProgress).unwrap();
+        let res = reps(&mut r, &spec, 100, Some(1));
         let pp_calls = r
             .calls
             .iter()
@@ -169,11 +180,10 @@ mod tests {
             .count();
         assert_eq!(tg_calls, 1 + 3 * 4, "one warm-up token + 3 reps of 4");
         assert!(r.calls.iter().filter(|c| c.1 == 1).all(|c| c.2 == 0));
-        let pp = res.pp.unwrap();
-        let tg = res.tg.unwrap();
-        assert_eq!(pp.samples_tokens_per_s.len(), 3);
-        assert_eq!(tg.samples_tokens_per_s.len(), 3);
-        assert!(pp.tokens_per_s > 0.0 && tg.tokens_per_s > 0.0);
+        assert_eq!(res.len(), 3);
+        assert!(res
+            .iter()
+            .all(|x| x.pp.is_some_and(|v| v > 0.0) && x.tg.is_some_and(|v| v > 0.0)));
         // Every timed test starts from an empty cache.
         let mut last_reset = true;
         for c in &r.calls {
@@ -195,8 +205,8 @@ mod tests {
             reps: 1,
             threads: 1,
         };
-        let res = measure_speed(&mut r, &spec, 10, None, &NoProgress).unwrap();
-        assert!(res.pp.is_none() && res.tg.is_some());
+        let res = reps(&mut r, &spec, 10, None);
+        assert!(res[0].pp.is_none() && res[0].tg.is_some());
         let mut rng = TokenRng::new(1);
         let p = random_prompt(&mut rng, 50, 7, Some(99));
         assert_eq!(p[0], 99);

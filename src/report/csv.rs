@@ -9,7 +9,8 @@ use std::path::Path;
 const HEADER: &[&str] = &[
     "name",
     "engine",
-    "bytes",
+    "tensor_bytes",
+    "file_bytes",
     "bits_per_weight",
     "params",
     "type_mix",
@@ -23,13 +24,29 @@ const HEADER: &[&str] = &[
     "kld_mean_err",
     "kld_p99",
     "top1_agreement",
+    "top1_agreement_err",
     "delta_p_rms",
+    "ln_ppl_ratio",
+    "ln_ppl_ratio_err",
+    "compare_to",
+    "compare_to_ln_ppl_ratio",
+    "compare_to_ln_ppl_ratio_err",
+    "compare_to_kld_diff",
+    "compare_to_kld_diff_err",
+    "compare_to_top1_diff",
+    "compare_to_top1_diff_err",
     "pp_tokens_per_s",
     "pp_tokens_per_s_std",
     "pp_samples_tokens_per_s",
+    "pp_median_min_max",
     "tg_tokens_per_s",
     "tg_tokens_per_s_std",
     "tg_samples_tokens_per_s",
+    "tg_median_min_max",
+    "pp_ops_per_token",
+    "pp_roofline_pct",
+    "tg_bytes_per_token",
+    "tg_roofline_pct",
     "load_s",
     "load_read_s",
     "load_pack_s",
@@ -49,7 +66,8 @@ fn cells(r: &RunnerRecord) -> Vec<String> {
     vec![
         r.name.clone(),
         r.engine.clone(),
-        opt(&r.bytes),
+        opt(&r.tensor_bytes),
+        opt(&r.file_bytes),
         opt(&r.bits_per_weight),
         opt(&r.params),
         r.type_mix
@@ -67,13 +85,29 @@ fn cells(r: &RunnerRecord) -> Vec<String> {
         opt(&r.kld_mean_err),
         opt(&r.kld_p99),
         opt(&r.top1_agreement),
+        opt(&r.top1_agreement_err),
         opt(&r.delta_p_rms),
+        opt(&r.ln_ppl_ratio),
+        opt(&r.ln_ppl_ratio_err),
+        opt(&r.compare_to.as_ref().map(|c| c.row.clone())),
+        opt(&r.compare_to.as_ref().map(|c| c.ln_ppl_ratio)),
+        opt(&r.compare_to.as_ref().map(|c| c.ln_ppl_ratio_err)),
+        opt(&r.compare_to.as_ref().map(|c| c.kld_diff)),
+        opt(&r.compare_to.as_ref().map(|c| c.kld_diff_err)),
+        opt(&r.compare_to.as_ref().map(|c| c.top1_diff)),
+        opt(&r.compare_to.as_ref().map(|c| c.top1_diff_err)),
         opt(&r.pp_tokens_per_s),
         opt(&r.pp_tokens_per_s_std),
         list(&r.pp_samples_tokens_per_s),
+        super::spread(&r.pp_samples_tokens_per_s),
         opt(&r.tg_tokens_per_s),
         opt(&r.tg_tokens_per_s_std),
         list(&r.tg_samples_tokens_per_s),
+        super::spread(&r.tg_samples_tokens_per_s),
+        opt(&r.pp_ops_per_token),
+        opt(&r.pp_roofline_pct),
+        opt(&r.tg_bytes_per_token),
+        opt(&r.tg_roofline_pct),
         opt(&r.load_s),
         opt(&r.load_read_s),
         opt(&r.load_pack_s),
@@ -98,7 +132,7 @@ pub fn write(path: &Path, results: &Results) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::testdata::sample_results;
+    use crate::protocol::results::testdata::sample_results;
 
     #[test]
     fn one_row_per_runner_with_the_header_fields() {
@@ -109,8 +143,11 @@ mod tests {
         let rows: Vec<_> = rd.records().collect::<Result<_, _>>().unwrap();
         assert_eq!(rows.len(), 2);
         assert_eq!(&rows[1][0], "int4");
-        assert_eq!(&rows[0][7], "20");
-        assert_eq!(&rows[0][12], "", "unmeasured KLD is empty");
-        assert_eq!(&rows[0][19], "990 1010");
+        assert_eq!(&rows[0][8], "20");
+        assert_eq!(&rows[0][13], "", "unmeasured KLD is empty");
+        let col = |name: &str| HEADER.iter().position(|h| *h == name).unwrap();
+        assert_eq!(&rows[0][col("pp_samples_tokens_per_s")], "990 1010");
+        assert_eq!(&rows[0][col("pp_median_min_max")], "1000.0 [990.0–1010.0]");
+        assert_eq!(&rows[1][col("ln_ppl_ratio_err")], "0.004");
     }
 }

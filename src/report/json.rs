@@ -43,7 +43,7 @@ pub fn read(path: &Path) -> Result<Results> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::testdata::sample_results;
+    use crate::protocol::results::testdata::sample_results;
 
     #[test]
     fn round_trips_and_checks_the_schema() {
@@ -56,7 +56,7 @@ mod tests {
             serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
         // Unmeasured figures are null, not absent and not zero.
         assert!(v["runners"][0]["kld_mean"].is_null());
-        assert_eq!(v["schema_version"], 1);
+        assert_eq!(v["schema_version"], 2);
         std::fs::write(&p, r#"{"schema_version": 7}"#).unwrap();
         assert!(format!("{:#}", read(&p).unwrap_err()).contains("schema_version 7"));
         std::fs::write(&p, "not json").unwrap();

@@ -12,7 +12,13 @@ pub fn protocol_line(r: &Results) -> String {
     let p = &r.protocol;
     let sha = &p.text_sha256[..p.text_sha256.len().min(12)];
     let speed = if p.speed {
-        format!("speed pp{} / tg{} × {} reps", p.pp, p.tg, p.reps)
+        format!(
+            "speed pp{} / tg{} × {} reps in {} interleaved rounds",
+            p.pp,
+            p.tg,
+            p.reps,
+            r.speed_rounds.len()
+        )
     } else {
         "speed not measured (--no-speed)".to_string()
     };
@@ -30,9 +36,9 @@ pub fn protocol_line(r: &Results) -> String {
     )
 }
 
-pub fn render(r: &Results, plots: &PlotFiles) -> String {
+/// Loud lines first: an incomplete run, tokens that differ, failed runners.
+fn warnings(r: &Results) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "# kwk-eval: {}\n", r.model);
     if !r.complete {
         let _ = writeln!(
             s,
@@ -56,37 +62,12 @@ pub fn render(r: &Results, plots: &PlotFiles) -> String {
             row.error.as_deref().unwrap_or_default()
         );
     }
-    let _ = writeln!(s, "**Protocol:** {}\n", protocol_line(r));
-    let (header, rows) = table_rows(r);
-    let _ = writeln!(s, "| {} |", header.join(" | "));
-    let _ = writeln!(
-        s,
-        "|{}|",
-        header
-            .iter()
-            .enumerate()
-            .map(|(i, _)| if i < 2 { "---" } else { "---:" })
-            .collect::<Vec<_>>()
-            .join("|")
-    );
-    for row in rows {
-        let cells: Vec<String> = row.iter().map(|c| c.replace('|', "\\|")).collect();
-        let _ = writeln!(s, "| {} |", cells.join(" | "));
-    }
-    let reference = r.ppl_delta_reference.as_deref().unwrap_or("-");
-    let _ = writeln!(
-        s,
-        "\nPPL ± its uncertainty as llama-perplexity computes it; ΔPPL relative to `{reference}`; \
-         KLD: mean KL divergence against the float32 reference's distributions; top-1: how often \
-         the most likely token agrees with the reference; speeds are mean ± sample stddev of \
-         per-repetition tokens/s (llama-bench's definitions); '-' = not measured.\n"
-    );
-    if let Some(q) = &plots.quality {
-        let _ = writeln!(s, "![perplexity change vs bits per weight]({q})\n");
-    }
-    if let Some(sp) = &plots.speed {
-        let _ = writeln!(s, "![prompt and generation speed]({sp})\n");
-    }
+    s
+}
+
+/// The machine and versions, in one sentence.
+fn machine_line(r: &Results) -> String {
+    let mut s = String::new();
     let _ = writeln!(
         s,
         "Machine: {} ({} threads; kwk kernels {}; CPU features {}). Versions: kwk {}, kwk-eval {}, llama.cpp {}. Started {}.",
@@ -106,6 +87,63 @@ pub fn render(r: &Results, plots: &PlotFiles) -> String {
     s
 }
 
+pub fn render(r: &Results, plots: &PlotFiles) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "# kwk-eval: {}\n", r.model);
+    s.push_str(&warnings(r));
+    let _ = writeln!(s, "**Protocol:** {}\n", protocol_line(r));
+    let (header, rows) = table_rows(r);
+    let _ = writeln!(s, "| {} |", header.join(" | "));
+    let _ = writeln!(
+        s,
+        "|{}|",
+        header
+            .iter()
+            .enumerate()
+            .map(|(i, _)| if i < 2 { "---" } else { "---:" })
+            .collect::<Vec<_>>()
+            .join("|")
+    );
+    for row in rows {
+        let cells: Vec<String> = row.iter().map(|c| c.replace('|', "\\|")).collect();
+        let _ = writeln!(s, "| {} |", cells.join(" | "));
+    }
+    let _ = writeln!(s);
+    for n in super::terminal::notes(r)
+        .iter()
+        .filter(|n| !n.starts_with("FAILED") && !n.starts_with("WARNING"))
+    {
+        let _ = writeln!(s, "- {n}");
+    }
+    let reference = r.ppl_delta_reference.as_deref().unwrap_or("-");
+    let _ = writeln!(
+        s,
+        "\ntensor MiB: bytes of weight data (kwk: packed tensors; GGUF: the sum of its tensor data \
+         sizes, metadata excluded; file sizes are in results.csv), the same measure for both engines; bpw: \
+         8 · tensor bytes / parameters; PPL ± its uncertainty as llama-perplexity computes it; \
+         Δln PPL: ln(PPL/PPL_ref) against `{reference}` from per-token NLL differences on the \
+         same tokens, ± its paired standard error; KLD: mean KL divergence from the reference's \
+         distributions ± SE; top-1: how often the most likely token agrees with the reference ± SE \
+         (all three from 16-bit log-prob records, llama.cpp's KL-divergence format, for both \
+         engines); >2SE: ≠ref differs from the reference, ≠cmp from the --compare-to row, beyond \
+         two standard errors; speeds are mean ± sample stddev of per-repetition tokens/s \
+         (llama-bench's definitions), repetitions interleaved across runners (one per runner per \
+         round, rotating the order; per-round order in results.json `speed_rounds`, median and \
+         range in results.csv); '-' = not measured.\n"
+    );
+    if let Some(q) = &plots.quality {
+        let _ = writeln!(s, "![perplexity change vs bits per weight]({q})\n");
+    }
+    if let Some(sp) = &plots.speed {
+        let _ = writeln!(s, "![prompt and generation speed]({sp})\n");
+    }
+    s.push_str(&machine_line(r));
+    if let Some(line) = super::peaks_line(r) {
+        let _ = writeln!(s, "\n{line}");
+    }
+    s
+}
+
 pub fn write(path: &Path, r: &Results, plots: &PlotFiles) -> Result<()> {
     write_atomically(path, render(r, plots).as_bytes())
 }
@@ -113,7 +151,7 @@ pub fn write(path: &Path, r: &Results, plots: &PlotFiles) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::testdata::sample_results;
+    use crate::protocol::results::testdata::sample_results;
 
     #[test]
     fn incomplete_runs_and_token_mismatches_are_loud() {
@@ -121,7 +159,8 @@ mod tests {
         let md = render(&r, &PlotFiles::default());
         assert!(!md.contains("INCOMPLETE"));
         assert!(md.contains("| int4 | kwk |"));
-        assert!(md.contains("+2.500"));
+        assert!(md.contains("+0.02470 ± 0.00400"));
+        assert!(md.contains("2 interleaved rounds"));
         r.complete = false;
         r.runners[1].tokens_match = Some(false);
         let md = render(

@@ -332,7 +332,7 @@ pub fn write_plots(dir: &Path, results: &Results) -> Result<PlotFiles> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::testdata::sample_results;
+    use crate::protocol::results::testdata::sample_results;
 
     #[test]
     fn writes_png_and_svg_with_text() {

@@ -3,19 +3,22 @@
 //! All runners of a run share one loaded [`Model`] (float32 master weights, read once);
 //! each packs it into its format when it is built, so the harness builds one runner at a
 //! time and drops it before the next (a 1.7B model would not fit in memory in every format
-//! at once). Load time is the shared read time plus this format's pack time. Perplexity runs
-//! [`crate::eval::perplexity::score_chunks`] over the decoder's forward pass; the float32
-//! reference runner also writes the KL-divergence base file, and the others compare against
-//! it when the protocol names one. Speed runs [`crate::eval::speed::measure_speed`].
+//! at once) when only perplexity is measured; with speed, the harness keeps every runner
+//! until the interleaved speed rounds are done. Load time is the shared read time plus this
+//! format's pack time. Perplexity runs [`crate::eval::perplexity::score_chunks`] over the
+//! decoder's forward pass; the float32 reference runner also writes the KL-divergence base
+//! file, and the others compare against it when the protocol names one. Speed runs one
+//! [`crate::eval::speed::SpeedSession`] repetition per call.
 
-use super::{
-    PerplexityProtocol, PerplexityResult, Progress, Runner, RunnerInfo, SpeedResult, SpeedSpec,
-    TokenStream,
-};
-use crate::eval::perplexity::{score_chunks, ChunkLogits, ChunkPlan};
+use super::Runner;
+use crate::eval::perplexity::{score_chunks, ChunkLogits};
 use crate::eval::reference::{LogitsBaseWriter, ReferenceComparer};
-use crate::eval::speed::{measure_speed, SpeedTarget};
-use anyhow::{anyhow, bail, ensure, Context, Result};
+use crate::eval::speed::{SpeedSession, SpeedTarget};
+use crate::protocol::{
+    ComputeKind, PerplexityProtocol, PerplexityResult, Progress, RooflineCost, RunnerInfo,
+    SpeedRep, SpeedSpec, TokenStream,
+};
+use anyhow::{anyhow, bail, Context, Result};
 use kwk::{DecoderOptions, KwkDecoder, Model, Precision};
 use std::path::PathBuf;
 use std::rc::Rc;
@@ -45,6 +48,7 @@ pub struct KwkRunner {
     decoder: KwkDecoder,
     info: RunnerInfo,
     role: ReferenceRole,
+    speed: SpeedSession,
 }
 
 impl KwkRunner {
@@ -80,7 +84,8 @@ impl KwkRunner {
         let info = RunnerInfo {
             name: name.to_string(),
             engine: "kwk".into(),
-            bytes: decoder.weight_bytes(),
+            tensor_bytes: decoder.weight_bytes(),
+            file_bytes: None,
             bits_per_weight: decoder.bits_per_weight(),
             params: model.n_params(),
             type_mix: decoder.type_mix(),
@@ -89,23 +94,25 @@ impl KwkRunner {
             load_pack_s: Some(pack_s),
             kv_type: "f32".into(),
             kernels: Some(precision.kernels().to_string()),
+            roofline: Some(RooflineCost {
+                compute: match precision {
+                    Precision::Float32 => ComputeKind::Fp32,
+                    Precision::Bf16 => ComputeKind::Bf16,
+                    _ => ComputeKind::Int8,
+                },
+                weight_bytes_per_token: decoder.weight_bytes_read_per_token(),
+                // The decoder's KV cache is float32 in every format.
+                kv_bytes_per_value: 4.0,
+                best_kernels: false,
+            }),
         };
         Ok(KwkRunner {
             model,
             decoder,
             info,
             role,
+            speed: SpeedSession::default(),
         })
-    }
-
-    fn bos(&self, add_bos: bool, bos_id: Option<u32>) -> Result<Option<u32>> {
-        if !add_bos {
-            return Ok(None);
-        }
-        bos_id
-            .or_else(|| self.model.tokenizer.bos_id())
-            .map(Some)
-            .context("the tokenizer adds a BOS but names no BOS id")
     }
 }
 
@@ -133,15 +140,10 @@ impl Runner for KwkRunner {
         tokens: &TokenStream,
         progress: &dyn Progress,
     ) -> Result<PerplexityResult> {
-        let plan = ChunkPlan::new(tokens.tokens.len(), protocol.ctx, Some(protocol.chunks))
+        let plan = protocol.plan;
+        plan.check_covers(tokens.tokens.len())
             .map_err(|e| anyhow!("{e}"))?;
-        ensure!(
-            plan.chunks == protocol.chunks,
-            "the protocol asks for {} chunks but the text holds {}",
-            protocol.chunks,
-            plan.chunks
-        );
-        let bos = self.bos(tokens.add_bos, tokens.bos_id)?;
+        let bos = tokens.chunk_bos();
         let n_vocab = self.model.config.vocab_size;
 
         enum Sink {
@@ -185,13 +187,13 @@ impl Runner for KwkRunner {
             progress,
         )?;
         self.decoder.reset();
-        let reference = match sink {
-            Sink::None => None,
-            Sink::Write(w) => {
-                w.finish()?;
-                None
+        let (reference, scores) = match sink {
+            Sink::None => (None, None),
+            Sink::Write(w) => (None, Some(w.finish()?)),
+            Sink::Compare(r) => {
+                let (c, s) = r.finish()?;
+                (Some(c), Some(s))
             }
-            Sink::Compare(r) => Some(r.finish()?),
         };
         Ok(PerplexityResult {
             ppl: score.ppl,
@@ -200,18 +202,23 @@ impl Runner for KwkRunner {
             scored_tokens: score.scored_tokens,
             tokens_match: None,
             reference,
+            tokens: scores,
         })
     }
 
-    fn speed(&mut self, spec: &SpeedSpec, progress: &dyn Progress) -> Result<SpeedResult> {
-        let bos = self.bos(self.model.tokenizer.add_bos(), None)?;
+    fn speed_rep(&mut self, spec: &SpeedSpec) -> Result<Option<SpeedRep>> {
+        let tokenizer = &self.model.tokenizer;
+        let bos = if tokenizer.add_bos() {
+            Some(
+                tokenizer
+                    .bos_id()
+                    .context("the tokenizer adds a BOS but names no BOS id")?,
+            )
+        } else {
+            None
+        };
         let n_vocab = self.model.config.vocab_size;
-        measure_speed(
-            &mut DecoderTarget(&mut self.decoder),
-            spec,
-            n_vocab,
-            bos,
-            progress,
-        )
+        let target = &mut DecoderTarget(&mut self.decoder);
+        self.speed.rep(target, spec, n_vocab, bos).map(Some)
     }
 }

@@ -2,20 +2,27 @@
 //!
 //! The GGUF is opened with kwk's reader before any subprocess runs, so a truncated file or
 //! one that is not GGUF fails at once with a clear error, and the report gets its size,
-//! type mix, parameter count and bits per weight from the file itself. Perplexity runs
+//! type mix, parameter count, tensor bytes (the sum of its tensors' data sizes, as for kwk
+//! formats), file size and bits per weight from the file itself. Perplexity runs
 //! llama-perplexity on the harness's text with the harness's context and chunk count, checks
-//! with llama-tokenize that llama.cpp sees the same token ids, and, when the protocol names
-//! a KL-divergence base file, runs llama-perplexity's KL-divergence mode against it. Speed
-//! runs llama-bench. All the commands are built by the `llamacpp` crate.
+//! with llama-tokenize that llama.cpp sees the same token ids. When the protocol names a
+//! reference log-prob file, that one llama-perplexity pass also writes this row's own
+//! log-probs (`--kl-divergence-base`, the mode that writes a base file and prints the
+//! perplexity), which [`crate::eval::reference::compare_files`] reads against the
+//! reference's record by record, exactly as for in-tree rows: one pass per GGUF row gives
+//! PPL, KLD, top-1 and the per-token NLL for paired errors. Speed runs llama-bench with one
+//! repetition per call (`-r 1`, after its own warm-up), so the harness can interleave its
+//! repetitions with the other runners'. All the commands are built by the `llamacpp` crate.
 
-use crate::runner::{
-    PerplexityProtocol, PerplexityResult, Progress, ReferenceComparison, Runner, RunnerInfo,
-    SpeedResult, SpeedSample, SpeedSpec, TokenStream,
+use crate::eval::reference::{compare_files, LogitsBaseReader};
+use crate::protocol::{
+    ComputeKind, PerplexityProtocol, PerplexityResult, Progress, RooflineCost, RunnerInfo,
+    SpeedRep, SpeedSpec, TokenStream,
 };
-use anyhow::{bail, Context};
+use crate::runner::Runner;
+use anyhow::{anyhow, bail, Context};
 use llamacpp::{
-    BenchRequest, ComputeSettings, KlDivergenceRequest, KvType, LlamaCppTools, PerplexityRequest,
-    TokenizeRequest,
+    BenchRequest, ComputeSettings, KvType, LlamaCppTools, PerplexityRequest, TokenizeRequest,
 };
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -48,6 +55,21 @@ impl Default for LlamaCppRunnerOptions {
             timeout: Duration::from_secs(3600),
             run_bench: true,
         }
+    }
+}
+
+/// The arithmetic llama.cpp's matmuls do on a GGUF: by the storage type holding the most
+/// weights, float32 FMA for F32 and F16 (widened), the bf16 dot for BF16, and the int8 dot
+/// for quantized types (their CPU kernels quantize activations to 8 bits).
+fn compute_kind_of(type_params: &std::collections::BTreeMap<String, u64>) -> ComputeKind {
+    let dominant = type_params
+        .iter()
+        .max_by_key(|(_, &n)| n)
+        .map(|(t, _)| t.to_ascii_uppercase());
+    match dominant.as_deref() {
+        Some("F32") | Some("F16") => ComputeKind::Fp32,
+        Some("BF16") => ComputeKind::Bf16,
+        _ => ComputeKind::Int8,
     }
 }
 
@@ -87,6 +109,7 @@ impl LlamaCppRunner {
             )
         })?;
         let summary = file.summary();
+        let weight_bytes_per_token = file.weight_bytes_read_per_token();
         drop(file);
         if summary.n_params == 0 {
             bail!(
@@ -101,7 +124,8 @@ impl LlamaCppRunner {
         let info = RunnerInfo {
             name: format!("gguf:{file_name}"),
             engine: "llama.cpp".to_string(),
-            bytes: summary.file_bytes,
+            tensor_bytes: summary.tensor_bytes,
+            file_bytes: Some(summary.file_bytes),
             bits_per_weight: summary.bits_per_weight,
             params: summary.n_params,
             // Lower-case type names, as RunnerInfo documents ("q4_1", "f32").
@@ -115,6 +139,13 @@ impl LlamaCppRunner {
             load_pack_s: None,
             kv_type: opts.kv_type.as_str().to_string(),
             kernels: None,
+            roofline: Some(RooflineCost {
+                compute: compute_kind_of(&summary.type_params),
+                weight_bytes_per_token,
+                // llama-bench runs with an f16 KV cache (it refuses f32).
+                kv_bytes_per_value: 2.0,
+                best_kernels: true,
+            }),
         };
         Ok(Self {
             gguf: gguf_path.to_path_buf(),
@@ -193,30 +224,31 @@ impl Runner for LlamaCppRunner {
         tokens: &TokenStream,
         progress: &dyn Progress,
     ) -> anyhow::Result<PerplexityResult> {
-        let ctx = protocol.ctx;
-        // llama-perplexity itself only says so in log lines that its asynchronous logger can
-        // lose; check here, with the harness's token count.
-        if tokens.tokens.len() < 2 * ctx {
-            bail!(
-                "{}: the text has {} tokens but a context of {ctx} needs at least {} \
-                 (llama-perplexity's minimum); use a longer text or a smaller --ctx",
-                tokens.text_path.display(),
-                tokens.tokens.len(),
-                2 * ctx
-            );
-        }
+        let plan = protocol.plan;
+        plan.check_covers(tokens.tokens.len())
+            .map_err(|e| anyhow!("{}: {e}", tokens.text_path.display()))?;
         let tokens_match = self.check_tokens(tokens)?;
         let compute = self.compute(self.threads(protocol.threads));
-
         let mut req = PerplexityRequest::new(
             self.gguf.clone(),
             tokens.text_path.clone(),
-            ctx,
-            compute.clone(),
+            plan.ctx,
+            compute,
         );
-        req.chunks = Some(protocol.chunks);
+        req.chunks = Some(plan.chunks);
         req.timeout = self.opts.timeout;
-        progress.set_total(protocol.chunks as u64, "chunks");
+        // This row's own log-probs, next to the reference's, read back and removed below.
+        let own = protocol.reference_logits.as_ref().map(|base| {
+            let stem: String = self
+                .info
+                .name
+                .chars()
+                .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+                .collect();
+            base.with_file_name(format!("{stem}.logprobs.bin"))
+        });
+        req.save_logits = own.clone();
+        progress.set_total(plan.chunks as u64, "chunks");
         let run =
             llamacpp::run_perplexity(&self.tools, &req, |done| progress.advance(done as u64))?;
         self.commands.push(run.command.clone());
@@ -229,72 +261,44 @@ impl Runner for LlamaCppRunner {
             );
         }
         let out = run.output;
-        if out.running.len() != protocol.chunks {
+        if out.running.len() != plan.chunks {
             bail!(
                 "{}: llama-perplexity scored {} chunks, the protocol asked for {} (command: {})",
                 self.info.name,
                 out.running.len(),
-                protocol.chunks,
+                plan.chunks,
                 run.command
             );
         }
         if self.info.load_s.is_none() {
             self.info.load_s = out.ready_s;
         }
-
-        let reference = match &protocol.reference_logits {
-            None => None,
-            Some(base) => {
-                let req = KlDivergenceRequest {
-                    model: self.gguf.clone(),
-                    base: base.clone(),
-                    ctx,
-                    compute,
-                    timeout: self.opts.timeout,
-                    attempts: 4,
-                };
-                progress.set_total(protocol.chunks as u64, "chunks (KL divergence)");
-                let kld = llamacpp::run_kl_divergence(&self.tools, &req, |done| {
-                    progress.advance(done as u64)
-                })?;
-                self.commands.push(kld.command.clone());
-                let s = kld.stats;
-                if s.n_ctx.is_some_and(|n| n != ctx) {
-                    bail!(
-                        "{}: the KL-divergence base file {} was written with a context of {:?}, \
-                         this run uses {ctx}",
-                        self.info.name,
-                        base.display(),
-                        s.n_ctx
-                    );
-                }
-                Some(ReferenceComparison {
-                    kld_mean: s.kld_mean.value,
-                    kld_mean_err: s.kld_mean.err,
-                    kld_p99: s.kld_p99,
-                    top1_agreement: s.same_top_pct.value / 100.0,
-                    delta_p_rms: s.rms_delta_p_pct.value / 100.0,
-                })
+        let (reference, scores) = match (&own, &protocol.reference_logits) {
+            (Some(own), Some(base)) => {
+                let n_vocab = LogitsBaseReader::open(base)?.header.n_vocab;
+                let compared = compare_files(own, base, &plan, n_vocab, &tokens.tokens)
+                    .with_context(|| format!("{}: comparing with the reference", self.info.name));
+                std::fs::remove_file(own)
+                    .with_context(|| format!("removing '{}'", own.display()))?;
+                let (c, s) = compared?;
+                (Some(c), Some(s))
             }
+            _ => (None, None),
         };
-
         Ok(PerplexityResult {
             ppl: out.ppl,
             ppl_err: out.ppl_err,
             running: out.running,
-            scored_tokens: protocol.chunks * (ctx - ctx / 2 - 1),
+            scored_tokens: plan.scored_tokens(),
             tokens_match,
             reference,
+            tokens: scores,
         })
     }
 
-    fn speed(&mut self, spec: &SpeedSpec, progress: &dyn Progress) -> anyhow::Result<SpeedResult> {
+    fn speed_rep(&mut self, spec: &SpeedSpec) -> anyhow::Result<Option<SpeedRep>> {
         if !self.opts.run_bench {
-            return Ok(SpeedResult {
-                pp: None,
-                tg: None,
-                raw: None,
-            });
+            return Ok(None);
         }
         // llama-bench's own defaults for what it cannot or should not change: f16 KV (it
         // rejects f32) and flash attention as `auto` resolves on CPU (on).
@@ -303,26 +307,30 @@ impl Runner for LlamaCppRunner {
             model: self.gguf.clone(),
             pp: spec.pp,
             tg: spec.tg,
-            reps: spec.reps,
+            reps: 1,
             compute,
             timeout: self.opts.timeout,
         };
-        let total = spec.reps * (usize::from(spec.pp > 0) + usize::from(spec.tg > 0));
-        progress.set_total(total as u64, "repetitions");
-        let run = llamacpp::run_bench(&self.tools, &req, |started, _| {
-            progress.advance(started as u64)
-        })?;
+        let run = llamacpp::run_bench(&self.tools, &req, |_, _| {})?;
         self.commands.push(run.command.clone());
-        let sample = |t: &llamacpp::BenchTest| SpeedSample {
-            tokens_per_s: t.avg_ts,
-            tokens_per_s_std: t.stddev_ts,
-            samples_tokens_per_s: t.samples_ts.clone(),
+        let one = |t: Option<&llamacpp::BenchTest>| -> anyhow::Result<Option<f64>> {
+            match t {
+                None => Ok(None),
+                Some(t) => match t.samples_ts.as_slice() {
+                    [v] => Ok(Some(*v)),
+                    other => bail!(
+                        "llama-bench -r 1 printed {} samples, not 1 ({})",
+                        other.len(),
+                        run.command
+                    ),
+                },
+            }
         };
-        Ok(SpeedResult {
-            pp: run.output.pp.as_ref().map(sample),
-            tg: run.output.tg.as_ref().map(sample),
-            raw: Some(serde_json::Value::Array(run.output.raw)),
-        })
+        Ok(Some(SpeedRep {
+            pp: one(run.output.pp.as_ref())?,
+            tg: one(run.output.tg.as_ref())?,
+            raw: Some(serde_json::Value::Array(run.output.raw.clone())),
+        }))
     }
 }
 
@@ -437,7 +445,12 @@ mod tests {
         let info = r.info();
         assert_eq!(info.name, "gguf:model.gguf");
         assert_eq!(info.engine, "llama.cpp");
-        assert_eq!(info.bytes, std::fs::metadata(&path).unwrap().len());
+        assert_eq!(
+            info.file_bytes,
+            Some(std::fs::metadata(&path).unwrap().len())
+        );
+        // llama-bench's model_size for this fixture: the tensor data alone.
+        assert_eq!(info.tensor_bytes, 476_416);
         // llama-bench reports this fixture as model_n_params 119104, model_size 476416
         // (tests/data/tiny-llama-bench.json): all F32, so 32 bits per weight.
         assert_eq!(info.params, 119_104);
@@ -457,8 +470,11 @@ mod tests {
         let path = fixtures().join("tiny-llama/model.gguf");
         let mut r = LlamaCppRunner::new(&path, &tools, LlamaCppRunnerOptions::default()).unwrap();
         let protocol = PerplexityProtocol {
-            ctx: 64,
-            chunks: 1,
+            plan: crate::protocol::ChunkPlan {
+                ctx: 64,
+                chunks: 1,
+                first: 32,
+            },
             threads: 1,
             reference_logits: None,
         };
@@ -473,7 +489,7 @@ mod tests {
             r.perplexity(&protocol, &tokens, &counter()).unwrap_err()
         );
         assert!(
-            e.contains("127 tokens") && e.contains("at least 128"),
+            e.contains("tokenizes to 127") && e.contains("at least 128"),
             "{e}"
         );
         assert!(r.commands().is_empty());
@@ -533,8 +549,7 @@ mod tests {
             text_path: text.clone(),
         };
         let protocol = PerplexityProtocol {
-            ctx: 64,
-            chunks: 8,
+            plan: crate::protocol::ChunkPlan::new(tokens.tokens.len(), 64, Some(8)).unwrap(),
             threads: 2,
             reference_logits: None,
         };
@@ -576,22 +591,21 @@ mod tests {
         let res = r.perplexity(&protocol, &tokens, &counter()).unwrap();
         assert_eq!(res.tokens_match, Some(false));
 
-        // Speed: llama-bench's JSON, one sample per repetition.
+        // Speed: one llama-bench repetition per call (-r 1), its JSON kept.
         let spec = SpeedSpec {
             pp: 32,
             tg: 4,
             reps: 2,
             threads: 2,
         };
-        let s = r.speed(&spec, &counter()).unwrap();
-        let (pp, tg) = (s.pp.unwrap(), s.tg.unwrap());
-        assert_eq!(pp.samples_tokens_per_s.len(), 2);
-        assert_eq!(tg.samples_tokens_per_s.len(), 2);
-        assert!(pp.tokens_per_s > 0.0 && tg.tokens_per_s > 0.0);
+        let s = r.speed_rep(&spec).unwrap().unwrap();
+        assert!(s.pp.unwrap() > 0.0 && s.tg.unwrap() > 0.0);
         let raw = s.raw.unwrap();
         assert_eq!(raw.as_array().unwrap().len(), 2);
         assert_eq!(raw[0]["n_threads"], 2);
         assert_eq!(raw[0]["n_gpu_layers"], 0);
+        assert_eq!(raw[0]["samples_ts"].as_array().unwrap().len(), 1);
+        assert!(r.commands().last().unwrap().contains("-r 1"));
     }
 
     /// The SmolLM2 figures for the report: every GGUF made by scripts/setup-model.sh, on
@@ -662,43 +676,45 @@ mod tests {
             )
             .unwrap();
             let protocol = PerplexityProtocol {
-                ctx: 512,
-                chunks,
+                plan: crate::protocol::ChunkPlan::new(tokens.tokens.len(), 512, Some(chunks))
+                    .unwrap(),
                 threads,
                 reference_logits: (with_kld && ty != "F32").then(|| base.clone()),
             };
             let p = r.perplexity(&protocol, &tokens, &counter()).unwrap();
-            let s = r
-                .speed(
-                    &SpeedSpec {
-                        pp: 512,
-                        tg: 128,
-                        reps,
-                        threads,
-                    },
-                    &counter(),
-                )
-                .unwrap();
-            let none = SpeedSample {
-                tokens_per_s: f64::NAN,
-                tokens_per_s_std: f64::NAN,
-                samples_tokens_per_s: Vec::new(),
+            let spec = SpeedSpec {
+                pp: 512,
+                tg: 128,
+                reps,
+                threads,
             };
-            let (pp, tg) = (s.pp.unwrap_or(none.clone()), s.tg.unwrap_or(none));
+            let (mut pps, mut tgs) = (Vec::new(), Vec::new());
+            for _ in 0..reps {
+                if let Some(s) = r.speed_rep(&spec).unwrap() {
+                    pps.extend(s.pp);
+                    tgs.extend(s.tg);
+                }
+            }
+            let summary = |v: Vec<f64>| {
+                crate::stats::speed_sample("speed", v)
+                    .map(|s| (s.tokens_per_s, s.tokens_per_s_std))
+                    .unwrap_or((f64::NAN, f64::NAN))
+            };
+            let (pp, tg) = (summary(pps), summary(tgs));
             let info = r.info();
             eprintln!(
                 "ROW {ty}: MiB {:.1} bpw {:.2} | PPL {:.4} ± {:.4} tokens_match {:?} | KLD {} same-top {} | pp512 {:.1} ± {:.1} | tg128 {:.1} ± {:.1} | load_s {:?}",
-                info.bytes as f64 / 1048576.0,
+                info.tensor_bytes as f64 / 1048576.0,
                 info.bits_per_weight,
                 p.ppl,
                 p.ppl_err,
                 p.tokens_match,
                 p.reference.as_ref().map_or("-".into(), |r| format!("{:.5} ± {:.5}", r.kld_mean, r.kld_mean_err)),
                 p.reference.as_ref().map_or("-".into(), |r| format!("{:.2}%", 100.0 * r.top1_agreement)),
-                pp.tokens_per_s,
-                pp.tokens_per_s_std,
-                tg.tokens_per_s,
-                tg.tokens_per_s_std,
+                pp.0,
+                pp.1,
+                tg.0,
+                tg.1,
                 info.load_s,
             );
             for c in r.commands() {

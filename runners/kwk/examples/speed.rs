@@ -4,6 +4,11 @@
 //!
 //! `cargo run --release -p kwk --example speed -- MODEL.gguf [--precision float32]
 //!  [--threads 2] [--pp 512] [--tg 128] [--reps 3]`
+//!
+//! Each rate is also given as a share of this machine's roofline (`kernels::peaks`, the
+//! active tier's instructions, measured first with the same threads; `model::cost` for
+//! the operations and bytes per token): pp against the fp32 / bf16 / int8 peak of the
+//! format's kernels, tg against the read bandwidth.
 
 use kwk::decoder::{DecoderOptions, KwkDecoder, Precision};
 use std::time::Instant;
@@ -42,6 +47,23 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let tg: usize = opt("--tg", "128").parse()?;
     let reps: usize = opt("--reps", "3").parse()?;
 
+    let peaks = kwk::kernels::peaks::measure(kwk::kernels::active_isa(), threads);
+    println!(
+        "peaks ({} threads, tier {}): fp32 {:.1} GFLOP/s, int8 {:.1} GOP/s, bf16 {}, read {:.1} GB/s",
+        peaks.threads,
+        peaks.isa,
+        peaks.fp32_gflops,
+        peaks.int8_gops,
+        peaks
+            .bf16_gflops
+            .map_or("converted".to_string(), |b| format!("{b:.1} GFLOP/s")),
+        peaks.read_gbps
+    );
+    let compute_peak = match precision {
+        Precision::Float32 => peaks.fp32_gflops,
+        Precision::Bf16 => peaks.bf16_gflops.unwrap_or(peaks.fp32_gflops),
+        _ => peaks.int8_gops,
+    } * 1e9;
     let t = Instant::now();
     let (config, weights, _tok, _info) =
         kwk::model::gguf_loader::load_gguf(std::path::Path::new(path))?;
@@ -94,7 +116,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
         let (m, sd) = mean_std(&rates);
-        println!("pp{pp}: {m:.1} ± {sd:.1} tokens/s");
+        let ops = kwk::model::cost::prompt_ops_per_token(&config, pp);
+        println!(
+            "pp{pp}: {m:.1} ± {sd:.1} tokens/s ({:.1} G op/s, {:.0} % of the compute roofline)",
+            m * ops / 1e9,
+            100.0 * m * ops / compute_peak
+        );
     }
     if tg > 0 {
         let mut rates = Vec::new();
@@ -112,7 +139,14 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
         let (m, sd) = mean_std(&rates);
-        println!("tg{tg}: {m:.1} ± {sd:.1} tokens/s");
+        let bytes = dec.weight_bytes_read_per_token()
+            + kwk::model::cost::kv_bytes_per_token(&config, 4.0, 0, tg);
+        println!(
+            "tg{tg}: {m:.1} ± {sd:.1} tokens/s ({:.2} GB/s of {:.1} MB per token, {:.0} % of the read roofline)",
+            m * bytes / 1e9,
+            bytes / 1e6,
+            100.0 * m * bytes / (peaks.read_gbps * 1e9)
+        );
     }
     Ok(())
 }

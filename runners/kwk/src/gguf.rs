@@ -688,6 +688,22 @@ impl GgufFile {
     }
 
     /// The tensor directory in file order.
+    /// Weight bytes one generated token reads (`model::cost::gguf_weight_bytes_per_token`),
+    /// experts counted at `{arch}.expert_used_count / {arch}.expert_count` when present.
+    pub fn weight_bytes_read_per_token(&self) -> f64 {
+        let arch = self
+            .get_str("general.architecture")
+            .ok()
+            .flatten()
+            .unwrap_or("");
+        let key = |k: &str| self.get_u64(&format!("{arch}.{k}")).ok().flatten();
+        let share = match (key("expert_used_count"), key("expert_count")) {
+            (Some(used), Some(n)) if n > 0 && used <= n => used as f64 / n as f64,
+            _ => 1.0,
+        };
+        crate::model::cost::gguf_weight_bytes_per_token(&self.tensors, share)
+    }
+
     pub fn tensors(&self) -> &[GgufTensorInfo] {
         &self.tensors
     }

@@ -100,6 +100,19 @@ impl Layer {
         b
     }
 
+    /// Bytes one token reads from this layer: all of it but the experts it is not routed
+    /// to (the routed ones counted as `top_k / n_experts` of all experts).
+    pub fn bytes_read_per_token(&self) -> f64 {
+        match &self.ffn {
+            PackedFfn::Dense(_) => self.bytes() as f64,
+            PackedFfn::Moe(m) => {
+                let experts: u64 = m.experts.iter().map(PackedMlp::bytes).sum();
+                let share = m.top_k as f64 / m.experts.len().max(1) as f64;
+                (self.bytes() - experts) as f64 + experts as f64 * share
+            }
+        }
+    }
+
     /// Runs the layer on the `n` rows of `x` (`[n][d]`, updated in place), tokens at
     /// positions `pos0..pos0+n`, storing their keys and values in the cache.
     #[allow(clippy::too_many_arguments)]

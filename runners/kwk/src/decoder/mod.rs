@@ -876,6 +876,22 @@ impl KwkDecoder {
         self.weight_bytes
     }
 
+    /// Weight bytes one generated token reads (see `model::cost`): every layer (routed
+    /// experts only, as a share), the output matrix, and one row of an input embedding
+    /// that is not also the output.
+    pub fn weight_bytes_read_per_token(&self) -> f64 {
+        let layers: f64 = self.layers.iter().map(|l| l.bytes_read_per_token()).sum();
+        let embed = self.embed.bytes() as f64;
+        let (head, embed_row) = match &self.lm_head {
+            Some(h) => (
+                h.bytes() as f64,
+                embed / self.config.vocab_size.max(1) as f64,
+            ),
+            None => (embed, 0.0),
+        };
+        layers + head + embed_row + 4.0 * self.final_norm.len() as f64
+    }
+
     /// Packed linears per layout (`4-bit g32` → count), the embedding and `lm_head`
     /// included; the report's `type_mix`.
     pub fn type_mix(&self) -> std::collections::BTreeMap<String, usize> {

@@ -16,6 +16,7 @@
 pub mod broadcast;
 pub mod int4_matmul;
 pub mod int8_matmul;
+pub mod peaks;
 pub mod q8_activations;
 pub mod scalar;
 #[cfg(target_arch = "x86_64")]

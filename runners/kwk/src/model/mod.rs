@@ -8,6 +8,7 @@
 //! layout: `y = W x`); q/k rows are in Hugging Face's rotate-half (NeoX) rope order.
 
 pub mod config;
+pub mod cost;
 pub mod gguf_loader;
 pub mod memory;
 pub mod safetensors_loader;

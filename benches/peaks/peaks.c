@@ -1,0 +1,155 @@
+/* Standalone twin of kwk's roofline peaks (runners/kwk/src/kernels/peaks.rs), written
+ * independently in C so the figures kwk-eval reports can be checked against a second
+ * program: float32 FMA, int8 dot and bf16 dot throughput (12 independent accumulators,
+ * inline assembly so nothing is hoisted) and read bandwidth over a buffer, with N
+ * threads, best of 5 trials. Counting as in kwk: FMA = 2 ops, a byte product added = 2,
+ * a vdpbf16ps lane = 4.
+ *
+ * Build and run: scripts/peaks-microbench.sh [TIER] [THREADS]
+ * TIER: vnni | avx512bw | avx2 (the int8 instruction and the vector width). */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+#define REP12(I) I(0) I(1) I(2) I(3) I(4) I(5) I(6) I(7) I(8) I(9) I(10) I(11)
+
+/* Each loop: iters x 12 instructions on registers zmm/ymm 0..11 with operands in 12..14. */
+#define LOOP(NAME, SETUP, INSTR)                                                         \
+    static void NAME(long iters) {                                                     \
+        __asm__ volatile(SETUP ::: "memory");                                          \
+        for (long i = 0; i < iters; i++) {                                             \
+            __asm__ volatile(REP12(INSTR)                                              \
+                             ::: "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5",       \
+                             "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11");         \
+        }                                                                              \
+    }
+
+#define FMA_Z(k) "vfmadd231ps %%zmm13, %%zmm12, %%zmm" #k "\n"
+#define FMA_Y(k) "vfmadd231ps %%ymm13, %%ymm12, %%ymm" #k "\n"
+#define DPB_Z(k) "vpdpbusd %%zmm13, %%zmm12, %%zmm" #k "\n"
+#define BF_Z(k) "vdpbf16ps %%zmm13, %%zmm12, %%zmm" #k "\n"
+#define MADD_Z(k) "vpmaddubsw %%zmm13, %%zmm12, %%zmm15\n vpmaddwd %%zmm14, %%zmm15, %%zmm15\n vpaddd %%zmm15, %%zmm" #k ", %%zmm" #k "\n"
+#define MADD_Y(k) "vpmaddubsw %%ymm13, %%ymm12, %%ymm15\n vpmaddwd %%ymm14, %%ymm15, %%ymm15\n vpaddd %%ymm15, %%ymm" #k ", %%ymm" #k "\n"
+
+#define ZSET "vpxord %%zmm12, %%zmm12, %%zmm12\n vpxord %%zmm13, %%zmm13, %%zmm13\n vpternlogd $0xff, %%zmm14, %%zmm14, %%zmm14\n"
+#define YSET "vpxor %%ymm12, %%ymm12, %%ymm12\n vpxor %%ymm13, %%ymm13, %%ymm13\n vpcmpeqd %%ymm14, %%ymm14, %%ymm14\n"
+
+LOOP(fma_z, ZSET, FMA_Z)
+LOOP(fma_y, YSET, FMA_Y)
+LOOP(dpb_z, ZSET, DPB_Z)
+LOOP(bf_z, ZSET, BF_Z)
+LOOP(madd_z, ZSET, MADD_Z)
+LOOP(madd_y, YSET, MADD_Y)
+
+typedef void (*loop_fn)(long);
+
+struct job {
+    loop_fn fn;
+    long iters;
+    const uint64_t *data;
+    size_t n;
+    uint64_t out;
+    double t0, t1;
+    pthread_barrier_t *bar;
+};
+
+static void *run_job(void *arg) {
+    struct job *j = arg;
+    pthread_barrier_wait(j->bar);
+    j->t0 = now();
+    if (j->fn) {
+        j->fn(j->iters);
+    } else {
+        uint64_t a = 0, b = 0, c = 0, d = 0;
+        for (size_t i = 0; i + 4 <= j->n; i += 4) {
+            a ^= j->data[i]; b ^= j->data[i + 1]; c ^= j->data[i + 2]; d ^= j->data[i + 3];
+        }
+        j->out = a ^ b ^ c ^ d;
+    }
+    j->t1 = now();
+    return NULL;
+}
+
+/* Seconds from the first start to the last end of `threads` jobs. */
+static double parallel(int threads, loop_fn fn, long iters, const uint64_t *data, size_t per) {
+    pthread_t th[256];
+    struct job jobs[256];
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, threads);
+    for (int t = 0; t < threads; t++) {
+        jobs[t] = (struct job){fn, iters, data ? data + t * per : NULL, per, 0, 0, 0, &bar};
+        pthread_create(&th[t], NULL, run_job, &jobs[t]);
+    }
+    double t0 = 1e300, t1 = 0;
+    uint64_t sink = 0;
+    for (int t = 0; t < threads; t++) {
+        pthread_join(th[t], NULL);
+        if (jobs[t].t0 < t0) t0 = jobs[t].t0;
+        if (jobs[t].t1 > t1) t1 = jobs[t].t1;
+        sink ^= jobs[t].out;
+    }
+    pthread_barrier_destroy(&bar);
+    if (sink == 42) fprintf(stderr, " ");
+    return t1 - t0;
+}
+
+/* Best ops/s of `fn` (ops per iteration `ops`) over 5 trials of about 40 ms. */
+static double peak(int threads, loop_fn fn, double ops) {
+    long iters = 1 << 12;
+    for (;;) {
+        double t = now();
+        fn(iters);
+        double dt = now() - t;
+        if (dt > 0.005) { iters = (long)(iters * 0.040 / dt); break; }
+        iters *= 4;
+    }
+    double best = 0;
+    for (int k = 0; k < 5; k++) {
+        double r = iters * ops * threads / parallel(threads, fn, iters, NULL, 0);
+        if (r > best) best = r;
+    }
+    return best;
+}
+
+int main(int argc, char **argv) {
+    const char *tier = argc > 1 ? argv[1] : "vnni";
+    int threads = argc > 2 ? atoi(argv[2]) : 2;
+    size_t mib = argc > 3 ? (size_t)atol(argv[3]) : 256;
+    if (threads < 1 || threads > 256) { fprintf(stderr, "error: THREADS must be 1..256\n"); return 2; }
+    int z = strcmp(tier, "avx2") != 0;
+    if (strcmp(tier, "vnni") && strcmp(tier, "avx512bw") && strcmp(tier, "avx2")) {
+        fprintf(stderr, "error: TIER must be vnni, avx512bw or avx2, got %s\n", tier);
+        return 2;
+    }
+    double c = 12;
+    printf("tier %s threads %d\n", tier, threads);
+    printf("fp32 %.1f GFLOP/s\n", peak(threads, z ? fma_z : fma_y, c * (z ? 32 : 16)) / 1e9);
+    if (!strcmp(tier, "vnni"))
+        printf("int8 %.1f GOP/s (vpdpbusd zmm)\n", peak(threads, dpb_z, c * 128) / 1e9);
+    else
+        printf("int8 %.1f GOP/s (vpmaddubsw+vpmaddwd+vpaddd)\n", peak(threads, z ? madd_z : madd_y, c * (z ? 128 : 64)) / 1e9);
+    if (!strcmp(tier, "vnni") && __builtin_cpu_supports("avx512bf16"))
+        printf("bf16 %.1f GFLOP/s\n", peak(threads, bf_z, c * 64) / 1e9);
+    size_t per = (mib << 20) / 8 / threads / 32 * 32;
+    uint64_t *data = malloc(per * threads * 8);
+    if (!data) { fprintf(stderr, "error: cannot allocate %zu MiB\n", mib); return 2; }
+    for (size_t i = 0; i < per * threads; i++) data[i] = i * 0x9e3779b97f4a7c15ull;
+    double best = 0;
+    for (int k = 0; k < 5; k++) {
+        double r = per * threads * 8.0 / parallel(threads, NULL, 0, data, per);
+        if (r > best) best = r;
+    }
+    printf("read %.1f GB/s (%zu MiB buffer)\n", best / 1e9, mib);
+    free(data);
+    return 0;
+}

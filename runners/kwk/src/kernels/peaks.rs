@@ -1,0 +1,411 @@
+//! This machine's peaks, the ceilings of a roofline: float32 FMA, int8 dot and bf16 dot
+//! throughput with the instructions the active kernel tier uses, and the read bandwidth
+//! of a buffer larger than the last-level cache, all with a given number of threads, in
+//! about a second. The SIMD loops live in `x86_64/peaks.rs`; the scalar tier measures
+//! the `scalar_*` twins below (plain Rust, what the scalar kernels compile to).
+//!
+//! Counting: one fused multiply-add is 2 operations; one byte product added into an
+//! accumulator is 2 (so `vpdpbusd` zmm is 128 and `vpmaddubsw`+`vpmaddwd`+`vpaddd` zmm
+//! is 128 for three instructions); one `vdpbf16ps` zmm lane does two products and two
+//! adds (64 per instruction). Each figure is the best of several timed trials: a peak.
+
+use super::Isa;
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+/// Accumulator chains of the scalar twins (as the SIMD loops).
+const CHAINS: usize = 12;
+
+/// The measured ceilings (per second, all threads together).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Peaks {
+    /// Threads the loops ran on.
+    pub threads: usize,
+    /// Kernel tier whose instructions were measured (`KWK_ISA` respected).
+    pub isa: String,
+    /// Float32 multiply-add, GFLOP/s.
+    pub fp32_gflops: f64,
+    /// Instruction behind `fp32_gflops`.
+    pub fp32_instruction: String,
+    /// int8 dot (u8 x i8 into i32), GOP/s.
+    pub int8_gops: f64,
+    /// Instruction(s) behind `int8_gops`.
+    pub int8_instruction: String,
+    /// bf16 dot (`vdpbf16ps`), GFLOP/s; `None` where the tier converts bf16 to f32 (its
+    /// ceiling is then `fp32_gflops`).
+    pub bf16_gflops: Option<f64>,
+    /// Read bandwidth, GB/s (10^9 bytes).
+    pub read_gbps: f64,
+    /// Bytes of the buffer the bandwidth was read from.
+    pub read_buffer_bytes: usize,
+    /// Wall time the measurement took, seconds.
+    pub seconds: f64,
+}
+
+/// One arithmetic loop: runs `iters` iterations and returns the accumulators' lane sum.
+type StreamLoop = fn(u64) -> f64;
+
+/// A measurable loop with its operations per iteration (all chains) and its name.
+struct Kernel {
+    run: StreamLoop,
+    ops_per_iter: f64,
+    instruction: &'static str,
+}
+
+/// Float32 multiply-add chains in plain Rust (the scalar tier's ceiling); lanes as the
+/// SIMD loops: `a += x * y` with x = y = 1.
+pub fn scalar_fma(iters: u64) -> f64 {
+    let mut a = [0f32; CHAINS];
+    let (x, y) = (std::hint::black_box(1f32), std::hint::black_box(1f32));
+    for _ in 0..iters {
+        for v in a.iter_mut() {
+            *v += x * y;
+        }
+    }
+    a.iter().map(|&v| v as f64).sum()
+}
+
+/// int8 dot chains in plain Rust: each accumulator adds four u8 x i8 products (3 x 5).
+pub fn scalar_dot(iters: u64) -> f64 {
+    let mut a = [0i32; CHAINS];
+    let (x, y) = (
+        std::hint::black_box([3u8; 4]),
+        std::hint::black_box([5i8; 4]),
+    );
+    for _ in 0..iters {
+        for v in a.iter_mut() {
+            for k in 0..4 {
+                *v = v.wrapping_add(x[k] as i32 * y[k] as i32);
+            }
+        }
+    }
+    a.iter().map(|&v| v as f64).sum()
+}
+
+/// Reads `data` with scalar loads; returns the xor of everything read.
+pub fn scalar_read(data: &[u64]) -> u64 {
+    let mut acc = [0u64; 4];
+    for block in data.chunks_exact(4) {
+        for k in 0..4 {
+            acc[k] ^= block[k];
+        }
+    }
+    acc[0] ^ acc[1] ^ acc[2] ^ acc[3]
+}
+
+/// The lane sum every arithmetic loop returns after `iters` iterations, by construction
+/// of its operands: per chain and iteration, `lanes` lanes each add `per_lane`.
+pub fn expected_sum(iters: u64, lanes: usize, per_lane: f64) -> f64 {
+    iters as f64 * (CHAINS * lanes) as f64 * per_lane
+}
+
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    //! Safe wrappers: each is only handed out by [`super::kernels_for`] for a tier whose
+    //! features [`crate::kernels::isa_supported`] confirmed.
+    use crate::kernels::x86_64::peaks as p;
+    macro_rules! wrap {
+        ($($name:ident),*) => {$(
+            pub fn $name(iters: u64) -> f64 {
+                // SAFETY: handed out only for tiers whose features the CPU has.
+                unsafe { p::$name(iters) }
+            }
+        )*};
+    }
+    wrap!(
+        fma_zmm,
+        fma_ymm,
+        dpbusd_zmm,
+        dpbusd_ymm_evex,
+        dpbusd_ymm_vex,
+        dpbf16_zmm,
+        maddubs_zmm,
+        maddubs_ymm
+    );
+    pub fn read_zmm(d: &[u64]) -> u64 {
+        // SAFETY: handed out only for AVX-512 tiers.
+        unsafe { p::read_zmm(d) }
+    }
+    pub fn read_ymm(d: &[u64]) -> u64 {
+        // SAFETY: handed out only for AVX2-class tiers.
+        unsafe { p::read_ymm(d) }
+    }
+}
+
+/// A read loop: reads a slice, returns the xor of everything read.
+type ReadLoop = fn(&[u64]) -> u64;
+
+/// The (fp32, int8, bf16) loops and the read loop of a tier.
+fn kernels_for(isa: Isa) -> (Kernel, Kernel, Option<Kernel>, ReadLoop) {
+    let c = CHAINS as f64;
+    let scalar = (
+        Kernel {
+            run: scalar_fma,
+            ops_per_iter: c * 2.0,
+            instruction: "scalar mul+add",
+        },
+        Kernel {
+            run: scalar_dot,
+            ops_per_iter: c * 8.0,
+            instruction: "scalar i32 mul+add",
+        },
+        None,
+        scalar_read as ReadLoop,
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        let fma512 = Kernel {
+            run: simd::fma_zmm,
+            ops_per_iter: c * 32.0,
+            instruction: "vfmadd231ps zmm",
+        };
+        let fma256 = Kernel {
+            run: simd::fma_ymm,
+            ops_per_iter: c * 16.0,
+            instruction: "vfmadd231ps ymm",
+        };
+        match isa {
+            Isa::Avx512Vnni { bf16 } => (
+                fma512,
+                Kernel {
+                    run: simd::dpbusd_zmm,
+                    ops_per_iter: c * 128.0,
+                    instruction: "vpdpbusd zmm",
+                },
+                bf16.then_some(Kernel {
+                    run: simd::dpbf16_zmm,
+                    ops_per_iter: c * 64.0,
+                    instruction: "vdpbf16ps zmm",
+                }),
+                simd::read_zmm,
+            ),
+            Isa::Avx512Bw => (
+                fma512,
+                Kernel {
+                    run: simd::maddubs_zmm,
+                    ops_per_iter: c * 128.0,
+                    instruction: "vpmaddubsw+vpmaddwd+vpaddd zmm",
+                },
+                None,
+                simd::read_zmm,
+            ),
+            Isa::AvxVnni => {
+                let vex = std::arch::is_x86_feature_detected!("avxvnni");
+                (
+                    fma256,
+                    Kernel {
+                        run: if vex {
+                            simd::dpbusd_ymm_vex
+                        } else {
+                            simd::dpbusd_ymm_evex
+                        },
+                        ops_per_iter: c * 64.0,
+                        instruction: if vex {
+                            "vpdpbusd ymm (vex)"
+                        } else {
+                            "vpdpbusd ymm (evex)"
+                        },
+                    },
+                    None,
+                    simd::read_ymm,
+                )
+            }
+            Isa::Avx2 => (
+                fma256,
+                Kernel {
+                    run: simd::maddubs_ymm,
+                    ops_per_iter: c * 64.0,
+                    instruction: "vpmaddubsw+vpmaddwd+vpaddd ymm",
+                },
+                None,
+                simd::read_ymm,
+            ),
+            Isa::Scalar => scalar,
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = isa;
+        scalar
+    }
+}
+
+/// Wall time of `threads` threads each running `work(thread index)` from one barrier:
+/// from the earliest start to the latest end.
+fn timed_parallel<F: Fn(usize) + Sync>(threads: usize, work: F) -> Duration {
+    let barrier = Barrier::new(threads);
+    let spans: Vec<(Instant, Instant)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let (barrier, work) = (&barrier, &work);
+                s.spawn(move || {
+                    barrier.wait();
+                    let start = Instant::now();
+                    work(t);
+                    (start, Instant::now())
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("peak measurement thread panicked"))
+            .collect()
+    });
+    let start = spans
+        .iter()
+        .map(|s| s.0)
+        .min()
+        .expect("at least one thread");
+    let end = spans
+        .iter()
+        .map(|s| s.1)
+        .max()
+        .expect("at least one thread");
+    end - start
+}
+
+/// Best rate (operations per second) of `kernel` on `threads` threads: iterations sized
+/// for about `trial` per run, `trials` runs.
+fn peak_rate(kernel: &Kernel, threads: usize, trial: Duration, trials: usize) -> f64 {
+    // Size the trial on one thread's short run.
+    let mut iters = 1u64 << 12;
+    loop {
+        let t = Instant::now();
+        std::hint::black_box((kernel.run)(iters));
+        let dt = t.elapsed();
+        if dt >= trial / 8 || iters >= 1 << 40 {
+            iters = ((iters as f64) * trial.as_secs_f64() / dt.as_secs_f64().max(1e-9)) as u64;
+            break;
+        }
+        iters *= 4;
+    }
+    let iters = iters.max(1);
+    (0..trials)
+        .map(|_| {
+            let dt = timed_parallel(threads, |_| {
+                std::hint::black_box((kernel.run)(iters));
+            });
+            iters as f64 * kernel.ops_per_iter * threads as f64 / dt.as_secs_f64()
+        })
+        .fold(0.0, f64::max)
+}
+
+/// Bytes of the bandwidth buffer: at least 256 MiB and eight times the last-level cache
+/// this CPU reports (sysfs), so the reads come from memory.
+fn read_buffer_bytes() -> usize {
+    let llc = (0..8)
+        .filter_map(|i| {
+            let dir = format!("/sys/devices/system/cpu/cpu0/cache/index{i}");
+            let size = std::fs::read_to_string(format!("{dir}/size")).ok()?;
+            let size = size.trim();
+            let (num, mult) = match size.strip_suffix('K') {
+                Some(n) => (n, 1usize << 10),
+                None => match size.strip_suffix('M') {
+                    Some(n) => (n, 1 << 20),
+                    None => (size, 1),
+                },
+            };
+            num.parse::<usize>().ok().map(|n| n * mult)
+        })
+        .max()
+        .unwrap_or(0);
+    (256usize << 20).max(llc.saturating_mul(8)).min(4 << 30)
+}
+
+/// Best read bandwidth (bytes/s) over `bytes` split evenly between `threads` threads.
+fn read_bandwidth(read: ReadLoop, threads: usize, bytes: usize, trials: usize) -> f64 {
+    // Each thread's slice is a multiple of 32 u64 (the widest loop's block).
+    let per_thread = (bytes / 8 / threads.max(1)) / 32 * 32;
+    let data: Vec<u64> = (0..per_thread * threads)
+        .map(|i| (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15))
+        .collect();
+    let slice_bytes = (per_thread * threads * 8) as f64;
+    (0..trials)
+        .map(|_| {
+            let dt = timed_parallel(threads, |t| {
+                std::hint::black_box(read(&data[t * per_thread..(t + 1) * per_thread]));
+            });
+            slice_bytes / dt.as_secs_f64()
+        })
+        .fold(0.0, f64::max)
+}
+
+/// Measures the peaks of tier `isa` on `threads` threads (about a second in all).
+pub fn measure(isa: Isa, threads: usize) -> Peaks {
+    let threads = threads.max(1);
+    let started = Instant::now();
+    let (fp32, int8, bf16, read) = kernels_for(isa);
+    let trial = Duration::from_millis(40);
+    let fp32_rate = peak_rate(&fp32, threads, trial, 5);
+    let int8_rate = peak_rate(&int8, threads, trial, 5);
+    let bf16_rate = bf16.as_ref().map(|k| peak_rate(k, threads, trial, 5));
+    let bytes = read_buffer_bytes();
+    let bw = read_bandwidth(read, threads, bytes, 5);
+    Peaks {
+        threads,
+        isa: isa.name().to_string(),
+        fp32_gflops: fp32_rate / 1e9,
+        fp32_instruction: fp32.instruction.to_string(),
+        int8_gops: int8_rate / 1e9,
+        int8_instruction: int8.instruction.to_string(),
+        bf16_gflops: bf16_rate.map(|r| r / 1e9),
+        read_gbps: bw / 1e9,
+        read_buffer_bytes: bytes,
+        seconds: started.elapsed().as_secs_f64(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::supported_isas;
+
+    /// Every loop of every supported tier computes what its operands say (so the
+    /// instructions counted are the instructions run), and the read loops read every
+    /// element (same xor as the scalar twin).
+    #[test]
+    fn loops_compute_their_operands() {
+        let iters = 1000;
+        for isa in supported_isas() {
+            let (fp32, int8, bf16, read) = kernels_for(isa);
+            let lanes =
+                |k: &Kernel, ops_per_lane: f64| k.ops_per_iter / CHAINS as f64 / ops_per_lane;
+            // fp32: each lane adds 1*1 per iteration (2 ops per lane).
+            assert_eq!(
+                (fp32.run)(iters),
+                expected_sum(iters, lanes(&fp32, 2.0) as usize, 1.0),
+                "{isa:?} fp32"
+            );
+            // int8: each i32 lane adds four products 3*5 (8 ops per lane).
+            assert_eq!(
+                (int8.run)(iters),
+                expected_sum(iters, lanes(&int8, 8.0) as usize, 60.0),
+                "{isa:?} int8"
+            );
+            if let Some(b) = bf16 {
+                // bf16: each f32 lane adds two products 1*1 (4 ops per lane).
+                assert_eq!(
+                    (b.run)(iters),
+                    expected_sum(iters, lanes(&b, 4.0) as usize, 2.0),
+                    "{isa:?} bf16"
+                );
+            }
+            let data: Vec<u64> = (0..4096u64)
+                .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (i << 7))
+                .collect();
+            assert_eq!(read(&data), scalar_read(&data), "{isa:?} read");
+        }
+    }
+
+    #[test]
+    fn measure_gives_positive_finite_peaks() {
+        let p = measure(crate::kernels::active_isa(), 1);
+        for v in [p.fp32_gflops, p.int8_gops, p.read_gbps] {
+            assert!(v.is_finite() && v > 0.0, "{p:?}");
+        }
+        assert!(
+            p.bf16_gflops.is_none_or(|v| v.is_finite() && v > 0.0),
+            "{p:?}"
+        );
+    }
+}

@@ -1,0 +1,403 @@
+//! The measure loop. Quality first, one runner after another in run order (float32 first:
+//! it writes the reference log-probs the others are compared with): build, perplexity,
+//! per-token comparison, and the reports rewritten after each row. Then speed in
+//! interleaved rounds: round r times repetition r of every runner still standing, the
+//! order rotated by one each round, so machine drift lands on every row alike rather than
+//! on whichever engine ran last; the order is recorded in `speed_rounds`. Runners are kept
+//! until the speed rounds end (all formats in memory at once); with `--no-speed` each is
+//! dropped after its perplexity. A runner that fails gets an `error` in its row and the
+//! others still run.
+
+use crate::eval::paired::paired_change;
+use crate::plan::RunPlan;
+use crate::prepare::Prepared;
+use crate::progress::Bar;
+use crate::protocol::results::{Machine, Results, RunnerRecord};
+use crate::protocol::{ComputeKind, FormatSpec, RooflineCost, SpeedRep, SpeedSpec, TokenScores};
+use crate::report;
+use crate::runner::kwk::{KwkRunner, KwkRunnerOptions, ReferenceRole};
+use crate::runner::llamacpp::{LlamaCppRunner, LlamaCppRunnerOptions};
+use crate::runner::Runner;
+use crate::stats::{finite, speed_sample};
+use anyhow::{Context, Result};
+use std::rc::Rc;
+
+/// A runner that measured its quality, kept for the speed rounds.
+struct Live {
+    index: usize,
+    runner: Box<dyn Runner>,
+    pp: Vec<f64>,
+    tg: Vec<f64>,
+    raw: Vec<serde_json::Value>,
+}
+
+/// Builds llama.cpp runners for every GGUF of the plan: reads and checks each header (no
+/// subprocess), so a bad file fails before the model is loaded.
+pub fn build_llamacpp(plan: &RunPlan) -> Result<Vec<Option<Box<dyn Runner>>>> {
+    plan.formats
+        .iter()
+        .map(|f| match (f, &plan.tools) {
+            (FormatSpec::Gguf { path }, Some(tools)) => {
+                let options = LlamaCppRunnerOptions {
+                    threads: plan.threads,
+                    kv_type: plan.llama_kv,
+                    run_bench: plan.llama_bench,
+                    ..Default::default()
+                };
+                let r = LlamaCppRunner::new(path, tools, options)?;
+                Ok(Some(Box::new(r) as Box<dyn Runner>))
+            }
+            (FormatSpec::Gguf { .. }, None) => anyhow::bail!("llama.cpp tools were not located"),
+            _ => Ok(None),
+        })
+        .collect()
+}
+
+/// The in-tree runner of `spec` (packed now).
+fn build_kwk(plan: &RunPlan, prep: &Prepared, spec: &FormatSpec) -> Result<Box<dyn Runner>> {
+    let FormatSpec::Kwk { name, precision } = spec else {
+        anyhow::bail!("'{}' is not an in-tree format", spec.name());
+    };
+    let role = match &prep.protocol.reference_logits {
+        Some(path) if spec.is_reference() => ReferenceRole::Writes(path.clone()),
+        _ => ReferenceRole::Compared,
+    };
+    let options = KwkRunnerOptions {
+        threads: plan.threads,
+        max_cache_len: prep.max_cache_len,
+        calibration_tokens: prep.calibration_tokens.clone(),
+        pack_cache_dir: plan.pack_cache_dir.clone(),
+    };
+    let r = KwkRunner::new(Rc::clone(&prep.model), name, *precision, &options, role)?;
+    Ok(Box::new(r))
+}
+
+/// Perplexity of one runner into its row; the per-token scores when compared.
+fn quality(
+    runner: &mut dyn Runner,
+    step: &str,
+    prep: &Prepared,
+    reference_ready: bool,
+) -> (RunnerRecord, Option<TokenScores>) {
+    let mut rec = RunnerRecord::from_info(runner.info());
+    let name = rec.name.clone();
+    let mut protocol = prep.protocol.clone();
+    // The reference runner writes the file whatever the protocol says (its role); the
+    // others compare only once it is complete.
+    if !reference_ready {
+        protocol.reference_logits = None;
+    }
+    eprintln!("{step} {name}: perplexity");
+    let bar = Bar::new(&format!("{name} perplexity"));
+    let ppl = runner.perplexity(&protocol, &prep.stream, &bar);
+    bar.finish();
+    let p = match ppl.and_then(|p| {
+        finite("perplexity", p.ppl)?;
+        finite("perplexity error", p.ppl_err)?;
+        Ok(p)
+    }) {
+        Ok(p) => p,
+        Err(e) => {
+            rec.error = Some(format!("perplexity: {e:#}"));
+            return (rec, None);
+        }
+    };
+    eprintln!("{step} {name}: PPL {:.4} ± {:.5}", p.ppl, p.ppl_err);
+    rec.set_perplexity(&p);
+    (rec, p.tokens)
+}
+
+/// The quality pass over every format; returns the runners kept for speed.
+fn quality_pass(
+    plan: &RunPlan,
+    prep: &Prepared,
+    results: &mut Results,
+) -> Result<(Vec<Live>, Vec<Option<TokenScores>>)> {
+    let mut gguf = build_llamacpp(plan)?;
+    let (mut live, mut scores) = (Vec::new(), Vec::new());
+    let mut reference_ready = false;
+    let total = plan.formats.len();
+    for (i, spec) in plan.formats.iter().enumerate() {
+        let step = format!("[{}/{total}]", i + 1);
+        let built = match gguf[i].take() {
+            Some(r) => Ok(r),
+            None => {
+                eprintln!("{step} {}: packing", spec.name());
+                build_kwk(plan, prep, spec)
+            }
+        };
+        let (record, tokens) = match built {
+            Ok(mut runner) => {
+                let (rec, tokens) = quality(runner.as_mut(), &step, prep, reference_ready);
+                reference_ready |= spec.is_reference() && rec.error.is_none() && tokens.is_some();
+                if rec.error.is_none() && plan.speed.is_some() {
+                    live.push(Live {
+                        index: i,
+                        runner,
+                        pp: Vec::new(),
+                        tg: Vec::new(),
+                        raw: Vec::new(),
+                    });
+                }
+                (rec, tokens)
+            }
+            Err(e) => (
+                RunnerRecord::failed(&spec.name(), engine_of(spec), format!("{e:#}")),
+                None,
+            ),
+        };
+        if let Some(e) = &record.error {
+            eprintln!("{step} {}: FAILED: {e}", record.name);
+        }
+        results.runners.push(record);
+        scores.push(tokens);
+        results.update_deltas();
+        report::write_all(&plan.out_dir, results)?;
+    }
+    Ok((live, scores))
+}
+
+fn engine_of(spec: &FormatSpec) -> &'static str {
+    match spec {
+        FormatSpec::Kwk { .. } => "kwk",
+        FormatSpec::Gguf { .. } => "llama.cpp",
+    }
+}
+
+/// Every row's paired differences against the `--compare-to` row.
+fn compare_rows(
+    plan: &RunPlan,
+    results: &mut Results,
+    scores: &[Option<TokenScores>],
+) -> Result<()> {
+    let Some(name) = &plan.compare_to else {
+        return Ok(());
+    };
+    let Some(i) = results.runners.iter().position(|r| &r.name == name) else {
+        return Ok(());
+    };
+    let Some(other) = &scores[i] else {
+        eprintln!("note: --compare-to '{name}' has no per-token figures (it failed); no paired comparison");
+        return Ok(());
+    };
+    for (row, s) in results.runners.iter_mut().zip(scores) {
+        if let (Some(s), false) = (s, &row.name == name) {
+            row.compare_to = Some(
+                paired_change(s, other, name).with_context(|| format!("{} vs {name}", row.name))?,
+            );
+        }
+    }
+    Ok(())
+}
+
+/// One round: repetition `round` of every live runner, the order rotated by `round`.
+fn speed_round(
+    live: &mut [Live],
+    spec: &SpeedSpec,
+    round: usize,
+    results: &mut Results,
+) -> Vec<String> {
+    let n = live.len();
+    let mut order = Vec::with_capacity(n);
+    for k in 0..n {
+        let l = &mut live[(k + round) % n];
+        let row = &mut results.runners[l.index];
+        if row.error.is_some() {
+            continue;
+        }
+        match l.runner.speed_rep(spec) {
+            Ok(Some(SpeedRep { pp, tg, raw })) => {
+                l.pp.extend(pp);
+                l.tg.extend(tg);
+                if let Some(serde_json::Value::Array(v)) = raw {
+                    l.raw.extend(v);
+                }
+                order.push(row.name.clone());
+            }
+            Ok(None) => {}
+            Err(e) => row.error = Some(format!("speed: {e:#}")),
+        }
+    }
+    order
+}
+
+/// The speed rounds; each row's samples summarized once all rounds are done.
+fn speed_pass(
+    plan: &RunPlan,
+    config: &kwk::ModelConfig,
+    live: &mut [Live],
+    results: &mut Results,
+) -> Result<()> {
+    let Some(spec) = &plan.speed else {
+        return Ok(());
+    };
+    if live.is_empty() {
+        return Ok(());
+    }
+    for round in 0..spec.reps {
+        eprintln!(
+            "speed round {}/{}: pp{} tg{}",
+            round + 1,
+            spec.reps,
+            spec.pp,
+            spec.tg
+        );
+        let order = speed_round(live, spec, round, results);
+        results.speed_rounds.push(order);
+    }
+    for l in live.iter() {
+        let row = &mut results.runners[l.index];
+        let summary = |what: &str, v: &[f64]| {
+            (!v.is_empty())
+                .then(|| speed_sample(what, v.to_vec()))
+                .transpose()
+        };
+        match (summary("pp", &l.pp), summary("tg", &l.tg)) {
+            (Ok(pp), Ok(tg)) => row.set_speed(pp.as_ref(), tg.as_ref()),
+            (Err(e), _) | (_, Err(e)) => row.error = Some(format!("speed: {e:#}")),
+        }
+        if !l.raw.is_empty() {
+            row.llama_bench = Some(serde_json::Value::Array(l.raw.clone()));
+        }
+    }
+    for l in live.iter() {
+        let (machine, row) = (&results.machine, &mut results.runners[l.index]);
+        set_roofline(
+            row,
+            l.runner.info().roofline.as_ref(),
+            config,
+            spec,
+            machine,
+        );
+    }
+    report::write_all(&plan.out_dir, results)
+}
+
+/// The row's roofline columns: pp against the compute peak its kernels use, tg against the
+/// read bandwidth (`kwk::model::cost` for the numerators; `machine.peaks` for the ceilings,
+/// the best tier's for engines that pick their own kernels).
+fn set_roofline(
+    row: &mut RunnerRecord,
+    cost: Option<&RooflineCost>,
+    config: &kwk::ModelConfig,
+    spec: &SpeedSpec,
+    machine: &Machine,
+) {
+    let Some(cost) = cost else { return };
+    let peaks = match (cost.best_kernels, &machine.peaks_best_tier) {
+        (true, Some(best)) => Some(best),
+        _ => machine.peaks.as_ref(),
+    };
+    let Some(peaks) = peaks else { return };
+    let ops = kwk::model::cost::prompt_ops_per_token(config, spec.pp);
+    let bytes = cost.weight_bytes_per_token
+        + kwk::model::cost::kv_bytes_per_token(config, cost.kv_bytes_per_value, 0, spec.tg);
+    let compute_peak = match cost.compute {
+        ComputeKind::Fp32 => peaks.fp32_gflops,
+        ComputeKind::Bf16 => peaks.bf16_gflops.unwrap_or(peaks.fp32_gflops),
+        ComputeKind::Int8 => peaks.int8_gops,
+    } * 1e9;
+    if spec.pp > 0 {
+        row.pp_ops_per_token = Some(ops);
+        row.pp_roofline_pct = row.pp_tokens_per_s.map(|t| 100.0 * t * ops / compute_peak);
+    }
+    if spec.tg > 0 {
+        row.tg_bytes_per_token = Some(bytes);
+        row.tg_roofline_pct = row
+            .tg_tokens_per_s
+            .map(|t| 100.0 * t * bytes / (peaks.read_gbps * 1e9));
+    }
+}
+
+/// Quality of every format, paired comparisons, then interleaved speed; rows into `results`.
+pub fn run(plan: &RunPlan, prep: &Prepared, results: &mut Results) -> Result<()> {
+    let (mut live, scores) = quality_pass(plan, prep, results)?;
+    compare_rows(plan, results, &scores)?;
+    drop(scores);
+    speed_pass(plan, &prep.model.config, &mut live, results)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kwk::kernels::peaks::Peaks;
+
+    fn peaks(isa: &str, fp32: f64, int8: f64, read: f64) -> Peaks {
+        Peaks {
+            threads: 2,
+            isa: isa.into(),
+            fp32_gflops: fp32,
+            fp32_instruction: "fma".into(),
+            int8_gops: int8,
+            int8_instruction: "dot".into(),
+            bf16_gflops: None,
+            read_gbps: read,
+            read_buffer_bytes: 1 << 28,
+            seconds: 1.0,
+        }
+    }
+
+    /// pp and tg shares by hand: the row's rate times the cost model's numerators over the
+    /// matching ceiling; an engine that picks its own kernels is put against the best tier.
+    #[test]
+    fn roofline_percentages_by_hand() {
+        let model = kwk_fixtures::model_dir("tiny-llama");
+        let config =
+            kwk::model::ModelConfig::from_hf_config_json(&model.join("config.json")).unwrap();
+        let spec = SpeedSpec {
+            pp: 64,
+            tg: 16,
+            reps: 1,
+            threads: 2,
+        };
+        let machine = Machine {
+            cpu: "x".into(),
+            isa: vec![],
+            kernels: None,
+            threads: 2,
+            peaks: Some(peaks("avx2", 10.0, 40.0, 5.0)),
+            peaks_best_tier: Some(peaks("vnni", 20.0, 80.0, 8.0)),
+        };
+        let cost = |compute, best| RooflineCost {
+            compute,
+            weight_bytes_per_token: 1e6,
+            kv_bytes_per_value: 4.0,
+            best_kernels: best,
+        };
+        let ops = kwk::model::cost::prompt_ops_per_token(&config, 64);
+        let bytes = 1e6 + kwk::model::cost::kv_bytes_per_token(&config, 4.0, 0, 16);
+        let mut row = RunnerRecord {
+            pp_tokens_per_s: Some(1000.0),
+            tg_tokens_per_s: Some(100.0),
+            ..Default::default()
+        };
+        set_roofline(
+            &mut row,
+            Some(&cost(ComputeKind::Int8, false)),
+            &config,
+            &spec,
+            &machine,
+        );
+        let close = |a: Option<f64>, b: f64| (a.unwrap() - b).abs() < 1e-9 * b.abs().max(1.0);
+        assert!(close(row.pp_roofline_pct, 100.0 * 1000.0 * ops / 40e9));
+        assert!(close(row.tg_roofline_pct, 100.0 * 100.0 * bytes / 5e9));
+        set_roofline(
+            &mut row,
+            Some(&cost(ComputeKind::Fp32, true)),
+            &config,
+            &spec,
+            &machine,
+        );
+        assert!(close(row.pp_roofline_pct, 100.0 * 1000.0 * ops / 20e9));
+        assert!(close(row.tg_roofline_pct, 100.0 * 100.0 * bytes / 8e9));
+        // bf16 without a bf16 peak falls back to the fp32 ceiling.
+        set_roofline(
+            &mut row,
+            Some(&cost(ComputeKind::Bf16, false)),
+            &config,
+            &spec,
+            &machine,
+        );
+        assert!(close(row.pp_roofline_pct, 100.0 * 1000.0 * ops / 10e9));
+    }
+}

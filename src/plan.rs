@@ -1,0 +1,306 @@
+//! The plan step: turns the parsed command line ([`EvalArgs`]) into an immutable, fully
+//! checked [`RunPlan`] before anything is loaded. Every check that needs no model happens
+//! here (flags, formats, GGUF magic, texts, llama.cpp's tools, the run folder, the baseline
+//! and its identity as far as it is known before loading), so bad input fails with one
+//! clear line and never leaves a run folder behind.
+
+use crate::cli::{pack_cache, Chunks, EvalArgs, FormatArg};
+use crate::machine;
+use crate::protocol::results::Results;
+use crate::protocol::{check_ctx, FormatSpec, SpeedSpec};
+use crate::report::gate::{self, GateLimits};
+use crate::report::json;
+use crate::text::{read_text, EvalText};
+use anyhow::{anyhow, bail, ensure, Context, Result};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+/// KL divergence (and every per-token comparison) against the float32 reference.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KldMode {
+    /// On when float32 is among the formats and the base file stays under
+    /// [`KLD_AUTO_LIMIT_BYTES`].
+    Auto,
+    On,
+    Off,
+}
+
+/// Largest KL-divergence base file `--kld` auto mode writes (larger needs an explicit `--kld`).
+pub const KLD_AUTO_LIMIT_BYTES: u64 = 4 << 30;
+
+/// A baseline results.json and where it came from.
+#[derive(Debug, Clone)]
+pub struct Baseline {
+    pub path: PathBuf,
+    pub results: Results,
+}
+
+/// Everything a run needs, checked. Nothing in it changes once the run starts.
+#[derive(Debug, Clone)]
+pub struct RunPlan {
+    pub llm: String,
+    pub text: EvalText,
+    pub calib_text: Option<EvalText>,
+    /// In run order: float32 first (the reference), other in-tree formats, then GGUFs.
+    pub formats: Vec<FormatSpec>,
+    pub tools: Option<llamacpp::LlamaCppTools>,
+    pub llama_kv: llamacpp::KvType,
+    pub llama_bench: bool,
+    pub ctx: usize,
+    /// `--chunks`; `None` is every whole chunk.
+    pub max_chunks: Option<usize>,
+    pub threads: usize,
+    /// `None` with `--no-speed`.
+    pub speed: Option<SpeedSpec>,
+    pub kld: KldMode,
+    pub keep_logits: bool,
+    pub pack_cache_dir: Option<PathBuf>,
+    pub out_dir: PathBuf,
+    pub started_utc: String,
+    pub baseline: Option<Baseline>,
+    pub limits: GateLimits,
+    pub compare_to: Option<String>,
+}
+
+impl RunPlan {
+    pub fn has_reference(&self) -> bool {
+        self.formats.iter().any(FormatSpec::is_reference)
+    }
+
+    pub fn has_kwk(&self) -> bool {
+        self.formats
+            .iter()
+            .any(|f| matches!(f, FormatSpec::Kwk { .. }))
+    }
+
+    /// Whether any format fits scales to a calibration text.
+    fn needs_calibration(&self) -> bool {
+        self.formats.iter().any(|s| {
+            matches!(s, FormatSpec::Kwk { precision: kwk::Precision::Int4(o), .. } if o.calibrate || o.gptq)
+        })
+    }
+}
+
+/// Checks the flags that need no file.
+fn check_flags(a: &EvalArgs) -> Result<()> {
+    check_ctx(a.ctx).map_err(|e| anyhow!("{e}"))?;
+    ensure!(a.threads != Some(0), "--threads 0: pass at least 1 thread");
+    ensure!(a.reps >= 1, "--reps 0: pass at least 1 repetition");
+    let g = &a.gate;
+    for (flag, v) in [
+        ("--max-ppl-regression", g.max_ppl_regression),
+        ("--max-kld-regression", g.max_kld_regression),
+        ("--max-top1-regression", g.max_top1_regression),
+        ("--max-speed-regression", g.max_speed_regression),
+    ] {
+        ensure!(
+            v.is_finite() && v >= 0.0,
+            "{flag} {v}: pass a non-negative number"
+        );
+    }
+    Ok(())
+}
+
+/// The runner list in run order; a name given twice is an error.
+fn order_formats(formats: &[FormatArg], ggufs: &[PathBuf]) -> Result<Vec<FormatSpec>> {
+    let mut specs: Vec<FormatSpec> = formats
+        .iter()
+        .filter_map(|f| match f {
+            FormatArg::Format(s) => Some(s.clone()),
+            FormatArg::None => None,
+        })
+        .collect();
+    specs.extend(ggufs.iter().map(|p| FormatSpec::Gguf { path: p.clone() }));
+    let mut seen = std::collections::BTreeSet::new();
+    for s in &specs {
+        ensure!(
+            seen.insert(s.name()),
+            "'{}' is asked for twice (--formats / --gguf); give each format once",
+            s.name()
+        );
+    }
+    ensure!(
+        !specs.is_empty(),
+        "no runners: --formats is empty and no --gguf was given. Pass e.g. --formats float32,int8"
+    );
+    // Stable: float32 first, in-tree before GGUF, otherwise as given.
+    specs.sort_by_key(|s| match s {
+        _ if s.is_reference() => 0,
+        FormatSpec::Kwk { .. } => 1,
+        FormatSpec::Gguf { .. } => 2,
+    });
+    Ok(specs)
+}
+
+/// A GGUF path must exist, be a file and start with the GGUF magic.
+fn check_gguf_path(path: &Path) -> Result<()> {
+    ensure!(
+        path.exists(),
+        "GGUF file '{}' does not exist; pass the path of a .gguf model file",
+        path.display()
+    );
+    ensure!(
+        !path.is_dir(),
+        "'{}' is a directory, not a GGUF file; pass the path of a .gguf model file",
+        path.display()
+    );
+    let mut magic = Vec::with_capacity(4);
+    std::fs::File::open(path)
+        .and_then(|f| f.take(4).read_to_end(&mut magic))
+        .with_context(|| format!("reading GGUF file '{}'", path.display()))?;
+    if magic != b"GGUF" {
+        let hex: Vec<String> = magic.iter().map(|b| format!("{b:02x}")).collect();
+        bail!(
+            "'{}' is not a GGUF file (it starts with bytes [{}], not 'GGUF'); pass a .gguf model file",
+            path.display(),
+            hex.join(" ")
+        );
+    }
+    Ok(())
+}
+
+/// The run folder: `--out`, or `runs/<UTC timestamp>`. It must not hold a results.json yet.
+fn run_folder(out: Option<&Path>, stamp: &str) -> Result<PathBuf> {
+    let dir = out.map_or_else(|| PathBuf::from("runs").join(stamp), Path::to_path_buf);
+    ensure!(
+        !dir.join("results.json").exists(),
+        "--out '{}' already holds a results.json; pass a new folder (or remove the old run)",
+        dir.display()
+    );
+    ensure!(
+        !dir.exists() || dir.is_dir(),
+        "--out '{}' is a file; pass a folder",
+        dir.display()
+    );
+    Ok(dir)
+}
+
+/// The calibration text, when a format needs one; never the scored text.
+fn calibration_text(a: &EvalArgs, needed: bool, text: &EvalText) -> Result<Option<EvalText>> {
+    let calib = match (&a.calib_text, needed) {
+        (Some(p), true) => read_text(p, "--calib-text")?,
+        (None, true) => bail!(
+            "int4:calib and int4:gptq fit scales to activations of a calibration text; pass --calib-text FILE \
+             (a text other than --text, so the evaluation text is not fitted)"
+        ),
+        _ => return Ok(None),
+    };
+    ensure!(
+        calib.text != text.text,
+        "--calib-text '{}' is the same text as --text '{}': calibrating on the scored text flatters int4:calib; pass another text",
+        calib.path.display(),
+        text.path.display()
+    );
+    Ok(Some(calib))
+}
+
+/// Checks `args` and resolves them into a plan. Reads the texts, the baseline and the
+/// GGUF headers' magic; loads no model and creates no folder.
+pub fn make(a: &EvalArgs) -> Result<RunPlan> {
+    check_flags(a)?;
+    let formats = order_formats(&a.formats, &a.gguf)?;
+    for s in &formats {
+        if let FormatSpec::Gguf { path } = s {
+            check_gguf_path(path)?;
+        }
+    }
+    let kld = match (a.kld, a.no_kld) {
+        (true, _) => KldMode::On,
+        (_, true) => KldMode::Off,
+        _ => KldMode::Auto,
+    };
+    check_runners(&formats, kld, a.compare_to.as_deref())?;
+    let (started_utc, stamp) = machine::utc_now();
+    let mut plan = RunPlan {
+        llm: a.llm.clone().unwrap_or_default(),
+        text: read_text(a.text.as_deref().unwrap_or(Path::new("")), "--text")?,
+        calib_text: None,
+        formats,
+        tools: None,
+        llama_kv: a.llama_kv.kv_type(),
+        llama_bench: a.llama_bench,
+        ctx: a.ctx,
+        max_chunks: match a.chunks {
+            Chunks::All => None,
+            Chunks::AtMost(n) => Some(n),
+        },
+        threads: a.threads.unwrap_or_else(machine::available_threads),
+        speed: None,
+        kld,
+        keep_logits: a.keep_logits,
+        pack_cache_dir: pack_cache(a.pack_cache.clone(), a.no_pack_cache),
+        out_dir: run_folder(a.out.as_deref(), &stamp)?,
+        started_utc,
+        baseline: None,
+        limits: a.gate.limits(),
+        compare_to: a.compare_to.clone(),
+    };
+    plan.speed = (!a.no_speed).then_some(SpeedSpec {
+        pp: a.pp,
+        tg: a.tg,
+        reps: a.reps,
+        threads: plan.threads,
+    });
+    plan.calib_text = calibration_text(a, plan.needs_calibration(), &plan.text)?;
+    if plan
+        .formats
+        .iter()
+        .any(|s| matches!(s, FormatSpec::Gguf { .. }))
+    {
+        plan.tools = Some(
+            llamacpp::LlamaCppTools::locate(a.llama_cpp_dir.as_deref())
+                .map_err(|e| anyhow!("{e}"))?,
+        );
+    }
+    if let Some(path) = &a.baseline {
+        let results = json::read(path).context("reading --baseline")?;
+        gate::check_before_load(&results, &plan.identity_known_before_load())
+            .with_context(|| format!("--baseline '{}'", path.display()))?;
+        plan.baseline = Some(Baseline {
+            path: path.clone(),
+            results,
+        });
+    }
+    Ok(plan)
+}
+
+/// What the runners need that is known without the model or any file.
+fn check_runners(formats: &[FormatSpec], kld: KldMode, compare_to: Option<&str>) -> Result<()> {
+    let has_reference = formats.iter().any(FormatSpec::is_reference);
+    if kld == KldMode::On && !has_reference {
+        bail!("--kld compares against the float32 reference, which is not in --formats; add float32 to --formats");
+    }
+    if let Some(row) = compare_to {
+        ensure!(
+            formats.iter().any(|f| f.name() == row),
+            "--compare-to '{row}' is not a row of this run; pass one of: {}",
+            formats
+                .iter()
+                .map(FormatSpec::name)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        ensure!(
+            has_reference && kld != KldMode::Off,
+            "--compare-to pairs rows token by token through the float32 reference's log-probs; add float32 to --formats (and drop --no-kld)"
+        );
+    }
+    if formats.iter().any(|f| matches!(f, FormatSpec::Kwk { .. })) {
+        // A forced kernel tier this CPU cannot run would measure another tier.
+        kwk::kernels::check_isa_env().map_err(|e| anyhow!(e))?;
+    }
+    Ok(())
+}
+
+impl RunPlan {
+    /// The identity fields a baseline can be checked against before the model is loaded.
+    pub fn identity_known_before_load(&self) -> gate::PlannedIdentity {
+        gate::PlannedIdentity {
+            text_sha256: self.text.sha256.clone(),
+            ctx: self.ctx,
+            max_chunks: self.max_chunks,
+            llama_kv_type: self.llama_kv.as_str().to_string(),
+            rows: self.formats.iter().map(FormatSpec::name).collect(),
+        }
+    }
+}

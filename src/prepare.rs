@@ -1,0 +1,267 @@
+//! After the plan, before any runner: load the model once, hash its files, tokenize the
+//! text once, fix the chunk plan, decide on the KL-divergence reference, check the
+//! decoder's limits and the baseline's identity, and start the results file. Everything
+//! here is shared by every runner of the run; nothing here measures.
+
+use crate::eval::reference::base_file_bytes;
+use crate::machine;
+use crate::plan::{KldMode, RunPlan, KLD_AUTO_LIMIT_BYTES};
+use crate::protocol::results::{Machine, Protocol, Results, Versions, SCHEMA_VERSION};
+use crate::protocol::{ChunkPlan, PerplexityProtocol, PlanError, TokenStream};
+use crate::report::gate;
+use crate::text::sha256_hex;
+use anyhow::{anyhow, bail, ensure, Context, Result};
+use sha2::{Digest, Sha256};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+/// Calibration tokens passed to `int4:calib` / `int4:gptq` (at most).
+const MAX_CALIBRATION_TOKENS: usize = 32_768;
+
+/// Fewest calibration tokens accepted (one window of statistics).
+const MIN_CALIBRATION_TOKENS: usize = 512;
+
+/// What every runner of the run shares.
+pub struct Prepared {
+    pub model: Rc<kwk::Model>,
+    pub stream: TokenStream,
+    pub protocol: PerplexityProtocol,
+    /// Longest sequence a kwk runner's KV cache must hold: `max(ctx, pp + tg)`.
+    pub max_cache_len: usize,
+    pub calibration_tokens: Option<Vec<u32>>,
+    /// The results file, no rows yet, `complete: false`.
+    pub results: Results,
+}
+
+/// SHA-256 over a model's content: the file itself, or the weight, config and tokenizer
+/// files of a folder (sorted by name, each name hashed before its bytes).
+pub fn model_sha256(path: &Path) -> Result<String> {
+    let mut files = Vec::new();
+    if path.is_dir() {
+        for e in std::fs::read_dir(path).with_context(|| format!("listing '{}'", path.display()))? {
+            let p = e?.path();
+            let name = p
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let wanted = [".safetensors", ".json", ".gguf", ".model"]
+                .iter()
+                .any(|x| name.ends_with(x));
+            if p.is_file() && wanted && !name.starts_with('.') {
+                files.push(p);
+            }
+        }
+        files.sort();
+    } else {
+        files.push(path.to_path_buf());
+    }
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    for f in &files {
+        h.update(
+            f.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+        );
+        let mut r = std::fs::File::open(f).with_context(|| format!("hashing '{}'", f.display()))?;
+        loop {
+            let n = r
+                .read(&mut buf)
+                .with_context(|| format!("hashing '{}'", f.display()))?;
+            if n == 0 {
+                break;
+            }
+            h.update(&buf[..n]);
+        }
+    }
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Tokenizes the text and fixes the chunk plan.
+fn tokenize(plan: &RunPlan, model: &kwk::Model) -> Result<(TokenStream, ChunkPlan)> {
+    let text = &plan.text;
+    let tokens = model
+        .tokenizer
+        .encode(&text.text, true)
+        .with_context(|| format!("tokenizing '{}'", text.path.display()))?;
+    let add_bos = model.tokenizer.add_bos();
+    let bos_id = model.tokenizer.bos_id();
+    ensure!(
+        !add_bos || bos_id.is_some(),
+        "the tokenizer of '{}' adds a BOS but has no BOS id",
+        plan.llm
+    );
+    let chunks = ChunkPlan::new(tokens.len(), plan.ctx, plan.max_chunks).map_err(|e| match e {
+        PlanError::TooShort { n_tokens, ctx } => anyhow!(
+            "--ctx {ctx} needs at least {} tokens; '{}' tokenizes to {n_tokens}. Pass a longer text or a smaller --ctx",
+            crate::protocol::chunks::min_tokens(ctx),
+            text.path.display()
+        ),
+        other => anyhow!("{other}"),
+    })?;
+    let stream = TokenStream {
+        tokens,
+        add_bos,
+        bos_id,
+        text_path: text.path.clone(),
+    };
+    Ok((stream, chunks))
+}
+
+/// Whether the run compares against the float32 reference (and so pairs rows per token).
+fn use_reference(plan: &RunPlan, chunks: &ChunkPlan, n_vocab: usize) -> Result<bool> {
+    let bytes = base_file_bytes(chunks.ctx, n_vocab, chunks.chunks);
+    let on = match plan.kld {
+        KldMode::Off => false,
+        KldMode::On => true,
+        KldMode::Auto if !plan.has_reference() => false,
+        KldMode::Auto if bytes > KLD_AUTO_LIMIT_BYTES => {
+            eprintln!(
+                "note: KL divergence skipped: its reference file would take {:.1} GiB for {} chunks; pass --kld to write it anyway, or fewer --chunks",
+                bytes as f64 / (1u64 << 30) as f64,
+                chunks.chunks
+            );
+            false
+        }
+        KldMode::Auto => true,
+    };
+    ensure!(
+        on || plan.compare_to.is_none(),
+        "--compare-to needs the float32 reference's log-probs, which this run does not write; pass --kld or fewer --chunks"
+    );
+    Ok(on)
+}
+
+/// Calibration token ids, when a format needs them.
+fn calibration_tokens(plan: &RunPlan, model: &kwk::Model) -> Result<Option<Vec<u32>>> {
+    let Some(t) = &plan.calib_text else {
+        return Ok(None);
+    };
+    let mut ids = model
+        .tokenizer
+        .encode(&t.text, true)
+        .with_context(|| format!("tokenizing --calib-text '{}'", t.path.display()))?;
+    ids.truncate(MAX_CALIBRATION_TOKENS);
+    ensure!(
+        ids.len() >= MIN_CALIBRATION_TOKENS,
+        "--calib-text '{}' has {} tokens; calibration needs at least {MIN_CALIBRATION_TOKENS}: pass a longer text",
+        t.path.display(),
+        ids.len()
+    );
+    Ok(Some(ids))
+}
+
+/// The results file before any row: who ran what, on which tokens, on which machine.
+fn start_results(
+    plan: &RunPlan,
+    stream: &TokenStream,
+    chunks: &ChunkPlan,
+    kld: bool,
+    model_sha: String,
+) -> Results {
+    let tokens_bytes: Vec<u8> = stream.tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+    let speed = plan.speed.as_ref();
+    let (peaks, peaks_best_tier) = match speed {
+        Some(_) => {
+            eprintln!("measuring this machine's peaks (roofline, about a second)");
+            let (p, b) = machine::measure_peaks(plan.threads);
+            (Some(p), b)
+        }
+        None => (None, None),
+    };
+    Results {
+        schema_version: SCHEMA_VERSION,
+        complete: false,
+        started_utc: plan.started_utc.clone(),
+        model: plan.llm.clone(),
+        machine: Machine {
+            cpu: machine::cpu_model(),
+            isa: machine::isa_flags(),
+            kernels: Some(machine::kernels_in_use()),
+            threads: plan.threads,
+            peaks,
+            peaks_best_tier,
+        },
+        versions: Versions {
+            kwk: machine::kwk_git_sha(),
+            kwk_eval: env!("CARGO_PKG_VERSION").to_string(),
+            llama_cpp: plan.tools.as_ref().and_then(|t| t.build_number()),
+            llama_cpp_version: plan.tools.as_ref().map(|t| t.build().raw.clone()),
+        },
+        protocol: Protocol {
+            ctx: chunks.ctx,
+            chunks: chunks.chunks,
+            scored_tokens: chunks.scored_tokens(),
+            text_tokens: stream.tokens.len(),
+            add_bos: stream.add_bos,
+            text: plan.text.name.clone(),
+            text_sha256: plan.text.sha256.clone(),
+            pp: speed.map_or(0, |s| s.pp),
+            tg: speed.map_or(0, |s| s.tg),
+            reps: speed.map_or(0, |s| s.reps),
+            kld,
+            speed: speed.is_some(),
+            model_sha256: model_sha,
+            tokens_sha256: sha256_hex(&tokens_bytes),
+            bos_id: stream.chunk_bos(),
+            llama_kv_type: plan.llama_kv.as_str().to_string(),
+        },
+        ppl_delta_reference: None,
+        compare_to: plan.compare_to.clone(),
+        runners: Vec::new(),
+        speed_rounds: Vec::new(),
+    }
+}
+
+/// Loads, hashes and tokenizes; checks the decoder's limits and the baseline's identity.
+pub fn prepare(plan: &RunPlan) -> Result<Prepared> {
+    eprintln!("loading model '{}'", plan.llm);
+    let model =
+        kwk::load_model(&plan.llm).with_context(|| format!("loading --llm '{}'", plan.llm))?;
+    let model_sha = model_sha256(&model.info.resolved_path)?;
+    let (stream, chunks) = tokenize(plan, &model)?;
+    eprintln!(
+        "'{}': {} tokens; scoring {} chunks of {} ({} tokens)",
+        plan.text.name,
+        stream.tokens.len(),
+        chunks.chunks,
+        chunks.ctx,
+        chunks.scored_tokens()
+    );
+    let max_cache_len = plan
+        .speed
+        .as_ref()
+        .map_or(plan.ctx, |s| plan.ctx.max(s.pp + s.tg));
+    if plan.has_kwk() {
+        if let Some(why) = kwk::decoder::runner_unsupported(&model, max_cache_len) {
+            bail!(
+                "the in-tree decoder cannot run --llm '{}' with --ctx {} and --pp {} + --tg {}: {why}",
+                plan.llm,
+                plan.ctx,
+                plan.speed.as_ref().map_or(0, |s| s.pp),
+                plan.speed.as_ref().map_or(0, |s| s.tg)
+            );
+        }
+    }
+    let kld = use_reference(plan, &chunks, model.config.vocab_size)?;
+    let results = start_results(plan, &stream, &chunks, kld, model_sha);
+    if let Some(b) = &plan.baseline {
+        gate::check_after_load(&b.results, &results.protocol)
+            .with_context(|| format!("--baseline '{}'", b.path.display()))?;
+    }
+    let reference_logits: Option<PathBuf> =
+        kld.then(|| plan.out_dir.join("float32-kl-divergence-base.bin"));
+    Ok(Prepared {
+        calibration_tokens: calibration_tokens(plan, &model)?,
+        model: Rc::new(model),
+        stream,
+        protocol: PerplexityProtocol {
+            plan: chunks,
+            threads: plan.threads,
+            reference_logits,
+        },
+        max_cache_len,
+        results,
+    })
+}

@@ -1,0 +1,261 @@
+//! The types every stage of a run hands to the next, and nothing else: the token stream and
+//! its chunk plan, the perplexity protocol and speed spec, the formats a user asks for, what
+//! a runner is and what it measured, and the results file ([`results`]). A leaf: it imports
+//! nothing from the rest of the crate, so data flows one way (cli → plan → prepare →
+//! runner/eval → measure → report) and every stage can name these types.
+
+pub mod chunks;
+pub mod results;
+
+pub use chunks::{check_ctx, ChunkPlan, PlanError};
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// What a runner is, for the report. Units are in the field names.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunnerInfo {
+    /// The format name as typed (`int4`, `int4:g128`) or `gguf:<file name>`.
+    pub name: String,
+    /// `kwk` or `llama.cpp`.
+    pub engine: String,
+    /// Bytes of weight data: the packed tensors a kwk format holds, or the sum of the
+    /// GGUF's tensor data sizes (llama.cpp's "model size"), so both engines count the same.
+    pub tensor_bytes: u64,
+    /// Size of the file the runner reads its weights from (the GGUF, metadata included);
+    /// `None` for kwk formats, which are packed in memory.
+    pub file_bytes: Option<u64>,
+    /// `8 · tensor_bytes / params`.
+    pub bits_per_weight: f64,
+    pub params: u64,
+    /// Storage types and their tensor counts (e.g. {"q4_1": 182, "f32": 61}).
+    pub type_mix: std::collections::BTreeMap<String, usize>,
+    /// Seconds to get ready: reading the model, and packing it into the format.
+    pub load_s: Option<f64>,
+    pub load_read_s: Option<f64>,
+    pub load_pack_s: Option<f64>,
+    /// KV cache element type the runner used ("f32", "f16").
+    pub kv_type: String,
+    /// The kernels the runner's weight matmuls run (kwk formats, e.g. `avx512bw`,
+    /// `avx512f (convert)`); `None` for engines that do not say.
+    pub kernels: Option<String>,
+    /// What a token costs this runner, for the roofline (`None` when unknown).
+    pub roofline: Option<RooflineCost>,
+}
+
+/// Which measured peak bounds a runner's prompt processing: the arithmetic its weight
+/// matmuls do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ComputeKind {
+    /// Float32 multiply-add (float32 weights, and f16 weights widened to f32).
+    Fp32,
+    /// bf16 dot where the CPU has it (else its ceiling is the fp32 one).
+    Bf16,
+    /// int8 dot: quantized weights against int8-quantized activations (kwk int8/int4,
+    /// llama.cpp's quantized types).
+    Int8,
+}
+
+/// A runner's side of the roofline: which compute peak applies, the weight bytes one
+/// generated token reads, and the bytes of one KV cache value during the speed test.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct RooflineCost {
+    pub compute: ComputeKind,
+    pub weight_bytes_per_token: f64,
+    pub kv_bytes_per_value: f64,
+    /// Whether this engine picks its own best kernels (llama.cpp), so its ceiling is the
+    /// best tier's peaks even when `KWK_ISA` forces kwk onto a lower one.
+    pub best_kernels: bool,
+}
+
+/// The token stream every runner is scored on.
+#[derive(Debug, Clone)]
+pub struct TokenStream {
+    /// Token ids of the text (raw bytes, one trailing `\n` stripped, no special tokens
+    /// parsed), with the BOS first when `add_bos`.
+    pub tokens: Vec<u32>,
+    pub add_bos: bool,
+    pub bos_id: Option<u32>,
+    /// The text file the tokens came from, as llama-perplexity must read it too.
+    pub text_path: PathBuf,
+}
+
+impl TokenStream {
+    /// The BOS each chunk starts with, when the tokenizer adds one (P:564-579).
+    pub fn chunk_bos(&self) -> Option<u32> {
+        if self.add_bos {
+            self.bos_id
+        } else {
+            None
+        }
+    }
+}
+
+/// llama-perplexity's chunked protocol, resolved.
+#[derive(Debug, Clone)]
+pub struct PerplexityProtocol {
+    pub plan: ChunkPlan,
+    pub threads: usize,
+    /// The reference's log-probs in llama.cpp's KL-divergence base file format, when the
+    /// run compares against a reference: the reference runner writes it, the others read it.
+    pub reference_logits: Option<PathBuf>,
+}
+
+/// One row's per-token figures on the scored tokens, in scoring order, read from 16-bit
+/// log-prob records (llama.cpp's KL-divergence base format) for every engine alike: the
+/// data paired comparisons between rows are computed from.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TokenScores {
+    /// NLL of the target token.
+    pub nll: Vec<f32>,
+    /// KL divergence from the reference's distribution (0 for the reference itself).
+    pub kld: Vec<f32>,
+    /// Whether the most likely token is the reference's.
+    pub same_top: Vec<bool>,
+}
+
+/// KL divergence and agreement against the reference runner's distributions, each with its
+/// standard error, and the paired perplexity ratio.
+#[derive(Debug, Clone, Serialize, Default, PartialEq)]
+pub struct ReferenceComparison {
+    pub kld_mean: f64,
+    pub kld_mean_err: f64,
+    pub kld_p99: f64,
+    pub top1_agreement: f64,
+    /// `sqrt(p(1-p)/(N-1))`, as llama-perplexity prints it.
+    pub top1_agreement_err: f64,
+    pub delta_p_rms: f64,
+    /// `mean(nll - nll_ref)` over the same tokens, i.e. ln(PPL/PPL_ref), and its paired
+    /// standard error `sd(nll - nll_ref)/sqrt(N-1)` (llama.cpp's `Mean ln(PPL(Q)/PPL(base))`).
+    pub ln_ppl_ratio: f64,
+    pub ln_ppl_ratio_err: f64,
+}
+
+#[derive(Debug, Clone)]
+pub struct PerplexityResult {
+    pub ppl: f64,
+    pub ppl_err: f64,
+    /// Cumulative PPL after each chunk (llama-perplexity's `[k]x,` values).
+    pub running: Vec<f64>,
+    pub scored_tokens: usize,
+    /// Whether this runner's engine tokenized the text to exactly the harness's ids
+    /// (`None` when not checked, e.g. kwk runners, which are given the ids).
+    pub tokens_match: Option<bool>,
+    pub reference: Option<ReferenceComparison>,
+    /// Per-token figures, when the run compares against a reference.
+    pub tokens: Option<TokenScores>,
+}
+
+/// llama-bench's definitions: pp = `pp` prompt tokens from an empty cache, tg = `tg`
+/// single-token steps from an empty cache. The harness times `reps` rounds, one repetition
+/// of every runner per round.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SpeedSpec {
+    pub pp: usize,
+    pub tg: usize,
+    pub reps: usize,
+    pub threads: usize,
+}
+
+/// One timed repetition: tokens per second of pp and tg (`None` for a test of size 0).
+#[derive(Debug, Clone)]
+pub struct SpeedRep {
+    pub pp: Option<f64>,
+    pub tg: Option<f64>,
+    /// The engine's raw output when it has one (llama-bench's JSON objects).
+    pub raw: Option<serde_json::Value>,
+}
+
+/// Tokens per second of each repetition, and their mean and sample (n-1) stddev.
+#[derive(Debug, Clone, Serialize)]
+pub struct SpeedSample {
+    pub tokens_per_s: f64,
+    pub tokens_per_s_std: f64,
+    pub samples_tokens_per_s: Vec<f64>,
+}
+
+/// Progress of a long step: `done` of `total` units (chunks, repetitions).
+pub trait Progress {
+    fn set_total(&self, total: u64, what: &str);
+    fn advance(&self, done: u64);
+}
+
+/// A [`Progress`] that shows nothing (tests, and steps too short to show).
+pub struct NoProgress;
+
+impl Progress for NoProgress {
+    fn set_total(&self, _total: u64, _what: &str) {}
+    fn advance(&self, _done: u64) {}
+}
+
+/// One row a user asked for: an in-tree format or a GGUF file for llama.cpp.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FormatSpec {
+    /// An in-tree format, with the name as typed (`int4:mix8`).
+    Kwk {
+        name: String,
+        precision: ::kwk::Precision,
+    },
+    /// `gguf:PATH` in `--formats`, or a `--gguf PATH`.
+    Gguf { path: PathBuf },
+}
+
+impl FormatSpec {
+    /// Whether this is the in-tree float32 format, the reference other rows are compared with.
+    pub fn is_reference(&self) -> bool {
+        matches!(
+            self,
+            FormatSpec::Kwk {
+                precision: ::kwk::Precision::Float32,
+                ..
+            }
+        )
+    }
+
+    /// The runner's name in reports: the format as typed, or `gguf:<file name>`.
+    pub fn name(&self) -> String {
+        match self {
+            FormatSpec::Kwk { name, .. } => name.clone(),
+            FormatSpec::Gguf { path } => gguf_runner_name(path),
+        }
+    }
+}
+
+/// `gguf:<file name>`, the report name of a llama.cpp runner.
+pub fn gguf_runner_name(path: &std::path::Path) -> String {
+    let file = path
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string());
+    format!("gguf:{file}")
+}
+
+/// The format names `--formats` accepts, for error messages.
+pub const KNOWN_FORMATS: &str =
+    "float32, bf16, int8 (or balanced), int4 with options int4:g32|g64|g128, int4:mix6|mix8, int4:calib, int4:gptq, and gguf:PATH";
+
+/// Parses one entry of `--formats` (clap's value parser for it).
+pub fn parse_format(spec: &str) -> Result<FormatSpec, String> {
+    let spec = spec.trim();
+    if spec.is_empty() {
+        return Err("an empty entry; separate formats with single commas".into());
+    }
+    if let Some(path) = spec.strip_prefix("gguf:") {
+        if path.is_empty() {
+            return Err("'gguf:' has no path; write gguf:PATH".into());
+        }
+        return Ok(FormatSpec::Gguf {
+            path: PathBuf::from(path),
+        });
+    }
+    match ::kwk::Precision::parse(spec) {
+        Ok(precision) => Ok(FormatSpec::Kwk {
+            name: spec.to_string(),
+            precision,
+        }),
+        Err(e) => Err(format!(
+            "unknown format '{spec}' in --formats ({e}); known formats: {KNOWN_FORMATS}"
+        )),
+    }
+}

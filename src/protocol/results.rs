@@ -1,0 +1,398 @@
+//! results.json's shape: [`Results`] and its rows ([`RunnerRecord`]), the one result type
+//! every exporter, the gate and `compare` read. Every row has the same fields; a figure that
+//! was not measured is `null`, never a made-up value. Units are in the field names.
+
+use super::{PerplexityResult, RunnerInfo, SpeedSample};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Bumped when a field changes meaning.
+pub const SCHEMA_VERSION: u32 = 2;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Results {
+    pub schema_version: u32,
+    /// False while the run is going (or if it was interrupted).
+    pub complete: bool,
+    /// UTC start time, RFC 3339.
+    pub started_utc: String,
+    /// The model as given to `--llm`.
+    pub model: String,
+    pub machine: Machine,
+    pub versions: Versions,
+    pub protocol: Protocol,
+    /// The runner the `ppl_delta_pct` column is relative to (float32 when it ran).
+    pub ppl_delta_reference: Option<String>,
+    /// The row named by `--compare-to`, whose paired differences each row's `compare_to`
+    /// holds (null when none was named).
+    #[serde(default)]
+    pub compare_to: Option<String>,
+    pub runners: Vec<RunnerRecord>,
+    /// The order the speed repetitions ran in: one list of runner names per round (every
+    /// runner's repetition r is timed in round r, so drift lands on every row alike).
+    #[serde(default)]
+    pub speed_rounds: Vec<Vec<String>>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Machine {
+    pub cpu: String,
+    /// CPU features the in-tree kernels care about that this CPU has.
+    pub isa: Vec<String>,
+    /// The kernel tier the in-tree decoder ran with (`KWK_ISA` respected) and what each
+    /// kind of weight runs on it, e.g. "avx512bw: float32 avx512f, bf16 avx512f (convert),
+    /// int8/int4 avx512bw" (each kwk row's `kernels` says which its matmuls ran).
+    #[serde(default)]
+    pub kernels: Option<String>,
+    pub threads: usize,
+    /// This machine's measured peaks with `threads` threads for the kernel tier kwk ran
+    /// (`kwk::kernels::peaks`; null with `--no-speed`): the roofline's ceilings.
+    #[serde(default)]
+    pub peaks: Option<kwk::kernels::peaks::Peaks>,
+    /// The best tier's peaks when `KWK_ISA` forced a lower one (llama.cpp rows, which
+    /// always use their best kernels, are put against these); null otherwise.
+    #[serde(default)]
+    pub peaks_best_tier: Option<kwk::kernels::peaks::Peaks>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Versions {
+    /// Git commit of the kwk tree the harness was built from (null when unknown).
+    pub kwk: Option<String>,
+    pub kwk_eval: String,
+    /// llama.cpp build number of the tools used (null when no GGUF runner ran, or when
+    /// the tools were built outside a git checkout and report build 0).
+    pub llama_cpp: Option<u64>,
+    /// The tools' `--version` line as printed (null when no GGUF runner ran).
+    #[serde(default)]
+    pub llama_cpp_version: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Protocol {
+    pub ctx: usize,
+    pub chunks: usize,
+    pub scored_tokens: usize,
+    /// Tokens of the whole text (BOS included).
+    pub text_tokens: usize,
+    pub add_bos: bool,
+    /// The text file's name and the SHA-256 of its bytes.
+    pub text: String,
+    pub text_sha256: String,
+    pub pp: usize,
+    pub tg: usize,
+    pub reps: usize,
+    /// Whether KL divergence against the float32 reference was computed.
+    pub kld: bool,
+    /// Whether speed was measured (false with `--no-speed`).
+    pub speed: bool,
+    /// SHA-256 of the model's weight and tokenizer files (the `--llm` content, not its name).
+    pub model_sha256: String,
+    /// SHA-256 of the scored token ids (little-endian u32, BOS included): the tokenizer and
+    /// its BOS handling as they apply to this text.
+    pub tokens_sha256: String,
+    pub bos_id: Option<u32>,
+    /// KV cache type of llama-perplexity (`--llama-kv`); kwk rows always use f32.
+    pub llama_kv_type: String,
+}
+
+/// One row against another on the same tokens: each figure is `mean(this − other)` over the
+/// scored tokens with its paired standard error `sd/sqrt(N-1)`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct PairedChange {
+    /// The other row's name.
+    pub row: String,
+    pub ln_ppl_ratio: f64,
+    pub ln_ppl_ratio_err: f64,
+    /// KL divergence from the reference, this row minus the other.
+    pub kld_diff: f64,
+    pub kld_diff_err: f64,
+    /// Top-1 agreement with the reference, this row minus the other (a fraction).
+    pub top1_diff: f64,
+    pub top1_diff_err: f64,
+}
+
+impl PairedChange {
+    /// Whether some figure differs by more than two standard errors.
+    pub fn beyond_2se(&self) -> bool {
+        [
+            (self.ln_ppl_ratio, self.ln_ppl_ratio_err),
+            (self.kld_diff, self.kld_diff_err),
+            (self.top1_diff, self.top1_diff_err),
+        ]
+        .iter()
+        .any(|&(v, e)| v.abs() > 2.0 * e && v != 0.0)
+    }
+}
+
+/// One row: what the runner is and what was measured. `null` where not measured.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct RunnerRecord {
+    pub name: String,
+    pub engine: String,
+    /// Bytes of weight data, the same measure for both engines: a kwk format's packed
+    /// tensors, or the sum of a GGUF's tensor data sizes (metadata excluded).
+    #[serde(alias = "bytes")]
+    pub tensor_bytes: Option<u64>,
+    /// The GGUF file's size (metadata included); null for kwk formats (packed in memory).
+    #[serde(default)]
+    pub file_bytes: Option<u64>,
+    /// `8 · tensor_bytes / params`.
+    pub bits_per_weight: Option<f64>,
+    pub params: Option<u64>,
+    pub type_mix: BTreeMap<String, usize>,
+    pub kv_type: Option<String>,
+    /// The kernels this row's weight matmuls ran (kwk rows, e.g. `avx512bw`; null for
+    /// llama.cpp rows, which use their own best kernels for the CPU).
+    #[serde(default)]
+    pub kernels: Option<String>,
+    pub ppl: Option<f64>,
+    pub ppl_err: Option<f64>,
+    pub ppl_delta_pct: Option<f64>,
+    pub running_ppl: Vec<f64>,
+    pub scored_tokens: Option<usize>,
+    /// Whether the engine tokenized the text to the harness's ids (null: not checked).
+    pub tokens_match: Option<bool>,
+    pub kld_mean: Option<f64>,
+    pub kld_mean_err: Option<f64>,
+    pub kld_p99: Option<f64>,
+    pub top1_agreement: Option<f64>,
+    pub top1_agreement_err: Option<f64>,
+    pub delta_p_rms: Option<f64>,
+    /// ln(PPL/PPL_ref) from per-token NLL differences on the same tokens, and its paired
+    /// standard error (null without a reference).
+    pub ln_ppl_ratio: Option<f64>,
+    pub ln_ppl_ratio_err: Option<f64>,
+    /// Paired differences against the `--compare-to` row (null when none was named).
+    pub compare_to: Option<PairedChange>,
+    pub pp_tokens_per_s: Option<f64>,
+    pub pp_tokens_per_s_std: Option<f64>,
+    pub pp_samples_tokens_per_s: Vec<f64>,
+    pub tg_tokens_per_s: Option<f64>,
+    pub tg_tokens_per_s_std: Option<f64>,
+    pub tg_samples_tokens_per_s: Vec<f64>,
+    /// Operations (2 per multiply-add) of one prompt token at the speed test's prompt
+    /// length, from the model's shapes (`kwk::model::cost`), and pp as a percentage of the
+    /// matching compute peak (fp32, bf16 or int8 dot; `machine.peaks`).
+    #[serde(default)]
+    pub pp_ops_per_token: Option<f64>,
+    #[serde(default)]
+    pub pp_roofline_pct: Option<f64>,
+    /// Bytes one generated token reads (weights it uses plus its KV cache), and tg as a
+    /// percentage of the measured read bandwidth.
+    #[serde(default)]
+    pub tg_bytes_per_token: Option<f64>,
+    #[serde(default)]
+    pub tg_roofline_pct: Option<f64>,
+    pub load_s: Option<f64>,
+    pub load_read_s: Option<f64>,
+    pub load_pack_s: Option<f64>,
+    /// llama-bench's own JSON objects, as it printed them.
+    pub llama_bench: Option<serde_json::Value>,
+    /// Why the runner has no figures (its error), when it failed.
+    pub error: Option<String>,
+}
+
+impl RunnerRecord {
+    /// A row for a runner that could not be built (no info).
+    pub fn failed(name: &str, engine: &str, error: String) -> Self {
+        RunnerRecord {
+            name: name.into(),
+            engine: engine.into(),
+            error: Some(error),
+            ..Default::default()
+        }
+    }
+
+    pub fn from_info(info: &RunnerInfo) -> Self {
+        RunnerRecord {
+            name: info.name.clone(),
+            engine: info.engine.clone(),
+            tensor_bytes: Some(info.tensor_bytes),
+            file_bytes: info.file_bytes,
+            bits_per_weight: Some(info.bits_per_weight).filter(|b| b.is_finite() && *b > 0.0),
+            params: Some(info.params),
+            type_mix: info.type_mix.clone(),
+            kv_type: Some(info.kv_type.clone()),
+            kernels: info.kernels.clone(),
+            load_s: info.load_s,
+            load_read_s: info.load_read_s,
+            load_pack_s: info.load_pack_s,
+            ..Default::default()
+        }
+    }
+
+    pub fn set_perplexity(&mut self, p: &PerplexityResult) {
+        self.ppl = Some(p.ppl);
+        self.ppl_err = Some(p.ppl_err);
+        self.running_ppl = p.running.clone();
+        self.scored_tokens = Some(p.scored_tokens);
+        self.tokens_match = p.tokens_match;
+        if let Some(r) = &p.reference {
+            self.kld_mean = Some(r.kld_mean);
+            self.kld_mean_err = Some(r.kld_mean_err);
+            self.kld_p99 = Some(r.kld_p99);
+            self.top1_agreement = Some(r.top1_agreement);
+            self.top1_agreement_err = Some(r.top1_agreement_err);
+            self.delta_p_rms = Some(r.delta_p_rms);
+            self.ln_ppl_ratio = Some(r.ln_ppl_ratio);
+            self.ln_ppl_ratio_err = Some(r.ln_ppl_ratio_err);
+        }
+    }
+
+    /// Sets the speed columns from the repetitions' summaries.
+    pub fn set_speed(&mut self, pp: Option<&SpeedSample>, tg: Option<&SpeedSample>) {
+        if let Some(pp) = pp {
+            self.pp_tokens_per_s = Some(pp.tokens_per_s);
+            self.pp_tokens_per_s_std = Some(pp.tokens_per_s_std);
+            self.pp_samples_tokens_per_s = pp.samples_tokens_per_s.clone();
+        }
+        if let Some(tg) = tg {
+            self.tg_tokens_per_s = Some(tg.tokens_per_s);
+            self.tg_tokens_per_s_std = Some(tg.tokens_per_s_std);
+            self.tg_samples_tokens_per_s = tg.samples_tokens_per_s.clone();
+        }
+    }
+
+    /// Whether this row differs from the reference by more than two standard errors in
+    /// ln(PPL), KLD or top-1 (`None` without a reference comparison).
+    pub fn differs_from_reference(&self) -> Option<bool> {
+        let (lr, lre) = (self.ln_ppl_ratio?, self.ln_ppl_ratio_err?);
+        let kld = self.kld_mean.zip(self.kld_mean_err);
+        let top1 = self.top1_agreement.zip(self.top1_agreement_err);
+        let ppl = lr.abs() > 2.0 * lre && lr != 0.0;
+        let kld = kld.is_some_and(|(k, e)| k > 2.0 * e && k != 0.0);
+        let top1 = top1.is_some_and(|(t, e)| (1.0 - t) > 2.0 * e && t != 1.0);
+        Some(ppl || kld || top1)
+    }
+}
+
+impl Results {
+    /// Recomputes `ppl_delta_pct` of every row against the float32 in-tree row, or the first
+    /// row with a perplexity when there is none.
+    pub fn update_deltas(&mut self) {
+        let reference = self
+            .runners
+            .iter()
+            .find(|r| r.engine == "kwk" && r.name == "float32" && r.ppl.is_some())
+            .or_else(|| self.runners.iter().find(|r| r.ppl.is_some()))
+            .map(|r| (r.name.clone(), r.ppl.unwrap_or(f64::NAN)));
+        self.ppl_delta_reference = reference.as_ref().map(|r| r.0.clone());
+        for row in &mut self.runners {
+            row.ppl_delta_pct = match (&reference, row.ppl) {
+                (Some((_, base)), Some(p)) => Some((p / base - 1.0) * 100.0),
+                _ => None,
+            };
+        }
+    }
+
+    /// Rows that failed.
+    pub fn failures(&self) -> impl Iterator<Item = &RunnerRecord> {
+        self.runners.iter().filter(|r| r.error.is_some())
+    }
+}
+
+#[cfg(test)]
+pub mod testdata {
+    use super::*;
+
+    /// A fabricated results file with two rows, for exporter tests.
+    pub fn sample_results() -> Results {
+        let mut r = Results {
+            schema_version: SCHEMA_VERSION,
+            complete: true,
+            started_utc: "2026-11-29T14:00:00Z".into(),
+            model: "tiny".into(),
+            machine: Machine {
+                cpu: "Test CPU".into(),
+                isa: vec!["avx2".into()],
+                kernels: Some("avx2".into()),
+                threads: 2,
+                peaks: None,
+                peaks_best_tier: None,
+            },
+            versions: Versions {
+                kwk: Some("abc".into()),
+                kwk_eval: "0.1.0".into(),
+                llama_cpp: Some(1),
+                llama_cpp_version: Some("version: 1 (abc)".into()),
+            },
+            protocol: Protocol {
+                ctx: 64,
+                chunks: 2,
+                scored_tokens: 62,
+                text_tokens: 200,
+                add_bos: false,
+                text: "eval.txt".into(),
+                text_sha256: "00".into(),
+                pp: 16,
+                tg: 4,
+                reps: 2,
+                kld: true,
+                speed: true,
+                model_sha256: "11".into(),
+                tokens_sha256: "22".into(),
+                bos_id: None,
+                llama_kv_type: "f16".into(),
+            },
+            ppl_delta_reference: None,
+            compare_to: None,
+            speed_rounds: vec![
+                vec!["float32".into(), "int4".into()],
+                vec!["int4".into(), "float32".into()],
+            ],
+            runners: vec![
+                RunnerRecord {
+                    name: "float32".into(),
+                    engine: "kwk".into(),
+                    tensor_bytes: Some(4_000_000),
+                    bits_per_weight: Some(32.0),
+                    params: Some(1_000_000),
+                    ppl: Some(20.0),
+                    ppl_err: Some(0.5),
+                    pp_tokens_per_s: Some(1000.0),
+                    pp_tokens_per_s_std: Some(10.0),
+                    pp_samples_tokens_per_s: vec![990.0, 1010.0],
+                    tg_tokens_per_s: Some(100.0),
+                    tg_tokens_per_s_std: Some(2.0),
+                    tg_samples_tokens_per_s: vec![98.0, 102.0],
+                    load_s: Some(0.1),
+                    ..Default::default()
+                },
+                RunnerRecord {
+                    name: "int4".into(),
+                    engine: "kwk".into(),
+                    tensor_bytes: Some(600_000),
+                    bits_per_weight: Some(4.8),
+                    params: Some(1_000_000),
+                    ppl: Some(20.5),
+                    ppl_err: Some(0.51),
+                    kld_mean: Some(0.01),
+                    kld_mean_err: Some(0.001),
+                    top1_agreement: Some(0.95),
+                    top1_agreement_err: Some(0.01),
+                    ln_ppl_ratio: Some(0.0247),
+                    ln_ppl_ratio_err: Some(0.004),
+                    pp_tokens_per_s: Some(1500.0),
+                    pp_tokens_per_s_std: Some(20.0),
+                    pp_samples_tokens_per_s: vec![1480.0, 1520.0],
+                    tg_tokens_per_s: Some(300.0),
+                    tg_tokens_per_s_std: Some(5.0),
+                    tg_samples_tokens_per_s: vec![295.0, 305.0],
+                    load_s: Some(0.3),
+                    ..Default::default()
+                },
+            ],
+        };
+        r.update_deltas();
+        r
+    }
+
+    #[test]
+    fn deltas_are_relative_to_float32() {
+        let r = sample_results();
+        assert_eq!(r.ppl_delta_reference.as_deref(), Some("float32"));
+        assert_eq!(r.runners[0].ppl_delta_pct, Some(0.0));
+        assert!((r.runners[1].ppl_delta_pct.unwrap() - 2.5).abs() < 1e-9);
+    }
+}
