@@ -13,3 +13,6 @@ KWK_OFFGRID=0 bash scripts/setup-model.sh >/dev/null
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace
+
+# The Python package (python/): builds the wheel and runs its tests against transformers.
+bash scripts/test-python.sh

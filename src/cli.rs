@@ -375,6 +375,15 @@ pub fn parse() -> Result<Invocation, clap::Error> {
     Cli::try_parse().map(Cli::into_invocation)
 }
 
+/// [`parse`] of explicit arguments (the program name first).
+pub fn parse_from<I, T>(args: I) -> Result<Invocation, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    Cli::try_parse_from(args).map(Cli::into_invocation)
+}
+
 /// clap's error message as one line (its text without the usage block).
 pub fn one_line(e: &clap::Error) -> String {
     let text = e.to_string();

@@ -5,9 +5,9 @@
 //! checked run plan, nothing loaded) → `prepare` (model, tokens, chunk plan, identity) →
 //! `measure` (runners from `runner`, measurements from `eval`) → `report` (exporters,
 //! `compare`, the gate). `protocol` holds the types they pass along and imports nothing
-//! from the crate. `session` drives a run; `generate` streams a completion; `cache` lists and prunes the pack
-//! cache. `main.rs` maps
-//! the outcome to an exit code.
+//! from the crate. `session` drives a run; `generate` streams a completion; `cache` lists and
+//! prunes the pack cache. [`run`] is the whole command line (the binary and the Python
+//! package's `python -m kwk.bench` call it) and maps the outcome to an exit code.
 #![forbid(unsafe_code)]
 
 pub mod cache;
@@ -25,3 +25,48 @@ pub mod runner;
 pub mod session;
 pub mod stats;
 pub mod text;
+
+use session::Outcome;
+
+/// Runs kwk-eval with `args` (the program name first, as `std::env::args_os`): parses,
+/// runs, prints as the binary does, and returns the exit status (0 ok, 1 the regression
+/// gate failed, 2 error, printed as one `error: ...` line).
+pub fn run<I, T>(args: I) -> u8
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let invocation = match cli::parse_from(args) {
+        Ok(i) => i,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+                let _ = e.print();
+                return 0;
+            }
+            eprintln!("error: {}", cli::one_line(&e));
+            return 2;
+        }
+    };
+    let result = match invocation {
+        cli::Invocation::Evaluate(args) => session::evaluate(&args),
+        cli::Invocation::Compare(args) => session::compare(&args).map(|()| Outcome::Passed),
+        cli::Invocation::Generate(cfg) => generate::generate(&cfg).map(|()| Outcome::Passed),
+        cli::Invocation::Cache(cfg) => cache::run(&cfg).map(|()| Outcome::Passed),
+    };
+    match result {
+        Ok(Outcome::Passed) => 0,
+        Ok(Outcome::GateFailed) => 1,
+        Err(e) => {
+            // One line: tool errors may carry a stderr tail over several lines.
+            let msg = format!("{e:#}");
+            let one: Vec<&str> = msg
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect();
+            eprintln!("error: {}", one.join(" | "));
+            2
+        }
+    }
+}

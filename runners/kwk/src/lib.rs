@@ -2,7 +2,9 @@
 //! mixture-of-experts Mixtral, Qwen2-MoE, Qwen3-MoE).
 //!
 //! A model is loaded as users have it ([`model::load_model`]: a Hugging Face folder, a hub
-//! id, or a GGUF file) into float32 master weights, then packed into one weight format
+//! id, or a GGUF file; or tensors held in memory under their Hugging Face names,
+//! [`model::memory`], as the Python package passes a `transformers` model) into float32
+//! master weights, then packed into one weight format
 //! ([`Precision`]) by [`decoder::KwkDecoder::new`]. The crate knows nothing of the
 //! evaluation harness; it exposes weights, tokenizer, forward passes and generation.
 //!

@@ -115,7 +115,9 @@ pub fn runner_unsupported(model: &Model, max_cache_len: usize) -> Option<String>
         .or_else(|| weights_mismatch(&model.config, &model.weights))
 }
 
-fn config_unsupported(c: &ModelConfig, max_cache_len: usize) -> Option<String> {
+/// Why a model with config `c` cannot run with a cache of `max_cache_len` tokens, from
+/// the config alone (the part of [`runner_unsupported`] that needs no weights).
+pub fn config_unsupported(c: &ModelConfig, max_cache_len: usize) -> Option<String> {
     if let RopeScaling::Other(kind) = &c.rope_scaling {
         return Some(format!(
             "rope scaling '{kind}' is not implemented (this decoder knows none and llama3)"

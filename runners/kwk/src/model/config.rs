@@ -307,13 +307,18 @@ impl ModelConfig {
             ));
         }
         let text = std::fs::read_to_string(path).map_err(|e| KwkError::io(path, e))?;
-        let value: Value = serde_json::from_str(&text).map_err(|e| {
-            KwkError::bad_model(path, format!("config.json is not valid JSON: {e}"))
-        })?;
+        Self::from_hf_config_str(&text, path)
+    }
+
+    /// Reads a Hugging Face config given as JSON text (e.g. `transformers`'
+    /// `config.to_json_string()` of a model held in memory); `origin` names it in errors.
+    pub fn from_hf_config_str(text: &str, origin: &Path) -> Result<ModelConfig> {
+        let value: Value = serde_json::from_str(text)
+            .map_err(|e| KwkError::bad_model(origin, format!("config is not valid JSON: {e}")))?;
         let obj = value
             .as_object()
-            .ok_or_else(|| KwkError::bad_model(path, "config.json is not a JSON object"))?;
-        Self::from_hf_config_object(path, obj)
+            .ok_or_else(|| KwkError::bad_model(origin, "config is not a JSON object"))?;
+        Self::from_hf_config_object(origin, obj)
     }
 
     fn from_hf_config_object(path: &Path, obj: &Map<String, Value>) -> Result<ModelConfig> {
@@ -374,10 +379,23 @@ impl ModelConfig {
         // transformers' defaults: rms_norm_eps 1e-6, rope_theta 10000, max positions 2048
         // (LlamaConfig); the other configs use the same or always write the key.
         let rms_norm_eps = keys.opt_f64("rms_norm_eps")?.unwrap_or(1e-6) as f32;
-        let rope_theta = keys.opt_f64("rope_theta")?.unwrap_or(10000.0) as f32;
+        // transformers 5 writes `rope_parameters` ({"rope_type", "rope_theta", and the
+        // scaling keys}) where older files have `rope_theta` and `rope_scaling`.
+        let rope_parameters = Self::rope_parameters(&keys)?;
+        let rope_theta = match &rope_parameters {
+            Some(p) => p.opt_f64("rope_theta")?,
+            None => None,
+        };
+        let rope_theta = match rope_theta {
+            Some(t) => t,
+            None => keys.opt_f64("rope_theta")?.unwrap_or(10000.0),
+        } as f32;
         let max_position_embeddings = keys.opt_usize("max_position_embeddings")?.unwrap_or(2048);
         let tie_word_embeddings = keys.opt_bool("tie_word_embeddings")?.unwrap_or(false);
-        let rope_scaling = Self::rope_scaling_from_hf(&keys)?;
+        let rope_scaling = match &rope_parameters {
+            Some(p) => Self::rope_scaling_from_object(&keys, p)?,
+            None => Self::rope_scaling_from_hf(&keys)?,
+        };
 
         let (n_experts, experts_per_token, moe_intermediate_size, shared, norm_topk_prob) =
             match architecture {
@@ -388,7 +406,11 @@ impl ModelConfig {
                     (e, k, intermediate_size, 0, true)
                 }
                 Architecture::Qwen2Moe | Architecture::Qwen3Moe => {
-                    let e = keys.usize("num_experts")?;
+                    // transformers 5 writes qwen3_moe's count as `num_local_experts`.
+                    let e = match keys.opt_usize("num_local_experts")? {
+                        Some(e) if keys.get("num_experts").is_none() => e,
+                        _ => keys.usize("num_experts")?,
+                    };
                     let k = keys.usize("num_experts_per_tok")?;
                     let moe = keys.usize("moe_intermediate_size")?;
                     let shared = if architecture == Architecture::Qwen2Moe {
@@ -468,6 +490,20 @@ impl ModelConfig {
         Ok(config)
     }
 
+    /// transformers 5's `rope_parameters` object, when the config has one.
+    fn rope_parameters<'a>(keys: &JsonKeys<'a>) -> Result<Option<JsonKeys<'a>>> {
+        let Some(v) = keys.get("rope_parameters") else {
+            return Ok(None);
+        };
+        let obj = v
+            .as_object()
+            .ok_or_else(|| keys.bad("rope_parameters", "null or an object", v))?;
+        Ok(Some(JsonKeys {
+            path: keys.path,
+            obj,
+        }))
+    }
+
     /// `rope_scaling`: `null`, `{"rope_type": "llama3", ...}` (older files say `"type"`),
     /// or another kind kept as [`RopeScaling::Other`].
     fn rope_scaling_from_hf(keys: &JsonKeys) -> Result<RopeScaling> {
@@ -481,6 +517,12 @@ impl ModelConfig {
             path: keys.path,
             obj,
         };
+        Self::rope_scaling_from_object(keys, &inner)
+    }
+
+    /// The scaling an object with `rope_type` (or `type`) describes: `rope_scaling`, or
+    /// transformers 5's `rope_parameters` (whose `rope_type` is `"default"` when unscaled).
+    fn rope_scaling_from_object(keys: &JsonKeys, inner: &JsonKeys) -> Result<RopeScaling> {
         let kind = match inner.opt_str("rope_type")? {
             Some(k) => k,
             None => inner.opt_str("type")?.ok_or_else(|| {
@@ -721,6 +763,25 @@ mod tests {
     }
 
     #[test]
+    fn transformers5_rope_parameters() {
+        let mut v = base();
+        v["rope_parameters"] = json!({"rope_type": "default", "rope_theta": 1e6});
+        let c = parse(v.clone()).unwrap();
+        assert_eq!((c.rope_theta, c.rope_scaling), (1e6, RopeScaling::None));
+        v["rope_parameters"] = json!({"rope_type": "llama3", "rope_theta": 500000.0,
+            "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192});
+        let c = parse(v.clone()).unwrap();
+        assert_eq!(c.rope_theta, 500000.0);
+        assert!(matches!(c.rope_scaling, RopeScaling::Llama3 { factor, .. } if factor == 8.0));
+        v["rope_parameters"] = json!({"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0});
+        assert_eq!(
+            parse(v).unwrap().rope_scaling,
+            RopeScaling::Other("yarn".into())
+        );
+    }
+
+    #[test]
     fn other_rope_scaling_is_kept_by_name() {
         let mut v = base();
         v["rope_scaling"] = json!({"type": "yarn", "factor": 4.0});
@@ -768,9 +829,13 @@ mod tests {
         v["num_experts_per_tok"] = json!(2);
         v["moe_intermediate_size"] = json!(32);
         v["head_dim"] = json!(32);
-        let c = parse(v).unwrap();
+        let c = parse(v.clone()).unwrap();
         assert!(c.norm_topk_prob);
         assert_eq!(c.head_dim, 32);
+        // transformers 5 writes qwen3_moe's expert count as num_local_experts.
+        let count = v.as_object_mut().unwrap().remove("num_experts").unwrap();
+        v["num_local_experts"] = count;
+        assert_eq!(parse(v.clone()).unwrap().n_experts, 8);
         assert_eq!(c.shared_expert_intermediate_size, 0);
     }
 

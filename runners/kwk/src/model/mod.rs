@@ -11,6 +11,7 @@ pub mod config;
 pub mod cost;
 pub mod gguf_loader;
 pub mod lazy;
+pub mod memory;
 pub mod safetensors_loader;
 pub mod source;
 

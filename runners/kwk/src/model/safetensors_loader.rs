@@ -264,6 +264,50 @@ fn convert_to_f32(bytes: &[u8], dtype: Dtype, out: &mut [f32]) {
     }
 }
 
+/// The name a tensor has in a Hugging Face checkpoint of `architecture` (what
+/// `transformers` writes and `state_dict()` returns).
+pub(crate) fn hf_tensor_name(architecture: Architecture, name: WeightName) -> String {
+    use LayerTensor as T;
+    let l = match name {
+        WeightName::Embed => return "model.embed_tokens.weight".into(),
+        WeightName::FinalNorm => return "model.norm.weight".into(),
+        WeightName::LmHead => return "lm_head.weight".into(),
+        WeightName::Layer(l, t) => (l, t),
+    };
+    let (layer, t) = l;
+    let mixtral = architecture == Architecture::Mixtral;
+    let suffix = match t {
+        T::AttnNorm => "input_layernorm.weight".to_string(),
+        T::Q => "self_attn.q_proj.weight".into(),
+        T::K => "self_attn.k_proj.weight".into(),
+        T::V => "self_attn.v_proj.weight".into(),
+        T::O => "self_attn.o_proj.weight".into(),
+        T::QBias => "self_attn.q_proj.bias".into(),
+        T::KBias => "self_attn.k_proj.bias".into(),
+        T::VBias => "self_attn.v_proj.bias".into(),
+        T::QNorm => "self_attn.q_norm.weight".into(),
+        T::KNorm => "self_attn.k_norm.weight".into(),
+        T::FfnNorm => "post_attention_layernorm.weight".into(),
+        T::Gate => "mlp.gate_proj.weight".into(),
+        T::Up => "mlp.up_proj.weight".into(),
+        T::Down => "mlp.down_proj.weight".into(),
+        T::Router if mixtral => "block_sparse_moe.gate.weight".into(),
+        T::Router => "mlp.gate.weight".into(),
+        // Mixtral's experts: w1 = gate, w3 = up, w2 = down.
+        T::ExpertGate(e) if mixtral => format!("block_sparse_moe.experts.{e}.w1.weight"),
+        T::ExpertUp(e) if mixtral => format!("block_sparse_moe.experts.{e}.w3.weight"),
+        T::ExpertDown(e) if mixtral => format!("block_sparse_moe.experts.{e}.w2.weight"),
+        T::ExpertGate(e) => format!("mlp.experts.{e}.gate_proj.weight"),
+        T::ExpertUp(e) => format!("mlp.experts.{e}.up_proj.weight"),
+        T::ExpertDown(e) => format!("mlp.experts.{e}.down_proj.weight"),
+        T::SharedGate => "mlp.shared_expert.gate_proj.weight".into(),
+        T::SharedUp => "mlp.shared_expert.up_proj.weight".into(),
+        T::SharedDown => "mlp.shared_expert.down_proj.weight".into(),
+        T::SharedExpertGate => "mlp.shared_expert_gate.weight".into(),
+    };
+    format!("model.layers.{layer}.{suffix}")
+}
+
 /// One mapped `.safetensors` file and its validated header.
 struct SafetensorsFile {
     path: PathBuf,
@@ -349,45 +393,7 @@ impl SafetensorsSource {
     }
 
     fn hf_name(&self, name: WeightName) -> String {
-        use LayerTensor as T;
-        let l = match name {
-            WeightName::Embed => return "model.embed_tokens.weight".into(),
-            WeightName::FinalNorm => return "model.norm.weight".into(),
-            WeightName::LmHead => return "lm_head.weight".into(),
-            WeightName::Layer(l, t) => (l, t),
-        };
-        let (layer, t) = l;
-        let mixtral = self.architecture == Architecture::Mixtral;
-        let suffix = match t {
-            T::AttnNorm => "input_layernorm.weight".to_string(),
-            T::Q => "self_attn.q_proj.weight".into(),
-            T::K => "self_attn.k_proj.weight".into(),
-            T::V => "self_attn.v_proj.weight".into(),
-            T::O => "self_attn.o_proj.weight".into(),
-            T::QBias => "self_attn.q_proj.bias".into(),
-            T::KBias => "self_attn.k_proj.bias".into(),
-            T::VBias => "self_attn.v_proj.bias".into(),
-            T::QNorm => "self_attn.q_norm.weight".into(),
-            T::KNorm => "self_attn.k_norm.weight".into(),
-            T::FfnNorm => "post_attention_layernorm.weight".into(),
-            T::Gate => "mlp.gate_proj.weight".into(),
-            T::Up => "mlp.up_proj.weight".into(),
-            T::Down => "mlp.down_proj.weight".into(),
-            T::Router if mixtral => "block_sparse_moe.gate.weight".into(),
-            T::Router => "mlp.gate.weight".into(),
-            // Mixtral's experts: w1 = gate, w3 = up, w2 = down.
-            T::ExpertGate(e) if mixtral => format!("block_sparse_moe.experts.{e}.w1.weight"),
-            T::ExpertUp(e) if mixtral => format!("block_sparse_moe.experts.{e}.w3.weight"),
-            T::ExpertDown(e) if mixtral => format!("block_sparse_moe.experts.{e}.w2.weight"),
-            T::ExpertGate(e) => format!("mlp.experts.{e}.gate_proj.weight"),
-            T::ExpertUp(e) => format!("mlp.experts.{e}.up_proj.weight"),
-            T::ExpertDown(e) => format!("mlp.experts.{e}.down_proj.weight"),
-            T::SharedGate => "mlp.shared_expert.gate_proj.weight".into(),
-            T::SharedUp => "mlp.shared_expert.up_proj.weight".into(),
-            T::SharedDown => "mlp.shared_expert.down_proj.weight".into(),
-            T::SharedExpertGate => "mlp.shared_expert_gate.weight".into(),
-        };
-        format!("model.layers.{layer}.{suffix}")
+        hf_tensor_name(self.architecture, name)
     }
 
     fn load_info(&self) -> LoadInfo {

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The Python package's tests (python/tests): a virtualenv kept under the cache folder
+# (KWK_PYTHON_VENV, default ~/.cache/kwk/python-venv) with maturin, pytest, numpy, torch and
+# transformers from PyPI (python/requirements-test.txt; reruns find them installed), the
+# kwk wheel built from python/ with maturin and installed into it, then pytest. The fixture
+# models and the kwk-eval binary the tests compare with are built here (release).
+# Prints the seconds each step took.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV="${KWK_PYTHON_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/kwk/python-venv}"
+PYTHON="${PYTHON:-python3}"
+step() { echo "test-python: $1 took $(( SECONDS - $2 )) s"; }
+
+t=$SECONDS
+if [ ! -x "$VENV/bin/python" ]; then
+    mkdir -p "$(dirname "$VENV")"
+    "$PYTHON" -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install -q -r python/requirements-test.txt
+step "installing maturin, pytest, torch and transformers" "$t"
+
+t=$SECONDS
+WHEELS="$(mktemp -d)"
+trap 'rm -rf "$WHEELS"' EXIT
+"$VENV/bin/maturin" build --release -q -m python/Cargo.toml --out "$WHEELS"
+"$VENV/bin/python" -m pip install -q --force-reinstall --no-deps "$WHEELS"/kwk-*.whl
+step "building and installing the kwk wheel" "$t"
+
+t=$SECONDS
+KWK_FIXTURES_DIR="$(cargo run -q --release -p kwk-fixtures)"
+cargo build -q --release --bin kwk-eval
+TARGET_DIR="$(cargo metadata --format-version 1 --no-deps | "$VENV/bin/python" -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
+export KWK_FIXTURES_DIR KWK_EVAL_BIN="$TARGET_DIR/release/kwk-eval"
+step "building the fixtures and kwk-eval" "$t"
+
+t=$SECONDS
+# From the tests folder, so `import kwk` is the installed wheel, not python/kwk's sources.
+(cd python/tests && "$VENV/bin/python" -m pytest -q -p no:cacheprovider .)
+step "pytest" "$t"
