@@ -98,8 +98,8 @@ pub fn render(r: &Results, plots: &PlotFiles) -> String {
          same tokens, ± its paired standard error; KLD: mean KL divergence from the reference's \
          distributions ± SE; top-1: how often the most likely token agrees with the reference ± SE \
          (all three from 16-bit log-prob records, llama.cpp's KL-divergence format, for both \
-         engines); >2SE: ≠ref differs from the reference, ≠cmp from the --compare-to row, beyond \
-         two standard errors; speeds are mean ± sample stddev of per-repetition tokens/s \
+         engines); >2SE: ≠ref: ln(PPL/PPL_ref) beyond two paired standard errors; ≠cmp: ln PPL, KLD or top-1 \
+         differs from the --compare-to row beyond two paired standard errors; speeds are mean ± sample stddev of per-repetition tokens/s \
          (llama-bench's definitions), repetitions interleaved across runners (one per runner per \
          round, rotating the order; per-round order in results.json `speed_rounds`, median and \
          range in results.csv); '-' = not measured.\n"

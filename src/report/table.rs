@@ -212,7 +212,7 @@ pub fn notes(r: &Results) -> Vec<String> {
         .collect();
     if r.runners.iter().any(|x| x.ln_ppl_ratio.is_some()) {
         out.push(format!(
-            "differ from {reference} beyond 2 SE (ln PPL, KLD or top-1, paired on the same tokens): {}",
+            "PPL differs from {reference} beyond 2 SE (ln PPL/PPL_ref, paired on the same tokens): {}",
             if differ.is_empty() { "none".into() } else { differ.join(", ") }
         ));
     }

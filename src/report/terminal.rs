@@ -30,6 +30,6 @@ mod tests {
         assert!(lines[2].starts_with("float32"));
         assert!(lines[3].contains("20.5000 ± 0.5100"));
         assert!(lines[3].contains("+0.02470 ± 0.00400") && lines[3].contains("≠ref"));
-        assert!(t.contains("beyond 2 SE (ln PPL, KLD or top-1, paired on the same tokens): int4"));
+        assert!(t.contains("beyond 2 SE (ln PPL/PPL_ref, paired on the same tokens): int4"));
     }
 }
