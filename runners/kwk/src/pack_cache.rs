@@ -113,8 +113,14 @@ pub fn cache_key(
             hex(&h.finalize()[..16])
         }
     };
+    // GPTQ's constants change its output: they are part of the key (with the
+    // calibration tokens' hash above and the format, whose debug form names `gptq`).
+    let gptq = match precision {
+        Precision::Int4(o) if o.gptq => format!("; {}", crate::quantize::gptq::settings()),
+        _ => String::new(),
+    };
     Ok(format!(
-        "kwk-pack v{PACK_VERSION}; {}; format {precision:?}; calibration {calib}",
+        "kwk-pack v{PACK_VERSION}; {}; format {precision:?}; calibration {calib}{gptq}",
         source_fingerprint(source)?
     ))
 }
@@ -547,6 +553,21 @@ impl PackSession {
         grid: Option<Grid>,
         importance: Option<&[f32]>,
     ) -> Result<Box<dyn PackedLinear>> {
+        let precision = self.precision;
+        self.pack_with(tensor, place, || {
+            quantize_on(tensor, &precision, place, grid, importance)
+        })
+    }
+
+    /// The packed form of `tensor` at `place`: the next cached entry when loading, else
+    /// `make()` (quantized by the caller, e.g. with GPTQ), appended to the cache being
+    /// written.
+    pub fn pack_with(
+        &mut self,
+        tensor: &Tensor,
+        place: TensorPlace,
+        make: impl FnOnce() -> Result<QuantizedTensor>,
+    ) -> Result<Box<dyn PackedLinear>> {
         if let Some(entries) = self.cached.as_mut() {
             let next = entries.next();
             let layer = place.layer.map_or(-1, |l| l as i64);
@@ -578,7 +599,7 @@ impl PackSession {
                 }
             }
         }
-        let t = quantize_on(tensor, &self.precision, place, grid, importance)?;
+        let t = make()?;
         if let Some(w) = self.writer.as_mut() {
             if let Err(e) = w.entry(&place, &t) {
                 self.abandoned = Some(format!("writing the pack cache: {e}"));
