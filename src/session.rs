@@ -58,6 +58,10 @@ pub struct EvalConfig {
     pub kld: KldMode,
     pub keep_logits: bool,
     pub calib_text: Option<PathBuf>,
+    /// Token range of the calibration text to use (`--calib-range`).
+    pub calib_range: Option<(usize, usize)>,
+    /// Calibration may overlap the scored text (`--calib-on-eval`; the report marks it).
+    pub calib_on_eval: bool,
     pub pack_cache_dir: Option<PathBuf>,
     /// KV cache type of llama-perplexity (f16 is llama.cpp's default; f32 matches kwk).
     pub llama_kv_type: llamacpp::KvType,
@@ -72,6 +76,36 @@ pub enum Outcome {
 
 /// Calibration tokens passed to `int4:calib` / `int4:gptq` (at most).
 const MAX_CALIBRATION_TOKENS: usize = 32_768;
+
+/// A run of this many tokens found both in the calibration tokens and in the scored
+/// windows counts as calibrating on the scored text.
+const CALIB_OVERLAP_TOKENS: usize = 64;
+
+/// The first run of `n` tokens of `a` that also occurs in `b`: `(offset in a, offset in
+/// b)`; `None` when they share none (or either is shorter than `n`).
+fn shared_run(a: &[u32], b: &[u32], n: usize) -> Option<(usize, usize)> {
+    use std::collections::HashMap;
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    if n == 0 || a.len() < n || b.len() < n {
+        return None;
+    }
+    let key = |w: &[u32]| {
+        let mut h = DefaultHasher::new();
+        w.hash(&mut h);
+        h.finish()
+    };
+    let mut seen: HashMap<u64, Vec<usize>> = HashMap::new();
+    for j in 0..=b.len() - n {
+        seen.entry(key(&b[j..j + n])).or_default().push(j);
+    }
+    (0..=a.len() - n).find_map(|i| {
+        let w = &a[i..i + n];
+        seen.get(&key(w))?
+            .iter()
+            .find(|&&j| &b[j..j + n] == w)
+            .map(|&j| (i, j))
+    })
+}
 
 /// Fewest calibration tokens accepted (one window of statistics).
 const MIN_CALIBRATION_TOKENS: usize = 512;
@@ -212,10 +246,13 @@ pub fn evaluate(cfg: &EvalConfig) -> Result<Outcome> {
         _ => None,
     };
     if let Some(c) = &calib_text {
-        // Fitting scales to the scored text would flatter the calibrated rows.
-        if c.text == text.text {
+        // Fitting scales to the scored text would flatter the calibrated rows. The same
+        // file is allowed with a range (checked against the scored tokens below).
+        if c.text == text.text && !cfg.calib_on_eval && cfg.calib_range.is_none() {
             bail!(
-                "--calib-text '{}' is the same text as --text '{}': calibrating on the scored text flatters int4:calib; pass another text",
+                "--calib-text '{}' is the same text as --text '{}': calibrating on the scored text flatters int4:calib / int4:gptq; \
+                 pass another text, a slice of it disjoint from the scored chunks with --calib-range START:END, \
+                 or --calib-on-eval to allow it (the report marks the run)",
                 c.path.display(),
                 cfg.text.display()
             );
@@ -317,17 +354,53 @@ pub fn evaluate(cfg: &EvalConfig) -> Result<Outcome> {
                 .tokenizer
                 .encode(&t.text, true)
                 .with_context(|| format!("tokenizing --calib-text '{}'", t.path.display()))?;
+            if let Some((a, b)) = cfg.calib_range {
+                if b > ids.len() {
+                    bail!(
+                        "--calib-range {a}:{b} ends past the {} tokens of --calib-text '{}'; give END at most {}",
+                        ids.len(),
+                        t.path.display(),
+                        ids.len()
+                    );
+                }
+                ids = ids[a..b].to_vec();
+            }
             ids.truncate(MAX_CALIBRATION_TOKENS);
             if ids.len() < MIN_CALIBRATION_TOKENS {
                 bail!(
-                    "--calib-text '{}' has {} tokens; calibration needs at least {MIN_CALIBRATION_TOKENS}: pass a longer text",
+                    "--calib-text '{}' has {} tokens{}; calibration needs at least {MIN_CALIBRATION_TOKENS}: pass a longer text",
                     t.path.display(),
-                    ids.len()
+                    ids.len(),
+                    if cfg.calib_range.is_some() { " in --calib-range" } else { "" }
                 );
+            }
+            // Every window the perplexity reads (context included) is scored text.
+            let scored = &stream.tokens[..(plan.chunks * plan.ctx).min(stream.tokens.len())];
+            if !cfg.calib_on_eval {
+                if let Some((i, j)) = shared_run(&ids, scored, CALIB_OVERLAP_TOKENS) {
+                    bail!(
+                        "--calib-text '{}' shares {CALIB_OVERLAP_TOKENS} tokens in a row with the scored text \
+                         (calibration token {i}, scored token {j}): calibrating on the scored text flatters \
+                         int4:calib / int4:gptq; pass a disjoint text or --calib-range, or --calib-on-eval \
+                         to allow it (the report marks the run)",
+                        t.path.display()
+                    );
+                }
             }
             Some(ids)
         }
         None => None,
+    };
+    let calibration = match (&calib_text, &calibration_tokens) {
+        (Some(t), Some(ids)) => Some(report::Calibration {
+            text: t.name.clone(),
+            text_sha256: t.sha256.clone(),
+            range: cfg.calib_range.map(|(a, b)| format!("{a}:{b}")),
+            tokens: ids.len(),
+            tokens_used: ids.len().min(kwk::decoder::CALIBRATION_TOKENS),
+            on_eval: cfg.calib_on_eval,
+        }),
+        _ => None,
     };
     let kwk_options = KwkRunnerOptions {
         threads: cfg.threads,
@@ -384,6 +457,7 @@ pub fn evaluate(cfg: &EvalConfig) -> Result<Outcome> {
             reps: cfg.reps,
             kld,
             speed: !cfg.no_speed,
+            calibration,
         },
         ppl_delta_reference: None,
         runners: Vec::new(),
@@ -547,4 +621,23 @@ fn measure(
         }
     }
     rec
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shared_run;
+
+    #[test]
+    fn shared_run_finds_the_first_common_window_only_when_one_exists() {
+        let b: Vec<u32> = (0..300).collect();
+        let mut a: Vec<u32> = (1000..1100).collect();
+        assert_eq!(shared_run(&a, &b, 64), None);
+        a.extend(100..170);
+        assert_eq!(shared_run(&a, &b, 64), Some((100, 100)));
+        // 63 common tokens in a row are not a run of 64.
+        let a: Vec<u32> = (1000..1010).chain(5..68).chain(2000..2010).collect();
+        assert_eq!(shared_run(&a, &b, 64), None);
+        assert_eq!(shared_run(&a, &b, 63), Some((10, 5)));
+        assert_eq!(shared_run(&a[..10], &b, 64), None);
+    }
 }

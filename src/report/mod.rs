@@ -84,6 +84,25 @@ pub struct Protocol {
     /// Whether speed was measured (false with `--no-speed`).
     #[serde(default = "default_true")]
     pub speed: bool,
+    /// The calibration text of `int4:calib` / `int4:gptq` rows (null when none ran).
+    #[serde(default)]
+    pub calibration: Option<Calibration>,
+}
+
+/// What the calibrated formats were fitted on.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Calibration {
+    /// The `--calib-text` file's name and the SHA-256 of its bytes.
+    pub text: String,
+    pub text_sha256: String,
+    /// `--calib-range START:END` (tokens of the calibration text), when given.
+    pub range: Option<String>,
+    /// Tokens passed to the decoder (after the range and the cap).
+    pub tokens: usize,
+    /// Tokens the decoder's calibration passes read (at most its own cap).
+    pub tokens_used: usize,
+    /// Calibrated on the scored text (`--calib-on-eval`): those rows are flattered.
+    pub on_eval: bool,
 }
 
 fn default_true() -> bool {
@@ -125,6 +144,10 @@ pub struct RunnerRecord {
     pub load_s: Option<f64>,
     pub load_read_s: Option<f64>,
     pub load_pack_s: Option<f64>,
+    /// Seconds of `load_pack_s` spent on calibration (statistics passes, GPTQ's Hessians and
+    /// rounding); null for rows without calibration.
+    #[serde(default)]
+    pub calibration_s: Option<f64>,
     /// llama-bench's own JSON objects, as it printed them.
     pub llama_bench: Option<serde_json::Value>,
     /// Why the runner has no figures (its error), when it failed.
@@ -155,6 +178,7 @@ impl RunnerRecord {
             load_s: info.load_s,
             load_read_s: info.load_read_s,
             load_pack_s: info.load_pack_s,
+            calibration_s: info.calibration_s,
             ..Default::default()
         }
     }
@@ -320,6 +344,7 @@ pub(crate) mod testdata {
                 reps: 2,
                 kld: true,
                 speed: true,
+                calibration: None,
             },
             ppl_delta_reference: None,
             runners: vec![

@@ -5,8 +5,9 @@
 //! Generative Pre-trained Transformers", 2022, Algorithm 1).
 //!
 //! - `H` is damped by `λ = DAMP · mean(diag H)` on the diagonal; a channel no calibration
-//!   token ever used (`H_kk = 0`) gets `H_kk = 1` and its weight column is zeroed (it never
-//!   contributes to the output).
+//!   token ever used (`H_kk = 0`) gets `H_kk = 1` and no coupling, so its column is rounded
+//!   plainly and passes no error on (the reference implementation zeroes such a column; it
+//!   is kept here, since text outside the calibration may use the channel).
 //! - The upper Cholesky factor `U` of `H⁻¹` (`H⁻¹ = Uᵀ U`) is computed without forming
 //!   `H⁻¹`: with `J` the index reversal, `J H J = L Lᵀ` (lower Cholesky) gives
 //!   `U = J L⁻¹ J` (then `H = U⁻¹ U⁻ᵀ`), in f64.
@@ -220,13 +221,6 @@ fn gptq_rows(
     let ncg = cols.div_ceil(group);
     let nmax = ((1u32 << bits) - 1) as f32;
     let u = &f.u;
-    for row in w.chunks_exact_mut(cols) {
-        for (x, &dead) in row.iter_mut().zip(&f.dead) {
-            if dead {
-                *x = 0.0;
-            }
-        }
-    }
     let mut err = vec![0f32; nr * BLOCK_COLS];
     let mut dm = vec![(0f32, 0f32); nr];
     for i1 in (0..cols).step_by(BLOCK_COLS) {
