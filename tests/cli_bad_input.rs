@@ -527,7 +527,7 @@ fn calibration_on_the_scored_text_or_too_short() {
         2,
         "invalid value '5:1' for '--calib-range",
     );
-    assert!(line.ends_with("START must be below END"), "{line}");
+    assert!(line.contains("START must be below END"), "{line}");
     let short = dir.path().join("short.txt");
     std::fs::write(&short, "Too few words to calibrate on.\n").unwrap();
     let line = assert_error(
