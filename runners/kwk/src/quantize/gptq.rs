@@ -206,6 +206,7 @@ pub fn inverse_factor(h: &Hessian, what: &str) -> Result<InverseFactor> {
 }
 
 /// GPTQ on one batch of rows (`w`, `nr × cols`): codes, scales and minimums per row.
+#[allow(clippy::too_many_arguments)]
 fn gptq_rows(
     w: &mut [f32],
     cols: usize,
