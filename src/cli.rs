@@ -291,6 +291,23 @@ pub fn one_line(e: &clap::Error) -> String {
     format!("{joined} (see --help)")
 }
 
+/// `START:END` token offsets, `START < END`.
+fn parse_token_range(s: &str) -> std::result::Result<(usize, usize), String> {
+    let (a, b) = s
+        .split_once(':')
+        .ok_or_else(|| format!("'{s}' is not START:END (token offsets, e.g. 0:8192)"))?;
+    let parse = |v: &str| {
+        v.trim()
+            .parse::<usize>()
+            .map_err(|_| format!("'{v}' in '{s}' is not a token offset"))
+    };
+    let (a, b) = (parse(a)?, parse(b)?);
+    if a >= b {
+        return Err(format!("'{s}': START must be below END"));
+    }
+    Ok((a, b))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -321,21 +338,4 @@ mod tests {
             .unwrap_err();
         assert!(one_line(&e).contains("cannot be used with"));
     }
-}
-
-/// `START:END` token offsets, `START < END`.
-fn parse_token_range(s: &str) -> std::result::Result<(usize, usize), String> {
-    let (a, b) = s
-        .split_once(':')
-        .ok_or_else(|| format!("'{s}' is not START:END (token offsets, e.g. 0:8192)"))?;
-    let parse = |v: &str| {
-        v.trim()
-            .parse::<usize>()
-            .map_err(|_| format!("'{v}' in '{s}' is not a token offset"))
-    };
-    let (a, b) = (parse(a)?, parse(b)?);
-    if a >= b {
-        return Err(format!("'{s}': START must be below END"));
-    }
-    Ok((a, b))
 }
