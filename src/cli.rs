@@ -235,6 +235,16 @@ pub struct EvalArgs {
     #[arg(long, value_name = "FILE")]
     pub calib_text: Option<PathBuf>,
 
+    /// Calibrate on tokens START..END of --calib-text only (e.g. a slice of the --text file
+    /// disjoint from the scored chunks).
+    #[arg(long, value_name = "START:END", value_parser = parse_token_range)]
+    pub calib_range: Option<(usize, usize)>,
+
+    /// Allow calibration text that overlaps the scored text (refused otherwise); the report
+    /// marks such a run, since it flatters int4:calib / int4:gptq.
+    #[arg(long)]
+    pub calib_on_eval: bool,
+
     /// Folder where packed weights are cached between runs (default: ~/.cache/kwk/pack).
     #[arg(long, value_name = "DIR")]
     pub pack_cache: Option<PathBuf>,
@@ -315,6 +325,23 @@ pub enum Invocation {
     Generate(GenerateConfig),
     Compare(CompareArgs),
     Cache(CacheConfig),
+}
+
+/// `START:END` token offsets, `START < END`.
+fn parse_token_range(s: &str) -> Result<(usize, usize), String> {
+    let (a, b) = s
+        .split_once(':')
+        .ok_or_else(|| format!("'{s}' is not START:END (token offsets, e.g. 0:8192)"))?;
+    let parse = |v: &str| {
+        v.trim()
+            .parse::<usize>()
+            .map_err(|_| format!("'{v}' in '{s}' is not a token offset"))
+    };
+    let (a, b) = (parse(a)?, parse(b)?);
+    if a >= b {
+        return Err(format!("'{s}': START must be below END"));
+    }
+    Ok((a, b))
 }
 
 /// `~/.cache/kwk/pack` (or `$XDG_CACHE_HOME/kwk/pack`), `None` when no home is known.

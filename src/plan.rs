@@ -41,6 +41,11 @@ pub struct RunPlan {
     pub llm: String,
     pub text: EvalText,
     pub calib_text: Option<EvalText>,
+    /// `--calib-range`: calibrate on tokens START..END of the calibration text only.
+    pub calib_range: Option<(usize, usize)>,
+    /// `--calib-on-eval`: calibration may share text with the scored windows (the report
+    /// marks the run); otherwise [`crate::prepare`] refuses any shared run of tokens.
+    pub calib_on_eval: bool,
     /// In run order: float32 first (the reference), other in-tree formats, then GGUFs.
     pub formats: Vec<FormatSpec>,
     pub tools: Option<llamacpp::LlamaCppTools>,
@@ -175,7 +180,9 @@ fn run_folder(out: Option<&Path>, stamp: &str) -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// The calibration text, when a format needs one; never the scored text.
+/// The calibration text, when a format needs one; never the scored text itself unless a
+/// `--calib-range` slices it (checked against the scored tokens after tokenizing) or
+/// `--calib-on-eval` allows it.
 fn calibration_text(a: &EvalArgs, needed: bool, text: &EvalText) -> Result<Option<EvalText>> {
     let calib = match (&a.calib_text, needed) {
         (Some(p), true) => read_text(p, "--calib-text")?,
@@ -186,8 +193,10 @@ fn calibration_text(a: &EvalArgs, needed: bool, text: &EvalText) -> Result<Optio
         _ => return Ok(None),
     };
     ensure!(
-        calib.text != text.text,
-        "--calib-text '{}' is the same text as --text '{}': calibrating on the scored text flatters int4:calib; pass another text",
+        calib.text != text.text || a.calib_on_eval || a.calib_range.is_some(),
+        "--calib-text '{}' is the same text as --text '{}': calibrating on the scored text flatters int4:calib / int4:gptq; \
+         pass another text, a slice of it disjoint from the scored chunks with --calib-range START:END, \
+         or --calib-on-eval to allow it (the report marks the run)",
         calib.path.display(),
         text.path.display()
     );
@@ -215,6 +224,8 @@ pub fn make(a: &EvalArgs) -> Result<RunPlan> {
         llm: a.llm.clone().unwrap_or_default(),
         text: read_text(a.text.as_deref().unwrap_or(Path::new("")), "--text")?,
         calib_text: None,
+        calib_range: a.calib_range,
+        calib_on_eval: a.calib_on_eval,
         formats,
         tools: None,
         llama_kv: a.llama_kv.kv_type(),

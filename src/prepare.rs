@@ -1,12 +1,14 @@
 //! After the plan, before any runner: load the model once, hash its files, tokenize the
 //! text once, fix the chunk plan, decide on the KL-divergence reference, check the
-//! decoder's limits and the baseline's identity, and start the results file. Everything
+//! decoder's limits and the baseline's identity, tokenize the calibration text (refused
+//! when it shares a run of tokens with the scored windows, unless `--calib-on-eval`), and
+//! start the results file. Everything
 //! here is shared by every runner of the run; nothing here measures.
 
 use crate::eval::reference::base_file_bytes;
 use crate::machine;
 use crate::plan::{KldMode, RunPlan, KLD_AUTO_LIMIT_BYTES};
-use crate::protocol::results::{Machine, Protocol, Results, Versions, SCHEMA_VERSION};
+use crate::protocol::results::{Calibration, Machine, Protocol, Results, Versions, SCHEMA_VERSION};
 use crate::protocol::{ChunkPlan, PerplexityProtocol, PlanError, TokenStream};
 use crate::report::gate;
 use crate::text::sha256_hex;
@@ -21,6 +23,36 @@ const MAX_CALIBRATION_TOKENS: usize = 32_768;
 
 /// Fewest calibration tokens accepted (one window of statistics).
 const MIN_CALIBRATION_TOKENS: usize = 512;
+
+/// A run of this many tokens found both in the calibration tokens and in the scored
+/// windows counts as calibrating on the scored text.
+const CALIB_OVERLAP_TOKENS: usize = 64;
+
+/// The first run of `n` tokens of `a` that also occurs in `b`: `(offset in a, offset in
+/// b)`; `None` when they share none (or either is shorter than `n`).
+fn shared_run(a: &[u32], b: &[u32], n: usize) -> Option<(usize, usize)> {
+    use std::collections::HashMap;
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    if n == 0 || a.len() < n || b.len() < n {
+        return None;
+    }
+    let key = |w: &[u32]| {
+        let mut h = DefaultHasher::new();
+        w.hash(&mut h);
+        h.finish()
+    };
+    let mut seen: HashMap<u64, Vec<usize>> = HashMap::new();
+    for j in 0..=b.len() - n {
+        seen.entry(key(&b[j..j + n])).or_default().push(j);
+    }
+    (0..=a.len() - n).find_map(|i| {
+        let w = &a[i..i + n];
+        seen.get(&key(w))?
+            .iter()
+            .find(|&&j| &b[j..j + n] == w)
+            .map(|&j| (i, j))
+    })
+}
 
 /// What every runner of the run shares.
 pub struct Prepared {
@@ -133,8 +165,16 @@ fn use_reference(plan: &RunPlan, chunks: &ChunkPlan, n_vocab: usize) -> Result<b
     Ok(on)
 }
 
-/// Calibration token ids, when a format needs them.
-fn calibration_tokens(plan: &RunPlan, model: &kwk::Model) -> Result<Option<Vec<u32>>> {
+/// Calibration token ids (`--calib-range` applied, capped), when a format needs them, and
+/// what the results record of them. Refused when they share a run of
+/// [`CALIB_OVERLAP_TOKENS`] tokens with the scored windows (context included), unless
+/// `--calib-on-eval`.
+fn calibration_tokens(
+    plan: &RunPlan,
+    model: &kwk::Model,
+    stream: &TokenStream,
+    chunks: &ChunkPlan,
+) -> Result<Option<(Vec<u32>, Calibration)>> {
     let Some(t) = &plan.calib_text else {
         return Ok(None);
     };
@@ -142,14 +182,50 @@ fn calibration_tokens(plan: &RunPlan, model: &kwk::Model) -> Result<Option<Vec<u
         .tokenizer
         .encode(&t.text, true)
         .with_context(|| format!("tokenizing --calib-text '{}'", t.path.display()))?;
+    if let Some((a, b)) = plan.calib_range {
+        ensure!(
+            b <= ids.len(),
+            "--calib-range {a}:{b} ends past the {} tokens of --calib-text '{}'; give END at most {}",
+            ids.len(),
+            t.path.display(),
+            ids.len()
+        );
+        ids = ids[a..b].to_vec();
+    }
     ids.truncate(MAX_CALIBRATION_TOKENS);
     ensure!(
         ids.len() >= MIN_CALIBRATION_TOKENS,
-        "--calib-text '{}' has {} tokens; calibration needs at least {MIN_CALIBRATION_TOKENS}: pass a longer text",
+        "--calib-text '{}' has {} tokens{}; calibration needs at least {MIN_CALIBRATION_TOKENS}: pass a longer text",
         t.path.display(),
-        ids.len()
+        ids.len(),
+        if plan.calib_range.is_some() {
+            " in --calib-range"
+        } else {
+            ""
+        }
     );
-    Ok(Some(ids))
+    // Every window the perplexity reads (context included) is scored text.
+    let scored = &stream.tokens[..(chunks.chunks * chunks.ctx).min(stream.tokens.len())];
+    if !plan.calib_on_eval {
+        if let Some((i, j)) = shared_run(&ids, scored, CALIB_OVERLAP_TOKENS) {
+            bail!(
+                "--calib-text '{}' shares {CALIB_OVERLAP_TOKENS} tokens in a row with the scored text \
+                 (calibration token {i}, scored token {j}): calibrating on the scored text flatters \
+                 int4:calib / int4:gptq; pass a disjoint text or --calib-range, or --calib-on-eval \
+                 to allow it (the report marks the run)",
+                t.path.display()
+            );
+        }
+    }
+    let record = Calibration {
+        text: t.name.clone(),
+        text_sha256: t.sha256.clone(),
+        range: plan.calib_range.map(|(a, b)| format!("{a}:{b}")),
+        tokens: ids.len(),
+        tokens_used: ids.len().min(kwk::decoder::CALIBRATION_TOKENS),
+        on_eval: plan.calib_on_eval,
+    };
+    Ok(Some((ids, record)))
 }
 
 /// The results file before any row: who ran what, on which tokens, on which machine.
@@ -159,6 +235,7 @@ fn start_results(
     chunks: &ChunkPlan,
     kld: bool,
     model_sha: String,
+    calibration: Option<Calibration>,
 ) -> Results {
     let tokens_bytes: Vec<u8> = stream.tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
     let speed = plan.speed.as_ref();
@@ -206,6 +283,7 @@ fn start_results(
             tokens_sha256: sha256_hex(&tokens_bytes),
             bos_id: stream.chunk_bos(),
             llama_kv_type: plan.llama_kv.as_str().to_string(),
+            calibration,
         },
         ppl_delta_reference: None,
         compare_to: plan.compare_to.clone(),
@@ -245,7 +323,12 @@ pub fn prepare(plan: &RunPlan) -> Result<Prepared> {
         }
     }
     let kld = use_reference(plan, &chunks, model.config.vocab_size)?;
-    let results = start_results(plan, &stream, &chunks, kld, model_sha);
+    let (calibration_tokens, calibration) =
+        match calibration_tokens(plan, &model, &stream, &chunks)? {
+            Some((ids, record)) => (Some(ids), Some(record)),
+            None => (None, None),
+        };
+    let results = start_results(plan, &stream, &chunks, kld, model_sha, calibration);
     if let Some(b) = &plan.baseline {
         gate::check_after_load(&b.results, &results.protocol)
             .with_context(|| format!("--baseline '{}'", b.path.display()))?;
@@ -253,7 +336,7 @@ pub fn prepare(plan: &RunPlan) -> Result<Prepared> {
     let reference_logits: Option<PathBuf> =
         kld.then(|| plan.out_dir.join("float32-kl-divergence-base.bin"));
     Ok(Prepared {
-        calibration_tokens: calibration_tokens(plan, &model)?,
+        calibration_tokens,
         model: Rc::new(model),
         stream,
         protocol: PerplexityProtocol {
@@ -264,4 +347,23 @@ pub fn prepare(plan: &RunPlan) -> Result<Prepared> {
         max_cache_len,
         results,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shared_run;
+
+    #[test]
+    fn shared_run_finds_the_first_common_window_only_when_one_exists() {
+        let b: Vec<u32> = (0..300).collect();
+        let mut a: Vec<u32> = (1000..1100).collect();
+        assert_eq!(shared_run(&a, &b, 64), None);
+        a.extend(100..170);
+        assert_eq!(shared_run(&a, &b, 64), Some((100, 100)));
+        // 63 common tokens in a row are not a run of 64.
+        let a: Vec<u32> = (1000..1010).chain(5..68).chain(2000..2010).collect();
+        assert_eq!(shared_run(&a, &b, 64), None);
+        assert_eq!(shared_run(&a, &b, 63), Some((10, 5)));
+        assert_eq!(shared_run(&a[..10], &b, 64), None);
+    }
 }

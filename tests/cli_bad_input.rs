@@ -488,8 +488,46 @@ fn calibration_on_the_scored_text_or_too_short() {
             copy.display()
         ),
     );
-    assert!(line.ends_with("pass another text"), "{line}");
+    assert!(line.ends_with("(the report marks the run)"), "{line}");
     no_run_folder(&out);
+    // A text holding a slice of the scored chunks is refused too.
+    let eval = std::fs::read_to_string(eval_txt()).unwrap();
+    let holds = dir.path().join("holds.txt");
+    std::fs::write(
+        &holds,
+        format!("Some other words first.\n{}", &eval[..3000]),
+    )
+    .unwrap();
+    let line = assert_error(
+        &mut run(&holds),
+        2,
+        &format!(
+            "--calib-text '{}' shares 64 tokens in a row with the scored text",
+            holds.display()
+        ),
+    );
+    assert!(line.ends_with("(the report marks the run)"), "{line}");
+    no_run_folder(&out);
+    // The same file with a token range over the scored chunks is refused.
+    let line = assert_error(
+        run(&copy).args(["--chunks", "2", "--calib-range", "0:800"]),
+        2,
+        &format!(
+            "--calib-text '{}' shares 64 tokens in a row",
+            copy.display()
+        ),
+    );
+    assert!(
+        line.contains("(calibration token 0, scored token 0)"),
+        "{line}"
+    );
+    no_run_folder(&out);
+    let line = assert_error(
+        run(&copy).args(["--calib-range", "5:1"]),
+        2,
+        "invalid value '5:1' for '--calib-range",
+    );
+    assert!(line.contains("START must be below END"), "{line}");
     let short = dir.path().join("short.txt");
     std::fs::write(&short, "Too few words to calibrate on.\n").unwrap();
     let line = assert_error(

@@ -173,3 +173,80 @@ fn tiny_run_writes_reports_that_parse_and_gate_exit_codes() {
     // The reports of a gated run are complete all the same.
     assert_eq!(read_json(&third.join("results.json"))["complete"], true);
 }
+
+fn run_calibrated(out: &Path, formats: &str, extra: &[&str]) -> std::process::Output {
+    kwk_eval()
+        .args([
+            "--formats",
+            formats,
+            "--ctx",
+            "64",
+            "--chunks",
+            "2",
+            "--no-speed",
+        ])
+        .args(["--threads", "2", "--no-pack-cache", "--llm"])
+        .arg(tiny_llama())
+        .arg("--text")
+        .arg(eval_txt())
+        .arg("--out")
+        .arg(out)
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+/// Calibration reported: `--calib-on-eval` lets the scored text be the calibration text and
+/// the run is marked (results.json `protocol.calibration.on_eval`, a loud line in
+/// report.md); a slice of the same file disjoint from the scored chunks (`--calib-range`)
+/// runs unmarked; both rows state their calibration time.
+#[test]
+fn calibration_is_reported_and_marked_on_the_scored_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let eval = eval_txt();
+    let eval = eval.to_str().unwrap();
+    let on_eval = dir.path().join("on-eval");
+    let out = run_calibrated(
+        &on_eval,
+        "float32,int4:gptq",
+        &["--calib-text", eval, "--calib-on-eval"],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "stderr:\n{stderr}");
+    let v = read_json(&on_eval.join("results.json"));
+    let c = &v["protocol"]["calibration"];
+    assert_eq!(c["on_eval"], true);
+    assert_eq!(c["text"], "eval.txt");
+    assert!(c["tokens"].as_u64().unwrap() >= 512);
+    let row = &v["runners"][1];
+    assert_eq!(row["name"], "int4:gptq");
+    let (cal, pack) = (
+        row["calibration_s"].as_f64().unwrap(),
+        row["load_pack_s"].as_f64().unwrap(),
+    );
+    assert!(cal > 0.0 && cal <= pack, "{cal} {pack}");
+    assert!(v["runners"][0]["calibration_s"].is_null());
+    let md = std::fs::read_to_string(on_eval.join("report.md")).unwrap();
+    assert!(md.contains("CALIBRATED ON THE SCORED TEXT"), "{md}");
+
+    let sliced = dir.path().join("sliced");
+    let out = run_calibrated(
+        &sliced,
+        "float32,int4:calib",
+        &["--calib-text", eval, "--calib-range", "1000:2000"],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "stderr:\n{stderr}");
+    let v = read_json(&sliced.join("results.json"));
+    let c = &v["protocol"]["calibration"];
+    assert_eq!(
+        (c["on_eval"].clone(), c["range"].clone()),
+        (false.into(), "1000:2000".into())
+    );
+    assert_eq!(c["tokens"], 1000);
+    let md = std::fs::read_to_string(sliced.join("report.md")).unwrap();
+    assert!(
+        md.contains("**Calibration:** 'eval.txt'") && !md.contains("CALIBRATED ON"),
+        "{md}"
+    );
+}

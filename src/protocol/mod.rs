@@ -34,6 +34,8 @@ pub struct RunnerInfo {
     pub load_s: Option<f64>,
     pub load_read_s: Option<f64>,
     pub load_pack_s: Option<f64>,
+    /// Seconds of the packing spent on calibration (`int4:calib` / `int4:gptq`).
+    pub calibration_s: Option<f64>,
     /// KV cache element type the runner used ("f32", "f16").
     pub kv_type: String,
     /// The kernels the runner's weight matmuls run (kwk formats, e.g. `avx512bw`,

@@ -94,6 +94,25 @@ pub struct Protocol {
     pub bos_id: Option<u32>,
     /// KV cache type of llama-perplexity (`--llama-kv`); kwk rows always use f32.
     pub llama_kv_type: String,
+    /// The calibration text of `int4:calib` / `int4:gptq` rows (null when none ran).
+    #[serde(default)]
+    pub calibration: Option<Calibration>,
+}
+
+/// What the calibrated formats were fitted on.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Calibration {
+    /// The `--calib-text` file's name and the SHA-256 of its bytes.
+    pub text: String,
+    pub text_sha256: String,
+    /// `--calib-range START:END` (tokens of the calibration text), when given.
+    pub range: Option<String>,
+    /// Tokens passed to the decoder (after the range and the cap).
+    pub tokens: usize,
+    /// Tokens the decoder's calibration passes read (at most its own cap).
+    pub tokens_used: usize,
+    /// Calibrated on the scored text (`--calib-on-eval`): those rows are flattered.
+    pub on_eval: bool,
 }
 
 /// One row against another on the same tokens: each figure is `mean(this − other)` over the
@@ -187,6 +206,10 @@ pub struct RunnerRecord {
     pub load_s: Option<f64>,
     pub load_read_s: Option<f64>,
     pub load_pack_s: Option<f64>,
+    /// Seconds of `load_pack_s` spent on calibration (statistics passes, GPTQ's Hessians and
+    /// rounding); null for rows without calibration.
+    #[serde(default)]
+    pub calibration_s: Option<f64>,
     /// llama-bench's own JSON objects, as it printed them.
     pub llama_bench: Option<serde_json::Value>,
     /// Why the runner has no figures (its error), when it failed.
@@ -218,6 +241,7 @@ impl RunnerRecord {
             load_s: info.load_s,
             load_read_s: info.load_read_s,
             load_pack_s: info.load_pack_s,
+            calibration_s: info.calibration_s,
             ..Default::default()
         }
     }
@@ -330,6 +354,7 @@ pub mod testdata {
                 tokens_sha256: "22".into(),
                 bos_id: None,
                 llama_kv_type: "f16".into(),
+                calibration: None,
             },
             ppl_delta_reference: None,
             compare_to: None,

@@ -1,9 +1,9 @@
-//! report.md: the table, the protocol in one line, loud warnings (incomplete run, tokens
+//! report.md: the table, the protocol and the calibration in one line each, loud warnings (incomplete run, tokens
 //! that differ between kwk-eval and llama.cpp, failed runners), and the plots.
 
 use super::files::write_atomically;
 use super::plot::PlotFiles;
-use super::table::{notes, protocol_line, table_rows};
+use super::table::{calibration_line, notes, protocol_line, table_rows};
 use crate::protocol::results::Results;
 use anyhow::Result;
 use std::fmt::Write as _;
@@ -65,6 +65,9 @@ pub fn render(r: &Results, plots: &PlotFiles) -> String {
     let _ = writeln!(s, "# kwk-eval: {}\n", r.model);
     s.push_str(&warnings(r));
     let _ = writeln!(s, "**Protocol:** {}\n", protocol_line(r));
+    if let Some(c) = calibration_line(r) {
+        let _ = writeln!(s, "**Calibration:** {c}\n");
+    }
     let (header, rows) = table_rows(r);
     let _ = writeln!(s, "| {} |", header.join(" | "));
     let _ = writeln!(

@@ -1,5 +1,5 @@
 //! The table every human-readable export shares: the cells of each row, the protocol in one
-//! line, the notes under the table (rows beyond 2 SE, `--compare-to`, failures, token
+//! line, the calibration in one line, the notes under the table (rows beyond 2 SE, `--compare-to`, failures, token
 //! warnings) and column alignment for a terminal. A leaf of `report`: it reads
 //! [`Results`] and writes strings.
 
@@ -141,6 +141,47 @@ pub fn protocol_line(r: &Results) -> String {
         r.machine.threads,
         if p.kld { "yes" } else { "no" },
     )
+}
+
+/// The calibration in one line (`None` when no calibrated format ran): the text, the
+/// tokens, whether it is the scored text, and per calibrated row the calibration and
+/// packing seconds.
+pub fn calibration_line(r: &Results) -> Option<String> {
+    let c = r.protocol.calibration.as_ref()?;
+    let sha = &c.text_sha256[..c.text_sha256.len().min(12)];
+    let range = c
+        .range
+        .as_deref()
+        .map(|x| format!(", tokens {x}"))
+        .unwrap_or_default();
+    let times: Vec<String> = r
+        .runners
+        .iter()
+        .filter_map(|row| {
+            let cal = row.calibration_s?;
+            let pack = row
+                .load_pack_s
+                .map(|p| format!(" of {p:.1} s packing"))
+                .unwrap_or_default();
+            Some(format!("{} {cal:.1} s{pack}", row.name))
+        })
+        .collect();
+    let on_eval = if c.on_eval {
+        " **CALIBRATED ON THE SCORED TEXT (--calib-on-eval): the calibrated rows are flattered.**"
+    } else {
+        " (no run of 64 tokens shared with the scored text)"
+    };
+    Some(format!(
+        "'{}' (sha256 {sha}…{range}): {} tokens given, {} used{on_eval}; calibration time: {}",
+        c.text,
+        c.tokens,
+        c.tokens_used,
+        if times.is_empty() {
+            "-".to_string()
+        } else {
+            times.join(", ")
+        }
+    ))
 }
 
 /// `header` and `rows` as aligned columns (the first two left-aligned, the rest right).

@@ -92,6 +92,8 @@ impl KwkRunner {
             load_s: Some(read_s + pack_s),
             load_read_s: Some(read_s),
             load_pack_s: Some(pack_s),
+            calibration_s: matches!(precision, Precision::Int4(o) if o.calibrate || o.gptq)
+                .then(|| decoder.calibration_s()),
             kv_type: "f32".into(),
             kernels: Some(precision.kernels().to_string()),
             roofline: Some(RooflineCost {

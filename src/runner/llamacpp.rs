@@ -137,6 +137,7 @@ impl LlamaCppRunner {
             load_s: None,
             load_read_s: None,
             load_pack_s: None,
+            calibration_s: None,
             kv_type: opts.kv_type.as_str().to_string(),
             kernels: None,
             roofline: Some(RooflineCost {

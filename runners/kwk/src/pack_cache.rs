@@ -19,7 +19,9 @@
 //! [`PACK_VERSION`], format with all its options, calibration-text hash), the tensor's
 //! place, its grid, its per-column importance, and the float32 values it was quantized from
 //! (after channel equalization). Equal keys mean the packing would write the same bytes,
-//! so a tensor changed at the same size and mtime is repacked and the rest reused. Bump
+//! so a tensor changed at the same size and mtime is repacked and the rest reused (a tensor
+//! GPTQ rounded depends on its input's Hessian too, which the key does not hold: such
+//! tensors are always written anew, never reused). Bump
 //! [`PACK_VERSION`] whenever a packed layout or the rounding changes: the test
 //! `layout_golden_hash_pins_pack_version` fails until you do.
 //!
@@ -98,7 +100,13 @@ pub fn recipe_key(precision: &Precision, calibration: Option<&[u32]>) -> String 
             hex(&h.finalize()[..16])
         }
     };
-    format!("kwk-pack layout v{PACK_VERSION}; format {precision:?}; calibration {calib}")
+    // GPTQ's constants change its output: they are part of the recipe (with the
+    // calibration tokens' hash above and the format, whose debug form names `gptq`).
+    let gptq = match precision {
+        Precision::Int4(o) if o.gptq => format!("; {}", crate::quantize::gptq::settings()),
+        _ => String::new(),
+    };
+    format!("kwk-pack layout v{PACK_VERSION}; format {precision:?}; calibration {calib}{gptq}")
 }
 
 /// The key of one packed tensor (see the module doc).
@@ -909,8 +917,30 @@ impl PackSession {
         importance: Option<&[f32]>,
         precision: &Precision,
     ) -> Result<Box<dyn PackedLinear>> {
+        self.pack_with(name, tensor, place, grid, importance, precision, None)
+    }
+
+    /// [`PackSession::pack`], or, when `made` is given (a tensor the caller quantized,
+    /// e.g. with GPTQ, whose bytes depend on more than its key holds: the Hessian of its
+    /// input), that tensor, written as is and never reused from an older file.
+    #[allow(clippy::too_many_arguments)]
+    pub fn pack_with(
+        &mut self,
+        name: &str,
+        tensor: &Tensor,
+        place: TensorPlace,
+        grid: Option<Grid>,
+        importance: Option<&[f32]>,
+        precision: &Precision,
+        made: Option<QuantizedTensor>,
+    ) -> Result<Box<dyn PackedLinear>> {
         let dep = dep_key(&self.recipe, tensor, &place, grid, importance);
-        if let (Some(old), Some(e)) = (&self.old, self.reusable.get(name)) {
+        let reusable = if made.is_some() {
+            None
+        } else {
+            self.reusable.get(name)
+        };
+        if let (Some(old), Some(e)) = (&self.old, reusable) {
             if e.dep == dep && e.rows == tensor.rows() && e.cols == tensor.cols() {
                 if let Ok(t) = old.tensor(e) {
                     let copied = self.writer.as_mut().map(|w| w.copy_tensor(old, e));
@@ -924,7 +954,10 @@ impl PackSession {
                 }
             }
         }
-        let t = quantize_on(tensor, precision, place, grid, importance)?;
+        let t = match made {
+            Some(t) => t,
+            None => quantize_on(tensor, precision, place, grid, importance)?,
+        };
         self.repacked += 1;
         if let Some(w) = self.writer.as_mut() {
             match w.tensor(name, &dep, &t) {

@@ -2,9 +2,11 @@
 //! cache, the SwiGLU MLP, the mixture-of-experts feed-forward, and the row-parallel helpers
 //! (RMSNorm, activation preparation, multi-matmul hand-offs) they share.
 
+use crate::format::float32::F32Panels;
 use crate::format::{InputKind, PackedLinear, PreparedInput};
 use crate::kernels::{self, OutputMatrix, PANEL_ROWS};
 use crate::model::{ModelConfig, Tensor};
+use crate::quantize::gptq::Hessian;
 use crate::threads::{split_range, ThreadPool};
 use half::slice::HalfBitsSliceExt;
 use std::sync::Mutex;
@@ -154,6 +156,9 @@ impl Layer {
         if let Some(r) = rec.as_deref_mut() {
             r.tokens += n as u64;
             accumulate_squares(&mut r.attn_in, xn, d);
+            if let Some(h) = r.gram.as_mut() {
+                accumulate_gram(pool, &mut h.attn_in, xn, d);
+            }
         }
         let (q, k, v) = (self.q.as_ref(), self.k.as_ref(), self.v.as_ref());
         acts.prepare(xn, d, [q.input_kind(), k.input_kind(), v.input_kind()]);
@@ -191,6 +196,9 @@ impl Layer {
         attention(pool, cfg, kv, layer, pos0, qo, attn);
         if let Some(r) = rec.as_deref_mut() {
             accumulate_squares(&mut r.o_in, attn, qd);
+            if let Some(h) = r.gram.as_mut() {
+                accumulate_gram(pool, &mut h.o_in, attn, qd);
+            }
         }
         let o = self.o.as_ref();
         acts.prepare(attn, qd, [o.input_kind()]);
@@ -206,6 +214,9 @@ impl Layer {
         rms_norm_rows(pool, xn, &self.ffn_norm, eps);
         if let Some(r) = rec.as_deref_mut() {
             accumulate_squares(&mut r.ffn_in, xn, d);
+            if let Some(h) = r.gram.as_mut() {
+                accumulate_gram(pool, &mut h.ffn_in, xn, d);
+            }
         }
         let ffn_out = sized(ffn_out, n * d);
         match &self.ffn {
@@ -247,15 +258,81 @@ pub(super) struct LayerRecord {
     pub ffn_in: Vec<f64>,
     /// Per MLP (dense; or experts then the shared expert): sums and the tokens routed to it.
     pub down_in: Vec<(Vec<f64>, u64)>,
+    /// When set, the Hessians `Σ x xᵀ` of the same inputs too (GPTQ; one layer at a time).
+    pub gram: Option<LayerGrams>,
 }
 
+/// `Σ x xᵀ` of each linear input of one layer (`KwkDecoder::layer_hessians`).
+#[derive(Debug, Clone)]
+pub struct LayerGrams {
+    pub attn_in: Hessian,
+    pub o_in: Hessian,
+    pub ffn_in: Hessian,
+    /// Per MLP, as [`LayerRecord::down_in`] (an expert no token reached has none, or an
+    /// empty one).
+    pub down_in: Vec<Hessian>,
+}
+
+impl Default for LayerGrams {
+    fn default() -> Self {
+        LayerGrams {
+            attn_in: Hessian::zeros(0),
+            o_in: Hessian::zeros(0),
+            ffn_in: Hessian::zeros(0),
+            down_in: Vec::new(),
+        }
+    }
+}
+
+/// The statistics of one MLP's `down` input: the sums of squares with their token count,
+/// and the Hessian when it is gathered.
+type DownRecord<'a> = (&'a mut (Vec<f64>, u64), Option<&'a mut Hessian>);
+
 impl LayerRecord {
-    fn down(&mut self, which: usize) -> &mut (Vec<f64>, u64) {
+    fn down(&mut self, which: usize) -> DownRecord<'_> {
         if self.down_in.len() <= which {
             self.down_in.resize(which + 1, (Vec::new(), 0));
         }
-        &mut self.down_in[which]
+        let gram = self.gram.as_mut().map(|g| {
+            if g.down_in.len() <= which {
+                g.down_in.resize_with(which + 1, || Hessian::zeros(0));
+            }
+            &mut g.down_in[which]
+        });
+        (&mut self.down_in[which], gram)
     }
+}
+
+/// Adds `Σ x xᵀ` over the rows of `x` (rows of `dim`) to `h` (sized on first use), on the
+/// float32 matmul kernels: with `Xᵀ` (`dim × n`) as both the weight and the input,
+/// `y[i][j] = Σ_t x_t[i] x_t[j]`.
+fn accumulate_gram(pool: &ThreadPool, h: &mut Hessian, x: &[f32], dim: usize) {
+    let n = x.len() / dim;
+    if n == 0 {
+        return;
+    }
+    if h.dim != dim {
+        *h = Hessian::zeros(dim);
+    }
+    let mut xt = vec![0f32; dim * n];
+    for (t, row) in x.chunks_exact(dim).enumerate() {
+        for (i, &v) in row.iter().enumerate() {
+            xt[i * n + t] = v;
+        }
+    }
+    let xt = Tensor::new(vec![dim, n], xt);
+    let panels = F32Panels::pack(&xt);
+    let mut y = vec![0f32; dim * dim];
+    {
+        let out = OutputMatrix::new(&mut y, dim, dim);
+        let input = PreparedInput::F32 {
+            data: &xt.data,
+            dim: n,
+        };
+        matmuls(pool, &[(&panels, input, &out)]);
+    }
+    h.sums.iter_mut().zip(&y).for_each(|(s, &v)| *s += v as f64);
+    h.tokens += n as u64;
 }
 
 /// Adds the squares of every row of `x` (rows of `dim`) to `acc` (grown to `dim`).
@@ -467,7 +544,7 @@ fn mlp_forward(
     g: &mut Vec<f32>,
     u: &mut Vec<f32>,
     out: &mut [f32],
-    record: Option<&mut (Vec<f64>, u64)>,
+    record: Option<DownRecord>,
 ) {
     let n = xn.len() / d;
     let f = m.gate.rows();
@@ -491,9 +568,12 @@ fn mlp_forward(
     par_rows(pool, g, f, |t, row| {
         kernels::silu_mul(isa, row, &u[t * f..(t + 1) * f]);
     });
-    if let Some((acc, tokens)) = record {
+    if let Some(((acc, tokens), gram)) = record {
         *tokens += n as u64;
         accumulate_squares(acc, g, f);
+        if let Some(h) = gram {
+            accumulate_gram(pool, h, g, f);
+        }
     }
     acts.prepare(g, f, [down.input_kind()]);
     let y = OutputMatrix::new(out, n, d);

@@ -24,7 +24,7 @@ pub use precision::{Int4Options, Precision, DEFAULT_INT4_GROUP};
 
 use crate::error::{KwkError, Result};
 use crate::format::quantized::default_mix_bits;
-use crate::format::quantized::{grid_for, quantize_on, Grid};
+use crate::format::quantized::{grid_for, quantize_on, Grid, QuantizedTensor};
 use crate::format::{self, PackedLinear, TensorPlace, TensorRole};
 use crate::kernels::{self, OutputMatrix};
 use crate::model::{Architecture, FeedForward, Mlp, Model, ModelConfig, ModelWeights, RopeScaling};
@@ -32,9 +32,11 @@ use crate::pack_cache::{self, CachedModel, PackOutcome, PackSession};
 use crate::quantize::equalize::{
     equalize, ActivationStats, EqualizeOptions, Equalized, LayerImportance, LayerStats,
 };
+use crate::quantize::gptq::{gptq_lowbit, inverse_factor, Hessian, InverseFactor};
 use crate::quantize::mix::{allocate, ladder, q4_k_m_bits_per_weight, MixUnit};
 use crate::threads::ThreadPool;
-use layers::{KvCache, Layer, PackedFfn, PackedMlp, PackedMoe, Scratch};
+use layers::{KvCache, Layer, LayerGrams, PackedFfn, PackedMlp, PackedMoe, Scratch};
+use rayon::prelude::*;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -100,6 +102,9 @@ pub struct KwkDecoder {
     weight_bytes: u64,
     n_params: u64,
     pack_s: f64,
+    /// Seconds of `pack_s` spent on calibration: the float32 passes over the calibration
+    /// tokens and, for `int4:gptq`, the Hessians and GPTQ itself (0 when none ran).
+    calibration_s: f64,
     /// What the pack cache did in `new` (`None`: not used for this format).
     pack_cache: Option<PackOutcome>,
     /// Buffers reused across calls: the residual stream and the per-layer scratch.
@@ -475,6 +480,93 @@ pub fn eos_ids(config: &ModelConfig, tokenizer: &crate::tokenizer::Tokenizer) ->
     eos
 }
 
+/// Key of a tensor quantized by the GPTQ pass: role, layer, MLP index (0 outside the
+/// feed-forward; experts in order, then the shared expert).
+type GptqKey = (TensorRole, usize, usize);
+
+/// GPTQ for every linear of every layer (`quantize::gptq`). The Hessians are gathered layer
+/// by layer ([`KwkDecoder::layer_hessians`]) by a float32 decoder of `weights`, the
+/// *equalized* weights: equalization preserves the function, and that decoder's linears see
+/// exactly the inputs the final, rescaled weights will (`x / α` per channel), so no
+/// correction is needed. Each tensor is rounded on the grid `grid` gives it; an expert that
+/// no calibration token reached is rounded plainly. The embedding and `lm_head` are not
+/// in a layer and are rounded plainly by the caller.
+fn gptq_layers(
+    config: &ModelConfig,
+    weights: &ModelWeights,
+    precision: &Precision,
+    calibration: &[u32],
+    threads: usize,
+    place: &(dyn Fn(TensorRole, Option<usize>) -> TensorPlace + Sync),
+    grid: &dyn Fn(TensorRole, usize) -> Result<Grid>,
+) -> Result<HashMap<GptqKey, QuantizedTensor>> {
+    let window = CALIBRATION_WINDOW.min(config.max_position_embeddings.max(1));
+    let mut reference = KwkDecoder::from_weights(
+        config,
+        weights,
+        Vec::new(),
+        Path::new("calibration"),
+        DecoderOptions {
+            max_cache_len: window,
+            precision: Precision::Float32,
+            threads,
+            calibration_tokens: None,
+            pack_cache_dir: None,
+        },
+    )?;
+    let tokens = &calibration[..calibration.len().min(CALIBRATION_TOKENS)];
+    let mut out = HashMap::new();
+    reference.layer_hessians(tokens, window, &mut |li, grams| {
+        let l = &weights.layers[li];
+        let mlps: Vec<&Mlp> = match &l.ffn {
+            FeedForward::Dense(m) => vec![m],
+            FeedForward::Moe(m) => m.experts.iter().chain(m.shared_expert.iter()).collect(),
+        };
+        let empty = Hessian::zeros(0);
+        let mut inputs: Vec<&Hessian> = vec![&grams.attn_in, &grams.o_in, &grams.ffn_in];
+        inputs.extend((0..mlps.len()).map(|j| grams.down_in.get(j).unwrap_or(&empty)));
+        let factors: Vec<Option<InverseFactor>> = inputs
+            .par_iter()
+            .map(|h| {
+                if h.tokens == 0 {
+                    Ok(None)
+                } else {
+                    inverse_factor(h, &format!("layer {li} (int4:gptq)")).map(Some)
+                }
+            })
+            .collect::<Result<_>>()?;
+        let moments: Vec<Vec<f32>> = inputs.iter().map(|h| h.moments()).collect();
+        let mut jobs: Vec<(TensorRole, usize, &crate::model::Tensor, usize)> = vec![
+            (TensorRole::AttnQ, 0, &l.q, 0),
+            (TensorRole::AttnK, 0, &l.k, 0),
+            (TensorRole::AttnV, 0, &l.v, 0),
+            (TensorRole::AttnOutput, 0, &l.o, 1),
+        ];
+        for (j, m) in mlps.iter().enumerate() {
+            jobs.push((TensorRole::FfnGate, j, &m.gate, 2));
+            jobs.push((TensorRole::FfnUp, j, &m.up, 2));
+            jobs.push((TensorRole::FfnDown, j, &m.down, 3 + j));
+        }
+        for (role, which, t, input) in jobs {
+            let g = grid(role, li)?;
+            let q = match (g, factors[input].as_ref()) {
+                (Grid::Asym { bits, group }, Some(f)) => QuantizedTensor::LowBit(gptq_lowbit(
+                    t,
+                    f,
+                    bits,
+                    group,
+                    Some(&moments[input]),
+                    &format!("{role:?} weight of layer {li}"),
+                )?),
+                _ => quantize_on(t, precision, place(role, Some(li)), Some(g), None)?,
+            };
+            out.insert((role, li, which), q);
+        }
+        Ok(())
+    })?;
+    Ok(out)
+}
+
 impl KwkDecoder {
     pub fn new(model: &Model, options: DecoderOptions) -> Result<Self> {
         let eos = eos_ids(&model.config, &model.tokenizer);
@@ -542,15 +634,22 @@ impl KwkDecoder {
         // Quantized formats first move per-channel factors across norm/linear pairs where
         // that lowers the estimated rounding error (`quantize::equalize`), and round with
         // per-column importance; the decoder then runs the equalized weights.
+        let calibrating = matches!(precision, Precision::Int4(o) if o.calibrate || o.gptq);
+        let mut calibration_s = 0f64;
         let equalized = if quantized {
-            Some(equalize_for(
+            let t0 = Instant::now();
+            let e = equalize_for(
                 config,
                 weights,
                 &precision,
                 calibration,
                 options.threads,
                 &place,
-            )?)
+            )?;
+            if calibrating {
+                calibration_s += t0.elapsed().as_secs_f64();
+            }
+            Some(e)
         } else {
             None
         };
@@ -564,31 +663,80 @@ impl KwkDecoder {
             _ => HashMap::new(),
         };
         let grid = |role, layer| plan.get(&(role, layer)).copied();
+        // int4:gptq: every layer's linears rounded with error compensation now, in one
+        // layer-by-layer pass (the embedding and lm_head are rounded plainly below).
+        let gptq_done: Mutex<HashMap<GptqKey, QuantizedTensor>> = Mutex::new(match &precision {
+            Precision::Int4(o) if o.gptq => {
+                let t0 = Instant::now();
+                let tokens = options
+                    .calibration_tokens
+                    .as_deref()
+                    .filter(|t| !t.is_empty())
+                    .ok_or_else(|| {
+                        KwkError::InvalidArgument(
+                            "int4:gptq needs calibration tokens (kwk-eval: --calib-text FILE)"
+                                .into(),
+                        )
+                    })?;
+                let grid_of = |role, layer: usize| -> Result<Grid> {
+                    match grid(role, Some(layer)) {
+                        Some(g) => Ok(g),
+                        None => grid_for(&precision, &place(role, Some(layer)))?.ok_or_else(|| {
+                            KwkError::InvalidArgument(format!(
+                                "{role:?} weight of layer {layer} has no int4 grid"
+                            ))
+                        }),
+                    }
+                };
+                let done = gptq_layers(
+                    config,
+                    weights,
+                    &precision,
+                    tokens,
+                    options.threads,
+                    &place,
+                    &grid_of,
+                )?;
+                calibration_s += t0.elapsed().as_secs_f64();
+                done
+            }
+            _ => HashMap::new(),
+        });
         let importance = |layer: Option<usize>, pick: &dyn Fn(&LayerImportance) -> &[f32]| {
             let e = equalized.as_ref()?;
             let li = e.importance.get(layer?)?;
             let v = pick(li);
             (!v.is_empty()).then_some(v)
         };
-        let pack =
-            |name: &str, t: &crate::model::Tensor, role, layer, imp: Option<&[f32]>| match &session
-            {
-                Some(s) => lock(s).pack(
+        // A tensor GPTQ made is handed to the session as made (its bytes depend on the
+        // Hessian, which its key does not hold: never reused from an older file).
+        let pack = |name: &str,
+                    t: &crate::model::Tensor,
+                    role,
+                    layer: Option<usize>,
+                    which: usize,
+                    imp: Option<&[f32]>| {
+            let done = layer.and_then(|l| lock(&gptq_done).remove(&(role, l, which)));
+            match (&session, done) {
+                (Some(s), done) => lock(s).pack_with(
                     name,
                     t,
                     place(role, layer),
                     grid(role, layer),
                     imp,
                     &precision,
+                    done,
                 ),
-                None if quantized => {
+                (None, Some(q)) => Ok(q.into_packed()),
+                (None, None) if quantized => {
                     Ok(
                         quantize_on(t, &precision, place(role, layer), grid(role, layer), imp)?
                             .into_packed(),
                     )
                 }
-                None => format::pack_linear(t, &precision, place(role, layer)),
-            };
+                (None, None) => format::pack_linear(t, &precision, place(role, layer)),
+            }
+        };
 
         // Jobs: the embedding, the untied lm_head, then each layer, taken from a shared
         // counter by the pool's threads (the embedding costs about as much as 8 layers of
@@ -608,14 +756,23 @@ impl KwkDecoder {
                     &m.gate,
                     TensorRole::FfnGate,
                     Some(layer),
+                    which,
                     ffn_in,
                 )?,
-                up: pack(&n("up"), &m.up, TensorRole::FfnUp, Some(layer), ffn_in)?,
+                up: pack(
+                    &n("up"),
+                    &m.up,
+                    TensorRole::FfnUp,
+                    Some(layer),
+                    which,
+                    ffn_in,
+                )?,
                 down: pack(
                     &n("down"),
                     &m.down,
                     TensorRole::FfnDown,
                     Some(layer),
+                    which,
                     down_in,
                 )?,
             })
@@ -648,10 +805,10 @@ impl KwkDecoder {
             let n = |w: &str| names::layer(i, w);
             Ok(Layer {
                 attn_norm: l.attn_norm.clone(),
-                q: pack(&n("q"), &l.q, TensorRole::AttnQ, Some(i), attn_in)?,
-                k: pack(&n("k"), &l.k, TensorRole::AttnK, Some(i), attn_in)?,
-                v: pack(&n("v"), &l.v, TensorRole::AttnV, Some(i), attn_in)?,
-                o: pack(&n("o"), &l.o, TensorRole::AttnOutput, Some(i), o_in)?,
+                q: pack(&n("q"), &l.q, TensorRole::AttnQ, Some(i), 0, attn_in)?,
+                k: pack(&n("k"), &l.k, TensorRole::AttnK, Some(i), 0, attn_in)?,
+                v: pack(&n("v"), &l.v, TensorRole::AttnV, Some(i), 0, attn_in)?,
+                o: pack(&n("o"), &l.o, TensorRole::AttnOutput, Some(i), 0, o_in)?,
                 q_bias: l.q_bias.clone(),
                 k_bias: l.k_bias.clone(),
                 v_bias: l.v_bias.clone(),
@@ -676,14 +833,20 @@ impl KwkDecoder {
             let job = next_job.fetch_add(1, Ordering::Relaxed);
             match job {
                 0 => {
-                    *lock(&embed_slot) =
-                        Some(pack(names::EMBED, &weights.embed, embed_role, None, None))
+                    *lock(&embed_slot) = Some(pack(
+                        names::EMBED,
+                        &weights.embed,
+                        embed_role,
+                        None,
+                        0,
+                        None,
+                    ))
                 }
                 1 => {
                     *lock(&head_slot) = weights
                         .lm_head
                         .as_ref()
-                        .map(|h| pack(names::LM_HEAD, h, TensorRole::LmHead, None, None))
+                        .map(|h| pack(names::LM_HEAD, h, TensorRole::LmHead, None, 0, None))
                 }
                 j if j < n_jobs => *lock(&layer_slots[j - 2]) = Some(pack_layer(j - 2)),
                 _ => break,
@@ -714,7 +877,7 @@ impl KwkDecoder {
             }
             None => not_written,
         };
-        Ok(Self::assemble(
+        let mut decoder = Self::assemble(
             config,
             precision,
             eos,
@@ -729,7 +892,9 @@ impl KwkDecoder {
             started.elapsed().as_secs_f64(),
             pack_cache,
             &options,
-        ))
+        );
+        decoder.calibration_s = calibration_s;
+        Ok(decoder)
     }
 
     /// A warm start: the decoder from the pack cache alone, without the model's weights
@@ -961,6 +1126,7 @@ impl KwkDecoder {
             weight_bytes,
             n_params,
             pack_s,
+            calibration_s: 0.0,
             pack_cache,
             x_buf: Vec::new(),
             scratch: Scratch::default(),
@@ -1017,6 +1183,75 @@ impl KwkDecoder {
             })
             .collect();
         Ok(ActivationStats { layers })
+    }
+
+    /// The Hessians `Σ x xᵀ` of every linear input over `tokens` (run in windows of
+    /// `window` tokens from an empty cache, as [`Self::activation_stats`]), one layer at a
+    /// time: the residual stream of every calibration token is kept (`tokens × hidden`
+    /// float32) and pushed through layer 0, then 1, ...; after each layer `each(layer,
+    /// hessians)` gets that layer's Hessians, which are then dropped. Peak memory: the
+    /// residual streams plus one layer's Hessians (f64) and what `each` holds.
+    pub(crate) fn layer_hessians(
+        &mut self,
+        tokens: &[u32],
+        window: usize,
+        each: &mut dyn FnMut(usize, LayerGrams) -> Result<()>,
+    ) -> Result<()> {
+        if tokens.is_empty() || window == 0 {
+            return Err(KwkError::InvalidArgument(
+                "calibration needs at least one token and a window of at least one".into(),
+            ));
+        }
+        let vocab = self.config.vocab_size;
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(KwkError::InvalidArgument(format!(
+                "calibration token id {bad} is outside the vocabulary of {vocab}"
+            )));
+        }
+        let d = self.config.hidden_size;
+        let win = window.min(self.max_cache_len);
+        let mut streams: Vec<Vec<f32>> = tokens
+            .chunks(win)
+            .map(|w| {
+                let mut x = vec![0f32; w.len() * d];
+                for (t, &id) in w.iter().enumerate() {
+                    self.embed
+                        .dequantize_row(id as usize, &mut x[t * d..(t + 1) * d]);
+                }
+                x
+            })
+            .collect();
+        let n_layers = self.layers.len();
+        for li in 0..n_layers {
+            let mut records = vec![layers::LayerRecord::default(); n_layers];
+            records[li].gram = Some(LayerGrams::default());
+            self.scratch.record = Some(records);
+            for x in streams.iter_mut() {
+                let mut pos = 0;
+                for chunk in x.chunks_mut(MICRO_BATCH * d) {
+                    self.layers[li].forward(
+                        &self.config,
+                        &self.pool,
+                        &self.rope,
+                        &mut self.kv,
+                        li,
+                        pos,
+                        chunk,
+                        &mut self.scratch,
+                    );
+                    pos += chunk.len() / d;
+                }
+            }
+            let mut records = self.scratch.record.take().unwrap_or_default();
+            let grams = records
+                .get_mut(li)
+                .and_then(|r| r.gram.take())
+                .unwrap_or_default();
+            drop(records);
+            each(li, grams)?;
+        }
+        self.reset();
+        Ok(())
     }
 
     /// Empties the KV cache; the next `forward` starts at position 0.
@@ -1190,6 +1425,13 @@ impl KwkDecoder {
 
     pub fn pack_s(&self) -> f64 {
         self.pack_s
+    }
+
+    /// Seconds of [`Self::pack_s`] spent on calibration (statistics passes, and the
+    /// Hessians and GPTQ of `int4:gptq`); 0 when none ran (other formats, or a pack-cache
+    /// hit).
+    pub fn calibration_s(&self) -> f64 {
+        self.calibration_s
     }
 
     /// Runs `prompt` from an empty cache (the cache is reset first), then samples up to

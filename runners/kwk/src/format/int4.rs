@@ -61,6 +61,33 @@ impl LowBitWeights {
         }
         let (rows, cols) = (tensor.rows(), tensor.cols());
         check_importance(importance, cols, what)?;
+        Ok(Self::from_rows(
+            bits,
+            group_size,
+            rows,
+            cols,
+            |r, codes, sc, mn| {
+                let row = tensor.row(r);
+                for (cg, (d, m)) in sc.iter_mut().zip(mn.iter_mut()).enumerate() {
+                    let c0 = cg * group_size;
+                    let c1 = (c0 + group_size).min(cols);
+                    let imp = importance.map(|w| &w[c0..c1]);
+                    (*d, *m) = round_asymmetric(&row[c0..c1], bits, imp, &mut codes[c0..c1]);
+                }
+            },
+        ))
+    }
+
+    /// Packs rows whose codes, scales and minimums `row_fn(r, codes, scales, mins)` writes
+    /// (`codes` of length `cols`, `scales`/`mins` one per group), on all rayon threads.
+    /// `bits` and `group_size` must be valid (checked by the callers).
+    pub(crate) fn from_rows(
+        bits: u32,
+        group_size: usize,
+        rows: usize,
+        cols: usize,
+        row_fn: impl Fn(usize, &mut [u8], &mut [f16], &mut [f16]) + Sync,
+    ) -> Self {
         let nb = cols / BLOCK;
         let ng = rows.div_ceil(ROW_GROUP);
         let ncg = cols.div_ceil(group_size);
@@ -93,38 +120,34 @@ impl LowBitWeights {
             .zip(mins.par_chunks_mut(ncg * ROW_GROUP))
             .enumerate()
             .for_each(|(g, (((ng_nib, ng_hb), ng_sc), ng_mn))| {
-                let mut codes = vec![0u8; group_size];
+                let mut codes = vec![0u8; cols];
+                let mut row_sc = vec![f16::ZERO; ncg];
+                let mut row_mn = vec![f16::ZERO; ncg];
                 for r in 0..ROW_GROUP.min(rows - g * ROW_GROUP) {
-                    let row = tensor.row(g * ROW_GROUP + r);
+                    row_fn(g * ROW_GROUP + r, &mut codes, &mut row_sc, &mut row_mn);
                     for cg in 0..ncg {
-                        let c0 = cg * group_size;
-                        let c1 = (c0 + group_size).min(cols);
-                        let imp = importance.map(|w| &w[c0..c1]);
-                        let q = &mut codes[..c1 - c0];
-                        let (d, m) = round_asymmetric(&row[c0..c1], bits, imp, q);
-                        ng_sc[cg * ROW_GROUP + r] = d;
-                        ng_mn[cg * ROW_GROUP + r] = m;
-                        for (i, &code) in q.iter().enumerate() {
-                            let c = c0 + i;
-                            let (b, cc) = (c / BLOCK, c % BLOCK);
-                            let (quad, k) = (cc / 4, cc % 4);
-                            if bits == 8 {
-                                ng_nib[b * tile_bytes + quad * 64 + r * 4 + k] = code;
-                                continue;
-                            }
-                            let at = b * NIBBLE_TILE_BYTES + (quad % 4) * 64 + r * 4 + k;
-                            let shift = if quad < 4 { 0 } else { 4 };
-                            ng_nib[at] |= (code & 0x0F) << shift;
-                            if bits == 6 {
-                                let at = b * HIGH_BITS_TILE_BYTES + (quad / 4) * 64 + r * 4 + k;
-                                ng_hb[at] |= ((code >> 4) & 3) << (2 * (quad % 4));
-                            }
+                        ng_sc[cg * ROW_GROUP + r] = row_sc[cg];
+                        ng_mn[cg * ROW_GROUP + r] = row_mn[cg];
+                    }
+                    for (c, &code) in codes.iter().enumerate() {
+                        let (b, cc) = (c / BLOCK, c % BLOCK);
+                        let (quad, k) = (cc / 4, cc % 4);
+                        if bits == 8 {
+                            ng_nib[b * tile_bytes + quad * 64 + r * 4 + k] = code;
+                            continue;
+                        }
+                        let at = b * NIBBLE_TILE_BYTES + (quad % 4) * 64 + r * 4 + k;
+                        let shift = if quad < 4 { 0 } else { 4 };
+                        ng_nib[at] |= (code & 0x0F) << shift;
+                        if bits == 6 {
+                            let at = b * HIGH_BITS_TILE_BYTES + (quad / 4) * 64 + r * 4 + k;
+                            ng_hb[at] |= ((code >> 4) & 3) << (2 * (quad % 4));
                         }
                     }
                 }
             });
         drop(hb_parts);
-        Ok(LowBitWeights {
+        LowBitWeights {
             bits,
             group_size,
             rows,
@@ -133,7 +156,7 @@ impl LowBitWeights {
             high_bits: high_bits.into(),
             scales: scales.into(),
             mins: mins.into(),
-        })
+        }
     }
 
     /// Rebuilds from packed parts (the pack cache); `None` if the lengths do not fit.

@@ -125,7 +125,10 @@ pub fn quantize_tensor(
 }
 
 /// [`quantize_tensor`] on `grid` when given (a mix chosen by `quantize::mix`), else on the
-/// grid the mix rule gives `place`.
+/// grid the mix rule gives `place`. This rounds each group on its own: under `int4:gptq`
+/// the decoder rounds the layers' linears with `quantize::gptq` (it needs their inputs'
+/// Hessians) and only the embedding, `lm_head` and experts no calibration token reached
+/// come here.
 pub fn quantize_on(
     tensor: &Tensor,
     precision: &Precision,
@@ -138,13 +141,6 @@ pub fn quantize_on(
         return Err(KwkError::InvalidArgument(format!(
             "{what}: MoE routers stay in float32 in every format; pack them with the float32 format"
         )));
-    }
-    if let Precision::Int4(opts) = precision {
-        if opts.gptq {
-            return Err(KwkError::Unsupported(format!(
-                "{what}: int4:gptq is not implemented yet; use int4:calib (calibrated scales and rounding) or int4"
-            )));
-        }
     }
     let grid = match grid {
         Some(g) => g,

@@ -375,3 +375,48 @@ fn layout_golden_hash_pins_pack_version() {
         "packed bytes changed: bump PACK_VERSION and update this hash"
     );
 }
+
+#[test]
+fn gptq_recipes_name_the_gptq_settings() {
+    let gptq = Precision::parse("int4:gptq").unwrap();
+    let calib = Precision::parse("int4:calib").unwrap();
+    let tokens = [1u32, 2, 3];
+    let k = recipe_key(&gptq, Some(&tokens));
+    assert!(k.contains(&crate::quantize::gptq::settings()), "{k}");
+    assert_ne!(k, recipe_key(&calib, Some(&tokens)));
+    assert!(!recipe_key(&calib, Some(&tokens)).contains(&crate::quantize::gptq::settings()));
+}
+
+#[test]
+fn a_tensor_made_by_the_caller_is_written_and_never_reused() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("model.gguf");
+    std::fs::write(&src, b"weights v1").unwrap();
+    let cache = dir.path().join("cache");
+    let p = int4();
+    let t = tensor(32, 64, 1);
+    let pl = place(TensorRole::AttnQ, Some(0));
+    let made = || quantize_on(&tensor(32, 64, 2), &p, pl, None, None).unwrap();
+    let k = tensor(32, 64, 3);
+    let kp = place(TensorRole::AttnK, Some(0));
+    let mut s = PackSession::open(&cache, &src, &p, None).unwrap();
+    s.pack_with("q", &t, pl, None, None, &p, Some(made()))
+        .unwrap();
+    s.pack("k", &k, kp, None, None, &p).unwrap();
+    assert!(matches!(s.finish(), PackOutcome::Written(_)));
+    // The source changes: the plain tensor with an unchanged key is reused, the made one
+    // is written again.
+    std::fs::write(&src, b"weights v2").unwrap();
+    let mut s = PackSession::open(&cache, &src, &p, None).unwrap();
+    s.pack_with("q", &t, pl, None, None, &p, Some(made()))
+        .unwrap();
+    s.pack("k", &k, kp, None, None, &p).unwrap();
+    let o = s.finish();
+    let PackOutcome::Updated {
+        reused, repacked, ..
+    } = o
+    else {
+        panic!("{o:?}")
+    };
+    assert_eq!((reused, repacked), (1, 1));
+}
