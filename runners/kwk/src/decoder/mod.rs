@@ -414,6 +414,30 @@ pub const CALIBRATION_TOKENS: usize = 8192;
 /// Tokens per window when calibration statistics are gathered.
 pub const CALIBRATION_WINDOW: usize = 512;
 
+/// A float32 decoder of `weights` for the calibration passes, with a KV cache of one
+/// calibration window (at most the model's positions), and that window.
+fn calibration_decoder(
+    config: &ModelConfig,
+    weights: &ModelWeights,
+    threads: usize,
+) -> Result<(KwkDecoder, usize)> {
+    let window = CALIBRATION_WINDOW.min(config.max_position_embeddings.max(1));
+    let decoder = KwkDecoder::from_weights(
+        config,
+        weights,
+        Vec::new(),
+        Path::new("calibration"),
+        DecoderOptions {
+            max_cache_len: window,
+            precision: Precision::Float32,
+            threads,
+            calibration_tokens: None,
+            pack_cache_dir: None,
+        },
+    )?;
+    Ok((decoder, window))
+}
+
 /// Equalizes `weights` for a quantized `precision` (`quantize::equalize`): with activation
 /// statistics measured by a float32 decoder over the calibration tokens for
 /// `int4:calib`/`int4:gptq`, else estimated from the weights.
@@ -442,20 +466,7 @@ fn equalize_for(
             "int4:calib / int4:gptq need calibration tokens (kwk-eval: --calib-text FILE)".into(),
         )
     })?;
-    let window = CALIBRATION_WINDOW.min(config.max_position_embeddings.max(1));
-    let mut reference = KwkDecoder::from_weights(
-        config,
-        weights,
-        Vec::new(),
-        Path::new("calibration"),
-        DecoderOptions {
-            max_cache_len: window,
-            precision: Precision::Float32,
-            threads,
-            calibration_tokens: None,
-            pack_cache_dir: None,
-        },
-    )?;
+    let (mut reference, window) = calibration_decoder(config, weights, threads)?;
     let tokens = &tokens[..tokens.len().min(CALIBRATION_TOKENS)];
     let stats = reference.activation_stats(tokens, window, &estimated)?;
     drop(reference);
@@ -500,20 +511,7 @@ fn gptq_layers(
     place: &(dyn Fn(TensorRole, Option<usize>) -> TensorPlace + Sync),
     grid: &dyn Fn(TensorRole, usize) -> Result<Grid>,
 ) -> Result<HashMap<GptqKey, QuantizedTensor>> {
-    let window = CALIBRATION_WINDOW.min(config.max_position_embeddings.max(1));
-    let mut reference = KwkDecoder::from_weights(
-        config,
-        weights,
-        Vec::new(),
-        Path::new("calibration"),
-        DecoderOptions {
-            max_cache_len: window,
-            precision: Precision::Float32,
-            threads,
-            calibration_tokens: None,
-            pack_cache_dir: None,
-        },
-    )?;
+    let (mut reference, window) = calibration_decoder(config, weights, threads)?;
     let tokens = &calibration[..calibration.len().min(CALIBRATION_TOKENS)];
     let mut out = HashMap::new();
     reference.layer_hessians(tokens, window, &mut |li, grams| {
