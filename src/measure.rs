@@ -234,6 +234,11 @@ fn speed_pass(
     if live.is_empty() {
         return Ok(());
     }
+    // The read ceiling is probed again before every round, so it sees the same drift as
+    // the generation rates it divides (see `kwk::kernels::peaks::ReadProbe`).
+    let probe = results.machine.peaks.is_some().then(|| {
+        kwk::kernels::peaks::ReadProbe::for_this_machine(kwk::kernels::active_isa(), plan.threads)
+    });
     for round in 0..spec.reps {
         eprintln!(
             "speed round {}/{}: pp{} tg{}",
@@ -242,6 +247,14 @@ fn speed_pass(
             spec.pp,
             spec.tg
         );
+        if let Some(probe) = &probe {
+            let gbps = probe.best_gbps(3);
+            let m = &mut results.machine;
+            m.peaks
+                .iter_mut()
+                .chain(m.peaks_best_tier.iter_mut())
+                .for_each(|p| p.add_read_probe(gbps));
+        }
         let order = speed_round(live, spec, round, results);
         results.speed_rounds.push(order);
     }
@@ -332,6 +345,7 @@ mod tests {
             int8_instruction: "dot".into(),
             bf16_gflops: None,
             read_gbps: read,
+            read_gbps_probes: vec![read],
             read_buffer_bytes: 1 << 28,
             seconds: 1.0,
         }

@@ -231,6 +231,17 @@ pub fn peaks_line(results: &Results) -> Option<String> {
         "Roofline ceilings measured with {} threads on tier {}: fp32 {:.0} GFLOP/s ({}), int8 {:.0} GOP/s ({}), {bf16}, read {:.1} GB/s",
         p.threads, p.isa, p.fp32_gflops, p.fp32_instruction, p.int8_gops, p.int8_instruction, p.read_gbps
     );
+    if p.read_gbps_probes.len() > 1 {
+        let lo = p
+            .read_gbps_probes
+            .iter()
+            .copied()
+            .fold(f64::INFINITY, f64::min);
+        line.push_str(&format!(
+            " (best of {} probes, one per speed round; lowest {lo:.1})",
+            p.read_gbps_probes.len()
+        ));
+    }
     if let Some(b) = &results.machine.peaks_best_tier {
         line.push_str(&format!(
             "; llama.cpp rows against the best tier {}: fp32 {:.0}, int8 {:.0}, read {:.1} GB/s",

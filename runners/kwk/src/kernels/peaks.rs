@@ -34,12 +34,25 @@ pub struct Peaks {
     /// bf16 dot (`vdpbf16ps`), GFLOP/s; `None` where the tier converts bf16 to f32 (its
     /// ceiling is then `fp32_gflops`).
     pub bf16_gflops: Option<f64>,
-    /// Read bandwidth, GB/s (10^9 bytes).
+    /// Read bandwidth, GB/s (10^9 bytes): the best of `read_gbps_probes`.
     pub read_gbps: f64,
+    /// Every read-bandwidth probe of the run, GB/s: the one taken with the other peaks,
+    /// then one per speed round when the harness probes again ([`Peaks::add_read_probe`]).
+    /// Their spread is the machine's bandwidth drift during the run.
+    #[serde(default)]
+    pub read_gbps_probes: Vec<f64>,
     /// Bytes of the buffer the bandwidth was read from.
     pub read_buffer_bytes: usize,
     /// Wall time the measurement took, seconds.
     pub seconds: f64,
+}
+
+impl Peaks {
+    /// Records another read-bandwidth probe; the ceiling is the best seen so far.
+    pub fn add_read_probe(&mut self, gbps: f64) {
+        self.read_gbps_probes.push(gbps);
+        self.read_gbps = self.read_gbps.max(gbps);
+    }
 }
 
 /// One arithmetic loop: runs `iters` iterations and returns the accumulators' lane sum.
@@ -312,35 +325,71 @@ fn read_buffer_bytes() -> usize {
     (256usize << 20).max(llc.saturating_mul(8)).min(4 << 30)
 }
 
-/// Best read bandwidth (bytes/s) over `bytes` split evenly between `threads` threads.
-fn read_bandwidth(read: ReadLoop, threads: usize, bytes: usize, trials: usize) -> f64 {
-    // Each thread's slice is a multiple of 32 u64 (the widest loop's block).
-    let per_thread = (bytes / 8 / threads.max(1)) / 32 * 32;
-    let data: Vec<u64> = (0..per_thread * threads)
-        .map(|i| (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15))
-        .collect();
-    let slice_bytes = (per_thread * threads * 8) as f64;
-    (0..trials)
-        .map(|_| {
-            let dt = timed_parallel(threads, |t| {
-                std::hint::black_box(read(&data[t * per_thread..(t + 1) * per_thread]));
-            });
-            slice_bytes / dt.as_secs_f64()
-        })
-        .fold(0.0, f64::max)
+/// A buffer larger than the caches and the tier's read loop, kept so the read bandwidth can
+/// be measured again later in a run (between speed rounds) under the conditions the
+/// generation speed met: on a shared machine the bandwidth drifts by tens of percent
+/// within minutes, so a ceiling measured once at the start can sit below a rate measured
+/// later.
+pub struct ReadProbe {
+    data: Vec<u64>,
+    per_thread: usize,
+    threads: usize,
+    read: ReadLoop,
+}
+
+impl ReadProbe {
+    /// A probe of `bytes` (rounded down to the read loops' block) for tier `isa`.
+    pub fn new(isa: Isa, threads: usize, bytes: usize) -> Self {
+        let threads = threads.max(1);
+        // Each thread's slice is a multiple of 32 u64 (the widest loop's block).
+        let per_thread = (bytes / 8 / threads / 32 * 32).max(32);
+        let data = (0..per_thread * threads)
+            .map(|i| (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            .collect();
+        ReadProbe {
+            data,
+            per_thread,
+            threads,
+            read: kernels_for(isa).3,
+        }
+    }
+
+    /// A probe over [`read_buffer_bytes`] for tier `isa`.
+    pub fn for_this_machine(isa: Isa, threads: usize) -> Self {
+        Self::new(isa, threads, read_buffer_bytes())
+    }
+
+    /// Bytes read per trial.
+    pub fn bytes(&self) -> usize {
+        self.data.len() * 8
+    }
+
+    /// Best read bandwidth over `trials` passes, GB/s (10^9 bytes), the buffer split
+    /// evenly between the threads.
+    pub fn best_gbps(&self, trials: usize) -> f64 {
+        let per = self.per_thread;
+        (0..trials.max(1))
+            .map(|_| {
+                let dt = timed_parallel(self.threads, |t| {
+                    std::hint::black_box((self.read)(&self.data[t * per..(t + 1) * per]));
+                });
+                self.bytes() as f64 / dt.as_secs_f64() / 1e9
+            })
+            .fold(0.0, f64::max)
+    }
 }
 
 /// Measures the peaks of tier `isa` on `threads` threads (about a second in all).
 pub fn measure(isa: Isa, threads: usize) -> Peaks {
     let threads = threads.max(1);
     let started = Instant::now();
-    let (fp32, int8, bf16, read) = kernels_for(isa);
+    let (fp32, int8, bf16, _) = kernels_for(isa);
     let trial = Duration::from_millis(40);
     let fp32_rate = peak_rate(&fp32, threads, trial, 5);
     let int8_rate = peak_rate(&int8, threads, trial, 5);
     let bf16_rate = bf16.as_ref().map(|k| peak_rate(k, threads, trial, 5));
-    let bytes = read_buffer_bytes();
-    let bw = read_bandwidth(read, threads, bytes, 5);
+    let probe = ReadProbe::for_this_machine(isa, threads);
+    let read_gbps = probe.best_gbps(5);
     Peaks {
         threads,
         isa: isa.name().to_string(),
@@ -349,8 +398,9 @@ pub fn measure(isa: Isa, threads: usize) -> Peaks {
         int8_gops: int8_rate / 1e9,
         int8_instruction: int8.instruction.to_string(),
         bf16_gflops: bf16_rate.map(|r| r / 1e9),
-        read_gbps: bw / 1e9,
-        read_buffer_bytes: bytes,
+        read_gbps,
+        read_gbps_probes: vec![read_gbps],
+        read_buffer_bytes: probe.bytes(),
         seconds: started.elapsed().as_secs_f64(),
     }
 }
@@ -359,6 +409,23 @@ pub fn measure(isa: Isa, threads: usize) -> Peaks {
 mod tests {
     use super::*;
     use crate::kernels::supported_isas;
+
+    /// The read ceiling is the best probe seen; every probe is kept.
+    #[test]
+    fn read_probes_keep_the_best() {
+        let mut p = measure(Isa::Scalar, 1);
+        let first = p.read_gbps;
+        assert_eq!(p.read_gbps_probes, vec![first]);
+        p.add_read_probe(first / 2.0);
+        assert_eq!(p.read_gbps, first);
+        p.add_read_probe(first * 3.0);
+        assert_eq!(p.read_gbps, first * 3.0);
+        assert_eq!(p.read_gbps_probes.len(), 3);
+        // A small probe reads every byte it says it reads, at a positive rate.
+        let probe = ReadProbe::new(Isa::Scalar, 2, 1 << 20);
+        assert_eq!(probe.bytes(), 1 << 20);
+        assert!(probe.best_gbps(2) > 0.0);
+    }
 
     /// Every loop of every supported tier computes what its operands say (so the
     /// instructions counted are the instructions run), and the read loops read every
