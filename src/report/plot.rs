@@ -1,6 +1,7 @@
 //! The plots, as PNG and SVG (plotters): perplexity change against bits per weight, every
 //! runner a labelled point (the size/quality trade-off at a glance), and prompt/generation
-//! speed as bars with ±1 stddev error bars. PNG text is drawn with DejaVu Sans, embedded
+//! speed as bars with ±1 stddev error bars and a roofline marker (the rate at 100 % of the
+//! row's ceiling, labelled with the share reached). PNG text is drawn with DejaVu Sans, embedded
 //! in the binary (assets/fonts, Bitstream Vera licence), so a machine without fonts still
 //! gets labelled plots.
 
@@ -8,6 +9,7 @@ use crate::protocol::results::{Results, RunnerRecord};
 use anyhow::{anyhow, Context, Result};
 use plotters::coord::Shift;
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 use std::path::Path;
 use std::sync::Once;
 
@@ -110,16 +112,43 @@ fn model_short_name(model: &str) -> &str {
         .unwrap_or(model)
 }
 
-/// A bar: label, mean, stddev, whether llama.cpp ran it.
-type Bar = (String, f64, f64, bool);
+/// A bar of the speed plot.
+struct Bar {
+    label: String,
+    mean: f64,
+    std: f64,
+    llama_cpp: bool,
+    /// The rate as a percentage of the machine's roofline for this row, when known.
+    roofline_pct: Option<f64>,
+}
 
-/// A bar per runner with a figure.
-fn speed_bars(results: &Results, pick: impl Fn(&RunnerRecord) -> Option<(f64, f64)>) -> Vec<Bar> {
+impl Bar {
+    /// The rate at 100 % of the roofline (the marker drawn above the bar).
+    fn ceiling(&self) -> Option<f64> {
+        self.roofline_pct
+            .filter(|p| *p > 0.0 && p.is_finite())
+            .map(|p| self.mean * 100.0 / p)
+    }
+}
+
+/// A bar per runner with a figure: `pick` gives (mean, stddev, % of roofline).
+fn speed_bars(
+    results: &Results,
+    pick: impl Fn(&RunnerRecord) -> Option<(f64, f64, Option<f64>)>,
+) -> Vec<Bar> {
     results
         .runners
         .iter()
         .zip(runner_labels(results))
-        .filter_map(|(r, (label, llama_cpp))| pick(r).map(|(m, sd)| (label, m, sd, llama_cpp)))
+        .filter_map(|(r, (label, llama_cpp))| {
+            pick(r).map(|(mean, std, roofline_pct)| Bar {
+                label,
+                mean,
+                std,
+                llama_cpp,
+                roofline_pct,
+            })
+        })
         .collect()
 }
 
@@ -196,8 +225,12 @@ fn draw_bars<DB: DrawingBackend>(
     bars: &[Bar],
 ) -> Result<()> {
     let n = bars.len().max(1);
-    let y_max = bars.iter().map(|b| b.1 + b.2).fold(1.0f64, f64::max) * 1.15;
-    let names: Vec<String> = bars.iter().map(|b| b.0.clone()).collect();
+    let y_max = bars
+        .iter()
+        .map(|b| (b.mean + b.std).max(b.ceiling().unwrap_or(0.0)))
+        .fold(1.0f64, f64::max)
+        * 1.15;
+    let names: Vec<String> = bars.iter().map(|b| b.label.clone()).collect();
     let mut chart = ChartBuilder::on(area)
         .caption(title, (FONT, 18))
         .margin(12)
@@ -222,9 +255,11 @@ fn draw_bars<DB: DrawingBackend>(
             let mut r = Rectangle::new(
                 [
                     (SegmentValue::Exact(i), 0.0),
-                    (SegmentValue::Exact(i + 1), b.1),
+                    (SegmentValue::Exact(i + 1), b.mean),
                 ],
-                if b.3 { LLAMA_COLOR } else { KWK_COLOR }.mix(0.7).filled(),
+                if b.llama_cpp { LLAMA_COLOR } else { KWK_COLOR }
+                    .mix(0.7)
+                    .filled(),
             );
             r.set_margin(0, 0, 12, 12);
             r
@@ -234,12 +269,39 @@ fn draw_bars<DB: DrawingBackend>(
         .draw_series(bars.iter().enumerate().map(|(i, b)| {
             ErrorBar::new_vertical(
                 SegmentValue::CenterOf(i),
-                b.1 - b.2,
-                b.1,
-                b.1 + b.2,
+                b.mean - b.std,
+                b.mean,
+                b.mean + b.std,
                 BLACK.filled(),
                 10,
             )
+        }))
+        .map_err(err)?;
+    // The roofline marker: a black line across the bar's slot at the rate 100 % of the
+    // row's ceiling would give, labelled with the share the bar reaches.
+    chart
+        .draw_series(bars.iter().enumerate().filter_map(|(i, b)| {
+            let ceiling = b.ceiling()?;
+            Some(PathElement::new(
+                vec![
+                    (SegmentValue::Exact(i), ceiling),
+                    (SegmentValue::Exact(i + 1), ceiling),
+                ],
+                BLACK.stroke_width(2),
+            ))
+        }))
+        .map_err(err)?;
+    chart
+        .draw_series(bars.iter().enumerate().filter_map(|(i, b)| {
+            let pct = b.roofline_pct?;
+            Some(Text::new(
+                format!("{pct:.0}%"),
+                (SegmentValue::CenterOf(i), b.mean + b.std),
+                (FONT, 12)
+                    .into_font()
+                    .color(&BLACK)
+                    .pos(Pos::new(HPos::Center, VPos::Bottom)),
+            ))
         }))
         .map_err(err)?;
     Ok(())
@@ -249,10 +311,18 @@ fn draw_speed<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, results: &Result
     root.fill(&WHITE).map_err(err)?;
     let panels = root.split_evenly((1, 2));
     let pp = speed_bars(results, |r| {
-        Some((r.pp_tokens_per_s?, r.pp_tokens_per_s_std.unwrap_or(0.0)))
+        Some((
+            r.pp_tokens_per_s?,
+            r.pp_tokens_per_s_std.unwrap_or(0.0),
+            r.pp_roofline_pct,
+        ))
     });
     let tg = speed_bars(results, |r| {
-        Some((r.tg_tokens_per_s?, r.tg_tokens_per_s_std.unwrap_or(0.0)))
+        Some((
+            r.tg_tokens_per_s?,
+            r.tg_tokens_per_s_std.unwrap_or(0.0),
+            r.tg_roofline_pct,
+        ))
     });
     let p = &results.protocol;
     draw_bars(
@@ -265,7 +335,10 @@ fn draw_speed<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, results: &Result
     )?;
     draw_bars(
         &panels[1],
-        &format!("generation tg{} tokens/s (blue kwk, red llama.cpp)", p.tg),
+        &format!(
+            "generation tg{} tokens/s (blue kwk, red llama.cpp; black line = roofline)",
+            p.tg
+        ),
         &tg,
     )?;
     root.present().map_err(err)?;
@@ -357,6 +430,28 @@ mod tests {
             std::fs::create_dir_all(&keep).unwrap();
             write_plots(Path::new(&keep), &sample_results()).unwrap();
         }
+    }
+
+    /// Rows with a roofline share get the marker at mean × 100 / share and the share's
+    /// label; rows without one get neither.
+    #[test]
+    fn speed_plot_marks_the_roofline() {
+        let mut r = sample_results();
+        for row in r.runners.iter_mut() {
+            row.pp_roofline_pct = None;
+            row.tg_roofline_pct = None;
+        }
+        r.runners[0].tg_tokens_per_s = Some(50.0);
+        r.runners[0].tg_roofline_pct = Some(37.0);
+        let tg = speed_bars(&r, |row| {
+            Some((row.tg_tokens_per_s?, 0.0, row.tg_roofline_pct))
+        });
+        assert!((tg[0].ceiling().unwrap() - 50.0 * 100.0 / 37.0).abs() < 1e-9);
+        assert!(tg.iter().skip(1).all(|b| b.ceiling().is_none()));
+        let dir = tempfile::tempdir().unwrap();
+        write_plots(dir.path(), &r).unwrap();
+        let svg = std::fs::read_to_string(dir.path().join("speed.svg")).unwrap();
+        assert_eq!(svg.matches("37%").count(), 1, "one roofline label");
     }
 
     #[test]
