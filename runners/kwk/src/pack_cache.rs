@@ -103,7 +103,9 @@ pub fn recipe_key(precision: &Precision, calibration: Option<&[u32]>) -> String 
     // GPTQ's constants change its output: they are part of the recipe (with the
     // calibration tokens' hash above and the format, whose debug form names `gptq`).
     let gptq = match precision {
-        Precision::Int4(o) if o.gptq => format!("; {}", crate::quantize::gptq::settings()),
+        Precision::Int4(o) if o.gptq => {
+            format!("; {}", crate::quantize::gptq::settings(o.act_order))
+        }
         _ => String::new(),
     };
     format!("kwk-pack layout v{PACK_VERSION}; format {precision:?}; calibration {calib}{gptq}")

@@ -32,7 +32,7 @@ use crate::pack_cache::{self, CachedModel, PackOutcome, PackSession};
 use crate::quantize::equalize::{
     equalize, ActivationStats, EqualizeOptions, Equalized, LayerImportance, LayerStats,
 };
-use crate::quantize::gptq::{gptq_lowbit, inverse_factor, Hessian, InverseFactor};
+use crate::quantize::gptq::{act_order, gptq_lowbit, inverse_factor, Hessian, InverseFactor};
 use crate::quantize::mix::{allocate, ladder, q4_k_m_bits_per_weight, MixUnit};
 use crate::threads::ThreadPool;
 use layers::{KvCache, Layer, LayerGrams, PackedFfn, PackedMlp, PackedMoe, Scratch};
@@ -523,16 +523,6 @@ fn gptq_layers(
         let empty = Hessian::zeros(0);
         let mut inputs: Vec<&Hessian> = vec![&grams.attn_in, &grams.o_in, &grams.ffn_in];
         inputs.extend((0..mlps.len()).map(|j| grams.down_in.get(j).unwrap_or(&empty)));
-        let factors: Vec<Option<InverseFactor>> = inputs
-            .par_iter()
-            .map(|h| {
-                if h.tokens == 0 {
-                    Ok(None)
-                } else {
-                    inverse_factor(h, &format!("layer {li} (int4:gptq)")).map(Some)
-                }
-            })
-            .collect::<Result<_>>()?;
         let moments: Vec<Vec<f32>> = inputs.iter().map(|h| h.moments()).collect();
         let mut jobs: Vec<(TensorRole, usize, &crate::model::Tensor, usize)> = vec![
             (TensorRole::AttnQ, 0, &l.q, 0),
@@ -545,17 +535,55 @@ fn gptq_layers(
             jobs.push((TensorRole::FfnUp, j, &m.up, 2));
             jobs.push((TensorRole::FfnDown, j, &m.down, 3 + j));
         }
-        for (role, which, t, input) in jobs {
-            let g = grid(role, li)?;
-            let q = match (g, factors[input].as_ref()) {
-                (Grid::Asym { bits, group }, Some(f)) => QuantizedTensor::LowBit(gptq_lowbit(
-                    t,
-                    f,
-                    bits,
-                    group,
-                    Some(&moments[input]),
-                    &format!("{role:?} weight of layer {li}"),
-                )?),
+        let grids: Vec<Grid> = jobs
+            .iter()
+            .map(|&(role, ..)| grid(role, li))
+            .collect::<Result<_>>()?;
+        // One factor per input, or with act-order per input and group size (the column
+        // order depends on the groups), each (input, group) factored once, in parallel.
+        let act = matches!(precision, Precision::Int4(o) if o.act_order);
+        let mut keys: Vec<(usize, usize)> = jobs
+            .iter()
+            .zip(&grids)
+            .filter_map(|(&(.., input), g)| match g {
+                Grid::Asym { group, .. } if inputs[input].tokens > 0 => {
+                    Some((input, if act { *group } else { 0 }))
+                }
+                _ => None,
+            })
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let factors: HashMap<(usize, usize), (InverseFactor, Option<Vec<usize>>)> = keys
+            .par_iter()
+            .map(|&(input, group)| {
+                let what = format!("layer {li} (int4:gptq)");
+                let h = inputs[input];
+                if group == 0 {
+                    return Ok(((input, 0), (inverse_factor(h, &what)?, None)));
+                }
+                let order = act_order(&moments[input], group);
+                let f = inverse_factor(&h.permuted(&order), &what)?;
+                Ok(((input, group), (f, Some(order))))
+            })
+            .collect::<Result<_>>()?;
+        for ((role, which, t, input), g) in jobs.into_iter().zip(grids) {
+            let factor = match g {
+                Grid::Asym { group, .. } => factors.get(&(input, if act { group } else { 0 })),
+                _ => None,
+            };
+            let q = match (g, factor) {
+                (Grid::Asym { bits, group }, Some((f, order))) => {
+                    QuantizedTensor::LowBit(gptq_lowbit(
+                        t,
+                        f,
+                        bits,
+                        group,
+                        Some(&moments[input]),
+                        order.as_deref(),
+                        &format!("{role:?} weight of layer {li}"),
+                    )?)
+                }
                 _ => quantize_on(t, precision, place(role, Some(li)), Some(g), None)?,
             };
             out.insert((role, li, which), q);

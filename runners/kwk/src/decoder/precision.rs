@@ -1,5 +1,5 @@
 //! [`Precision`]: the weight format a decoder runs in, parsed from the names users type
-//! (`float32`, `bf16`, `int8`/`balanced`, `int4[:gG][:mixB][:calib][:gptq]`).
+//! (`float32`, `bf16`, `int8`/`balanced`, `int4[:gG][:mixB][:calib][:gptq[:act]]`).
 
 use crate::error::{KwkError, Result};
 
@@ -10,7 +10,7 @@ use crate::error::{KwkError, Result};
 /// quantization work's report).
 pub const DEFAULT_INT4_GROUP: usize = 32;
 
-/// Options of the `int4` format: `int4[:gG][:mixB][:calib][:gptq]`.
+/// Options of the `int4` format: `int4[:gG][:mixB][:calib][:gptq[:act]]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Int4Options {
     /// Weights per scale group: 32, 64 or 128.
@@ -22,6 +22,9 @@ pub struct Int4Options {
     pub calibrate: bool,
     /// GPTQ rounding on top of calibration.
     pub gptq: bool,
+    /// GPTQ takes the columns in descending order of their calibration activity, whole
+    /// scale groups at a time (`:act`; only with `:gptq`; see `quantize::gptq`).
+    pub act_order: bool,
 }
 
 impl Default for Int4Options {
@@ -31,6 +34,7 @@ impl Default for Int4Options {
             mix_bits: None,
             calibrate: false,
             gptq: false,
+            act_order: false,
         }
     }
 }
@@ -45,7 +49,7 @@ pub enum Precision {
 }
 
 const VALID: &str =
-    "float32 (f32), bf16, int8 (balanced), int4[:g32|:g64|:g128][:mix6|:mix8][:calib][:gptq]";
+    "float32 (f32), bf16, int8 (balanced), int4[:g32|:g64|:g128][:mix6|:mix8][:calib][:gptq[:act]]";
 
 impl Precision {
     /// The kernels this format's weight matmuls run in this process (the active tier,
@@ -116,12 +120,18 @@ impl Precision {
                         }
                         "calib" => o.calibrate = true,
                         "gptq" => o.gptq = true,
+                        "act" => o.act_order = true,
                         _ => {
                             return Err(KwkError::InvalidArgument(format!(
                                 "unknown int4 option ':{opt}' in '{spec}'; valid formats: {VALID}"
                             )))
                         }
                     }
+                }
+                if o.act_order && !o.gptq {
+                    return Err(KwkError::InvalidArgument(format!(
+                        "':act' orders GPTQ's columns, so it needs ':gptq' too (e.g. int4:gptq:act), got '{spec}'"
+                    )));
                 }
                 Ok(Precision::Int4(o))
             }
@@ -131,7 +141,7 @@ impl Precision {
 
     /// The canonical spelling (`parse(p.name()) == p`): `float32`, `bf16`, `int8`, and
     /// `int4` followed by the options that differ from the defaults in a fixed order
-    /// (`:gG`, `:mixB`, `:calib`, `:gptq`).
+    /// (`:gG`, `:mixB`, `:calib`, `:gptq`, `:act`).
     pub fn name(&self) -> String {
         match self {
             Precision::Float32 => "float32".into(),
@@ -150,6 +160,9 @@ impl Precision {
                 }
                 if o.gptq {
                     s += ":gptq";
+                }
+                if o.act_order {
+                    s += ":act";
                 }
                 s
             }
@@ -175,10 +188,15 @@ mod tests {
                 group_size: 64,
                 mix_bits: Some(6),
                 calibrate: true,
-                gptq: true
+                gptq: true,
+                act_order: false,
             })
         );
         assert_eq!(p.name(), "int4:g64:mix6:calib:gptq");
+        let act = Precision::parse("int4:act:gptq").unwrap();
+        assert_eq!(act.name(), "int4:gptq:act");
+        let err = Precision::parse("int4:act").unwrap_err().to_string();
+        assert!(err.contains("needs ':gptq'"), "{err}");
         for s in [
             "int4",
             "int4:g128",

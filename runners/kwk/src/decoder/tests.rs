@@ -1023,6 +1023,19 @@ fn int4_gptq_builds_deterministically_and_round_trips_the_pack_cache() {
             worst < limit * largest,
             "{name}: int4:gptq logits off by {worst} of {largest}"
         );
+        // Act-order: another deterministic result of the same quality class.
+        let act = Precision::parse("int4:gptq:act").unwrap();
+        let c = logits(&mut build(act, Some(calib.clone()), None).unwrap());
+        assert_ne!(c, a, "{name}: act-order changed nothing");
+        let worst_act = c
+            .iter()
+            .zip(&reference)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            worst_act < limit * largest,
+            "{name}: int4:gptq:act off by {worst_act}"
+        );
         let dir = Some(cache.path().to_path_buf());
         let cold = build(precision, Some(calib.clone()), dir.clone()).unwrap();
         let Some(crate::pack_cache::PackOutcome::Written(path)) = cold.pack_cache_outcome() else {

@@ -279,6 +279,7 @@ mod tests {
             mix_bits: None,
             calibrate: false,
             gptq: false,
+            act_order: false,
         };
         let small = TensorPlace {
             role: TensorRole::LmHead,

@@ -10,6 +10,7 @@ fn int4() -> Precision {
         mix_bits: None,
         calibrate: false,
         gptq: false,
+        act_order: false,
     })
 }
 
@@ -162,6 +163,7 @@ fn one_file_holds_every_format_and_a_touched_source_is_rehashed() {
         mix_bits: None,
         calibrate: false,
         gptq: false,
+        act_order: false,
     });
     assert!(matches!(
         pack_all(&cache, &source, &g64, &ts).0,
@@ -382,9 +384,9 @@ fn gptq_recipes_name_the_gptq_settings() {
     let calib = Precision::parse("int4:calib").unwrap();
     let tokens = [1u32, 2, 3];
     let k = recipe_key(&gptq, Some(&tokens));
-    assert!(k.contains(&crate::quantize::gptq::settings()), "{k}");
+    assert!(k.contains(&crate::quantize::gptq::settings(false)), "{k}");
     assert_ne!(k, recipe_key(&calib, Some(&tokens)));
-    assert!(!recipe_key(&calib, Some(&tokens)).contains(&crate::quantize::gptq::settings()));
+    assert!(!recipe_key(&calib, Some(&tokens)).contains(&crate::quantize::gptq::settings(false)));
 }
 
 #[test]

@@ -172,6 +172,7 @@ fn check(name: &str) {
             mix_bits,
             calibrate: false,
             gptq: false,
+            act_order: false,
         })
     };
     for (label, p, logit_lim, kld_lim, ppl_lim) in [

@@ -19,9 +19,14 @@
 //!   least-squares search as plain rounding (`quantize::rounding`), then every column of the
 //!   group is rounded to the nearest code on that grid. A group never straddles a block
 //!   (group sizes 32, 64 and 128 divide the block).
-//! - Columns are taken in their natural order (the paper's optional act-order, which
-//!   reorders columns by `diag H`, is not done: with per-group scales it would need a
-//!   group index per column).
+//! - Columns are taken in their natural order, or with `:act` (the paper's act-order,
+//!   "descending diag H") in an order that keeps every scale group whole: groups by
+//!   descending sum of `diag H` over their columns, the columns inside each group by
+//!   descending `diag H` ([`act_order`]). The most active columns are rounded first, while
+//!   the most columns are left to absorb their error, and a group's columns stay one
+//!   contiguous run, so each group's grid is still fitted at its first column and the packed
+//!   layout needs no per-column group index (the reference's act-order with groups stores
+//!   one). A trailing partial group keeps its place (only its columns are reordered).
 //!
 //! Rows are independent given `U`: they are processed in batches of [`ROW_BATCH`] on the
 //! rayon threads, so the result does not depend on the thread count.
@@ -44,8 +49,53 @@ pub const BLOCK_COLS: usize = 128;
 const ROW_BATCH: usize = 16;
 
 /// The settings that change GPTQ's output (part of the pack-cache key).
-pub fn settings() -> String {
-    format!("gptq damp {DAMP} block {BLOCK_COLS} act-order off")
+pub fn settings(act_order: bool) -> String {
+    let act = if act_order { "groups" } else { "off" };
+    format!("gptq damp {DAMP} block {BLOCK_COLS} act-order {act}")
+}
+
+/// The act-order permutation for groups of `group` columns: `order[k]` is the original
+/// column taken k-th (see the module doc). Deterministic: ties keep the natural order.
+pub fn act_order(moments: &[f32], group: usize) -> Vec<usize> {
+    let cols = moments.len();
+    let group = group.max(1);
+    let whole = cols / group;
+    let activity = |g: usize| -> f64 {
+        moments[g * group..(g + 1) * group]
+            .iter()
+            .map(|&m| m as f64)
+            .sum()
+    };
+    let mut groups: Vec<usize> = (0..whole).collect();
+    groups.sort_by(|&a, &b| activity(b).total_cmp(&activity(a)));
+    if whole * group < cols {
+        groups.push(whole);
+    }
+    let mut order = Vec::with_capacity(cols);
+    for g in groups {
+        let mut members: Vec<usize> = (g * group..((g + 1) * group).min(cols)).collect();
+        members.sort_by(|&a, &b| moments[b].total_cmp(&moments[a]));
+        order.extend(members);
+    }
+    order
+}
+
+impl Hessian {
+    /// `H` with rows and columns taken in `order` (`order[k]` = original index).
+    pub fn permuted(&self, order: &[usize]) -> Hessian {
+        let n = self.dim;
+        let mut sums = vec![0f64; n * n];
+        for (i, &oi) in order.iter().enumerate() {
+            for (j, &oj) in order.iter().enumerate() {
+                sums[i * n + j] = self.sums[oi * n + oj];
+            }
+        }
+        Hessian {
+            dim: n,
+            sums,
+            tokens: self.tokens,
+        }
+    }
 }
 
 /// `Σ x xᵀ` over `tokens` input vectors of width `dim` (row-major, full symmetric).
@@ -273,13 +323,16 @@ fn gptq_rows(
 /// Quantizes `tensor` (`rows × cols`) to `bits`-bit asymmetric groups of `group` columns
 /// with GPTQ against the input factor `f` (from [`inverse_factor`] of the inputs this
 /// weight sees). `importance` (per column, e.g. `diag H / tokens`) weights each group's
-/// scale search as in plain rounding.
+/// scale search as in plain rounding. With `order` (from [`act_order`] for this `group`),
+/// the columns are taken in that order and `f` must be the factor of the Hessian
+/// [`Hessian::permuted`] the same way; `importance` stays in the natural order.
 pub fn gptq_lowbit(
     tensor: &Tensor,
     f: &InverseFactor,
     bits: u32,
     group: usize,
     importance: Option<&[f32]>,
+    order: Option<&[usize]>,
     what: &str,
 ) -> Result<LowBitWeights> {
     check_shape(tensor, what)?;
@@ -301,7 +354,36 @@ pub fn gptq_lowbit(
             f.dim
         )));
     }
+    if let Some(order) = order {
+        let mut seen = vec![false; cols];
+        let groups_whole = order.len() == cols
+            && order
+                .iter()
+                .all(|&c| c < cols && !std::mem::replace(&mut seen[c], true))
+            && order
+                .chunks(group)
+                .all(|g| g.iter().all(|&c| c / group == g[0] / group));
+        if !groups_whole {
+            return Err(KwkError::InvalidArgument(format!(
+                "{what}: the GPTQ column order is not a permutation keeping groups of {group} whole"
+            )));
+        }
+    }
     let ncg = cols.div_ceil(group);
+    // The weight (and importance) with columns in processing order.
+    let permuted: Option<(Vec<f32>, Option<Vec<f32>>)> = order.map(|order| {
+        let mut w = vec![0f32; rows * cols];
+        for (dst, src) in w.chunks_exact_mut(cols).zip(tensor.data.chunks_exact(cols)) {
+            for (d, &o) in dst.iter_mut().zip(order) {
+                *d = src[o];
+            }
+        }
+        (w, importance.map(|v| order.iter().map(|&o| v[o]).collect()))
+    });
+    let (data, importance) = match &permuted {
+        Some((w, imp)) => (w.as_slice(), imp.as_deref()),
+        None => (tensor.data.as_slice(), importance),
+    };
     let mut codes = vec![0u8; rows * cols];
     let mut scales = vec![f16::ZERO; rows * ncg];
     let mut mins = vec![f16::ZERO; rows * ncg];
@@ -313,9 +395,32 @@ pub fn gptq_lowbit(
         .for_each(|(b, ((c, s), m))| {
             let r0 = b * ROW_BATCH;
             let nr = c.len() / cols;
-            let mut w = tensor.data[r0 * cols..(r0 + nr) * cols].to_vec();
+            let mut w = data[r0 * cols..(r0 + nr) * cols].to_vec();
             gptq_rows(&mut w, cols, f, bits, group, importance, c, s, m);
         });
+    if let Some(order) = order {
+        // Back to the natural order: column order[k] holds code k; the group run starting
+        // at k holds the scale of the group order[k] belongs to.
+        let mut natural = vec![0u8; cols];
+        let (mut sc, mut mn) = (vec![f16::ZERO; ncg], vec![f16::ZERO; ncg]);
+        for r in 0..rows {
+            let (c, s, m) = (
+                &mut codes[r * cols..(r + 1) * cols],
+                &mut scales[r * ncg..(r + 1) * ncg],
+                &mut mins[r * ncg..(r + 1) * ncg],
+            );
+            for (k, &o) in order.iter().enumerate() {
+                natural[o] = c[k];
+            }
+            for (k, run) in order.chunks(group).enumerate() {
+                sc[run[0] / group] = s[k];
+                mn[run[0] / group] = m[k];
+            }
+            c.copy_from_slice(&natural);
+            s.copy_from_slice(&sc);
+            m.copy_from_slice(&mn);
+        }
+    }
     Ok(LowBitWeights::from_rows(
         bits,
         group,
@@ -427,7 +532,7 @@ mod tests {
         let imp = h.moments();
         for (bits, group) in [(4, 32), (4, 64), (4, 128), (6, 64), (8, 32)] {
             let plain = LowBitWeights::quantize(&w, bits, group, Some(&imp), "test").unwrap();
-            let g = gptq_lowbit(&w, &f, bits, group, Some(&imp), "test").unwrap();
+            let g = gptq_lowbit(&w, &f, bits, group, Some(&imp), None, "test").unwrap();
             let (ep, eg) = (output_error(&w, &plain, &x), output_error(&w, &g, &x));
             assert!(
                 eg < 0.8 * ep,
@@ -448,13 +553,13 @@ mod tests {
         h.add_rows(&x);
         let f = inverse_factor(&h, "test").unwrap();
         assert!(f.dead[7] && f.dead.iter().filter(|&&d| d).count() == 1);
-        let q = gptq_lowbit(&w, &f, 4, 32, None, "test").unwrap();
+        let q = gptq_lowbit(&w, &f, 4, 32, None, None, "test").unwrap();
         assert_eq!(q.rows(), rows);
         // A factor of another width is refused.
         let mut h2 = Hessian::zeros(32);
         h2.add_rows(&inputs(100, 32, 2));
         let f2 = inverse_factor(&h2, "test").unwrap();
-        assert!(gptq_lowbit(&w, &f2, 4, 32, None, "test").is_err());
+        assert!(gptq_lowbit(&w, &f2, 4, 32, None, None, "test").is_err());
         assert!(inverse_factor(&Hessian::zeros(8), "test").is_ok());
     }
 
@@ -470,8 +575,91 @@ mod tests {
                 .num_threads(threads)
                 .build()
                 .unwrap()
-                .install(|| gptq_lowbit(&w, &f, 4, 64, None, "test").unwrap())
+                .install(|| gptq_lowbit(&w, &f, 4, 64, None, None, "test").unwrap())
         };
         assert_eq!(run(1), run(3));
+    }
+
+    /// The act-order permutation keeps groups whole, puts the more active group first and
+    /// the more active column first inside a group, and leaves a partial group last.
+    #[test]
+    fn act_order_keeps_groups_whole() {
+        let mut m = vec![1f32; 70];
+        m[40] = 50.0; // group 1 (32..64) is the most active
+        m[5] = 9.0; // then group 0; inside it column 5 first
+        m[66] = 99.0; // the partial group 64..70 stays last whatever its activity
+        let order = act_order(&m, 32);
+        assert_eq!(order.len(), 70);
+        assert_eq!(&order[..2], &[40, 32]);
+        assert!(order[..32].iter().all(|&c| (32..64).contains(&c)));
+        assert_eq!(&order[32..34], &[5, 0]);
+        assert_eq!(order[64], 66);
+        let mut sorted = order.clone();
+        sorted.sort();
+        assert_eq!(sorted, (0..70).collect::<Vec<_>>());
+    }
+
+    /// With the natural order passed explicitly GPTQ is bit-identical to no order; act-order
+    /// also beats plain rounding on every grid; an order that splits a group is refused.
+    #[test]
+    fn gptq_with_act_order() {
+        let (rows, cols, tokens) = (32, 256, 1024);
+        let w = Tensor::new(vec![rows, cols], pseudo(rows * cols, 12));
+        let x = inputs(tokens, cols, 22);
+        let mut h = Hessian::zeros(cols);
+        h.add_rows(&x);
+        let imp = h.moments();
+        let f = inverse_factor(&h, "test").unwrap();
+        let natural: Vec<usize> = (0..cols).collect();
+        assert_eq!(
+            gptq_lowbit(&w, &f, 4, 32, Some(&imp), Some(&natural), "test").unwrap(),
+            gptq_lowbit(&w, &f, 4, 32, Some(&imp), None, "test").unwrap()
+        );
+        for (bits, group) in [(4, 32), (4, 128), (6, 64), (8, 32)] {
+            let order = act_order(&imp, group);
+            assert_ne!(order, natural);
+            let fa = inverse_factor(&h.permuted(&order), "test").unwrap();
+            let a = gptq_lowbit(&w, &fa, bits, group, Some(&imp), Some(&order), "test").unwrap();
+            let plain = LowBitWeights::quantize(&w, bits, group, Some(&imp), "test").unwrap();
+            let (ep, ea) = (output_error(&w, &plain, &x), output_error(&w, &a, &x));
+            assert!(
+                ea < 0.8 * ep,
+                "{bits}-bit g{group}: act-order {ea} vs plain {ep}"
+            );
+        }
+        let mut split = natural.clone();
+        split.swap(0, 40);
+        assert!(gptq_lowbit(&w, &f, 4, 32, None, Some(&split), "test").is_err());
+        assert!(gptq_lowbit(&w, &f, 4, 32, None, Some(&natural[1..]), "test").is_err());
+    }
+
+    /// Without coupling between channels (a diagonal Hessian) the order cannot matter: the
+    /// act-order result, put back in the natural order, dequantizes to the natural one's.
+    #[test]
+    fn act_order_is_undone_exactly() {
+        let (rows, cols) = (16, 128);
+        let w = Tensor::new(vec![rows, cols], pseudo(rows * cols, 3));
+        let mut h = Hessian::zeros(cols);
+        for i in 0..cols {
+            h.sums[i * cols + i] = 1.0 + (i % 7) as f64;
+        }
+        h.tokens = 1;
+        let imp = h.moments();
+        let order = act_order(&imp, 32);
+        let f = inverse_factor(&h, "test").unwrap();
+        let fa = inverse_factor(&h.permuted(&order), "test").unwrap();
+        let n = gptq_lowbit(&w, &f, 4, 32, None, None, "test").unwrap();
+        let a = gptq_lowbit(&w, &fa, 4, 32, None, Some(&order), "test").unwrap();
+        let (mut rn, mut ra) = (vec![0f32; cols], vec![0f32; cols]);
+        for r in 0..rows {
+            n.dequantize_row(r, &mut rn);
+            a.dequantize_row(r, &mut ra);
+            for k in 0..cols {
+                assert!(
+                    (rn[k] - ra[k]).abs() <= 1e-6 * rn[k].abs().max(1e-3),
+                    "row {r} col {k}"
+                );
+            }
+        }
     }
 }
