@@ -13,7 +13,7 @@ cargo build --release --bin kwk-eval
 
 M="$MODEL_DIR/SmolLM2-135M-Instruct"
 threads="${KWK_THREADS:-$(nproc)}"
-exec target/release/kwk-eval \
+exec "${CARGO_TARGET_DIR:-target}/release/kwk-eval" \
   --llm "$M.Q4_1.gguf" \
   --text datasets/wikitext-2-raw/wiki.test.raw \
   --threads "$threads" \
