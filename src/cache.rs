@@ -104,7 +104,10 @@ pub fn run(cfg: &CacheConfig) -> Result<()> {
         CacheAction::Clear => {
             let n = pack_cache::clear(dir)
                 .with_context(|| format!("clearing the pack cache '{}'", dir.display()))?;
-            print_stdout(&format!("pack cache {}: deleted {n} files\n", dir.display()))?;
+            print_stdout(&format!(
+                "pack cache {}: deleted {n} files\n",
+                dir.display()
+            ))?;
         }
     }
     Ok(())

@@ -187,9 +187,10 @@ mod tests {
     /// no piece ends inside a character split over several tokens.
     #[test]
     fn streamed_text_is_the_one_shot_decode() {
-        let header =
-            kwk::model::load_model_header(&kwk_fixtures::model_dir("tiny-llama").display().to_string())
-                .unwrap();
+        let header = kwk::model::load_model_header(
+            &kwk_fixtures::model_dir("tiny-llama").display().to_string(),
+        )
+        .unwrap();
         let tok = &header.tokenizer;
         let text = "naïve café — 日本語 🙂 done";
         let ids = tok.encode(text, false).unwrap();

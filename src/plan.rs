@@ -146,8 +146,20 @@ fn check_flags(a: &EvalArgs) -> Result<()> {
         check_threads(t)?;
     }
     check_range("--reps", a.reps, 1, MAX_REPS, "timed repetitions")?;
-    check_range("--pp", a.pp, 0, MAX_TOKENS, "prompt tokens; 0 skips the test")?;
-    check_range("--tg", a.tg, 0, MAX_TOKENS, "generated tokens; 0 skips the test")?;
+    check_range(
+        "--pp",
+        a.pp,
+        0,
+        MAX_TOKENS,
+        "prompt tokens; 0 skips the test",
+    )?;
+    check_range(
+        "--tg",
+        a.tg,
+        0,
+        MAX_TOKENS,
+        "generated tokens; 0 skips the test",
+    )?;
     let sequence = a.pp.checked_add(a.tg).filter(|&s| s <= MAX_TOKENS);
     ensure!(
         sequence.is_some(),

@@ -38,7 +38,10 @@ pub fn record_words(n_vocab: usize) -> usize {
 pub fn base_file_bytes(ctx: usize, n_vocab: usize, chunks: usize) -> u64 {
     let scored = ctx.saturating_sub(1 + ctx / 2) as u64;
     let (ctx, chunks) = (ctx as u64, chunks as u64);
-    let words = (n_vocab as u64).div_ceil(2).saturating_mul(2).saturating_add(4);
+    let words = (n_vocab as u64)
+        .div_ceil(2)
+        .saturating_mul(2)
+        .saturating_add(4);
     let tokens = chunks.saturating_mul(ctx).saturating_mul(4);
     let records = words
         .saturating_mul(2)
