@@ -288,3 +288,65 @@ fn a_closed_stdout_does_not_panic() {
         assert!(out.join(f).exists(), "{f} missing");
     }
 }
+
+/// The set-up script's llama.cpp build folder, or `KWK_LLAMA_CPP_DIR`.
+fn llama_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("KWK_LLAMA_CPP_DIR") {
+        return PathBuf::from(d);
+    }
+    let root = PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/kwk");
+    let mut bins: Vec<_> = std::fs::read_dir(&root)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().join("build/bin"))
+        .filter(|p| p.join("llama-perplexity").exists())
+        .collect();
+    bins.sort();
+    bins.pop().expect(
+        "llama.cpp tools not found: run scripts/setup-llama-cpp.sh or set KWK_LLAMA_CPP_DIR",
+    )
+}
+
+/// The same for a llama.cpp row: the first of two GGUF rows panics, the second is scored.
+#[test]
+fn a_panicking_llama_cpp_runner_fails_only_its_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a.gguf"), dir.path().join("b.gguf"));
+    for p in [&a, &b] {
+        std::fs::copy(tiny_llama().join("model.gguf"), p).unwrap();
+    }
+    let out = dir.path().join("run");
+    let o = kwk_eval()
+        .env("KWK_TEST_PANIC_ROW", "gguf:a.gguf")
+        .args(["--formats", "none", "--ctx", "64", "--chunks", "2", "--no-speed"])
+        .arg("--llama-cpp-dir")
+        .arg(llama_dir())
+        .arg("--llm")
+        .arg(tiny_llama())
+        .arg("--text")
+        .arg(eval_txt())
+        .arg("--gguf")
+        .arg(&a)
+        .arg("--gguf")
+        .arg(&b)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    let last = stderr.lines().rev().find(|l| l.starts_with("error:")).unwrap();
+    assert_eq!(
+        last,
+        "error: 1 runner(s) failed: gguf:a.gguf: panicked: KWK_TEST_PANIC_ROW asked row 'gguf:a.gguf' to panic"
+    );
+    let v = read_json(&out.join("results.json"));
+    let rows = v["runners"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0]["engine"], "llama.cpp");
+    assert!(rows[0]["error"].as_str().unwrap().starts_with("panicked: "));
+    assert_eq!(rows[1]["name"], "gguf:b.gguf");
+    assert!(rows[1]["error"].is_null(), "{}", rows[1]);
+    assert!(rows[1]["ppl"].as_f64().unwrap() > 1.0);
+}
