@@ -319,7 +319,15 @@ fn a_panicking_llama_cpp_runner_fails_only_its_row() {
     let out = dir.path().join("run");
     let o = kwk_eval()
         .env("KWK_TEST_PANIC_ROW", "gguf:a.gguf")
-        .args(["--formats", "none", "--ctx", "64", "--chunks", "2", "--no-speed"])
+        .args([
+            "--formats",
+            "none",
+            "--ctx",
+            "64",
+            "--chunks",
+            "2",
+            "--no-speed",
+        ])
         .arg("--llama-cpp-dir")
         .arg(llama_dir())
         .arg("--llm")
@@ -336,7 +344,11 @@ fn a_panicking_llama_cpp_runner_fails_only_its_row() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{stderr}");
-    let last = stderr.lines().rev().find(|l| l.starts_with("error:")).unwrap();
+    let last = stderr
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("error:"))
+        .unwrap();
     assert_eq!(
         last,
         "error: 1 runner(s) failed: gguf:a.gguf: panicked: KWK_TEST_PANIC_ROW asked row 'gguf:a.gguf' to panic"
