@@ -3,6 +3,7 @@
 //! files and applies the size limit (`KWK_PACK_CACHE_GB`, default 16); clearing deletes
 //! every cache file.
 
+use crate::session::print_stdout;
 use anyhow::{Context, Result};
 use kwk::pack_cache;
 use std::path::PathBuf;
@@ -50,16 +51,16 @@ pub fn run(cfg: &CacheConfig) -> Result<()> {
             let entries = pack_cache::list(dir)
                 .with_context(|| format!("listing the pack cache '{}'", dir.display()))?;
             let total: u64 = entries.iter().map(|e| e.bytes).sum();
-            println!(
-                "pack cache {}: {} files, {} (limit {})",
+            print_stdout(&format!(
+                "pack cache {}: {} files, {} (limit {})\n",
                 dir.display(),
                 entries.len(),
                 gb(total),
                 gb(pack_cache::limit_bytes())
-            );
+            ))?;
             for e in entries {
-                println!(
-                    "{}  {}  last used {}\n  model: {}\n  formats: {}",
+                print_stdout(&format!(
+                    "{}  {}  last used {}\n  model: {}\n  formats: {}\n",
                     e.path
                         .file_name()
                         .map(|n| n.to_string_lossy().into_owned())
@@ -74,7 +75,7 @@ pub fn run(cfg: &CacheConfig) -> Result<()> {
                     } else {
                         e.formats.join(" | ")
                     }
-                );
+                ))?;
             }
         }
         CacheAction::Prune { limit_gb } => {
@@ -90,20 +91,23 @@ pub fn run(cfg: &CacheConfig) -> Result<()> {
             };
             let r = pack_cache::prune(dir, limit, None)
                 .with_context(|| format!("pruning the pack cache '{}'", dir.display()))?;
-            println!(
-                "pack cache {}: removed {} temporary, {} orphaned, {} least recently used; {} left (limit {})",
+            print_stdout(&format!(
+                "pack cache {}: removed {} temporary, {} orphaned, {} least recently used; {} left (limit {})\n",
                 dir.display(),
                 r.temporary.len(),
                 r.orphaned.len(),
                 r.evicted.len(),
                 gb(r.bytes_left),
                 gb(limit)
-            );
+            ))?;
         }
         CacheAction::Clear => {
             let n = pack_cache::clear(dir)
                 .with_context(|| format!("clearing the pack cache '{}'", dir.display()))?;
-            println!("pack cache {}: deleted {n} files", dir.display());
+            print_stdout(&format!(
+                "pack cache {}: deleted {n} files\n",
+                dir.display()
+            ))?;
         }
     }
     Ok(())

@@ -176,19 +176,19 @@ pub struct EvalArgs {
     #[arg(long, value_name = "TYPE", value_enum, default_value_t = KvArg::F16)]
     pub llama_kv: KvArg,
 
-    /// Tokens per perplexity chunk (even, at least 8), as llama-perplexity's -c.
+    /// Tokens per perplexity chunk (even, 8 to 2^20), as llama-perplexity's -c.
     #[arg(long, default_value_t = 512)]
     pub ctx: usize,
 
-    /// Score at most N chunks; "all" for every whole chunk of the text.
+    /// Score at most N chunks (1 to 2^20); "all" for every whole chunk of the text.
     #[arg(long, value_name = "N|all", default_value = "20", value_parser = parse_chunks)]
     pub chunks: Chunks,
 
-    /// Threads for every runner, llama.cpp included (default: all available cores).
+    /// Threads for every runner, llama.cpp included (default: all available cores; at most 4 × them).
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
 
-    /// Prompt length of the prompt-speed test (llama-bench -p); 0 skips it.
+    /// Prompt length of the prompt-speed test (llama-bench -p); 0 skips it; --pp + --tg at most 2^20.
     #[arg(long, default_value_t = 512)]
     pub pp: usize,
 
@@ -196,7 +196,7 @@ pub struct EvalArgs {
     #[arg(long, default_value_t = 128)]
     pub tg: usize,
 
-    /// Timed repetitions of each speed test, after one warm-up; run in rounds, one repetition of every runner per round (llama-bench runs with -r 1 once per round).
+    /// Timed repetitions of each speed test (1 to 1000), after one warm-up; run in rounds, one repetition of every runner per round (llama-bench runs with -r 1 once per round).
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
 
@@ -264,7 +264,7 @@ pub struct GenerateArgs {
     #[arg(long)]
     pub prompt: String,
 
-    /// Stop after this many new tokens (or at end of sequence).
+    /// Stop after this many new tokens (or at end of sequence); prompt tokens + N at most 2^20.
     #[arg(long, value_name = "N", default_value_t = 128)]
     pub max_new_tokens: usize,
 
@@ -272,7 +272,7 @@ pub struct GenerateArgs {
     #[arg(long, default_value = "int8")]
     pub format: String,
 
-    /// Sampling temperature; 0 is greedy.
+    /// Sampling temperature (0 to 100); 0 is greedy.
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,
 
@@ -288,7 +288,7 @@ pub struct GenerateArgs {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
 
-    /// Threads (default: all available cores).
+    /// Threads (default: all available cores; at most 4 × them).
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
 

@@ -16,18 +16,84 @@ pub struct GenerateConfig {
     pub pack_cache_dir: Option<std::path::PathBuf>,
 }
 
-/// The new text after `printed` bytes, held back while it ends in an incomplete UTF-8
-/// sequence (decoded as U+FFFD) so a multi-byte character is printed whole.
-fn new_suffix(full: &str, printed: usize) -> Option<&str> {
-    if full.len() <= printed || full.ends_with('\u{FFFD}') || !full.is_char_boundary(printed) {
-        return None;
+/// Largest `--temperature` (higher only flattens the distribution further).
+pub const MAX_TEMPERATURE: f32 = 100.0;
+
+/// The generated text as it streams: each token's bytes are decoded once, as they arrive
+/// (`kwk::tokenizer::StreamDecoder`: linear in the output, unlike re-decoding everything
+/// generated at each step), and a UTF-8 character split over several tokens is printed
+/// whole once its last byte arrives. The printed text is the concatenation of the tokens'
+/// pieces, so a SentencePiece model keeps the space before the first generated word.
+struct Streamer<W: Write> {
+    decoder: kwk::tokenizer::StreamDecoder,
+    out: W,
+    /// Set when stdout was closed (`| head`): nothing more is written.
+    closed: bool,
+}
+
+impl<W: Write> Streamer<W> {
+    fn new(out: W) -> Self {
+        Streamer {
+            decoder: kwk::tokenizer::StreamDecoder::new(),
+            out,
+            closed: false,
+        }
     }
-    Some(&full[printed..])
+
+    fn write(&mut self, text: &str) -> Result<()> {
+        if self.closed || text.is_empty() {
+            return Ok(());
+        }
+        match self
+            .out
+            .write_all(text.as_bytes())
+            .and_then(|()| self.out.flush())
+        {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                self.closed = true;
+                Ok(())
+            }
+            r => r.context("writing to stdout"),
+        }
+    }
+
+    /// Adds one generated token; prints the text it completes.
+    fn push(&mut self, tokenizer: &kwk::tokenizer::Tokenizer, id: u32) -> Result<()> {
+        let text = self
+            .decoder
+            .push(tokenizer, id)
+            .context("decoding generated tokens")?;
+        self.write(&text)
+    }
+
+    /// Prints whatever was held back (an incomplete character at the very end, as U+FFFD).
+    fn finish(&mut self) -> Result<()> {
+        let rest = self.decoder.finish();
+        self.write(&rest)
+    }
 }
 
 pub fn generate(cfg: &GenerateConfig) -> Result<()> {
     let started = std::time::Instant::now();
-    anyhow::ensure!(cfg.threads >= 1, "--threads 0: pass at least 1 thread");
+    crate::plan::check_threads(cfg.threads)?;
+    crate::plan::check_range(
+        "--max-new-tokens",
+        cfg.max_new_tokens,
+        1,
+        crate::plan::MAX_TOKENS,
+        "new tokens",
+    )?;
+    let s = &cfg.sampling;
+    anyhow::ensure!(
+        s.temperature.is_finite() && (0.0..=MAX_TEMPERATURE).contains(&s.temperature),
+        "--temperature {} is out of range: pass 0 (greedy) to {MAX_TEMPERATURE}",
+        s.temperature
+    );
+    anyhow::ensure!(
+        s.top_p.is_finite() && (0.0..=1.0).contains(&s.top_p),
+        "--top-p {} is out of range: pass 0 to 1 (0 and 1 keep every token)",
+        s.top_p
+    );
     anyhow::ensure!(
         !cfg.prompt.is_empty(),
         "--prompt is empty; pass the text to continue"
@@ -47,8 +113,20 @@ pub fn generate(cfg: &GenerateConfig) -> Result<()> {
         .tokenizer
         .encode(&cfg.prompt, true)
         .context("tokenizing --prompt")?;
+    let max_cache_len = prompt
+        .len()
+        .checked_add(cfg.max_new_tokens)
+        .filter(|&n| n <= crate::plan::MAX_TOKENS)
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "--prompt ({} tokens) + --max-new-tokens {} is more than {} tokens; pass a shorter prompt or fewer new tokens",
+                prompt.len(),
+                cfg.max_new_tokens,
+                crate::plan::MAX_TOKENS
+            )
+        })?;
     let options = DecoderOptions {
-        max_cache_len: prompt.len() + cfg.max_new_tokens,
+        max_cache_len,
         precision,
         threads: cfg.threads,
         calibration_tokens: None,
@@ -65,41 +143,24 @@ pub fn generate(cfg: &GenerateConfig) -> Result<()> {
         started.elapsed().as_secs_f64(),
         decoder.pack_s()
     );
-    let mut out = std::io::stdout().lock();
-    write!(out, "{}", cfg.prompt)?;
-    out.flush()?;
-    let mut generated: Vec<u32> = Vec::new();
-    let mut printed = 0usize;
+    let mut out = Streamer::new(std::io::stdout().lock());
+    out.write(&cfg.prompt)?;
     let mut failure: Option<anyhow::Error> = None;
     let mut first_token_s = None;
     let stats = decoder.generate(&prompt, cfg.max_new_tokens, &cfg.sampling, &mut |tok| {
         first_token_s.get_or_insert_with(|| started.elapsed().as_secs_f64());
-        generated.push(tok);
-        let text = match tokenizer.decode(&generated) {
-            Ok(t) => t,
-            Err(e) => {
-                failure = Some(anyhow::Error::new(e).context("decoding generated tokens"));
-                return false;
-            }
-        };
-        if let Some(s) = new_suffix(&text, printed) {
-            if let Err(e) = out.write_all(s.as_bytes()).and_then(|_| out.flush()) {
-                failure = Some(anyhow::Error::new(e).context("writing to stdout"));
-                return false;
-            }
-            printed = text.len();
+        if let Err(e) = out.push(&tokenizer, tok) {
+            failure = Some(e);
+            return false;
         }
-        true
+        // A closed stdout ends the generation; the speeds still go to stderr.
+        !out.closed
     })?;
     if let Some(e) = failure {
         return Err(e);
     }
-    // Whatever was held back (an incomplete character at the very end).
-    let text = tokenizer.decode(&generated)?;
-    if text.len() > printed && text.is_char_boundary(printed) {
-        write!(out, "{}", &text[printed..])?;
-    }
-    writeln!(out)?;
+    out.finish()?;
+    out.write("\n")?;
     let rate = |n: usize, s: f64| if s > 0.0 { n as f64 / s } else { f64::NAN };
     eprintln!(
         "prompt: {} tokens in {:.3} s ({:.1} tokens/s); generation: {} tokens in {:.3} s ({:.1} tokens/s); format {}, {} threads",
@@ -122,12 +183,49 @@ pub fn generate(cfg: &GenerateConfig) -> Result<()> {
 mod tests {
     use super::*;
 
+    /// Token by token, the streamed text is the one-shot decode of all the tokens, and
+    /// no piece ends inside a character split over several tokens.
     #[test]
-    fn streams_whole_characters_only() {
-        assert_eq!(new_suffix("hello", 2), Some("llo"));
-        assert_eq!(new_suffix("he\u{FFFD}", 2), None);
-        assert_eq!(new_suffix("hé", 2), None, "not a char boundary");
-        assert_eq!(new_suffix("hé", 3), None, "nothing new");
-        assert_eq!(new_suffix("hé!", 3), Some("!"));
+    fn streamed_text_is_the_one_shot_decode() {
+        let header = kwk::model::load_model_header(
+            &kwk_fixtures::model_dir("tiny-llama").display().to_string(),
+        )
+        .unwrap();
+        let tok = &header.tokenizer;
+        let text = "naïve café — 日本語 🙂 done";
+        let ids = tok.encode(text, false).unwrap();
+        // Some character is split over tokens (else the test shows nothing about holding back).
+        let split = ids
+            .iter()
+            .any(|&id| std::str::from_utf8(&tok.token_to_bytes(id).unwrap()).is_err());
+        assert!(split, "no token holds a partial character: {ids:?}");
+        let mut s = Streamer::new(Vec::new());
+        for &id in &ids {
+            let before = s.out.len();
+            s.push(tok, id).unwrap();
+            assert!(std::str::from_utf8(&s.out[before..]).is_ok());
+        }
+        s.finish().unwrap();
+        let streamed = String::from_utf8(s.out).unwrap();
+        assert_eq!(streamed, tok.decode(&ids).unwrap());
+        assert_eq!(streamed, text);
+    }
+
+    /// A closed stdout stops the output without an error.
+    #[test]
+    fn a_closed_stdout_ends_output_quietly() {
+        struct Closed;
+        impl Write for Closed {
+            fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+                Err(std::io::ErrorKind::BrokenPipe.into())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut s = Streamer::new(Closed);
+        s.write("hello").unwrap();
+        assert!(s.closed);
+        s.write("more").unwrap();
     }
 }

@@ -5,8 +5,8 @@
 //! order rotated by one each round, so machine drift lands on every row alike rather than
 //! on whichever engine ran last; the order is recorded in `speed_rounds`. Runners are kept
 //! until the speed rounds end (all formats in memory at once); with `--no-speed` each is
-//! dropped after its perplexity. A runner that fails gets an `error` in its row and the
-//! others still run.
+//! dropped after its perplexity. A runner that fails, or panics, gets an `error` in its row
+//! and the others still run.
 
 use crate::eval::paired::paired_change;
 use crate::plan::RunPlan;
@@ -119,18 +119,33 @@ fn quality_pass(
     let total = plan.formats.len();
     for (i, spec) in plan.formats.iter().enumerate() {
         let step = format!("[{}/{total}]", i + 1);
-        let built = match gguf[i].take() {
-            Some(r) => Ok(r),
-            None => {
-                eprintln!("{step} {}: packing", spec.name());
-                build_kwk(plan, prep, spec)
+        let prebuilt = gguf[i].take();
+        // A panic while building or scoring this row fails the row only.
+        let row = contain(|| {
+            let built = match prebuilt {
+                Some(r) => Ok(r),
+                None => {
+                    eprintln!("{step} {}: packing", spec.name());
+                    build_kwk(plan, prep, spec)
+                }
+            };
+            match built {
+                Ok(mut runner) => {
+                    test_hook_panic(&spec.name(), Phase::Quality);
+                    let (rec, tokens) = quality(runner.as_mut(), &step, prep, reference_ready);
+                    (rec, tokens, Some(runner))
+                }
+                Err(e) => (
+                    RunnerRecord::failed(&spec.name(), engine_of(spec), format!("{e:#}")),
+                    None,
+                    None,
+                ),
             }
-        };
-        let (record, tokens) = match built {
-            Ok(mut runner) => {
-                let (rec, tokens) = quality(runner.as_mut(), &step, prep, reference_ready);
+        });
+        let (record, tokens) = match row {
+            Ok((rec, tokens, runner)) => {
                 reference_ready |= spec.is_reference() && rec.error.is_none() && tokens.is_some();
-                if rec.error.is_none() && plan.speed.is_some() {
+                if let (Some(runner), None, Some(_)) = (runner, &rec.error, &plan.speed) {
                     live.push(Live {
                         index: i,
                         runner,
@@ -141,8 +156,8 @@ fn quality_pass(
                 }
                 (rec, tokens)
             }
-            Err(e) => (
-                RunnerRecord::failed(&spec.name(), engine_of(spec), format!("{e:#}")),
+            Err(panic) => (
+                RunnerRecord::failed(&spec.name(), engine_of(spec), panic),
                 None,
             ),
         };
@@ -155,6 +170,48 @@ fn quality_pass(
         report::write_all(&plan.out_dir, results)?;
     }
     Ok((live, scores))
+}
+
+/// Runs one row's work, turning a panic inside it into `Err("panicked: <message>")` so the
+/// row fails and the run goes on with the next. The runner that panicked is dropped, never
+/// used again; the shared model is only read by runners.
+fn contain<T>(work: impl FnOnce() -> T) -> std::result::Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).map_err(|payload| {
+        let msg = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic without a message".into());
+        format!("panicked: {msg}")
+    })
+}
+
+/// Where [`TEST_PANIC_ROW_ENV`] makes a row panic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Quality,
+    Speed,
+}
+
+/// Test hook (tests/cli_run.rs): `KWK_TEST_PANIC_ROW=NAME` makes row NAME panic before its
+/// perplexity, `NAME@speed` in its first speed repetition, to prove a panicking runner
+/// fails only its row. Never set in normal use; when set, the run says so on stderr and the
+/// row's error names the variable.
+pub const TEST_PANIC_ROW_ENV: &str = "KWK_TEST_PANIC_ROW";
+
+fn test_hook_panic(row: &str, phase: Phase) {
+    let Some(v) = std::env::var_os(TEST_PANIC_ROW_ENV) else {
+        return;
+    };
+    let v = v.to_string_lossy();
+    let (name, at) = match v.strip_suffix("@speed") {
+        Some(n) => (n, Phase::Speed),
+        None => (&*v, Phase::Quality),
+    };
+    if name == row && at == phase {
+        eprintln!("note: {TEST_PANIC_ROW_ENV}={v} is set: row {row} panics now (a test hook)");
+        panic!("{TEST_PANIC_ROW_ENV} asked row '{row}' to panic");
+    }
 }
 
 fn engine_of(spec: &FormatSpec) -> &'static str {
@@ -205,7 +262,13 @@ fn speed_round(
         if row.error.is_some() {
             continue;
         }
-        match l.runner.speed_rep(spec) {
+        let name = row.name.clone();
+        let rep = contain(|| {
+            test_hook_panic(&name, Phase::Speed);
+            l.runner.speed_rep(spec)
+        })
+        .unwrap_or_else(|panic| Err(anyhow::anyhow!(panic)));
+        match rep {
             Ok(Some(SpeedRep { pp, tg, raw })) => {
                 l.pp.extend(pp);
                 l.tg.extend(tg);

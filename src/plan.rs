@@ -86,11 +86,87 @@ impl RunPlan {
     }
 }
 
+/// Largest `--ctx`, and the longest sequence (`--pp` + `--tg`) a speed test runs: 2^20
+/// tokens, far past what the in-tree decoder or llama.cpp's tools are run with here and small
+/// enough that every size derived from it (`chunks × ctx`, the KV cache length) stays well
+/// inside `usize`. The model's own context length bounds these again once it is loaded.
+pub const MAX_TOKENS: usize = 1 << 20;
+
+/// Largest `--chunks` count (2^20; the count is also capped by the text's whole chunks).
+pub const MAX_CHUNKS: usize = 1 << 20;
+
+/// Largest `--reps` (timed repetitions of each speed test).
+pub const MAX_REPS: usize = 1000;
+
+/// `--threads` may be at most this many times the cores available to the process
+/// (`std::thread::available_parallelism`): more only makes spinning workers wait on each other.
+pub const THREADS_PER_CORE: usize = 4;
+
+/// Largest `--threads` on this machine: [`THREADS_PER_CORE`] × the available cores.
+pub fn max_threads() -> usize {
+    machine::available_threads().saturating_mul(THREADS_PER_CORE)
+}
+
+/// `flag value` must lie in `min..=max`; otherwise one line naming the flag and the range.
+pub fn check_range(flag: &str, value: usize, min: usize, max: usize, what: &str) -> Result<()> {
+    ensure!(
+        (min..=max).contains(&value),
+        "{flag} {value} is out of range: pass {min} to {max} ({what})"
+    );
+    Ok(())
+}
+
+/// `--threads`: 1 to [`max_threads`].
+pub fn check_threads(threads: usize) -> Result<()> {
+    check_range(
+        "--threads",
+        threads,
+        1,
+        max_threads(),
+        &format!(
+            "at most {THREADS_PER_CORE} × the {} cores available",
+            machine::available_threads()
+        ),
+    )
+}
+
 /// Checks the flags that need no file.
 fn check_flags(a: &EvalArgs) -> Result<()> {
     check_ctx(a.ctx).map_err(|e| anyhow!("{e}"))?;
-    ensure!(a.threads != Some(0), "--threads 0: pass at least 1 thread");
-    ensure!(a.reps >= 1, "--reps 0: pass at least 1 repetition");
+    check_range("--ctx", a.ctx, 8, MAX_TOKENS, "tokens per chunk, even")?;
+    if let Chunks::AtMost(n) = a.chunks {
+        check_range("--chunks", n, 1, MAX_CHUNKS, "or all")?;
+        ensure!(
+            n.checked_mul(a.ctx).is_some(),
+            "--chunks {n} × --ctx {} overflows; pass fewer chunks",
+            a.ctx
+        );
+    }
+    if let Some(t) = a.threads {
+        check_threads(t)?;
+    }
+    check_range("--reps", a.reps, 1, MAX_REPS, "timed repetitions")?;
+    check_range(
+        "--pp",
+        a.pp,
+        0,
+        MAX_TOKENS,
+        "prompt tokens; 0 skips the test",
+    )?;
+    check_range(
+        "--tg",
+        a.tg,
+        0,
+        MAX_TOKENS,
+        "generated tokens; 0 skips the test",
+    )?;
+    let sequence = a.pp.checked_add(a.tg).filter(|&s| s <= MAX_TOKENS);
+    ensure!(
+        sequence.is_some(),
+        "--pp {} + --tg {} is more than {MAX_TOKENS} tokens, the longest sequence a speed test runs; pass smaller values",
+        a.pp,
+        a.tg
+    );
     let g = &a.gate;
     for (flag, v) in [
         ("--max-ppl-regression", g.max_ppl_regression),

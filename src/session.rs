@@ -36,12 +36,12 @@ pub fn evaluate(args: &EvalArgs) -> Result<Outcome> {
                 .with_context(|| format!("removing '{}'", reference.display()))?;
         }
     }
-    print!("{}", report::terminal::render(&results));
-    println!("reports: {}", plan.out_dir.display());
+    print_stdout(&report::terminal::render(&results))?;
+    print_stdout(&format!("reports: {}\n", plan.out_dir.display()))?;
     let mut outcome = Outcome::Passed;
     if let Some(b) = &plan.baseline {
         let gate = report::gate::run(&b.results, &results, &plan.limits);
-        print!("{}", gate.summary(&b.path.display().to_string()));
+        print_stdout(&gate.summary(&b.path.display().to_string()))?;
         if !gate.passed() {
             outcome = Outcome::GateFailed;
         }
@@ -60,6 +60,18 @@ pub fn evaluate(args: &EvalArgs) -> Result<Outcome> {
     Ok(outcome)
 }
 
+/// Writes `text` to stdout. A closed stdout (`kwk-eval ... | head -1`) ends the output
+/// quietly: the reports are on disk already and the run's outcome stands. Any other write
+/// error is an error naming stdout.
+pub fn print_stdout(text: &str) -> Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => r.context("writing the table to stdout"),
+    }
+}
+
 /// `kwk-eval compare`: each later results.json against the first, printed in `args.format`.
 pub fn compare(args: &crate::cli::CompareArgs) -> Result<()> {
     let old = report::json::read(&args.files[0])?;
@@ -67,10 +79,14 @@ pub fn compare(args: &crate::cli::CompareArgs) -> Result<()> {
     for path in &args.files[1..] {
         let new = report::json::read(path)?;
         if args.files.len() > 2 {
-            println!("{} → {}", args.files[0].display(), path.display());
+            print_stdout(&format!(
+                "{} → {}\n",
+                args.files[0].display(),
+                path.display()
+            ))?;
         }
         let c = report::compare::compare(&old, &new, &limits);
-        print!("{}", report::compare::render(&c, args.format));
+        print_stdout(&report::compare::render(&c, args.format))?;
     }
     Ok(())
 }

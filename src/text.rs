@@ -4,6 +4,7 @@
 
 use anyhow::{bail, Context, Result};
 use sha2::{Digest, Sha256};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, Clone)]
@@ -24,6 +25,28 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
         .collect()
 }
 
+/// Largest text file read (`--text`, `--calib-text`): 1 GiB, some 250 million tokens, far
+/// past what a perplexity run scores (wiki.test.raw is 1.3 MB).
+pub const MAX_TEXT_BYTES: u64 = 1 << 30;
+
+/// What a non-regular file is, for the error message.
+fn file_kind(t: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_dir() {
+        "directory"
+    } else if t.is_fifo() {
+        "named pipe"
+    } else if t.is_char_device() {
+        "character device"
+    } else if t.is_block_device() {
+        "block device"
+    } else if t.is_socket() {
+        "socket"
+    } else {
+        "special file"
+    }
+}
+
 /// Reads `path` (the `flag` names where it came from in error messages).
 pub fn read_text(path: &Path, flag: &str) -> Result<EvalText> {
     if path.is_dir() {
@@ -32,8 +55,32 @@ pub fn read_text(path: &Path, flag: &str) -> Result<EvalText> {
             path.display()
         );
     }
-    let bytes =
-        std::fs::read(path).with_context(|| format!("reading {flag} '{}'", path.display()))?;
+    let reading = || format!("reading {flag} '{}'", path.display());
+    let meta = std::fs::metadata(path).with_context(reading)?;
+    if !meta.is_file() {
+        bail!(
+            "{flag} '{}' is not a regular file (a {}); pass a text file",
+            path.display(),
+            file_kind(&meta.file_type())
+        );
+    }
+    if meta.len() > MAX_TEXT_BYTES {
+        bail!(
+            "{flag} '{}' is {} bytes, more than the limit of {MAX_TEXT_BYTES} (1 GiB); pass a smaller text",
+            path.display(),
+            meta.len()
+        );
+    }
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_TEXT_BYTES + 1).read_to_end(&mut bytes))
+        .with_context(reading)?;
+    if bytes.len() as u64 > MAX_TEXT_BYTES {
+        bail!(
+            "{flag} '{}' grew past the limit of {MAX_TEXT_BYTES} bytes (1 GiB) while being read; pass a smaller text",
+            path.display()
+        );
+    }
     if bytes.is_empty() {
         bail!(
             "{flag} '{}' is empty; pass a text with at least 2×ctx tokens",

@@ -34,9 +34,20 @@ pub fn record_words(n_vocab: usize) -> usize {
 }
 
 /// Size in bytes of a base file (§2.2).
+/// Saturates at `u64::MAX` (a size no disk holds) instead of overflowing.
 pub fn base_file_bytes(ctx: usize, n_vocab: usize, chunks: usize) -> u64 {
-    let scored = (ctx - 1 - ctx / 2) as u64;
-    20 + 4 * (chunks * ctx) as u64 + 2 * record_words(n_vocab) as u64 * chunks as u64 * scored
+    let scored = ctx.saturating_sub(1 + ctx / 2) as u64;
+    let (ctx, chunks) = (ctx as u64, chunks as u64);
+    let words = (n_vocab as u64)
+        .div_ceil(2)
+        .saturating_mul(2)
+        .saturating_add(4);
+    let tokens = chunks.saturating_mul(ctx).saturating_mul(4);
+    let records = words
+        .saturating_mul(2)
+        .saturating_mul(chunks)
+        .saturating_mul(scored);
+    tokens.saturating_add(records).saturating_add(20)
 }
 
 /// llama.cpp's `nearest_int` (P:72-77): round-half-even through the 1.5·2^23 trick.
@@ -251,7 +262,19 @@ impl LogitsBaseReader {
                 })?;
         }
         let [ctx, n_vocab, chunks] = dims;
-        let mut raw = vec![0u8; 4 * ctx * chunks];
+        // The sizes come from the file: check them against its length before allocating.
+        let file_len = input.get_ref().metadata().with_context(what)?.len();
+        let token_bytes = ctx
+            .checked_mul(chunks)
+            .and_then(|n| n.checked_mul(4))
+            .filter(|&n| n as u64 <= file_len.saturating_sub(20))
+            .with_context(|| {
+                format!(
+                    "'{}': its header announces {chunks} chunks of ctx {ctx}, more tokens than the {file_len}-byte file holds; the file is corrupt or truncated",
+                    path.display()
+                )
+            })?;
+        let mut raw = vec![0u8; token_bytes];
         input.read_exact(&mut raw).with_context(what)?;
         let tokens = raw
             .chunks_exact(4)
@@ -508,6 +531,41 @@ impl ReferenceComparer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A header announcing more tokens than the file holds is refused before anything is
+    /// allocated (2^31 − 1 chunks of ctx 2^31 − 1 would ask for 2^64 bytes).
+    #[test]
+    fn huge_header_sizes_are_refused_not_allocated() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("base.bin");
+        let mut b = MAGIC.to_vec();
+        for v in [i32::MAX, 49152, i32::MAX] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        b.extend_from_slice(&[0u8; 64]);
+        std::fs::write(&p, &b).unwrap();
+        let e = format!("{:#}", LogitsBaseReader::open(&p).err().unwrap());
+        assert!(
+            e.contains("announces 2147483647 chunks of ctx 2147483647")
+                && e.contains("corrupt or truncated"),
+            "{e}"
+        );
+        // 16 tokens fit in 64 bytes: the header is read (and the records are not checked here).
+        let mut b = MAGIC.to_vec();
+        for v in [8i32, 10, 2] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        b.extend_from_slice(&[0u8; 64]);
+        std::fs::write(&p, &b).unwrap();
+        assert_eq!(LogitsBaseReader::open(&p).unwrap().header.tokens.len(), 16);
+    }
+
+    #[test]
+    fn base_file_bytes_by_hand_and_saturating() {
+        // ctx 8: positions 4..=6 scored (3 per chunk); vocab 10: 2·5 + 4 = 14 words a record.
+        assert_eq!(base_file_bytes(8, 10, 2), 20 + 4 * 16 + 2 * 14 * 2 * 3);
+        assert_eq!(base_file_bytes(1 << 30, 1 << 24, usize::MAX), u64::MAX);
+    }
 
     #[test]
     fn nearest_int_rounds_half_to_even() {

@@ -41,7 +41,8 @@ impl std::error::Error for PlanError {}
 /// Fewest tokens a stream needs for a context of `ctx`: `2·ctx`, llama-perplexity's minimum
 /// (BOS included). The one place this rule is written.
 pub fn min_tokens(ctx: usize) -> usize {
-    2 * ctx
+    // Saturating: a minimum past usize::MAX is one no stream meets.
+    ctx.saturating_mul(2)
 }
 
 /// Checks `--ctx` on its own (before any tokenizing).
