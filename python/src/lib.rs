@@ -303,7 +303,8 @@ impl Decoder {
             seed,
         };
         self.with(py, |d| {
-            let mut out = Vec::with_capacity(max_new_tokens);
+            // Grows as tokens arrive: max_new_tokens is the caller's number, not a size to trust.
+            let mut out = Vec::new();
             let mut interrupted = None;
             d.generate(&prompt, max_new_tokens, &sampling, &mut |t| {
                 out.push(t);
