@@ -934,6 +934,9 @@ impl PackSession {
         precision: &Precision,
         made: Option<QuantizedTensor>,
     ) -> Result<Box<dyn PackedLinear>> {
+        // Between tensors: a stop request abandons the pack (the session's drop removes
+        // its temporary file).
+        crate::interrupt::check()?;
         let dep = dep_key(&self.recipe, tensor, &place, grid, importance);
         let reusable = if made.is_some() {
             None
