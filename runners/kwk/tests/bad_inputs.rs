@@ -17,7 +17,8 @@ fn table_path() -> PathBuf {
 fn table_rows() -> Vec<(String, String)> {
     let text = std::fs::read_to_string(table_path()).unwrap();
     let mut rows = Vec::new();
-    for line in text.lines() {
+    // The loader's table only: later sections (`## ...`) hold kwk-eval's own messages.
+    for line in text.lines().take_while(|l| !l.starts_with("## ")) {
         let Some(rest) = line.strip_prefix("| `") else {
             continue;
         };
