@@ -127,13 +127,13 @@ fn signalled_run(signal: rustix::process::Signal, code: i32, name: &str) {
     let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
     assert_eq!(errors.len(), 1, "{stderr}");
     let results = out.join("results.json");
-    assert_eq!(
-        errors[0],
-        format!(
-            "error: interrupted by {name}; 2 finished row(s) kept in '{}' (complete: false)",
-            results.display()
-        )
-    );
+    // docs/bad-inputs.md's row (written for SIGINT; SIGTERM says its own name and 143).
+    let (doc_code, msg) = lifetime_row("interrupted-sigint");
+    assert_eq!(doc_code, 130);
+    let msg = msg
+        .replace("SIGINT", name)
+        .replace("{file}", &results.display().to_string());
+    assert_eq!(errors[0], format!("error: {msg}"));
 
     // The rows that finished, and only those, marked incomplete.
     let json: serde_json::Value =

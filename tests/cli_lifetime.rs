@@ -130,17 +130,21 @@ fn default_run_folders_of_the_same_second_do_not_collide() {
     let tmp = tempfile::tempdir().unwrap();
     // Two runs at once in the same working folder, default --out.
     let run = || {
-        let mut c = kwk_eval();
-        c.current_dir(tmp.path())
+        let mut c = std::process::Command::new(assert_cmd::cargo::cargo_bin("kwk-eval"));
+        c.env_remove("KWK_LLAMA_CPP_DIR")
+            .env_remove("KWK_ISA")
+            .current_dir(tmp.path())
             .args(["--formats", "float32", "--ctx", "64", "--chunks", "2"])
             .args(["--no-speed", "--threads", "1", "--no-pack-cache", "--llm"])
             .arg(tiny_llama())
             .arg("--text")
-            .arg(eval_txt());
+            .arg(eval_txt())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
         c
     };
-    let mut a = std::process::Command::from(run()).spawn().unwrap();
-    let mut b = std::process::Command::from(run()).spawn().unwrap();
+    let mut a = run().spawn().unwrap();
+    let mut b = run().spawn().unwrap();
     assert!(a.wait().unwrap().success());
     assert!(b.wait().unwrap().success());
     let runs: Vec<_> = std::fs::read_dir(tmp.path().join("runs"))
