@@ -338,9 +338,11 @@ impl PackFile {
                 .tensors
                 .iter()
                 .map(|t| (t.offset, t.len))
-                .chain(s.floats.iter().map(|f| (f.offset, f.count * 4)));
+                .map(|(o, l)| (o, Some(l)))
+                .chain(s.floats.iter().map(|f| (f.offset, f.count.checked_mul(4))));
             for (o, l) in ranges {
-                if o < HEADER_LEN || o.checked_add(l).is_none_or(|e| e > off) {
+                let end = l.and_then(|l| o.checked_add(l));
+                if o < HEADER_LEN || end.is_none_or(|e| e > off) {
                     return Err("an entry lies outside the data".into());
                 }
             }
