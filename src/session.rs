@@ -30,11 +30,14 @@ pub enum Outcome {
     GateFailed,
 }
 
+/// Writes every report of `Results` into a folder ([`report::write_all`], or a test's).
+type WriteReports<'a> = Box<dyn FnMut(&Path, &Results) -> Result<()> + 'a>;
+
 /// The reports of a run folder, rewritten after each row. A failed write does not stop
 /// the run: it is remembered (and reported once), and [`Reports::finish`] tries again.
 pub struct Reports<'a> {
     dir: PathBuf,
-    write: Box<dyn FnMut(&Path, &Results) -> Result<()> + 'a>,
+    write: WriteReports<'a>,
     failed: Option<anyhow::Error>,
 }
 
