@@ -346,6 +346,19 @@ impl PackFile {
                     return Err("an entry lies outside the data".into());
                 }
             }
+            // Each array starts inside its tensor's bytes (copying an entry to a new file
+            // moves its arrays by the entry's offset).
+            for t in &s.tensors {
+                if t.arrays
+                    .iter()
+                    .any(|&(a, _)| a < t.offset || a - t.offset > t.len)
+                {
+                    return Err(format!(
+                        "{}: an array lies outside the tensor's bytes",
+                        t.name
+                    ));
+                }
+            }
         }
         Ok(PackFile {
             map: Arc::new(map),
