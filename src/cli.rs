@@ -172,6 +172,10 @@ pub struct EvalArgs {
     #[arg(long, value_name = "DIR")]
     pub llama_cpp_dir: Option<PathBuf>,
 
+    /// Longest any one llama.cpp tool run may take before it is killed, in seconds, 1 to 604800 (default: scaled with the work, the time at 1 GFLOP/s for the tokens it runs through the model, at least 600).
+    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=604_800))]
+    pub tool_timeout: Option<u64>,
+
     /// KV cache type of llama-perplexity: f16 (llama.cpp's default) or f32 (exact parity with kwk's float32 cache).
     #[arg(long, value_name = "TYPE", value_enum, default_value_t = KvArg::F16)]
     pub llama_kv: KvArg,

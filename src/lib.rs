@@ -14,6 +14,7 @@ pub mod cache;
 pub mod cli;
 pub mod eval;
 pub mod generate;
+pub mod interrupt;
 pub mod machine;
 pub mod measure;
 pub mod plan;
@@ -21,6 +22,7 @@ pub mod prepare;
 pub mod progress;
 pub mod protocol;
 pub mod report;
+pub mod run_folder;
 pub mod runner;
 pub mod session;
 pub mod stats;
@@ -30,7 +32,8 @@ use session::Outcome;
 
 /// Runs kwk-eval with `args` (the program name first, as `std::env::args_os`): parses,
 /// runs, prints as the binary does, and returns the exit status (0 ok, 1 the regression
-/// gate failed, 2 error, printed as one `error: ...` line).
+/// gate failed, 2 error, printed as one `error: ...` line; 130 or 143 when SIGINT or
+/// SIGTERM stopped an evaluation, [`interrupt`]).
 pub fn run<I, T>(args: I) -> u8
 where
     I: IntoIterator<Item = T>,
@@ -49,15 +52,21 @@ where
         }
     };
     let result = match invocation {
-        cli::Invocation::Evaluate(args) => session::evaluate(&args),
+        cli::Invocation::Evaluate(args) => {
+            interrupt::reset();
+            interrupt::install().and_then(|()| session::evaluate(&args))
+        }
         cli::Invocation::Compare(args) => session::compare(&args).map(|()| Outcome::Passed),
         cli::Invocation::Generate(cfg) => generate::generate(&cfg).map(|()| Outcome::Passed),
         cli::Invocation::Cache(cfg) => cache::run(&cfg).map(|()| Outcome::Passed),
     };
-    match result {
+    let code = match result {
         Ok(Outcome::Passed) => 0,
         Ok(Outcome::GateFailed) => 1,
         Err(e) => {
+            let code = e
+                .downcast_ref::<interrupt::Interrupted>()
+                .map_or(2, interrupt::Interrupted::exit_code);
             // One line: tool errors may carry a stderr tail over several lines.
             let msg = format!("{e:#}");
             let one: Vec<&str> = msg
@@ -66,7 +75,9 @@ where
                 .filter(|l| !l.is_empty())
                 .collect();
             eprintln!("error: {}", one.join(" | "));
-            2
+            code
         }
-    }
+    };
+    interrupt::reset();
+    code
 }

@@ -7,14 +7,19 @@
 //! until the speed rounds end (all formats in memory at once); with `--no-speed` each is
 //! dropped after its perplexity. A runner that fails, or panics, gets an `error` in its row
 //! and the others still run.
+//!
+//! A stop request ([`crate::interrupt`]: SIGINT/SIGTERM) ends the loop after the current
+//! step: a row the interrupt cut short is dropped (only finished rows are kept), the speed
+//! rounds stop and no row gets speed figures from a partial set of rounds. The reports are
+//! handed to `save` after each row (it decides what a failed write means).
 
 use crate::eval::paired::paired_change;
+use crate::interrupt;
 use crate::plan::RunPlan;
 use crate::prepare::Prepared;
 use crate::progress::Bar;
 use crate::protocol::results::{Machine, Results, RunnerRecord};
 use crate::protocol::{ComputeKind, FormatSpec, RooflineCost, SpeedRep, SpeedSpec, TokenScores};
-use crate::report;
 use crate::runner::kwk::{KwkRunner, KwkRunnerOptions, ReferenceRole};
 use crate::runner::llamacpp::{LlamaCppRunner, LlamaCppRunnerOptions};
 use crate::runner::Runner;
@@ -42,6 +47,7 @@ pub fn build_llamacpp(plan: &RunPlan) -> Result<Vec<Option<Box<dyn Runner>>>> {
                     threads: plan.threads,
                     kv_type: plan.llama_kv,
                     run_bench: plan.llama_bench,
+                    timeout: plan.tool_timeout,
                     ..Default::default()
                 };
                 let r = LlamaCppRunner::new(path, tools, options)?;
@@ -112,12 +118,16 @@ fn quality_pass(
     plan: &RunPlan,
     prep: &Prepared,
     results: &mut Results,
+    save: &mut dyn FnMut(&Results),
 ) -> Result<(Vec<Live>, Vec<Option<TokenScores>>)> {
     let mut gguf = build_llamacpp(plan)?;
     let (mut live, mut scores) = (Vec::new(), Vec::new());
     let mut reference_ready = false;
     let total = plan.formats.len();
     for (i, spec) in plan.formats.iter().enumerate() {
+        if interrupt::requested() {
+            break;
+        }
         let step = format!("[{}/{total}]", i + 1);
         let prebuilt = gguf[i].take();
         // A panic while building or scoring this row fails the row only.
@@ -161,13 +171,18 @@ fn quality_pass(
                 None,
             ),
         };
+        if record.error.is_some() && interrupt::requested() {
+            // Cut short by the interrupt, not finished: not a row.
+            eprintln!("{step} {}: stopped (interrupted)", record.name);
+            break;
+        }
         if let Some(e) = &record.error {
             eprintln!("{step} {}: FAILED: {e}", record.name);
         }
         results.runners.push(record);
         scores.push(tokens);
         results.update_deltas();
-        report::write_all(&plan.out_dir, results)?;
+        save(results);
     }
     Ok((live, scores))
 }
@@ -259,7 +274,7 @@ fn speed_round(
     for k in 0..n {
         let l = &mut live[(k + round) % n];
         let row = &mut results.runners[l.index];
-        if row.error.is_some() {
+        if row.error.is_some() || interrupt::requested() {
             continue;
         }
         let name = row.name.clone();
@@ -278,6 +293,7 @@ fn speed_round(
                 order.push(row.name.clone());
             }
             Ok(None) => {}
+            Err(_) if interrupt::requested() => {}
             Err(e) => row.error = Some(format!("speed: {e:#}")),
         }
     }
@@ -290,6 +306,7 @@ fn speed_pass(
     config: &kwk::ModelConfig,
     live: &mut [Live],
     results: &mut Results,
+    save: &mut dyn FnMut(&Results),
 ) -> Result<()> {
     let Some(spec) = &plan.speed else {
         return Ok(());
@@ -303,6 +320,10 @@ fn speed_pass(
         kwk::kernels::peaks::ReadProbe::for_this_machine(kwk::kernels::active_isa(), plan.threads)
     });
     for round in 0..spec.reps {
+        if interrupt::requested() {
+            // Speed from some of the rounds only would not be the protocol's figure.
+            return Ok(());
+        }
         eprintln!(
             "speed round {}/{}: pp{} tg{}",
             round + 1,
@@ -320,6 +341,9 @@ fn speed_pass(
         }
         let order = speed_round(live, spec, round, results);
         results.speed_rounds.push(order);
+    }
+    if interrupt::requested() {
+        return Ok(());
     }
     for l in live.iter() {
         let row = &mut results.runners[l.index];
@@ -346,7 +370,8 @@ fn speed_pass(
             machine,
         );
     }
-    report::write_all(&plan.out_dir, results)
+    save(results);
+    Ok(())
 }
 
 /// The row's roofline columns: pp against the compute peak its kernels use, tg against the
@@ -385,12 +410,18 @@ fn set_roofline(
     }
 }
 
-/// Quality of every format, paired comparisons, then interleaved speed; rows into `results`.
-pub fn run(plan: &RunPlan, prep: &Prepared, results: &mut Results) -> Result<()> {
-    let (mut live, scores) = quality_pass(plan, prep, results)?;
+/// Quality of every format, paired comparisons, then interleaved speed; rows into
+/// `results`, handed to `save` after each row and at the end.
+pub fn run(
+    plan: &RunPlan,
+    prep: &Prepared,
+    results: &mut Results,
+    save: &mut dyn FnMut(&Results),
+) -> Result<()> {
+    let (mut live, scores) = quality_pass(plan, prep, results, save)?;
     compare_rows(plan, results, &scores)?;
     drop(scores);
-    speed_pass(plan, &prep.model.config, &mut live, results)
+    speed_pass(plan, &prep.model.config, &mut live, results, save)
 }
 
 #[cfg(test)]

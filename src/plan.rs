@@ -51,6 +51,8 @@ pub struct RunPlan {
     pub tools: Option<llamacpp::LlamaCppTools>,
     pub llama_kv: llamacpp::KvType,
     pub llama_bench: bool,
+    /// `--tool-timeout`; `None` scales each tool's timeout with its work.
+    pub tool_timeout: Option<std::time::Duration>,
     pub ctx: usize,
     /// `--chunks`; `None` is every whole chunk.
     pub max_chunks: Option<usize>,
@@ -306,6 +308,7 @@ pub fn make(a: &EvalArgs) -> Result<RunPlan> {
         tools: None,
         llama_kv: a.llama_kv.kv_type(),
         llama_bench: a.llama_bench,
+        tool_timeout: a.tool_timeout.map(std::time::Duration::from_secs),
         ctx: a.ctx,
         max_chunks: match a.chunks {
             Chunks::All => None,

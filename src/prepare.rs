@@ -265,6 +265,10 @@ fn start_results(
             kwk_eval: env!("CARGO_PKG_VERSION").to_string(),
             llama_cpp: plan.tools.as_ref().and_then(|t| t.build_number()),
             llama_cpp_version: plan.tools.as_ref().map(|t| t.build().raw.clone()),
+            llama_cpp_env_cleared: plan
+                .tools
+                .as_ref()
+                .map(|_| llamacpp::process::cleared_env_vars()),
         },
         protocol: Protocol {
             ctx: chunks.ctx,

@@ -1,13 +1,27 @@
 //! One evaluation run, as a one-way pipeline: [`crate::plan::make`] checks every input
 //! and resolves the run (no folder is created for bad input), [`crate::prepare::prepare`]
-//! loads the model, tokenizes and checks the baseline's identity, [`crate::measure::run`]
-//! measures every runner (rewriting the reports after each row), and the exporters and
-//! the gate ([`crate::report`]) finish. Until the last runner has finished every report
-//! says `complete: false`; a runner that failed makes the process exit 2 at the end.
+//! loads the model, tokenizes and checks the baseline's identity, the run folder is claimed
+//! ([`crate::run_folder`]: created or freshly named, locked, holding none of the files the
+//! run writes), [`crate::measure::run`] measures every runner (rewriting the reports after
+//! each row), and the exporters and the gate ([`crate::report`]) finish. Until the last
+//! runner has finished every report says `complete: false`; a runner that failed makes the
+//! process exit 2 at the end.
+//!
+//! Nothing finished is lost: a report write that fails (a full disk) is reported once and
+//! the run goes on measuring; the reports are written again after the next row and at the
+//! end, and if the last attempt fails too the table is still printed and the run exits 2
+//! naming the file. On SIGINT/SIGTERM ([`crate::interrupt`]) the reports are written with
+//! the rows that finished and `complete: false`, and the run exits 130/143. On every way
+//! out the float32 reference log-probs (unless `--keep-logits` on a finished run) and the
+//! reports' temporary files are removed.
 
 use crate::cli::EvalArgs;
+use crate::interrupt::{self, Interrupted};
+use crate::protocol::results::Results;
+use crate::run_folder::{RunFolder, REFERENCE_LOGITS};
 use crate::{measure, plan, prepare, report};
 use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
 
 /// How a run ended when it did not fail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,28 +30,110 @@ pub enum Outcome {
     GateFailed,
 }
 
-/// Runs the evaluation `args` describe.
-pub fn evaluate(args: &EvalArgs) -> Result<Outcome> {
-    let plan = plan::make(args)?;
-    // GGUF headers are read before the model loads, so a bad file fails first.
-    measure::build_llamacpp(&plan)?;
-    let prep = prepare::prepare(&plan)?;
-    std::fs::create_dir_all(&plan.out_dir)
-        .with_context(|| format!("creating --out '{}'", plan.out_dir.display()))?;
-    eprintln!("run folder: {}", plan.out_dir.display());
-    let mut results = prep.results.clone();
-    report::write_all(&plan.out_dir, &results)?;
-    measure::run(&plan, &prep, &mut results)?;
-    results.complete = true;
-    report::write_all(&plan.out_dir, &results)?;
-    if let Some(reference) = &prep.protocol.reference_logits {
-        if reference.exists() && !plan.keep_logits {
-            std::fs::remove_file(reference)
-                .with_context(|| format!("removing '{}'", reference.display()))?;
+/// Writes every report of `Results` into a folder ([`report::write_all`], or a test's).
+type WriteReports<'a> = Box<dyn FnMut(&Path, &Results) -> Result<()> + 'a>;
+
+/// The reports of a run folder, rewritten after each row. A failed write does not stop
+/// the run: it is remembered (and reported once), and [`Reports::finish`] tries again.
+pub struct Reports<'a> {
+    dir: PathBuf,
+    write: WriteReports<'a>,
+    failed: Option<anyhow::Error>,
+}
+
+impl<'a> Reports<'a> {
+    pub fn new(dir: &Path, write: impl FnMut(&Path, &Results) -> Result<()> + 'a) -> Self {
+        Reports {
+            dir: dir.to_path_buf(),
+            write: Box::new(write),
+            failed: None,
         }
     }
+
+    /// Writes the reports; a failure is kept for [`Reports::finish`] and reported the
+    /// first time.
+    pub fn save(&mut self, results: &Results) {
+        match (self.write)(&self.dir, results) {
+            Ok(()) => {
+                if self.failed.take().is_some() {
+                    eprintln!(
+                        "note: the reports in '{}' are written again",
+                        self.dir.display()
+                    );
+                }
+            }
+            Err(e) => {
+                if self.failed.is_none() {
+                    eprintln!(
+                        "warning: {e:#}; measuring goes on, the reports are written again after the next row and at the end"
+                    );
+                }
+                self.failed = Some(e);
+            }
+        }
+    }
+
+    /// The last write: `results` once more; its error names the file that could not be
+    /// written.
+    pub fn finish(&mut self, results: &Results) -> Result<()> {
+        self.failed = None;
+        (self.write)(&self.dir, results).context("the reports could not be written (is the disk full?); the table above holds the figures")
+    }
+}
+
+/// Runs the evaluation `args` describe.
+pub fn evaluate(args: &EvalArgs) -> Result<Outcome> {
+    let mut plan = plan::make(args)?;
+    // GGUF headers are read before the model loads, so a bad file fails first.
+    measure::build_llamacpp(&plan)?;
+    let mut prep = match prepare::prepare(&plan) {
+        Err(_) if interrupt::requested() => {
+            return Err(Interrupted {
+                kept: "stopped before measuring; no run folder was made".into(),
+            }
+            .into())
+        }
+        r => r?,
+    };
+    let folder = claim_folder(args, &plan.out_dir)?;
+    plan.out_dir = folder.path.clone();
+    if let Some(r) = &mut prep.protocol.reference_logits {
+        *r = folder.path.join(REFERENCE_LOGITS);
+    }
+    eprintln!("run folder: {}", plan.out_dir.display());
+    let mut results = prep.results.clone();
+    let mut reports = Reports::new(&plan.out_dir, report::write_all);
+    reports.save(&results);
+    let measured = measure::run(&plan, &prep, &mut results, &mut |r| reports.save(r));
+    let stopped = interrupt::requested();
+    results.complete = measured.is_ok() && !stopped;
+    // The reference log-probs are a temporary file unless kept from a finished run.
+    if let Some(reference) = &prep.protocol.reference_logits {
+        if reference.exists() && (!plan.keep_logits || !results.complete) {
+            if let Err(e) = std::fs::remove_file(reference) {
+                eprintln!("warning: removing '{}': {e}", reference.display());
+            }
+        }
+    }
+    let written = reports.finish(&results);
+    report::remove_temporaries(&plan.out_dir);
+    if stopped {
+        if let Err(e) = written {
+            eprintln!("warning: {e:#}");
+        }
+        return Err(Interrupted {
+            kept: format!(
+                "{} finished row(s) kept in '{}' (complete: false)",
+                results.runners.len(),
+                plan.out_dir.join("results.json").display()
+            ),
+        }
+        .into());
+    }
+    measured?;
     print_stdout(&report::terminal::render(&results))?;
     print_stdout(&format!("reports: {}\n", plan.out_dir.display()))?;
+    written?;
     let mut outcome = Outcome::Passed;
     if let Some(b) = &plan.baseline {
         let gate = report::gate::run(&b.results, &results, &plan.limits);
@@ -72,6 +168,19 @@ pub fn print_stdout(text: &str) -> Result<()> {
     }
 }
 
+/// `--out` locked as given, or the default `runs/<stamp>` under a fresh name.
+fn claim_folder(args: &EvalArgs, planned: &Path) -> Result<RunFolder> {
+    if args.out.is_some() {
+        return RunFolder::claim(planned);
+    }
+    let parent = planned.parent().unwrap_or(Path::new("."));
+    let stamp = planned
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    RunFolder::fresh(parent, &stamp)
+}
+
 /// `kwk-eval compare`: each later results.json against the first, printed in `args.format`.
 pub fn compare(args: &crate::cli::CompareArgs) -> Result<()> {
     let old = report::json::read(&args.files[0])?;
@@ -89,4 +198,67 @@ pub fn compare(args: &crate::cli::CompareArgs) -> Result<()> {
         print_stdout(&report::compare::render(&c, args.format))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::results::testdata::sample_results;
+    use std::cell::Cell;
+
+    /// A write that fails (a full disk) neither stops the run nor is forgotten: later
+    /// rows are still saved, and the final write is retried; its error names the file.
+    #[test]
+    fn failed_report_writes_are_retried_and_the_last_one_names_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let calls = Cell::new(0);
+        // Writes 1 and 2 fail as a full disk would, then the disk has room again.
+        let fail_until = Cell::new(2);
+        let write = |d: &Path, r: &Results| -> Result<()> {
+            calls.set(calls.get() + 1);
+            if calls.get() <= fail_until.get() {
+                let p = d.join("results.json");
+                return Err(std::io::Error::from(std::io::ErrorKind::StorageFull))
+                    .with_context(|| format!("writing '{}'", p.display()));
+            }
+            report::write_all(d, r)
+        };
+        let mut reports = Reports::new(dir.path(), write);
+        let r = sample_results();
+        reports.save(&r);
+        assert!(reports.failed.is_some());
+        reports.save(&r);
+        reports.save(&r);
+        assert!(reports.failed.is_none(), "a later write succeeded");
+        reports.finish(&r).unwrap();
+        assert_eq!(
+            report::json::read(&dir.path().join("results.json")).unwrap(),
+            r
+        );
+        assert_eq!(calls.get(), 4);
+
+        // A disk that stays full: finish fails, naming the file.
+        fail_until.set(usize::MAX);
+        let mut reports = Reports::new(dir.path(), write);
+        reports.save(&r);
+        let e = format!("{:#}", reports.finish(&r).unwrap_err());
+        assert!(e.contains("could not be written"), "{e}");
+        assert!(e.contains("results.json"), "{e}");
+    }
+
+    /// A real failed write (the folder is gone) leaves no temporary file behind and names
+    /// the file.
+    #[test]
+    fn a_failed_write_names_the_file_and_leaves_no_temporary() {
+        let dir = tempfile::tempdir().unwrap();
+        // A file where results.json's temporary would go: the write fails.
+        std::fs::create_dir(dir.path().join(".results.json.tmp")).unwrap();
+        std::fs::write(dir.path().join(".tmp.speed.svg"), "left by a crash").unwrap();
+        let e = format!(
+            "{:#}",
+            report::write_all(dir.path(), &sample_results()).unwrap_err()
+        );
+        assert!(e.contains("results.json"), "{e}");
+        assert!(!dir.path().join(".tmp.speed.svg").exists());
+    }
 }

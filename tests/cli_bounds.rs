@@ -11,13 +11,15 @@ fn doc_path() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/bad-inputs.md")
 }
 
-/// `(id, message)` of each row of the table after the "## Bad flags and texts" heading.
+/// `(id, message)` of each row of the table in the "## Bad flags and texts" section.
 fn table_rows() -> Vec<(String, String)> {
     let text = std::fs::read_to_string(doc_path()).unwrap();
     let mut rows = Vec::new();
     let section = text
         .lines()
-        .skip_while(|l| !l.starts_with("## Bad flags and texts"));
+        .skip_while(|l| !l.starts_with("## Bad flags and texts"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("## "));
     for line in section {
         let Some(rest) = line.strip_prefix("| `") else {
             continue;

@@ -127,6 +127,8 @@ pub fn score_chunks(
     let mut sums = NllSums::default();
     let mut running = Vec::with_capacity(plan.chunks);
     for k in 0..plan.chunks {
+        // Between chunks: a SIGINT/SIGTERM stops the run promptly.
+        kwk::interrupt::check()?;
         let window = plan.window(tokens, k, bos);
         let logits = logits_of(&window, plan.first)?;
         ensure!(

@@ -66,6 +66,12 @@ pub struct Versions {
     /// The tools' `--version` line as printed (null when no GGUF runner ran).
     #[serde(default)]
     pub llama_cpp_version: Option<String>,
+    /// The environment variables (names only, never values) removed before every llama.cpp
+    /// tool ran because they change its results, speed or output
+    /// (`llamacpp::process::is_removed_env_var`); empty when none was set, null when no
+    /// GGUF runner ran.
+    #[serde(default)]
+    pub llama_cpp_env_cleared: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -336,6 +342,7 @@ pub mod testdata {
                 kwk_eval: "0.1.0".into(),
                 llama_cpp: Some(1),
                 llama_cpp_version: Some("version: 1 (abc)".into()),
+                llama_cpp_env_cleared: Some(vec!["LLAMA_ARG_CTX_SIZE".into()]),
             },
             protocol: Protocol {
                 ctx: 64,

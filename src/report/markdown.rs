@@ -57,6 +57,17 @@ fn machine_line(r: &Results) -> String {
         },
         r.started_utc
     );
+    if let Some(cleared) = &r.versions.llama_cpp_env_cleared {
+        let _ = writeln!(
+            s,
+            "\nllama.cpp environment: {}.",
+            if cleared.is_empty() {
+                "no variable needed clearing".to_string()
+            } else {
+                format!("cleared {} before every tool ran", cleared.join(", "))
+            }
+        );
+    }
     s
 }
 
@@ -137,6 +148,9 @@ mod tests {
         assert!(md.contains("| int4 | kwk |"));
         assert!(md.contains("+0.02470 ± 0.00400"));
         assert!(md.contains("2 interleaved rounds"));
+        assert!(
+            md.contains("llama.cpp environment: cleared LLAMA_ARG_CTX_SIZE before every tool ran.")
+        );
         r.complete = false;
         r.runners[1].tokens_match = Some(false);
         let md = render(

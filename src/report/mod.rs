@@ -24,9 +24,43 @@ pub use crate::protocol::results::{
 use anyhow::Result;
 use std::path::Path;
 
+/// Every file [`write_all`] may write into a run folder; a run refuses a folder that holds
+/// any of them already (it never overwrites what it did not write).
+pub const REPORT_FILES: &[&str] = &[
+    "results.json",
+    "results.csv",
+    "report.md",
+    "quality_vs_bpw.png",
+    "quality_vs_bpw.svg",
+    "speed.png",
+    "speed.svg",
+];
+
+/// The temporary names the report files are written under before their rename.
+pub fn temporary_names() -> impl Iterator<Item = String> {
+    REPORT_FILES
+        .iter()
+        .flat_map(|n| [format!(".{n}.tmp"), format!(".tmp.{n}")])
+}
+
+/// Removes any temporary report file left in `dir` (after a failed write).
+pub fn remove_temporaries(dir: &Path) {
+    for name in temporary_names() {
+        let _ = std::fs::remove_file(dir.join(name));
+    }
+}
+
 /// Writes every report file of `results` into `dir`: results.json, results.csv,
-/// report.md and the plots.
+/// report.md and the plots. On failure no temporary file is left.
 pub fn write_all(dir: &Path, results: &Results) -> Result<()> {
+    let written = write_every(dir, results);
+    if written.is_err() {
+        remove_temporaries(dir);
+    }
+    written
+}
+
+fn write_every(dir: &Path, results: &Results) -> Result<()> {
     json::write(&dir.join("results.json"), results)?;
     csv::write(&dir.join("results.csv"), results)?;
     let plots = plot::write_plots(dir, results)?;

@@ -40,8 +40,9 @@ pub struct LlamaCppRunnerOptions {
     /// `-fa` for llama-perplexity; `None` chooses [`KvType::default_flash_attn`] (on for
     /// f16, which is what llama.cpp's `auto` resolves to on CPU; off for f32).
     pub flash_attn: Option<bool>,
-    /// Longest any single tool may run before it is killed.
-    pub timeout: Duration,
+    /// Longest any single tool may run before it is killed (`--tool-timeout`); `None`
+    /// scales it with the work: [`scaled_timeout`].
+    pub timeout: Option<Duration>,
     /// Whether `speed()` runs llama-bench; when false it reports no speed (`None`s).
     pub run_bench: bool,
 }
@@ -52,10 +53,22 @@ impl Default for LlamaCppRunnerOptions {
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             kv_type: KvType::F16,
             flash_attn: None,
-            timeout: Duration::from_secs(3600),
+            timeout: None,
             run_bench: true,
         }
     }
+}
+
+/// The floor of [`scaled_timeout`]: loading a model and starting the tool.
+pub const TOOL_TIMEOUT_FLOOR: Duration = Duration::from_secs(600);
+
+/// How long a tool that pushes `tokens` tokens through a model of `params` parameters may
+/// run when no `--tool-timeout` was given: the time at 1 GFLOP/s (2 flops per parameter per
+/// token — far below any machine this runs on, so only a hang reaches it), at least
+/// [`TOOL_TIMEOUT_FLOOR`].
+pub fn scaled_timeout(params: u64, tokens: usize) -> Duration {
+    let secs = 2.0 * params as f64 * tokens as f64 / 1e9;
+    TOOL_TIMEOUT_FLOOR.max(Duration::from_secs_f64(secs.min(1e9)))
 }
 
 /// The arithmetic llama.cpp's matmuls do on a GGUF: by the storage type holding the most
@@ -70,6 +83,17 @@ fn compute_kind_of(type_params: &std::collections::BTreeMap<String, u64>) -> Com
         Some("F32") | Some("F16") => ComputeKind::Fp32,
         Some("BF16") => ComputeKind::Bf16,
         _ => ComputeKind::Int8,
+    }
+}
+
+/// Removes a file (if there) when dropped: the cleanup of every return path.
+struct RemoveOnDrop<'a>(Option<&'a Path>);
+
+impl Drop for RemoveOnDrop<'_> {
+    fn drop(&mut self) {
+        if let Some(p) = self.0 {
+            let _ = std::fs::remove_file(p);
+        }
     }
 }
 
@@ -163,6 +187,13 @@ impl LlamaCppRunner {
     }
 
     /// `asked`, or the runner's own thread count when the caller says 0.
+    /// The tool timeout for pushing `tokens` tokens through this model.
+    fn timeout(&self, tokens: usize) -> Duration {
+        self.opts
+            .timeout
+            .unwrap_or_else(|| scaled_timeout(self.info.params, tokens))
+    }
+
     fn threads(&self, asked: usize) -> usize {
         if asked > 0 {
             asked
@@ -189,7 +220,7 @@ impl LlamaCppRunner {
             &TokenizeRequest {
                 model: self.gguf.clone(),
                 text: tokens.text_path.clone(),
-                timeout: self.opts.timeout,
+                timeout: self.timeout(tokens.tokens.len()),
             },
         )?;
         self.commands.push(run.command.clone());
@@ -237,7 +268,7 @@ impl Runner for LlamaCppRunner {
             compute,
         );
         req.chunks = Some(plan.chunks);
-        req.timeout = self.opts.timeout;
+        req.timeout = self.timeout(plan.chunks.saturating_mul(plan.ctx));
         // This row's own log-probs, next to the reference's, read back and removed below.
         let own = protocol.reference_logits.as_ref().map(|base| {
             let stem: String = self
@@ -250,6 +281,9 @@ impl Runner for LlamaCppRunner {
         });
         req.save_logits = own.clone();
         progress.set_total(plan.chunks as u64, "chunks");
+        // Whatever happens below (a failed, timed-out or interrupted tool, a short run), this
+        // row's own log-prob file does not outlive this call.
+        let _own_guard = RemoveOnDrop(own.as_deref());
         let run =
             llamacpp::run_perplexity(&self.tools, &req, |done| progress.advance(done as u64))?;
         self.commands.push(run.command.clone());
@@ -310,7 +344,8 @@ impl Runner for LlamaCppRunner {
             tg: spec.tg,
             reps: 1,
             compute,
-            timeout: self.opts.timeout,
+            // One warm-up run and one timed run of pp + tg tokens.
+            timeout: self.timeout(spec.pp.saturating_add(spec.tg).saturating_mul(2)),
         };
         let run = llamacpp::run_bench(&self.tools, &req, |_, _| {})?;
         self.commands.push(run.command.clone());
@@ -530,7 +565,7 @@ mod tests {
             threads: 2,
             kv_type: KvType::F32,
             flash_attn: None,
-            timeout: Duration::from_secs(600),
+            timeout: Some(Duration::from_secs(600)),
             run_bench: true,
         };
         let mut r = LlamaCppRunner::new(&model, &tools, opts).unwrap();
@@ -671,7 +706,7 @@ mod tests {
                     threads,
                     kv_type: KvType::F16,
                     flash_attn: None,
-                    timeout: Duration::from_secs(3600),
+                    timeout: Some(Duration::from_secs(3600)),
                     run_bench: with_bench,
                 },
             )

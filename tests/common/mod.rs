@@ -46,3 +46,48 @@ pub fn assert_error(cmd: &mut Command, code: i32, prefix: &str) -> String {
     );
     errors[0].to_string()
 }
+
+/// The message of row `id` of docs/bad-inputs.md's kwk-eval section ("Run folder,
+/// interruption and report writes"), rows `| **id** | situation | exit | `message` |`, as
+/// `(exit status, message)`.
+pub fn lifetime_row(id: &str) -> (i32, String) {
+    lifetime_rows()
+        .into_iter()
+        .find(|(i, _, _)| i == id)
+        .map(|(_, code, msg)| (code, msg))
+        .unwrap_or_else(|| panic!("docs/bad-inputs.md has no row **{id}**"))
+}
+
+/// Every row of that section: `(id, exit status, message)`.
+pub fn lifetime_rows() -> Vec<(String, i32, String)> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/bad-inputs.md");
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut rows = Vec::new();
+    let mut inside = false;
+    for line in text.lines() {
+        if line.starts_with("## ") {
+            inside = line.starts_with("## Run folder, interruption and report writes");
+            continue;
+        }
+        let Some(rest) = line.strip_prefix("| **").filter(|_| inside) else {
+            continue;
+        };
+        let cells: Vec<&str> = rest.split(" | ").collect();
+        assert_eq!(
+            cells.len(),
+            4,
+            "a row needs id, situation, exit, message: {line}"
+        );
+        let id = cells[0].trim_end_matches("**").to_string();
+        let code = cells[2].trim().parse().unwrap();
+        let msg = cells[3]
+            .trim_end_matches('|')
+            .trim()
+            .strip_prefix('`')
+            .and_then(|m| m.strip_suffix('`'))
+            .unwrap_or_else(|| panic!("the message of {id} is not in backticks: {line}"))
+            .to_string();
+        rows.push((id, code, msg));
+    }
+    rows
+}

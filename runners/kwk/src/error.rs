@@ -27,6 +27,9 @@ pub enum KwkError {
     Tokenizer(String),
     #[error("{0}")]
     InvalidArgument(String),
+    /// A stop was requested ([`crate::interrupt`]) and the work was abandoned.
+    #[error("interrupted")]
+    Interrupted,
 }
 
 impl KwkError {

@@ -18,6 +18,7 @@ pub mod decoder;
 pub mod error;
 pub mod format;
 pub mod gguf;
+pub mod interrupt;
 pub mod kernels;
 pub mod model;
 pub mod pack_cache;

@@ -340,10 +340,25 @@ impl PackFile {
                 .tensors
                 .iter()
                 .map(|t| (t.offset, t.len))
-                .chain(s.floats.iter().map(|f| (f.offset, f.count * 4)));
+                .map(|(o, l)| (o, Some(l)))
+                .chain(s.floats.iter().map(|f| (f.offset, f.count.checked_mul(4))));
             for (o, l) in ranges {
-                if o < HEADER_LEN || o.checked_add(l).is_none_or(|e| e > off) {
+                let end = l.and_then(|l| o.checked_add(l));
+                if o < HEADER_LEN || end.is_none_or(|e| e > off) {
                     return Err("an entry lies outside the data".into());
+                }
+            }
+            // Each array starts inside its tensor's bytes (copying an entry to a new file
+            // moves its arrays by the entry's offset).
+            for t in &s.tensors {
+                if t.arrays
+                    .iter()
+                    .any(|&(a, _)| a < t.offset || a - t.offset > t.len)
+                {
+                    return Err(format!(
+                        "{}: an array lies outside the tensor's bytes",
+                        t.name
+                    ));
                 }
             }
         }
@@ -936,6 +951,9 @@ impl PackSession {
         precision: &Precision,
         made: Option<QuantizedTensor>,
     ) -> Result<Box<dyn PackedLinear>> {
+        // Between tensors: a stop request abandons the pack (the session's drop removes
+        // its temporary file).
+        crate::interrupt::check()?;
         let dep = dep_key(&self.recipe, tensor, &place, grid, importance);
         let reusable = if made.is_some() {
             None

@@ -17,7 +17,7 @@ fn table_path() -> PathBuf {
 fn table_rows() -> Vec<(String, String)> {
     let text = std::fs::read_to_string(table_path()).unwrap();
     let mut rows = Vec::new();
-    // The decoder's table ends where kwk-eval's own (tests/cli_bounds.rs) begins.
+    // The loader's table only: later sections (`## ...`) hold kwk-eval's own messages.
     for line in text.lines().take_while(|l| !l.starts_with("## ")) {
         let Some(rest) = line.strip_prefix("| `") else {
             continue;

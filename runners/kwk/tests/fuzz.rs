@@ -11,9 +11,15 @@
 //! - `safetensors`: [`load_hf_folder`] (config.json + a mutated model.safetensors).
 //! - `tokenizer_json`: [`Tokenizer::from_hf_folder`] with a mutated tokenizer.json, then
 //!   encode and decode.
+//! - `pack_cache`: a mutated pack-cache file (`kwk::pack_cache`, layout version
+//!   [`PACK_VERSION`]) placed where the cache looks for its model, then
+//!   [`kwk::pack_cache::list`] and a warm start [`KwkDecoder::from_pack_cache`] (index,
+//!   CRCs, every tensor mapped and checked against its shape) and, when it loads, a
+//!   forward pass over three tokens (every packed array read).
 //!
 //! Seeds: the fixture models (`kwk_fixtures`: three tiny GGUFs, configs, safetensors and
-//! tokenizer.json) and, in the long run only and when present, the header of each
+//! tokenizer.json); for `pack_cache`, the real pack files the decoder writes for two fixture
+//! models in int8 and int4 (packed at the start of the run, [`pack_seeds`]); and, in the long run only and when present, the header of each
 //! `~/.cache/kwk/models/SmolLM2-135M-Instruct/*.gguf` with its tensor count set to 0 (a
 //! real 49152-token vocabulary with merges, as a GGUF without tensors).
 //!
@@ -24,6 +30,10 @@
 //! and count fields, value and ggml types, dimensions and offsets (found by walking the
 //! header), of safetensors' header length, and of numbers in JSON. Positions favour the
 //! header (the first bytes of a GGUF up to its data section, a safetensors JSON header).
+//! A pack file's index is guarded by a SHA-256 in its trailer (and each entry by a CRC-32),
+//! so most `pack_cache` cases edit the index JSON (or the data) and then re-seal it: new
+//! trailer offsets and hash, and in half of them the entries' CRCs recomputed, so the
+//! mutation reaches the shape and offset checks behind the integrity checks.
 //!
 //! Invariants checked per case:
 //! - no panic: each case runs under `catch_unwind` (a panic in a rayon worker reaches the
@@ -52,10 +62,12 @@
 //! A failing case is written to `<temp>/kwk-fuzz-crashes/` and the run fails naming it;
 //! every crash found so far is a regression test at the end of this file.
 
+use kwk::decoder::{DecoderOptions, KwkDecoder, Precision};
 use kwk::gguf::{GgufFile, HEADER_MEMORY_PER_BYTE};
 use kwk::model::gguf_loader::{load_gguf, tokenizer_metadata_from_gguf};
 use kwk::model::source::load_hf_folder;
 use kwk::model::ModelConfig;
+use kwk::pack_cache::PACK_VERSION;
 use kwk::tokenizer::Tokenizer;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::{Path, PathBuf};
@@ -179,6 +191,7 @@ enum Format {
     Gguf,
     Safetensors,
     Json,
+    Pack,
 }
 
 /// A little-endian integer field of a file: where, how wide.
@@ -442,8 +455,12 @@ fn mutate(rng: &mut Rng, data: &mut Vec<u8>, format: Format, seeds: &[Vec<u8>]) 
         let hot = match format {
             Format::Gguf => gguf_fields(data).end,
             Format::Safetensors => safetensors_header_end(data),
-            Format::Json => len,
+            Format::Json | Format::Pack => len,
         };
+        if format == Format::Pack && rng.chance(70) {
+            structured(rng, data, format);
+            continue;
+        }
         match rng.below(10) {
             0 => {
                 let p = position(rng, len, hot);
@@ -534,6 +551,88 @@ fn structured(rng: &mut Rng, data: &mut Vec<u8>, format: Format) {
             }
         }
         Format::Json => replace_json_scalar(rng, data, len),
+        Format::Pack => reseal_pack(rng, data),
+    }
+}
+
+const PACK_HEADER: usize = 64;
+const PACK_TRAILER: usize = 8 + 8 + 8 + 32;
+
+/// Edits a pack file's index (a JSON scalar, or a byte of it) or a byte of its data, then
+/// re-seals it: the trailer's offset, length and SHA-256 of the new index, and, half the
+/// time, every entry's CRC-32 over the range it now names (when that range is in the data).
+fn reseal_pack(rng: &mut Rng, data: &mut Vec<u8>) {
+    let n = data.len();
+    if n < PACK_HEADER + PACK_TRAILER
+        || &data[n - PACK_TRAILER..n - PACK_TRAILER + 8] != b"KWKINDEX"
+    {
+        return;
+    }
+    let t = n - PACK_TRAILER;
+    let off = u64::from_le_bytes(data[t + 8..t + 16].try_into().unwrap()) as usize;
+    let len = u64::from_le_bytes(data[t + 16..t + 24].try_into().unwrap()) as usize;
+    if off < PACK_HEADER || off.checked_add(len) != Some(t) {
+        return;
+    }
+    let mut body = data[..off].to_vec();
+    let mut index = data[off..t].to_vec();
+    match rng.below(10) {
+        0..=5 => {
+            let end = index.len();
+            replace_json_scalar(rng, &mut index, end);
+        }
+        6 | 7 if !index.is_empty() => {
+            let p = rng.below(index.len());
+            index[p] = *rng.pick(&[b'0', b'9', b'-', b'"', b'[', b']', b',', 0xff]);
+        }
+        _ if body.len() > PACK_HEADER => {
+            let p = PACK_HEADER + rng.below(body.len() - PACK_HEADER);
+            body[p] ^= 1 << rng.below(8);
+        }
+        _ => {}
+    }
+    if rng.chance(50) {
+        if let Ok(mut v) = serde_json::from_slice::<serde_json::Value>(&index) {
+            fix_crcs(&mut v, &body);
+            index = serde_json::to_vec(&v).unwrap();
+        }
+    }
+    use sha2::Digest;
+    let hash = sha2::Sha256::digest(&index);
+    let off = body.len() as u64;
+    body.extend_from_slice(&index);
+    body.extend_from_slice(b"KWKINDEX");
+    body.extend_from_slice(&off.to_le_bytes());
+    body.extend_from_slice(&(index.len() as u64).to_le_bytes());
+    body.extend_from_slice(&hash);
+    *data = body;
+}
+
+/// Sets each tensor's and float vector's `crc` to the CRC-32 of the bytes its offset and
+/// length name, where they lie in `body`.
+fn fix_crcs(index: &mut serde_json::Value, body: &[u8]) {
+    let Some(sections) = index.get_mut("sections").and_then(|s| s.as_array_mut()) else {
+        return;
+    };
+    for s in sections {
+        for (list, len_key, unit) in [("tensors", "len", 1u64), ("floats", "count", 4)] {
+            let Some(entries) = s.get_mut(list).and_then(|l| l.as_array_mut()) else {
+                continue;
+            };
+            for e in entries {
+                let o = e.get("offset").and_then(|v| v.as_u64());
+                let l = e.get(len_key).and_then(|v| v.as_u64());
+                let range = o
+                    .zip(l.and_then(|l| l.checked_mul(unit)))
+                    .and_then(|(o, l)| {
+                        let end = o.checked_add(l)?;
+                        body.get(usize::try_from(o).ok()?..usize::try_from(end).ok()?)
+                    });
+                if let (Some(bytes), Some(obj)) = (range, e.as_object_mut()) {
+                    obj.insert("crc".into(), crc32fast::hash(bytes).into());
+                }
+            }
+        }
     }
 }
 
@@ -558,15 +657,17 @@ enum Target {
     HfConfig,
     Safetensors,
     TokenizerJson,
+    PackCache,
 }
 
-const TARGETS: [Target; 6] = [
+const TARGETS: [Target; 7] = [
     Target::GgufHeader,
     Target::GgufModel,
     Target::GgufTokenizer,
     Target::HfConfig,
     Target::Safetensors,
     Target::TokenizerJson,
+    Target::PackCache,
 ];
 
 const TEXT: &str = "Hello world! The quick brown fox, 12345 — café </s> <s> <|im_end|>\n\ttabs";
@@ -580,6 +681,7 @@ impl Target {
             Target::HfConfig => "hf_config",
             Target::Safetensors => "safetensors",
             Target::TokenizerJson => "tokenizer_json",
+            Target::PackCache => "pack_cache",
         }
     }
 
@@ -590,6 +692,7 @@ impl Target {
             Target::HfConfig => "config.json",
             Target::Safetensors => "model.safetensors",
             Target::TokenizerJson => "tokenizer.json",
+            Target::PackCache => "model.kwkpack",
         }
     }
 
@@ -598,6 +701,7 @@ impl Target {
             Target::GgufHeader | Target::GgufModel | Target::GgufTokenizer => Format::Gguf,
             Target::Safetensors => Format::Safetensors,
             Target::HfConfig | Target::TokenizerJson => Format::Json,
+            Target::PackCache => Format::Pack,
         }
     }
 
@@ -605,6 +709,8 @@ impl Target {
     fn companions(self) -> &'static [&'static str] {
         match self {
             Target::Safetensors => &["config.json"],
+            // The source model's folder and the precision packed ([`pack_seeds`]).
+            Target::PackCache => &["source.txt"],
             _ => &[],
         }
     }
@@ -622,12 +728,16 @@ impl Target {
     ///   is 32 bytes for as little as 2 bytes of text (`0,`), and tokenizer.json is held as
     ///   bytes, as a `Value` and as the `tokenizers` model (vocabulary and its reverse):
     ///   64 per byte.
+    /// - pack cache: packed arrays are memory-mapped, not copied; float vectors are copied
+    ///   (4 bytes per 4 bytes); the index is JSON (64 per byte, as above); the decoder's KV
+    ///   cache and scratch for 8 positions are fixed costs: 64.
     fn factor(self) -> usize {
         match self {
             Target::GgufHeader => HEADER_MEMORY_PER_BYTE,
             Target::GgufModel => 48,
             Target::GgufTokenizer => 40,
             Target::HfConfig | Target::Safetensors | Target::TokenizerJson => 64,
+            Target::PackCache => 64,
         }
     }
 
@@ -676,7 +786,44 @@ impl Target {
                 let _ = load_hf_folder(dir);
             }
             Target::TokenizerJson => exercise(Tokenizer::from_hf_folder(dir)),
+            Target::PackCache => warm_start(dir, &file),
         }
+    }
+}
+
+/// Places the case's pack file where the cache looks for its source model's entry, lists
+/// the folder, and starts a decoder from it (running three tokens when it loads).
+fn warm_start(dir: &Path, file: &Path) {
+    let Ok(meta) = std::fs::read_to_string(dir.join("source.txt")) else {
+        return;
+    };
+    let Some((precision, source)) = meta.split_once('\n') else {
+        return;
+    };
+    let (Ok(precision), source) = (Precision::parse(precision), Path::new(source)) else {
+        return;
+    };
+    let Ok(config) = ModelConfig::from_hf_config_json(&source.join("config.json")) else {
+        return;
+    };
+    let cache = dir.join("cache");
+    let _ = std::fs::create_dir_all(&cache);
+    let Ok(id) = kwk::pack_cache::source_identity(source) else {
+        return;
+    };
+    if std::fs::copy(file, kwk::pack_cache::cache_file(&cache, &id)).is_err() {
+        return;
+    }
+    let _ = kwk::pack_cache::list(&cache);
+    let options = DecoderOptions {
+        max_cache_len: 8,
+        precision,
+        threads: 1,
+        calibration_tokens: None,
+        pack_cache_dir: Some(cache),
+    };
+    if let Ok(Some(mut d)) = KwkDecoder::from_pack_cache(&config, vec![], source, options) {
+        let _ = d.forward(&[1, 2, 3], 0);
     }
 }
 
@@ -706,6 +853,9 @@ struct Seed {
 }
 
 fn fixture_seeds(target: Target) -> Vec<Seed> {
+    if target == Target::PackCache {
+        return pack_seeds();
+    }
     ["tiny-llama", "tiny-qwen2", "tiny-mixtral"]
         .iter()
         .map(|name| {
@@ -715,6 +865,58 @@ fn fixture_seeds(target: Target) -> Vec<Seed> {
             Seed { dir, bytes }
         })
         .collect()
+}
+
+/// Real pack files: the decoder packs two fixture models (dense and mixture-of-experts) in
+/// int8 and int4 into a scratch cache (a cold start writes the file), and each file is a
+/// seed whose `source.txt` names the model folder and the precision.
+fn pack_seeds() -> Vec<Seed> {
+    let root = std::env::temp_dir()
+        .join(format!("kwk-fuzz-{}", std::process::id()))
+        .join("pack-seeds");
+    let mut seeds = Vec::new();
+    for name in ["tiny-llama", "tiny-mixtral"] {
+        let source = kwk_fixtures::model_dir(name);
+        let (config, weights, _) = load_hf_folder(&source).unwrap();
+        for precision in ["int8", "int4"] {
+            let dir = root.join(format!("{name}-{precision}"));
+            // Fresh each call: a cache left by an earlier call would load, not write.
+            let _ = std::fs::remove_dir_all(&dir);
+            let cache = dir.join("cache");
+            std::fs::create_dir_all(&cache).unwrap();
+            let d = KwkDecoder::from_weights(
+                &config,
+                &weights,
+                vec![],
+                &source,
+                DecoderOptions {
+                    max_cache_len: 8,
+                    precision: Precision::parse(precision).unwrap(),
+                    threads: 1,
+                    calibration_tokens: None,
+                    pack_cache_dir: Some(cache),
+                },
+            )
+            .unwrap();
+            let path = match d.pack_cache_outcome() {
+                Some(kwk::pack_cache::PackOutcome::Written(p)) => p.clone(),
+                other => panic!("{name} {precision}: no pack file written: {other:?}"),
+            };
+            let bytes = std::fs::read(&path).unwrap();
+            assert_eq!(&bytes[..8], b"KWKPACK\0");
+            assert_eq!(
+                u32::from_le_bytes(bytes[8..12].try_into().unwrap()),
+                PACK_VERSION
+            );
+            std::fs::write(
+                dir.join("source.txt"),
+                format!("{precision}\n{}", source.display()),
+            )
+            .unwrap();
+            seeds.push(Seed { dir, bytes });
+        }
+    }
+    seeds
 }
 
 /// The headers of the SmolLM2 GGUFs set up by scripts/setup-model.sh, with the tensor
@@ -905,6 +1107,7 @@ fn fuzz_slice_fixed_seed() {
     for target in TARGETS {
         let cases = match target {
             Target::GgufModel | Target::Safetensors => 400,
+            Target::PackCache => 500,
             _ => 600,
         };
         let stats = fuzz(
@@ -1090,7 +1293,73 @@ fn crafted_headers_stay_within_the_stated_memory_bound() {
 
 // ---------------------------------------------------------------------------------------
 // Regression tests: every crash the fuzzer finds goes here, as the input that caused it
-// (a constructed byte vector or a small committed file). None so far: the runs of
-// 2026-12-01 (six targets, 10 minutes each, 845,263 cases, then 150 s each on the final
-// build, 223,387 cases) found no panic and no allocation over the bounds; the crafted
-// inputs above and in docs/bad-inputs.md cover the cases fixed before fuzzing.
+// (a constructed byte vector or a small committed file). The runs of 2026-12-01 (six
+// targets, 10 minutes each, 845,263 cases, then 150 s each on the final build, 223,387
+// cases) found no panic and no allocation over the bounds; the crafted inputs above and
+// in docs/bad-inputs.md cover the cases fixed before fuzzing. The `pack_cache` target's
+// first slice found one crash and its first 10-minute run a second (both below).
+
+/// `pack_cache` case 24 of the first slice (seed 7042923): a tensor entry whose `rows`
+/// (or `cols`) is near 2^64 overflowed `tiles × tile bytes` in `LowBitWeights::from_parts`
+/// (and would have in `Int8Weights::from_parts`); a float vector's `count` near 2^62
+/// overflowed `count × 4` in the index check. Every such entry, in each real pack seed,
+/// re-sealed with valid hash and CRCs, must now be refused without a panic.
+#[test]
+fn pack_index_sizes_near_2_64_are_refused_not_overflowed() {
+    let _guard = serial();
+    silence_panics();
+    let seeds = pack_seeds();
+    let dir = scratch(Target::PackCache);
+    for seed in &seeds {
+        std::fs::copy(seed.dir.join("source.txt"), dir.join("source.txt")).unwrap();
+        let n = seed.bytes.len();
+        let t = n - PACK_TRAILER;
+        let off = u64::from_le_bytes(seed.bytes[t + 8..t + 16].try_into().unwrap()) as usize;
+        let index: serde_json::Value = serde_json::from_slice(&seed.bytes[off..t]).unwrap();
+        let edits: [(&str, &str, u64); 5] = [
+            ("tensors", "rows", u64::MAX),
+            ("tensors", "cols", u64::MAX - 31),
+            ("tensors", "rows", 1 << 62),
+            ("floats", "count", u64::MAX / 2),
+            // Long run of 2026-12-01 (seed 1796102964, case 4148 and 9 more): an array
+            // offset before its tensor's bytes underflowed `a - e.offset` when a changed
+            // source identity (same contents) made the cache copy the entry to a new file.
+            ("arrays", "offset", 0),
+        ];
+        for (list, key, value) in edits {
+            let mut v = index.clone();
+            if list == "arrays" {
+                // The stats differ, the contents hash the same: the rewrite path.
+                v["source"]["files"][0]["mtime_ns"] = 1.into();
+            }
+            for s in v["sections"].as_array_mut().unwrap() {
+                if list == "arrays" {
+                    for e in s["tensors"].as_array_mut().unwrap() {
+                        e["arrays"][0][0] = value.into();
+                    }
+                    continue;
+                }
+                for e in s[list].as_array_mut().unwrap() {
+                    e[key] = value.into();
+                }
+            }
+            let body = &seed.bytes[..off];
+            let mut bytes = body.to_vec();
+            let mut idx = v;
+            fix_crcs(&mut idx, body);
+            let idx = serde_json::to_vec(&idx).unwrap();
+            use sha2::Digest;
+            let hash = sha2::Sha256::digest(&idx);
+            bytes.extend_from_slice(&idx);
+            bytes.extend_from_slice(b"KWKINDEX");
+            bytes.extend_from_slice(&(off as u64).to_le_bytes());
+            bytes.extend_from_slice(&(idx.len() as u64).to_le_bytes());
+            bytes.extend_from_slice(&hash);
+            std::fs::write(dir.join(Target::PackCache.file()), &bytes).unwrap();
+            if let Err(why) = check(Target::PackCache, &dir) {
+                panic!("{list}.{key} = {value}: {why}");
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

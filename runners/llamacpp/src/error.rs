@@ -40,7 +40,7 @@ pub enum Error {
 
     /// The process ran longer than allowed and was killed.
     #[error(
-        "{tool} timed out after {} s and was killed{}\n{}Hint: raise the timeout, use fewer chunks/repetitions, or check the machine is not overloaded",
+        "{tool} timed out after {} s and was killed{}\n{}Hint: raise the timeout (--tool-timeout SECONDS), use fewer chunks/repetitions, or check the machine is not overloaded",
         seconds(after), command_line(command), tail_block(stderr_tail)
     )]
     Timeout {
@@ -49,6 +49,11 @@ pub enum Error {
         command: String,
         stderr_tail: String,
     },
+
+    /// The run was interrupted ([`crate::process::interrupt_flag`] was set: SIGINT or
+    /// SIGTERM); the tool's process group was killed.
+    #[error("{tool} was stopped: the run was interrupted{}", command_line(command))]
+    Interrupted { tool: String, command: String },
 
     /// The process exited unsuccessfully (non-zero status or a signal).
     #[error(

@@ -1,42 +1,99 @@
-//! Running one llama.cpp tool defensively: a cleaned environment (no `LLAMA_ARG_*` or other
-//! variables that silently change results), the tool's own directory on `LD_LIBRARY_PATH`
-//! (CMake builds load `libllama.so`/`libggml*.so` from there), stdin closed, stdout and
-//! stderr drained on their own threads (so a chatty tool never blocks on a full pipe), a
-//! timeout that kills the whole process group, and errors that carry the stderr tail.
+//! Running one llama.cpp tool defensively: a cleaned environment (no `LLAMA_*`, `GGML_*`,
+//! OpenMP or other variables that silently change results or what the tools print), the
+//! tool's own directory on `LD_LIBRARY_PATH` (CMake builds load `libllama.so`/`libggml*.so`
+//! from there), stdin closed, stdout and stderr drained on their own threads (so a chatty
+//! tool never blocks on a full pipe), the tool in its own process group, which a timeout or
+//! an interrupt ([`interrupt_flag`]) kills whole (a `killpg` system call, no `kill`
+//! binary), and errors that carry the stderr tail.
 
 use crate::error::{Error, Result};
 use std::ffi::{OsStr, OsString};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// Lines of stderr kept in errors.
 pub const STDERR_TAIL_LINES: usize = 20;
 
-/// Environment variables removed before every tool runs, besides every `LLAMA_ARG_*`
-/// (which override command-line defaults: context, batch, threads, flash attention, KV
-/// types, log format; common/arg.cpp `set_env`). These change numerics or speed
-/// (`GGML_CPU_DISABLE_FUSION`, `LLAMA_ATTN_ROT_DISABLE`, `LLAMA_GRAPH_REUSE_DISABLE`) or
-/// flood the output the parsers read (the `*_DEBUG` and `LLAMA_TRACE` switches); all found
-/// by grepping `getenv("` in llama.cpp's common/, src/ and ggml-cpu.
-pub const REMOVED_ENV_VARS: &[&str] = &[
-    "GGML_CPU_DISABLE_FUSION",
-    "LLAMA_ATTN_ROT_DISABLE",
-    "LLAMA_GRAPH_REUSE_DISABLE",
-    "LLAMA_BATCH_DEBUG",
-    "LLAMA_GRAPH_INPUT_DEBUG",
-    "LLAMA_GRAPH_RESULT_DEBUG",
-    "LLAMA_KV_CACHE_DEBUG",
-    "LLAMA_TRACE",
+/// Prefixes of environment variables removed before every tool runs. llama.cpp's tools
+/// read these (found by grepping `getenv` in llama.cpp's common/, src/, ggml/src/ and
+/// tools/, build b-0.3.36 era, and common/arg.cpp's `set_env`):
+/// - `LLAMA_` — every `LLAMA_ARG_*` overrides a command-line default (context, batch,
+///   threads, flash attention, KV types) and the `LLAMA_ARG_LOG_*` ones change what the log
+///   prints (verbosity, prefixes, timestamps, colors, a log file, JSONL); besides those,
+///   `LLAMA_ATTN_ROT_DISABLE` and `LLAMA_GRAPH_REUSE_DISABLE` change numerics or speed,
+///   `LLAMA_TRACE` and the `LLAMA_*_DEBUG` switches flood the output the parsers read,
+///   `LLAMA_CACHE` moves downloads.
+/// - `GGML_` — `GGML_CPU_DISABLE_FUSION`, `GGML_CPU_TILED_MM(_FORCE)` change the CPU
+///   kernels, `GGML_BACKEND_PATH` loads another backend, `GGML_SCHED_DEBUG*`,
+///   `GGML_META_DEBUG` print, `GGML_TOTAL_THREADS` sets threads (KleidiAI), and the
+///   GPU-backend variables have no business in a CPU measurement.
+/// - `OMP_`, `GOMP_`, `KMP_` — the CPU backend is built with OpenMP (libgomp) by default:
+///   `OMP_THREAD_LIMIT` and `OMP_DYNAMIC` can lower the thread count `-t` asked for,
+///   `OMP_WAIT_POLICY`, `GOMP_SPINCOUNT`, `KMP_BLOCKTIME`, `OMP_PROC_BIND`, `OMP_PLACES`
+///   and `GOMP_CPU_AFFINITY` change speed.
+/// - `MTMD_`, `LLAMACPP_` — multimodal and test switches (`MTMD_DEBUG_*`,
+///   `LLAMACPP_TEST_MODELFILE`).
+pub const REMOVED_ENV_PREFIXES: &[&str] = &[
+    "LLAMA_",
+    "GGML_",
+    "OMP_",
+    "GOMP_",
+    "KMP_",
+    "MTMD_",
+    "LLAMACPP_",
 ];
+
+/// Single environment variables removed before every tool runs, besides
+/// [`REMOVED_ENV_PREFIXES`]: download endpoints and tokens (llama-bench and common/ read
+/// them for `-hf`; a measurement never downloads, and a secret has no reason to reach the
+/// tool), llguidance's log level, and `NO_COLOR` (the tools' logs go to a pipe, where
+/// colors are off anyway; cleared so the log format never depends on the caller).
+pub const REMOVED_ENV_VARS: &[&str] = &[
+    "HF_TOKEN",
+    "HUGGINGFACE_HUB_TOKEN",
+    "HF_ENDPOINT",
+    "MODEL_ENDPOINT",
+    "LLGUIDANCE_LOG_LEVEL",
+    "NO_COLOR",
+];
+
+static INTERRUPT: LazyLock<Arc<AtomicBool>> = LazyLock::new(Arc::default);
+
+/// The process-wide stop request every [`run`] polls (with the exit and timeout checks,
+/// every 20 ms): once set, the running tool's process group is killed and `run` returns
+/// [`Error::Interrupted`]; later runs are killed as soon as they start. A program sets it
+/// from its SIGINT/SIGTERM handler (e.g. `signal_hook::flag::register`).
+pub fn interrupt_flag() -> Arc<AtomicBool> {
+    Arc::clone(&INTERRUPT)
+}
+
+fn interrupted() -> bool {
+    INTERRUPT.load(Ordering::SeqCst)
+}
 
 /// Whether an environment variable is removed before a tool runs.
 pub fn is_removed_env_var(name: &OsStr) -> bool {
     let name = name.to_string_lossy();
-    name.starts_with("LLAMA_ARG_") || REMOVED_ENV_VARS.contains(&name.as_ref())
+    REMOVED_ENV_PREFIXES.iter().any(|p| name.starts_with(p))
+        || REMOVED_ENV_VARS.contains(&name.as_ref())
+}
+
+/// The names (never the values) of the variables in this process's environment that every
+/// tool run has removed, sorted: what a report says was cleared.
+pub fn cleared_env_vars() -> Vec<String> {
+    let mut names: Vec<String> = std::env::vars_os()
+        .map(|(k, _)| k)
+        .filter(|k| is_removed_env_var(k))
+        .map(|k| k.to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names.dedup();
+    names
 }
 
 /// One invocation of a tool.
@@ -183,13 +240,8 @@ fn kill_tree(child: &mut Child) {
     {
         // The child leads its own process group (process_group(0)); kill the group so a
         // wrapper script's children die too and release the pipes.
-        let _ = Command::new("kill")
-            .arg("-KILL")
-            .arg("--")
-            .arg(format!("-{}", child.id()))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
+        let pid = rustix::process::Pid::from_child(child);
+        let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
     }
     let _ = child.kill();
 }
@@ -239,6 +291,15 @@ pub fn run(cmd: &ToolCommand, mut on_output: impl FnMut(&str, &str)) -> Result<T
                     source,
                 });
             }
+        }
+        if interrupted() {
+            kill_tree(&mut child);
+            let _ = child.wait();
+            wait_for_drains(&drains, PIPE_GRACE);
+            return Err(Error::Interrupted {
+                tool: cmd.tool.clone(),
+                command,
+            });
         }
         if start.elapsed() >= cmd.timeout {
             kill_tree(&mut child);

@@ -318,7 +318,28 @@ fn llama_env_vars_are_removed_and_libraries_found() {
     std::env::set_var("LLAMA_ARG_CTX_SIZE", "7");
     std::env::set_var("LLAMA_ARG_FLASH_ATTN", "on");
     std::env::set_var("GGML_CPU_DISABLE_FUSION", "1");
+    // Logging, scheduler debugging, OpenMP thread limits, download secrets.
+    std::env::set_var("LLAMA_ARG_LOG_VERBOSITY", "9");
+    std::env::set_var("LLAMA_TRACE", "1");
+    std::env::set_var("GGML_SCHED_DEBUG", "2");
+    std::env::set_var("OMP_THREAD_LIMIT", "1");
+    std::env::set_var("GOMP_SPINCOUNT", "0");
+    std::env::set_var("HF_TOKEN", "secret-value");
     std::env::set_var("KWK_UNRELATED_VAR", "kept");
+    let cleared = process::cleared_env_vars();
+    for name in [
+        "LLAMA_ARG_CTX_SIZE",
+        "LLAMA_ARG_LOG_VERBOSITY",
+        "LLAMA_TRACE",
+        "GGML_SCHED_DEBUG",
+        "OMP_THREAD_LIMIT",
+        "GOMP_SPINCOUNT",
+        "HF_TOKEN",
+    ] {
+        assert!(cleared.contains(&name.to_string()), "{name}: {cleared:?}");
+    }
+    assert!(!cleared.contains(&"KWK_UNRELATED_VAR".to_string()));
+    assert!(!cleared.iter().any(|n| n.contains("secret")));
     let cmd = ToolCommand::new("print-env", &tool, Duration::from_secs(30), "");
     let removed: Vec<String> = cmd
         .to_command()
@@ -333,6 +354,19 @@ fn llama_env_vars_are_removed_and_libraries_found() {
     let out = process::run(&cmd, |_, _| {}).unwrap();
     assert!(!out.stdout.contains("LLAMA_ARG_"), "{}", out.stdout);
     assert!(!out.stdout.contains("GGML_CPU_DISABLE_FUSION"));
+    for name in [
+        "LLAMA_TRACE",
+        "GGML_SCHED_DEBUG",
+        "OMP_THREAD_LIMIT",
+        "GOMP_SPINCOUNT",
+        "HF_TOKEN",
+    ] {
+        assert!(
+            !out.stdout.contains(&format!("{name}=")),
+            "{name}: {}",
+            out.stdout
+        );
+    }
     assert!(out.stdout.contains("KWK_UNRELATED_VAR=kept"));
     let ld = out
         .stdout

@@ -1177,6 +1177,7 @@ impl KwkDecoder {
         self.scratch.record = Some(vec![layers::LayerRecord::default(); n_layers]);
         let mut run = || -> Result<()> {
             for w in tokens.chunks(window.min(self.max_cache_len)) {
+                crate::interrupt::check()?;
                 self.reset();
                 // Only the last position's logits: the statistics are taken inside.
                 self.forward(w, w.len() - 1)?;
@@ -1249,6 +1250,7 @@ impl KwkDecoder {
             .collect();
         let n_layers = self.layers.len();
         for li in 0..n_layers {
+            crate::interrupt::check()?;
             let mut records = vec![layers::LayerRecord::default(); n_layers];
             records[li].gram = Some(LayerGrams::default());
             self.scratch.record = Some(records);

@@ -171,18 +171,25 @@ impl LowBitWeights {
         scales: Store<f16>,
         mins: Store<f16>,
     ) -> Option<Self> {
-        let tiles = rows.div_ceil(ROW_GROUP) * (cols / BLOCK);
-        let ncg_total = rows.div_ceil(ROW_GROUP) * cols.div_ceil(group_size.max(1)) * ROW_GROUP;
-        let ok = (bits == 4 || bits == 6 || bits == 8)
-            && GROUP_SIZES.contains(&group_size)
+        // Checked: the sizes come from a file (a corrupt index must not overflow).
+        if !(bits == 4 || bits == 6 || bits == 8) {
+            return None;
+        }
+        let row_groups = rows.div_ceil(ROW_GROUP);
+        let tiles = row_groups.checked_mul(cols / BLOCK)?;
+        let ncg_total = row_groups
+            .checked_mul(cols.div_ceil(group_size.max(1)))?
+            .checked_mul(ROW_GROUP)?;
+        let code_bytes = tiles.checked_mul(code_tile_bytes(bits))?;
+        let high_bytes = if bits == 6 {
+            tiles.checked_mul(HIGH_BITS_TILE_BYTES)?
+        } else {
+            0
+        };
+        let ok = GROUP_SIZES.contains(&group_size)
             && cols.is_multiple_of(BLOCK)
-            && nibbles.len() == tiles * code_tile_bytes(bits)
-            && high_bits.len()
-                == if bits == 6 {
-                    tiles * HIGH_BITS_TILE_BYTES
-                } else {
-                    0
-                }
+            && nibbles.len() == code_bytes
+            && high_bits.len() == high_bytes
             && scales.len() == ncg_total
             && mins.len() == ncg_total;
         ok.then_some(LowBitWeights {

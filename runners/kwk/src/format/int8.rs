@@ -104,16 +104,17 @@ impl Int8Weights {
 
     /// Rebuilds from packed parts (the pack cache); `None` if the lengths do not fit.
     pub fn from_parts(rows: usize, cols: usize, qs: Store<u8>, scales: Store<f16>) -> Option<Self> {
-        let tiles = rows.div_ceil(ROW_GROUP) * (cols / BLOCK);
+        // Checked: the sizes come from a file (a corrupt index must not overflow).
+        let tiles = rows.div_ceil(ROW_GROUP).checked_mul(cols / BLOCK)?;
         (cols.is_multiple_of(BLOCK)
-            && qs.len() == tiles * INT8_TILE_BYTES
-            && scales.len() == tiles * ROW_GROUP)
-            .then_some(Int8Weights {
-                rows,
-                cols,
-                qs,
-                scales,
-            })
+            && qs.len() == tiles.checked_mul(INT8_TILE_BYTES)?
+            && scales.len() == tiles.checked_mul(ROW_GROUP)?)
+        .then_some(Int8Weights {
+            rows,
+            cols,
+            qs,
+            scales,
+        })
     }
 
     pub fn codes(&self) -> &[u8] {

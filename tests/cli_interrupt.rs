@@ -1,0 +1,195 @@
+//! SIGINT/SIGTERM stop a run cleanly: a run signalled while its third runner (llama.cpp)
+//! is running leaves a results.json with `complete: false` holding the two rows that
+//! finished, no llama.cpp process alive, and no temporary file (run folder or pack cache),
+//! and exits 130 (SIGINT) or 143 (SIGTERM).
+//!
+//! llama.cpp's real tools run through wrapper scripts; the llama-perplexity wrapper starts
+//! the real tool and a long `sleep` in its process group, records their pids and waits, so
+//! the signal always lands while a llama.cpp process group is alive (the tiny model alone
+//! would finish before any signal could be sent).
+
+mod common;
+use common::*;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// llama.cpp's tools: `KWK_LLAMA_CPP_DIR`, else the set-up script's build folder.
+fn llama_dir() -> PathBuf {
+    std::env::var_os("KWK_LLAMA_CPP_DIR")
+        .map(PathBuf::from)
+        .or_else(|| {
+            let root = PathBuf::from(std::env::var_os("HOME")?).join(".cache/kwk");
+            let mut bins: Vec<_> = std::fs::read_dir(&root)
+                .ok()?
+                .filter_map(|e| e.ok())
+                .map(|e| e.path().join("build/bin"))
+                .filter(|p| p.join("llama-perplexity").exists())
+                .collect();
+            bins.sort();
+            bins.pop()
+        })
+        .unwrap_or_else(|| {
+            panic!("llama.cpp tools not found: run scripts/setup-llama-cpp.sh or set KWK_LLAMA_CPP_DIR")
+        })
+}
+
+/// Wrappers of every `llama-*` tool of `real` in `dir`; llama-perplexity's also holds on
+/// (see the module doc) and writes the pids of its group to `pids`.
+fn wrappers(real: &Path, dir: &Path, pids: &Path) {
+    for e in std::fs::read_dir(real).unwrap() {
+        let name = e.unwrap().file_name().to_string_lossy().into_owned();
+        if !name.starts_with("llama-") || name.contains('.') {
+            continue;
+        }
+        let tool = real.join(&name);
+        let mut body = format!(
+            "#!/bin/sh\nLD_LIBRARY_PATH='{r}':\"$LD_LIBRARY_PATH\"\nexport LD_LIBRARY_PATH\n\
+             case \"$1\" in --help|--version) exec '{t}' \"$@\";; esac\n",
+            r = real.display(),
+            t = tool.display()
+        );
+        if name == "llama-perplexity" {
+            body.push_str(&format!(
+                "'{t}' \"$@\" >/dev/null 2>&1 &\necho $! > '{p}.tmp'\nsleep 300 &\necho $! >> '{p}.tmp'\n\
+                 echo $$ >> '{p}.tmp'\nmv '{p}.tmp' '{p}'\nwait\n",
+                t = tool.display(),
+                p = pids.display()
+            ));
+        } else {
+            body.push_str(&format!("exec '{}' \"$@\"\n", tool.display()));
+        }
+        let path = dir.join(&name);
+        std::fs::write(&path, body).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+}
+
+/// Whether process `pid` is gone (or a zombie).
+fn dead(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    }
+}
+
+fn wait_until(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
+    let until = Instant::now() + limit;
+    while !ok() {
+        assert!(Instant::now() < until, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn signalled_run(signal: rustix::process::Signal, code: i32, name: &str) {
+    let tmp = tempfile::tempdir().unwrap();
+    let wrap = tmp.path().join("bin");
+    std::fs::create_dir(&wrap).unwrap();
+    let pids = tmp.path().join("pids");
+    wrappers(&llama_dir(), &wrap, &pids);
+    let out = tmp.path().join("run");
+    let cache = tmp.path().join("pack-cache");
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("kwk-eval"))
+        .env_remove("KWK_LLAMA_CPP_DIR")
+        .env_remove("KWK_ISA")
+        .args(["--formats", "float32,int8", "--ctx", "64", "--chunks", "2"])
+        .args(["--no-speed", "--threads", "2", "--llm"])
+        .arg(tiny_llama())
+        .arg("--gguf")
+        .arg(tiny_llama().join("model.gguf"))
+        .arg("--llama-cpp-dir")
+        .arg(&wrap)
+        .arg("--pack-cache")
+        .arg(&cache)
+        .arg("--text")
+        .arg(eval_txt())
+        .arg("--out")
+        .arg(&out)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Signalled once the third runner's llama-perplexity is running.
+    wait_until(
+        "llama-perplexity to start",
+        Duration::from_secs(300),
+        || pids.exists() || child.try_wait().unwrap().is_some(),
+    );
+    assert!(pids.exists(), "kwk-eval ended before llama-perplexity ran");
+    let pid = rustix::process::Pid::from_child(&child);
+    rustix::process::kill_process(pid, signal).unwrap();
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+    assert_eq!(output.status.code(), Some(code), "stderr:\n{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    let results = out.join("results.json");
+    // docs/bad-inputs.md's row (written for SIGINT; SIGTERM says its own name and 143).
+    let (doc_code, msg) = lifetime_row("interrupted-sigint");
+    assert_eq!(doc_code, 130);
+    let msg = msg
+        .replace("SIGINT", name)
+        .replace("{file}", &results.display().to_string());
+    assert_eq!(errors[0], format!("error: {msg}"));
+
+    // The rows that finished, and only those, marked incomplete.
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&results).unwrap()).unwrap();
+    assert_eq!(json["complete"], false);
+    let rows = json["runners"].as_array().unwrap();
+    let names: Vec<&str> = rows.iter().map(|r| r["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["float32", "int8"]);
+    for r in rows {
+        assert!(r["error"].is_null(), "{r}");
+        assert!(r["ppl"].as_f64().unwrap() > 1.0, "{r}");
+    }
+    assert!(
+        json["versions"]["llama_cpp_env_cleared"].is_array(),
+        "{json}"
+    );
+    assert!(std::fs::read_to_string(out.join("report.md"))
+        .unwrap()
+        .contains("INCOMPLETE"));
+
+    // No llama.cpp process (the tool, its wrapper, the wrapper's child) alive.
+    for line in std::fs::read_to_string(&pids).unwrap().lines() {
+        let id: i32 = line.trim().parse().unwrap();
+        wait_until(
+            &format!("process {id} to die"),
+            Duration::from_secs(10),
+            || dead(id),
+        );
+    }
+
+    // No temporary file: only the reports in the run folder, only packs in the cache.
+    let mut left: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    for f in &left {
+        assert!(
+            kwk_eval::report::REPORT_FILES.contains(&f.as_str()),
+            "left in the run folder: {f} ({left:?})"
+        );
+    }
+    if cache.exists() {
+        for e in std::fs::read_dir(&cache).unwrap() {
+            let f = e.unwrap().file_name().to_string_lossy().into_owned();
+            assert!(!f.contains(".tmp."), "left in the pack cache: {f}");
+        }
+    }
+}
+
+#[test]
+fn sigint_after_the_second_runner_keeps_its_rows_and_leaves_nothing_running() {
+    signalled_run(rustix::process::Signal::INT, 130, "SIGINT");
+}
+
+#[test]
+fn sigterm_stops_the_same_way_with_exit_143() {
+    signalled_run(rustix::process::Signal::TERM, 143, "SIGTERM");
+}
