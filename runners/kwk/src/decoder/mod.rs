@@ -502,6 +502,9 @@ type GptqKey = (TensorRole, usize, usize);
 /// correction is needed. Each tensor is rounded on the grid `grid` gives it; an expert that
 /// no calibration token reached is rounded plainly. The embedding and `lm_head` are not
 /// in a layer and are rounded plainly by the caller.
+/// A GPTQ factor and the column order it was computed for (`None`: natural order).
+type OrderedFactor = (InverseFactor, Option<Vec<usize>>);
+
 fn gptq_layers(
     config: &ModelConfig,
     weights: &ModelWeights,
@@ -554,7 +557,7 @@ fn gptq_layers(
             .collect();
         keys.sort_unstable();
         keys.dedup();
-        let factors: HashMap<(usize, usize), (InverseFactor, Option<Vec<usize>>)> = keys
+        let factors: HashMap<(usize, usize), OrderedFactor> = keys
             .par_iter()
             .map(|&(input, group)| {
                 let what = format!("layer {li} (int4:gptq)");
