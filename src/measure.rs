@@ -119,6 +119,8 @@ fn quality_pass(
     let total = plan.formats.len();
     for (i, spec) in plan.formats.iter().enumerate() {
         let step = format!("[{}/{total}]", i + 1);
+        // kwk rows: this process's peak RSS from here to the end of the row's perplexity.
+        let rss_reset = engine_of(spec) == "kwk" && crate::machine::reset_peak_rss();
         let built = match gguf[i].take() {
             Some(r) => Ok(r),
             None => {
@@ -126,7 +128,7 @@ fn quality_pass(
                 build_kwk(plan, prep, spec)
             }
         };
-        let (record, tokens) = match built {
+        let (mut record, tokens) = match built {
             Ok(mut runner) => {
                 let (rec, tokens) = quality(runner.as_mut(), &step, prep, reference_ready);
                 reference_ready |= spec.is_reference() && rec.error.is_none() && tokens.is_some();
@@ -146,6 +148,9 @@ fn quality_pass(
                 None,
             ),
         };
+        if rss_reset {
+            record.peak_rss_bytes = crate::machine::peak_rss_bytes();
+        }
         if let Some(e) = &record.error {
             eprintln!("{step} {}: FAILED: {e}", record.name);
         }
