@@ -66,8 +66,7 @@ impl KwkRunner {
         options: &KwkRunnerOptions,
         role: ReferenceRole,
     ) -> Result<Self> {
-        if let Some(why) = kwk::decoder::config_unsupported(&model.config, options.max_cache_len)
-        {
+        if let Some(why) = kwk::decoder::config_unsupported(&model.config, options.max_cache_len) {
             bail!(
                 "the in-tree decoder cannot run '{}' as {name}: {why}",
                 model.info.requested

@@ -430,7 +430,7 @@ fn a_model_in_memory_is_keyed_by_its_contents() {
     let a: Vec<f32> = (0..64).map(|i| i as f32 * 0.5).collect();
     let mut b = a.clone();
     let bits: Vec<u16> = (0..8).collect();
-    let named = |x: &[f32]| -> Vec<(String, NamedTensor<'_>)> {
+    fn named<'a>(x: &'a [f32], bits: &'a [u16]) -> Vec<(String, NamedTensor<'a>)> {
         vec![
             (
                 "w".into(),
@@ -443,19 +443,19 @@ fn a_model_in_memory_is_keyed_by_its_contents() {
                 "n".into(),
                 NamedTensor {
                     shape: vec![8],
-                    data: TensorData::Bf16(&bits),
+                    data: TensorData::Bf16(bits),
                 },
             ),
         ]
-    };
-    let forward: NamedTensors<'_> = named(&a).into_iter().collect();
-    let backward: NamedTensors<'_> = named(&a).into_iter().rev().collect();
+    }
+    let forward: NamedTensors<'_> = named(&a, &bits).into_iter().collect();
+    let backward: NamedTensors<'_> = named(&a, &bits).into_iter().rev().collect();
     let name = memory_source("{}", &forward);
     assert!(name.to_str().unwrap().starts_with(MEMORY_SOURCE_PREFIX));
     assert_eq!(name, memory_source("{}", &backward));
     assert_ne!(name, memory_source("{\"x\":1}", &forward));
     b[63] += 1.0;
-    let changed: NamedTensors<'_> = named(&b).into_iter().collect();
+    let changed: NamedTensors<'_> = named(&b, &bits).into_iter().collect();
     assert_ne!(name, memory_source("{}", &changed));
 
     let dir = tempfile::tempdir().unwrap();
