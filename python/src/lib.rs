@@ -435,6 +435,14 @@ impl Decoder {
     fn decode(&self, ids: Vec<u32>) -> PyResult<String> {
         self.tokenizer()?.decode(&ids).map_err(to_py)
     }
+
+    /// Test hook: panics on purpose with `message` inside the guard every decoder call
+    /// runs in, so a test can show a Rust panic becomes `RuntimeError` (and the decoder
+    /// refuses further calls) rather than aborting Python. Not part of the API.
+    #[pyo3(name = "_panic_for_test")]
+    fn panic_for_test(&self, py: Python<'_>, message: String) -> PyResult<()> {
+        self.with(py, move |_| panic!("{message}"))
+    }
 }
 
 impl Decoder {
