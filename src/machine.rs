@@ -93,6 +93,19 @@ fn format_utc(secs: i64) -> (String, String) {
     )
 }
 
+/// Resets this process's resident high-water mark (`VmHWM`) to its current resident size
+/// by writing `5` to /proc/self/clear_refs (Linux 4.0 and later); false when that fails
+/// (then [`peak_rss_bytes`] keeps counting from the process start).
+pub fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
+/// This process's resident high-water mark in bytes (`VmHWM` of /proc/self/status) since
+/// it started or since the last successful [`reset_peak_rss`]; `None` off Linux.
+pub fn peak_rss_bytes() -> Option<u64> {
+    llamacpp::process::vm_hwm_bytes("self")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -107,17 +120,4 @@ mod tests {
         );
         assert_eq!(format_utc(951_782_400).0, "2000-02-29T00:00:00Z");
     }
-}
-
-/// Resets this process's resident high-water mark (`VmHWM`) to its current resident size
-/// by writing `5` to /proc/self/clear_refs (Linux 4.0 and later); false when that fails
-/// (then [`peak_rss_bytes`] keeps counting from the process start).
-pub fn reset_peak_rss() -> bool {
-    std::fs::write("/proc/self/clear_refs", "5").is_ok()
-}
-
-/// This process's resident high-water mark in bytes (`VmHWM` of /proc/self/status) since
-/// it started or since the last successful [`reset_peak_rss`]; `None` off Linux.
-pub fn peak_rss_bytes() -> Option<u64> {
-    llamacpp::process::vm_hwm_bytes("self")
 }
