@@ -1,7 +1,8 @@
 //! What the report says about where it was measured: the CPU model (from /proc/cpuinfo),
 //! the instruction-set extensions the kernels care about and the kernel set in use (kwk's
 //! probes), the kwk commit the harness was built
-//! from (build.rs runs `git rev-parse HEAD`), and UTC timestamps.
+//! from (build.rs runs `git rev-parse HEAD`), UTC timestamps, and this process's resident
+//! high-water mark (reset per row, Linux).
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -90,6 +91,19 @@ fn format_utc(secs: i64) -> (String, String) {
         format!("{y:04}-{m:02}-{d:02}T{hh:02}:{mm:02}:{ss:02}Z"),
         format!("{y:04}{m:02}{d:02}-{hh:02}{mm:02}{ss:02}"),
     )
+}
+
+/// Resets this process's resident high-water mark (`VmHWM`) to its current resident size
+/// by writing `5` to /proc/self/clear_refs (Linux 4.0 and later); false when that fails
+/// (then [`peak_rss_bytes`] keeps counting from the process start).
+pub fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
+/// This process's resident high-water mark in bytes (`VmHWM` of /proc/self/status) since
+/// it started or since the last successful [`reset_peak_rss`]; `None` off Linux.
+pub fn peak_rss_bytes() -> Option<u64> {
+    llamacpp::process::vm_hwm_bytes("self")
 }
 
 #[cfg(test)]

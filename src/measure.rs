@@ -129,6 +129,8 @@ fn quality_pass(
             break;
         }
         let step = format!("[{}/{total}]", i + 1);
+        // kwk rows: this process's peak RSS from here to the end of the row's perplexity.
+        let rss_reset = engine_of(spec) == "kwk" && crate::machine::reset_peak_rss();
         let prebuilt = gguf[i].take();
         // A panic while building or scoring this row fails the row only.
         let row = contain(|| {
@@ -152,7 +154,7 @@ fn quality_pass(
                 ),
             }
         });
-        let (record, tokens) = match row {
+        let (mut record, tokens) = match row {
             Ok((rec, tokens, runner)) => {
                 reference_ready |= spec.is_reference() && rec.error.is_none() && tokens.is_some();
                 if let (Some(runner), None, Some(_)) = (runner, &rec.error, &plan.speed) {
@@ -171,6 +173,9 @@ fn quality_pass(
                 None,
             ),
         };
+        if rss_reset {
+            record.peak_rss_bytes = crate::machine::peak_rss_bytes();
+        }
         if record.error.is_some() && interrupt::requested() {
             // Cut short by the interrupt, not finished: not a row.
             eprintln!("{step} {}: stopped (interrupted)", record.name);

@@ -1,4 +1,5 @@
-//! After the plan, before any runner: load the model once, hash its files, tokenize the
+//! After the plan, before any runner: read the model's header (config and tokenizer; no
+//! weights: each kwk row reads or streams them itself), hash its files, tokenize the
 //! text once, fix the chunk plan, decide on the KL-divergence reference, check the
 //! decoder's limits and the baseline's identity, tokenize the calibration text (refused
 //! when it shares a run of tokens with the scored windows, unless `--calib-on-eval`), and
@@ -56,7 +57,9 @@ fn shared_run(a: &[u32], b: &[u32], n: usize) -> Option<(usize, usize)> {
 
 /// What every runner of the run shares.
 pub struct Prepared {
-    pub model: Rc<kwk::Model>,
+    /// Config, tokenizer and source of the model; no weights (a kwk row streams int8/int4
+    /// from the source or the pack cache, and reads float32 masters only for its own build).
+    pub model: Rc<kwk::model::ModelHeader>,
     pub stream: TokenStream,
     pub protocol: PerplexityProtocol,
     /// Longest sequence a kwk runner's KV cache must hold: `max(ctx, pp + tg)`.
@@ -111,7 +114,7 @@ pub fn model_sha256(path: &Path) -> Result<String> {
 }
 
 /// Tokenizes the text and fixes the chunk plan.
-fn tokenize(plan: &RunPlan, model: &kwk::Model) -> Result<(TokenStream, ChunkPlan)> {
+fn tokenize(plan: &RunPlan, model: &kwk::model::ModelHeader) -> Result<(TokenStream, ChunkPlan)> {
     let text = &plan.text;
     let tokens = model
         .tokenizer
@@ -171,7 +174,7 @@ fn use_reference(plan: &RunPlan, chunks: &ChunkPlan, n_vocab: usize) -> Result<b
 /// `--calib-on-eval`.
 fn calibration_tokens(
     plan: &RunPlan,
-    model: &kwk::Model,
+    model: &kwk::model::ModelHeader,
     stream: &TokenStream,
     chunks: &ChunkPlan,
 ) -> Result<Option<(Vec<u32>, Calibration)>> {
@@ -296,11 +299,12 @@ fn start_results(
     }
 }
 
-/// Loads, hashes and tokenizes; checks the decoder's limits and the baseline's identity.
+/// Reads the header, hashes and tokenizes; checks the decoder's limits (from the config;
+/// the weights' shapes are checked when a row reads them) and the baseline's identity.
 pub fn prepare(plan: &RunPlan) -> Result<Prepared> {
     eprintln!("loading model '{}'", plan.llm);
-    let model =
-        kwk::load_model(&plan.llm).with_context(|| format!("loading --llm '{}'", plan.llm))?;
+    let model = kwk::model::load_model_header(&plan.llm)
+        .with_context(|| format!("loading --llm '{}'", plan.llm))?;
     let model_sha = model_sha256(&model.info.resolved_path)?;
     let (stream, chunks) = tokenize(plan, &model)?;
     eprintln!(
@@ -316,7 +320,7 @@ pub fn prepare(plan: &RunPlan) -> Result<Prepared> {
         .as_ref()
         .map_or(plan.ctx, |s| plan.ctx.max(s.pp + s.tg));
     if plan.has_kwk() {
-        if let Some(why) = kwk::decoder::runner_unsupported(&model, max_cache_len) {
+        if let Some(why) = kwk::decoder::config_unsupported(&model.config, max_cache_len) {
             bail!(
                 "the in-tree decoder cannot run --llm '{}' with --ctx {} and --pp {} + --tg {}: {why}",
                 plan.llm,

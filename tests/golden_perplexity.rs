@@ -18,7 +18,7 @@ fn check_fixture(name: &str) {
     let golden: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap()).unwrap();
     let g = &golden["perplexity"];
-    let model = Rc::new(kwk::load_model(dir.to_str().unwrap()).unwrap());
+    let model = Rc::new(kwk::model::load_model_header(dir.to_str().unwrap()).unwrap());
     let text = kwk_eval::text::read_text(&eval_txt(), "--text").unwrap();
     let tokens = model.tokenizer.encode(&text.text, true).unwrap();
     assert_eq!(

@@ -19,9 +19,11 @@ class Decoder:
         threads: Optional[int] = None,
         calib: Optional[Sequence[int]] = None,
         origin: str = "<model object>",
+        cache_dir: Optional[str] = None,
     ) -> "Decoder":
         """From a Hugging Face config (JSON) and ``(name, dtype, array)`` tensors: float32
-        arrays, or uint16 arrays of bfloat16/float16 bits; read in place."""
+        arrays, or uint16 arrays of bfloat16/float16 bits; read in place. With
+        ``cache_dir`` the pack cache keys the model by the SHA-256 of config and tensors."""
     @staticmethod
     def from_pretrained(
         spec: str,
@@ -77,6 +79,9 @@ class Decoder:
     def config_json(self) -> str: ...
     def encode(self, text: str, add_special: bool = False) -> List[int]: ...
     def decode(self, ids: Sequence[int]) -> str: ...
+    def _panic_for_test(self, message: str) -> None:
+        """Test hook: a Rust panic on purpose, raised as ``RuntimeError``; the decoder
+        refuses further calls. Not part of the API."""
 
 def config_unsupported(config_json: str, max_cache_len: int) -> Optional[str]:
     """Why a model with this Hugging Face config cannot run, or ``None``."""
@@ -89,3 +94,6 @@ def active_isa() -> str:
 
 def run_eval(argv: Sequence[str]) -> int:
     """kwk-eval's command line in-process; returns its exit status."""
+
+def _panic_for_test(message: str) -> None:
+    """Test hook: a Rust panic on purpose, raised as ``RuntimeError``. Not part of the API."""

@@ -235,6 +235,15 @@ def _default_cache_dir() -> Path:
     return base / "kwk" / "pack"
 
 
+def _cache_folder(cache_dir: Union[None, bool, str, "os.PathLike[str]"]) -> Optional[str]:
+    """The pack cache folder ``cache_dir`` names: ``True`` the default, ``None``/``False`` none."""
+    if cache_dir is True:
+        return str(_default_cache_dir())
+    if cache_dir is None or cache_dir is False:
+        return None
+    return os.fspath(cache_dir)
+
+
 def _eos_of(model: Any) -> List[int]:
     for holder in (getattr(model, "generation_config", None), getattr(model, "config", None)):
         eos = getattr(holder, "eos_token_id", None) if holder is not None else None
@@ -275,8 +284,10 @@ class KwkDecoder:
             Raises ``NotImplementedError`` with the Rust message while kwk does not
             implement it.
         cache_dir: ``None`` (no pack cache), ``True`` (``~/.cache/kwk/pack``) or a folder:
-            int8/int4 weights packed once are kept there and read back on the next start.
-            Only for ``from_pretrained`` (a model object has no file to key the cache on).
+            int8/int4 weights packed once are kept there and read back on the next start. A
+            model object is keyed by the SHA-256 of its config and tensors (hashed on every
+            start, about 1 s per GB of weights on two threads; a changed weight is a new
+            entry, and the old one is evicted by the cache's size limit).
         threads: worker threads (default: all available cores).
 
     Errors from the Rust side are raised with its message: ``NotImplementedError`` for what
@@ -298,12 +309,6 @@ class KwkDecoder:
     ) -> None:
         spec = _precision_spec(precision, mix_bits, group_size, calib, gptq)
         _check_cache_len(max_cache_len)
-        if cache_dir is not None and cache_dir is not False:
-            raise NotImplementedError(
-                "cache_dir with a model object: kwk's pack cache is keyed on the model's files, "
-                "and a model object has none; use KwkDecoder.from_pretrained(path, cache_dir=...) "
-                "or cache_dir=None"
-            )
         if isinstance(calib, str):
             raise ValueError(
                 "calib for a model object must be token ids (tokenize the text with the model's "
@@ -328,6 +333,7 @@ class KwkDecoder:
             threads=threads,
             calib=None if calib is None else _token_list(calib, "calib"),
             origin=f"<{type(model).__name__} {origin}>",
+            cache_dir=_cache_folder(cache_dir),
         )
         del keep
         self._eos = _eos_of(model)
@@ -352,12 +358,7 @@ class KwkDecoder:
         ``calib`` may also be a text here."""
         spec = _precision_spec(precision, mix_bits, group_size, calib, gptq)
         _check_cache_len(max_cache_len)
-        if cache_dir is True:
-            folder: Optional[str] = str(_default_cache_dir())
-        elif cache_dir is None or cache_dir is False:
-            folder = None
-        else:
-            folder = os.fspath(cache_dir)
+        folder = _cache_folder(cache_dir)
         calib_ids = calib_text = None
         if isinstance(calib, str):
             calib_text = calib

@@ -150,8 +150,10 @@ impl Decoder {
     /// Face names: `tensors` is a list of `(name, dtype, array)` where `array` is a
     /// C-contiguous numpy array of float32 (dtype "float32") or of uint16 holding bfloat16
     /// or float16 bits (dtype "bfloat16" / "float16"). The arrays are read in place.
+    /// `cache_dir`: a pack cache folder; the model is keyed by the SHA-256 of the config and
+    /// tensors (`kwk::pack_cache::memory_source`), so a hit skips packing.
     #[staticmethod]
-    #[pyo3(signature = (config_json, tensors, *, max_cache_len, precision, threads=None, calib=None, origin="<model object>"))]
+    #[pyo3(signature = (config_json, tensors, *, max_cache_len, precision, threads=None, calib=None, origin="<model object>", cache_dir=None))]
     #[allow(clippy::too_many_arguments)]
     fn from_tensors(
         py: Python<'_>,
@@ -162,10 +164,12 @@ impl Decoder {
         threads: Option<usize>,
         calib: Option<Vec<u32>>,
         origin: &str,
+        cache_dir: Option<PathBuf>,
     ) -> PyResult<Decoder> {
         let origin = PathBuf::from(origin);
         let config = ModelConfig::from_hf_config_str(config_json, &origin).map_err(to_py)?;
-        let opts = options(max_cache_len, precision, threads, calib, None)?;
+        let use_cache = cache_dir.is_some();
+        let opts = options(max_cache_len, precision, threads, calib, cache_dir)?;
         let mut arrays = Vec::with_capacity(tensors.len());
         for (name, dtype, array) in &tensors {
             let b = match dtype.as_str() {
@@ -211,8 +215,22 @@ impl Decoder {
             named.insert(name.clone(), NamedTensor { shape, data });
         }
         let dec = compute(py, || {
+            // With a pack cache the model is named by its contents (the cache's identity
+            // of an in-memory model); a hit needs no float32 copy of the weights.
+            let source = if use_cache {
+                let source = kwk::pack_cache::memory_source(config_json, &named);
+                let eos = Vec::new();
+                let cached = KwkDecoder::from_pack_cache(&config, eos, &source, opts.clone())
+                    .map_err(to_py)?;
+                if let Some(dec) = cached {
+                    return Ok(dec);
+                }
+                source
+            } else {
+                origin.clone()
+            };
             let weights = weights_from_hf_tensors(&config, &named, &origin).map_err(to_py)?;
-            KwkDecoder::from_weights(&config, &weights, Vec::new(), &origin, opts).map_err(to_py)
+            KwkDecoder::from_weights(&config, &weights, Vec::new(), &source, opts).map_err(to_py)
         })?;
         Ok(Decoder::wrap(
             dec,
@@ -418,6 +436,14 @@ impl Decoder {
     fn decode(&self, ids: Vec<u32>) -> PyResult<String> {
         self.tokenizer()?.decode(&ids).map_err(to_py)
     }
+
+    /// Test hook: panics on purpose with `message` inside the guard every decoder call
+    /// runs in, so a test can show a Rust panic becomes `RuntimeError` (and the decoder
+    /// refuses further calls) rather than aborting Python. Not part of the API.
+    #[pyo3(name = "_panic_for_test")]
+    fn panic_for_test(&self, py: Python<'_>, message: String) -> PyResult<()> {
+        self.with(py, move |_| panic!("{message}"))
+    }
 }
 
 impl Decoder {
@@ -461,6 +487,15 @@ fn run_eval(py: Python<'_>, argv: Vec<String>) -> PyResult<u8> {
     compute(py, || Ok(kwk_eval::run(argv)))
 }
 
+/// Test hook: panics on purpose with `message` inside the guard the module's functions
+/// run in (as `run_eval` does), so a test can show the panic becomes `RuntimeError`. Not
+/// part of the API.
+#[pyfunction]
+#[pyo3(name = "_panic_for_test")]
+fn panic_for_test(py: Python<'_>, message: String) -> PyResult<()> {
+    compute(py, move || panic!("{message}"))
+}
+
 #[pymodule]
 fn _kwk(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Decoder>()?;
@@ -468,5 +503,6 @@ fn _kwk(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(decoder_unavailable, m)?)?;
     m.add_function(wrap_pyfunction!(active_isa, m)?)?;
     m.add_function(wrap_pyfunction!(run_eval, m)?)?;
+    m.add_function(wrap_pyfunction!(panic_for_test, m)?)?;
     Ok(())
 }

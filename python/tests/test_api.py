@@ -116,8 +116,6 @@ def test_bad_options_raise_clear_errors(llama, f32):
         KwkDecoder(llama, max_cache_len=16, precision="int4", group_size=48)
     with pytest.raises(ValueError, match="mix_bits"):
         KwkDecoder(llama, max_cache_len=16, precision="int4", mix_bits=4)
-    with pytest.raises(NotImplementedError, match="cache_dir"):
-        KwkDecoder(llama, max_cache_len=16, precision="int8", cache_dir=True)
     with pytest.raises(ValueError, match="max_cache_len"):
         f32.generate(prompt(100), max_new_tokens=40)
     # Errors from Rust carry its message.
@@ -216,6 +214,27 @@ def test_from_pretrained_pack_cache_round_trips(fixtures_dir, tmp_path):
     assert np.array_equal(cold.forward(ids), warm.forward(ids))
 
 
+def test_model_object_pack_cache_is_keyed_by_contents(llama, tmp_path):
+    # Cold then warm from the same object: one file, the same logits; a changed weight (same
+    # shapes) is a new key, packed anew, with different logits.
+    ids = prompt(10, seed=4)
+    cold = KwkDecoder(llama, max_cache_len=16, precision="int4", cache_dir=tmp_path)
+    warm = KwkDecoder(llama, max_cache_len=16, precision="int4", cache_dir=tmp_path)
+    packs = [p for p in tmp_path.iterdir() if p.suffix == ".kwkpack"]
+    assert len(packs) == 1, list(tmp_path.iterdir())
+    assert cold.pack_cache.startswith("Written"), cold.pack_cache
+    assert warm.pack_cache.startswith("Loaded"), warm.pack_cache
+    cold_logits = cold.forward(ids)
+    assert np.array_equal(cold_logits, warm.forward(ids))
+    changed = tiny_model("llama")
+    with torch.no_grad():
+        changed.model.layers[0].mlp.up_proj.weight.mul_(1.5)
+    other = KwkDecoder(changed, max_cache_len=16, precision="int4", cache_dir=tmp_path)
+    assert other.pack_cache.startswith("Written"), other.pack_cache
+    assert len([p for p in tmp_path.iterdir() if p.suffix == ".kwkpack"]) == 2
+    assert not np.array_equal(other.forward(ids), cold_logits)
+
+
 def test_ctrl_c_interrupts_generate_and_the_gil_is_released():
     # In a child process. The GIL: with a 10 s switch interval a thread holding the GIL is
     # never preempted, so the main thread can count while the worker's forward computes only
@@ -273,3 +292,20 @@ def test_state_dict_tensors_are_read_in_place():
         assert arrays
         for name, _dt, arr in arrays:
             assert arr.ctypes.data == params[name].data_ptr(), (dtype, name)
+
+
+def test_a_rust_panic_is_a_runtime_error_not_an_abort(llama):
+    # The test hooks panic inside the same guards real calls run in (module functions and
+    # decoder methods); the process survives and the decoder refuses further use.
+    from kwk import _kwk
+
+    with pytest.raises(RuntimeError, match=r"a Rust panic\): module hook"):
+        _kwk._panic_for_test("module hook")
+    dec = KwkDecoder(llama, max_cache_len=16, precision="float32")
+    with pytest.raises(RuntimeError, match=r"a Rust panic\): decoder hook"):
+        dec._dec._panic_for_test("decoder hook")
+    with pytest.raises(RuntimeError, match="cannot be used; build a new one"):
+        dec.forward(torch.tensor([[1, 2, 3]]))
+    # Other decoders are unaffected.
+    fresh = KwkDecoder(llama, max_cache_len=16, precision="float32")
+    assert fresh.forward(torch.tensor([[1, 2, 3]])).shape[1] == 3

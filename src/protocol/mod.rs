@@ -147,6 +147,10 @@ pub struct PerplexityResult {
     pub reference: Option<ReferenceComparison>,
     /// Per-token figures, when the run compares against a reference.
     pub tokens: Option<TokenScores>,
+    /// Peak resident bytes of the engine's own process, for runners that score in a child
+    /// process (llama.cpp: `ToolOutput::max_rss_bytes`); `None` for in-process runners,
+    /// whose row the harness measures on its own process.
+    pub peak_rss_bytes: Option<u64>,
 }
 
 /// llama-bench's definitions: pp = `pp` prompt tokens from an empty cache, tg = `tg`

@@ -216,6 +216,15 @@ pub struct RunnerRecord {
     /// rounding); null for rows without calibration.
     #[serde(default)]
     pub calibration_s: Option<f64>,
+    /// Peak resident memory in bytes while this row was built and scored. kwk rows: the
+    /// harness process's `VmHWM`, reset (/proc/self/clear_refs) just before the row's build
+    /// and read after its perplexity, so it counts everything the process held meanwhile
+    /// (tokens, reference files' buffers, and with speed the earlier rows kept for the speed
+    /// rounds); the speed rounds are not included. llama.cpp rows: the llama-perplexity
+    /// child's own `VmHWM` (mapped GGUF pages included), polled every 20 ms while it ran.
+    /// Null when not measured (not Linux, or the reset failed).
+    #[serde(default)]
+    pub peak_rss_bytes: Option<u64>,
     /// llama-bench's own JSON objects, as it printed them.
     pub llama_bench: Option<serde_json::Value>,
     /// Why the runner has no figures (its error), when it failed.
@@ -258,6 +267,9 @@ impl RunnerRecord {
         self.running_ppl = p.running.clone();
         self.scored_tokens = Some(p.scored_tokens);
         self.tokens_match = p.tokens_match;
+        if p.peak_rss_bytes.is_some() {
+            self.peak_rss_bytes = p.peak_rss_bytes;
+        }
         if let Some(r) = &p.reference {
             self.kld_mean = Some(r.kld_mean);
             self.kld_mean_err = Some(r.kld_mean_err);

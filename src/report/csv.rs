@@ -52,6 +52,7 @@ const HEADER: &[&str] = &[
     "load_s",
     "load_read_s",
     "load_pack_s",
+    "peak_rss_bytes",
     "running_ppl",
     "error",
 ];
@@ -113,6 +114,7 @@ fn cells(r: &RunnerRecord) -> Vec<String> {
         opt(&r.load_s),
         opt(&r.load_read_s),
         opt(&r.load_pack_s),
+        opt(&r.peak_rss_bytes),
         list(&r.running_ppl),
         opt(&r.error),
     ]

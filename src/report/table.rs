@@ -77,6 +77,7 @@ pub fn table_rows(results: &Results) -> (Vec<&'static str>, Vec<Vec<String>>) {
         "tg t/s",
         "tg % roof",
         "load s",
+        "peak RSS MiB",
     ];
     let rows = results
         .runners
@@ -108,6 +109,7 @@ pub fn table_rows(results: &Results) -> (Vec<&'static str>, Vec<Vec<String>>) {
                 fmt_pm(r.tg_tokens_per_s, r.tg_tokens_per_s_std, 1),
                 fmt_opt(r.tg_roofline_pct, 0),
                 fmt_opt(r.load_s, 2),
+                fmt_opt(r.peak_rss_bytes.map(|b| b as f64 / (1024.0 * 1024.0)), 0),
             ]
         })
         .collect();

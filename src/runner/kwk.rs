@@ -1,11 +1,15 @@
 //! The in-tree decoder as a [`super::Runner`], one runner per format.
 //!
-//! All runners of a run share one loaded [`Model`] (float32 master weights, read once);
-//! each packs it into its format when it is built, so the harness builds one runner at a
-//! time and drops it before the next (a 1.7B model would not fit in memory in every format
-//! at once) when only perplexity is measured; with speed, the harness keeps every runner
-//! until the interleaved speed rounds are done. Load time is the shared read time plus this
-//! format's pack time. Perplexity runs [`crate::eval::perplexity::score_chunks`] over the
+//! All runners of a run share one model header (config and tokenizer, no weights); each
+//! builds its decoder with [`KwkDecoder::from_header`] when it is built: a valid pack-cache
+//! entry is mapped (the weights are not read), int8 and int4 without calibration are
+//! streamed from the source one tensor at a time, and only float32, bf16 and calibrated
+//! int4 (whose statistics and GPTQ passes run a float32 decoder) read the whole model as
+//! float32 masters, dropped once the row's decoder is built. So an int4-only run never
+//! holds the model in float32. The harness builds one runner at a time and drops it before
+//! the next when only perplexity is measured; with speed, it keeps every runner until the
+//! interleaved speed rounds are done. Load time is this row's header read plus its build
+//! (reading, packing). Perplexity runs [`crate::eval::perplexity::score_chunks`] over the
 //! decoder's forward pass; the float32 reference runner also writes the KL-divergence base
 //! file, and the others compare against it when the protocol names one. Speed runs one
 //! [`crate::eval::speed::SpeedSession`] repetition per call.
@@ -19,7 +23,8 @@ use crate::protocol::{
     SpeedRep, SpeedSpec, TokenStream,
 };
 use anyhow::{anyhow, bail, Context, Result};
-use kwk::{DecoderOptions, KwkDecoder, Model, Precision};
+use kwk::model::ModelHeader;
+use kwk::{DecoderOptions, KwkDecoder, Precision};
 use std::path::PathBuf;
 use std::rc::Rc;
 
@@ -44,7 +49,7 @@ pub enum ReferenceRole {
 }
 
 pub struct KwkRunner {
-    model: Rc<Model>,
+    model: Rc<ModelHeader>,
     decoder: KwkDecoder,
     info: RunnerInfo,
     role: ReferenceRole,
@@ -52,15 +57,16 @@ pub struct KwkRunner {
 }
 
 impl KwkRunner {
-    /// Packs `model` into `precision`. `name` is the format as the user typed it.
+    /// Builds `model` in `precision` (from the pack cache, streamed, or from float32
+    /// masters read for this build only). `name` is the format as the user typed it.
     pub fn new(
-        model: Rc<Model>,
+        model: Rc<ModelHeader>,
         name: &str,
         precision: Precision,
         options: &KwkRunnerOptions,
         role: ReferenceRole,
     ) -> Result<Self> {
-        if let Some(why) = kwk::decoder::runner_unsupported(&model, options.max_cache_len) {
+        if let Some(why) = kwk::decoder::config_unsupported(&model.config, options.max_cache_len) {
             bail!(
                 "the in-tree decoder cannot run '{}' as {name}: {why}",
                 model.info.requested
@@ -68,7 +74,8 @@ impl KwkRunner {
         }
         kwk::decoder::decoder_available()
             .map_err(|why| anyhow!("the in-tree decoder cannot run on this CPU: {why}"))?;
-        let decoder = KwkDecoder::new(
+        let started = std::time::Instant::now();
+        let decoder = KwkDecoder::from_header(
             &model,
             DecoderOptions {
                 max_cache_len: options.max_cache_len,
@@ -79,15 +86,17 @@ impl KwkRunner {
             },
         )
         .with_context(|| format!("packing '{}' as {name}", model.info.requested))?;
-        let read_s = model.info.read_s;
+        // Reading the header, plus the build's time outside packing (the whole model read
+        // for float formats and calibrated int4); int8/int4 streaming read while packing.
         let pack_s = decoder.pack_s();
+        let read_s = model.info.read_s + (started.elapsed().as_secs_f64() - pack_s).max(0.0);
         let info = RunnerInfo {
             name: name.to_string(),
             engine: "kwk".into(),
             tensor_bytes: decoder.weight_bytes(),
             file_bytes: None,
             bits_per_weight: decoder.bits_per_weight(),
-            params: model.n_params(),
+            params: decoder.n_params(),
             type_mix: decoder.type_mix(),
             load_s: Some(read_s + pack_s),
             load_read_s: Some(read_s),
@@ -205,6 +214,7 @@ impl Runner for KwkRunner {
             tokens_match: None,
             reference,
             tokens: scores,
+            peak_rss_bytes: None,
         })
     }
 

@@ -295,6 +295,7 @@ impl Runner for LlamaCppRunner {
                 run.attempts - 1
             );
         }
+        let peak_rss_bytes = run.max_rss_bytes;
         let out = run.output;
         if out.running.len() != plan.chunks {
             bail!(
@@ -328,6 +329,7 @@ impl Runner for LlamaCppRunner {
             tokens_match,
             reference,
             tokens: scores,
+            peak_rss_bytes,
         })
     }
 

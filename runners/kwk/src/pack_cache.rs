@@ -14,6 +14,10 @@
 //! hashed (SHA-256 in 64 MiB chunks on all threads, about 1 s per GB on two threads): same
 //! contents → the index's stats are refreshed and the file used; different contents → the
 //! model is read and every tensor whose key is unchanged is reused, the others packed again.
+//! A model held in memory (a `transformers` object, no files) is named by the SHA-256 of its
+//! config and tensors ([`memory_source`], `kwk-memory:HASH`, about 1 s per GB of weights on
+//! two threads): that name is its whole identity, a changed tensor gives a new name (the old
+//! file is then left to the size limit, as no file can say it is gone).
 //!
 //! **Key of a packed tensor** (`dep`): SHA-256 of the recipe ([`recipe_key`]: layout version
 //! [`PACK_VERSION`], format with all its options, calibration-text hash), the tensor's
@@ -166,8 +170,70 @@ fn stat_of(name: String, m: &std::fs::Metadata) -> FileStat {
     }
 }
 
-/// The identity of `source` (a model file or folder), from `stat` only.
+/// How [`memory_source`] names start.
+pub const MEMORY_SOURCE_PREFIX: &str = "kwk-memory:";
+
+fn is_memory_source(name: &str) -> bool {
+    name.starts_with(MEMORY_SOURCE_PREFIX)
+}
+
+/// The source name of a model held in memory: `kwk-memory:` and the SHA-256 of its config
+/// (JSON text) and of every tensor (name, dtype, shape, little-endian bytes; by name),
+/// tensors hashed in parallel. Pass it as the `source` of the decoder's constructors so
+/// the pack cache keys the model by its contents.
+pub fn memory_source(
+    config_json: &str,
+    tensors: &crate::model::memory::NamedTensors<'_>,
+) -> PathBuf {
+    use crate::model::memory::TensorData;
+    let mut names: Vec<&String> = tensors.keys().collect();
+    names.sort();
+    let digests: Vec<Vec<u8>> = names
+        .par_iter()
+        .map(|name| {
+            let t = &tensors[*name];
+            let mut h = Sha256::new();
+            h.update((name.len() as u64).to_le_bytes());
+            h.update(name.as_bytes());
+            h.update((t.shape.len() as u64).to_le_bytes());
+            for d in &t.shape {
+                h.update((*d as u64).to_le_bytes());
+            }
+            match t.data {
+                TensorData::F32(d) => {
+                    h.update(b"f32");
+                    h.update(bytemuck::cast_slice::<_, u8>(d));
+                }
+                TensorData::F16(d) => {
+                    h.update(b"f16");
+                    h.update(bytemuck::cast_slice::<_, u8>(d));
+                }
+                TensorData::Bf16(d) => {
+                    h.update(b"bf16");
+                    h.update(bytemuck::cast_slice::<_, u8>(d));
+                }
+            }
+            h.finalize().to_vec()
+        })
+        .collect();
+    let mut h = Sha256::new();
+    h.update((config_json.len() as u64).to_le_bytes());
+    h.update(config_json.as_bytes());
+    for d in digests {
+        h.update(d);
+    }
+    PathBuf::from(format!("{MEMORY_SOURCE_PREFIX}{}", hex(&h.finalize())))
+}
+
+/// The identity of `source` (a model file or folder), from `stat` only; a
+/// [`memory_source`] name is its own identity (no files).
 pub fn source_identity(source: &Path) -> Result<SourceIdentity> {
+    if let Some(name) = source.to_str().filter(|n| is_memory_source(n)) {
+        return Ok(SourceIdentity {
+            canonical: name.to_string(),
+            files: Vec::new(),
+        });
+    }
     let canonical = std::fs::canonicalize(source).map_err(|e| KwkError::io(source, e))?;
     let meta = std::fs::metadata(&canonical).map_err(|e| KwkError::io(source, e))?;
     let mut files = Vec::new();
@@ -1199,7 +1265,8 @@ pub fn prune(dir: &Path, limit: u64, keep: Option<&Path>) -> Result<PruneReport>
         }
         let gone = match &e.model {
             None => true,
-            Some(m) => !Path::new(m).exists(),
+            // A model held in memory has no file to be gone: the size limit alone evicts it.
+            Some(m) => !is_memory_source(m) && !Path::new(m).exists(),
         };
         if gone {
             // Not while a packer of that model holds its lock.

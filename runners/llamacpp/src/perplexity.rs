@@ -317,6 +317,8 @@ pub struct PerplexityRun {
     pub elapsed: Duration,
     pub stdout: String,
     pub stderr: String,
+    /// Peak RSS of the llama-perplexity process that gave the result (`ToolOutput`).
+    pub max_rss_bytes: Option<u64>,
 }
 
 const LOST_OUTPUT_HINT: &str = "llama.cpp's logger drops its last lines when the process exits \
@@ -344,6 +346,7 @@ pub fn run_perplexity(
                     elapsed: out.elapsed,
                     stdout: out.stdout,
                     stderr: out.stderr,
+                    max_rss_bytes: out.max_rss_bytes,
                 })
             }
             Err(PerplexityProblem::Truncated) => last = Some(out),

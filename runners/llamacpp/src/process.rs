@@ -4,7 +4,8 @@
 //! from there), stdin closed, stdout and stderr drained on their own threads (so a chatty
 //! tool never blocks on a full pipe), the tool in its own process group, which a timeout or
 //! an interrupt ([`interrupt_flag`]) kills whole (a `killpg` system call, no `kill`
-//! binary), and errors that carry the stderr tail.
+//! binary), errors that carry the stderr tail, and the tool's peak resident memory (its
+//! `VmHWM`, read while it runs).
 
 use crate::error::{Error, Result};
 use std::ffi::{OsStr, OsString};
@@ -197,6 +198,11 @@ pub struct ToolOutput {
     pub elapsed: Duration,
     /// The command line that ran.
     pub command: String,
+    /// The tool's peak resident set size in bytes: its own high-water mark (`VmHWM` in
+    /// /proc/PID/status, Linux), the largest read at the polls while it ran, so growth in its
+    /// final poll interval (20 ms) is missed; the tool's own children are not counted.
+    /// `None` where /proc is not readable.
+    pub max_rss_bytes: Option<u64>,
 }
 
 impl ToolOutput {
@@ -246,6 +252,21 @@ fn kill_tree(child: &mut Child) {
     let _ = child.kill();
 }
 
+/// A process's resident high-water mark in bytes (`VmHWM` of /proc/PID/status); `None`
+/// when it cannot be read (not Linux, or the process has exited).
+pub fn vm_hwm_bytes(pid: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line
+        .trim_start_matches("VmHWM:")
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
+
 /// How often the process is polled for exit, timeout and stdout progress.
 const POLL: Duration = Duration::from_millis(20);
 /// How long to wait for the pipes to close after the process exited (a leftover grandchild
@@ -280,7 +301,14 @@ pub fn run(cmd: &ToolCommand, mut on_output: impl FnMut(&str, &str)) -> Result<T
             err_buf.lock().unwrap_or_else(|e| e.into_inner()).len(),
         )
     };
+    let pid = child.id().to_string();
+    let mut max_rss_bytes = None;
     let status = loop {
+        // Read before reaping: a reaped child has no /proc entry. The largest reading, in
+        // case the tool resets its own mark.
+        if let Some(b) = vm_hwm_bytes(&pid) {
+            max_rss_bytes = max_rss_bytes.max(Some(b));
+        }
         match child.try_wait() {
             Ok(Some(status)) => break status,
             Ok(None) => {}
@@ -330,6 +358,7 @@ pub fn run(cmd: &ToolCommand, mut on_output: impl FnMut(&str, &str)) -> Result<T
         stderr: snapshot(&err_buf),
         elapsed,
         command,
+        max_rss_bytes,
     };
     if (output.stdout.len(), output.stderr.len()) != seen {
         on_output(&output.stdout, &output.stderr);

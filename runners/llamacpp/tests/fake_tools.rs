@@ -568,3 +568,29 @@ fn commands_pin_every_result_changing_flag() {
     zero.compute.threads = 0;
     assert!(zero.command(&tools).is_err());
 }
+
+/// The tool's peak RSS is its own: a shell holding a 48 MiB string reports at least that,
+/// and less than the whole machine's memory.
+#[cfg(target_os = "linux")]
+#[test]
+fn max_rss_is_the_tools_own_high_water_mark() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tool = tmp.path().join("big-tool");
+    script(
+        &tool,
+        "x=$(head -c 50331648 /dev/zero | tr '\\0' a)\nsleep 0.3\necho ${#x}\n",
+    );
+    let cmd = ToolCommand::new("big-tool", &tool, Duration::from_secs(60), "");
+    let out = process::run(&cmd, |_, _| {}).unwrap();
+    assert_eq!(out.stdout.trim(), "50331648");
+    let rss = out.max_rss_bytes.expect("VmHWM read while the tool ran");
+    let total = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let total_kib: u64 = total.lines().next().unwrap()["MemTotal:".len()..]
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(rss >= 48 << 20, "{rss}");
+    assert!(rss < total_kib * 1024, "{rss}");
+}

@@ -422,3 +422,55 @@ fn a_tensor_made_by_the_caller_is_written_and_never_reused() {
     };
     assert_eq!((reused, repacked), (1, 1));
 }
+
+/// A model held in memory is named by its contents: the name ignores the map's order,
+/// changes with any tensor value, and keys a file that round-trips and that the sweep
+/// keeps (no file on disk can say such a model is gone).
+#[test]
+fn a_model_in_memory_is_keyed_by_its_contents() {
+    use crate::model::memory::{NamedTensor, NamedTensors, TensorData};
+    let a: Vec<f32> = (0..64).map(|i| i as f32 * 0.5).collect();
+    let mut b = a.clone();
+    let bits: Vec<u16> = (0..8).collect();
+    fn named<'a>(x: &'a [f32], bits: &'a [u16]) -> Vec<(String, NamedTensor<'a>)> {
+        vec![
+            (
+                "w".into(),
+                NamedTensor {
+                    shape: vec![8, 8],
+                    data: TensorData::F32(x),
+                },
+            ),
+            (
+                "n".into(),
+                NamedTensor {
+                    shape: vec![8],
+                    data: TensorData::Bf16(bits),
+                },
+            ),
+        ]
+    }
+    let forward: NamedTensors<'_> = named(&a, &bits).into_iter().collect();
+    let backward: NamedTensors<'_> = named(&a, &bits).into_iter().rev().collect();
+    let name = memory_source("{}", &forward);
+    assert!(name.to_str().unwrap().starts_with(MEMORY_SOURCE_PREFIX));
+    assert_eq!(name, memory_source("{}", &backward));
+    assert_ne!(name, memory_source("{\"x\":1}", &forward));
+    b[63] += 1.0;
+    let changed: NamedTensors<'_> = named(&b, &bits).into_iter().collect();
+    assert_ne!(name, memory_source("{}", &changed));
+
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let ts = tensors();
+    let (o1, first) = pack_all(&cache, &name, &int4(), &ts);
+    let PackOutcome::Written(path) = o1 else {
+        panic!("{o1:?}")
+    };
+    let (o2, second) = pack_all(&cache, &name, &int4(), &ts);
+    assert_eq!(o2, PackOutcome::Loaded(path.clone()));
+    assert_eq!(first, second);
+    let report = prune(&cache, u64::MAX, None).unwrap();
+    assert!(report.orphaned.is_empty(), "{report:?}");
+    assert!(path.exists());
+}
