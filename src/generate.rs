@@ -73,8 +73,8 @@ impl<W: Write> Streamer<W> {
     }
 }
 
-pub fn generate(cfg: &GenerateConfig) -> Result<()> {
-    let started = std::time::Instant::now();
+/// Every flag checked before the model loads; the format parsed.
+fn check_flags(cfg: &GenerateConfig) -> Result<Precision> {
     crate::plan::check_threads(cfg.threads)?;
     crate::plan::check_range(
         "--max-new-tokens",
@@ -98,13 +98,20 @@ pub fn generate(cfg: &GenerateConfig) -> Result<()> {
         !cfg.prompt.is_empty(),
         "--prompt is empty; pass the text to continue"
     );
-    let precision = Precision::parse(&cfg.format).map_err(|e| {
+    Precision::parse(&cfg.format).map_err(|e| {
         anyhow::anyhow!(
             "unknown --format '{}' ({e}); known formats: {}",
             cfg.format,
             crate::protocol::KNOWN_FORMATS.trim_end_matches(", and gguf:PATH")
         )
-    })?;
+    })
+}
+
+/// `kwk-eval generate`: loads (or maps from the pack cache) the model in `--format`, then
+/// streams the prompt and each new token to stdout, with the speeds on stderr.
+pub fn generate(cfg: &GenerateConfig) -> Result<()> {
+    let started = std::time::Instant::now();
+    let precision = check_flags(cfg)?;
     // A warm start reads only the model's header and the pack cache; otherwise int8/int4
     // stream the weights one layer at a time (`KwkDecoder::from_header`).
     let header = kwk::model::load_model_header(&cfg.llm)

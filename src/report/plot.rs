@@ -336,7 +336,7 @@ fn draw_speed<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, results: &Result
     draw_bars(
         &panels[1],
         &format!(
-            "generation tg{} tokens/s (blue kwk, red llama.cpp; black line = roofline)",
+            "generation tg{} tokens/s (blue kwk, red llama.cpp; — roofline)",
             p.tg
         ),
         &tg,
