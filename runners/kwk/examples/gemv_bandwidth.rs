@@ -19,20 +19,11 @@ use kwk::threads::{split_range, ThreadPool};
 use kwk::Precision;
 use std::time::Instant;
 
+mod common;
+use common::pseudo;
+
 /// Columns of every matrix (SmolLM2-1.7B's hidden size).
 const COLS: usize = 2048;
-
-fn pseudo(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1
-        })
-        .collect()
-}
 
 /// One format's matrix: its name and the packed weight.
 struct Case {

@@ -18,6 +18,9 @@ use kwk::kernels::{self, Isa, OutputMatrix};
 use kwk::model::Tensor;
 use std::time::Instant;
 
+mod common;
+use common::pseudo;
+
 /// Nanoseconds this thread has run on a CPU (the machine is shared; wall time lies).
 fn cpu_ns() -> u64 {
     std::fs::read_to_string("/proc/thread-self/schedstat")
@@ -38,18 +41,6 @@ impl Clock {
             (cpu_ns() - self.1) as f64 * 1e-9,
         )
     }
-}
-
-fn pseudo(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1
-        })
-        .collect()
 }
 
 type Matmul = Box<dyn Fn(QuantIsa, &PreparedInput, std::ops::Range<usize>, &OutputMatrix)>;
