@@ -4,6 +4,9 @@
 # idempotent: files already made with the same parameters are reused.
 #
 #   scripts/setup-offgrid.sh            # prints the model directory on the last line
+#   scripts/setup-offgrid.sh --heldout SEED [FRACTION] [LO:HI]
+#                                       # one more rot-outlier copy, NAME-heldout-sSEED-*.gguf,
+#                                       # with its own seed, outlier fraction and spread
 #
 # Why: SmolLM2-135M-Instruct ships as Q4_1, so its float32 file has every weight on a 4-bit
 # grid of 32-weight groups, which flatters any 4-bit format with the same groups. The copies
@@ -103,14 +106,29 @@ imatrix_quantize() { # in out
   mv "$out.tmp" "$out"
 }
 
-for variant in "${VARIANTS[@]}"; do
-  copy="$("$PY" "$HERE/make-offgrid.py" "$F32" --variant "$variant" | tail -n1)"
+make_copy() { # make-offgrid.py arguments: one copy and its quantizations
+  local copy stem t
+  copy="$("$PY" "$HERE/make-offgrid.py" "$F32" "$@" | tail -n1)"
   [ -f "$copy" ] || { echo "error: make-offgrid.py did not produce $copy" >&2; exit 1; }
   stem="${copy%-F32.gguf}"
   for t in "${DERIVED_TYPES[@]}"; do
     quantize "$copy" "$stem-$t.gguf" "$t"
   done
   imatrix_quantize "$copy" "$stem-Q4_K_M-imatrix.gguf"
-done
+}
+
+if [ "${1:-}" = "--heldout" ]; then
+  # A held-out copy for checking that nothing was tuned to the copies above: another seed
+  # and outlier spread, never used while developing (issue 7's "models kept outside").
+  seed="${2:?usage: setup-offgrid.sh --heldout SEED [FRACTION] [LO:HI]}"
+  frac="${3:-0.03}"
+  spread="${4:-6:12}"
+  make_copy --variant rot-outlier --seed "$seed" --outlier-frac "$frac" \
+    --outlier-spread "$spread" --name "$NAME-heldout-s$seed"
+else
+  for variant in "${VARIANTS[@]}"; do
+    make_copy --variant "$variant"
+  done
+fi
 
 echo "$DIR"
