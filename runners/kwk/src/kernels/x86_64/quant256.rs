@@ -204,6 +204,52 @@ macro_rules! define_quant256 {
                 }
             }
 
+            /// The integer dots `Σ u·a` of one 8-bit code block (8 rows × 32 columns at
+            /// `tile`, quads 64 bytes apart) with `N` tokens (`a` at `xq + t * dim`, block
+            /// sums at `xbs + t * nb`), added to `s`.
+            ///
+            /// # Safety
+            /// The module's features; the tile's 8 quads and each token's 32 activations
+            /// and block sum are readable.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn full8_block<const N: usize>(
+                s: &mut [__m256i; N],
+                tile: *const u8,
+                xq: *const i8,
+                dim: usize,
+                xbs: *const i32,
+                nb: usize,
+            ) {
+                // SAFETY: forwarded contract.
+                unsafe {
+                    for (t, s_t) in s.iter_mut().enumerate() {
+                        // codes want Σ u·a: start at -FULL8_BIAS · Σa.
+                        let bs = _mm256_set1_epi32(*xbs.add(t * nb));
+                        *s_t = _mm256_mullo_epi32(bs, _mm256_set1_epi32(-FULL8_BIAS));
+                    }
+                    let mut quad = 0;
+                    // Two quads per turn, not eight: fully unrolled (a constant bound), the
+                    // compiler orders the work token by token, keeps all eight prepared
+                    // weights alive and spills them to the stack. Measured on an AMD Zen 3
+                    // (AVX2 only; quant_kernel_bench int8, one thread, on-CPU time, other
+                    // jobs running): 41.2 GMAC/s fully unrolled, 42.6-45.4 this way.
+                    while quad < std::hint::black_box(BLOCK / 4) {
+                        for k in 0..2 {
+                            let wv = full8_prep(_mm256_loadu_si256(
+                                tile.add((quad + k) * 64) as *const _,
+                            ));
+                            for (t, s_t) in s.iter_mut().enumerate() {
+                                let a = (xq.add(t * dim + (quad + k) * 4) as *const i32)
+                                    .read_unaligned();
+                                *s_t = full8_dot(*s_t, wv, _mm256_set1_epi32(a));
+                            }
+                        }
+                        quad += 2;
+                    }
+                }
+            }
+
             /// One low-bit tile (4-, 6- or 8-bit codes); `s` holds the tokens' minimum
             /// terms `[t * n_col_groups + cg]` for `t < n`.
             ///
@@ -297,18 +343,7 @@ macro_rules! define_quant256 {
                                 };
                                 let mut s = [_mm256_setzero_si256(); N];
                                 if BITS == 8 {
-                                    for (t, s_t) in s.iter_mut().enumerate() {
-                                        // codes want Σ u·a.
-                                        *s_t = _mm256_set1_epi32(-FULL8_BIAS * *xbs.add(t * nb + b));
-                                    }
-                                    for quad in 0..BLOCK / 4 {
-                                        let wv = full8_prep(_mm256_loadu_si256(
-                                            tile.add(quad * 64) as *const _,
-                                        ));
-                                        for (t, s_t) in s.iter_mut().enumerate() {
-                                            *s_t = full8_dot(*s_t, wv, act(t, quad));
-                                        }
-                                    }
+                                    full8_block::<N>(&mut s, tile, xq.add(b * BLOCK), dim, xbs.add(b), nb);
                                 } else {
                                     let hb = if BITS == 6 {
                                         let p = hbits.add(b * HIGH_BITS_TILE_BYTES + h * 32);
