@@ -186,7 +186,6 @@ impl LlamaCppRunner {
         &self.commands
     }
 
-    /// `asked`, or the runner's own thread count when the caller says 0.
     /// The tool timeout for pushing `tokens` tokens through this model.
     fn timeout(&self, tokens: usize) -> Duration {
         self.opts
@@ -194,6 +193,7 @@ impl LlamaCppRunner {
             .unwrap_or_else(|| scaled_timeout(self.info.params, tokens))
     }
 
+    /// `asked`, or the runner's own thread count when the caller says 0.
     fn threads(&self, asked: usize) -> usize {
         if asked > 0 {
             asked
@@ -378,6 +378,25 @@ mod tests {
     //! loudly if run), and live runs on the tiny fixture and on SmolLM2.
     use super::*;
     use std::cell::Cell;
+
+    #[test]
+    fn scaled_timeout_is_one_gflops_time_with_a_floor_and_no_overflow() {
+        // 135M parameters × 10,240 tokens × 2 flops = 2765 GFLOP: 2765 s at 1 GFLOP/s.
+        let t = scaled_timeout(135_000_000, 10_240);
+        assert_eq!(t.as_secs(), 2764);
+        // A small job gets the floor, not seconds.
+        assert_eq!(scaled_timeout(135_000_000, 512), TOOL_TIMEOUT_FLOOR);
+        assert_eq!(scaled_timeout(0, 0), TOOL_TIMEOUT_FLOOR);
+        // Twice the tokens, twice the time (above the floor).
+        let (a, b) = (
+            scaled_timeout(1_700_000_000, 4096),
+            scaled_timeout(1_700_000_000, 8192),
+        );
+        assert!((b.as_secs_f64() / a.as_secs_f64() - 2.0).abs() < 1e-9);
+        // Absurd sizes saturate at a finite bound instead of panicking in Duration.
+        let huge = scaled_timeout(u64::MAX, usize::MAX);
+        assert_eq!(huge.as_secs(), 1_000_000_000);
+    }
 
     struct Counter {
         total: Cell<u64>,
