@@ -156,7 +156,7 @@ pub struct EvalArgs {
     #[arg(long, value_name = "FILE", required = true)]
     pub text: Option<PathBuf>,
 
-    /// In-tree formats to run, comma-separated (float32, bf16, int8, int4[:g64|:mix8|:calib|:gptq], gguf:PATH; "none" for none).
+    /// In-tree formats to run, comma-separated (float32, bf16, int8[:calib|:gptq], int4[:g64|:mix8|:calib|:gptq], gguf:PATH; "none" for none).
     #[arg(long, value_name = "LIST", default_value = "float32,bf16,int8,int4", value_delimiter = ',', value_parser = parse_format_arg)]
     pub formats: Vec<FormatArg>,
 
@@ -235,7 +235,7 @@ pub struct EvalArgs {
     #[arg(long)]
     pub keep_logits: bool,
 
-    /// Calibration text for int4:calib / int4:gptq (not the --text, so the test text is not fitted).
+    /// Calibration text for int8:calib / int8:gptq / int4:calib / int4:gptq (not the --text, so the test text is not fitted).
     #[arg(long, value_name = "FILE")]
     pub calib_text: Option<PathBuf>,
 
@@ -245,7 +245,7 @@ pub struct EvalArgs {
     pub calib_range: Option<(usize, usize)>,
 
     /// Allow calibration text that overlaps the scored text (refused otherwise); the report
-    /// marks such a run, since it flatters int4:calib / int4:gptq.
+    /// marks such a run, since it flatters the calibrated formats.
     #[arg(long)]
     pub calib_on_eval: bool,
 

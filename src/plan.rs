@@ -82,9 +82,9 @@ impl RunPlan {
 
     /// Whether any format fits scales to a calibration text.
     fn needs_calibration(&self) -> bool {
-        self.formats.iter().any(|s| {
-            matches!(s, FormatSpec::Kwk { precision: kwk::Precision::Int4(o), .. } if o.calibrate || o.gptq)
-        })
+        self.formats.iter().any(
+            |s| matches!(s, FormatSpec::Kwk { precision, .. } if precision.needs_calibration()),
+        )
     }
 }
 
@@ -265,14 +265,14 @@ fn calibration_text(a: &EvalArgs, needed: bool, text: &EvalText) -> Result<Optio
     let calib = match (&a.calib_text, needed) {
         (Some(p), true) => read_text(p, "--calib-text")?,
         (None, true) => bail!(
-            "int4:calib and int4:gptq fit scales to activations of a calibration text; pass --calib-text FILE \
+            "int8:calib, int8:gptq, int4:calib and int4:gptq fit scales to activations of a calibration text; pass --calib-text FILE \
              (a text other than --text, so the evaluation text is not fitted)"
         ),
         _ => return Ok(None),
     };
     ensure!(
         calib.text != text.text || a.calib_on_eval || a.calib_range.is_some(),
-        "--calib-text '{}' is the same text as --text '{}': calibrating on the scored text flatters int4:calib / int4:gptq; \
+        "--calib-text '{}' is the same text as --text '{}': calibrating on the scored text flatters the calibrated formats (int8:calib, int4:calib, ...); \
          pass another text, a slice of it disjoint from the scored chunks with --calib-range START:END, \
          or --calib-on-eval to allow it (the report marks the run)",
         calib.path.display(),

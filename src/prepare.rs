@@ -19,7 +19,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
-/// Calibration tokens passed to `int4:calib` / `int4:gptq` (at most).
+/// Calibration tokens passed to the calibrated formats (`int8:calib`, `int4:gptq`, ...; at most).
 const MAX_CALIBRATION_TOKENS: usize = 32_768;
 
 /// Fewest calibration tokens accepted (one window of statistics).
@@ -214,7 +214,7 @@ fn calibration_tokens(
             bail!(
                 "--calib-text '{}' shares {CALIB_OVERLAP_TOKENS} tokens in a row with the scored text \
                  (calibration token {i}, scored token {j}): calibrating on the scored text flatters \
-                 int4:calib / int4:gptq; pass a disjoint text or --calib-range, or --calib-on-eval \
+                 the calibrated formats (int8:calib, int4:calib, ...); pass a disjoint text or --calib-range, or --calib-on-eval \
                  to allow it (the report marks the run)",
                 t.path.display()
             );

@@ -250,3 +250,36 @@ fn calibration_is_reported_and_marked_on_the_scored_text() {
         "{md}"
     );
 }
+
+/// `int8:calib` goes through kwk-eval like `int4:calib`: refused without `--calib-text`
+/// (exit 2, naming the format), and with one its row states its calibration time while
+/// plain int8's is null.
+#[test]
+fn int8_calib_needs_and_reports_calibration() {
+    let dir = tempfile::tempdir().unwrap();
+    let eval = eval_txt();
+    let eval = eval.to_str().unwrap();
+    let refused = run_calibrated(&dir.path().join("refused"), "float32,int8:calib", &[]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "stderr:\n{stderr}");
+    assert!(
+        stderr.contains("int8:calib") && stderr.contains("--calib-text"),
+        "{stderr}"
+    );
+    let run = dir.path().join("run");
+    let out = run_calibrated(
+        &run,
+        "float32,int8,int8:calib",
+        &["--calib-text", eval, "--calib-range", "1000:2000"],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "stderr:\n{stderr}");
+    let v = read_json(&run.join("results.json"));
+    assert_eq!(v["protocol"]["calibration"]["tokens"], 1000);
+    let rows = v["runners"].as_array().unwrap();
+    assert_eq!(rows[1]["name"], "int8");
+    assert!(rows[1]["calibration_s"].is_null());
+    assert_eq!(rows[2]["name"], "int8:calib");
+    assert!(rows[2]["calibration_s"].as_f64().unwrap() > 0.0);
+    assert_eq!(rows[1]["tensor_bytes"], rows[2]["tensor_bytes"]);
+}

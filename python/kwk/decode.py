@@ -40,18 +40,16 @@ def _precision_spec(
             "'float32', 'bf16', 'int8' ('balanced'), 'int4'"
         )
     base = precision.lower()
-    if base != "int4":
-        given = [
-            n
-            for n, v in (("mix_bits", mix_bits), ("group_size", group_size), ("calib", calib))
-            if v is not None
-        ] + (["gptq"] if gptq else [])
-        if given:
-            raise ValueError(
-                f"{', '.join(given)} apply to precision='int4' only (got precision={precision!r})"
-            )
-        return base
-    spec = "int4"
+    if base == "balanced":
+        base = "int8"
+    for names, applies, where in (
+        ((("mix_bits", mix_bits), ("group_size", group_size)), base == "int4", "precision='int4' only"),
+        ((("calib", calib), ("gptq", True if gptq else None)), base in ("int8", "int4"), "precision='int8' or 'int4'"),
+    ):
+        given = [n for n, v in names if v is not None]
+        if given and not applies:
+            raise ValueError(f"{', '.join(given)} apply to {where} (got precision={precision!r})")
+    spec = base
     if group_size is not None:
         if group_size not in _GROUP_SIZES:
             raise ValueError(f"group_size {group_size!r} is not one of {_GROUP_SIZES}")
@@ -60,11 +58,18 @@ def _precision_spec(
         if mix_bits not in _MIX_BITS:
             raise ValueError(f"mix_bits {mix_bits!r} is not one of {_MIX_BITS} (or None)")
         spec += f":mix{mix_bits}"
+    if gptq and calib is None:
+        raise ValueError("gptq=True needs calib= (calibration token ids or text)")
+    if base == "int8":
+        # int8:gptq includes int8:calib (one format, one canonical name).
+        if gptq:
+            spec += ":gptq"
+        elif calib is not None:
+            spec += ":calib"
+        return spec
     if calib is not None:
         spec += ":calib"
     if gptq:
-        if calib is None:
-            raise ValueError("gptq=True needs calib= (calibration token ids or text)")
         spec += ":gptq"
     return spec
 
@@ -276,11 +281,12 @@ class KwkDecoder:
         mix_bits: int4 only: bits of the tensors the sensitivity mix keeps wider (6 or 8;
             ``None`` picks by model size).
         group_size: int4 only: weights per scale group (32, 64 or 128; ``None``: 32).
-        calib: int4 only: calibration token ids (list, numpy array or torch tensor; for
+        calib: int8 and int4: calibration token ids (list, numpy array or torch tensor; for
             ``from_pretrained`` also a text, tokenized with the model's tokenizer): scales are
-            fitted to the activations of that text (``int4:calib``). Do not calibrate on the
-            text you score.
-        gptq: int4 only: GPTQ rounding on top of calibration (``int4:gptq``; needs ``calib``).
+            fitted to the activations of that text (``int8:calib``, ``int4:calib``). Do not
+            calibrate on the text you score.
+        gptq: int8 and int4: GPTQ rounding on top of calibration (``int8:gptq``,
+            ``int4:gptq``; needs ``calib``).
             Raises ``NotImplementedError`` with the Rust message while kwk does not
             implement it.
         cache_dir: ``None`` (no pack cache), ``True`` (``~/.cache/kwk/pack``) or a folder:

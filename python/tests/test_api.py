@@ -182,6 +182,23 @@ def test_int4_calibration_and_gptq(llama):
         assert kld(ref, g.forward(ids)) < 2 * kld(ref, plain)
 
 
+def test_int8_calibration_and_gptq(llama):
+    ids = prompt(32, seed=5)
+    ref = KwkDecoder(llama, max_cache_len=64, precision="float32").forward(ids)
+    calib = prompt(600, seed=21).ravel()
+    plain = KwkDecoder(llama, max_cache_len=64, precision="int8").forward(ids)
+    cal = KwkDecoder(llama, max_cache_len=64, precision="balanced", calib=calib)
+    assert cal.precision == "int8:calib"
+    assert kld(ref, cal.forward(ids)) < 2 * kld(ref, plain) + 1e-6
+    g = KwkDecoder(llama, max_cache_len=64, precision="int8", calib=calib, gptq=True)
+    assert g.precision == "int8:gptq"
+    assert kld(ref, g.forward(ids)) < 2 * kld(ref, plain) + 1e-6
+    with pytest.raises(ValueError, match="calib"):
+        KwkDecoder(llama, max_cache_len=64, precision="int8", gptq=True)
+    with pytest.raises(ValueError, match="precision='int8' or 'int4'"):
+        KwkDecoder(llama, max_cache_len=64, precision="bf16", calib=calib)
+
+
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-mixtral"])
 def test_from_pretrained_fixtures_match_the_model_objects(fixtures_dir, name):
     import transformers

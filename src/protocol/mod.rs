@@ -34,7 +34,8 @@ pub struct RunnerInfo {
     pub load_s: Option<f64>,
     pub load_read_s: Option<f64>,
     pub load_pack_s: Option<f64>,
-    /// Seconds of the packing spent on calibration (`int4:calib` / `int4:gptq`).
+    /// Seconds of the packing spent on calibration (`int8:calib`, `int8:gptq`, `int4:calib`,
+    /// `int4:gptq`).
     pub calibration_s: Option<f64>,
     /// KV cache element type the runner used ("f32", "f16").
     pub kv_type: String,
@@ -239,7 +240,7 @@ pub fn gguf_runner_name(path: &std::path::Path) -> String {
 
 /// The format names `--formats` accepts, for error messages.
 pub const KNOWN_FORMATS: &str =
-    "float32, bf16, int8 (or balanced), int4 with options int4:g32|g64|g128, int4:mix6|mix8, int4:calib, int4:gptq, and gguf:PATH";
+    "float32, bf16, int8 (or balanced), int8:calib, int8:gptq, int4 with options int4:g32|g64|g128, int4:mix6|mix8, int4:calib, int4:gptq, and gguf:PATH";
 
 /// Parses one entry of `--formats` (clap's value parser for it).
 pub fn parse_format(spec: &str) -> Result<FormatSpec, String> {

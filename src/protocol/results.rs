@@ -100,7 +100,8 @@ pub struct Protocol {
     pub bos_id: Option<u32>,
     /// KV cache type of llama-perplexity (`--llama-kv`); kwk rows always use f32.
     pub llama_kv_type: String,
-    /// The calibration text of `int4:calib` / `int4:gptq` rows (null when none ran).
+    /// The calibration text of the calibrated rows (`int8:calib`, `int4:gptq`, ...; null when
+    /// none ran).
     #[serde(default)]
     pub calibration: Option<Calibration>,
 }

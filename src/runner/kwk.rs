@@ -34,7 +34,7 @@ pub struct KwkRunnerOptions {
     pub threads: usize,
     /// Longest sequence the KV cache must hold: `max(ctx, pp + tg)`.
     pub max_cache_len: usize,
-    /// Calibration token ids for `int4:calib` / `int4:gptq`.
+    /// Calibration token ids for `int8:calib` / `int8:gptq` / `int4:calib` / `int4:gptq`.
     pub calibration_tokens: Option<Vec<u32>>,
     pub pack_cache_dir: Option<PathBuf>,
 }
@@ -101,7 +101,8 @@ impl KwkRunner {
             load_s: Some(read_s + pack_s),
             load_read_s: Some(read_s),
             load_pack_s: Some(pack_s),
-            calibration_s: matches!(precision, Precision::Int4(o) if o.calibrate || o.gptq)
+            calibration_s: precision
+                .needs_calibration()
                 .then(|| decoder.calibration_s()),
             kv_type: "f32".into(),
             kernels: Some(precision.kernels().to_string()),

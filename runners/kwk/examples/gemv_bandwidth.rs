@@ -82,7 +82,7 @@ fn main() {
     let cases = [
         pack("float32", Precision::Float32, TensorRole::AttnQ, mib),
         pack("bf16", Precision::Bf16, TensorRole::AttnQ, mib),
-        pack("int8", Precision::Int8, TensorRole::AttnQ, mib),
+        pack("int8", Precision::INT8, TensorRole::AttnQ, mib),
         pack("int4 (4-bit g32)", int4, TensorRole::AttnQ, mib),
         pack("int4 lm_head", int4, TensorRole::LmHead, mib),
     ];

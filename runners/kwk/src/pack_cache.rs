@@ -94,6 +94,9 @@ fn hex(bytes: &[u8]) -> String {
 /// `Precision` value in full), and the calibration tokens. One string per recipe; a new
 /// setting is a new field here.
 pub fn recipe_key(precision: &Precision, calibration: Option<&[u32]>) -> String {
+    // Tokens handed to a format that does not calibrate do not change its bytes: such a
+    // pack is found again with or without `--calib-text`.
+    let calibration = calibration.filter(|_| precision.needs_calibration());
     let calib = match calibration {
         None => "none".to_string(),
         Some(tokens) => {
@@ -110,6 +113,7 @@ pub fn recipe_key(precision: &Precision, calibration: Option<&[u32]>) -> String 
         Precision::Int4(o) if o.gptq => {
             format!("; {}", crate::quantize::gptq::settings(o.act_order))
         }
+        Precision::Int8(o) if o.gptq => format!("; {}", crate::quantize::gptq::settings(false)),
         _ => String::new(),
     };
     format!("kwk-pack layout v{PACK_VERSION}; format {precision:?}; calibration {calib}{gptq}")

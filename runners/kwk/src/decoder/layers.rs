@@ -146,6 +146,7 @@ impl Layer {
             u,
             acts,
             record,
+            head_record: _,
         } = scratch;
         let mut rec = record.as_mut().map(|r| &mut r[layer]);
 
@@ -246,6 +247,9 @@ pub(super) struct Scratch {
     pub acts: Activations,
     /// Per layer, when calibration statistics are being gathered.
     pub record: Option<Vec<LayerRecord>>,
+    /// Sums of squares of the final norm's output per channel and the tokens summed
+    /// (`lm_head`'s input), when calibration statistics are being gathered.
+    pub head_record: Option<(Vec<f64>, u64)>,
 }
 
 /// Sums of squares of every linear's input per channel, gathered during calibration
@@ -336,7 +340,7 @@ fn accumulate_gram(pool: &ThreadPool, h: &mut Hessian, x: &[f32], dim: usize) {
 }
 
 /// Adds the squares of every row of `x` (rows of `dim`) to `acc` (grown to `dim`).
-fn accumulate_squares(acc: &mut Vec<f64>, x: &[f32], dim: usize) {
+pub(super) fn accumulate_squares(acc: &mut Vec<f64>, x: &[f32], dim: usize) {
     acc.resize(dim, 0.0);
     for row in x.chunks_exact(dim) {
         acc.iter_mut()

@@ -440,7 +440,10 @@ fn calibration_decoder(
 
 /// Equalizes `weights` for a quantized `precision` (`quantize::equalize`): with activation
 /// statistics measured by a float32 decoder over the calibration tokens for
-/// `int4:calib`/`int4:gptq`, else estimated from the weights.
+/// `int8:calib`/`int8:gptq`/`int4:calib`/`int4:gptq`, else estimated from the weights.
+/// Calibrated int8 is searched with [`EqualizeOptions::INT8_CALIBRATED`] (activation-block
+/// error scored, the `lm_head` unit), calibrated int4 with
+/// [`EqualizeOptions::CALIBRATED`].
 fn equalize_for(
     config: &ModelConfig,
     weights: &ModelWeights,
@@ -450,8 +453,7 @@ fn equalize_for(
     place: &(dyn Fn(TensorRole, Option<usize>) -> TensorPlace + Sync),
 ) -> Result<Equalized> {
     let estimated = ActivationStats::estimate(weights, config);
-    let calibrate = matches!(precision, Precision::Int4(o) if o.calibrate || o.gptq);
-    if !calibrate {
+    if !precision.needs_calibration() {
         return equalize(
             weights,
             config,
@@ -462,22 +464,20 @@ fn equalize_for(
         );
     }
     let tokens = calibration.filter(|t| !t.is_empty()).ok_or_else(|| {
-        KwkError::InvalidArgument(
-            "int4:calib / int4:gptq need calibration tokens (kwk-eval: --calib-text FILE)".into(),
-        )
+        KwkError::InvalidArgument(format!(
+            "{} needs calibration tokens (kwk-eval: --calib-text FILE)",
+            precision.name()
+        ))
     })?;
     let (mut reference, window) = calibration_decoder(config, weights, threads)?;
     let tokens = &tokens[..tokens.len().min(CALIBRATION_TOKENS)];
     let stats = reference.activation_stats(tokens, window, &estimated)?;
     drop(reference);
-    equalize(
-        weights,
-        config,
-        precision,
-        &stats,
-        place,
-        EqualizeOptions::CALIBRATED,
-    )
+    let opts = match precision {
+        Precision::Int8(_) => EqualizeOptions::INT8_CALIBRATED,
+        _ => EqualizeOptions::CALIBRATED,
+    };
+    equalize(weights, config, precision, &stats, place, opts)
 }
 
 /// The ids that end generation: the config's and the tokenizer's.
@@ -560,7 +560,7 @@ fn gptq_layers(
         let factors: HashMap<(usize, usize), OrderedFactor> = keys
             .par_iter()
             .map(|&(input, group)| {
-                let what = format!("layer {li} (int4:gptq)");
+                let what = format!("layer {li} ({})", precision.name());
                 let h = inputs[input];
                 if group == 0 {
                     return Ok(((input, 0), (inverse_factor(h, &what)?, None)));
@@ -638,7 +638,7 @@ impl KwkDecoder {
         // a valid file for this model and recipe (the weights are then not used), else
         // quantized, reusing the tensors of an older file whose key is unchanged, and
         // written (`pack_cache`).
-        let quantized = matches!(precision, Precision::Int8 | Precision::Int4(_));
+        let quantized = precision.is_quantized();
         let calibration = options.calibration_tokens.as_deref();
         let mut session = None;
         let mut not_written = None;
@@ -663,7 +663,7 @@ impl KwkDecoder {
         // Quantized formats first move per-channel factors across norm/linear pairs where
         // that lowers the estimated rounding error (`quantize::equalize`), and round with
         // per-column importance; the decoder then runs the equalized weights.
-        let calibrating = matches!(precision, Precision::Int4(o) if o.calibrate || o.gptq);
+        let calibrating = precision.needs_calibration();
         let mut calibration_s = 0f64;
         let equalized = if quantized {
             let t0 = Instant::now();
@@ -692,27 +692,27 @@ impl KwkDecoder {
             _ => HashMap::new(),
         };
         let grid = |role, layer| plan.get(&(role, layer)).copied();
-        // int4:gptq: every layer's linears rounded with error compensation now, in one
-        // layer-by-layer pass (the embedding and lm_head are rounded plainly below).
+        // int4:gptq / int8:gptq: every layer's linears rounded with error compensation now,
+        // in one layer-by-layer pass (the embedding and lm_head are rounded plainly below).
         let gptq_done: Mutex<HashMap<GptqKey, QuantizedTensor>> = Mutex::new(match &precision {
-            Precision::Int4(o) if o.gptq => {
+            p if p.gptq() => {
                 let t0 = Instant::now();
                 let tokens = options
                     .calibration_tokens
                     .as_deref()
                     .filter(|t| !t.is_empty())
                     .ok_or_else(|| {
-                        KwkError::InvalidArgument(
-                            "int4:gptq needs calibration tokens (kwk-eval: --calib-text FILE)"
-                                .into(),
-                        )
+                        KwkError::InvalidArgument(format!(
+                            "{} needs calibration tokens (kwk-eval: --calib-text FILE)",
+                            precision.name()
+                        ))
                     })?;
                 let grid_of = |role, layer: usize| -> Result<Grid> {
                     match grid(role, Some(layer)) {
                         Some(g) => Ok(g),
                         None => grid_for(&precision, &place(role, Some(layer)))?.ok_or_else(|| {
                             KwkError::InvalidArgument(format!(
-                                "{role:?} weight of layer {layer} has no int4 grid"
+                                "{role:?} weight of layer {layer} has no quantized grid"
                             ))
                         }),
                     }
@@ -852,6 +852,11 @@ impl KwkDecoder {
         } else {
             TensorRole::LmHead
         };
+        // The untied lm_head's importance when its unit was equalized (int8:calib).
+        let head_imp = equalized
+            .as_ref()
+            .map(|e| &e.head_importance[..])
+            .filter(|v| !v.is_empty());
         let n_jobs = 2 + n_layers;
         let next_job = AtomicUsize::new(0);
         let embed_slot = Mutex::new(None);
@@ -875,7 +880,7 @@ impl KwkDecoder {
                     *lock(&head_slot) = weights
                         .lm_head
                         .as_ref()
-                        .map(|h| pack(names::LM_HEAD, h, TensorRole::LmHead, None, 0, None))
+                        .map(|h| pack(names::LM_HEAD, h, TensorRole::LmHead, None, 0, head_imp))
                 }
                 j if j < n_jobs => *lock(&layer_slots[j - 2]) = Some(pack_layer(j - 2)),
                 _ => break,
@@ -940,7 +945,7 @@ impl KwkDecoder {
             return Err(KwkError::Unsupported(why));
         }
         let started = Instant::now();
-        let quantized = matches!(options.precision, Precision::Int8 | Precision::Int4(_));
+        let quantized = options.precision.is_quantized();
         let Some(dir) = options.pack_cache_dir.as_ref().filter(|_| quantized) else {
             return Ok(None);
         };
@@ -1178,6 +1183,7 @@ impl KwkDecoder {
         }
         let n_layers = self.layers.len();
         self.scratch.record = Some(vec![layers::LayerRecord::default(); n_layers]);
+        self.scratch.head_record = Some((Vec::new(), 0));
         let mut run = || -> Result<()> {
             for w in tokens.chunks(window.min(self.max_cache_len)) {
                 crate::interrupt::check()?;
@@ -1189,6 +1195,7 @@ impl KwkDecoder {
         };
         let ran = run();
         let records = self.scratch.record.take().unwrap_or_default();
+        let head = self.scratch.head_record.take();
         self.reset();
         ran?;
         let mean = |sums: &[f64], n: u64| -> Vec<f32> {
@@ -1212,7 +1219,11 @@ impl KwkDecoder {
                     .collect(),
             })
             .collect();
-        Ok(ActivationStats { layers })
+        let head_in = match head {
+            Some((sums, n)) if n > 0 => mean(&sums, n),
+            _ => fallback.head_in.clone(),
+        };
+        Ok(ActivationStats { layers, head_in })
     }
 
     /// The Hessians `Σ x xᵀ` of every linear input over `tokens` (run in windows of
@@ -1374,6 +1385,18 @@ impl KwkDecoder {
             );
         }
         self.pos += n;
+        if let Some((acc, count)) = self.scratch.head_record.as_mut() {
+            // Calibration: lm_head's input at every position, not only the scored ones.
+            let mut xn = x.to_vec();
+            layers::rms_norm_rows(
+                &self.pool,
+                &mut xn,
+                &self.final_norm,
+                self.config.rms_norm_eps,
+            );
+            layers::accumulate_squares(acc, &xn, d);
+            *count += n as u64;
+        }
         let rows = n - logits_from;
         if rows == 0 {
             self.x_buf = x_buf;

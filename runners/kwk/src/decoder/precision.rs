@@ -1,5 +1,6 @@
 //! [`Precision`]: the weight format a decoder runs in, parsed from the names users type
-//! (`float32`, `bf16`, `int8`/`balanced`, `int4[:gG][:mixB][:calib][:gptq[:act]]`).
+//! (`float32`, `bf16`, `int8`/`balanced` with `:calib` or `:gptq`,
+//! `int4[:gG][:mixB][:calib][:gptq[:act]]`).
 
 use crate::error::{KwkError, Result};
 
@@ -39,19 +40,62 @@ impl Default for Int4Options {
     }
 }
 
+/// Options of the `int8` format: `int8`, `int8:calib`, `int8:gptq`. The packed layout and
+/// the kernels are the same in all three; only how the codes are chosen differs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Int8Options {
+    /// Channel equalization driven by activation statistics measured on the calibration
+    /// text (scored with the error of the kernels' int8 activation blocks) instead of
+    /// estimated from the weights.
+    pub calibrate: bool,
+    /// GPTQ rounding on top of calibration (`:gptq` implies `:calib`: `calibrate` is set
+    /// too, so `int8:gptq` and `int8:calib:gptq` are one format).
+    pub gptq: bool,
+}
+
 /// The weight format a decoder runs in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Precision {
     Float32,
     Bf16,
-    Int8,
+    Int8(Int8Options),
     Int4(Int4Options),
 }
 
-const VALID: &str =
-    "float32 (f32), bf16, int8 (balanced), int4[:g32|:g64|:g128][:mix6|:mix8][:calib][:gptq[:act]]";
+const VALID: &str = "float32 (f32), bf16, int8 (balanced)[:calib|:gptq], \
+     int4[:g32|:g64|:g128][:mix6|:mix8][:calib][:gptq[:act]]";
 
 impl Precision {
+    /// Plain `int8` (no calibration).
+    pub const INT8: Precision = Precision::Int8(Int8Options {
+        calibrate: false,
+        gptq: false,
+    });
+
+    /// Whether building this format needs calibration tokens (`int8:calib`, `int8:gptq`,
+    /// `int4:calib`, `int4:gptq`).
+    pub fn needs_calibration(&self) -> bool {
+        match self {
+            Precision::Int8(o) => o.calibrate || o.gptq,
+            Precision::Int4(o) => o.calibrate || o.gptq,
+            Precision::Float32 | Precision::Bf16 => false,
+        }
+    }
+
+    /// Whether the layers' linears are rounded by GPTQ (`int8:gptq`, `int4:gptq`).
+    pub fn gptq(&self) -> bool {
+        match self {
+            Precision::Int8(o) => o.gptq,
+            Precision::Int4(o) => o.gptq,
+            Precision::Float32 | Precision::Bf16 => false,
+        }
+    }
+
+    /// Whether the weights are quantized (`int8`, `int4` with any options).
+    pub fn is_quantized(&self) -> bool {
+        matches!(self, Precision::Int8(_) | Precision::Int4(_))
+    }
+
     /// The kernels this format's weight matmuls run in this process (the active tier,
     /// `KWK_ISA` respected): e.g. `avx512vnni` or `avx512bw` for int8/int4, `avx512bf16` or
     /// `avx512f (convert)` for bf16, `avx512f` for float32 (see
@@ -62,13 +106,13 @@ impl Precision {
         active_isa().weight_kernels(match self {
             Precision::Float32 => WeightKernels::Float32,
             Precision::Bf16 => WeightKernels::Bf16,
-            Precision::Int8 | Precision::Int4(_) => WeightKernels::Quantized,
+            Precision::Int8(_) | Precision::Int4(_) => WeightKernels::Quantized,
         })
     }
 
     /// Parses a format name as users type it: `float32`, `bf16`, `int8` (`balanced`),
-    /// `int4`, `int4:g64`, `int4:mix8`, `int4:calib`, `int4:gptq` (options combine, in
-    /// any order, each at most once).
+    /// `int8:calib`, `int8:gptq`, `int4`, `int4:g64`, `int4:mix8`, `int4:calib`,
+    /// `int4:gptq` (options combine, in any order, each at most once).
     pub fn parse(spec: &str) -> Result<Precision> {
         let mut parts = spec.trim().split(':');
         let base = parts.next().unwrap_or("").to_ascii_lowercase();
@@ -77,6 +121,9 @@ impl Precision {
             KwkError::InvalidArgument(format!(
                 "unknown weight format '{spec}'; valid formats: {VALID}"
             ))
+        };
+        let twice = |opt: &str| {
+            KwkError::InvalidArgument(format!("option ':{opt}' given twice in '{spec}'"))
         };
         let plain = |p: Precision| {
             if options.is_empty() {
@@ -90,15 +137,34 @@ impl Precision {
         match base.as_str() {
             "float32" | "f32" => plain(Precision::Float32),
             "bf16" => plain(Precision::Bf16),
-            "int8" | "balanced" => plain(Precision::Int8),
+            "int8" | "balanced" => {
+                let mut o = Int8Options::default();
+                for opt in &options {
+                    if options.iter().filter(|x| *x == opt).count() > 1 {
+                        return Err(twice(opt));
+                    }
+                    match opt.as_str() {
+                        "calib" => o.calibrate = true,
+                        "gptq" => {
+                            o.calibrate = true;
+                            o.gptq = true;
+                        }
+                        _ => {
+                            return Err(KwkError::InvalidArgument(format!(
+                                "unknown int8 option ':{opt}' in '{spec}' (int8 takes :calib or :gptq); \
+                                 valid formats: {VALID}"
+                            )))
+                        }
+                    }
+                }
+                Ok(Precision::Int8(o))
+            }
             "int4" => {
                 let mut o = Int4Options::default();
                 let (mut group_set, mut seen) = (false, std::collections::HashSet::new());
                 for opt in &options {
                     if !seen.insert(opt.clone()) {
-                        return Err(KwkError::InvalidArgument(format!(
-                            "option ':{opt}' given twice in '{spec}'"
-                        )));
+                        return Err(twice(opt));
                     }
                     match opt.as_str() {
                         "g32" | "g64" | "g128" => {
@@ -139,14 +205,18 @@ impl Precision {
         }
     }
 
-    /// The canonical spelling (`parse(p.name()) == p`): `float32`, `bf16`, `int8`, and
-    /// `int4` followed by the options that differ from the defaults in a fixed order
-    /// (`:gG`, `:mixB`, `:calib`, `:gptq`, `:act`).
+    /// The canonical spelling (`parse(p.name()) == p`): `float32`, `bf16`, `int8`,
+    /// `int8:calib`, `int8:gptq`, and `int4` followed by the options that differ from the
+    /// defaults in a fixed order (`:gG`, `:mixB`, `:calib`, `:gptq`, `:act`).
     pub fn name(&self) -> String {
         match self {
             Precision::Float32 => "float32".into(),
             Precision::Bf16 => "bf16".into(),
-            Precision::Int8 => "int8".into(),
+            Precision::Int8(o) => match (o.calibrate, o.gptq) {
+                (_, true) => "int8:gptq".into(),
+                (true, false) => "int8:calib".into(),
+                (false, false) => "int8".into(),
+            },
             Precision::Int4(o) => {
                 let mut s = String::from("int4");
                 if o.group_size != DEFAULT_INT4_GROUP {
@@ -179,7 +249,7 @@ mod tests {
         assert_eq!(Precision::parse("float32").unwrap(), Precision::Float32);
         assert_eq!(Precision::parse("F32").unwrap(), Precision::Float32);
         assert_eq!(Precision::parse("bf16").unwrap(), Precision::Bf16);
-        assert_eq!(Precision::parse("balanced").unwrap(), Precision::Int8);
+        assert_eq!(Precision::parse("balanced").unwrap(), Precision::INT8);
         assert_eq!(Precision::parse("int8").unwrap().name(), "int8");
         let p = Precision::parse("int4:gptq:g64:mix6:calib").unwrap();
         assert_eq!(
@@ -204,6 +274,9 @@ mod tests {
             "int4:calib",
             "float32",
             "bf16",
+            "int8",
+            "int8:calib",
+            "int8:gptq",
         ] {
             let p = Precision::parse(s).unwrap();
             assert_eq!(Precision::parse(&p.name()).unwrap(), p, "{s}");
@@ -212,6 +285,61 @@ mod tests {
             Precision::parse("int4").unwrap(),
             Precision::Int4(Int4Options::default())
         );
+    }
+
+    #[test]
+    fn int8_options_parse_name_and_round_trip() {
+        let calib = Precision::parse("int8:calib").unwrap();
+        assert_eq!(
+            calib,
+            Precision::Int8(Int8Options {
+                calibrate: true,
+                gptq: false
+            })
+        );
+        assert_eq!(calib.name(), "int8:calib");
+        assert_eq!(Precision::parse("BALANCED:Calib").unwrap(), calib);
+        // `:gptq` includes `:calib`: one format, one canonical name, one cache key.
+        let gptq = Precision::parse("int8:gptq").unwrap();
+        assert_eq!(
+            gptq,
+            Precision::Int8(Int8Options {
+                calibrate: true,
+                gptq: true
+            })
+        );
+        assert_eq!(Precision::parse("int8:calib:gptq").unwrap(), gptq);
+        assert_eq!(Precision::parse("int8:gptq:calib").unwrap(), gptq);
+        assert_eq!(gptq.name(), "int8:gptq");
+        assert!(!Precision::INT8.needs_calibration() && !Precision::INT8.gptq());
+        assert!(calib.needs_calibration() && !calib.gptq());
+        assert!(gptq.needs_calibration() && gptq.gptq());
+        assert!(Precision::parse("int4:gptq").unwrap().needs_calibration());
+        assert!(!Precision::parse("int4").unwrap().needs_calibration());
+        assert!(!Precision::Float32.needs_calibration() && !Precision::Float32.is_quantized());
+        assert!(calib.is_quantized());
+        assert_eq!(calib.kernels(), Precision::INT8.kernels());
+    }
+
+    #[test]
+    fn int8_rejects_int4_options_and_repeats() {
+        for (bad, want) in [
+            ("int8:g32", "unknown int8 option ':g32'"),
+            ("int8:mix8", "unknown int8 option ':mix8'"),
+            ("int8:act", "unknown int8 option ':act'"),
+            ("int8:gptq:act", "unknown int8 option ':act'"),
+            ("int8:calib:calib", "given twice"),
+            ("int8:gptq:gptq", "given twice"),
+            ("int8:", "unknown int8 option ':'"),
+        ] {
+            let e = Precision::parse(bad).unwrap_err();
+            assert!(matches!(e, KwkError::InvalidArgument(_)), "{bad}");
+            let e = e.to_string();
+            assert!(e.contains(want), "{bad}: {e}");
+            if want.starts_with("unknown") {
+                assert!(e.contains("int8 (balanced)[:calib|:gptq]"), "{bad}: {e}");
+            }
+        }
     }
 
     #[test]

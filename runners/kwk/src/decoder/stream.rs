@@ -10,8 +10,9 @@
 //!    vectors in the pack cache, drop the float32 copy and release the source pages.
 //!
 //! The result is bit for bit what [`KwkDecoder::from_weights`] packs from the whole model
-//! (a test compares them). Float formats and calibrated int4 (`int4:calib`, `int4:gptq`,
-//! which run a float32 decoder over the calibration text) load the whole model.
+//! (a test compares them). Float formats and the calibrated formats (`int8:calib`,
+//! `int8:gptq`, `int4:calib`, `int4:gptq`, which run a float32 decoder over the calibration
+//! text) load the whole model.
 
 use super::*;
 use crate::model::lazy::LazyWeights;
@@ -48,11 +49,7 @@ impl KwkDecoder {
         {
             return Ok(d);
         }
-        let streams = match options.precision {
-            Precision::Int8 => true,
-            Precision::Int4(o) => !(o.calibrate || o.gptq),
-            Precision::Float32 | Precision::Bf16 => false,
-        };
+        let streams = options.precision.is_quantized() && !options.precision.needs_calibration();
         let lazy = LazyWeights::open(header)?;
         if !streams {
             let weights = lazy.all()?;
@@ -448,7 +445,7 @@ mod tests {
             let spec = src.to_str().unwrap();
             let model = load_model(spec).unwrap();
             let header = load_model_header(spec).unwrap();
-            for precision in [Precision::Int8, Precision::parse("int4").unwrap()] {
+            for precision in [Precision::INT8, Precision::parse("int4").unwrap()] {
                 let what = format!("{spec} {precision:?}");
                 let mut whole = KwkDecoder::new(&model, options(precision, None)).unwrap();
                 let mut streamed =

@@ -629,7 +629,7 @@ fn every_architecture_matches_a_float64_reference() {
 fn pack_cache_round_trips_through_the_decoder() {
     use crate::pack_cache::PackOutcome;
     let f = load_fixture("tiny-mixtral");
-    for precision in [Precision::Int8, Precision::parse("int4").unwrap()] {
+    for precision in [Precision::INT8, Precision::parse("int4").unwrap()] {
         // One folder per format: a flipped byte then lies in this format's section.
         let cache = tempfile::tempdir().expect("temp dir");
         let build = || {
@@ -726,9 +726,16 @@ fn channel_scales_preserve_the_function() {
                     }
                 })
                 .collect(),
+            head: factors(config.hidden_size),
         };
         let moved = apply(&weights, &config, &scales);
         assert_ne!(moved.layers[0].q.data, weights.layers[0].q.data);
+        // The final norm → lm_head factor moves only into an untied head.
+        assert_eq!(
+            moved.final_norm != weights.final_norm,
+            weights.lm_head.is_some(),
+            "{arch:?}"
+        );
         let (a, b) = (
             reference::logits(&reference_model(&config, &weights), &tokens),
             reference::logits(&reference_model(&config, &moved), &tokens),
@@ -937,6 +944,7 @@ fn layer_hessians_match_references_and_follow_the_equalization() {
                     }
                 })
                 .collect(),
+            head: Vec::new(),
         };
         let moved = apply(&weights, &config, &scales);
         let moved_grams = hessians_of(&config, &moved, &tokens, window);
@@ -1076,4 +1084,108 @@ fn int4_gptq_builds_deterministically_and_round_trips_the_pack_cache() {
             "{name}: warm start after other recipes differs"
         );
     }
+}
+
+/// `int8:calib` and `int8:gptq` build from calibration tokens (a clear error without),
+/// deterministically, close to float32 and not equal to plain int8; on an untied model the
+/// final norm → `lm_head` unit is equalized (the decoder's final norm moves); the pack cache
+/// round-trips them (a warm start loads the file, spends no calibration time and gives the
+/// same logits), their recipes differ from each other and from plain int8's, and plain int8
+/// ignores calibration tokens (the same pack with or without them).
+#[test]
+fn int8_calib_and_gptq_build_deterministically_and_round_trip_the_pack_cache() {
+    use crate::pack_cache::{recipe_key, PackOutcome};
+    for name in ["tiny-llama", "tiny-qwen2"] {
+        let f = load_fixture(name);
+        let probe = ids(&f.golden["probe_tokens"]);
+        let calib: Vec<u32> = (0..600u32).map(|i| (i * 131 + 7) % 500).collect();
+        let cache = tempfile::tempdir().expect("temp dir");
+        let build = |p: Precision, tokens: Option<Vec<u32>>, cache_dir: Option<PathBuf>| {
+            KwkDecoder::from_weights(
+                &f.config,
+                &f.weights,
+                vec![],
+                &f.dir,
+                DecoderOptions {
+                    max_cache_len: 64,
+                    precision: p,
+                    threads: 2,
+                    calibration_tokens: tokens,
+                    pack_cache_dir: cache_dir,
+                },
+            )
+        };
+        let logits = |dec: &mut KwkDecoder| dec.forward(&probe, 0).unwrap();
+        let reference = logits(&mut decoder(&f, Precision::Float32, 2, 64));
+        let largest = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let plain = logits(&mut build(Precision::INT8, None, None).unwrap());
+        for spec in ["int8:calib", "int8:gptq"] {
+            let p = Precision::parse(spec).unwrap();
+            let err = build(p, None, None).err().expect("no tokens is an error");
+            assert!(
+                err.to_string()
+                    .contains(&format!("{spec} needs calibration tokens")),
+                "{err}"
+            );
+            let mut first = build(p, Some(calib.clone()), None).unwrap();
+            assert!(first.calibration_s() > 0.0);
+            assert_eq!(
+                first.final_norm != f.weights.final_norm,
+                f.weights.lm_head.is_some(),
+                "{name} {spec}: the head unit moves the final norm only when lm_head is untied"
+            );
+            let a = logits(&mut first);
+            let b = logits(&mut build(p, Some(calib.clone()), None).unwrap());
+            assert_eq!(a, b, "{name}: {spec} is not deterministic");
+            assert_ne!(a, plain, "{name}: {spec} changed nothing");
+            let worst = a
+                .iter()
+                .zip(&reference)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0f32, f32::max);
+            assert!(
+                worst < 0.32 * largest,
+                "{name}: {spec} logits off by {worst} of {largest}"
+            );
+            let dir = Some(cache.path().to_path_buf());
+            let cold = build(p, Some(calib.clone()), dir.clone()).unwrap();
+            let Some(PackOutcome::Written(path)) = cold.pack_cache_outcome() else {
+                panic!("{name} {spec}: cold start did not write the cache");
+            };
+            let path = path.clone();
+            let mut warm = build(p, Some(calib.clone()), dir).unwrap();
+            assert_eq!(warm.pack_cache_outcome(), Some(&PackOutcome::Loaded(path)));
+            assert_eq!(warm.calibration_s(), 0.0);
+            assert_eq!(logits(&mut warm), a, "{name} {spec}: warm start differs");
+        }
+        // Plain int8 packed with calibration tokens is found again without them.
+        let dir = Some(cache.path().to_path_buf());
+        let cold = build(Precision::INT8, Some(calib.clone()), dir.clone()).unwrap();
+        assert!(matches!(
+            cold.pack_cache_outcome(),
+            Some(PackOutcome::Written(_))
+        ));
+        let mut warm = build(Precision::INT8, None, dir).unwrap();
+        assert!(matches!(
+            warm.pack_cache_outcome(),
+            Some(PackOutcome::Loaded(_))
+        ));
+        assert_eq!(logits(&mut warm), plain);
+    }
+    let keys: Vec<String> = ["int8", "int8:calib", "int8:gptq", "int4:calib"]
+        .iter()
+        .map(|s| recipe_key(&Precision::parse(s).unwrap(), Some(&[1, 2, 3])))
+        .collect();
+    for i in 0..keys.len() {
+        for j in i + 1..keys.len() {
+            assert_ne!(keys[i], keys[j]);
+        }
+    }
+    assert_eq!(keys[0], recipe_key(&Precision::INT8, None));
+    let calib = Precision::parse("int8:calib").unwrap();
+    assert_ne!(
+        recipe_key(&calib, Some(&[1, 2, 3])),
+        recipe_key(&calib, Some(&[1, 2, 4]))
+    );
+    assert!(keys[2].contains(&crate::quantize::gptq::settings(false)));
 }

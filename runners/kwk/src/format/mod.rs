@@ -117,6 +117,8 @@ pub fn pack_linear(
     match precision {
         Precision::Float32 => Ok(Box::new(float32::F32Panels::pack(tensor))),
         Precision::Bf16 => Ok(Box::new(bf16::Bf16Panels::pack(tensor))),
-        Precision::Int8 | Precision::Int4(_) => quantized::pack_quantized(tensor, precision, place),
+        Precision::Int8(_) | Precision::Int4(_) => {
+            quantized::pack_quantized(tensor, precision, place)
+        }
     }
 }

@@ -126,7 +126,7 @@ pub fn quantize_tensor(
 
 /// [`quantize_tensor`] on `grid` when given (a mix chosen by `quantize::mix`), else on the
 /// grid the mix rule gives `place`. This rounds each group on its own: under `int4:gptq`
-/// the decoder rounds the layers' linears with `quantize::gptq` (it needs their inputs'
+/// and `int8:gptq` the decoder rounds the layers' linears with `quantize::gptq` (it needs their inputs'
 /// Hessians) and only the embedding, `lm_head` and experts no calibration token reached
 /// come here.
 pub fn quantize_on(
@@ -197,7 +197,7 @@ pub fn grid_for(precision: &Precision, place: &TensorPlace) -> Result<Option<Gri
         return Ok(None);
     }
     let opts = match precision {
-        Precision::Int8 => {
+        Precision::Int8(_) => {
             return Ok(Some(Grid::Asym {
                 bits: 8,
                 group: INT8_GROUP,
@@ -259,13 +259,13 @@ mod tests {
             n_layers: 1,
             model_params: 1,
         };
-        assert!(pack_quantized(&t, &Precision::Int8, place).is_err());
+        assert!(pack_quantized(&t, &Precision::INT8, place).is_err());
         let place = TensorPlace {
             role: TensorRole::AttnQ,
             ..place
         };
         assert!(pack_quantized(&t, &Precision::Float32, place).is_err());
-        assert!(pack_quantized(&t, &Precision::Int8, place).is_ok());
+        assert!(pack_quantized(&t, &Precision::INT8, place).is_ok());
     }
 
     #[test]
@@ -313,7 +313,7 @@ mod tests {
                 .bytes(),
             32 * 64 + 2 * 2 * 2 * 32 // asymmetric 8-bit g32: 9 bits per weight
         );
-        let p = pack_quantized(&t, &Precision::Int8, plain).unwrap();
+        let p = pack_quantized(&t, &Precision::INT8, plain).unwrap();
         assert_eq!(p.bytes(), 32 * 64 + 2 * 2 * 32); // int8: asymmetric g64, 8.5 bits per weight
     }
 }

@@ -142,7 +142,7 @@ fn one_file_holds_every_format_and_a_touched_source_is_rehashed() {
     let cache = dir.path().join("cache");
     let ts = tensors();
     let (a, _) = pack_all(&cache, &source, &int4(), &ts);
-    let (b, _) = pack_all(&cache, &source, &Precision::Int8, &ts);
+    let (b, _) = pack_all(&cache, &source, &Precision::INT8, &ts);
     assert!(matches!(a, PackOutcome::Written(_)) && matches!(b, PackOutcome::Written(_)));
     assert_eq!(names_in(&cache).len(), 1);
     let infos = list(&cache).unwrap();
@@ -151,7 +151,7 @@ fn one_file_holds_every_format_and_a_touched_source_is_rehashed() {
     let f = File::options().append(true).open(&source).unwrap();
     f.set_modified(SystemTime::now() + std::time::Duration::from_secs(5))
         .unwrap();
-    for p in [int4(), Precision::Int8] {
+    for p in [int4(), Precision::INT8] {
         assert!(matches!(
             pack_all(&cache, &source, &p, &ts).0,
             PackOutcome::Loaded(_)
@@ -348,7 +348,7 @@ fn layout_golden_hash_pins_pack_version() {
     let mut h = Sha256::new();
     let p = place(TensorRole::AttnQ, Some(0));
     for (prec, grid) in [
-        (Precision::Int8, None),
+        (Precision::INT8, None),
         (int4(), Some(Grid::Asym { bits: 4, group: 32 })),
         (int4(), Some(Grid::Asym { bits: 6, group: 64 })),
         (int4(), Some(Grid::Sym8)),

@@ -1,4 +1,4 @@
-//! GPTQ (`int4:gptq`): rounding a linear weight column by column while pushing each
+//! GPTQ (`int4:gptq`, and `int8:gptq` on the int8 format's 8-bit g64 grid): rounding a linear weight column by column while pushing each
 //! column's rounding error onto the columns not yet rounded, weighted by the inverse Hessian
 //! of the layer's reconstruction error `‖(W − Q) X‖²`, `H = Σ x xᵀ` over the calibration
 //! inputs of that linear (Frantar et al., "GPTQ: Accurate Post-Training Quantization for
