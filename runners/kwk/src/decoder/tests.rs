@@ -981,6 +981,29 @@ fn layer_hessians_match_references_and_follow_the_equalization() {
     }
 }
 
+/// A decoder of fixture `f` in `p`, calibrated on `tokens`, with its pack cache in
+/// `cache_dir` (the calibrated formats' determinism and cache tests).
+fn build_calibrated(
+    f: &Fixture,
+    p: Precision,
+    tokens: Option<Vec<u32>>,
+    cache_dir: Option<PathBuf>,
+) -> crate::error::Result<KwkDecoder> {
+    KwkDecoder::from_weights(
+        &f.config,
+        &f.weights,
+        vec![],
+        &f.dir,
+        DecoderOptions {
+            max_cache_len: 64,
+            precision: p,
+            threads: 2,
+            calibration_tokens: tokens,
+            pack_cache_dir: cache_dir,
+        },
+    )
+}
+
 /// `int4:gptq` builds, is deterministic, stays close to float32, needs calibration tokens,
 /// and round-trips the pack cache (a warm start loads the file and gives identical logits;
 /// the key differs from int4:calib's and from another calibration text's).
@@ -993,19 +1016,7 @@ fn int4_gptq_builds_deterministically_and_round_trips_the_pack_cache() {
         let precision = Precision::parse("int4:gptq").unwrap();
         let cache = tempfile::tempdir().expect("temp dir");
         let build = |p: Precision, tokens: Option<Vec<u32>>, cache_dir: Option<PathBuf>| {
-            KwkDecoder::from_weights(
-                &f.config,
-                &f.weights,
-                vec![],
-                &f.dir,
-                DecoderOptions {
-                    max_cache_len: 64,
-                    precision: p,
-                    threads: 2,
-                    calibration_tokens: tokens,
-                    pack_cache_dir: cache_dir,
-                },
-            )
+            build_calibrated(&f, p, tokens, cache_dir)
         };
         let err = build(precision, None, None)
             .err()
@@ -1101,19 +1112,7 @@ fn int8_calib_and_gptq_build_deterministically_and_round_trip_the_pack_cache() {
         let calib: Vec<u32> = (0..600u32).map(|i| (i * 131 + 7) % 500).collect();
         let cache = tempfile::tempdir().expect("temp dir");
         let build = |p: Precision, tokens: Option<Vec<u32>>, cache_dir: Option<PathBuf>| {
-            KwkDecoder::from_weights(
-                &f.config,
-                &f.weights,
-                vec![],
-                &f.dir,
-                DecoderOptions {
-                    max_cache_len: 64,
-                    precision: p,
-                    threads: 2,
-                    calibration_tokens: tokens,
-                    pack_cache_dir: cache_dir,
-                },
-            )
+            build_calibrated(&f, p, tokens, cache_dir)
         };
         let logits = |dec: &mut KwkDecoder| dec.forward(&probe, 0).unwrap();
         let reference = logits(&mut decoder(&f, Precision::Float32, 2, 64));
