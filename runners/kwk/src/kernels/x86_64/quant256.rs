@@ -141,7 +141,7 @@ macro_rules! define_quant256 {
                     // SAFETY: forwarded contract; tokens t0+t..t0+t+m are in range.
                     unsafe {
                         match m {
-                            1 => int8_sub::<1>(w, x, g, t0 + t, o),
+                            1 => int8_gemv(w, x, g, t0 + t, o),
                             2 => int8_sub::<2>(w, x, g, t0 + t, o),
                             3 => int8_sub::<3>(w, x, g, t0 + t, o),
                             _ => int8_sub::<4>(w, x, g, t0 + t, o),
@@ -201,6 +201,189 @@ macro_rules! define_quant256 {
                             _mm256_storeu_ps(out[t].as_mut_ptr().add(h * 8), *acc_t);
                         }
                     }
+                }
+            }
+
+            /// One token of an int8 tile with both 8-row halves in one pass (GEMV): each
+            /// 64-byte weight line is used whole as it streams in and each activation quad
+            /// is broadcast once, where the token-tile path walks the tiles once per half.
+            #[target_feature(enable = $features)]
+            unsafe fn int8_gemv(
+                w: &Int8Tiles,
+                x: &Q8Rows,
+                g: usize,
+                tok: usize,
+                out: &mut [[f32; ROW_GROUP]],
+            ) {
+                let nb = w.n_blocks();
+                // SAFETY: as `int8_sub` with N = 1.
+                unsafe {
+                    let qs = w.qs.as_ptr().add(g * nb * INT8_TILE_BYTES);
+                    let sc = w.scales.as_ptr().add(g * nb * ROW_GROUP) as *const u16;
+                    let xq = x.quants.as_ptr().add(tok * x.dim);
+                    let xs = x.scales.as_ptr().add(tok * nb);
+                    let xbs = x.block_sums.as_ptr().add(tok * nb);
+                    let mut acc = [_mm256_setzero_ps(); 2];
+                    for b in 0..nb {
+                        let tile = qs.add(b * INT8_TILE_BYTES);
+                        prefetch_ahead(tile, INT8_TILE_BYTES);
+                        // int8 wants Σ (u - 128)·a.
+                        let init = _mm256_set1_epi32((-128 - FULL8_BIAS) * *xbs.add(b));
+                        let s = full8_both_halves(init, tile, xq.add(b * BLOCK));
+                        let da = _mm256_set1_ps(*xs.add(b));
+                        for h in 0..2 {
+                            let dw = _mm256_cvtph_ps(_mm_loadu_si128(
+                                sc.add(b * ROW_GROUP + h * 8) as *const _,
+                            ));
+                            acc[h] = _mm256_fmadd_ps(
+                                _mm256_cvtepi32_ps(s[h]),
+                                _mm256_mul_ps(dw, da),
+                                acc[h],
+                            );
+                        }
+                    }
+                    _mm256_storeu_ps(out[0].as_mut_ptr(), acc[0]);
+                    _mm256_storeu_ps(out[0].as_mut_ptr().add(8), acc[1]);
+                }
+            }
+
+            /// `init + Σ u·a + FULL8_BIAS · Σa` per row: the full-byte dots of one 16-row ×
+            /// 32-column tile at `tile` (quads 64 bytes apart, rows 0..8 in the first 32
+            /// bytes of each) with one token's 32 activations at `xq`, as two 8-row halves.
+            ///
+            /// # Safety
+            /// The module's features; the tile's 512 bytes and the 32 activations are
+            /// readable.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn full8_both_halves(init: __m256i, tile: *const u8, xq: *const i8) -> [__m256i; 2] {
+                let mut s = [init; 2];
+                // SAFETY: forwarded contract.
+                unsafe {
+                    for quad in 0..BLOCK / 4 {
+                        let a = _mm256_set1_epi32((xq.add(quad * 4) as *const i32).read_unaligned());
+                        for (h, s_h) in s.iter_mut().enumerate() {
+                            let wv = full8_prep(_mm256_loadu_si256(
+                                tile.add(quad * 64 + h * 32) as *const _,
+                            ));
+                            *s_h = full8_dot(*s_h, wv, a);
+                        }
+                    }
+                }
+                s
+            }
+
+            /// One token of a low-bit tile with both halves in one pass (see
+            /// [`int8_gemv`]).
+            #[target_feature(enable = $features)]
+            unsafe fn lowbit_gemv<const BITS: u32>(
+                w: &LowBitTiles,
+                x: &Q8Rows,
+                smin: &[f32],
+                g: usize,
+                tok: usize,
+                out: &mut [[f32; ROW_GROUP]],
+            ) {
+                let nb = w.n_blocks();
+                let ncg = w.n_col_groups();
+                let bpg = w.group_size / BLOCK;
+                let tile_bytes = code_tile_bytes(BITS);
+                let run = small_run(BITS);
+                // SAFETY: as `lowbit_sub` with N = 1.
+                unsafe {
+                    let codes = w.nibbles.as_ptr().add(g * nb * tile_bytes);
+                    let hbits = if BITS == 6 {
+                        w.high_bits.as_ptr().add(g * nb * HIGH_BITS_TILE_BYTES)
+                    } else {
+                        std::ptr::null()
+                    };
+                    let sc = w.scales.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
+                    let mn = w.mins.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
+                    let xq = x.quants.as_ptr().add(tok * x.dim);
+                    let xs = x.scales.as_ptr().add(tok * nb);
+                    let xbs = x.block_sums.as_ptr().add(tok * nb);
+                    let low4 = _mm256_set1_epi8(0x0F);
+                    let bits45 = _mm256_set1_epi8(0x30);
+                    let mut acc = [_mm256_setzero_ps(); 2];
+                    for cg in 0..ncg {
+                        let dw = [0, 1].map(|h| {
+                            _mm256_cvtph_ps(_mm_loadu_si128(sc.add(cg * ROW_GROUP + h * 8) as *const _))
+                        });
+                        for b in cg * bpg..((cg + 1) * bpg).min(nb) {
+                            let tile = codes.add(b * tile_bytes);
+                            prefetch_ahead(tile, tile_bytes);
+                            let s = if BITS == 8 {
+                                // codes want Σ u·a: start at -FULL8_BIAS · Σa.
+                                let init = _mm256_set1_epi32(-FULL8_BIAS * *xbs.add(b));
+                                full8_both_halves(init, tile, xq.add(b * BLOCK))
+                            } else {
+                                let hb = if BITS == 6 {
+                                    let p = hbits.add(b * HIGH_BITS_TILE_BYTES);
+                                    [0, 1].map(|h| {
+                                        [
+                                            _mm256_loadu_si256(p.add(h * 32) as *const _),
+                                            _mm256_loadu_si256(p.add(64 + h * 32) as *const _),
+                                        ]
+                                    })
+                                } else {
+                                    [[_mm256_setzero_si256(); 2]; 2]
+                                };
+                                let mut s = [_mm256_setzero_si256(); 2];
+                                let mut s16 = [_mm256_setzero_si256(); 2];
+                                for quad in 0..BLOCK / 4 {
+                                    let a = _mm256_set1_epi32(
+                                        (xq.add(b * BLOCK + quad * 4) as *const i32).read_unaligned(),
+                                    );
+                                    for h in 0..2 {
+                                        let v = _mm256_loadu_si256(
+                                            tile.add((quad % 4) * 64 + h * 32) as *const _,
+                                        );
+                                        let mut c = if quad < 4 {
+                                            _mm256_and_si256(v, low4)
+                                        } else {
+                                            _mm256_and_si256(_mm256_srli_epi16::<4>(v), low4)
+                                        };
+                                        if BITS == 6 {
+                                            // As in `lowbit_sub`.
+                                            let hv = hb[h][quad / 4];
+                                            let placed = match quad % 4 {
+                                                0 => _mm256_slli_epi16::<4>(hv),
+                                                1 => _mm256_slli_epi16::<2>(hv),
+                                                2 => hv,
+                                                _ => _mm256_srli_epi16::<2>(hv),
+                                            };
+                                            c = _mm256_or_si256(c, _mm256_and_si256(placed, bits45));
+                                        }
+                                        s16[h] = small_acc(s16[h], c, a);
+                                    }
+                                    if (quad + 1) % run == 0 {
+                                        for h in 0..2 {
+                                            s[h] = _mm256_add_epi32(s[h], small_finish(s16[h]));
+                                            s16[h] = _mm256_setzero_si256();
+                                        }
+                                    }
+                                }
+                                s
+                            };
+                            let da = _mm256_set1_ps(*xs.add(b));
+                            for h in 0..2 {
+                                acc[h] = _mm256_fmadd_ps(
+                                    _mm256_cvtepi32_ps(s[h]),
+                                    _mm256_mul_ps(dw[h], da),
+                                    acc[h],
+                                );
+                            }
+                        }
+                        let sm = _mm256_set1_ps(smin[cg]);
+                        for h in 0..2 {
+                            let mw = _mm256_cvtph_ps(_mm_loadu_si128(
+                                mn.add(cg * ROW_GROUP + h * 8) as *const _,
+                            ));
+                            acc[h] = _mm256_fmadd_ps(mw, sm, acc[h]);
+                        }
+                    }
+                    _mm256_storeu_ps(out[0].as_mut_ptr(), acc[0]);
+                    _mm256_storeu_ps(out[0].as_mut_ptr().add(8), acc[1]);
                 }
             }
 
@@ -273,15 +456,15 @@ macro_rules! define_quant256 {
                     // SAFETY: forwarded contract.
                     unsafe {
                         match (w.bits, m) {
-                            (4, 1) => lowbit_sub::<1, 4>(w, x, st, g, t0 + t, o),
+                            (4, 1) => lowbit_gemv::<4>(w, x, st, g, t0 + t, o),
                             (4, 2) => lowbit_sub::<2, 4>(w, x, st, g, t0 + t, o),
                             (4, 3) => lowbit_sub::<3, 4>(w, x, st, g, t0 + t, o),
                             (4, _) => lowbit_sub::<4, 4>(w, x, st, g, t0 + t, o),
-                            (6, 1) => lowbit_sub::<1, 6>(w, x, st, g, t0 + t, o),
+                            (6, 1) => lowbit_gemv::<6>(w, x, st, g, t0 + t, o),
                             (6, 2) => lowbit_sub::<2, 6>(w, x, st, g, t0 + t, o),
                             (6, 3) => lowbit_sub::<3, 6>(w, x, st, g, t0 + t, o),
                             (6, _) => lowbit_sub::<4, 6>(w, x, st, g, t0 + t, o),
-                            (8, 1) => lowbit_sub::<1, 8>(w, x, st, g, t0 + t, o),
+                            (8, 1) => lowbit_gemv::<8>(w, x, st, g, t0 + t, o),
                             (8, 2) => lowbit_sub::<2, 8>(w, x, st, g, t0 + t, o),
                             (8, 3) => lowbit_sub::<3, 8>(w, x, st, g, t0 + t, o),
                             (8, _) => lowbit_sub::<4, 8>(w, x, st, g, t0 + t, o),
