@@ -23,7 +23,9 @@
 //! bit; the tests run every path the CPU supports against the scalar one. GEMM (prompts): a
 //! tile of up to [`TOKEN_TILE`] tokens shares each weight load and each weight preparation;
 //! GEMV (one token): the same microkernel with one token, whose independent per-block
-//! integer chains the out-of-order core overlaps; it is bound by memory bandwidth.
+//! integer chains the out-of-order core overlaps; it is bound by memory bandwidth. The
+//! 256-bit paths, whose registers hold 8 of a group's 16 rows, have a one-token variant that
+//! runs both halves in one pass over each tile (`quant256`).
 //!
 //! ## Prompts without VNNI: integer tiles, not dequantized float tiles
 //! The other way to run a prompt on a CPU without `vpdpbusd` is to dequantize a weight tile
@@ -48,7 +50,11 @@
 //! weights only tie with float32 there (their gain is the 4x smaller weight reads); 4- and
 //! 6-bit codes sum several quads in i16 and need about half. Splitting full bytes into
 //! nibbles (`u = 16 hi + lo`, i16 sums, no sign fix) measured no faster on AVX2 (41 vs 44
-//! GMAC/s), nor did 3-token sub-tiles. The `avx512bw` tier was measured here by forcing it
+//! GMAC/s), nor did 3-token sub-tiles. Nor did cache blocking over tokens (every row group
+//! over a chunk of 16-128 tokens before the next chunk, so the chunk's activations stay in
+//! L2): on an AMD Zen 3 (AVX2, one thread, 512 tokens) it measured slower, int4 50 -> 37-38
+//! and 8-bit codes 35 -> 26-31 GMAC/s, because the weights then stream from L3 once per
+//! chunk; row group outer, all tokens inner stays the order. The `avx512bw` tier was measured here by forcing it
 //! on Zen 4, not on a Skylake-SP/Cascade Lake, whose ports for 512-bit integer multiplies
 //! differ; the same bench there (`ISA=avx512bw`) is the check.
 

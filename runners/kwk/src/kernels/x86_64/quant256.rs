@@ -8,7 +8,11 @@
 //! A 16-row group is processed as two 8-row halves (one ymm of i32/f32 lanes each), in
 //! sub-tiles of up to [`SUB_TOKENS`] tokens that share every weight load and every weight
 //! preparation (offset removal, nibble unpacking): 16 ymm registers hold the sub-tile's
-//! accumulators, one weight operand and the constants.
+//! accumulators, one weight operand and the constants. A single token (GEMV, generation)
+//! instead runs both halves in one pass over each tile, so every 64-byte weight line is used
+//! whole while it streams in and each activation quad is broadcast once (`quant_kernel_bench`
+//! tokens=1 on an AMD Zen 3, AVX2, one thread, the other core busy: 8-bit codes 18 -> 24-26
+//! GMAC/s, 4-bit 23-25 -> 34).
 //!
 //! Exact integer block dots, as the scalar specification computes them:
 //! - int8 tiles and 8-bit codes (bytes `u` in 0..=255): `vpdpbusd` takes `u` unsigned
