@@ -5,6 +5,8 @@
 
 mod common;
 use common::*;
+#[path = "../runners/kwk/tests/common/doc_table.rs"]
+mod doc_table;
 use std::path::{Path, PathBuf};
 
 fn doc_path() -> PathBuf {
@@ -14,29 +16,12 @@ fn doc_path() -> PathBuf {
 /// `(id, message)` of each row of the table in the "## Bad flags and texts" section.
 fn table_rows() -> Vec<(String, String)> {
     let text = std::fs::read_to_string(doc_path()).unwrap();
-    let mut rows = Vec::new();
     let section = text
         .lines()
         .skip_while(|l| !l.starts_with("## Bad flags and texts"))
         .skip(1)
         .take_while(|l| !l.starts_with("## "));
-    for line in section {
-        let Some(rest) = line.strip_prefix("| `") else {
-            continue;
-        };
-        let cells: Vec<&str> = rest.split(" | ").collect();
-        assert_eq!(cells.len(), 3, "a row needs id, input, message: {line}");
-        let id = cells[0].trim_end_matches('`').to_string();
-        let msg = cells[2]
-            .trim_end_matches('|')
-            .trim()
-            .strip_prefix('`')
-            .and_then(|m| m.strip_suffix('`'))
-            .unwrap_or_else(|| panic!("the message of {id} is not in backticks: {line}"))
-            .to_string();
-        rows.push((id, msg));
-    }
-    rows
+    doc_table::table_rows(section)
 }
 
 const BUILDERS: [&str; 19] = [

@@ -7,34 +7,20 @@
 //! `KWK_BAD_INPUTS_PRINT=1 cargo test -p kwk --test bad_inputs -- --nocapture` prints the
 //! current messages (for updating the table after a deliberate wording change).
 
+#[path = "common/doc_table.rs"]
+mod doc_table;
+
 use std::path::{Path, PathBuf};
 
 fn table_path() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/bad-inputs.md")
 }
 
-/// `(id, message)` of every table row: lines `| `id` | description | `message` |`.
+/// `(id, message)` of every row of the loader's table (the sections after the first `## `
+/// hold kwk-eval's own messages).
 fn table_rows() -> Vec<(String, String)> {
     let text = std::fs::read_to_string(table_path()).unwrap();
-    let mut rows = Vec::new();
-    // The loader's table only: later sections (`## ...`) hold kwk-eval's own messages.
-    for line in text.lines().take_while(|l| !l.starts_with("## ")) {
-        let Some(rest) = line.strip_prefix("| `") else {
-            continue;
-        };
-        let cells: Vec<&str> = rest.split(" | ").collect();
-        assert_eq!(cells.len(), 3, "a row needs id, input, message: {line}");
-        let id = cells[0].trim_end_matches('`').to_string();
-        let msg = cells[2]
-            .trim_end_matches('|')
-            .trim()
-            .strip_prefix('`')
-            .and_then(|m| m.strip_suffix('`'))
-            .unwrap_or_else(|| panic!("the message of {id} is not in backticks: {line}"))
-            .to_string();
-        rows.push((id, msg));
-    }
-    rows
+    doc_table::table_rows(text.lines().take_while(|l| !l.starts_with("## ")))
 }
 
 fn fixture(name: &str) -> PathBuf {
