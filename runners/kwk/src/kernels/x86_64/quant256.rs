@@ -208,6 +208,32 @@ macro_rules! define_quant256 {
                 }
             }
 
+            /// The 4- or 6-bit codes of quad `quad` (0..8) of a block: the low or high
+            /// nibbles of `v` (the tile's 64-byte line `quad % 4`, this half), and for 6-bit
+            /// codes bits 2j..2j+1 of the high-bit line `hb[quad / 4]` moved to bits 4..5
+            /// (bits crossing a byte are masked off).
+            #[inline]
+            #[target_feature(enable = $features)]
+            fn small_codes<const BITS: u32>(v: __m256i, hb: [__m256i; 2], quad: usize) -> __m256i {
+                let low4 = _mm256_set1_epi8(0x0F);
+                let c = if quad < 4 {
+                    _mm256_and_si256(v, low4)
+                } else {
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(v), low4)
+                };
+                if BITS != 6 {
+                    return c;
+                }
+                let hv = hb[quad / 4];
+                let placed = match quad % 4 {
+                    0 => _mm256_slli_epi16::<4>(hv),
+                    1 => _mm256_slli_epi16::<2>(hv),
+                    2 => hv,
+                    _ => _mm256_srli_epi16::<2>(hv),
+                };
+                _mm256_or_si256(c, _mm256_and_si256(placed, _mm256_set1_epi8(0x30)))
+            }
+
             /// One token of an int8 tile with both 8-row halves in one pass (GEMV): each
             /// 64-byte weight line is used whole as it streams in and each activation quad
             /// is broadcast once, where the token-tile path walks the tiles once per half.
@@ -306,8 +332,6 @@ macro_rules! define_quant256 {
                     let xq = x.quants.as_ptr().add(tok * x.dim);
                     let xs = x.scales.as_ptr().add(tok * nb);
                     let xbs = x.block_sums.as_ptr().add(tok * nb);
-                    let low4 = _mm256_set1_epi8(0x0F);
-                    let bits45 = _mm256_set1_epi8(0x30);
                     let mut acc = [_mm256_setzero_ps(); 2];
                     for cg in 0..ncg {
                         let dw = [0, 1].map(|h| {
@@ -342,22 +366,7 @@ macro_rules! define_quant256 {
                                         let v = _mm256_loadu_si256(
                                             tile.add((quad % 4) * 64 + h * 32) as *const _,
                                         );
-                                        let mut c = if quad < 4 {
-                                            _mm256_and_si256(v, low4)
-                                        } else {
-                                            _mm256_and_si256(_mm256_srli_epi16::<4>(v), low4)
-                                        };
-                                        if BITS == 6 {
-                                            // As in `lowbit_sub`.
-                                            let hv = hb[h][quad / 4];
-                                            let placed = match quad % 4 {
-                                                0 => _mm256_slli_epi16::<4>(hv),
-                                                1 => _mm256_slli_epi16::<2>(hv),
-                                                2 => hv,
-                                                _ => _mm256_srli_epi16::<2>(hv),
-                                            };
-                                            c = _mm256_or_si256(c, _mm256_and_si256(placed, bits45));
-                                        }
+                                        let c = small_codes::<BITS>(v, hb[h], quad);
                                         s16[h] = small_acc(s16[h], c, a);
                                     }
                                     if (quad + 1) % run == 0 {
@@ -509,8 +518,6 @@ macro_rules! define_quant256 {
                     let xq = x.quants.as_ptr().add(tok * dim);
                     let xs = x.scales.as_ptr().add(tok * nb);
                     let xbs = x.block_sums.as_ptr().add(tok * nb);
-                    let low4 = _mm256_set1_epi8(0x0F);
-                    let bits45 = _mm256_set1_epi8(0x30);
                     for h in 0..2 {
                         let mut acc = [_mm256_setzero_ps(); N];
                         for cg in 0..ncg {
@@ -546,23 +553,7 @@ macro_rules! define_quant256 {
                                         let v = _mm256_loadu_si256(
                                             tile.add((quad % 4) * 64) as *const _,
                                         );
-                                        let mut c = if quad < 4 {
-                                            _mm256_and_si256(v, low4)
-                                        } else {
-                                            _mm256_and_si256(_mm256_srli_epi16::<4>(v), low4)
-                                        };
-                                        if BITS == 6 {
-                                            // Bits 2j..2j+1 of the high-bit byte to bits
-                                            // 4..5 (bits crossing a byte are masked off).
-                                            let hv = hb[quad / 4];
-                                            let placed = match quad % 4 {
-                                                0 => _mm256_slli_epi16::<4>(hv),
-                                                1 => _mm256_slli_epi16::<2>(hv),
-                                                2 => hv,
-                                                _ => _mm256_srli_epi16::<2>(hv),
-                                            };
-                                            c = _mm256_or_si256(c, _mm256_and_si256(placed, bits45));
-                                        }
+                                        let c = small_codes::<BITS>(v, hb, quad);
                                         for (t, s16_t) in s16.iter_mut().enumerate() {
                                             *s16_t = small_acc(*s16_t, c, act(t, quad));
                                         }
