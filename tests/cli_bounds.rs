@@ -5,8 +5,6 @@
 
 mod common;
 use common::*;
-#[path = "../runners/kwk/tests/common/doc_table.rs"]
-mod doc_table;
 use std::path::{Path, PathBuf};
 
 fn doc_path() -> PathBuf {

@@ -2,6 +2,9 @@
 //! and a kwk-eval command with a clean environment.
 #![allow(dead_code)]
 
+#[path = "../../runners/kwk/tests/common/doc_table.rs"]
+pub mod doc_table;
+
 use assert_cmd::Command;
 use std::path::PathBuf;
 
@@ -62,32 +65,18 @@ pub fn lifetime_row(id: &str) -> (i32, String) {
 pub fn lifetime_rows() -> Vec<(String, i32, String)> {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/bad-inputs.md");
     let text = std::fs::read_to_string(path).unwrap();
-    let mut rows = Vec::new();
     let mut inside = false;
-    for line in text.lines() {
+    let section = text.lines().filter(|line| {
         if line.starts_with("## ") {
             inside = line.starts_with("## Run folder, interruption and report writes");
-            continue;
         }
-        let Some(rest) = line.strip_prefix("| **").filter(|_| inside) else {
-            continue;
-        };
-        let cells: Vec<&str> = rest.split(" | ").collect();
-        assert_eq!(
-            cells.len(),
-            4,
-            "a row needs id, situation, exit, message: {line}"
-        );
-        let id = cells[0].trim_end_matches("**").to_string();
-        let code = cells[2].trim().parse().unwrap();
-        let msg = cells[3]
-            .trim_end_matches('|')
-            .trim()
-            .strip_prefix('`')
-            .and_then(|m| m.strip_suffix('`'))
-            .unwrap_or_else(|| panic!("the message of {id} is not in backticks: {line}"))
-            .to_string();
-        rows.push((id, code, msg));
-    }
-    rows
+        inside
+    });
+    doc_table::rows_with(section, "**", 4)
+        .into_iter()
+        .map(|(id, middle, msg)| {
+            let code = middle[1].trim().parse().unwrap();
+            (id, code, msg)
+        })
+        .collect()
 }
