@@ -2,7 +2,6 @@
 //! cache, the SwiGLU MLP, the mixture-of-experts feed-forward, and the row-parallel helpers
 //! (RMSNorm, activation preparation, multi-matmul hand-offs) they share.
 
-use crate::format::float32::F32Panels;
 use crate::format::{InputKind, PackedLinear, PreparedInput};
 use crate::kernels::{self, OutputMatrix, PANEL_ROWS};
 use crate::model::{ModelConfig, Tensor};
@@ -307,10 +306,28 @@ impl LayerRecord {
     }
 }
 
+/// Rows of the Gram matrix per task of [`accumulate_gram`] (a multiple of [`PANEL_ROWS`]).
+const GRAM_BLOCK: usize = 32;
+
+thread_local! {
+    /// [`accumulate_gram`]'s buffers, reused across calls (calibration runs on one thread):
+    /// `Xᵀ` as panels, `Xᵀ` row-major, and the float32 product.
+    static GRAM_SCRATCH: std::cell::RefCell<[Vec<f32>; 3]> = Default::default();
+}
+
+/// Frees [`accumulate_gram`]'s buffers (after the last Hessian of a calibration).
+pub(super) fn release_gram_scratch() {
+    GRAM_SCRATCH.with(|b| *b.borrow_mut() = Default::default());
+}
+
 /// Adds `Σ x xᵀ` over the rows of `x` (rows of `dim`) to `h` (sized on first use), on the
 /// float32 matmul kernels: with `Xᵀ` (`dim × n`) as both the weight and the input,
-/// `y[i][j] = Σ_t x_t[i] x_t[j]`.
-fn accumulate_gram(pool: &ThreadPool, h: &mut Hessian, x: &[f32], dim: usize) {
+/// `y[j][i] = Σ_t x_t[i] x_t[j]`. Symmetry halves the work: the rows `i` of block `b`
+/// ([`GRAM_BLOCK`] rows) are multiplied only with the inputs `j ≥` the block's first row,
+/// so `h.sums[j][i]` is added for every `i` below the end of `j`'s block; the rest of the
+/// upper triangle is filled in by [`mirror_gram`] once all rows are in. Blocks are taken
+/// by the pool's threads from a shared counter, largest first.
+pub(super) fn accumulate_gram(pool: &ThreadPool, h: &mut Hessian, x: &[f32], dim: usize) {
     let n = x.len() / dim;
     if n == 0 {
         return;
@@ -318,25 +335,75 @@ fn accumulate_gram(pool: &ThreadPool, h: &mut Hessian, x: &[f32], dim: usize) {
     if h.dim != dim {
         *h = Hessian::zeros(dim);
     }
-    let mut xt = vec![0f32; dim * n];
-    for (t, row) in x.chunks_exact(dim).enumerate() {
-        for (i, &v) in row.iter().enumerate() {
-            xt[i * n + t] = v;
+    GRAM_SCRATCH.with(|scratch| {
+        let [panels, xt, y] = &mut *scratch.borrow_mut();
+        // Panel p holds channels 16p..16p+16 of every row of x, 16 values per row (the
+        // panel layout of `kernels` for the weight Xᵀ): a straight copy.
+        let n_panels = dim.div_ceil(PANEL_ROWS);
+        panels.clear();
+        panels.resize(n_panels * PANEL_ROWS * n, 0.0);
+        for (p, panel) in panels.chunks_exact_mut(PANEL_ROWS * n).enumerate() {
+            let c0 = p * PANEL_ROWS;
+            let width = PANEL_ROWS.min(dim - c0);
+            for (t, dst) in panel.chunks_exact_mut(PANEL_ROWS).enumerate() {
+                dst[..width].copy_from_slice(&x[t * dim + c0..t * dim + c0 + width]);
+            }
+        }
+        // Xᵀ row-major (each channel's values over the rows), transposed in tiles.
+        xt.resize(dim * n, 0.0);
+        const TILE: usize = 32;
+        for t0 in (0..n).step_by(TILE) {
+            for c0 in (0..dim).step_by(TILE) {
+                for t in t0..(t0 + TILE).min(n) {
+                    for c in c0..(c0 + TILE).min(dim) {
+                        xt[c * n + t] = x[t * dim + c];
+                    }
+                }
+            }
+        }
+        y.resize(dim * dim, 0.0);
+        let out = OutputMatrix::new(y, dim, dim);
+        let blocks = dim.div_ceil(GRAM_BLOCK);
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let isa = kernels::active_isa();
+        let (panels, xt): (&[f32], &[f32]) = (panels, xt);
+        pool.run(|_, _| loop {
+            let b = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if b >= blocks {
+                break;
+            }
+            let r0 = b * GRAM_BLOCK;
+            let rows = r0..(r0 + GRAM_BLOCK).min(dim);
+            kernels::gemm_f32_panels(
+                isa,
+                panels,
+                dim,
+                n,
+                &xt[r0 * n..],
+                dim - r0,
+                rows,
+                &out.from_token(r0),
+            );
+        });
+        for j in 0..dim {
+            let end = ((j / GRAM_BLOCK + 1) * GRAM_BLOCK).min(dim);
+            h.sums[j * dim..j * dim + end]
+                .iter_mut()
+                .zip(&y[j * dim..j * dim + end])
+                .for_each(|(s, &v)| *s += v as f64);
+        }
+    });
+    h.tokens += n as u64;
+}
+
+/// Completes a Hessian gathered by [`accumulate_gram`]: the upper triangle from the lower.
+pub(super) fn mirror_gram(h: &mut Hessian) {
+    let d = h.dim;
+    for j in 0..d {
+        for i in j + 1..d {
+            h.sums[j * d + i] = h.sums[i * d + j];
         }
     }
-    let xt = Tensor::new(vec![dim, n], xt);
-    let panels = F32Panels::pack(&xt);
-    let mut y = vec![0f32; dim * dim];
-    {
-        let out = OutputMatrix::new(&mut y, dim, dim);
-        let input = PreparedInput::F32 {
-            data: &xt.data,
-            dim: n,
-        };
-        matmuls(pool, &[(&panels, input, &out)]);
-    }
-    h.sums.iter_mut().zip(&y).for_each(|(s, &v)| *s += v as f64);
-    h.tokens += n as u64;
 }
 
 /// Adds the squares of every row of `x` (rows of `dim`) to `acc` (grown to `dim`).

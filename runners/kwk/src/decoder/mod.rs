@@ -1263,37 +1263,48 @@ impl KwkDecoder {
             })
             .collect();
         let n_layers = self.layers.len();
-        for li in 0..n_layers {
-            crate::interrupt::check()?;
-            let mut records = vec![layers::LayerRecord::default(); n_layers];
-            records[li].gram = Some(LayerGrams::default());
-            self.scratch.record = Some(records);
-            for x in streams.iter_mut() {
-                let mut pos = 0;
-                for chunk in x.chunks_mut(MICRO_BATCH * d) {
-                    self.layers[li].forward(
-                        &self.config,
-                        &self.pool,
-                        &self.rope,
-                        &mut self.kv,
-                        li,
-                        pos,
-                        chunk,
-                        &mut self.scratch,
-                    );
-                    pos += chunk.len() / d;
+        let mut run = || -> Result<()> {
+            for li in 0..n_layers {
+                crate::interrupt::check()?;
+                let mut records = vec![layers::LayerRecord::default(); n_layers];
+                records[li].gram = Some(LayerGrams::default());
+                self.scratch.record = Some(records);
+                for x in streams.iter_mut() {
+                    let mut pos = 0;
+                    for chunk in x.chunks_mut(MICRO_BATCH * d) {
+                        self.layers[li].forward(
+                            &self.config,
+                            &self.pool,
+                            &self.rope,
+                            &mut self.kv,
+                            li,
+                            pos,
+                            chunk,
+                            &mut self.scratch,
+                        );
+                        pos += chunk.len() / d;
+                    }
                 }
+                let mut records = self.scratch.record.take().unwrap_or_default();
+                let mut grams = records
+                    .get_mut(li)
+                    .and_then(|r| r.gram.take())
+                    .unwrap_or_default();
+                drop(records);
+                for h in [&mut grams.attn_in, &mut grams.o_in, &mut grams.ffn_in]
+                    .into_iter()
+                    .chain(grams.down_in.iter_mut())
+                {
+                    layers::mirror_gram(h);
+                }
+                each(li, grams)?;
             }
-            let mut records = self.scratch.record.take().unwrap_or_default();
-            let grams = records
-                .get_mut(li)
-                .and_then(|r| r.gram.take())
-                .unwrap_or_default();
-            drop(records);
-            each(li, grams)?;
-        }
+            Ok(())
+        };
+        let ran = run();
+        layers::release_gram_scratch();
         self.reset();
-        Ok(())
+        ran
     }
 
     /// Empties the KV cache; the next `forward` starts at position 0.

@@ -847,6 +847,33 @@ fn close(a: &Hessian, b: &Hessian, what: &str) {
     assert!(worst <= 1e-4 * scale, "{what}: off by {worst} of {scale}");
 }
 
+/// The blocked, symmetric Gram accumulation (lower blocks on the matmul kernels, then
+/// mirrored) against the scalar `Hessian::add_rows`, at widths around the block size, over
+/// several calls, on one and two threads.
+#[test]
+fn gram_accumulation_matches_the_scalar_reference() {
+    for dim in [1, 17, 32, 33, 70, 100] {
+        for threads in [1, 2] {
+            let pool = crate::threads::ThreadPool::new(threads);
+            let (mut got, mut want) = (Hessian::zeros(0), Hessian::zeros(dim));
+            for (call, n) in [5usize, 1, 38].into_iter().enumerate() {
+                let x: Vec<f32> = (0..n * dim)
+                    .map(|i| (((i * 7919 + call * 104_729 + dim) % 2003) as f32 / 1001.0) - 1.0)
+                    .collect();
+                layers::accumulate_gram(&pool, &mut got, &x, dim);
+                want.add_rows(&x);
+            }
+            layers::mirror_gram(&mut got);
+            close(&got, &want, &format!("dim {dim}, {threads} threads"));
+            for i in 0..dim {
+                for j in 0..dim {
+                    assert_eq!(got.sums[i * dim + j], got.sums[j * dim + i], "symmetric");
+                }
+            }
+        }
+    }
+}
+
 /// The layer-by-layer Hessians: layer 0's attention input against `Σ x xᵀ` computed here
 /// from the embedding rows (RMSNorm times the norm weight), their diagonals against the
 /// sums of squares of `activation_stats` (another accumulation, in the full forward pass),

@@ -307,6 +307,18 @@ impl OutputMatrix {
         self.ld
     }
 
+    /// The same matrix from token `t0` on: its token `t` is this matrix's token `t0 + t`
+    /// (the write contract is shared: writers of both must use disjoint elements).
+    pub fn from_token(&self, t0: usize) -> OutputMatrix {
+        assert!(t0 <= self.n_tokens);
+        OutputMatrix {
+            // SAFETY: t0 ≤ n_tokens, so the offset stays inside (or one past) the buffer.
+            ptr: unsafe { self.ptr.add(t0 * self.ld) },
+            n_tokens: self.n_tokens - t0,
+            ld: self.ld,
+        }
+    }
+
     /// Writes `values` to token `t`, columns `col..col + values.len()`.
     ///
     /// Callers running concurrently must write disjoint column ranges.
@@ -533,6 +545,17 @@ pub fn dot_f32(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
         #[cfg(target_arch = "x86_64")]
         _ if isa.is_avx2_class() => x86_64::avx2::dot_f32(&a[..n], &b[..n]),
         _ => scalar::dot_f32(&a[..n], &b[..n]),
+    }
+}
+
+/// `a · b` in f64 over `min(a.len(), b.len())` values (GPTQ's Cholesky factor and
+/// triangular inverse). Every AVX2-capable tier (AVX-512 ones included) runs the AVX2 loop.
+pub fn dot_f64(isa: Isa, a: &[f64], b: &[f64]) -> f64 {
+    let n = a.len().min(b.len());
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        _ if isa.has_avx512() || isa.is_avx2_class() => x86_64::avx2::dot_f64(&a[..n], &b[..n]),
+        _ => scalar::dot_f64(&a[..n], &b[..n]),
     }
 }
 

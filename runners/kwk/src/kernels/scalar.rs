@@ -100,6 +100,11 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
+/// `a · b` in f64.
+pub fn dot_f64(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
 /// `y += alpha * x`.
 pub fn axpy_f32(y: &mut [f32], alpha: f32, x: &[f32]) {
     for (o, v) in y.iter_mut().zip(x) {

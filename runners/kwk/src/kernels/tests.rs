@@ -178,6 +178,23 @@ fn dot_and_axpy_match_scalar() {
 }
 
 #[test]
+fn dot_f64_matches_scalar() {
+    for n in [0, 1, 3, 4, 5, 15, 16, 17, 33, 100, 577] {
+        let a: Vec<f64> = values(n, n as u64 + 3).iter().map(|&v| v as f64).collect();
+        let b: Vec<f64> = values(n, n as u64 + 4)
+            .iter()
+            .map(|&v| v as f64 * 1e3)
+            .collect();
+        let want = scalar::dot_f64(&a, &b);
+        let lim = 1e-14 * a.iter().zip(&b).map(|(x, y)| (x * y).abs()).sum::<f64>();
+        for isa in supported_isas() {
+            let got = dot_f64(isa, &a, &b);
+            assert!((got - want).abs() <= lim, "{isa:?} n={n}: {got} vs {want}");
+        }
+    }
+}
+
+#[test]
 fn bf16_conversion_matches_scalar_and_half() {
     let mut x = values(53, 9);
     x.extend([

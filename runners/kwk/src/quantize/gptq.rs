@@ -34,6 +34,7 @@
 use crate::error::{KwkError, Result};
 use crate::format::int4::{LowBitWeights, GROUP_SIZES};
 use crate::format::int8::{check_importance, check_shape};
+use crate::kernels::{active_isa, axpy_f32, dot_f64, Isa};
 use crate::model::Tensor;
 use crate::quantize::rounding::round_asymmetric;
 use half::f16;
@@ -139,39 +140,75 @@ impl Hessian {
     }
 }
 
-fn dot(a: &[f64], b: &[f64]) -> f64 {
-    let mut acc = [0f64; 4];
-    let n4 = a.len() / 4 * 4;
-    for (x, y) in a[..n4].chunks_exact(4).zip(b[..n4].chunks_exact(4)) {
-        for j in 0..4 {
-            acc[j] += x[j] * y[j];
-        }
-    }
-    let mut s = acc[0] + acc[1] + acc[2] + acc[3];
-    for i in n4..a.len() {
-        s += a[i] * b[i];
-    }
-    s
-}
+/// Columns handled together by the Cholesky factorisation and the triangular inverse (their
+/// rows, at most `FACTOR_BLOCK × n` f64, stay in L2 while every other row streams past).
+const FACTOR_BLOCK: usize = 16;
+
+/// Rows per rayon task in the factorisation's parallel passes.
+const FACTOR_ROWS_PER_TASK: usize = 16;
 
 /// Lower Cholesky factor of the row-major `n × n` matrix `a`; `None` if not positive
-/// definite.
-fn cholesky_lower(a: &[f64], n: usize) -> Option<Vec<f64>> {
+/// definite. Every entry is `(a_ij − l_i[..j] · l_j[..j]) / l_jj` (Cholesky–Banachiewicz),
+/// computed a block of [`FACTOR_BLOCK`] columns at a time: the block's diagonal rows first,
+/// then every row below in parallel, each row's prefix read once for the whole block
+/// (column by column, each column would stream the whole lower triangle from L3).
+fn cholesky_lower(a: &[f64], n: usize, isa: Isa) -> Option<Vec<f64>> {
     let mut l = vec![0f64; n * n];
-    for i in 0..n {
-        for j in 0..=i {
-            let s = a[i * n + j] - dot(&l[i * n..i * n + j], &l[j * n..j * n + j]);
-            if i == j {
-                if !(s > 0.0 && s.is_finite()) {
-                    return None;
+    for j0 in (0..n).step_by(FACTOR_BLOCK) {
+        let j1 = (j0 + FACTOR_BLOCK).min(n);
+        for i in j0..j1 {
+            for j in j0..=i {
+                let s = a[i * n + j] - dot_f64(isa, &l[i * n..i * n + j], &l[j * n..j * n + j]);
+                if i == j {
+                    if !(s > 0.0 && s.is_finite()) {
+                        return None;
+                    }
+                    l[i * n + i] = s.sqrt();
+                } else {
+                    l[i * n + j] = s / l[j * n + j];
                 }
-                l[i * n + i] = s.sqrt();
-            } else {
-                l[i * n + j] = s / l[j * n + j];
             }
         }
+        let (head, tail) = l.split_at_mut(j1 * n);
+        let block = &head[j0 * n..];
+        tail.par_chunks_mut(n)
+            .with_min_len(FACTOR_ROWS_PER_TASK)
+            .enumerate()
+            .for_each(|(k, row)| {
+                let i = j1 + k;
+                for j in j0..j1 {
+                    let lj = &block[(j - j0) * n..(j - j0) * n + j + 1];
+                    row[j] = (a[i * n + j] - dot_f64(isa, &row[..j], &lj[..j])) / lj[j];
+                }
+            });
     }
     Some(l)
+}
+
+/// `L⁻¹` of a lower-triangular `l` (`n × n`, row-major) as its columns below the diagonal
+/// (`x_j[i − j]` = `L⁻¹[i][j]`), by forward substitution, [`FACTOR_BLOCK`] columns per
+/// task so each row of `l` is read once per block.
+fn lower_inverse_columns(l: &[f64], n: usize, isa: Isa) -> Vec<Vec<f64>> {
+    let starts: Vec<usize> = (0..n).step_by(FACTOR_BLOCK).collect();
+    starts
+        .into_par_iter()
+        .flat_map_iter(|j0| {
+            let j1 = (j0 + FACTOR_BLOCK).min(n);
+            let mut xs: Vec<Vec<f64>> = (j0..j1).map(|j| vec![0f64; n - j]).collect();
+            for i in j0..n {
+                for j in j0..j1.min(i + 1) {
+                    let x = &mut xs[j - j0];
+                    if i == j {
+                        x[0] = 1.0 / l[j * n + j];
+                    } else {
+                        let s = dot_f64(isa, &l[i * n + j..i * n + i], &x[..i - j]);
+                        x[i - j] = -s / l[i * n + i];
+                    }
+                }
+            }
+            xs
+        })
+        .collect()
 }
 
 /// The GPTQ factor of one input: the upper-triangular `U` (row-major f32) with
@@ -203,6 +240,7 @@ pub fn inverse_factor(h: &Hessian, what: &str) -> Result<InverseFactor> {
             "{what}: the calibration inputs' Hessian is not finite"
         )));
     }
+    let isa = active_isa();
     let mut damp = DAMP;
     for _ in 0..4 {
         // J H J, damped, dead channels set to 1 (J reverses the indices).
@@ -222,23 +260,11 @@ pub fn inverse_factor(h: &Hessian, what: &str) -> Result<InverseFactor> {
             }
             a[i * n + i] += damp * mean_diag;
         }
-        let Some(l) = cholesky_lower(&a, n) else {
+        let Some(l) = cholesky_lower(&a, n, isa) else {
             damp *= 10.0;
             continue;
         };
-        // Columns of X = L⁻¹ by forward substitution, in parallel.
-        let cols: Vec<Vec<f64>> = (0..n)
-            .into_par_iter()
-            .map(|j| {
-                let mut x = vec![0f64; n - j];
-                x[0] = 1.0 / l[j * n + j];
-                for i in j + 1..n {
-                    let s = dot(&l[i * n + j..i * n + i], &x[..i - j]);
-                    x[i - j] = -s / l[i * n + i];
-                }
-                x
-            })
-            .collect();
+        let cols = lower_inverse_columns(&l, n, isa);
         // U[a][b] = X[n-1-a][n-1-b].
         let mut u = vec![0f32; n * n];
         for (j, x) in cols.iter().enumerate() {
@@ -272,6 +298,7 @@ fn gptq_rows(
     let ncg = cols.div_ceil(group);
     let nmax = ((1u32 << bits) - 1) as f32;
     let u = &f.u;
+    let isa = active_isa();
     let mut err = vec![0f32; nr * BLOCK_COLS];
     let mut dm = vec![(0f32, 0f32); nr];
     for i1 in (0..cols).step_by(BLOCK_COLS) {
@@ -300,8 +327,7 @@ fn gptq_rows(
                 let e = (v - (q as f32 * d + m)) / uii;
                 err[r * BLOCK_COLS + (i - i1)] = e;
                 if e != 0.0 {
-                    let rest = &mut w[r * cols + i + 1..r * cols + i2];
-                    rest.iter_mut().zip(urow).for_each(|(x, &h)| *x -= e * h);
+                    axpy_f32(isa, &mut w[r * cols + i + 1..r * cols + i2], -e, urow);
                 }
             }
         }
@@ -311,8 +337,7 @@ fn gptq_rows(
                 for r in 0..nr {
                     let e = err[r * BLOCK_COLS + k];
                     if e != 0.0 {
-                        let rest = &mut w[r * cols + i2..(r + 1) * cols];
-                        rest.iter_mut().zip(urow).for_each(|(x, &h)| *x -= e * h);
+                        axpy_f32(isa, &mut w[r * cols + i2..(r + 1) * cols], -e, urow);
                     }
                 }
             }

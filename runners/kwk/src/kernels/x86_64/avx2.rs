@@ -286,6 +286,57 @@ unsafe fn dot_f32_impl(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
+/// See [`crate::kernels::dot_f64`] (equal lengths).
+pub fn dot_f64(a: &[f64], b: &[f64]) -> f64 {
+    assert_features();
+    assert_eq!(a.len(), b.len());
+    // SAFETY: AVX2+FMA checked by the dispatcher; lengths equal.
+    unsafe { dot_f64_impl(a, b) }
+}
+
+/// # Safety
+/// AVX2+FMA; equal lengths.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_f64_impl(a: &[f64], b: &[f64]) -> f64 {
+    let n = a.len();
+    // Four independent accumulators cover the FMA latency.
+    let mut acc = [_mm256_setzero_pd(); 4];
+    let mut i = 0;
+    while i + 16 <= n {
+        for (j, s) in acc.iter_mut().enumerate() {
+            // SAFETY: i + 4j .. i + 4j + 4 lies inside both slices.
+            unsafe {
+                *s = _mm256_fmadd_pd(
+                    _mm256_loadu_pd(a.as_ptr().add(i + 4 * j)),
+                    _mm256_loadu_pd(b.as_ptr().add(i + 4 * j)),
+                    *s,
+                );
+            }
+        }
+        i += 16;
+    }
+    while i + 4 <= n {
+        // SAFETY: i..i+4 lies inside both slices.
+        unsafe {
+            acc[0] = _mm256_fmadd_pd(
+                _mm256_loadu_pd(a.as_ptr().add(i)),
+                _mm256_loadu_pd(b.as_ptr().add(i)),
+                acc[0],
+            );
+        }
+        i += 4;
+    }
+    let sum = _mm256_add_pd(_mm256_add_pd(acc[0], acc[1]), _mm256_add_pd(acc[2], acc[3]));
+    let mut lanes = [0f64; 4];
+    // SAFETY: `lanes` holds 4 f64.
+    unsafe { _mm256_storeu_pd(lanes.as_mut_ptr(), sum) };
+    let mut s = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+    for j in i..n {
+        s += a[j] * b[j];
+    }
+    s
+}
+
 /// See [`crate::kernels::axpy_f32`] (equal lengths).
 pub fn axpy_f32(y: &mut [f32], alpha: f32, x: &[f32]) {
     assert_features();
