@@ -5,7 +5,8 @@
 use crate::format::{InputKind, PackedLinear, PreparedInput};
 use crate::kernels::{self, OutputMatrix, PANEL_ROWS};
 use crate::model::{ModelConfig, Tensor};
-use crate::quantize::gptq::Hessian;
+use crate::quantize::equalize::InputFactors;
+use crate::quantize::gptq::{Hessian, KeptHessian};
 use crate::threads::{split_range, ThreadPool};
 use half::slice::HalfBitsSliceExt;
 use std::sync::Mutex;
@@ -283,6 +284,43 @@ impl Default for LayerGrams {
             o_in: Hessian::zeros(0),
             ffn_in: Hessian::zeros(0),
             down_in: Vec::new(),
+        }
+    }
+}
+
+/// One layer's Hessians kept for GPTQ after the calibration pass that measured them
+/// ([`KeptHessian`]: half the size), until the layer's equalization is known.
+#[derive(Debug, Clone)]
+pub struct KeptGrams {
+    attn_in: KeptHessian,
+    o_in: KeptHessian,
+    ffn_in: KeptHessian,
+    down_in: Vec<KeptHessian>,
+}
+
+impl KeptGrams {
+    pub fn keep(g: &LayerGrams) -> Self {
+        KeptGrams {
+            attn_in: KeptHessian::keep(&g.attn_in),
+            o_in: KeptHessian::keep(&g.o_in),
+            ffn_in: KeptHessian::keep(&g.ffn_in),
+            down_in: g.down_in.iter().map(KeptHessian::keep).collect(),
+        }
+    }
+
+    /// The Hessians of the inputs the equalized layer's linears see (each input divided by
+    /// its factor, [`InputFactors`]).
+    pub fn restore(&self, f: &InputFactors) -> LayerGrams {
+        LayerGrams {
+            attn_in: self.attn_in.restore(f.attn_in.as_deref()),
+            o_in: self.o_in.restore(f.o_in.as_deref()),
+            ffn_in: self.ffn_in.restore(f.ffn_in.as_deref()),
+            down_in: self
+                .down_in
+                .iter()
+                .enumerate()
+                .map(|(j, h)| h.restore(f.down_in.get(j).and_then(|a| a.as_deref())))
+                .collect(),
         }
     }
 }

@@ -30,12 +30,15 @@ use crate::kernels::{self, OutputMatrix};
 use crate::model::{Architecture, FeedForward, Mlp, Model, ModelConfig, ModelWeights, RopeScaling};
 use crate::pack_cache::{self, CachedModel, PackOutcome, PackSession};
 use crate::quantize::equalize::{
-    equalize, ActivationStats, EqualizeOptions, Equalized, LayerImportance, LayerStats,
+    equalize, ActivationStats, ChannelScales, EqualizeOptions, Equalized, LayerImportance,
+    LayerStats,
 };
-use crate::quantize::gptq::{act_order, gptq_lowbit, inverse_factor, Hessian, InverseFactor};
+use crate::quantize::gptq::{
+    act_order, gptq_lowbit, inverse_factor, Hessian, InverseFactor, KeptHessian,
+};
 use crate::quantize::mix::{allocate, ladder, q4_k_m_bits_per_weight, MixUnit};
 use crate::threads::ThreadPool;
-use layers::{KvCache, Layer, LayerGrams, PackedFfn, PackedMlp, PackedMoe, Scratch};
+use layers::{KeptGrams, KvCache, Layer, LayerGrams, PackedFfn, PackedMlp, PackedMoe, Scratch};
 use rayon::prelude::*;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -451,17 +454,18 @@ fn equalize_for(
     calibration: Option<&[u32]>,
     threads: usize,
     place: &(dyn Fn(TensorRole, Option<usize>) -> TensorPlace + Sync),
-) -> Result<Equalized> {
+) -> Result<(Equalized, Option<Vec<KeptGrams>>)> {
     let estimated = ActivationStats::estimate(weights, config);
     if !precision.needs_calibration() {
-        return equalize(
+        let e = equalize(
             weights,
             config,
             precision,
             &estimated,
             place,
             EqualizeOptions::ESTIMATED,
-        );
+        )?;
+        return Ok((e, None));
     }
     let tokens = calibration.filter(|t| !t.is_empty()).ok_or_else(|| {
         KwkError::InvalidArgument(format!(
@@ -471,13 +475,67 @@ fn equalize_for(
     })?;
     let (mut reference, window) = calibration_decoder(config, weights, threads)?;
     let tokens = &tokens[..tokens.len().min(CALIBRATION_TOKENS)];
-    let stats = reference.activation_stats(tokens, window, &estimated)?;
+    // GPTQ formats whose Hessians fit in KEPT_HESSIAN_BYTES: one layer-by-layer pass
+    // measures the statistics and the Hessians together (the Hessians are kept for
+    // `gptq_layers`); otherwise the statistics come from a windowed forward pass here and
+    // the Hessians from a second pass over the equalized weights.
+    let mut kept = None;
+    let limit = KEPT_HESSIAN_LIMIT.with(|l| l.get());
+    let stats = if precision.gptq() && kept_hessian_bytes(config, weights) <= limit {
+        let mut grams = Vec::with_capacity(weights.layers.len());
+        let records = reference.layer_hessians(tokens, window, &mut |_, g| {
+            grams.push(KeptGrams::keep(&g));
+            Ok(())
+        })?;
+        kept = Some(grams);
+        records.stats(&estimated)
+    } else {
+        reference.activation_stats(tokens, window, &estimated)?
+    };
     drop(reference);
     let opts = match precision {
         Precision::Int8(_) => EqualizeOptions::INT8_CALIBRATED,
         _ => EqualizeOptions::CALIBRATED,
     };
-    equalize(weights, config, precision, &stats, place, opts)
+    Ok((
+        equalize(weights, config, precision, &stats, place, opts)?,
+        kept,
+    ))
+}
+
+/// Bytes the Hessians of a GPTQ calibration may take when kept between the statistics and
+/// GPTQ (SmolLM2-135M: 201 MiB; 360M: 0.6 GiB; larger models take a second pass instead).
+pub const KEPT_HESSIAN_BYTES: usize = 1 << 30;
+
+thread_local! {
+    /// [`KEPT_HESSIAN_BYTES`] for builds on this thread (tests lower it to take the
+    /// two-pass path).
+    static KEPT_HESSIAN_LIMIT: std::cell::Cell<usize> = const {
+        std::cell::Cell::new(KEPT_HESSIAN_BYTES)
+    };
+}
+
+/// Bytes of every layer's Hessians as [`KeptHessian`]s.
+fn kept_hessian_bytes(config: &ModelConfig, weights: &ModelWeights) -> usize {
+    let d = config.hidden_size;
+    let qd = config.n_heads * config.head_dim;
+    let values: usize = weights
+        .layers
+        .iter()
+        .map(|l| {
+            let mlps: usize = match &l.ffn {
+                FeedForward::Dense(m) => KeptHessian::values(m.down.cols()),
+                FeedForward::Moe(m) => m
+                    .experts
+                    .iter()
+                    .chain(m.shared_expert.iter())
+                    .map(|e| KeptHessian::values(e.down.cols()))
+                    .sum(),
+            };
+            2 * KeptHessian::values(d) + KeptHessian::values(qd) + mlps
+        })
+        .sum();
+    values * std::mem::size_of::<f32>()
 }
 
 /// The ids that end generation: the config's and the tokenizer's.
@@ -505,6 +563,7 @@ type GptqKey = (TensorRole, usize, usize);
 /// A GPTQ factor and the column order it was computed for (`None`: natural order).
 type OrderedFactor = (InverseFactor, Option<Vec<usize>>);
 
+#[allow(clippy::too_many_arguments)]
 fn gptq_layers(
     config: &ModelConfig,
     weights: &ModelWeights,
@@ -513,11 +572,10 @@ fn gptq_layers(
     threads: usize,
     place: &(dyn Fn(TensorRole, Option<usize>) -> TensorPlace + Sync),
     grid: &dyn Fn(TensorRole, usize) -> Result<Grid>,
+    kept: Option<(Vec<KeptGrams>, &ChannelScales)>,
 ) -> Result<HashMap<GptqKey, QuantizedTensor>> {
-    let (mut reference, window) = calibration_decoder(config, weights, threads)?;
-    let tokens = &calibration[..calibration.len().min(CALIBRATION_TOKENS)];
     let mut out = HashMap::new();
-    reference.layer_hessians(tokens, window, &mut |li, grams| {
+    let mut each_layer = |li: usize, grams: LayerGrams| -> Result<()> {
         let l = &weights.layers[li];
         let mlps: Vec<&Mlp> = match &l.ffn {
             FeedForward::Dense(m) => vec![m],
@@ -592,8 +650,68 @@ fn gptq_layers(
             out.insert((role, li, which), q);
         }
         Ok(())
-    })?;
+    };
+    match kept {
+        // The Hessians measured on the original weights, rescaled to the equalized inputs.
+        Some((kept, scales)) => {
+            for (li, k) in kept.into_iter().enumerate() {
+                crate::interrupt::check()?;
+                let factors = scales
+                    .layers
+                    .get(li)
+                    .map(|s| s.input_factors(config))
+                    .unwrap_or_default();
+                each_layer(li, k.restore(&factors))?;
+            }
+        }
+        None => {
+            let (mut reference, window) = calibration_decoder(config, weights, threads)?;
+            let tokens = &calibration[..calibration.len().min(CALIBRATION_TOKENS)];
+            reference.layer_hessians(tokens, window, &mut each_layer)?;
+        }
+    }
     Ok(out)
+}
+
+/// The sums of squares one calibration pass gathered: per layer, and `lm_head`'s input
+/// (sums, positions).
+pub(crate) struct PassRecords {
+    layers: Vec<layers::LayerRecord>,
+    head: Option<(Vec<f64>, u64)>,
+}
+
+impl PassRecords {
+    /// The per-channel second moments; an expert no token was routed to (or a missing head
+    /// record) gets `fallback`'s estimate.
+    fn stats(&self, fallback: &ActivationStats) -> ActivationStats {
+        let mean = |sums: &[f64], n: u64| -> Vec<f32> {
+            sums.iter().map(|s| (s / n.max(1) as f64) as f32).collect()
+        };
+        let layers = self
+            .layers
+            .iter()
+            .zip(&fallback.layers)
+            .map(|(r, fb)| LayerStats {
+                attn_in: mean(&r.attn_in, r.tokens),
+                o_in: mean(&r.o_in, r.tokens),
+                ffn_in: mean(&r.ffn_in, r.tokens),
+                down_in: fb
+                    .down_in
+                    .iter()
+                    .enumerate()
+                    .map(|(i, est)| match r.down_in.get(i) {
+                        Some((sums, n)) if *n > 0 => mean(sums, *n),
+                        _ => est.clone(),
+                    })
+                    .collect(),
+            })
+            .collect();
+        let head_in = match &self.head {
+            Some((sums, n)) if *n > 0 => mean(sums, *n),
+            _ => fallback.head_in.clone(),
+        };
+        ActivationStats { layers, head_in }
+    }
 }
 
 impl KwkDecoder {
@@ -665,9 +783,10 @@ impl KwkDecoder {
         // per-column importance; the decoder then runs the equalized weights.
         let calibrating = precision.needs_calibration();
         let mut calibration_s = 0f64;
+        let mut kept_grams = None;
         let equalized = if quantized {
             let t0 = Instant::now();
-            let e = equalize_for(
+            let (e, kept) = equalize_for(
                 config,
                 weights,
                 &precision,
@@ -678,6 +797,7 @@ impl KwkDecoder {
             if calibrating {
                 calibration_s += t0.elapsed().as_secs_f64();
             }
+            kept_grams = kept;
             Some(e)
         } else {
             None
@@ -717,6 +837,7 @@ impl KwkDecoder {
                         }),
                     }
                 };
+                let kept = kept_grams.take().zip(equalized.as_ref().map(|e| &e.scales));
                 let done = gptq_layers(
                     config,
                     weights,
@@ -725,6 +846,7 @@ impl KwkDecoder {
                     options.threads,
                     &place,
                     &grid_of,
+                    kept,
                 )?;
                 calibration_s += t0.elapsed().as_secs_f64();
                 done
@@ -1194,36 +1316,13 @@ impl KwkDecoder {
             Ok(())
         };
         let ran = run();
-        let records = self.scratch.record.take().unwrap_or_default();
-        let head = self.scratch.head_record.take();
+        let records = PassRecords {
+            layers: self.scratch.record.take().unwrap_or_default(),
+            head: self.scratch.head_record.take(),
+        };
         self.reset();
         ran?;
-        let mean = |sums: &[f64], n: u64| -> Vec<f32> {
-            sums.iter().map(|s| (s / n.max(1) as f64) as f32).collect()
-        };
-        let layers = records
-            .iter()
-            .zip(&fallback.layers)
-            .map(|(r, fb)| LayerStats {
-                attn_in: mean(&r.attn_in, r.tokens),
-                o_in: mean(&r.o_in, r.tokens),
-                ffn_in: mean(&r.ffn_in, r.tokens),
-                down_in: fb
-                    .down_in
-                    .iter()
-                    .enumerate()
-                    .map(|(i, est)| match r.down_in.get(i) {
-                        Some((sums, n)) if *n > 0 => mean(sums, *n),
-                        _ => est.clone(),
-                    })
-                    .collect(),
-            })
-            .collect();
-        let head_in = match head {
-            Some((sums, n)) if n > 0 => mean(&sums, n),
-            _ => fallback.head_in.clone(),
-        };
-        Ok(ActivationStats { layers, head_in })
+        Ok(records.stats(fallback))
     }
 
     /// The Hessians `Σ x xᵀ` of every linear input over `tokens` (run in windows of
@@ -1231,13 +1330,14 @@ impl KwkDecoder {
     /// time: the residual stream of every calibration token is kept (`tokens × hidden`
     /// float32) and pushed through layer 0, then 1, ...; after each layer `each(layer,
     /// hessians)` gets that layer's Hessians, which are then dropped. Peak memory: the
-    /// residual streams plus one layer's Hessians (f64) and what `each` holds.
+    /// residual streams plus one layer's Hessians (f64) and what `each` holds. Returns the
+    /// sums of squares of the same pass ([`Self::activation_stats`]'s, the same values).
     pub(crate) fn layer_hessians(
         &mut self,
         tokens: &[u32],
         window: usize,
         each: &mut dyn FnMut(usize, LayerGrams) -> Result<()>,
-    ) -> Result<()> {
+    ) -> Result<PassRecords> {
         if tokens.is_empty() || window == 0 {
             return Err(KwkError::InvalidArgument(
                 "calibration needs at least one token and a window of at least one".into(),
@@ -1263,6 +1363,10 @@ impl KwkDecoder {
             })
             .collect();
         let n_layers = self.layers.len();
+        let mut pass = PassRecords {
+            layers: Vec::with_capacity(n_layers),
+            head: None,
+        };
         let mut run = || -> Result<()> {
             for li in 0..n_layers {
                 crate::interrupt::check()?;
@@ -1286,11 +1390,9 @@ impl KwkDecoder {
                     }
                 }
                 let mut records = self.scratch.record.take().unwrap_or_default();
-                let mut grams = records
-                    .get_mut(li)
-                    .and_then(|r| r.gram.take())
-                    .unwrap_or_default();
-                drop(records);
+                let mut record = records.swap_remove(li);
+                let mut grams = record.gram.take().unwrap_or_default();
+                pass.layers.push(record);
                 for h in [&mut grams.attn_in, &mut grams.o_in, &mut grams.ffn_in]
                     .into_iter()
                     .chain(grams.down_in.iter_mut())
@@ -1299,12 +1401,22 @@ impl KwkDecoder {
                 }
                 each(li, grams)?;
             }
+            // lm_head's input: the final norm of every stream.
+            let mut head = (Vec::new(), 0u64);
+            for x in &streams {
+                let mut xn = x.clone();
+                let eps = self.config.rms_norm_eps;
+                layers::rms_norm_rows(&self.pool, &mut xn, &self.final_norm, eps);
+                layers::accumulate_squares(&mut head.0, &xn, d);
+                head.1 += (x.len() / d) as u64;
+            }
+            pass.head = Some(head);
             Ok(())
         };
         let ran = run();
         layers::release_gram_scratch();
         self.reset();
-        ran
+        ran.map(|()| pass)
     }
 
     /// Empties the KV cache; the next `forward` starts at position 0.

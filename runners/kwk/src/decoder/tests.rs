@@ -921,6 +921,30 @@ fn layer_hessians_match_references_and_follow_the_equalization() {
         .unwrap();
         let est = ActivationStats::estimate(&weights, &config);
         let stats = dec.activation_stats(&tokens, window, &est).unwrap();
+        // The layer-by-layer pass's own statistics (what GPTQ formats equalize with) are
+        // the windowed forward pass's, lm_head's input included.
+        let from_pass = dec
+            .layer_hessians(&tokens, window, &mut |_, _| Ok(()))
+            .unwrap()
+            .stats(&est);
+        let near = |a: &[f32], b: &[f32], what: &str| {
+            assert_eq!(a.len(), b.len(), "{what}");
+            for (x, y) in a.iter().zip(b) {
+                assert!(
+                    (x - y).abs() <= 1e-5 * y.abs().max(1e-6),
+                    "{what}: {x} vs {y}"
+                );
+            }
+        };
+        near(&from_pass.head_in, &stats.head_in, "head_in");
+        for (p, w) in from_pass.layers.iter().zip(&stats.layers) {
+            near(&p.attn_in, &w.attn_in, "attn_in");
+            near(&p.o_in, &w.o_in, "o_in");
+            near(&p.ffn_in, &w.ffn_in, "ffn_in");
+            for (a, b) in p.down_in.iter().zip(&w.down_in) {
+                near(a, b, "down_in");
+            }
+        }
         for (g, s) in grams.iter().zip(&stats.layers) {
             for (h, m) in [
                 (&g.attn_in, &s.attn_in),
@@ -989,6 +1013,15 @@ fn layer_hessians_match_references_and_follow_the_equalization() {
         let group = config.n_heads / config.n_kv_heads;
         for (li, (g, m)) in grams.iter().zip(&moved_grams).enumerate() {
             let s = &scales.layers[li];
+            // What the single-pass GPTQ calibration does: keep the original Hessians, then
+            // rescale them by the factors.
+            let restored = layers::KeptGrams::keep(g).restore(&s.input_factors(&config));
+            close(&m.attn_in, &restored.attn_in, "kept attn_in");
+            close(&m.o_in, &restored.o_in, "kept o_in");
+            close(&m.ffn_in, &restored.ffn_in, "kept ffn_in");
+            for (j, h) in m.down_in.iter().enumerate().filter(|(_, h)| h.tokens > 0) {
+                close(h, &restored.down_in[j], &format!("kept down_in {j}"));
+            }
             close(
                 &m.attn_in,
                 &scaled(&g.attn_in, &|i| s.attn_in[i]),
@@ -1034,6 +1067,43 @@ fn build_calibrated(
 /// `int4:gptq` builds, is deterministic, stays close to float32, needs calibration tokens,
 /// and round-trips the pack cache (a warm start loads the file and gives identical logits;
 /// the key differs from int4:calib's and from another calibration text's).
+/// GPTQ's two calibration paths: one layer-by-layer pass whose Hessians are kept and
+/// rescaled by the equalization (the default when they fit in `KEPT_HESSIAN_BYTES`), and
+/// statistics first, then a second pass over the equalized weights (larger models). Same
+/// Hessians up to rounding, so the same model up to a few flipped codes.
+#[test]
+fn gptq_single_pass_and_two_pass_calibration_agree() {
+    for name in ["tiny-llama", "tiny-mixtral"] {
+        let f = load_fixture(name);
+        let probe = ids(&f.golden["probe_tokens"]);
+        let calib: Vec<u32> = (0..600u32).map(|i| (i * 131 + 7) % 500).collect();
+        let precision = Precision::parse("int4:gptq").unwrap();
+        let logits = |limit: usize| {
+            KEPT_HESSIAN_LIMIT.with(|l| l.set(limit));
+            let built = build_calibrated(&f, precision, Some(calib.clone()), None);
+            KEPT_HESSIAN_LIMIT.with(|l| l.set(KEPT_HESSIAN_BYTES));
+            built.unwrap().forward(&probe, 0).unwrap()
+        };
+        let kept = logits(KEPT_HESSIAN_BYTES);
+        let two_pass = logits(0);
+        let reference = logits_of(&mut decoder(&f, Precision::Float32, 2, 64), &probe);
+        let largest = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let worst = kept
+            .iter()
+            .zip(&two_pass)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            worst < 0.05 * largest,
+            "{name}: the two calibration paths differ by {worst} of {largest}"
+        );
+    }
+}
+
+fn logits_of(dec: &mut KwkDecoder, probe: &[u32]) -> Vec<f32> {
+    dec.forward(probe, 0).unwrap()
+}
+
 #[test]
 fn int4_gptq_builds_deterministically_and_round_trips_the_pack_cache() {
     for name in ["tiny-llama", "tiny-mixtral"] {

@@ -211,6 +211,37 @@ pub struct LayerScales {
     pub up_to_down: Vec<Vec<f32>>,
 }
 
+/// Per linear input of one layer, the factor each channel is divided by once a layer's
+/// factors are applied (`x' = x / α`, the weights' columns having been multiplied by `α`);
+/// `None` where the input is unchanged.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct InputFactors {
+    pub attn_in: Option<Vec<f32>>,
+    /// Per query channel of `attn_output`'s input (each reads its key/value group's v channel).
+    pub o_in: Option<Vec<f32>>,
+    pub ffn_in: Option<Vec<f32>>,
+    /// Per MLP, as [`LayerStats::down_in`].
+    pub down_in: Vec<Option<Vec<f32>>>,
+}
+
+impl LayerScales {
+    /// What [`apply_layer`] does to the inputs of the layer's linears (see [`InputFactors`]).
+    pub fn input_factors(&self, config: &ModelConfig) -> InputFactors {
+        let some = |v: &Vec<f32>| (!v.is_empty()).then(|| v.clone());
+        let o_cols = config.n_heads * config.head_dim;
+        InputFactors {
+            attn_in: some(&self.attn_in),
+            o_in: (!self.v_to_o.is_empty()).then(|| {
+                (0..o_cols)
+                    .map(|c| self.v_to_o[kv_channel(config, c)])
+                    .collect()
+            }),
+            ffn_in: some(&self.ffn_in),
+            down_in: self.up_to_down.iter().map(some).collect(),
+        }
+    }
+}
+
 /// Factors for every layer, and the one moved from the final norm into an untied `lm_head`
 /// (empty: identity, e.g. a tied head or a format that does not search it).
 #[derive(Debug, Clone, Default, PartialEq)]
