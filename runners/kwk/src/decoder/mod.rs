@@ -34,7 +34,7 @@ use crate::quantize::equalize::{
     LayerStats,
 };
 use crate::quantize::gptq::{
-    act_order, gptq_lowbit, inverse_factor, Hessian, InverseFactor, KeptHessian,
+    act_order, gptq_lowbit, inverse_factor, Hessian, InverseFactor, KeptHessian, KEPT_HESSIAN_BYTES,
 };
 use crate::quantize::mix::{allocate, ladder, q4_k_m_bits_per_weight, MixUnit};
 use crate::threads::ThreadPool;
@@ -503,10 +503,6 @@ fn equalize_for(
     ))
 }
 
-/// Bytes the Hessians of a GPTQ calibration may take when kept between the statistics and
-/// GPTQ (SmolLM2-135M: 201 MiB; 360M: 0.6 GiB; larger models take a second pass instead).
-pub const KEPT_HESSIAN_BYTES: usize = 1 << 30;
-
 thread_local! {
     /// [`KEPT_HESSIAN_BYTES`] for builds on this thread (tests lower it to take the
     /// two-pass path).
@@ -553,16 +549,17 @@ pub fn eos_ids(config: &ModelConfig, tokenizer: &crate::tokenizer::Tokenizer) ->
 /// feed-forward; experts in order, then the shared expert).
 type GptqKey = (TensorRole, usize, usize);
 
-/// GPTQ for every linear of every layer (`quantize::gptq`). The Hessians are gathered layer
-/// by layer ([`KwkDecoder::layer_hessians`]) by a float32 decoder of `weights`, the
-/// *equalized* weights: equalization preserves the function, and that decoder's linears see
-/// exactly the inputs the final, rescaled weights will (`x / α` per channel), so no
-/// correction is needed. Each tensor is rounded on the grid `grid` gives it; an expert that
-/// no calibration token reached is rounded plainly. The embedding and `lm_head` are not
-/// in a layer and are rounded plainly by the caller.
 /// A GPTQ factor and the column order it was computed for (`None`: natural order).
 type OrderedFactor = (InverseFactor, Option<Vec<usize>>);
 
+/// GPTQ for every linear of every layer (`quantize::gptq`) of `weights`, the *equalized*
+/// weights. The Hessians are those `kept` from the calibration pass over the original
+/// weights, rescaled by the equalization's factors, or else gathered layer by layer
+/// ([`KwkDecoder::layer_hessians`]) by a float32 decoder of `weights`: equalization
+/// preserves the function, so that decoder's linears see exactly the inputs the final,
+/// rescaled weights will (`x / α` per channel). Each tensor is rounded on the grid `grid`
+/// gives it; an expert that no calibration token reached is rounded plainly. The embedding
+/// and `lm_head` are not in a layer and are rounded plainly by the caller.
 #[allow(clippy::too_many_arguments)]
 fn gptq_layers(
     config: &ModelConfig,
