@@ -609,11 +609,7 @@ fn attention(
             for r in 0..rows {
                 let valid = pos0 + t0 + r / group + 1;
                 let row = &mut scores[r * len..(r + 1) * len];
-                let mut max = f32::NEG_INFINITY;
-                for v in &mut row[..valid] {
-                    *v *= scale;
-                    max = max.max(*v);
-                }
+                let max = kernels::scale_max_f32(isa, &mut row[..valid], scale);
                 let sum = kernels::exp_shifted_sum(isa, &mut row[..valid], max);
                 let inv = 1.0 / sum;
                 row[..valid].iter_mut().for_each(|v| *v *= inv);

@@ -414,12 +414,24 @@ fn gemm_f32_unchecked(
     }
 }
 
+/// `x[i] *= scale` for every value; returns the largest result (`-inf` for none). Exact
+/// per element, so every tier returns the same values (AVX-512 tiers run the AVX2 loop).
+pub fn scale_max_f32(isa: Isa, x: &mut [f32], scale: f32) -> f32 {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        _ if isa.has_avx512() || isa.is_avx2_class() => x86_64::avx2::scale_max_f32(x, scale),
+        _ => scalar::scale_max_f32(x, scale),
+    }
+}
+
 /// `x[i] = exp(x[i] - shift)` for every value; returns their float32 sum. The SIMD
 /// versions use a degree-6 polynomial (Cephes `expf`), within 2 ulp of `f32::exp`.
 pub fn exp_shifted_sum(isa: Isa, x: &mut [f32], shift: f32) -> f32 {
     match isa {
         #[cfg(target_arch = "x86_64")]
         _ if isa.has_avx512() => x86_64::avx512::exp_shifted_sum(x, shift),
+        #[cfg(target_arch = "x86_64")]
+        _ if isa.is_avx2_class() => x86_64::avx2::exp_shifted_sum(x, shift),
         _ => scalar::exp_shifted_sum(x, shift),
     }
 }
@@ -430,6 +442,8 @@ pub fn silu_mul(isa: Isa, g: &mut [f32], u: &[f32]) {
     match isa {
         #[cfg(target_arch = "x86_64")]
         _ if isa.has_avx512() => x86_64::avx512::silu_mul(&mut g[..n], &u[..n]),
+        #[cfg(target_arch = "x86_64")]
+        _ if isa.is_avx2_class() => x86_64::avx2::silu_mul(&mut g[..n], &u[..n]),
         _ => scalar::silu_mul(&mut g[..n], &u[..n]),
     }
 }

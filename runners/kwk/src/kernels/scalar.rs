@@ -112,6 +112,16 @@ pub fn axpy_f32(y: &mut [f32], alpha: f32, x: &[f32]) {
     }
 }
 
+/// See [`super::scale_max_f32`].
+pub fn scale_max_f32(x: &mut [f32], scale: f32) -> f32 {
+    let mut max = f32::NEG_INFINITY;
+    for v in x.iter_mut() {
+        *v *= scale;
+        max = max.max(*v);
+    }
+    max
+}
+
 /// See [`super::exp_shifted_sum`].
 pub fn exp_shifted_sum(x: &mut [f32], shift: f32) -> f32 {
     let mut sum = 0f32;

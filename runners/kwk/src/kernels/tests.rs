@@ -261,6 +261,58 @@ fn strided_panels_match_packed_panels() {
     }
 }
 
+/// The clamped range ends: underflow to (near) zero, the largest finite results, and
+/// SiLU's saturated tails, on every tier (lengths cover the 8- and 16-lane tails).
+#[test]
+fn exp_and_silu_hold_at_the_range_ends() {
+    let ends = [
+        -150.0, -103.0, -95.0, -87.0, -20.0, 0.0, 1e-3, 30.0, 88.0, 88.5, -60.0, 60.0, -88.5, 87.9,
+        5.0, -5.0, 0.5,
+    ];
+    for isa in supported_isas() {
+        let (mut a, mut b) = (ends.to_vec(), ends.to_vec());
+        scalar::exp_shifted_sum(&mut a, 0.0);
+        exp_shifted_sum(isa, &mut b, 0.0);
+        for i in 0..ends.len() {
+            assert!(b[i].is_finite() && b[i] >= 0.0, "{isa:?} exp({})", ends[i]);
+            assert!(
+                (a[i] - b[i]).abs() <= 2.5e-7 * a[i] + 1e-37,
+                "{isa:?} exp({}) {} vs {}",
+                ends[i],
+                a[i],
+                b[i]
+            );
+        }
+        let u = vec![1.5f32; ends.len()];
+        let (mut g1, mut g2) = (ends.to_vec(), ends.to_vec());
+        scalar::silu_mul(&mut g1, &u);
+        silu_mul(isa, &mut g2, &u);
+        for i in 0..ends.len() {
+            assert!(
+                (g1[i] - g2[i]).abs() <= 3e-7 * g1[i].abs() + 1e-30,
+                "{isa:?} silu({}) {} vs {}",
+                ends[i],
+                g1[i],
+                g2[i]
+            );
+        }
+    }
+}
+
+#[test]
+fn scale_max_matches_scalar_exactly() {
+    for n in [0, 1, 7, 8, 9, 31, 100] {
+        let base: Vec<f32> = values(n, 90 + n as u64).iter().map(|v| v * 30.0).collect();
+        let mut want = base.clone();
+        let m = scalar::scale_max_f32(&mut want, 0.125);
+        for isa in supported_isas() {
+            let mut got = base.clone();
+            assert_eq!(scale_max_f32(isa, &mut got, 0.125), m, "{isa:?} n={n}");
+            assert_eq!(got, want, "{isa:?} n={n}");
+        }
+    }
+}
+
 #[test]
 fn exp_and_silu_match_scalar_within_two_ulp() {
     for n in [0, 1, 15, 16, 17, 100] {

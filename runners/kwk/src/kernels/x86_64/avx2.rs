@@ -1,6 +1,7 @@
 //! AVX2 + FMA kernels for CPUs without AVX-512: float32 and bf16 panel matmuls (tiles of
 //! 2 tokens x 2 panels = 8 ymm accumulators; bf16 widened to f32 by shifts) and the vector
-//! helpers of attention. Reached only through `kernels/mod.rs`, which checked the features
+//! helpers of attention, SwiGLU and GPTQ (dot products, axpy, `exp` by the polynomial of the
+//! AVX-512 file, which this tier otherwise took from libm one value at a time). Reached only through `kernels/mod.rs`, which checked the features
 //! and the buffer bounds.
 
 use crate::kernels::{OutputMatrix, PANEL_ROWS};
@@ -364,4 +365,170 @@ unsafe fn axpy_f32_impl(y: &mut [f32], alpha: f32, x: &[f32]) {
     for j in i..n {
         y[j] += alpha * x[j];
     }
+}
+
+/// `exp` of 8 values: the AVX-512 file's Cephes polynomial; `2^n` applied in two halves
+/// (`n ∈ [-150, 128]` after the clamp, each half a normal power of two), as `vscalefps`
+/// would.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn exp_ps(x: __m256) -> __m256 {
+    let x = _mm256_max_ps(
+        _mm256_min_ps(x, _mm256_set1_ps(88.722_83)),
+        _mm256_set1_ps(-103.9),
+    );
+    let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
+        x,
+        _mm256_set1_ps(std::f32::consts::LOG2_E),
+    ));
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
+    let mut p = _mm256_set1_ps(1.987_569_1e-4);
+    for c in [
+        1.398_199_9e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        1.666_666_5e-1,
+        0.5,
+    ] {
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+    }
+    let r2 = _mm256_mul_ps(r, r);
+    let e = _mm256_fmadd_ps(p, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0)));
+    let ni = _mm256_cvtps_epi32(n);
+    let n1 = _mm256_srai_epi32::<1>(ni);
+    let n2 = _mm256_sub_epi32(ni, n1);
+    let pow2 = |k: __m256i| {
+        _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
+            k,
+            _mm256_set1_epi32(127),
+        )))
+    };
+    _mm256_mul_ps(_mm256_mul_ps(e, pow2(n1)), pow2(n2))
+}
+
+/// See [`crate::kernels::exp_shifted_sum`].
+pub fn exp_shifted_sum(x: &mut [f32], shift: f32) -> f32 {
+    assert_features();
+    // SAFETY: AVX2+FMA checked by the dispatcher.
+    unsafe { exp_shifted_sum_impl(x, shift) }
+}
+
+/// # Safety
+/// AVX2+FMA.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn exp_shifted_sum_impl(x: &mut [f32], shift: f32) -> f32 {
+    let n = x.len();
+    let s = _mm256_set1_ps(shift);
+    let mut sum = _mm256_setzero_ps();
+    let mut i = 0;
+    while i + 8 <= n {
+        // SAFETY: i..i+8 lies inside `x`.
+        unsafe {
+            let p = x.as_mut_ptr().add(i);
+            let v = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(p), s));
+            _mm256_storeu_ps(p, v);
+            sum = _mm256_add_ps(sum, v);
+        }
+        i += 8;
+    }
+    let mut total = hsum(sum);
+    if i < n {
+        let mut tail = [0f32; 8];
+        tail[..n - i].copy_from_slice(&x[i..]);
+        // SAFETY: `tail` holds 8 f32.
+        unsafe {
+            let v = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(tail.as_ptr()), s));
+            _mm256_storeu_ps(tail.as_mut_ptr(), v);
+        }
+        x[i..].copy_from_slice(&tail[..n - i]);
+        total += tail[..n - i].iter().sum::<f32>();
+    }
+    total
+}
+
+/// Sum of the 8 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn hsum(v: __m256) -> f32 {
+    let h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)))
+}
+
+/// See [`crate::kernels::silu_mul`] (equal lengths).
+pub fn silu_mul(g: &mut [f32], u: &[f32]) {
+    assert_features();
+    assert_eq!(g.len(), u.len());
+    // SAFETY: AVX2+FMA checked by the dispatcher; lengths equal.
+    unsafe { silu_mul_impl(g, u) }
+}
+
+/// # Safety
+/// AVX2+FMA; equal lengths.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn silu_mul_impl(g: &mut [f32], u: &[f32]) {
+    let n = g.len();
+    let one = _mm256_set1_ps(1.0);
+    let silu = |vg: __m256, vu: __m256| {
+        let e = exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), vg));
+        _mm256_div_ps(_mm256_mul_ps(vg, vu), _mm256_add_ps(one, e))
+    };
+    let mut i = 0;
+    while i + 8 <= n {
+        // SAFETY: i..i+8 lies inside both slices.
+        unsafe {
+            let pg = g.as_mut_ptr().add(i);
+            let r = silu(_mm256_loadu_ps(pg), _mm256_loadu_ps(u.as_ptr().add(i)));
+            _mm256_storeu_ps(pg, r);
+        }
+        i += 8;
+    }
+    if i < n {
+        let (mut tg, mut tu) = ([0f32; 8], [0f32; 8]);
+        tg[..n - i].copy_from_slice(&g[i..]);
+        tu[..n - i].copy_from_slice(&u[i..]);
+        // SAFETY: both arrays hold 8 f32.
+        unsafe {
+            let r = silu(_mm256_loadu_ps(tg.as_ptr()), _mm256_loadu_ps(tu.as_ptr()));
+            _mm256_storeu_ps(tg.as_mut_ptr(), r);
+        }
+        g[i..].copy_from_slice(&tg[..n - i]);
+    }
+}
+
+/// See [`crate::kernels::scale_max_f32`].
+pub fn scale_max_f32(x: &mut [f32], scale: f32) -> f32 {
+    assert_features();
+    // SAFETY: AVX2+FMA checked by the dispatcher.
+    unsafe { scale_max_f32_impl(x, scale) }
+}
+
+/// # Safety
+/// AVX2+FMA.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn scale_max_f32_impl(x: &mut [f32], scale: f32) -> f32 {
+    let n = x.len();
+    let s = _mm256_set1_ps(scale);
+    let mut vmax = _mm256_set1_ps(f32::NEG_INFINITY);
+    let mut i = 0;
+    while i + 8 <= n {
+        // SAFETY: i..i+8 lies inside `x`.
+        unsafe {
+            let p = x.as_mut_ptr().add(i);
+            let v = _mm256_mul_ps(_mm256_loadu_ps(p), s);
+            _mm256_storeu_ps(p, v);
+            vmax = _mm256_max_ps(vmax, v);
+        }
+        i += 8;
+    }
+    let mut lanes = [0f32; 8];
+    // SAFETY: `lanes` holds 8 f32.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), vmax) };
+    let mut max = lanes.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    for v in &mut x[i..] {
+        *v *= scale;
+        max = max.max(*v);
+    }
+    max
 }
