@@ -68,6 +68,14 @@ fn panel_matmuls_match_scalar_at_odd_shapes() {
         (100, 37, 6),
         (80, 96, 1),
         (130, 50, 25),
+        // Every tail of the AVX2 float32 prompt path's tiles of six tokens.
+        (50, 11, 3),
+        (24, 13, 4),
+        (17, 12, 5),
+        (20, 7, 8),
+        (40, 20, 9),
+        (33, 70, 10),
+        (16, 9, 11),
     ] {
         let w = values(n_rows * cols, (n_rows * 31 + cols) as u64);
         let x = values(nt * cols, (nt * 7 + cols) as u64);

@@ -32,6 +32,11 @@ unsafe fn gemm_panels(
     let panel_bytes = panel_stride * elem;
     let n_panels = (rows.end - rows.start).div_ceil(PANEL_ROWS);
     let first = rows.start / PANEL_ROWS;
+    if !bf16 && n_tokens >= 3 {
+        // SAFETY: as this function's contract.
+        unsafe { gemm_f32_tall(w, panel_bytes, cols, x, ldx, n_tokens, rows, y) };
+        return;
+    }
     let mut p = 0;
     while p < n_panels {
         let take = (n_panels - p).min(2);
@@ -75,6 +80,52 @@ unsafe fn gemm_panels(
             }
         }
         p += take;
+    }
+}
+
+/// Float32 prompts: one panel at a time against tiles of up to six tokens (12 ymm
+/// accumulators). Per column a 64-byte panel line feeds 12 FMAs; the 2 x 2 tile's 128 bytes
+/// per 8 FMAs would need the whole L2-to-L1 bandwidth once a panel pair (16 rows x 2 x
+/// `cols` f32) outgrows L1, as the models' 576-and-wider panels do. Each output is the same
+/// FMA chain over the columns in order, so results are identical to the 2 x 2 tile's.
+///
+/// # Safety
+/// As [`gemm_panels`] (float32).
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_f32_tall(
+    w: *const u8,
+    panel_bytes: usize,
+    cols: usize,
+    x: *const u8,
+    ldx: usize,
+    n_tokens: usize,
+    rows: Range<usize>,
+    y: &OutputMatrix,
+) {
+    let n_panels = (rows.end - rows.start).div_ceil(PANEL_ROWS);
+    let first = rows.start / PANEL_ROWS;
+    for p in 0..n_panels {
+        let r0 = (first + p) * PANEL_ROWS;
+        let valid = (rows.end - r0).min(PANEL_ROWS);
+        // SAFETY: panel first+p lies inside `w`; token rows t.. inside `x`.
+        unsafe {
+            let wp = w.add((first + p) * panel_bytes);
+            let mut t = 0;
+            while t < n_tokens {
+                let tt = (n_tokens - t).min(6);
+                let xp = x.add(t * ldx * 4);
+                match tt {
+                    6 => tile_f32::<1, 6>(wp, panel_bytes, cols, ldx, xp, t, r0, valid, y),
+                    5 => tile_f32::<1, 5>(wp, panel_bytes, cols, ldx, xp, t, r0, valid, y),
+                    4 => tile_f32::<1, 4>(wp, panel_bytes, cols, ldx, xp, t, r0, valid, y),
+                    3 => tile_f32::<1, 3>(wp, panel_bytes, cols, ldx, xp, t, r0, valid, y),
+                    2 => tile_f32::<1, 2>(wp, panel_bytes, cols, ldx, xp, t, r0, valid, y),
+                    _ => tile_f32::<1, 1>(wp, panel_bytes, cols, ldx, xp, t, r0, valid, y),
+                }
+                t += tt;
+            }
+        }
     }
 }
 
