@@ -782,11 +782,7 @@ fn int4_calib_builds_deterministically_and_round_trips_the_pack_cache() {
     let b = logits(&mut build(Some(calib.clone()), None).unwrap());
     assert_eq!(a, b, "int4:calib is not deterministic");
     let reference = logits(&mut decoder(&f, Precision::Float32, 2, 64));
-    let worst = a
-        .iter()
-        .zip(&reference)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0f32, f32::max);
+    let worst = max_abs_diff(&a, &reference);
     let largest = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
     assert!(
         worst < 0.5 * largest,
@@ -1088,16 +1084,20 @@ fn gptq_single_pass_and_two_pass_calibration_agree() {
         let two_pass = logits(0);
         let reference = logits_of(&mut decoder(&f, Precision::Float32, 2, 64), &probe);
         let largest = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let worst = kept
-            .iter()
-            .zip(&two_pass)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0f32, f32::max);
+        let worst = max_abs_diff(&kept, &two_pass);
         assert!(
             worst < 0.05 * largest,
             "{name}: the two calibration paths differ by {worst} of {largest}"
         );
     }
+}
+
+/// The largest absolute difference between two logit vectors.
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max)
 }
 
 fn logits_of(dec: &mut KwkDecoder, probe: &[u32]) -> Vec<f32> {
@@ -1126,11 +1126,7 @@ fn int4_gptq_builds_deterministically_and_round_trips_the_pack_cache() {
         let b = logits(&mut build(precision, Some(calib.clone()), None).unwrap());
         assert_eq!(a, b, "{name}: int4:gptq is not deterministic");
         let reference = logits(&mut decoder(&f, Precision::Float32, 2, 64));
-        let worst = a
-            .iter()
-            .zip(&reference)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0f32, f32::max);
+        let worst = max_abs_diff(&a, &reference);
         let largest = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
         // MoE routing flips on small changes: plain int4 is off by 0.66 of the largest logit
         // on tiny-mixtral (`quantize::fixture_tests`), the dense fixtures by 0.15-0.29.
@@ -1143,11 +1139,7 @@ fn int4_gptq_builds_deterministically_and_round_trips_the_pack_cache() {
         let act = Precision::parse("int4:gptq:act").unwrap();
         let c = logits(&mut build(act, Some(calib.clone()), None).unwrap());
         assert_ne!(c, a, "{name}: act-order changed nothing");
-        let worst_act = c
-            .iter()
-            .zip(&reference)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0f32, f32::max);
+        let worst_act = max_abs_diff(&c, &reference);
         assert!(
             worst_act < limit * largest,
             "{name}: int4:gptq:act off by {worst_act}"
@@ -1234,11 +1226,7 @@ fn int8_calib_and_gptq_build_deterministically_and_round_trip_the_pack_cache() {
             let b = logits(&mut build(p, Some(calib.clone()), None).unwrap());
             assert_eq!(a, b, "{name}: {spec} is not deterministic");
             assert_ne!(a, plain, "{name}: {spec} changed nothing");
-            let worst = a
-                .iter()
-                .zip(&reference)
-                .map(|(x, y)| (x - y).abs())
-                .fold(0f32, f32::max);
+            let worst = max_abs_diff(&a, &reference);
             assert!(
                 worst < 0.32 * largest,
                 "{name}: {spec} logits off by {worst} of {largest}"

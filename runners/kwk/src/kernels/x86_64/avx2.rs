@@ -4,6 +4,7 @@
 //! AVX-512 file, which this tier otherwise took from libm one value at a time). Reached only through `kernels/mod.rs`, which checked the features
 //! and the buffer bounds.
 
+use super::{EXP_LN2_HI, EXP_LN2_LO, EXP_MAX, EXP_MIN, EXP_POLY};
 use crate::kernels::{OutputMatrix, PANEL_ROWS};
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -425,23 +426,17 @@ unsafe fn axpy_f32_impl(y: &mut [f32], alpha: f32, x: &[f32]) {
 #[target_feature(enable = "avx2,fma")]
 fn exp_ps(x: __m256) -> __m256 {
     let x = _mm256_max_ps(
-        _mm256_min_ps(x, _mm256_set1_ps(88.722_83)),
-        _mm256_set1_ps(-103.9),
+        _mm256_min_ps(x, _mm256_set1_ps(EXP_MAX)),
+        _mm256_set1_ps(EXP_MIN),
     );
     let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
         x,
         _mm256_set1_ps(std::f32::consts::LOG2_E),
     ));
-    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
-    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
-    let mut p = _mm256_set1_ps(1.987_569_1e-4);
-    for c in [
-        1.398_199_9e-3,
-        8.333_452e-3,
-        4.166_579_6e-2,
-        1.666_666_5e-1,
-        0.5,
-    ] {
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_LN2_HI), x);
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_LN2_LO), r);
+    let mut p = _mm256_set1_ps(EXP_POLY[0]);
+    for &c in &EXP_POLY[1..] {
         p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
     }
     let r2 = _mm256_mul_ps(r, r);

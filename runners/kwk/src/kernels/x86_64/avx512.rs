@@ -6,6 +6,7 @@
 //! the CPU features ([`crate::kernels::active_isa`]) and the buffer bounds; each one asserts
 //! the features again in debug builds.
 
+use super::{EXP_LN2_HI, EXP_LN2_LO, EXP_MAX, EXP_MIN, EXP_POLY};
 use crate::kernels::{OutputMatrix, PANEL_ROWS};
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -461,22 +462,16 @@ unsafe fn f32_to_bf16_impl(x: &[f32], out: &mut [u16]) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
 fn exp_ps(x: __m512) -> __m512 {
     let x = _mm512_max_ps(
-        _mm512_min_ps(x, _mm512_set1_ps(88.722_83)),
-        _mm512_set1_ps(-103.9),
+        _mm512_min_ps(x, _mm512_set1_ps(EXP_MAX)),
+        _mm512_set1_ps(EXP_MIN),
     );
     let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
         _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
     );
-    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_359_4), x);
-    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.121_944_4e-4), r);
-    let mut p = _mm512_set1_ps(1.987_569_1e-4);
-    for c in [
-        1.398_199_9e-3,
-        8.333_452e-3,
-        4.166_579_6e-2,
-        1.666_666_5e-1,
-        0.5,
-    ] {
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_LN2_HI), x);
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_LN2_LO), r);
+    let mut p = _mm512_set1_ps(EXP_POLY[0]);
+    for &c in &EXP_POLY[1..] {
         p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
     }
     let r2 = _mm512_mul_ps(r, r);

@@ -12,6 +12,23 @@ pub mod peaks;
 pub mod quant256;
 pub mod quant512bw;
 
+/// The vector `exp` of the AVX2 and AVX-512 files (Cephes `expf`): inputs clamped to
+/// `[EXP_MIN, EXP_MAX]`, `n = round(x · log2 e)`, `r = x − n·ln2` in two parts
+/// ([`EXP_LN2_HI`], [`EXP_LN2_LO`]), `e^r ≈ 1 + r + r²·P(r)` with `P`'s coefficients
+/// [`EXP_POLY`] (highest first), then scaled by `2^n`.
+pub(crate) const EXP_MAX: f32 = 88.722_83;
+pub(crate) const EXP_MIN: f32 = -103.9;
+pub(crate) const EXP_LN2_HI: f32 = 0.693_359_4;
+pub(crate) const EXP_LN2_LO: f32 = -2.121_944_4e-4;
+pub(crate) const EXP_POLY: [f32; 6] = [
+    1.987_569_1e-4,
+    1.398_199_9e-3,
+    8.333_452e-3,
+    4.166_579_6e-2,
+    1.666_666_5e-1,
+    0.5,
+];
+
 /// Tiles the quantized kernels without VNNI read ahead of the one they compute. Measured
 /// on Zen 4, `speed --precision int8 --pp 1 --tg 64`, 2 threads, tokens/s: `avx512bw` 4
 /// tiles ahead 136, 8 122, 16 119, none 105; `avx2` 4 ahead 97, none 87. The hardware
