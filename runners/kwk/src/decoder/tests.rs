@@ -1060,9 +1060,6 @@ fn build_calibrated(
     )
 }
 
-/// `int4:gptq` builds, is deterministic, stays close to float32, needs calibration tokens,
-/// and round-trips the pack cache (a warm start loads the file and gives identical logits;
-/// the key differs from int4:calib's and from another calibration text's).
 /// GPTQ's two calibration paths: one layer-by-layer pass whose Hessians are kept and
 /// rescaled by the equalization (the default when they fit in `KEPT_HESSIAN_BYTES`), and
 /// statistics first, then a second pass over the equalized weights (larger models). Same
@@ -1082,7 +1079,9 @@ fn gptq_single_pass_and_two_pass_calibration_agree() {
         };
         let kept = logits(KEPT_HESSIAN_BYTES);
         let two_pass = logits(0);
-        let reference = logits_of(&mut decoder(&f, Precision::Float32, 2, 64), &probe);
+        let reference = decoder(&f, Precision::Float32, 2, 64)
+            .forward(&probe, 0)
+            .unwrap();
         let largest = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
         let worst = max_abs_diff(&kept, &two_pass);
         assert!(
@@ -1100,10 +1099,9 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .fold(0f32, f32::max)
 }
 
-fn logits_of(dec: &mut KwkDecoder, probe: &[u32]) -> Vec<f32> {
-    dec.forward(probe, 0).unwrap()
-}
-
+/// `int4:gptq` builds, is deterministic, stays close to float32, needs calibration tokens,
+/// and round-trips the pack cache (a warm start loads the file and gives identical logits;
+/// the key differs from int4:calib's and from another calibration text's).
 #[test]
 fn int4_gptq_builds_deterministically_and_round_trips_the_pack_cache() {
     for name in ["tiny-llama", "tiny-mixtral"] {
