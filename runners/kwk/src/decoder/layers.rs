@@ -152,8 +152,7 @@ impl Layer {
 
         // Attention.
         let xn = sized(xn, n * d);
-        xn.copy_from_slice(x);
-        rms_norm_rows(pool, xn, &self.attn_norm, eps);
+        add_norm_rows(pool, x, None, xn, &self.attn_norm, eps);
         if let Some(r) = rec.as_deref_mut() {
             r.tokens += n as u64;
             accumulate_squares(&mut r.attn_in, xn, d);
@@ -162,7 +161,12 @@ impl Layer {
             }
         }
         let (q, k, v) = (self.q.as_ref(), self.k.as_ref(), self.v.as_ref());
-        acts.prepare(xn, d, [q.input_kind(), k.input_kind(), v.input_kind()]);
+        acts.prepare(
+            pool,
+            xn,
+            d,
+            [q.input_kind(), k.input_kind(), v.input_kind()],
+        );
         let qo = sized(qo, n * qd);
         let ko = sized(ko, n * kvd);
         let vo = sized(vo, n * kvd);
@@ -202,17 +206,15 @@ impl Layer {
             }
         }
         let o = self.o.as_ref();
-        acts.prepare(attn, qd, [o.input_kind()]);
+        acts.prepare(pool, attn, qd, [o.input_kind()]);
         let oo = sized(oo, n * d);
         {
             let y = OutputMatrix::new(oo, n, d);
             matmuls(pool, &[(o, acts.get(attn, o.input_kind()), &y)]);
         }
-        x.iter_mut().zip(oo.iter()).for_each(|(a, b)| *a += b);
 
         // Feed-forward.
-        xn.copy_from_slice(x);
-        rms_norm_rows(pool, xn, &self.ffn_norm, eps);
+        add_norm_rows(pool, x, Some(oo), xn, &self.ffn_norm, eps);
         if let Some(r) = rec.as_deref_mut() {
             accumulate_squares(&mut r.ffn_in, xn, d);
             if let Some(h) = r.gram.as_mut() {
@@ -227,7 +229,11 @@ impl Layer {
             }
             PackedFfn::Moe(m) => moe_forward(m, pool, xn, d, acts, g, u, ffn_out, rec),
         }
-        x.iter_mut().zip(ffn_out.iter()).for_each(|(a, b)| *a += b);
+        let ffn_out: &[f32] = ffn_out;
+        par_rows(pool, x, d, |t, row| {
+            let delta = &ffn_out[t * d..(t + 1) * d];
+            row.iter_mut().zip(delta).for_each(|(a, b)| *a += b);
+        });
     }
 }
 
@@ -654,7 +660,7 @@ fn mlp_forward(
     let n = xn.len() / d;
     let f = m.gate.rows();
     let (gate, up, down) = (m.gate.as_ref(), m.up.as_ref(), m.down.as_ref());
-    acts.prepare(xn, d, [gate.input_kind(), up.input_kind()]);
+    acts.prepare(pool, xn, d, [gate.input_kind(), up.input_kind()]);
     let g = sized(g, n * f);
     let u = sized(u, n * f);
     {
@@ -680,7 +686,7 @@ fn mlp_forward(
             accumulate_gram(pool, h, g, f);
         }
     }
-    acts.prepare(g, f, [down.input_kind()]);
+    acts.prepare(pool, g, f, [down.input_kind()]);
     let y = OutputMatrix::new(out, n, d);
     matmuls(pool, &[(down, acts.get(g, down.input_kind()), &y)]);
 }
@@ -801,28 +807,81 @@ pub(super) fn par_rows(
     f: impl Fn(usize, &mut [f32]) + Sync,
 ) {
     let n_rows = data.len() / row_len;
-    let nt = pool.n_threads();
-    if n_rows < 2 || nt == 1 {
-        for (t, row) in data.chunks_exact_mut(row_len).enumerate() {
-            f(t, row);
-        }
-        return;
-    }
-    let mut parts = Vec::with_capacity(nt);
-    let mut rest = data;
-    for i in 0..nt {
-        let r = split_range(n_rows, nt, i, 1);
-        let (head, tail) = rest.split_at_mut(r.len() * row_len);
-        parts.push(Mutex::new((r.start, head)));
-        rest = tail;
-    }
-    pool.run(|i, _| {
-        let mut part = parts[i].lock().unwrap_or_else(|e| e.into_inner());
-        let (first, ref mut rows) = *part;
+    let parts = split_rows(pool, n_rows, data, row_len);
+    par_parts(pool, parts, |(first, rows)| {
         for (j, row) in rows.chunks_exact_mut(row_len).enumerate() {
             f(first + j, row);
         }
     });
+}
+
+/// `data` (rows of `row_len` values) cut into one `(first_row, rows)` part per thread
+/// of `pool`, as [`split_range`] splits `0..n_rows` (a single part when there are fewer
+/// than two rows or one thread).
+fn split_rows<'a, T>(
+    pool: &ThreadPool,
+    n_rows: usize,
+    data: &'a mut [T],
+    row_len: usize,
+) -> Vec<(usize, &'a mut [T])> {
+    let nt = if n_rows < 2 { 1 } else { pool.n_threads() };
+    let mut parts = Vec::with_capacity(nt);
+    let mut rest = data;
+    for i in 0..nt {
+        let r = split_range(n_rows, nt, i, 1);
+        let (head, tail) = std::mem::take(&mut rest).split_at_mut(r.len() * row_len);
+        parts.push((r.start, head));
+        rest = tail;
+    }
+    parts
+}
+
+/// Runs `f` on each of `parts`, part `i` on thread `i` of `pool` (inline when there is
+/// one part).
+fn par_parts<T: Send>(pool: &ThreadPool, mut parts: Vec<T>, f: impl Fn(T) + Sync) {
+    if parts.len() <= 1 {
+        parts.into_iter().for_each(f);
+        return;
+    }
+    let cells: Vec<Mutex<Option<T>>> = parts.drain(..).map(|p| Mutex::new(Some(p))).collect();
+    pool.run(|i, _| {
+        let part = cells
+            .get(i)
+            .and_then(|c| c.lock().unwrap_or_else(|e| e.into_inner()).take());
+        if let Some(part) = part {
+            f(part);
+        }
+    });
+}
+
+/// `x += delta` (when given) and `xn = rms_norm(x)`, row by row, rows split over the
+/// pool's threads: the residual add and the next block's input norm in one pass.
+pub(super) fn add_norm_rows(
+    pool: &ThreadPool,
+    x: &mut [f32],
+    delta: Option<&[f32]>,
+    xn: &mut [f32],
+    w: &[f32],
+    eps: f32,
+) {
+    let d = w.len();
+    let n_rows = x.len() / d;
+    let xs = split_rows(pool, n_rows, x, d);
+    let xns = split_rows(pool, n_rows, xn, d);
+    par_parts(
+        pool,
+        xs.into_iter().zip(xns).collect(),
+        |((first, x), (_, xn))| {
+            if let Some(delta) = delta {
+                let delta = &delta[first * d..first * d + x.len()];
+                x.iter_mut().zip(delta).for_each(|(a, b)| *a += b);
+            }
+            xn.copy_from_slice(x);
+            for row in xn.chunks_exact_mut(d) {
+                rms_norm(row, w, eps);
+            }
+        },
+    );
 }
 
 /// Several matmuls in one hand-off to the pool: each thread computes its slice of rows
@@ -855,8 +914,15 @@ pub(super) struct Activations {
 }
 
 impl Activations {
-    /// Encodes the rows of `x` (`dim` values each) for every kind in `kinds`.
-    pub fn prepare(&mut self, x: &[f32], dim: usize, kinds: impl IntoIterator<Item = InputKind>) {
+    /// Encodes the rows of `x` (`dim` values each) for every kind in `kinds`, rows split
+    /// over the pool's threads.
+    pub fn prepare(
+        &mut self,
+        pool: &ThreadPool,
+        x: &[f32],
+        dim: usize,
+        kinds: impl IntoIterator<Item = InputKind>,
+    ) {
         let n = x.len() / dim;
         self.dim = dim;
         let (mut bf16, mut q8) = (false, false);
@@ -874,25 +940,29 @@ impl Activations {
                 self.bf16.resize(n * padded, 0);
             }
             let isa = kernels::active_isa();
-            for t in 0..n {
-                let row = &mut self.bf16[t * padded..(t + 1) * padded];
-                kernels::f32_to_bf16(isa, &x[t * dim..(t + 1) * dim], &mut row[..dim]);
-                row[dim..].fill(0);
-            }
+            let parts = split_rows(pool, n, &mut self.bf16[..n * padded], padded);
+            par_parts(pool, parts, |(first, rows)| {
+                for (j, row) in rows.chunks_exact_mut(padded).enumerate() {
+                    let t = first + j;
+                    kernels::f32_to_bf16(isa, &x[t * dim..(t + 1) * dim], &mut row[..dim]);
+                    row[dim..].fill(0);
+                }
+            });
         }
         if q8 {
-            let blocks = x.len() / kernels::q8_activations::Q8_BLOCK;
+            let per_row = dim / kernels::q8_activations::Q8_BLOCK;
             self.q8_dim = dim;
             self.q8_quants.resize(x.len(), 0);
-            self.q8_scales.resize(blocks, 0.0);
-            self.q8_sums.resize(blocks, 0);
-            kernels::q8_activations::quantize_rows_q8(
-                x,
-                dim,
-                &mut self.q8_quants,
-                &mut self.q8_scales,
-                &mut self.q8_sums,
-            );
+            self.q8_scales.resize(n * per_row, 0.0);
+            self.q8_sums.resize(n * per_row, 0);
+            let quants = split_rows(pool, n, &mut self.q8_quants, dim);
+            let scales = split_rows(pool, n, &mut self.q8_scales, per_row);
+            let sums = split_rows(pool, n, &mut self.q8_sums, per_row);
+            let parts: Vec<_> = quants.into_iter().zip(scales).zip(sums).collect();
+            par_parts(pool, parts, |(((first, q), (_, s)), (_, b))| {
+                let rows = &x[first * dim..first * dim + q.len()];
+                kernels::q8_activations::quantize_rows_q8(rows, dim, q, s, b);
+            });
         }
     }
 
