@@ -3,7 +3,8 @@
 //! float32 panel kernels on the same shapes for comparison.
 //! `ISA=<tier>|all cargo run --release -p kwk --example quant_kernel_bench
 //!  [int8|int8:g32|q8sym|int4|int4:g64|int4:g128|int6|float32]` (tiers: vnni, avx512bw,
-//! avxvnni, avx2, scalar; default the CPU's best; `all` every tier the CPU supports).
+//! avxvnni, avx2, scalar; default the CPU's best; `all` every tier the CPU supports);
+//! `TOKENS=512,64,8,1` times other token counts (default 512 and 1).
 //! `int8` is what the int8 format packs (asymmetric 8-bit codes, groups of 64); the int4
 //! format's default mix adds `int8:g32` (8-bit projections) and `q8sym` (symmetric 8-bit
 //! embedding/lm_head) to `int4` (4-bit, groups of 32).
@@ -58,6 +59,12 @@ fn main() {
             }
         },
     };
+    // TOKENS=512,64,1 (default 512,1): the token counts to time.
+    let token_counts: Vec<usize> = std::env::var("TOKENS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|t| t.trim().parse().ok()).collect())
+        .filter(|v: &Vec<usize>| !v.is_empty() && !v.contains(&0))
+        .unwrap_or_else(|| vec![512, 1]);
     let shapes = [
         (576, 576),
         (192, 576),
@@ -103,7 +110,7 @@ fn main() {
     let layer: Vec<_> = shapes.iter().map(|&(r, c)| (r, c, pack(r, c))).collect();
     let head = pack(49152, 576);
     for isa in isas {
-        for n_tok in [512usize, 1] {
+        for &n_tok in &token_counts {
             let mut xs = Vec::new();
             for &c in &[576usize, 1536] {
                 let x = pseudo(n_tok * c, c as u64 + 7);
@@ -113,7 +120,7 @@ fn main() {
                 xs.push((c, q, s, b, x));
             }
             let mut y = vec![0f32; n_tok * 49152];
-            let reps = if n_tok == 1 { 200 } else { 3 };
+            let reps = (1536 / n_tok).clamp(3, 200);
             let mut macs = 0f64;
             let t = Clock::start();
             for _ in 0..reps {
