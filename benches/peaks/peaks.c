@@ -1,14 +1,16 @@
 /* Standalone twin of kwk's roofline peaks (runners/kwk/src/kernels/peaks.rs), written
  * independently in C so the figures kwk-eval reports can be checked against a second
  * program: float32 FMA, int8 dot and bf16 dot throughput (12 independent accumulators,
- * inline assembly so nothing is hoisted) and read bandwidth over a buffer, with N
- * threads, best of 5 trials. Counting as in kwk: FMA = 2 ops, a byte product added = 2,
- * a vdpbf16ps lane = 4.
+ * inline assembly so nothing is hoisted) and read bandwidth over a buffer (READ_STREAMS
+ * lock-step streams per thread, as kwk reads it), with N threads, best of 5 trials.
+ * Counting as in kwk: FMA = 2 ops, a byte product added = 2, a vdpbf16ps lane = 4.
  *
  * Build and run: scripts/peaks-microbench.sh [TIER] [THREADS]
  * TIER: vnni | avx512bw | avx2 (the int8 instruction and the vector width). */
 #define _GNU_SOURCE
 #include <pthread.h>
+
+#define READ_STREAMS 4
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,9 +72,15 @@ static void *run_job(void *arg) {
     if (j->fn) {
         j->fn(j->iters);
     } else {
+        /* READ_STREAMS lock-step streams over equal parts (kwk's read loops walk the
+         * same way; one stream under-reads some memory systems). */
         uint64_t a = 0, b = 0, c = 0, d = 0;
-        for (size_t i = 0; i + 4 <= j->n; i += 4) {
-            a ^= j->data[i]; b ^= j->data[i + 1]; c ^= j->data[i + 2]; d ^= j->data[i + 3];
+        size_t part = j->n / (READ_STREAMS * 32) * 32;
+        for (size_t i = 0; i < part; i += 4) {
+            for (size_t s = 0; s < READ_STREAMS; s++) {
+                const uint64_t *p = j->data + s * part + i;
+                a ^= p[0]; b ^= p[1]; c ^= p[2]; d ^= p[3];
+            }
         }
         j->out = a ^ b ^ c ^ d;
     }

@@ -5,6 +5,7 @@
 //! loop-invariant operands; each function's scalar twin is `peaks::scalar_*`. The callers
 //! check the CPU features ([`super::super::isa_supported`]) before calling.
 
+use crate::kernels::peaks::{read_part_len, READ_STREAMS};
 use std::arch::asm;
 use std::arch::x86_64::*;
 
@@ -195,19 +196,23 @@ pub unsafe fn maddubs_ymm(iters: u64) -> f64 {
     lane_sum::<__m256i, i32>(&a)
 }
 
-/// Reads `data` once with 512-bit loads into four accumulators; returns a value depending
-/// on every byte read. `data.len()` must be a multiple of 32 u64 (256 bytes); a tail is
-/// ignored.
+/// Reads `data` once with 512-bit loads into four accumulators, as
+/// `kernels::peaks::READ_STREAMS` lock-step streams of `read_part_len` values (the
+/// scalar twin's walk); returns a value depending on every byte read.
 ///
 /// # Safety
 /// The CPU must have AVX-512F.
 #[target_feature(enable = "avx512f")]
 pub unsafe fn read_zmm(data: &[u64]) -> u64 {
+    let part = read_part_len(data.len());
     let mut acc = [_mm512_setzero_si512(); 4];
-    for block in data.chunks_exact(32) {
-        let p = block.as_ptr() as *const __m512i;
-        for (k, a) in acc.iter_mut().enumerate() {
-            *a = _mm512_xor_si512(*a, _mm512_loadu_si512(p.add(k)));
+    for i in (0..part).step_by(32) {
+        for s in 0..READ_STREAMS {
+            // SAFETY: s * part + i + 32 <= READ_STREAMS * part <= data.len().
+            let p = unsafe { data.as_ptr().add(s * part + i) } as *const __m512i;
+            for (k, a) in acc.iter_mut().enumerate() {
+                *a = _mm512_xor_si512(*a, _mm512_loadu_si512(p.add(k)));
+            }
         }
     }
     let s = _mm512_xor_si512(
@@ -218,17 +223,21 @@ pub unsafe fn read_zmm(data: &[u64]) -> u64 {
     lanes.iter().fold(0, |h, &v| h ^ v)
 }
 
-/// The AVX2 twin of [`read_zmm`] (256-bit loads; `data.len()` a multiple of 16 u64).
+/// The AVX2 twin of [`read_zmm`] (256-bit loads, 256 bytes per stream and step).
 ///
 /// # Safety
 /// The CPU must have AVX2.
 #[target_feature(enable = "avx2")]
 pub unsafe fn read_ymm(data: &[u64]) -> u64 {
+    let part = read_part_len(data.len());
     let mut acc = [_mm256_setzero_si256(); 4];
-    for block in data.chunks_exact(16) {
-        let p = block.as_ptr() as *const __m256i;
-        for (k, a) in acc.iter_mut().enumerate() {
-            *a = _mm256_xor_si256(*a, _mm256_loadu_si256(p.add(k)));
+    for i in (0..part).step_by(32) {
+        for s in 0..READ_STREAMS {
+            // SAFETY: as in `read_zmm`.
+            let p = unsafe { data.as_ptr().add(s * part + i) } as *const __m256i;
+            for k in 0..8 {
+                acc[k % 4] = _mm256_xor_si256(acc[k % 4], _mm256_loadu_si256(p.add(k)));
+            }
         }
     }
     let s = _mm256_xor_si256(
