@@ -24,7 +24,9 @@
 //! behind the prompt path) perform the same float operations in the same order and agree to
 //! the bit.
 
-use super::int8_matmul::{drive_row_groups, Q8Rows, QuantIsa, BLOCK, ROW_GROUP, TOKEN_TILE};
+use super::int8_matmul::{
+    drive_row_groups, GemvPair, Q8Rows, QuantIsa, BLOCK, ROW_GROUP, TOKEN_TILE,
+};
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::x86_64::{quant256, quant512bw};
 use crate::kernels::OutputMatrix;
@@ -146,34 +148,60 @@ pub fn lowbit_matmul(
     let s_all = min_terms(x, 0, x.n_tokens, w.group_size, ncg);
     #[cfg(target_arch = "x86_64")]
     let vex = super::int8_matmul::avx_vnni_vex();
-    drive_row_groups(rows, x.n_tokens, y, |g, t0, n, out| {
-        let s = &s_all[t0 * ncg..(t0 + n) * ncg];
+    #[cfg(target_arch = "x86_64")]
+    let mut gemv_pair = |ga: usize, gb: usize, out: &mut [[f32; ROW_GROUP]; 2]| {
+        let s = &s_all[..ncg];
         match isa {
-            QuantIsa::Scalar => lowbit_tile_scalar(w, x, s, g, t0, n, out),
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY (every arm): the path's CPU features were checked above (`avxvnni`
-            // runs the VEX encoding only when AVX-VNNI is present, else the EVEX one);
-            // `check` guaranteed the slices cover group `g`, tokens `t0..t0 + n`, every
-            // block and column group; `s` holds `n` tokens' minimum terms.
-            QuantIsa::Avx2 => unsafe { quant256::avx2::lowbit_tile(w, x, s, g, t0, n, out) },
-            #[cfg(target_arch = "x86_64")]
+            // SAFETY (every arm): as for the tiles below, for both groups and token 0.
+            QuantIsa::Avx2 => unsafe { quant256::avx2::lowbit_gemv_pair(w, x, s, ga, gb, 0, out) },
             QuantIsa::AvxVnni if vex => unsafe {
-                quant256::avxvnni::lowbit_tile(w, x, s, g, t0, n, out)
+                quant256::avxvnni::lowbit_gemv_pair(w, x, s, ga, gb, 0, out)
             },
-            #[cfg(target_arch = "x86_64")]
             QuantIsa::AvxVnni => unsafe {
-                quant256::vnni_evex::lowbit_tile(w, x, s, g, t0, n, out)
+                quant256::vnni_evex::lowbit_gemv_pair(w, x, s, ga, gb, 0, out)
             },
-            #[cfg(target_arch = "x86_64")]
-            QuantIsa::Avx512Bw => unsafe { quant512bw::lowbit_tile(w, x, s, g, t0, n, out) },
-            #[cfg(target_arch = "x86_64")]
-            QuantIsa::Avx512Vnni => unsafe {
-                x86::lowbit_tile_vnni_dispatch(w, x, s, g, t0, n, out)
-            },
-            #[cfg(not(target_arch = "x86_64"))]
-            _ => unreachable!(),
+            _ => unreachable!("no paired GEMV on {}", isa.name()),
         }
-    });
+    };
+    #[cfg(target_arch = "x86_64")]
+    let pair =
+        matches!(isa, QuantIsa::Avx2 | QuantIsa::AvxVnni).then_some(&mut gemv_pair as GemvPair);
+    #[cfg(not(target_arch = "x86_64"))]
+    let pair = None;
+    drive_row_groups(
+        rows,
+        x.n_tokens,
+        y,
+        |g, t0, n, out| {
+            let s = &s_all[t0 * ncg..(t0 + n) * ncg];
+            match isa {
+                QuantIsa::Scalar => lowbit_tile_scalar(w, x, s, g, t0, n, out),
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY (every arm): the path's CPU features were checked above (`avxvnni`
+                // runs the VEX encoding only when AVX-VNNI is present, else the EVEX one);
+                // `check` guaranteed the slices cover group `g`, tokens `t0..t0 + n`, every
+                // block and column group; `s` holds `n` tokens' minimum terms.
+                QuantIsa::Avx2 => unsafe { quant256::avx2::lowbit_tile(w, x, s, g, t0, n, out) },
+                #[cfg(target_arch = "x86_64")]
+                QuantIsa::AvxVnni if vex => unsafe {
+                    quant256::avxvnni::lowbit_tile(w, x, s, g, t0, n, out)
+                },
+                #[cfg(target_arch = "x86_64")]
+                QuantIsa::AvxVnni => unsafe {
+                    quant256::vnni_evex::lowbit_tile(w, x, s, g, t0, n, out)
+                },
+                #[cfg(target_arch = "x86_64")]
+                QuantIsa::Avx512Bw => unsafe { quant512bw::lowbit_tile(w, x, s, g, t0, n, out) },
+                #[cfg(target_arch = "x86_64")]
+                QuantIsa::Avx512Vnni => unsafe {
+                    x86::lowbit_tile_vnni_dispatch(w, x, s, g, t0, n, out)
+                },
+                #[cfg(not(target_arch = "x86_64"))]
+                _ => unreachable!(),
+            }
+        },
+        pair,
+    );
 }
 
 /// The specification (see the module doc for the order of operations).
@@ -446,6 +474,10 @@ mod tests {
                     (33, 64, 8),
                     (50, 128, 6),
                     (19, 192, 7),
+                    // One token over several row groups: the paired GEMV (groups g and
+                    // g + half in lock step), an odd group left over, a partial last group.
+                    (100, 128, 1),
+                    (65, 64, 1),
                 ] {
                     let w = pseudo(rows * cols, (rows * 31 + cols) as u64 + gs as u64, 0.05);
                     let t = Tensor::new(vec![rows, cols], w.clone());

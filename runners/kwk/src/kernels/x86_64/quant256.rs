@@ -145,7 +145,7 @@ macro_rules! define_quant256 {
                     // SAFETY: forwarded contract; tokens t0+t..t0+t+m are in range.
                     unsafe {
                         match m {
-                            1 => int8_gemv(w, x, g, t0 + t, o),
+                            1 => int8_gemv::<1>(w, x, [g], t0 + t, [&mut o[0]]),
                             2 => int8_sub::<2>(w, x, g, t0 + t, o),
                             3 => int8_sub::<3>(w, x, g, t0 + t, o),
                             _ => int8_sub::<4>(w, x, g, t0 + t, o),
@@ -237,44 +237,70 @@ macro_rules! define_quant256 {
             /// One token of an int8 tile with both 8-row halves in one pass (GEMV): each
             /// 64-byte weight line is used whole as it streams in and each activation quad
             /// is broadcast once, where the token-tile path walks the tiles once per half.
+            /// `G` row groups (1 or 2) are walked in lock step, block by block: two
+            /// sequential read streams keep more of the memory system busy than one (see
+            /// [`int8_gemv_pair`]); each group's operations are those of the one-group walk.
             #[target_feature(enable = $features)]
-            unsafe fn int8_gemv(
+            unsafe fn int8_gemv<const G: usize>(
                 w: &Int8Tiles,
                 x: &Q8Rows,
-                g: usize,
+                groups: [usize; G],
                 tok: usize,
-                out: &mut [[f32; ROW_GROUP]],
+                outs: [&mut [f32; ROW_GROUP]; G],
             ) {
                 let nb = w.n_blocks();
-                // SAFETY: as `int8_sub` with N = 1.
+                // SAFETY: as `int8_sub` with N = 1, for each group.
                 unsafe {
-                    let qs = w.qs.as_ptr().add(g * nb * INT8_TILE_BYTES);
-                    let sc = w.scales.as_ptr().add(g * nb * ROW_GROUP) as *const u16;
+                    let qs = groups.map(|g| w.qs.as_ptr().add(g * nb * INT8_TILE_BYTES));
+                    let sc = groups.map(|g| w.scales.as_ptr().add(g * nb * ROW_GROUP) as *const u16);
                     let xq = x.quants.as_ptr().add(tok * x.dim);
                     let xs = x.scales.as_ptr().add(tok * nb);
                     let xbs = x.block_sums.as_ptr().add(tok * nb);
-                    let mut acc = [_mm256_setzero_ps(); 2];
+                    let mut acc = [[_mm256_setzero_ps(); 2]; G];
                     for b in 0..nb {
-                        let tile = qs.add(b * INT8_TILE_BYTES);
-                        prefetch_ahead(tile, INT8_TILE_BYTES);
                         // int8 wants Σ (u - 128)·a.
                         let init = _mm256_set1_epi32((-128 - FULL8_BIAS) * *xbs.add(b));
-                        let s = full8_both_halves(init, tile, xq.add(b * BLOCK));
                         let da = _mm256_set1_ps(*xs.add(b));
-                        for h in 0..2 {
-                            let dw = _mm256_cvtph_ps(_mm_loadu_si128(
-                                sc.add(b * ROW_GROUP + h * 8) as *const _,
-                            ));
-                            acc[h] = _mm256_fmadd_ps(
-                                _mm256_cvtepi32_ps(s[h]),
-                                _mm256_mul_ps(dw, da),
-                                acc[h],
-                            );
+                        for k in 0..G {
+                            let tile = qs[k].add(b * INT8_TILE_BYTES);
+                            prefetch_ahead(tile, INT8_TILE_BYTES);
+                            let s = full8_both_halves(init, tile, xq.add(b * BLOCK));
+                            for h in 0..2 {
+                                let dw = _mm256_cvtph_ps(_mm_loadu_si128(
+                                    sc[k].add(b * ROW_GROUP + h * 8) as *const _,
+                                ));
+                                acc[k][h] = _mm256_fmadd_ps(
+                                    _mm256_cvtepi32_ps(s[h]),
+                                    _mm256_mul_ps(dw, da),
+                                    acc[k][h],
+                                );
+                            }
                         }
                     }
-                    _mm256_storeu_ps(out[0].as_mut_ptr(), acc[0]);
-                    _mm256_storeu_ps(out[0].as_mut_ptr().add(8), acc[1]);
+                    for (k, out) in outs.into_iter().enumerate() {
+                        _mm256_storeu_ps(out.as_mut_ptr(), acc[k][0]);
+                        _mm256_storeu_ps(out.as_mut_ptr().add(8), acc[k][1]);
+                    }
                 }
+            }
+
+            /// One token of int8 row groups `ga` and `gb` (GEMV), read as two streams in
+            /// lock step; `out[0]` gets group `ga`, `out[1]` group `gb`, each exactly as
+            /// [`int8_tile`] computes it.
+            ///
+            /// # Safety
+            /// As [`int8_tile`] for both groups, with `tok < x.n_tokens`.
+            pub unsafe fn int8_gemv_pair(
+                w: &Int8Tiles,
+                x: &Q8Rows,
+                ga: usize,
+                gb: usize,
+                tok: usize,
+                out: &mut [[f32; ROW_GROUP]; 2],
+            ) {
+                let [oa, ob] = out;
+                // SAFETY: forwarded contract.
+                unsafe { int8_gemv::<2>(w, x, [ga, gb], tok, [oa, ob]) }
             }
 
             /// `init + Σ u·a + FULL8_BIAS · Σa` per row: the full-byte dots of one 16-row ×
@@ -303,100 +329,156 @@ macro_rules! define_quant256 {
                 s
             }
 
-            /// One token of a low-bit tile with both halves in one pass (see
-            /// [`int8_gemv`]).
+            /// The integer dots of one block of low-bit codes (16 rows × 32 columns at
+            /// `tile`, high bits at `hbits` for 6-bit codes) with one token's 32
+            /// activations at `xq` (block sum `xbs`), as two 8-row halves: `Σ u·a`.
+            ///
+            /// # Safety
+            /// The module's features; the tile (and high-bit tile) and the activations
+            /// are readable.
+            #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn lowbit_gemv<const BITS: u32>(
+            unsafe fn lowbit_block_both_halves<const BITS: u32>(
+                tile: *const u8,
+                hbits: *const u8,
+                xq: *const i8,
+                xbs: i32,
+            ) -> [__m256i; 2] {
+                // SAFETY: forwarded contract.
+                unsafe {
+                    if BITS == 8 {
+                        // codes want Σ u·a: start at -FULL8_BIAS · Σa.
+                        let init = _mm256_set1_epi32(-FULL8_BIAS * xbs);
+                        return full8_both_halves(init, tile, xq);
+                    }
+                    let hb = if BITS == 6 {
+                        [0, 1].map(|h| {
+                            [
+                                _mm256_loadu_si256(hbits.add(h * 32) as *const _),
+                                _mm256_loadu_si256(hbits.add(64 + h * 32) as *const _),
+                            ]
+                        })
+                    } else {
+                        [[_mm256_setzero_si256(); 2]; 2]
+                    };
+                    let run = small_run(BITS);
+                    let mut s = [_mm256_setzero_si256(); 2];
+                    let mut s16 = [_mm256_setzero_si256(); 2];
+                    for quad in 0..BLOCK / 4 {
+                        let a = _mm256_set1_epi32((xq.add(quad * 4) as *const i32).read_unaligned());
+                        for h in 0..2 {
+                            let v = _mm256_loadu_si256(tile.add((quad % 4) * 64 + h * 32) as *const _);
+                            let c = small_codes::<BITS>(v, hb[h], quad);
+                            s16[h] = small_acc(s16[h], c, a);
+                        }
+                        if (quad + 1) % run == 0 {
+                            for h in 0..2 {
+                                s[h] = _mm256_add_epi32(s[h], small_finish(s16[h]));
+                                s16[h] = _mm256_setzero_si256();
+                            }
+                        }
+                    }
+                    s
+                }
+            }
+
+            /// One token of a low-bit tile with both halves in one pass (see
+            /// [`int8_gemv`], also for the `G` groups walked in lock step).
+            #[target_feature(enable = $features)]
+            unsafe fn lowbit_gemv<const BITS: u32, const G: usize>(
                 w: &LowBitTiles,
                 x: &Q8Rows,
                 smin: &[f32],
-                g: usize,
+                groups: [usize; G],
                 tok: usize,
-                out: &mut [[f32; ROW_GROUP]],
+                outs: [&mut [f32; ROW_GROUP]; G],
             ) {
                 let nb = w.n_blocks();
                 let ncg = w.n_col_groups();
                 let bpg = w.group_size / BLOCK;
                 let tile_bytes = code_tile_bytes(BITS);
-                let run = small_run(BITS);
-                // SAFETY: as `lowbit_sub` with N = 1.
+                // SAFETY: as `lowbit_sub` with N = 1, for each group.
                 unsafe {
-                    let codes = w.nibbles.as_ptr().add(g * nb * tile_bytes);
-                    let hbits = if BITS == 6 {
-                        w.high_bits.as_ptr().add(g * nb * HIGH_BITS_TILE_BYTES)
-                    } else {
-                        std::ptr::null()
-                    };
-                    let sc = w.scales.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
-                    let mn = w.mins.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
+                    let codes = groups.map(|g| w.nibbles.as_ptr().add(g * nb * tile_bytes));
+                    let hbits = groups.map(|g| {
+                        if BITS == 6 {
+                            w.high_bits.as_ptr().add(g * nb * HIGH_BITS_TILE_BYTES)
+                        } else {
+                            std::ptr::null()
+                        }
+                    });
+                    let sc = groups.map(|g| w.scales.as_ptr().add(g * ncg * ROW_GROUP) as *const u16);
+                    let mn = groups.map(|g| w.mins.as_ptr().add(g * ncg * ROW_GROUP) as *const u16);
                     let xq = x.quants.as_ptr().add(tok * x.dim);
                     let xs = x.scales.as_ptr().add(tok * nb);
                     let xbs = x.block_sums.as_ptr().add(tok * nb);
-                    let mut acc = [_mm256_setzero_ps(); 2];
+                    let mut acc = [[_mm256_setzero_ps(); 2]; G];
                     for cg in 0..ncg {
-                        let dw = [0, 1].map(|h| {
-                            _mm256_cvtph_ps(_mm_loadu_si128(sc.add(cg * ROW_GROUP + h * 8) as *const _))
-                        });
                         for b in cg * bpg..((cg + 1) * bpg).min(nb) {
-                            let tile = codes.add(b * tile_bytes);
-                            prefetch_ahead(tile, tile_bytes);
-                            let s = if BITS == 8 {
-                                // codes want Σ u·a: start at -FULL8_BIAS · Σa.
-                                let init = _mm256_set1_epi32(-FULL8_BIAS * *xbs.add(b));
-                                full8_both_halves(init, tile, xq.add(b * BLOCK))
-                            } else {
-                                let hb = if BITS == 6 {
-                                    let p = hbits.add(b * HIGH_BITS_TILE_BYTES);
-                                    [0, 1].map(|h| {
-                                        [
-                                            _mm256_loadu_si256(p.add(h * 32) as *const _),
-                                            _mm256_loadu_si256(p.add(64 + h * 32) as *const _),
-                                        ]
-                                    })
-                                } else {
-                                    [[_mm256_setzero_si256(); 2]; 2]
-                                };
-                                let mut s = [_mm256_setzero_si256(); 2];
-                                let mut s16 = [_mm256_setzero_si256(); 2];
-                                for quad in 0..BLOCK / 4 {
-                                    let a = _mm256_set1_epi32(
-                                        (xq.add(b * BLOCK + quad * 4) as *const i32).read_unaligned(),
-                                    );
-                                    for h in 0..2 {
-                                        let v = _mm256_loadu_si256(
-                                            tile.add((quad % 4) * 64 + h * 32) as *const _,
-                                        );
-                                        let c = small_codes::<BITS>(v, hb[h], quad);
-                                        s16[h] = small_acc(s16[h], c, a);
-                                    }
-                                    if (quad + 1) % run == 0 {
-                                        for h in 0..2 {
-                                            s[h] = _mm256_add_epi32(s[h], small_finish(s16[h]));
-                                            s16[h] = _mm256_setzero_si256();
-                                        }
-                                    }
-                                }
-                                s
-                            };
                             let da = _mm256_set1_ps(*xs.add(b));
-                            for h in 0..2 {
-                                acc[h] = _mm256_fmadd_ps(
-                                    _mm256_cvtepi32_ps(s[h]),
-                                    _mm256_mul_ps(dw[h], da),
-                                    acc[h],
+                            for k in 0..G {
+                                let tile = codes[k].add(b * tile_bytes);
+                                prefetch_ahead(tile, tile_bytes);
+                                let hb = hbits[k].wrapping_add(b * HIGH_BITS_TILE_BYTES);
+                                let s = lowbit_block_both_halves::<BITS>(
+                                    tile,
+                                    hb,
+                                    xq.add(b * BLOCK),
+                                    *xbs.add(b),
                                 );
+                                for h in 0..2 {
+                                    let dw = _mm256_cvtph_ps(_mm_loadu_si128(
+                                        sc[k].add(cg * ROW_GROUP + h * 8) as *const _,
+                                    ));
+                                    acc[k][h] = _mm256_fmadd_ps(
+                                        _mm256_cvtepi32_ps(s[h]),
+                                        _mm256_mul_ps(dw, da),
+                                        acc[k][h],
+                                    );
+                                }
                             }
                         }
                         let sm = _mm256_set1_ps(smin[cg]);
-                        for h in 0..2 {
-                            let mw = _mm256_cvtph_ps(_mm_loadu_si128(
-                                mn.add(cg * ROW_GROUP + h * 8) as *const _,
-                            ));
-                            acc[h] = _mm256_fmadd_ps(mw, sm, acc[h]);
+                        for k in 0..G {
+                            for h in 0..2 {
+                                let mw = _mm256_cvtph_ps(_mm_loadu_si128(
+                                    mn[k].add(cg * ROW_GROUP + h * 8) as *const _,
+                                ));
+                                acc[k][h] = _mm256_fmadd_ps(mw, sm, acc[k][h]);
+                            }
                         }
                     }
-                    _mm256_storeu_ps(out[0].as_mut_ptr(), acc[0]);
-                    _mm256_storeu_ps(out[0].as_mut_ptr().add(8), acc[1]);
+                    for (k, out) in outs.into_iter().enumerate() {
+                        _mm256_storeu_ps(out.as_mut_ptr(), acc[k][0]);
+                        _mm256_storeu_ps(out.as_mut_ptr().add(8), acc[k][1]);
+                    }
+                }
+            }
+
+            /// One token of low-bit row groups `ga` and `gb` (GEMV), read as two streams in
+            /// lock step, as [`int8_gemv_pair`]; `smin` holds the token's minimum terms.
+            ///
+            /// # Safety
+            /// As [`lowbit_tile`] for both groups with one token (`smin.len() >=
+            /// w.n_col_groups()`).
+            pub unsafe fn lowbit_gemv_pair(
+                w: &LowBitTiles,
+                x: &Q8Rows,
+                smin: &[f32],
+                ga: usize,
+                gb: usize,
+                tok: usize,
+                out: &mut [[f32; ROW_GROUP]; 2],
+            ) {
+                let [oa, ob] = out;
+                // SAFETY: forwarded contract.
+                unsafe {
+                    match w.bits {
+                        4 => lowbit_gemv::<4, 2>(w, x, smin, [ga, gb], tok, [oa, ob]),
+                        6 => lowbit_gemv::<6, 2>(w, x, smin, [ga, gb], tok, [oa, ob]),
+                        8 => lowbit_gemv::<8, 2>(w, x, smin, [ga, gb], tok, [oa, ob]),
+                        bits => unreachable!("{bits}-bit codes"),
+                    }
                 }
             }
 
@@ -469,15 +551,15 @@ macro_rules! define_quant256 {
                     // SAFETY: forwarded contract.
                     unsafe {
                         match (w.bits, m) {
-                            (4, 1) => lowbit_gemv::<4>(w, x, st, g, t0 + t, o),
+                            (4, 1) => lowbit_gemv::<4, 1>(w, x, st, [g], t0 + t, [&mut o[0]]),
                             (4, 2) => lowbit_sub::<2, 4>(w, x, st, g, t0 + t, o),
                             (4, 3) => lowbit_sub::<3, 4>(w, x, st, g, t0 + t, o),
                             (4, _) => lowbit_sub::<4, 4>(w, x, st, g, t0 + t, o),
-                            (6, 1) => lowbit_gemv::<6>(w, x, st, g, t0 + t, o),
+                            (6, 1) => lowbit_gemv::<6, 1>(w, x, st, [g], t0 + t, [&mut o[0]]),
                             (6, 2) => lowbit_sub::<2, 6>(w, x, st, g, t0 + t, o),
                             (6, 3) => lowbit_sub::<3, 6>(w, x, st, g, t0 + t, o),
                             (6, _) => lowbit_sub::<4, 6>(w, x, st, g, t0 + t, o),
-                            (8, 1) => lowbit_gemv::<8>(w, x, st, g, t0 + t, o),
+                            (8, 1) => lowbit_gemv::<8, 1>(w, x, st, [g], t0 + t, [&mut o[0]]),
                             (8, 2) => lowbit_sub::<2, 8>(w, x, st, g, t0 + t, o),
                             (8, 3) => lowbit_sub::<3, 8>(w, x, st, g, t0 + t, o),
                             (8, _) => lowbit_sub::<4, 8>(w, x, st, g, t0 + t, o),
