@@ -155,6 +155,8 @@ macro_rules! define_quant256 {
                 }
             }
 
+            /// `N` tokens of an int8 tile with both 8-row halves in one pass (each
+            /// activation quad broadcast once for 16 rows; see [`full8_sub_both`]).
             #[target_feature(enable = $features)]
             unsafe fn int8_sub<const N: usize>(
                 w: &Int8Tiles,
@@ -173,37 +175,69 @@ macro_rules! define_quant256 {
                     let xq = x.quants.as_ptr().add(tok * dim);
                     let xs = x.scales.as_ptr().add(tok * nb);
                     let xbs = x.block_sums.as_ptr().add(tok * nb);
-                    for h in 0..2 {
-                        let mut acc = [_mm256_setzero_ps(); N];
-                        for b in 0..nb {
-                            let tile = qs.add(b * INT8_TILE_BYTES + h * 32);
-                            if h == 0 {
-                                prefetch_ahead(tile, INT8_TILE_BYTES);
-                            }
-                            let mut s = [_mm256_setzero_si256(); N];
-                            for (t, s_t) in s.iter_mut().enumerate() {
-                                // int8 wants Σ (u - 128)·a.
-                                *s_t = _mm256_set1_epi32((-128 - FULL8_BIAS) * *xbs.add(t * nb + b));
-                            }
-                            for quad in 0..BLOCK / 4 {
-                                let wv = full8_prep(_mm256_loadu_si256(tile.add(quad * 64) as *const _));
-                                for (t, s_t) in s.iter_mut().enumerate() {
-                                    let a = (xq.add(t * dim + b * BLOCK + quad * 4) as *const i32)
-                                        .read_unaligned();
-                                    *s_t = full8_dot(*s_t, wv, _mm256_set1_epi32(a));
-                                }
-                            }
+                    let mut acc = [[_mm256_setzero_ps(); N]; 2];
+                    for b in 0..nb {
+                        let tile = qs.add(b * INT8_TILE_BYTES);
+                        prefetch_ahead(tile, INT8_TILE_BYTES);
+                        let mut s = [[_mm256_setzero_si256(); N]; 2];
+                        for t in 0..N {
+                            // int8 wants Σ (u - 128)·a.
+                            let init = _mm256_set1_epi32((-128 - FULL8_BIAS) * *xbs.add(t * nb + b));
+                            s[0][t] = init;
+                            s[1][t] = init;
+                        }
+                        full8_quads_both::<N>(&mut s, tile, xq.add(b * BLOCK), dim);
+                        for h in 0..2 {
                             let dw = _mm256_cvtph_ps(_mm_loadu_si128(
                                 sc.add(b * ROW_GROUP + h * 8) as *const _,
                             ));
-                            for (t, acc_t) in acc.iter_mut().enumerate() {
+                            for t in 0..N {
                                 let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*xs.add(t * nb + b)));
-                                *acc_t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[t]), scale, *acc_t);
+                                acc[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[h][t]), scale, acc[h][t]);
                             }
                         }
-                        for (t, acc_t) in acc.iter().enumerate() {
-                            _mm256_storeu_ps(out[t].as_mut_ptr().add(h * 8), *acc_t);
+                    }
+                    for h in 0..2 {
+                        for t in 0..N {
+                            _mm256_storeu_ps(out[t].as_mut_ptr().add(h * 8), acc[h][t]);
                         }
+                    }
+                }
+            }
+
+            /// Adds the full-byte dots of one block (16 rows × 32 columns at `tile`, quads
+            /// 64 bytes apart, rows 0..8 in the first 32 bytes of each) with `N` tokens'
+            /// activations (`xq + t * dim`) to `s[half][token]`.
+            ///
+            /// # Safety
+            /// The module's features; the tile's 512 bytes and each token's 32 activations
+            /// are readable.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn full8_quads_both<const N: usize>(
+                s: &mut [[__m256i; N]; 2],
+                tile: *const u8,
+                xq: *const i8,
+                dim: usize,
+            ) {
+                // SAFETY: forwarded contract.
+                unsafe {
+                    let mut quad = 0;
+                    // A loop the compiler keeps: fully unrolled (a constant bound), it
+                    // orders the work token by token, keeps all prepared weights alive and
+                    // spills them to the stack (measured slower on Zen 3).
+                    while quad < std::hint::black_box(BLOCK / 4) {
+                        let wv = [0, 1].map(|h| {
+                            full8_prep(_mm256_loadu_si256(tile.add(quad * 64 + h * 32) as *const _))
+                        });
+                        for t in 0..N {
+                            let a = _mm256_set1_epi32(
+                                (xq.add(t * dim + quad * 4) as *const i32).read_unaligned(),
+                            );
+                            s[0][t] = full8_dot(s[0][t], wv[0], a);
+                            s[1][t] = full8_dot(s[1][t], wv[1], a);
+                        }
+                        quad += 1;
                     }
                 }
             }
@@ -482,52 +516,6 @@ macro_rules! define_quant256 {
                 }
             }
 
-            /// The integer dots `Σ u·a` of one 8-bit code block (8 rows × 32 columns at
-            /// `tile`, quads 64 bytes apart) with `N` tokens (`a` at `xq + t * dim`, block
-            /// sums at `xbs + t * nb`), added to `s`.
-            ///
-            /// # Safety
-            /// The module's features; the tile's 8 quads and each token's 32 activations
-            /// and block sum are readable.
-            #[inline]
-            #[target_feature(enable = $features)]
-            unsafe fn full8_block<const N: usize>(
-                s: &mut [__m256i; N],
-                tile: *const u8,
-                xq: *const i8,
-                dim: usize,
-                xbs: *const i32,
-                nb: usize,
-            ) {
-                // SAFETY: forwarded contract.
-                unsafe {
-                    for (t, s_t) in s.iter_mut().enumerate() {
-                        // codes want Σ u·a: start at -FULL8_BIAS · Σa.
-                        let bs = _mm256_set1_epi32(*xbs.add(t * nb));
-                        *s_t = _mm256_mullo_epi32(bs, _mm256_set1_epi32(-FULL8_BIAS));
-                    }
-                    let mut quad = 0;
-                    // Two quads per turn, not eight: fully unrolled (a constant bound), the
-                    // compiler orders the work token by token, keeps all eight prepared
-                    // weights alive and spills them to the stack. Measured on an AMD Zen 3
-                    // (AVX2 only; quant_kernel_bench int8, one thread, on-CPU time, other
-                    // jobs running): 41.2 GMAC/s fully unrolled, 42.6-45.4 this way.
-                    while quad < std::hint::black_box(BLOCK / 4) {
-                        for k in 0..2 {
-                            let wv = full8_prep(_mm256_loadu_si256(
-                                tile.add((quad + k) * 64) as *const _,
-                            ));
-                            for (t, s_t) in s.iter_mut().enumerate() {
-                                let a = (xq.add(t * dim + (quad + k) * 4) as *const i32)
-                                    .read_unaligned();
-                                *s_t = full8_dot(*s_t, wv, _mm256_set1_epi32(a));
-                            }
-                        }
-                        quad += 2;
-                    }
-                }
-            }
-
             /// One low-bit tile (4-, 6- or 8-bit codes); `s` holds the tokens' minimum
             /// terms `[t * n_col_groups + cg]` for `t < n`.
             ///
@@ -560,9 +548,9 @@ macro_rules! define_quant256 {
                             (6, 3) => lowbit_sub::<3, 6>(w, x, st, g, t0 + t, o),
                             (6, _) => lowbit_sub::<4, 6>(w, x, st, g, t0 + t, o),
                             (8, 1) => lowbit_gemv::<8, 1>(w, x, st, [g], t0 + t, [&mut o[0]]),
-                            (8, 2) => lowbit_sub::<2, 8>(w, x, st, g, t0 + t, o),
-                            (8, 3) => lowbit_sub::<3, 8>(w, x, st, g, t0 + t, o),
-                            (8, _) => lowbit_sub::<4, 8>(w, x, st, g, t0 + t, o),
+                            (8, 2) => full8_sub_both::<2>(w, x, st, g, t0 + t, o),
+                            (8, 3) => full8_sub_both::<3>(w, x, st, g, t0 + t, o),
+                            (8, _) => full8_sub_both::<4>(w, x, st, g, t0 + t, o),
                             (bits, _) => unreachable!("{bits}-bit codes"),
                         }
                     }
@@ -570,6 +558,74 @@ macro_rules! define_quant256 {
                 }
             }
 
+            /// `N` tokens of an 8-bit code tile with both 8-row halves in one pass: each
+            /// activation quad is broadcast once for 16 rows, where [`lowbit_sub`] walks
+            /// the tile once per half. Per (half, token) the same operations in the same
+            /// order.
+            #[target_feature(enable = $features)]
+            unsafe fn full8_sub_both<const N: usize>(
+                w: &LowBitTiles,
+                x: &Q8Rows,
+                smin: &[f32],
+                g: usize,
+                tok: usize,
+                out: &mut [[f32; ROW_GROUP]],
+            ) {
+                let nb = w.n_blocks();
+                let ncg = w.n_col_groups();
+                let bpg = w.group_size / BLOCK;
+                let dim = x.dim;
+                let tile_bytes = code_tile_bytes(8);
+                // SAFETY: as `lowbit_sub`.
+                unsafe {
+                    let codes = w.nibbles.as_ptr().add(g * nb * tile_bytes);
+                    let sc = w.scales.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
+                    let mn = w.mins.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
+                    let xq = x.quants.as_ptr().add(tok * dim);
+                    let xs = x.scales.as_ptr().add(tok * nb);
+                    let xbs = x.block_sums.as_ptr().add(tok * nb);
+                    let mut acc = [[_mm256_setzero_ps(); N]; 2];
+                    for cg in 0..ncg {
+                        for b in cg * bpg..((cg + 1) * bpg).min(nb) {
+                            let tile = codes.add(b * tile_bytes);
+                            prefetch_ahead(tile, tile_bytes);
+                            let mut s = [[_mm256_setzero_si256(); N]; 2];
+                            for t in 0..N {
+                                // codes want Σ u·a: start at -FULL8_BIAS · Σa.
+                                let init = _mm256_set1_epi32(-FULL8_BIAS * *xbs.add(t * nb + b));
+                                s[0][t] = init;
+                                s[1][t] = init;
+                            }
+                            full8_quads_both::<N>(&mut s, tile, xq.add(b * BLOCK), dim);
+                            for h in 0..2 {
+                                let dw = _mm256_cvtph_ps(_mm_loadu_si128(
+                                    sc.add(cg * ROW_GROUP + h * 8) as *const _,
+                                ));
+                                for t in 0..N {
+                                    let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*xs.add(t * nb + b)));
+                                    acc[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[h][t]), scale, acc[h][t]);
+                                }
+                            }
+                        }
+                        for h in 0..2 {
+                            let mw = _mm256_cvtph_ps(_mm_loadu_si128(
+                                mn.add(cg * ROW_GROUP + h * 8) as *const _,
+                            ));
+                            for t in 0..N {
+                                acc[h][t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(smin[t * ncg + cg]), acc[h][t]);
+                            }
+                        }
+                    }
+                    for h in 0..2 {
+                        for t in 0..N {
+                            _mm256_storeu_ps(out[t].as_mut_ptr().add(h * 8), acc[h][t]);
+                        }
+                    }
+                }
+            }
+
+            /// `N` tokens of a 4- or 6-bit code tile, one 8-row half at a time (8-bit codes
+            /// take [`full8_sub_both`]).
             #[target_feature(enable = $features)]
             unsafe fn lowbit_sub<const N: usize, const BITS: u32>(
                 w: &LowBitTiles,
@@ -599,7 +655,6 @@ macro_rules! define_quant256 {
                     let mn = w.mins.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
                     let xq = x.quants.as_ptr().add(tok * dim);
                     let xs = x.scales.as_ptr().add(tok * nb);
-                    let xbs = x.block_sums.as_ptr().add(tok * nb);
                     for h in 0..2 {
                         let mut acc = [_mm256_setzero_ps(); N];
                         for cg in 0..ncg {
@@ -618,32 +673,28 @@ macro_rules! define_quant256 {
                                     )
                                 };
                                 let mut s = [_mm256_setzero_si256(); N];
-                                if BITS == 8 {
-                                    full8_block::<N>(&mut s, tile, xq.add(b * BLOCK), dim, xbs.add(b), nb);
+                                let hb = if BITS == 6 {
+                                    let p = hbits.add(b * HIGH_BITS_TILE_BYTES + h * 32);
+                                    [
+                                        _mm256_loadu_si256(p as *const _),
+                                        _mm256_loadu_si256(p.add(64) as *const _),
+                                    ]
                                 } else {
-                                    let hb = if BITS == 6 {
-                                        let p = hbits.add(b * HIGH_BITS_TILE_BYTES + h * 32);
-                                        [
-                                            _mm256_loadu_si256(p as *const _),
-                                            _mm256_loadu_si256(p.add(64) as *const _),
-                                        ]
-                                    } else {
-                                        [_mm256_setzero_si256(); 2]
-                                    };
-                                    let mut s16 = [_mm256_setzero_si256(); N];
-                                    for quad in 0..BLOCK / 4 {
-                                        let v = _mm256_loadu_si256(
-                                            tile.add((quad % 4) * 64) as *const _,
-                                        );
-                                        let c = small_codes::<BITS>(v, hb, quad);
-                                        for (t, s16_t) in s16.iter_mut().enumerate() {
-                                            *s16_t = small_acc(*s16_t, c, act(t, quad));
-                                        }
-                                        if (quad + 1) % run == 0 {
-                                            for (s_t, s16_t) in s.iter_mut().zip(s16.iter_mut()) {
-                                                *s_t = _mm256_add_epi32(*s_t, small_finish(*s16_t));
-                                                *s16_t = _mm256_setzero_si256();
-                                            }
+                                    [_mm256_setzero_si256(); 2]
+                                };
+                                let mut s16 = [_mm256_setzero_si256(); N];
+                                for quad in 0..BLOCK / 4 {
+                                    let v = _mm256_loadu_si256(
+                                        tile.add((quad % 4) * 64) as *const _,
+                                    );
+                                    let c = small_codes::<BITS>(v, hb, quad);
+                                    for (t, s16_t) in s16.iter_mut().enumerate() {
+                                        *s16_t = small_acc(*s16_t, c, act(t, quad));
+                                    }
+                                    if (quad + 1) % run == 0 {
+                                        for (s_t, s16_t) in s.iter_mut().zip(s16.iter_mut()) {
+                                            *s_t = _mm256_add_epi32(*s_t, small_finish(*s16_t));
+                                            *s16_t = _mm256_setzero_si256();
                                         }
                                     }
                                 }
