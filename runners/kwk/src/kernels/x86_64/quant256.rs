@@ -268,6 +268,35 @@ macro_rules! define_quant256 {
                 _mm256_or_si256(c, _mm256_and_si256(placed, _mm256_set1_epi8(0x30)))
             }
 
+            /// `acc[h] = fma(float(s[h]), d_w · d_a, acc[h])` for both 8-row halves, the
+            /// weight scales of the 16 rows at `dw` (f16), the activation scale `da`.
+            ///
+            /// # Safety
+            /// The module's features; 16 scales readable at `dw`.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn add_scaled_halves(acc: &mut [__m256; 2], s: [__m256i; 2], dw: *const u16, da: __m256) {
+                for h in 0..2 {
+                    // SAFETY: forwarded contract.
+                    let dw = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(dw.add(h * 8) as *const _) });
+                    acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[h]), _mm256_mul_ps(dw, da), acc[h]);
+                }
+            }
+
+            /// Stores each group's two halves of accumulators into its 16 outputs.
+            #[inline]
+            #[target_feature(enable = $features)]
+            fn store_groups<const G: usize>(acc: [[__m256; 2]; G], outs: [&mut [f32; ROW_GROUP]; G]) {
+                for (acc, out) in acc.into_iter().zip(outs) {
+                    let (lo, hi) = out.split_at_mut(8);
+                    // SAFETY: 8 floats each.
+                    unsafe {
+                        _mm256_storeu_ps(lo.as_mut_ptr(), acc[0]);
+                        _mm256_storeu_ps(hi.as_mut_ptr(), acc[1]);
+                    }
+                }
+            }
+
             /// One token of an int8 tile with both 8-row halves in one pass (GEMV): each
             /// 64-byte weight line is used whole as it streams in and each activation quad
             /// is broadcast once, where the token-tile path walks the tiles once per half.
@@ -299,22 +328,10 @@ macro_rules! define_quant256 {
                             let tile = qs[k].add(b * INT8_TILE_BYTES);
                             prefetch_ahead(tile, INT8_TILE_BYTES);
                             let s = full8_both_halves(init, tile, xq.add(b * BLOCK));
-                            for h in 0..2 {
-                                let dw = _mm256_cvtph_ps(_mm_loadu_si128(
-                                    sc[k].add(b * ROW_GROUP + h * 8) as *const _,
-                                ));
-                                acc[k][h] = _mm256_fmadd_ps(
-                                    _mm256_cvtepi32_ps(s[h]),
-                                    _mm256_mul_ps(dw, da),
-                                    acc[k][h],
-                                );
-                            }
+                            add_scaled_halves(&mut acc[k], s, sc[k].add(b * ROW_GROUP), da);
                         }
                     }
-                    for (k, out) in outs.into_iter().enumerate() {
-                        _mm256_storeu_ps(out.as_mut_ptr(), acc[k][0]);
-                        _mm256_storeu_ps(out.as_mut_ptr().add(8), acc[k][1]);
-                    }
+                    store_groups(acc, outs);
                 }
             }
 
@@ -460,16 +477,7 @@ macro_rules! define_quant256 {
                                     xq.add(b * BLOCK),
                                     *xbs.add(b),
                                 );
-                                for h in 0..2 {
-                                    let dw = _mm256_cvtph_ps(_mm_loadu_si128(
-                                        sc[k].add(cg * ROW_GROUP + h * 8) as *const _,
-                                    ));
-                                    acc[k][h] = _mm256_fmadd_ps(
-                                        _mm256_cvtepi32_ps(s[h]),
-                                        _mm256_mul_ps(dw, da),
-                                        acc[k][h],
-                                    );
-                                }
+                                add_scaled_halves(&mut acc[k], s, sc[k].add(cg * ROW_GROUP), da);
                             }
                         }
                         let sm = _mm256_set1_ps(smin[cg]);
@@ -482,10 +490,7 @@ macro_rules! define_quant256 {
                             }
                         }
                     }
-                    for (k, out) in outs.into_iter().enumerate() {
-                        _mm256_storeu_ps(out.as_mut_ptr(), acc[k][0]);
-                        _mm256_storeu_ps(out.as_mut_ptr().add(8), acc[k][1]);
-                    }
+                    store_groups(acc, outs);
                 }
             }
 
