@@ -7,12 +7,15 @@
 //!
 //! A 16-row group is processed as two 8-row halves (one ymm of i32/f32 lanes each), in
 //! sub-tiles of up to [`SUB_TOKENS`] tokens that share every weight load and every weight
-//! preparation (offset removal, nibble unpacking): 16 ymm registers hold the sub-tile's
-//! accumulators, one weight operand and the constants. A single token (GEMV, generation)
-//! instead runs both halves in one pass over each tile, so every 64-byte weight line is used
-//! whole while it streams in and each activation quad is broadcast once (`quant_kernel_bench`
-//! tokens=1 on an AMD Zen 3, AVX2, one thread, the other core busy: 8-bit codes 18 -> 24-26
-//! GMAC/s, 4-bit 23-25 -> 34).
+//! preparation (offset removal, nibble unpacking). 4- and 6-bit codes walk the tile once
+//! per half (16 ymm registers hold the sub-tile's accumulators, one weight operand and the
+//! constants); full bytes (int8 tiles, 8-bit codes) walk both halves at once, so each
+//! activation quad is broadcast once for 16 rows (`quant_kernel_bench` int8 on an AMD Zen 3,
+//! one thread: 32.4 -> 35.9 GMAC/s; the same walk for 4-bit codes measured slower). A
+//! single token (GEMV, generation) runs both halves in one pass over each tile, so every
+//! 64-byte weight line is used whole while it streams in (tokens=1, Zen 3: 8-bit codes 18
+//! -> 24-26 GMAC/s, 4-bit 23-25 -> 34), and two row groups in lock step when the driver has
+//! a pair to give (two read streams per core: 1 thread int8 7.8 -> 9.0 GB/s from memory).
 //!
 //! Exact integer block dots, as the scalar specification computes them:
 //! - int8 tiles and 8-bit codes (bytes `u` in 0..=255): `vpdpbusd` takes `u` unsigned
