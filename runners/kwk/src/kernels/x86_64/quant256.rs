@@ -182,49 +182,53 @@ macro_rules! define_quant256 {
                     for b in 0..nb {
                         let tile = qs.add(b * INT8_TILE_BYTES);
                         prefetch_ahead(tile, INT8_TILE_BYTES);
-                        let mut s = [[_mm256_setzero_si256(); N]; 2];
-                        for t in 0..N {
-                            // int8 wants Σ (u - 128)·a.
-                            let init = _mm256_set1_epi32((-128 - FULL8_BIAS) * *xbs.add(t * nb + b));
-                            s[0][t] = init;
-                            s[1][t] = init;
-                        }
-                        full8_quads_both::<N>(&mut s, tile, xq.add(b * BLOCK), dim);
-                        for h in 0..2 {
-                            let dw = _mm256_cvtph_ps(_mm_loadu_si128(
-                                sc.add(b * ROW_GROUP + h * 8) as *const _,
-                            ));
-                            for t in 0..N {
-                                let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*xs.add(t * nb + b)));
-                                acc[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[h][t]), scale, acc[h][t]);
-                            }
-                        }
+                        // int8 wants Σ (u - 128)·a.
+                        let block = Full8Block { xq: xq.add(b * BLOCK), xbs: xbs.add(b), xs: xs.add(b) };
+                        full8_block_both::<N>(&mut acc, tile, block, dim, nb, -128 - FULL8_BIAS, sc.add(b * ROW_GROUP));
                     }
-                    for h in 0..2 {
-                        for t in 0..N {
-                            _mm256_storeu_ps(out[t].as_mut_ptr().add(h * 8), acc[h][t]);
-                        }
-                    }
+                    store_tokens(&acc, out);
                 }
             }
 
-            /// Adds the full-byte dots of one block (16 rows × 32 columns at `tile`, quads
-            /// 64 bytes apart, rows 0..8 in the first 32 bytes of each) with `N` tokens'
-            /// activations (`xq + t * dim`) to `s[half][token]`.
+            /// One block of `N` tokens' activations: its first quad at `xq` (token `t` at
+            /// `xq + t * dim`), block sums at `xbs` and scales at `xs` (token `t` at `+ t *
+            /// nb`).
+            #[derive(Clone, Copy)]
+            struct Full8Block {
+                xq: *const i8,
+                xbs: *const i32,
+                xs: *const f32,
+            }
+
+            /// One block of full-byte dots (16 rows × 32 columns at `tile`, quads 64 bytes
+            /// apart, rows 0..8 in the first 32 bytes of each) for `N` tokens, both halves
+            /// per activation broadcast: each (half, token) dot starts at `bias · Σa` and
+            /// is added as `acc = fma(float(dot), d_w · d_a, acc)` with the 16 row scales
+            /// at `dw` (f16).
             ///
             /// # Safety
-            /// The module's features; the tile's 512 bytes and each token's 32 activations
-            /// are readable.
+            /// The module's features; the tile's 512 bytes, each token's 32 activations,
+            /// block sum and scale, and the 16 scales are readable.
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn full8_quads_both<const N: usize>(
-                s: &mut [[__m256i; N]; 2],
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn full8_block_both<const N: usize>(
+                acc: &mut [[__m256; N]; 2],
                 tile: *const u8,
-                xq: *const i8,
+                block: Full8Block,
                 dim: usize,
+                nb: usize,
+                bias: i32,
+                dw: *const u16,
             ) {
                 // SAFETY: forwarded contract.
                 unsafe {
+                    let mut s = [[_mm256_setzero_si256(); N]; 2];
+                    for t in 0..N {
+                        let init = _mm256_set1_epi32(bias * *block.xbs.add(t * nb));
+                        s[0][t] = init;
+                        s[1][t] = init;
+                    }
                     let mut quad = 0;
                     // A loop the compiler keeps: fully unrolled (a constant bound), it
                     // orders the work token by token, keeps all prepared weights alive and
@@ -235,12 +239,33 @@ macro_rules! define_quant256 {
                         });
                         for t in 0..N {
                             let a = _mm256_set1_epi32(
-                                (xq.add(t * dim + quad * 4) as *const i32).read_unaligned(),
+                                (block.xq.add(t * dim + quad * 4) as *const i32).read_unaligned(),
                             );
                             s[0][t] = full8_dot(s[0][t], wv[0], a);
                             s[1][t] = full8_dot(s[1][t], wv[1], a);
                         }
                         quad += 1;
+                    }
+                    for h in 0..2 {
+                        let dw = _mm256_cvtph_ps(_mm_loadu_si128(dw.add(h * 8) as *const _));
+                        for t in 0..N {
+                            let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*block.xs.add(t * nb)));
+                            acc[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[h][t]), scale, acc[h][t]);
+                        }
+                    }
+                }
+            }
+
+            /// Stores both halves of `N` tokens' accumulators into their outputs.
+            #[inline]
+            #[target_feature(enable = $features)]
+            fn store_tokens<const N: usize>(acc: &[[__m256; N]; 2], out: &mut [[f32; ROW_GROUP]]) {
+                for (h, acc_h) in acc.iter().enumerate() {
+                    for (o, a) in out.iter_mut().zip(acc_h) {
+                        let (lo, hi) = o.split_at_mut(8);
+                        let half = if h == 0 { lo } else { hi };
+                        // SAFETY: 8 floats.
+                        unsafe { _mm256_storeu_ps(half.as_mut_ptr(), *a) };
                     }
                 }
             }
@@ -597,23 +622,9 @@ macro_rules! define_quant256 {
                         for b in cg * bpg..((cg + 1) * bpg).min(nb) {
                             let tile = codes.add(b * tile_bytes);
                             prefetch_ahead(tile, tile_bytes);
-                            let mut s = [[_mm256_setzero_si256(); N]; 2];
-                            for t in 0..N {
-                                // codes want Σ u·a: start at -FULL8_BIAS · Σa.
-                                let init = _mm256_set1_epi32(-FULL8_BIAS * *xbs.add(t * nb + b));
-                                s[0][t] = init;
-                                s[1][t] = init;
-                            }
-                            full8_quads_both::<N>(&mut s, tile, xq.add(b * BLOCK), dim);
-                            for h in 0..2 {
-                                let dw = _mm256_cvtph_ps(_mm_loadu_si128(
-                                    sc.add(cg * ROW_GROUP + h * 8) as *const _,
-                                ));
-                                for t in 0..N {
-                                    let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*xs.add(t * nb + b)));
-                                    acc[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[h][t]), scale, acc[h][t]);
-                                }
-                            }
+                            // codes want Σ u·a.
+                            let block = Full8Block { xq: xq.add(b * BLOCK), xbs: xbs.add(b), xs: xs.add(b) };
+                            full8_block_both::<N>(&mut acc, tile, block, dim, nb, -FULL8_BIAS, sc.add(cg * ROW_GROUP));
                         }
                         for h in 0..2 {
                             let mw = _mm256_cvtph_ps(_mm_loadu_si128(
@@ -624,11 +635,7 @@ macro_rules! define_quant256 {
                             }
                         }
                     }
-                    for h in 0..2 {
-                        for t in 0..N {
-                            _mm256_storeu_ps(out[t].as_mut_ptr().add(h * 8), acc[h][t]);
-                        }
-                    }
+                    store_tokens(&acc, out);
                 }
             }
 
