@@ -110,6 +110,14 @@ impl KwkRunner {
                 compute: match precision {
                     Precision::Float32 => ComputeKind::Fp32,
                     Precision::Bf16 => ComputeKind::Bf16,
+                    // The scalar tier takes the quantized block dots in f32.
+                    _ if kwk::kernels::int8_matmul::QuantIsa::from_isa(
+                        kwk::kernels::active_isa(),
+                    )
+                    .dots_in_f32() =>
+                    {
+                        ComputeKind::Fp32
+                    }
                     _ => ComputeKind::Int8,
                 },
                 weight_bytes_per_token: decoder.weight_bytes_read_per_token(),

@@ -59,9 +59,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             .map_or("converted".to_string(), |b| format!("{b:.1} GFLOP/s")),
         peaks.read_gbps
     );
+    let quant = kwk::kernels::int8_matmul::QuantIsa::from_isa(kwk::kernels::active_isa());
     let compute_peak = match precision {
         Precision::Float32 => peaks.fp32_gflops,
         Precision::Bf16 => peaks.bf16_gflops.unwrap_or(peaks.fp32_gflops),
+        // The scalar tier takes the quantized block dots in f32.
+        _ if quant.dots_in_f32() => peaks.fp32_gflops,
         _ => peaks.int8_gops,
     } * 1e9;
     let t = Instant::now();

@@ -27,6 +27,7 @@
 use super::int8_matmul::{
     drive_row_groups, GemvPair, Q8Rows, QuantIsa, BLOCK, ROW_GROUP, TOKEN_TILE,
 };
+use crate::kernels::quant_portable::FloatDots;
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::x86_64::{quant256, quant512bw};
 use crate::kernels::OutputMatrix;
@@ -168,6 +169,7 @@ pub fn lowbit_matmul(
         matches!(isa, QuantIsa::Avx2 | QuantIsa::AvxVnni).then_some(&mut gemv_pair as GemvPair);
     #[cfg(not(target_arch = "x86_64"))]
     let pair = None;
+    let mut float_dots = (isa == QuantIsa::Scalar).then(|| FloatDots::new(x));
     drive_row_groups(
         rows,
         x.n_tokens,
@@ -175,7 +177,10 @@ pub fn lowbit_matmul(
         |g, t0, n, out| {
             let s = &s_all[t0 * ncg..(t0 + n) * ncg];
             match isa {
-                QuantIsa::Scalar => lowbit_tile_scalar(w, x, s, g, t0, n, out),
+                QuantIsa::Scalar => match float_dots.as_mut() {
+                    Some(f) => f.lowbit_tile(w, x, s, g, t0, n, out),
+                    None => unreachable!("the scalar tier's state is made above"),
+                },
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY (every arm): the path's CPU features were checked above (`avxvnni`
                 // runs the VEX encoding only when AVX-VNNI is present, else the EVEX one);
@@ -201,6 +206,27 @@ pub fn lowbit_matmul(
             }
         },
         pair,
+    );
+}
+
+/// [`lowbit_matmul`] on the specification ([`lowbit_tile_scalar`], one code at a time):
+/// the reference the tests hold every path to, the scalar tier's included.
+pub fn lowbit_matmul_spec(w: &LowBitTiles, x: &Q8Rows, rows: Range<usize>, y: &OutputMatrix) {
+    w.check();
+    x.check();
+    assert_eq!(
+        x.dim, w.cols,
+        "activation width differs from the weight's columns"
+    );
+    assert!(rows.end <= w.rows);
+    let ncg = w.n_col_groups();
+    let s_all = min_terms(x, 0, x.n_tokens, w.group_size, ncg);
+    drive_row_groups(
+        rows,
+        x.n_tokens,
+        y,
+        |g, t0, n, out| lowbit_tile_scalar(w, x, &s_all[t0 * ncg..(t0 + n) * ncg], g, t0, n, out),
+        None,
     );
 }
 
@@ -463,7 +489,7 @@ mod tests {
     use crate::model::Tensor;
 
     #[test]
-    fn lowbit_paths_agree_with_scalar_and_float32_at_odd_sizes() {
+    fn lowbit_paths_agree_with_the_specification_and_float32_at_odd_sizes() {
         for bits in [4u32, 6, 8] {
             for gs in [32usize, 64, 128] {
                 for &(rows, cols, tokens) in &[
@@ -482,8 +508,12 @@ mod tests {
                     let w = pseudo(rows * cols, (rows * 31 + cols) as u64 + gs as u64, 0.05);
                     let t = Tensor::new(vec![rows, cols], w.clone());
                     let packed = LowBitWeights::quantize(&t, bits, gs, None, "test").unwrap();
-                    let f = |isa, x: &crate::format::PreparedInput, r, y: &OutputMatrix| {
-                        packed.matmul_rows_isa(isa, x, r, y)
+                    let f = |isa, x: &crate::format::PreparedInput, r, y: &OutputMatrix| match isa {
+                        Some(isa) => packed.matmul_rows_isa(isa, x, r, y),
+                        None => {
+                            let x = crate::format::int8::q8_rows(x, y.n_tokens(), "int4");
+                            lowbit_matmul_spec(&packed.tiles(), &x, r, y)
+                        }
                     };
                     check_paths(&packed, &f, &w, rows, cols, tokens, bits as u64);
                 }

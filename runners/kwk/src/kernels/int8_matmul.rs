@@ -58,6 +58,7 @@
 //! on Zen 4, not on a Skylake-SP/Cascade Lake, whose ports for 512-bit integer multiplies
 //! differ; the same bench there (`ISA=avx512bw`) is the check.
 
+use crate::kernels::quant_portable::FloatDots;
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::x86_64::{quant256, quant512bw};
 use crate::kernels::OutputMatrix;
@@ -105,8 +106,15 @@ impl QuantIsa {
     pub fn label(self) -> &'static str {
         match self {
             QuantIsa::AvxVnni if !avx_vnni_vex() => "avxvnni (evex: avx512vnni+vl)",
+            QuantIsa::Scalar => "scalar (f32 dots)",
             _ => self.name(),
         }
+    }
+
+    /// Whether the path takes its block dots as f32 multiply-adds (the scalar tier's
+    /// `quant_portable`), so its compute ceiling is the fp32 peak, not the int8 one.
+    pub fn dots_in_f32(self) -> bool {
+        self == QuantIsa::Scalar
     }
 
     /// The quantized path of a kernel tier.
@@ -323,12 +331,16 @@ pub fn int8_matmul(isa: QuantIsa, w: &Int8Tiles, x: &Q8Rows, rows: Range<usize>,
         matches!(isa, QuantIsa::Avx2 | QuantIsa::AvxVnni).then_some(&mut gemv_pair as GemvPair);
     #[cfg(not(target_arch = "x86_64"))]
     let pair = None;
+    let mut float_dots = (isa == QuantIsa::Scalar).then(|| FloatDots::new(x));
     drive_row_groups(
         rows,
         x.n_tokens,
         y,
         |g, t0, n, out| match isa {
-            QuantIsa::Scalar => int8_tile_scalar(w, x, g, t0, n, out),
+            QuantIsa::Scalar => match float_dots.as_mut() {
+                Some(f) => f.int8_tile(w, x, g, t0, n, out),
+                None => unreachable!("the scalar tier's state is made above"),
+            },
             #[cfg(target_arch = "x86_64")]
             // SAFETY (every arm): the path's CPU features were checked above (`avxvnni` runs
             // the VEX encoding only when AVX-VNNI is present, else the EVEX one, which
@@ -349,6 +361,25 @@ pub fn int8_matmul(isa: QuantIsa, w: &Int8Tiles, x: &Q8Rows, rows: Range<usize>,
             _ => unreachable!(),
         },
         pair,
+    );
+}
+
+/// [`int8_matmul`] on the specification ([`int8_tile_scalar`], one code at a time): the
+/// reference the tests hold every path to, the scalar tier's included.
+pub fn int8_matmul_spec(w: &Int8Tiles, x: &Q8Rows, rows: Range<usize>, y: &OutputMatrix) {
+    w.check();
+    x.check();
+    assert_eq!(
+        x.dim, w.cols,
+        "activation width differs from the weight's columns"
+    );
+    assert!(rows.end <= w.rows);
+    drive_row_groups(
+        rows,
+        x.n_tokens,
+        y,
+        |g, t0, n, out| int8_tile_scalar(w, x, g, t0, n, out),
+        None,
     );
 }
 
@@ -522,12 +553,14 @@ pub(crate) mod test_support {
         }
     }
 
-    pub type MatmulFn<'a> = dyn Fn(QuantIsa, &PreparedInput, Range<usize>, &OutputMatrix) + 'a;
+    /// A matmul on a path: `Some(isa)` a tier, `None` the specification.
+    pub type MatmulFn<'a> =
+        dyn Fn(Option<QuantIsa>, &PreparedInput, Range<usize>, &OutputMatrix) + 'a;
 
     /// Runs `w` on `isa` over the row slices `splits` (as threads would) into a fresh output.
     pub fn run(
         w: &MatmulFn,
-        isa: QuantIsa,
+        isa: Option<QuantIsa>,
         q8: &Q8,
         n_tokens: usize,
         rows: usize,
@@ -541,7 +574,8 @@ pub(crate) mod test_support {
         y
     }
 
-    /// Checks every path against scalar (bit-exact) and against float32 math: the result
+    /// Checks every path, the scalar tier's included, against the specification (bit-exact)
+    /// and the specification against float32 math: the result
     /// must be within the sum of the per-product quantization errors
     /// `Σ_i |ŵ_i â_i - w_i x_i|` (plus 1e-5 relative float slack) of `W · x` in f64,
     /// and within 1e-5 relative of `Ŵ · x̂` (the dequantized operands) in f64.
@@ -565,14 +599,14 @@ pub(crate) mod test_support {
         // Row slices on multiples of 16, as the decoder's thread split makes them.
         let mid = (rows / 2) / 16 * 16;
         let splits = [0..mid, mid..rows];
-        let reference = run(matmul, QuantIsa::Scalar, &q8, n_tokens, rows, &splits);
+        let reference = run(matmul, None, &q8, n_tokens, rows, &splits);
         for isa in QuantIsa::available() {
-            let got = run(matmul, isa, &q8, n_tokens, rows, &splits);
+            let got = run(matmul, Some(isa), &q8, n_tokens, rows, &splits);
             for (i, (a, b)) in got.iter().zip(&reference).enumerate() {
                 assert_eq!(
                     a.to_bits(),
                     b.to_bits(),
-                    "{} vs scalar at {i}: {a} vs {b} (rows {rows} cols {cols} tokens {n_tokens})",
+                    "{} vs the specification at {i}: {a} vs {b} (rows {rows} cols {cols} tokens {n_tokens})",
                     isa.name()
                 );
             }
@@ -611,7 +645,7 @@ mod tests {
     use crate::model::Tensor;
 
     #[test]
-    fn int8_paths_agree_with_scalar_and_float32_at_odd_sizes() {
+    fn int8_paths_agree_with_the_specification_and_float32_at_odd_sizes() {
         for &(rows, cols, tokens) in &[
             (1, 32, 1),
             (16, 32, 8),
@@ -629,8 +663,12 @@ mod tests {
             let w = pseudo(rows * cols, rows as u64 * 7 + cols as u64, 0.05);
             let t = Tensor::new(vec![rows, cols], w.clone());
             let packed = Int8Weights::quantize(&t, None, "test").unwrap();
-            let f = |isa, x: &crate::format::PreparedInput, r, y: &OutputMatrix| {
-                packed.matmul_rows_isa(isa, x, r, y)
+            let f = |isa, x: &crate::format::PreparedInput, r, y: &OutputMatrix| match isa {
+                Some(isa) => packed.matmul_rows_isa(isa, x, r, y),
+                None => {
+                    let x = crate::format::int8::q8_rows(x, y.n_tokens(), "int8");
+                    int8_matmul_spec(&packed.tiles(), &x, r, y)
+                }
             };
             check_paths(&packed, &f, &w, rows, cols, tokens, 3);
         }

@@ -420,7 +420,7 @@ fn each_tier_names_the_kernels_it_runs() {
         .starts_with("avxvnni"));
     assert_eq!(
         Isa::Scalar.weight_kernels(WeightKernels::Quantized),
-        "scalar"
+        "scalar (f32 dots)"
     );
     assert_eq!(
         bw.summary(),

@@ -1,0 +1,363 @@
+//! The scalar tier's quantized matmuls (int8 tiles and 4-, 6-, 8-bit codes): portable Rust
+//! that the compiler vectorizes with the target's baseline SIMD (SSE2 on x86-64, NEON on
+//! aarch64), bit-exact with the integer specifications `int8_tile_scalar` and
+//! `lowbit_tile_scalar`, which take one code at a time and run 15-25x slower.
+//!
+//! Why float arithmetic gives the specification's integers: a 32-column block's dot
+//! `Σ q·a` has codes `|q| <= 255` and activations `|a| <= 128`, so every partial sum is an
+//! integer of magnitude below `32 · 255 · 128 < 2^24` and is exact in f32, whatever the
+//! order of the additions. So a row group's codes are widened once into an f32 panel
+//! (`[column][16 rows]`, the float32 panel layout; int8 tiles as `u - 128`), the
+//! activations once per call to f32, and each block dot is a run of f32 multiply-adds
+//! across the 16 rows that reuses every panel load for up to [`TOKENS`] tokens. After the
+//! dot the specification's float operations follow in its order: per block
+//! `acc = fma(dot, d_w · d_a, acc)`, and for low-bit codes per column group
+//! `acc = fma(m, S, acc)`.
+
+use super::int4_matmul::{code_tile_bytes, LowBitTiles, HIGH_BITS_TILE_BYTES};
+use super::int8_matmul::{Int8Tiles, Q8Rows, BLOCK, INT8_TILE_BYTES, ROW_GROUP, TOKEN_TILE};
+
+/// Tokens that share each load of the weight panel.
+const TOKENS: usize = 2;
+
+/// One 32-column block of a panel: 32 columns of 16 rows.
+const PANEL_BLOCK: usize = BLOCK * ROW_GROUP;
+
+/// The state of one matmul call on the scalar tier: the activations widened to f32 and
+/// the row group whose codes and scales are currently widened.
+pub(crate) struct FloatDots {
+    /// `[token][column]` activations as f32.
+    acts: Vec<f32>,
+    /// The group held in `panel`, `scales` and `mins`.
+    group: Option<usize>,
+    /// `[column][row]` codes of the group as f32.
+    panel: Vec<f32>,
+    /// `[block or column group][row]` scales as f32.
+    scales: Vec<f32>,
+    /// `[column group][row]` minimums as f32 (low-bit codes).
+    mins: Vec<f32>,
+}
+
+impl FloatDots {
+    /// Widens `x`'s activations (once per matmul call).
+    pub(crate) fn new(x: &Q8Rows) -> Self {
+        let acts = x.quants[..x.n_tokens * x.dim]
+            .iter()
+            .map(|&q| q as f32)
+            .collect();
+        FloatDots {
+            acts,
+            group: None,
+            panel: Vec::new(),
+            scales: Vec::new(),
+            mins: Vec::new(),
+        }
+    }
+
+    /// `int8_tile_scalar`'s result for group `g`, tokens `t0..t0 + n`.
+    pub(crate) fn int8_tile(
+        &mut self,
+        w: &Int8Tiles,
+        x: &Q8Rows,
+        g: usize,
+        t0: usize,
+        n: usize,
+        out: &mut [[f32; ROW_GROUP]; TOKEN_TILE],
+    ) {
+        let nb = w.n_blocks();
+        if self.group != Some(g) {
+            self.panel.resize(nb * PANEL_BLOCK, 0.0);
+            for b in 0..nb {
+                let tile = &w.qs[(g * nb + b) * INT8_TILE_BYTES..][..INT8_TILE_BYTES];
+                widen_bytes(
+                    tile,
+                    128.0,
+                    &mut self.panel[b * PANEL_BLOCK..][..PANEL_BLOCK],
+                );
+            }
+            let scales = &w.scales[g * nb * ROW_GROUP..][..nb * ROW_GROUP];
+            self.scales.clear();
+            self.scales.extend(scales.iter().map(|s| s.to_f32()));
+            self.group = Some(g);
+        }
+        let groups = Groups {
+            blocks_per_group: 1,
+            n_groups: nb,
+        };
+        self.tokens(x, groups, None, t0, n, out);
+    }
+
+    /// `lowbit_tile_scalar`'s result for group `g`, tokens `t0..t0 + n`; `s` holds the
+    /// tokens' minimum terms `[t * n_col_groups + cg]`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn lowbit_tile(
+        &mut self,
+        w: &LowBitTiles,
+        x: &Q8Rows,
+        s: &[f32],
+        g: usize,
+        t0: usize,
+        n: usize,
+        out: &mut [[f32; ROW_GROUP]; TOKEN_TILE],
+    ) {
+        let nb = w.n_blocks();
+        let ncg = w.n_col_groups();
+        if self.group != Some(g) {
+            self.panel.resize(nb * PANEL_BLOCK, 0.0);
+            let tile_bytes = code_tile_bytes(w.bits);
+            for b in 0..nb {
+                let tile = &w.nibbles[(g * nb + b) * tile_bytes..][..tile_bytes];
+                let panel = &mut self.panel[b * PANEL_BLOCK..][..PANEL_BLOCK];
+                match w.bits {
+                    8 => widen_bytes(tile, 0.0, panel),
+                    4 => widen_nibbles(tile, None, panel),
+                    6 => {
+                        let hb = &w.high_bits[(g * nb + b) * HIGH_BITS_TILE_BYTES..]
+                            [..HIGH_BITS_TILE_BYTES];
+                        widen_nibbles(tile, Some(hb), panel)
+                    }
+                    bits => unreachable!("{bits}-bit codes"),
+                }
+            }
+            let range = g * ncg * ROW_GROUP..(g + 1) * ncg * ROW_GROUP;
+            self.scales.clear();
+            self.scales
+                .extend(w.scales[range.clone()].iter().map(|v| v.to_f32()));
+            self.mins.clear();
+            self.mins.extend(w.mins[range].iter().map(|v| v.to_f32()));
+            self.group = Some(g);
+        }
+        let groups = Groups {
+            blocks_per_group: w.group_size / BLOCK,
+            n_groups: ncg,
+        };
+        self.tokens(x, groups, Some(s), t0, n, out);
+    }
+
+    /// Runs tokens `t0..t0 + n` on the widened group, [`TOKENS`] at a time.
+    fn tokens(
+        &self,
+        x: &Q8Rows,
+        groups: Groups,
+        min_terms: Option<&[f32]>,
+        t0: usize,
+        n: usize,
+        out: &mut [[f32; ROW_GROUP]; TOKEN_TILE],
+    ) {
+        let mut t = 0;
+        while t < n {
+            let m = (n - t).min(TOKENS);
+            let o = &mut out[t..t + m];
+            let run = TokenRun {
+                x,
+                groups,
+                min_terms,
+                first: t,
+                tok: t0 + t,
+            };
+            match m {
+                1 => self.token_run::<1>(run, o),
+                2 => self.token_run::<2>(run, o),
+                3 => self.token_run::<3>(run, o),
+                _ => self.token_run::<4>(run, o),
+            }
+            t += m;
+        }
+    }
+
+    /// `N` tokens over every block of the widened group: block dots in f32 (exact), then
+    /// the specification's scale and minimum steps in its order.
+    fn token_run<const N: usize>(&self, run: TokenRun, out: &mut [[f32; ROW_GROUP]]) {
+        let x = run.x;
+        let (dim, nb) = (x.dim, x.n_blocks());
+        let ncg = run.groups.n_groups;
+        let bpg = run.groups.blocks_per_group;
+        let mut acc = [[0f32; ROW_GROUP]; N];
+        for cg in 0..ncg {
+            let ds = &self.scales[cg * ROW_GROUP..][..ROW_GROUP];
+            for b in cg * bpg..((cg + 1) * bpg).min(nb) {
+                let acts: [&[f32]; N] =
+                    std::array::from_fn(|t| &self.acts[(run.tok + t) * dim + b * BLOCK..][..BLOCK]);
+                let dots = block_dots(&self.panel[b * PANEL_BLOCK..][..PANEL_BLOCK], acts);
+                for (t, (acc_t, dot_t)) in acc.iter_mut().zip(&dots).enumerate() {
+                    let da = x.scales[(run.tok + t) * nb + b];
+                    for r in 0..ROW_GROUP {
+                        acc_t[r] = fused_mul_add(dot_t[r], ds[r] * da, acc_t[r]);
+                    }
+                }
+            }
+            if let Some(s) = run.min_terms {
+                let ms = &self.mins[cg * ROW_GROUP..][..ROW_GROUP];
+                for (t, acc_t) in acc.iter_mut().enumerate() {
+                    let st = s[(run.first + t) * ncg + cg];
+                    for r in 0..ROW_GROUP {
+                        acc_t[r] = fused_mul_add(ms[r], st, acc_t[r]);
+                    }
+                }
+            }
+        }
+        out.copy_from_slice(&acc);
+    }
+}
+
+/// `a · b + c` rounded once (`f32::mul_add`). Where the target has no FMA instruction in
+/// its baseline (x86-64 before `-C target-feature=+fma`), `mul_add` is a libm call that took
+/// a quarter of this path's time; there the result comes from f64, inline: `a · b` is exact
+/// in f64 (24 + 24 bits), and rounding the f64 sum `s` to f32 is the single rounding unless
+/// `s` landed exactly on a midpoint between two f32 values (the only way two roundings can
+/// differ from one), which the low 29 bits of its significand show. In that rare case the
+/// sum's exact error (TwoSum) moves `s` to its odd neighbour on the error's side (rounding
+/// to odd), and rounding a round-to-odd f64 to f32 is correct because 53 >= 24 + 2 (Boldo
+/// and Melquiond, "When double rounding is odd", 2005).
+#[inline(always)]
+fn fused_mul_add(a: f32, b: f32, c: f32) -> f32 {
+    if cfg!(any(target_feature = "fma", not(target_arch = "x86_64"))) {
+        return a.mul_add(b, c);
+    }
+    let p = a as f64 * b as f64;
+    let c = c as f64;
+    let s = p + c;
+    let bits = s.to_bits();
+    // Below f32's normal range its midpoints sit elsewhere: take the careful path there.
+    let normal = s.abs() >= f32::MIN_POSITIVE as f64;
+    if bits & 0x1FFF_FFFF != 0x1000_0000 && normal || !s.is_finite() {
+        return s as f32;
+    }
+    let pv = s - c;
+    let err = (p - pv) + (c - (s - pv));
+    let odd = if err != 0.0 && bits & 1 == 0 {
+        // The exact sum lies between s and its neighbour towards err, which is odd.
+        let away_from_zero = (err > 0.0) == (s > 0.0);
+        f64::from_bits(if away_from_zero { bits + 1 } else { bits - 1 })
+    } else {
+        s
+    };
+    odd as f32
+}
+
+/// How blocks share scales: int8 tiles have a scale per block, low-bit codes per column
+/// group of `blocks_per_group` blocks.
+#[derive(Clone, Copy)]
+struct Groups {
+    blocks_per_group: usize,
+    n_groups: usize,
+}
+
+/// The tokens of one [`FloatDots::token_run`]: the first at `tok` in `x`, at `first` in
+/// the call's minimum terms.
+#[derive(Clone, Copy)]
+struct TokenRun<'a> {
+    x: &'a Q8Rows<'a>,
+    groups: Groups,
+    min_terms: Option<&'a [f32]>,
+    first: usize,
+    tok: usize,
+}
+
+/// The 16 rows' dots of one block with `N` tokens' 32 activations each, in f32 (exact:
+/// see the module doc). Each panel column is loaded once for all `N` tokens.
+#[inline(always)]
+fn block_dots<const N: usize>(panel: &[f32], acts: [&[f32]; N]) -> [[f32; ROW_GROUP]; N] {
+    let mut s = [[0f32; ROW_GROUP]; N];
+    for (c, w) in panel.chunks_exact(ROW_GROUP).enumerate() {
+        for (s_t, a_t) in s.iter_mut().zip(&acts) {
+            let a = a_t[c];
+            for (s_r, &w_r) in s_t.iter_mut().zip(w) {
+                *s_r += w_r * a;
+            }
+        }
+    }
+    s
+}
+
+/// A byte tile (`quad * 64 + row * 4 + k` holds column `4 quad + k`) into `[column][row]`
+/// values `byte - offset`.
+fn widen_bytes(tile: &[u8], offset: f32, panel: &mut [f32]) {
+    for quad in 0..BLOCK / 4 {
+        for r in 0..ROW_GROUP {
+            for k in 0..4 {
+                panel[(quad * 4 + k) * ROW_GROUP + r] = tile[quad * 64 + r * 4 + k] as f32 - offset;
+            }
+        }
+    }
+}
+
+/// A nibble tile (and, for 6-bit codes, its high-bit-pair tile; layouts in `int4_matmul`)
+/// into `[column][row]` code values.
+fn widen_nibbles(tile: &[u8], high_bits: Option<&[u8]>, panel: &mut [f32]) {
+    for quad in 0..BLOCK / 4 {
+        for r in 0..ROW_GROUP {
+            for k in 0..4 {
+                let byte = tile[(quad % 4) * 64 + r * 4 + k];
+                let mut q = if quad < 4 { byte & 0x0F } else { byte >> 4 };
+                if let Some(hb) = high_bits {
+                    let pair = hb[(quad / 4) * 64 + r * 4 + k] >> (2 * (quad % 4));
+                    q |= (pair & 3) << 4;
+                }
+                panel[(quad * 4 + k) * ROW_GROUP + r] = q as f32;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fused_mul_add;
+
+    #[test]
+    fn fused_mul_add_is_rounded_once() {
+        // The exact sum lies just below a float32 midpoint that f64 rounds onto: rounding
+        // twice would go up, once stays down.
+        let (a, b, c) = (
+            1.0 + f32::EPSILON,
+            (1.0 - f32::EPSILON) * 2f32.powi(-24),
+            1.0 + f32::EPSILON,
+        );
+        assert_eq!(fused_mul_add(a, b, c).to_bits(), a.mul_add(b, c).to_bits());
+        assert_ne!(((a as f64 * b as f64) + c as f64) as f32, a.mul_add(b, c));
+        // Random operands over a wide spread of exponents and signs.
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        for _ in 0..2_000_000 {
+            let mut f = || {
+                let r = next();
+                let m = 1.0 + (r >> 40) as f32 / (1u64 << 24) as f32;
+                let e = ((r >> 8) % 60) as i32 - 30;
+                if r & 1 == 0 {
+                    m * 2f32.powi(e)
+                } else {
+                    -m * 2f32.powi(e)
+                }
+            };
+            let (a, b, c) = (f(), f(), f());
+            assert_eq!(
+                fused_mul_add(a, b, c).to_bits(),
+                a.mul_add(b, c).to_bits(),
+                "{a} * {b} + {c}"
+            );
+        }
+        assert_eq!(
+            fused_mul_add(0.0, 5.0, -0.0).to_bits(),
+            0f32.mul_add(5.0, -0.0).to_bits()
+        );
+        assert_eq!(fused_mul_add(f32::MAX, 2.0, 0.0), f32::INFINITY);
+        // Results below f32's normal range.
+        let tiny = f32::MIN_POSITIVE;
+        for (a, b, c) in [
+            (tiny, 0.75, tiny * -0.5),
+            (tiny, 1.0 + f32::EPSILON, -tiny),
+            (1e-30, 1e-10, 1e-45),
+        ] {
+            assert_eq!(
+                fused_mul_add(a, b, c).to_bits(),
+                a.mul_add(b, c).to_bits(),
+                "{a} * {b} + {c}"
+            );
+        }
+    }
+}
