@@ -7,11 +7,12 @@
 //!
 //! A 16-row group is processed as two 8-row halves (one ymm of i32/f32 lanes each), in
 //! sub-tiles of up to [`SUB_TOKENS`] tokens that share every weight load and every weight
-//! preparation (offset removal, nibble unpacking). 4- and 6-bit codes walk the tile once
-//! per half (16 ymm registers hold the sub-tile's accumulators, one weight operand and the
-//! constants); full bytes (int8 tiles, 8-bit codes) walk both halves at once, so each
-//! activation quad is broadcast once for 16 rows (`quant_kernel_bench` int8 on an AMD Zen 3,
-//! one thread: 32.4 -> 35.9 GMAC/s; the same walk for 4-bit codes measured slower). A
+//! preparation (offset removal, nibble unpacking). Full bytes (int8 tiles, 8-bit codes) and
+//! 4-bit codes walk both halves at once, so each activation quad is broadcast once for 16
+//! rows (`quant_kernel_bench` on an AMD Zen 3, one thread: int8 32.4 -> 35.9 GMAC/s; 4-bit
+//! codes, whose i16 block sums fit 8 registers for 4 tokens once the float accumulators
+//! live in memory, median 38.8 -> 44.0 of 12 alternating runs, `speed` int4 pp512 +6 %);
+//! 6-bit codes, which widen every 2 quads, walk the tile once per half. A
 //! single token (GEMV, generation) runs both halves in one pass over each tile, so every
 //! 64-byte weight line is used whole while it streams in (tokens=1, Zen 3: 8-bit codes 18
 //! -> 24-26 GMAC/s, 4-bit 23-25 -> 34), and two row groups in lock step when the driver has
@@ -573,9 +574,9 @@ macro_rules! define_quant256 {
                     unsafe {
                         match (w.bits, m) {
                             (4, 1) => lowbit_gemv::<4, 1>(w, x, st, [g], t0 + t, [&mut o[0]]),
-                            (4, 2) => lowbit_sub::<2, 4>(w, x, st, g, t0 + t, o),
-                            (4, 3) => lowbit_sub::<3, 4>(w, x, st, g, t0 + t, o),
-                            (4, _) => lowbit_sub::<4, 4>(w, x, st, g, t0 + t, o),
+                            (4, 2) => nibble_sub_both::<2>(w, x, st, g, t0 + t, o),
+                            (4, 3) => nibble_sub_both::<3>(w, x, st, g, t0 + t, o),
+                            (4, _) => nibble_sub_both::<4>(w, x, st, g, t0 + t, o),
                             (6, 1) => lowbit_gemv::<6, 1>(w, x, st, [g], t0 + t, [&mut o[0]]),
                             (6, 2) => lowbit_sub::<2, 6>(w, x, st, g, t0 + t, o),
                             (6, 3) => lowbit_sub::<3, 6>(w, x, st, g, t0 + t, o),
@@ -630,6 +631,73 @@ macro_rules! define_quant256 {
                             let mw = _mm256_cvtph_ps(_mm_loadu_si128(
                                 mn.add(cg * ROW_GROUP + h * 8) as *const _,
                             ));
+                            for t in 0..N {
+                                acc[h][t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(smin[t * ncg + cg]), acc[h][t]);
+                            }
+                        }
+                    }
+                    store_tokens(&acc, out);
+                }
+            }
+
+            /// `N` tokens of a 4-bit code tile with both 8-row halves per activation
+            /// broadcast (as [`full8_sub_both`]); per (half, token) the operations of
+            /// [`lowbit_sub`] in its order. The i16 sums of a whole block stay in registers
+            /// (8 for 4 tokens), the float accumulators go through memory once per block.
+            #[target_feature(enable = $features)]
+            unsafe fn nibble_sub_both<const N: usize>(
+                w: &LowBitTiles,
+                x: &Q8Rows,
+                smin: &[f32],
+                g: usize,
+                tok: usize,
+                out: &mut [[f32; ROW_GROUP]],
+            ) {
+                let nb = w.n_blocks();
+                let ncg = w.n_col_groups();
+                let bpg = w.group_size / BLOCK;
+                let dim = x.dim;
+                let tile_bytes = code_tile_bytes(4);
+                // SAFETY: as `lowbit_sub`.
+                unsafe {
+                    let codes = w.nibbles.as_ptr().add(g * nb * tile_bytes);
+                    let sc = w.scales.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
+                    let mn = w.mins.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
+                    let xq = x.quants.as_ptr().add(tok * dim);
+                    let xs = x.scales.as_ptr().add(tok * nb);
+                    let mut acc = [[_mm256_setzero_ps(); N]; 2];
+                    let none = [_mm256_setzero_si256(); 2];
+                    for cg in 0..ncg {
+                        for b in cg * bpg..((cg + 1) * bpg).min(nb) {
+                            let tile = codes.add(b * tile_bytes);
+                            prefetch_ahead(tile, tile_bytes);
+                            let mut s16 = [[_mm256_setzero_si256(); N]; 2];
+                            let mut quad = 0;
+                            while quad < std::hint::black_box(BLOCK / 4) {
+                                let c = [0, 1].map(|h| {
+                                    let v = _mm256_loadu_si256(tile.add((quad % 4) * 64 + h * 32) as *const _);
+                                    small_codes::<4>(v, none, quad)
+                                });
+                                for t in 0..N {
+                                    let a = _mm256_set1_epi32(
+                                        (xq.add(t * dim + b * BLOCK + quad * 4) as *const i32).read_unaligned(),
+                                    );
+                                    s16[0][t] = small_acc(s16[0][t], c[0], a);
+                                    s16[1][t] = small_acc(s16[1][t], c[1], a);
+                                }
+                                quad += 1;
+                            }
+                            for h in 0..2 {
+                                let dw = _mm256_cvtph_ps(_mm_loadu_si128(sc.add(cg * ROW_GROUP + h * 8) as *const _));
+                                for t in 0..N {
+                                    let s = _mm256_add_epi32(_mm256_setzero_si256(), small_finish(s16[h][t]));
+                                    let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*xs.add(t * nb + b)));
+                                    acc[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc[h][t]);
+                                }
+                            }
+                        }
+                        for h in 0..2 {
+                            let mw = _mm256_cvtph_ps(_mm_loadu_si128(mn.add(cg * ROW_GROUP + h * 8) as *const _));
                             for t in 0..N {
                                 acc[h][t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(smin[t * ncg + cg]), acc[h][t]);
                             }
