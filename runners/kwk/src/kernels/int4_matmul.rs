@@ -25,7 +25,7 @@
 //! the bit.
 
 use super::int8_matmul::{
-    drive_row_groups, GemvPair, Q8Rows, QuantIsa, BLOCK, ROW_GROUP, TOKEN_TILE,
+    check_operands, drive_row_groups, GemvPair, Q8Rows, QuantIsa, BLOCK, ROW_GROUP, TOKEN_TILE,
 };
 use crate::kernels::quant_portable::FloatDots;
 #[cfg(target_arch = "x86_64")]
@@ -138,12 +138,7 @@ pub fn lowbit_matmul(
     y: &OutputMatrix,
 ) {
     w.check();
-    x.check();
-    assert_eq!(
-        x.dim, w.cols,
-        "activation width differs from the weight's columns"
-    );
-    assert!(rows.end <= w.rows);
+    check_operands(x, w.cols, w.rows, &rows);
     assert!(isa.is_available(), "{} path not available", isa.name());
     let ncg = w.n_col_groups();
     let s_all = min_terms(x, 0, x.n_tokens, w.group_size, ncg);
@@ -213,12 +208,7 @@ pub fn lowbit_matmul(
 /// the reference the tests hold every path to, the scalar tier's included.
 pub fn lowbit_matmul_spec(w: &LowBitTiles, x: &Q8Rows, rows: Range<usize>, y: &OutputMatrix) {
     w.check();
-    x.check();
-    assert_eq!(
-        x.dim, w.cols,
-        "activation width differs from the weight's columns"
-    );
-    assert!(rows.end <= w.rows);
+    check_operands(x, w.cols, w.rows, &rows);
     let ncg = w.n_col_groups();
     let s_all = min_terms(x, 0, x.n_tokens, w.group_size, ncg);
     drive_row_groups(

@@ -307,12 +307,7 @@ impl Int8Tiles<'_> {
 /// `y[t][r] = W[r] · x[t]` for `r` in `rows` (start a multiple of 16) on path `isa`.
 pub fn int8_matmul(isa: QuantIsa, w: &Int8Tiles, x: &Q8Rows, rows: Range<usize>, y: &OutputMatrix) {
     w.check();
-    x.check();
-    assert_eq!(
-        x.dim, w.cols,
-        "activation width differs from the weight's columns"
-    );
-    assert!(rows.end <= w.rows);
+    check_operands(x, w.cols, w.rows, &rows);
     assert!(isa.is_available(), "{} path not available", isa.name());
     #[cfg(target_arch = "x86_64")]
     let vex = avx_vnni_vex();
@@ -364,16 +359,22 @@ pub fn int8_matmul(isa: QuantIsa, w: &Int8Tiles, x: &Q8Rows, rows: Range<usize>,
     );
 }
 
+/// Panics unless `x` holds its tokens, is `cols` wide, and `rows` lies within `n_rows`
+/// (what every quantized matmul entry checks before its kernels read unchecked).
+pub(crate) fn check_operands(x: &Q8Rows, cols: usize, n_rows: usize, rows: &Range<usize>) {
+    x.check();
+    assert_eq!(
+        x.dim, cols,
+        "activation width differs from the weight's columns"
+    );
+    assert!(rows.end <= n_rows);
+}
+
 /// [`int8_matmul`] on the specification ([`int8_tile_scalar`], one code at a time): the
 /// reference the tests hold every path to, the scalar tier's included.
 pub fn int8_matmul_spec(w: &Int8Tiles, x: &Q8Rows, rows: Range<usize>, y: &OutputMatrix) {
     w.check();
-    x.check();
-    assert_eq!(
-        x.dim, w.cols,
-        "activation width differs from the weight's columns"
-    );
-    assert!(rows.end <= w.rows);
+    check_operands(x, w.cols, w.rows, &rows);
     drive_row_groups(
         rows,
         x.n_tokens,
