@@ -244,6 +244,12 @@ pub fn peaks_line(results: &Results) -> Option<String> {
             p.read_gbps_probes.len()
         ));
     }
+    if p.compute_probes > 1 {
+        line.push_str(&format!(
+            "; compute ceilings the best of {} measurements",
+            p.compute_probes
+        ));
+    }
     if let Some(b) = &results.machine.peaks_best_tier {
         line.push_str(&format!(
             "; llama.cpp rows against the best tier {}: fp32 {:.0}, int8 {:.0}, read {:.1} GB/s",
