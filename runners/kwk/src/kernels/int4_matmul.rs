@@ -98,21 +98,46 @@ impl LowBitTiles<'_> {
     pub fn code(&self, r: usize, c: usize) -> u8 {
         let (g, rr) = (r / ROW_GROUP, r % ROW_GROUP);
         let (b, cc) = (c / BLOCK, c % BLOCK);
-        let (quad, k) = (cc / 4, cc % 4);
-        if self.bits == 8 {
-            let tile = (g * self.n_blocks() + b) * BYTE_TILE_BYTES;
-            return self.nibbles[tile + quad * 64 + rr * 4 + k];
-        }
-        let tile = (g * self.n_blocks() + b) * NIBBLE_TILE_BYTES;
-        let byte = self.nibbles[tile + (quad % 4) * 64 + rr * 4 + k];
-        let mut q = if quad < 4 { byte & 0x0F } else { byte >> 4 };
-        if self.bits == 6 {
-            let hb_tile = (g * self.n_blocks() + b) * HIGH_BITS_TILE_BYTES;
-            let hb = self.high_bits[hb_tile + (quad / 4) * 64 + rr * 4 + k];
-            q |= ((hb >> (2 * (quad % 4))) & 3) << 4;
-        }
-        q
+        let tile = g * self.n_blocks() + b;
+        let bytes = code_tile_bytes(self.bits);
+        let high_bits = if self.bits == 6 {
+            &self.high_bits[tile * HIGH_BITS_TILE_BYTES..][..HIGH_BITS_TILE_BYTES]
+        } else {
+            &[]
+        };
+        tile_code(
+            self.bits,
+            &self.nibbles[tile * bytes..][..bytes],
+            high_bits,
+            cc / 4,
+            rr,
+            cc % 4,
+        )
     }
+}
+
+/// The code of row `r` (0..16) and column `4 · quad + k` of one block, from its code tile
+/// and, for 6-bit codes, its high-bit tile (layouts in the module doc; int8 tiles share the
+/// 8-bit layout).
+#[inline(always)]
+pub(crate) fn tile_code(
+    bits: u32,
+    tile: &[u8],
+    high_bits: &[u8],
+    quad: usize,
+    r: usize,
+    k: usize,
+) -> u8 {
+    if bits == 8 {
+        return tile[quad * 64 + r * 4 + k];
+    }
+    let byte = tile[(quad % 4) * 64 + r * 4 + k];
+    let mut q = if quad < 4 { byte & 0x0F } else { byte >> 4 };
+    if bits == 6 {
+        let hb = high_bits[(quad / 4) * 64 + r * 4 + k];
+        q |= ((hb >> (2 * (quad % 4))) & 3) << 4;
+    }
+    q
 }
 
 /// `S[t][cg] = Σ_{b in cg} d_a[t][b] · blocksum[t][b]` for tokens `t0..t0 + n`.

@@ -15,7 +15,7 @@
 //! `acc = fma(dot, d_w · d_a, acc)`, and for low-bit codes per column group
 //! `acc = fma(m, S, acc)`.
 
-use super::int4_matmul::{code_tile_bytes, LowBitTiles, HIGH_BITS_TILE_BYTES};
+use super::int4_matmul::{code_tile_bytes, tile_code, LowBitTiles, HIGH_BITS_TILE_BYTES};
 use super::int8_matmul::{Int8Tiles, Q8Rows, BLOCK, INT8_TILE_BYTES, ROW_GROUP, TOKEN_TILE};
 
 /// Tokens that share each load of the weight panel.
@@ -70,11 +70,8 @@ impl FloatDots {
             self.panel.resize(nb * PANEL_BLOCK, 0.0);
             for b in 0..nb {
                 let tile = &w.qs[(g * nb + b) * INT8_TILE_BYTES..][..INT8_TILE_BYTES];
-                widen_bytes(
-                    tile,
-                    128.0,
-                    &mut self.panel[b * PANEL_BLOCK..][..PANEL_BLOCK],
-                );
+                let panel = &mut self.panel[b * PANEL_BLOCK..][..PANEL_BLOCK];
+                widen_tile(8, tile, &[], 128.0, panel);
             }
             let scales = &w.scales[g * nb * ROW_GROUP..][..nb * ROW_GROUP];
             self.scales.clear();
@@ -109,16 +106,12 @@ impl FloatDots {
             for b in 0..nb {
                 let tile = &w.nibbles[(g * nb + b) * tile_bytes..][..tile_bytes];
                 let panel = &mut self.panel[b * PANEL_BLOCK..][..PANEL_BLOCK];
-                match w.bits {
-                    8 => widen_bytes(tile, 0.0, panel),
-                    4 => widen_nibbles(tile, None, panel),
-                    6 => {
-                        let hb = &w.high_bits[(g * nb + b) * HIGH_BITS_TILE_BYTES..]
-                            [..HIGH_BITS_TILE_BYTES];
-                        widen_nibbles(tile, Some(hb), panel)
-                    }
-                    bits => unreachable!("{bits}-bit codes"),
-                }
+                let high_bits = if w.bits == 6 {
+                    &w.high_bits[(g * nb + b) * HIGH_BITS_TILE_BYTES..][..HIGH_BITS_TILE_BYTES]
+                } else {
+                    &[]
+                };
+                widen_tile(w.bits, tile, high_bits, 0.0, panel);
             }
             let range = g * ncg * ROW_GROUP..(g + 1) * ncg * ROW_GROUP;
             self.scales.clear();
@@ -271,31 +264,14 @@ fn block_dots<const N: usize>(panel: &[f32], acts: [&[f32]; N]) -> [[f32; ROW_GR
     s
 }
 
-/// A byte tile (`quad * 64 + row * 4 + k` holds column `4 quad + k`) into `[column][row]`
-/// values `byte - offset`.
-fn widen_bytes(tile: &[u8], offset: f32, panel: &mut [f32]) {
+/// One block's code tile (and, for 6-bit codes, its high-bit tile) into `[column][row]`
+/// values `code - offset` (the layouts are `int4_matmul::tile_code`'s).
+fn widen_tile(bits: u32, tile: &[u8], high_bits: &[u8], offset: f32, panel: &mut [f32]) {
     for quad in 0..BLOCK / 4 {
         for r in 0..ROW_GROUP {
             for k in 0..4 {
-                panel[(quad * 4 + k) * ROW_GROUP + r] = tile[quad * 64 + r * 4 + k] as f32 - offset;
-            }
-        }
-    }
-}
-
-/// A nibble tile (and, for 6-bit codes, its high-bit-pair tile; layouts in `int4_matmul`)
-/// into `[column][row]` code values.
-fn widen_nibbles(tile: &[u8], high_bits: Option<&[u8]>, panel: &mut [f32]) {
-    for quad in 0..BLOCK / 4 {
-        for r in 0..ROW_GROUP {
-            for k in 0..4 {
-                let byte = tile[(quad % 4) * 64 + r * 4 + k];
-                let mut q = if quad < 4 { byte & 0x0F } else { byte >> 4 };
-                if let Some(hb) = high_bits {
-                    let pair = hb[(quad / 4) * 64 + r * 4 + k] >> (2 * (quad % 4));
-                    q |= (pair & 3) << 4;
-                }
-                panel[(quad * 4 + k) * ROW_GROUP + r] = q as f32;
+                let q = tile_code(bits, tile, high_bits, quad, r, k);
+                panel[(quad * 4 + k) * ROW_GROUP + r] = q as f32 - offset;
             }
         }
     }
