@@ -257,6 +257,30 @@ macro_rules! define_quant256 {
                 }
             }
 
+            /// A column group's minimum step for both 8-row halves of `N` tokens:
+            /// `acc[h][t] = fma(m, S[t][cg], acc[h][t])` with the 16 row minimums at `mn`
+            /// (f16) and the tokens' terms `smin[t * ncg + cg]`.
+            ///
+            /// # Safety
+            /// The module's features; 16 minimums readable at `mn`.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn add_min_terms<const N: usize>(
+                acc: &mut [[__m256; N]; 2],
+                mn: *const u16,
+                smin: &[f32],
+                ncg: usize,
+                cg: usize,
+            ) {
+                for (h, acc_h) in acc.iter_mut().enumerate() {
+                    // SAFETY: forwarded contract.
+                    let mw = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(mn.add(h * 8) as *const _) });
+                    for (t, acc_t) in acc_h.iter_mut().enumerate() {
+                        *acc_t = _mm256_fmadd_ps(mw, _mm256_set1_ps(smin[t * ncg + cg]), *acc_t);
+                    }
+                }
+            }
+
             /// Stores both halves of `N` tokens' accumulators into their outputs.
             #[inline]
             #[target_feature(enable = $features)]
@@ -627,14 +651,7 @@ macro_rules! define_quant256 {
                             let block = Full8Block { xq: xq.add(b * BLOCK), xbs: xbs.add(b), xs: xs.add(b) };
                             full8_block_both::<N>(&mut acc, tile, block, dim, nb, -FULL8_BIAS, sc.add(cg * ROW_GROUP));
                         }
-                        for h in 0..2 {
-                            let mw = _mm256_cvtph_ps(_mm_loadu_si128(
-                                mn.add(cg * ROW_GROUP + h * 8) as *const _,
-                            ));
-                            for t in 0..N {
-                                acc[h][t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(smin[t * ncg + cg]), acc[h][t]);
-                            }
-                        }
+                        add_min_terms(&mut acc, mn.add(cg * ROW_GROUP), smin, ncg, cg);
                     }
                     store_tokens(&acc, out);
                 }
@@ -696,12 +713,7 @@ macro_rules! define_quant256 {
                                 }
                             }
                         }
-                        for h in 0..2 {
-                            let mw = _mm256_cvtph_ps(_mm_loadu_si128(mn.add(cg * ROW_GROUP + h * 8) as *const _));
-                            for t in 0..N {
-                                acc[h][t] = _mm256_fmadd_ps(mw, _mm256_set1_ps(smin[t * ncg + cg]), acc[h][t]);
-                            }
-                        }
+                        add_min_terms(&mut acc, mn.add(cg * ROW_GROUP), smin, ncg, cg);
                     }
                     store_tokens(&acc, out);
                 }
