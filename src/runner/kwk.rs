@@ -107,18 +107,10 @@ impl KwkRunner {
             kv_type: "f32".into(),
             kernels: Some(precision.kernels().to_string()),
             roofline: Some(RooflineCost {
-                compute: match precision {
-                    Precision::Float32 => ComputeKind::Fp32,
-                    Precision::Bf16 => ComputeKind::Bf16,
-                    // The scalar tier takes the quantized block dots in f32.
-                    _ if kwk::kernels::int8_matmul::QuantIsa::from_isa(
-                        kwk::kernels::active_isa(),
-                    )
-                    .dots_in_f32() =>
-                    {
-                        ComputeKind::Fp32
-                    }
-                    _ => ComputeKind::Int8,
+                compute: match precision.arithmetic() {
+                    kwk::kernels::Arithmetic::Fp32 => ComputeKind::Fp32,
+                    kwk::kernels::Arithmetic::Bf16 => ComputeKind::Bf16,
+                    kwk::kernels::Arithmetic::Int8 => ComputeKind::Int8,
                 },
                 weight_bytes_per_token: decoder.weight_bytes_read_per_token(),
                 // The decoder's KV cache is float32 in every format.

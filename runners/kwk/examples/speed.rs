@@ -11,6 +11,7 @@
 //! format's kernels, tg against the read bandwidth.
 
 use kwk::decoder::{DecoderOptions, KwkDecoder, Precision};
+use kwk::kernels::Arithmetic;
 use std::time::Instant;
 
 fn main() {
@@ -59,13 +60,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             .map_or("converted".to_string(), |b| format!("{b:.1} GFLOP/s")),
         peaks.read_gbps
     );
-    let quant = kwk::kernels::int8_matmul::QuantIsa::from_isa(kwk::kernels::active_isa());
-    let compute_peak = match precision {
-        Precision::Float32 => peaks.fp32_gflops,
-        Precision::Bf16 => peaks.bf16_gflops.unwrap_or(peaks.fp32_gflops),
-        // The scalar tier takes the quantized block dots in f32.
-        _ if quant.dots_in_f32() => peaks.fp32_gflops,
-        _ => peaks.int8_gops,
+    let compute_peak = match precision.arithmetic() {
+        Arithmetic::Fp32 => peaks.fp32_gflops,
+        Arithmetic::Bf16 => peaks.bf16_gflops.unwrap_or(peaks.fp32_gflops),
+        Arithmetic::Int8 => peaks.int8_gops,
     } * 1e9;
     let t = Instant::now();
     let (config, weights, _tok, _info) =

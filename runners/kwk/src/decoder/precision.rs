@@ -102,12 +102,22 @@ impl Precision {
     /// [`crate::kernels::Isa::weight_kernels`]). Attention and the elementwise steps run the
     /// float kernels of the same tier in every format.
     pub fn kernels(&self) -> &'static str {
-        use crate::kernels::{active_isa, WeightKernels};
-        active_isa().weight_kernels(match self {
+        crate::kernels::active_isa().weight_kernels(self.weight_kernels())
+    }
+
+    /// What this format's matmuls compute with on the active tier (the roofline's
+    /// compute ceiling for its prompts).
+    pub fn arithmetic(&self) -> crate::kernels::Arithmetic {
+        crate::kernels::active_isa().arithmetic(self.weight_kernels())
+    }
+
+    fn weight_kernels(&self) -> crate::kernels::WeightKernels {
+        use crate::kernels::WeightKernels;
+        match self {
             Precision::Float32 => WeightKernels::Float32,
             Precision::Bf16 => WeightKernels::Bf16,
             Precision::Int8(_) | Precision::Int4(_) => WeightKernels::Quantized,
-        })
+        }
     }
 
     /// Parses a format name as users type it: `float32`, `bf16`, `int8` (`balanced`),

@@ -114,6 +114,30 @@ impl Isa {
     }
 }
 
+/// The arithmetic a kind of weight matmul runs on a tier (the roofline's compute ceiling).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Arithmetic {
+    Fp32,
+    Bf16,
+    /// Integer dots of int8 activations (u8 x i8 or i8 x i8 into i32).
+    Int8,
+}
+
+impl Isa {
+    /// What `kind`'s matmuls compute with on this tier: the scalar tier takes the
+    /// quantized block dots in f32 (`quant_portable`).
+    pub fn arithmetic(self, kind: WeightKernels) -> Arithmetic {
+        match kind {
+            WeightKernels::Float32 => Arithmetic::Fp32,
+            WeightKernels::Bf16 => Arithmetic::Bf16,
+            WeightKernels::Quantized if int8_matmul::QuantIsa::from_isa(self).dots_in_f32() => {
+                Arithmetic::Fp32
+            }
+            WeightKernels::Quantized => Arithmetic::Int8,
+        }
+    }
+}
+
 /// The kinds of weight matmul kernel (one per packed format family).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WeightKernels {

@@ -422,6 +422,19 @@ fn each_tier_names_the_kernels_it_runs() {
         Isa::Scalar.weight_kernels(WeightKernels::Quantized),
         "scalar (f32 dots)"
     );
+    // The roofline's compute ceiling follows the arithmetic the kernels really use.
+    assert_eq!(
+        Isa::Scalar.arithmetic(WeightKernels::Quantized),
+        super::Arithmetic::Fp32
+    );
+    assert_eq!(
+        Isa::Avx2.arithmetic(WeightKernels::Quantized),
+        super::Arithmetic::Int8
+    );
+    assert_eq!(
+        Isa::Avx2.arithmetic(WeightKernels::Bf16),
+        super::Arithmetic::Bf16
+    );
     assert_eq!(
         bw.summary(),
         "avx512bw: float32 avx512f, bf16 avx512f (convert), int8/int4 avx512bw"
