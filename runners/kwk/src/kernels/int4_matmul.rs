@@ -27,7 +27,7 @@
 use super::int8_matmul::{
     check_operands, drive_row_groups, GemvPair, Q8Rows, QuantIsa, BLOCK, ROW_GROUP, TOKEN_TILE,
 };
-use crate::kernels::quant_portable::FloatDots;
+use crate::kernels::quant_portable::{BaselineDots, FloatDots};
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::x86_64::{quant256, quant512bw};
 use crate::kernels::OutputMatrix;
@@ -189,7 +189,7 @@ pub fn lowbit_matmul(
         matches!(isa, QuantIsa::Avx2 | QuantIsa::AvxVnni).then_some(&mut gemv_pair as GemvPair);
     #[cfg(not(target_arch = "x86_64"))]
     let pair = None;
-    let mut float_dots = (isa == QuantIsa::Scalar).then(|| FloatDots::new(x));
+    let mut float_dots = (isa == QuantIsa::Scalar).then(|| FloatDots::<BaselineDots>::new(x));
     drive_row_groups(
         rows,
         x.n_tokens,

@@ -58,7 +58,7 @@
 //! on Zen 4, not on a Skylake-SP/Cascade Lake, whose ports for 512-bit integer multiplies
 //! differ; the same bench there (`ISA=avx512bw`) is the check.
 
-use crate::kernels::quant_portable::FloatDots;
+use crate::kernels::quant_portable::{BaselineDots, FloatDots};
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::x86_64::{quant256, quant512bw};
 use crate::kernels::OutputMatrix;
@@ -106,15 +106,17 @@ impl QuantIsa {
     pub fn label(self) -> &'static str {
         match self {
             QuantIsa::AvxVnni if !avx_vnni_vex() => "avxvnni (evex: avx512vnni+vl)",
+            QuantIsa::Scalar if cfg!(target_arch = "x86_64") => "scalar (sse2 pmaddwd)",
             QuantIsa::Scalar => "scalar (f32 dots)",
             _ => self.name(),
         }
     }
 
     /// Whether the path takes its block dots as f32 multiply-adds (the scalar tier's
-    /// `quant_portable`), so its compute ceiling is the fp32 peak, not the int8 one.
+    /// `quant_portable` off x86-64), so its compute ceiling is the fp32 peak, not the int8
+    /// one; on x86-64 the scalar tier's dots are SSE2 `pmaddwd`, measured as its int8 peak.
     pub fn dots_in_f32(self) -> bool {
-        self == QuantIsa::Scalar
+        self == QuantIsa::Scalar && !cfg!(target_arch = "x86_64")
     }
 
     /// The quantized path of a kernel tier.
@@ -326,7 +328,7 @@ pub fn int8_matmul(isa: QuantIsa, w: &Int8Tiles, x: &Q8Rows, rows: Range<usize>,
         matches!(isa, QuantIsa::Avx2 | QuantIsa::AvxVnni).then_some(&mut gemv_pair as GemvPair);
     #[cfg(not(target_arch = "x86_64"))]
     let pair = None;
-    let mut float_dots = (isa == QuantIsa::Scalar).then(|| FloatDots::new(x));
+    let mut float_dots = (isa == QuantIsa::Scalar).then(|| FloatDots::<BaselineDots>::new(x));
     drive_row_groups(
         rows,
         x.n_tokens,

@@ -18,7 +18,7 @@ pub mod int4_matmul;
 pub mod int8_matmul;
 pub mod peaks;
 pub mod q8_activations;
-mod quant_portable;
+pub(crate) mod quant_portable;
 pub mod scalar;
 #[cfg(target_arch = "x86_64")]
 pub mod x86_64;

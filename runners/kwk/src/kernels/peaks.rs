@@ -183,7 +183,8 @@ mod simd {
         dpbusd_ymm_vex,
         dpbf16_zmm,
         maddubs_zmm,
-        maddubs_ymm
+        maddubs_ymm,
+        madd_xmm
     );
     pub fn read_zmm(d: &[u64]) -> u64 {
         // SAFETY: handed out only for AVX-512 tiers.
@@ -212,7 +213,7 @@ fn kernels_for(isa: Isa) -> (Kernel, Kernel, Option<Kernel>, ReadLoop) {
             ops_per_iter: c * 8.0,
             instruction: "scalar i32 mul+add",
         },
-        None,
+        None::<Kernel>,
         scalar_read as ReadLoop,
     );
     #[cfg(target_arch = "x86_64")]
@@ -283,7 +284,17 @@ fn kernels_for(isa: Isa) -> (Kernel, Kernel, Option<Kernel>, ReadLoop) {
                 None,
                 simd::read_ymm,
             ),
-            Isa::Scalar => scalar,
+            // The scalar tier's quantized block dots are SSE2 `pmaddwd` here.
+            Isa::Scalar => (
+                scalar.0,
+                Kernel {
+                    run: simd::madd_xmm,
+                    ops_per_iter: c * 16.0,
+                    instruction: "pmaddwd+paddd xmm (sse2)",
+                },
+                None,
+                scalar.3,
+            ),
         }
     }
     #[cfg(not(target_arch = "x86_64"))]

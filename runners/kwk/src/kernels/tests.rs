@@ -418,15 +418,15 @@ fn each_tier_names_the_kernels_it_runs() {
     assert!(Isa::AvxVnni
         .weight_kernels(WeightKernels::Quantized)
         .starts_with("avxvnni"));
-    assert_eq!(
-        Isa::Scalar.weight_kernels(WeightKernels::Quantized),
-        "scalar (f32 dots)"
-    );
-    // The roofline's compute ceiling follows the arithmetic the kernels really use.
-    assert_eq!(
-        Isa::Scalar.arithmetic(WeightKernels::Quantized),
-        super::Arithmetic::Fp32
-    );
+    // The roofline's compute ceiling follows the arithmetic the kernels really use: the
+    // scalar tier's block dots are SSE2 `pmaddwd` on x86-64, f32 multiply-adds elsewhere.
+    let (label, arithmetic) = if cfg!(target_arch = "x86_64") {
+        ("scalar (sse2 pmaddwd)", super::Arithmetic::Int8)
+    } else {
+        ("scalar (f32 dots)", super::Arithmetic::Fp32)
+    };
+    assert_eq!(Isa::Scalar.weight_kernels(WeightKernels::Quantized), label);
+    assert_eq!(Isa::Scalar.arithmetic(WeightKernels::Quantized), arithmetic);
     assert_eq!(
         Isa::Avx2.arithmetic(WeightKernels::Quantized),
         super::Arithmetic::Int8

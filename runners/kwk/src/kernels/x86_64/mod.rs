@@ -8,6 +8,7 @@
 
 pub mod avx2;
 pub mod avx512;
+pub mod baseline;
 pub mod peaks;
 pub mod quant256;
 pub mod quant512bw;

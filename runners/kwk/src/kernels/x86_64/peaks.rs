@@ -206,6 +206,44 @@ pub unsafe fn maddubs_ymm(iters: u64) -> f64 {
     lane_sum::<__m256i, i32>(&a)
 }
 
+/// `pmaddwd` + `paddd` per accumulator on xmm with SSE2's two-operand forms (the scalar
+/// tier's quantized block dots on x86-64, `x86_64/baseline.rs`): a copy, then 8 i16
+/// products added in pairs and into 4 i32 lanes, 16 operations per two arithmetic
+/// instructions. SSE2 is part of every x86-64 CPU.
+///
+/// # Safety
+/// None beyond the function's own; `unsafe` for symmetry with the other loops.
+#[target_feature(enable = "sse2")]
+pub unsafe fn madd_xmm(iters: u64) -> f64 {
+    let mut a = [_mm_setzero_si128(); CHAINS];
+    let x = _mm_set1_epi16(3);
+    let y = _mm_set1_epi16(5);
+    for _ in 0..iters {
+        asm!(
+            "movdqa {t}, {x}", "pmaddwd {t}, {y}", "paddd {a0}, {t}",
+            "movdqa {t}, {x}", "pmaddwd {t}, {y}", "paddd {a1}, {t}",
+            "movdqa {t}, {x}", "pmaddwd {t}, {y}", "paddd {a2}, {t}",
+            "movdqa {t}, {x}", "pmaddwd {t}, {y}", "paddd {a3}, {t}",
+            "movdqa {t}, {x}", "pmaddwd {t}, {y}", "paddd {a4}, {t}",
+            "movdqa {t}, {x}", "pmaddwd {t}, {y}", "paddd {a5}, {t}",
+            "movdqa {t}, {x}", "pmaddwd {t}, {y}", "paddd {a6}, {t}",
+            "movdqa {t}, {x}", "pmaddwd {t}, {y}", "paddd {a7}, {t}",
+            "movdqa {t}, {x}", "pmaddwd {t}, {y}", "paddd {a8}, {t}",
+            "movdqa {t}, {x}", "pmaddwd {t}, {y}", "paddd {a9}, {t}",
+            "movdqa {t}, {x}", "pmaddwd {t}, {y}", "paddd {a10}, {t}",
+            "movdqa {t}, {x}", "pmaddwd {t}, {y}", "paddd {a11}, {t}",
+            a0 = inout(xmm_reg) a[0], a1 = inout(xmm_reg) a[1], a2 = inout(xmm_reg) a[2],
+            a3 = inout(xmm_reg) a[3], a4 = inout(xmm_reg) a[4], a5 = inout(xmm_reg) a[5],
+            a6 = inout(xmm_reg) a[6], a7 = inout(xmm_reg) a[7], a8 = inout(xmm_reg) a[8],
+            a9 = inout(xmm_reg) a[9], a10 = inout(xmm_reg) a[10], a11 = inout(xmm_reg) a[11],
+            x = in(xmm_reg) x, y = in(xmm_reg) y,
+            t = out(xmm_reg) _,
+            options(nomem, nostack, preserves_flags),
+        );
+    }
+    lane_sum::<__m128i, i32>(&a)
+}
+
 /// Reads `data` once with 512-bit loads into four accumulators, as
 /// `kernels::peaks::READ_STREAMS` lock-step streams of `read_part_len` values (the
 /// scalar twin's walk); returns a value depending on every byte read.

@@ -1,0 +1,117 @@
+//! The scalar tier's quantized block dots on x86-64 with SSE2, which every x86-64 CPU has
+//! (`quant_portable::BlockDots`; its twin there is `F32Dots`, and the scalar
+//! specifications `int8_tile_scalar` / `lowbit_tile_scalar` hold both to the bit).
+//!
+//! Codes are widened once per row group to i16 pairs: per 32-column block, 16 column pairs
+//! × 4 registers of 4 rows, each row's two codes side by side, so `pmaddwd` against an
+//! activation pair broadcast to every i32 lane adds 2 products per row and lane (8 per
+//! instruction, where the f32 path adds 4 per multiply and add). Each block's i32 sums are
+//! exact (below `32 · 255 · 128`) and convert to f32 exactly.
+//!
+//! SSE2 is part of every x86-64 CPU (and enabled in every x86-64 build), so the intrinsic
+//! calls need no feature check; the panel is a slice of vectors, so no pointer is read.
+
+use crate::kernels::int8_matmul::{BLOCK, ROW_GROUP};
+use crate::kernels::quant_portable::BlockDots;
+use std::arch::x86_64::*;
+
+/// Eight i16 lanes: two codes of each of 4 rows.
+#[derive(Clone, Copy)]
+pub struct I16x8(__m128i);
+
+impl Default for I16x8 {
+    fn default() -> Self {
+        // SAFETY: SSE2 is in the x86-64 baseline.
+        I16x8(unsafe { _mm_setzero_si128() })
+    }
+}
+
+/// Block dots with `pmaddwd` on i16 code pairs (see the module doc).
+pub struct PairDots;
+
+/// Column pairs of a block.
+const PAIRS: usize = BLOCK / 2;
+/// Registers of 4 rows in a row group.
+const ROW_QUADS: usize = ROW_GROUP / 4;
+
+impl BlockDots for PairDots {
+    type Lane = I16x8;
+    /// An activation pair, `a[2p]` in the low and `a[2p + 1]` in the high 16 bits.
+    type Act = i32;
+    const LANES_PER_BLOCK: usize = PAIRS * ROW_QUADS;
+    const ACTS_PER_BLOCK: usize = PAIRS;
+
+    fn widen_acts(quants: &[i8]) -> Vec<i32> {
+        quants
+            .chunks_exact(2)
+            .map(|p| (p[0] as i16 as u16 as u32 | (p[1] as i16 as u16 as u32) << 16) as i32)
+            .collect()
+    }
+
+    /// A quad of columns (`4j..4j + 4`) of 4 rows is 16 bytes of the packed tile; widened
+    /// to i16 that is 2 registers of 2 rows each, whose i32 lanes hold the pairs `2j` and
+    /// `2j + 1` in turn, so one shuffle per pair regroups them by pair.
+    fn widen_block(bits: u32, tile: &[u8], high_bits: &[u8], offset: i16, lanes: &mut [I16x8]) {
+        let lanes = &mut lanes[..Self::LANES_PER_BLOCK];
+        let quads = BLOCK / 4;
+        // SAFETY: SSE2 is in the x86-64 baseline; every load reads 16 bytes of a slice
+        // whose bounds were checked by indexing.
+        unsafe {
+            let load = |bytes: &[u8], at: usize| {
+                _mm_loadu_si128(bytes[at..at + 16].as_ptr() as *const __m128i)
+            };
+            let nibble = _mm_set1_epi8(0x0F);
+            let off = _mm_set1_epi16(offset);
+            for j in 0..quads {
+                for q in 0..ROW_QUADS {
+                    let codes = if bits == 8 {
+                        load(tile, j * 64 + q * 16)
+                    } else {
+                        let v = load(tile, (j % 4) * 64 + q * 16);
+                        let v = if j < 4 { v } else { _mm_srli_epi16(v, 4) };
+                        let mut c = _mm_and_si128(v, nibble);
+                        if bits == 6 {
+                            let hb = load(high_bits, (j / 4) * 64 + q * 16);
+                            let shift = _mm_cvtsi32_si128(2 * (j % 4) as i32);
+                            let pair = _mm_and_si128(_mm_srl_epi16(hb, shift), _mm_set1_epi8(3));
+                            c = _mm_or_si128(c, _mm_slli_epi16(pair, 4));
+                        }
+                        c
+                    };
+                    let zero = _mm_setzero_si128();
+                    // Rows 4q, 4q + 1 and rows 4q + 2, 4q + 3, each [pair 2j, pair 2j + 1].
+                    let lo = _mm_castsi128_ps(_mm_sub_epi16(_mm_unpacklo_epi8(codes, zero), off));
+                    let hi = _mm_castsi128_ps(_mm_sub_epi16(_mm_unpackhi_epi8(codes, zero), off));
+                    lanes[2 * j * ROW_QUADS + q] =
+                        I16x8(_mm_castps_si128(_mm_shuffle_ps::<0x88>(lo, hi)));
+                    lanes[(2 * j + 1) * ROW_QUADS + q] =
+                        I16x8(_mm_castps_si128(_mm_shuffle_ps::<0xDD>(lo, hi)));
+                }
+            }
+        }
+    }
+
+    /// Each register of codes is loaded once for all `N` tokens.
+    #[inline(always)]
+    fn block_dots<const N: usize>(lanes: &[I16x8], acts: [&[i32]; N]) -> [[f32; ROW_GROUP]; N] {
+        // SAFETY: SSE2 is in the x86-64 baseline; the stores write 4 floats to 4 floats.
+        unsafe {
+            let mut s = [[_mm_setzero_si128(); ROW_QUADS]; N];
+            for (p, w) in lanes.chunks_exact(ROW_QUADS).enumerate() {
+                for (s_t, a_t) in s.iter_mut().zip(&acts) {
+                    let a = _mm_set1_epi32(a_t[p]);
+                    for (s_q, w_q) in s_t.iter_mut().zip(w) {
+                        *s_q = _mm_add_epi32(*s_q, _mm_madd_epi16(w_q.0, a));
+                    }
+                }
+            }
+            s.map(|s_t| {
+                let mut out = [0f32; ROW_GROUP];
+                for (o, v) in out.chunks_exact_mut(4).zip(s_t) {
+                    _mm_storeu_ps(o.as_mut_ptr(), _mm_cvtepi32_ps(v));
+                }
+                out
+            })
+        }
+    }
+}
