@@ -6,7 +6,8 @@
  * Counting as in kwk: FMA = 2 ops, a byte product added = 2, a vdpbf16ps lane = 4.
  *
  * Build and run: scripts/peaks-microbench.sh [TIER] [THREADS]
- * TIER: vnni | avx512bw | avx2 (the int8 instruction and the vector width). */
+ * TIER: vnni | avx512bw | avx2 | sse2 (the int8 instruction and the vector width; sse2 is
+ * kwk's scalar tier on x86-64: mulps+addps, and pmaddwd+paddd for its quantized dots). */
 #define _GNU_SOURCE
 #include <pthread.h>
 
@@ -43,8 +44,13 @@ static double now(void) {
 #define MADD_Z(k) "vpmaddubsw %%zmm13, %%zmm12, %%zmm15\n vpmaddwd %%zmm14, %%zmm15, %%zmm15\n vpaddd %%zmm15, %%zmm" #k ", %%zmm" #k "\n"
 #define MADD_Y(k) "vpmaddubsw %%ymm13, %%ymm12, %%ymm15\n vpmaddwd %%ymm14, %%ymm15, %%ymm15\n vpaddd %%ymm15, %%ymm" #k ", %%ymm" #k "\n"
 
+/* SSE2's two-operand forms: copy, multiply, add (a pmaddwd lane adds 2 i16 products). */
+#define FMA_X(k) "movaps %%xmm12, %%xmm15\n mulps %%xmm13, %%xmm15\n addps %%xmm15, %%xmm" #k "\n"
+#define MADD_X(k) "movdqa %%xmm12, %%xmm15\n pmaddwd %%xmm13, %%xmm15\n paddd %%xmm15, %%xmm" #k "\n"
+
 #define ZSET "vpxord %%zmm12, %%zmm12, %%zmm12\n vpxord %%zmm13, %%zmm13, %%zmm13\n vpternlogd $0xff, %%zmm14, %%zmm14, %%zmm14\n"
 #define YSET "vpxor %%ymm12, %%ymm12, %%ymm12\n vpxor %%ymm13, %%ymm13, %%ymm13\n vpcmpeqd %%ymm14, %%ymm14, %%ymm14\n"
+#define XSET "pxor %%xmm12, %%xmm12\n pxor %%xmm13, %%xmm13\n"
 
 LOOP(fma_z, ZSET, FMA_Z)
 LOOP(fma_y, YSET, FMA_Y)
@@ -52,6 +58,8 @@ LOOP(dpb_z, ZSET, DPB_Z)
 LOOP(bf_z, ZSET, BF_Z)
 LOOP(madd_z, ZSET, MADD_Z)
 LOOP(madd_y, YSET, MADD_Y)
+LOOP(fma_x, XSET, FMA_X)
+LOOP(madd_x, XSET, MADD_X)
 
 typedef void (*loop_fn)(long);
 
@@ -134,15 +142,22 @@ int main(int argc, char **argv) {
     int threads = argc > 2 ? atoi(argv[2]) : 2;
     size_t mib = argc > 3 ? (size_t)atol(argv[3]) : 256;
     if (threads < 1 || threads > 256) { fprintf(stderr, "error: THREADS must be 1..256\n"); return 2; }
-    int z = strcmp(tier, "avx2") != 0;
-    if (strcmp(tier, "vnni") && strcmp(tier, "avx512bw") && strcmp(tier, "avx2")) {
-        fprintf(stderr, "error: TIER must be vnni, avx512bw or avx2, got %s\n", tier);
+    int sse2 = !strcmp(tier, "sse2");
+    int z = strcmp(tier, "avx2") != 0 && !sse2;
+    if (strcmp(tier, "vnni") && strcmp(tier, "avx512bw") && strcmp(tier, "avx2") && !sse2) {
+        fprintf(stderr, "error: TIER must be vnni, avx512bw, avx2 or sse2, got %s\n", tier);
         return 2;
     }
     double c = 12;
     printf("tier %s threads %d\n", tier, threads);
-    printf("fp32 %.1f GFLOP/s\n", peak(threads, z ? fma_z : fma_y, c * (z ? 32 : 16)) / 1e9);
-    if (!strcmp(tier, "vnni"))
+    if (sse2) {
+        printf("fp32 %.1f GFLOP/s (mulps+addps xmm)\n", peak(threads, fma_x, c * 8) / 1e9);
+        printf("int8 %.1f GOP/s (pmaddwd+paddd xmm)\n", peak(threads, madd_x, c * 16) / 1e9);
+    } else
+        printf("fp32 %.1f GFLOP/s\n", peak(threads, z ? fma_z : fma_y, c * (z ? 32 : 16)) / 1e9);
+    if (sse2)
+        ;
+    else if (!strcmp(tier, "vnni"))
         printf("int8 %.1f GOP/s (vpdpbusd zmm)\n", peak(threads, dpb_z, c * 128) / 1e9);
     else
         printf("int8 %.1f GOP/s (vpmaddubsw+vpmaddwd+vpaddd)\n", peak(threads, z ? madd_z : madd_y, c * (z ? 128 : 64)) / 1e9);

@@ -206,6 +206,43 @@ pub unsafe fn maddubs_ymm(iters: u64) -> f64 {
     lane_sum::<__m256i, i32>(&a)
 }
 
+/// `mulps` + `addps` per accumulator on xmm with SSE2's two-operand forms (a copy, then
+/// 4 products added: 8 operations): what the scalar tier's float kernels compile to on
+/// x86-64, whose baseline has SSE2 but no FMA.
+///
+/// # Safety
+/// None beyond the function's own; `unsafe` for symmetry with the other loops.
+#[target_feature(enable = "sse2")]
+pub unsafe fn mul_add_xmm(iters: u64) -> f64 {
+    let mut a = [_mm_setzero_ps(); CHAINS];
+    let x = _mm_set1_ps(1.0);
+    let y = _mm_set1_ps(1.0);
+    for _ in 0..iters {
+        asm!(
+            "movaps {t}, {x}", "mulps {t}, {y}", "addps {a0}, {t}",
+            "movaps {t}, {x}", "mulps {t}, {y}", "addps {a1}, {t}",
+            "movaps {t}, {x}", "mulps {t}, {y}", "addps {a2}, {t}",
+            "movaps {t}, {x}", "mulps {t}, {y}", "addps {a3}, {t}",
+            "movaps {t}, {x}", "mulps {t}, {y}", "addps {a4}, {t}",
+            "movaps {t}, {x}", "mulps {t}, {y}", "addps {a5}, {t}",
+            "movaps {t}, {x}", "mulps {t}, {y}", "addps {a6}, {t}",
+            "movaps {t}, {x}", "mulps {t}, {y}", "addps {a7}, {t}",
+            "movaps {t}, {x}", "mulps {t}, {y}", "addps {a8}, {t}",
+            "movaps {t}, {x}", "mulps {t}, {y}", "addps {a9}, {t}",
+            "movaps {t}, {x}", "mulps {t}, {y}", "addps {a10}, {t}",
+            "movaps {t}, {x}", "mulps {t}, {y}", "addps {a11}, {t}",
+            a0 = inout(xmm_reg) a[0], a1 = inout(xmm_reg) a[1], a2 = inout(xmm_reg) a[2],
+            a3 = inout(xmm_reg) a[3], a4 = inout(xmm_reg) a[4], a5 = inout(xmm_reg) a[5],
+            a6 = inout(xmm_reg) a[6], a7 = inout(xmm_reg) a[7], a8 = inout(xmm_reg) a[8],
+            a9 = inout(xmm_reg) a[9], a10 = inout(xmm_reg) a[10], a11 = inout(xmm_reg) a[11],
+            x = in(xmm_reg) x, y = in(xmm_reg) y,
+            t = out(xmm_reg) _,
+            options(nomem, nostack, preserves_flags),
+        );
+    }
+    lane_sum::<__m128, f32>(&a)
+}
+
 /// `pmaddwd` + `paddd` per accumulator on xmm with SSE2's two-operand forms (the scalar
 /// tier's quantized block dots on x86-64, `x86_64/baseline.rs`): a copy, then 8 i16
 /// products added in pairs and into 4 i32 lanes, 16 operations per two arithmetic
