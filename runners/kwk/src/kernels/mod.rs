@@ -119,13 +119,14 @@ impl Isa {
 pub enum Arithmetic {
     Fp32,
     Bf16,
-    /// Integer dots of int8 activations (u8 x i8 or i8 x i8 into i32).
+    /// Integer dots of int8 activations (u8 x i8 or i8 x i8 into i32; on the scalar
+    /// tier of x86-64, the same values widened to i16 for `pmaddwd`).
     Int8,
 }
 
 impl Isa {
-    /// What `kind`'s matmuls compute with on this tier: the scalar tier takes the
-    /// quantized block dots in f32 (`quant_portable`).
+    /// What `kind`'s matmuls compute with on this tier: the scalar tier off x86-64 takes
+    /// the quantized block dots in f32 (`quant_portable`).
     pub fn arithmetic(self, kind: WeightKernels) -> Arithmetic {
         match kind {
             WeightKernels::Float32 => Arithmetic::Fp32,

@@ -1,19 +1,26 @@
-//! The scalar tier's quantized matmuls (int8 tiles and 4-, 6-, 8-bit codes): portable Rust
-//! that the compiler vectorizes with the target's baseline SIMD (SSE2 on x86-64, NEON on
-//! aarch64), bit-exact with the integer specifications `int8_tile_scalar` and
-//! `lowbit_tile_scalar`, which take one code at a time (the decoder's prompts ran 8-11x
-//! slower on them: int8 7.4 vs 58-62, int4 4.4 vs 48-52 tokens/s, pp128 on 2 AVX2 cores).
+//! The scalar tier's quantized matmuls (int8 tiles and 4-, 6-, 8-bit codes), bit-exact
+//! with the integer specifications `int8_tile_scalar` and `lowbit_tile_scalar`, which take
+//! one code at a time (the decoder's prompts ran 8-11x slower on them: int8 7.4, int4 4.4
+//! tokens/s at pp128 on 2 AVX2 cores).
 //!
-//! Why float arithmetic gives the specification's integers: a 32-column block's dot
-//! `Σ q·a` has codes `|q| <= 255` and activations `|a| <= 128`, so every partial sum is an
-//! integer of magnitude below `32 · 255 · 128 < 2^24` and is exact in f32, whatever the
-//! order of the additions. So a row group's codes are widened once into an f32 panel
-//! (`[column][16 rows]`, the float32 panel layout; int8 tiles as `u - 128`), the
-//! activations once per call to f32, and each block dot is a run of f32 multiply-adds
-//! across the 16 rows that reuses every panel load for up to [`TOKENS`] tokens. After the
-//! dot the specification's float operations follow in its order: per block
+//! A row group's codes are widened once into a panel and the activations once per call;
+//! each 32-column block's 16 row dots then reuse every panel load for up to [`TOKENS`]
+//! tokens ([`BlockDots`]). On x86-64 the panel holds i16 code pairs for SSE2's `pmaddwd`
+//! (`x86_64/baseline.rs`: SSE2 is in every x86-64 CPU); elsewhere ([`F32Dots`]) it is
+//! `[column][16 rows]` f32, the float32 panel layout, and the dots are f32 multiply-adds
+//! the compiler vectorizes (NEON on aarch64). Both are exact: a block dot `Σ q·a` has
+//! codes `|q| <= 255` and activations `|a| <= 128`, so every partial sum is an integer of
+//! magnitude below `32 · 255 · 128 < 2^24`, exact in i32 and in f32 whatever the order.
+//! After the dot the specification's float steps follow in its order: per block
 //! `acc = fma(dot, d_w · d_a, acc)`, and for low-bit codes per column group
-//! `acc = fma(m, S, acc)`.
+//! `acc = fma(m, S, acc)`, each rounded once ([`fused_mul_add`], in f64 where the target
+//! has no FMA).
+//!
+//! Measured (`speed`, `KWK_ISA=scalar`, 2 threads on an AMD Zen 3, pp512 / tg32 tokens/s):
+//! f32 dots int8 60 / 13, int4 50 / 14; `pmaddwd` dots int8 94-95 / 31-32, int4 71 / 28;
+//! float32 115-119 / 33-34. The rest of a quantized prompt's time is the rounded-once
+//! steps (f64 arithmetic and a midpoint check per block and row; an SSE2-intrinsics
+//! version of them measured no faster than what the compiler makes of [`fma_rows`]).
 
 use super::int4_matmul::{code_tile_bytes, tile_code, LowBitTiles, HIGH_BITS_TILE_BYTES};
 use super::int8_matmul::{Int8Tiles, Q8Rows, BLOCK, INT8_TILE_BYTES, ROW_GROUP, TOKEN_TILE};
@@ -226,7 +233,7 @@ impl<D: BlockDots> FloatDots<D> {
         }
     }
 
-    /// `N` tokens over every block of the widened group: block dots in f32 (exact), then
+    /// `N` tokens over every block of the widened group: exact block dots, then
     /// the specification's scale and minimum steps in its order.
     fn token_run<const N: usize>(&self, run: TokenRun, out: &mut [[f32; ROW_GROUP]]) {
         let x = run.x;

@@ -206,80 +206,58 @@ pub unsafe fn maddubs_ymm(iters: u64) -> f64 {
     lane_sum::<__m256i, i32>(&a)
 }
 
-/// `mulps` + `addps` per accumulator on xmm with SSE2's two-operand forms (a copy, then
-/// 4 products added: 8 operations): what the scalar tier's float kernels compile to on
-/// x86-64, whose baseline has SSE2 but no FMA.
-///
-/// # Safety
-/// None beyond the function's own; `unsafe` for symmetry with the other loops.
-#[target_feature(enable = "sse2")]
-pub unsafe fn mul_add_xmm(iters: u64) -> f64 {
-    let mut a = [_mm_setzero_ps(); CHAINS];
-    let x = _mm_set1_ps(1.0);
-    let y = _mm_set1_ps(1.0);
-    for _ in 0..iters {
-        asm!(
-            "movaps {t}, {x}", "mulps {t}, {y}", "addps {a0}, {t}",
-            "movaps {t}, {x}", "mulps {t}, {y}", "addps {a1}, {t}",
-            "movaps {t}, {x}", "mulps {t}, {y}", "addps {a2}, {t}",
-            "movaps {t}, {x}", "mulps {t}, {y}", "addps {a3}, {t}",
-            "movaps {t}, {x}", "mulps {t}, {y}", "addps {a4}, {t}",
-            "movaps {t}, {x}", "mulps {t}, {y}", "addps {a5}, {t}",
-            "movaps {t}, {x}", "mulps {t}, {y}", "addps {a6}, {t}",
-            "movaps {t}, {x}", "mulps {t}, {y}", "addps {a7}, {t}",
-            "movaps {t}, {x}", "mulps {t}, {y}", "addps {a8}, {t}",
-            "movaps {t}, {x}", "mulps {t}, {y}", "addps {a9}, {t}",
-            "movaps {t}, {x}", "mulps {t}, {y}", "addps {a10}, {t}",
-            "movaps {t}, {x}", "mulps {t}, {y}", "addps {a11}, {t}",
-            a0 = inout(xmm_reg) a[0], a1 = inout(xmm_reg) a[1], a2 = inout(xmm_reg) a[2],
-            a3 = inout(xmm_reg) a[3], a4 = inout(xmm_reg) a[4], a5 = inout(xmm_reg) a[5],
-            a6 = inout(xmm_reg) a[6], a7 = inout(xmm_reg) a[7], a8 = inout(xmm_reg) a[8],
-            a9 = inout(xmm_reg) a[9], a10 = inout(xmm_reg) a[10], a11 = inout(xmm_reg) a[11],
-            x = in(xmm_reg) x, y = in(xmm_reg) y,
-            t = out(xmm_reg) _,
-            options(nomem, nostack, preserves_flags),
-        );
-    }
-    lane_sum::<__m128, f32>(&a)
+/// A loop of SSE2's two-operand forms, per accumulator a copy of `x` into a temporary,
+/// `$op` of it with `y`, and `$add` into the accumulator (one temporary, renamed by the
+/// core, as in [`maddubs_ymm`]).
+macro_rules! sse2_loop {
+    ($(#[$doc:meta])* $name:ident, $ty:ty, $lane:ty, $zero:expr, $x:expr, $y:expr, $mov:literal, $op:literal, $add:literal) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// None beyond the function's own (SSE2 is in the x86-64 baseline); `unsafe` for
+        /// symmetry with the other loops.
+        #[target_feature(enable = "sse2")]
+        pub unsafe fn $name(iters: u64) -> f64 {
+            let mut a: [$ty; CHAINS] = [$zero; CHAINS];
+            let x: $ty = $x;
+            let y: $ty = $y;
+            macro_rules! step {
+                ($acc:literal) => {
+                    concat!($mov, " {t}, {x}\n", $op, " {t}, {y}\n", $add, " {", $acc, "}, {t}\n")
+                };
+            }
+            for _ in 0..iters {
+                asm!(
+                    step!("a0"), step!("a1"), step!("a2"), step!("a3"), step!("a4"), step!("a5"),
+                    step!("a6"), step!("a7"), step!("a8"), step!("a9"), step!("a10"), step!("a11"),
+                    a0 = inout(xmm_reg) a[0], a1 = inout(xmm_reg) a[1], a2 = inout(xmm_reg) a[2],
+                    a3 = inout(xmm_reg) a[3], a4 = inout(xmm_reg) a[4], a5 = inout(xmm_reg) a[5],
+                    a6 = inout(xmm_reg) a[6], a7 = inout(xmm_reg) a[7], a8 = inout(xmm_reg) a[8],
+                    a9 = inout(xmm_reg) a[9], a10 = inout(xmm_reg) a[10], a11 = inout(xmm_reg) a[11],
+                    x = in(xmm_reg) x, y = in(xmm_reg) y,
+                    t = out(xmm_reg) _,
+                    options(nomem, nostack, preserves_flags),
+                );
+            }
+            lane_sum::<$ty, $lane>(&a)
+        }
+    };
 }
 
-/// `pmaddwd` + `paddd` per accumulator on xmm with SSE2's two-operand forms (the scalar
-/// tier's quantized block dots on x86-64, `x86_64/baseline.rs`): a copy, then 8 i16
-/// products added in pairs and into 4 i32 lanes, 16 operations per two arithmetic
-/// instructions. SSE2 is part of every x86-64 CPU.
-///
-/// # Safety
-/// None beyond the function's own; `unsafe` for symmetry with the other loops.
-#[target_feature(enable = "sse2")]
-pub unsafe fn madd_xmm(iters: u64) -> f64 {
-    let mut a = [_mm_setzero_si128(); CHAINS];
-    let x = _mm_set1_epi16(3);
-    let y = _mm_set1_epi16(5);
-    for _ in 0..iters {
-        asm!(
-            "movdqa {t}, {x}", "pmaddwd {t}, {y}", "paddd {a0}, {t}",
-            "movdqa {t}, {x}", "pmaddwd {t}, {y}", "paddd {a1}, {t}",
-            "movdqa {t}, {x}", "pmaddwd {t}, {y}", "paddd {a2}, {t}",
-            "movdqa {t}, {x}", "pmaddwd {t}, {y}", "paddd {a3}, {t}",
-            "movdqa {t}, {x}", "pmaddwd {t}, {y}", "paddd {a4}, {t}",
-            "movdqa {t}, {x}", "pmaddwd {t}, {y}", "paddd {a5}, {t}",
-            "movdqa {t}, {x}", "pmaddwd {t}, {y}", "paddd {a6}, {t}",
-            "movdqa {t}, {x}", "pmaddwd {t}, {y}", "paddd {a7}, {t}",
-            "movdqa {t}, {x}", "pmaddwd {t}, {y}", "paddd {a8}, {t}",
-            "movdqa {t}, {x}", "pmaddwd {t}, {y}", "paddd {a9}, {t}",
-            "movdqa {t}, {x}", "pmaddwd {t}, {y}", "paddd {a10}, {t}",
-            "movdqa {t}, {x}", "pmaddwd {t}, {y}", "paddd {a11}, {t}",
-            a0 = inout(xmm_reg) a[0], a1 = inout(xmm_reg) a[1], a2 = inout(xmm_reg) a[2],
-            a3 = inout(xmm_reg) a[3], a4 = inout(xmm_reg) a[4], a5 = inout(xmm_reg) a[5],
-            a6 = inout(xmm_reg) a[6], a7 = inout(xmm_reg) a[7], a8 = inout(xmm_reg) a[8],
-            a9 = inout(xmm_reg) a[9], a10 = inout(xmm_reg) a[10], a11 = inout(xmm_reg) a[11],
-            x = in(xmm_reg) x, y = in(xmm_reg) y,
-            t = out(xmm_reg) _,
-            options(nomem, nostack, preserves_flags),
-        );
-    }
-    lane_sum::<__m128i, i32>(&a)
-}
+sse2_loop!(
+    /// `mulps` + `addps` on xmm (4 products added: 8 operations): what the scalar tier's
+    /// float kernels compile to on x86-64, whose baseline has SSE2 but no FMA.
+    mul_add_xmm, __m128, f32, _mm_setzero_ps(), _mm_set1_ps(1.0), _mm_set1_ps(1.0),
+    "movaps", "mulps", "addps"
+);
+
+sse2_loop!(
+    /// `pmaddwd` + `paddd` on xmm (8 i16 products added in pairs into 4 i32 lanes: 16
+    /// operations): the scalar tier's quantized block dots on x86-64
+    /// (`x86_64/baseline.rs`).
+    madd_xmm, __m128i, i32, _mm_setzero_si128(), _mm_set1_epi16(3), _mm_set1_epi16(5),
+    "movdqa", "pmaddwd", "paddd"
+);
 
 /// Reads `data` once with 512-bit loads into four accumulators, as
 /// `kernels::peaks::READ_STREAMS` lock-step streams of `read_part_len` values (the
