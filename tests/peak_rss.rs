@@ -2,7 +2,8 @@
 //! test binary holds one test, so nothing else allocates meanwhile): every kwk row's peak
 //! is at least its packed bytes and at most the process's peak virtual size (`VmPeak`,
 //! which the per-row reset of the resident high-water mark does not touch), and the last
-//! row's is at most the resident high-water mark read after the run (no reset since).
+//! row's is at most the resident high-water mark read after the run (no reset since; up
+//! to the counters' per-CPU slack).
 
 mod common;
 use common::*;
@@ -62,8 +63,15 @@ fn every_kwk_row_states_a_plausible_peak_rss() {
         assert!(peak >= packed, "{name}: peak {peak} < packed {packed}");
         assert!(peak <= vm_peak, "{name}: peak {peak} > VmPeak {vm_peak}");
     }
+    // The kernel's resident counters are per-CPU approximations synced in batches, so two
+    // readings of `VmHWM` can differ by a few pages either way (a CI run read the row's
+    // peak 8 KiB above the later `VmHWM`); 1 MiB of slack keeps the check meaningful.
     let last = rows[2]["peak_rss_bytes"].as_u64().unwrap();
-    assert!(last <= hwm, "int4: peak {last} > VmHWM {hwm} after the run");
+    let slack = 1 << 20;
+    assert!(
+        last <= hwm + slack,
+        "int4: peak {last} > VmHWM {hwm} after the run (+{slack} slack)"
+    );
     let csv = std::fs::read_to_string(out.join("results.csv")).unwrap();
     assert!(csv.lines().next().unwrap().contains("peak_rss_bytes"));
 }
