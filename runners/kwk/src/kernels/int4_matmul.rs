@@ -27,7 +27,7 @@
 use super::int8_matmul::{
     check_operands, drive_row_groups, GemvPair, Q8Rows, QuantIsa, BLOCK, ROW_GROUP, TOKEN_TILE,
 };
-use crate::kernels::quant_portable::{BaselineDots, FloatDots};
+use crate::kernels::quant_portable::{BaselineDots, WidenedDots};
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::x86_64::{quant256, quant512bw};
 use crate::kernels::OutputMatrix;
@@ -189,7 +189,7 @@ pub fn lowbit_matmul(
         matches!(isa, QuantIsa::Avx2 | QuantIsa::AvxVnni).then_some(&mut gemv_pair as GemvPair);
     #[cfg(not(target_arch = "x86_64"))]
     let pair = None;
-    let mut float_dots = (isa == QuantIsa::Scalar).then(|| FloatDots::<BaselineDots>::new(x));
+    let mut widened_dots = (isa == QuantIsa::Scalar).then(|| WidenedDots::<BaselineDots>::new(x));
     drive_row_groups(
         rows,
         x.n_tokens,
@@ -197,7 +197,7 @@ pub fn lowbit_matmul(
         |g, t0, n, out| {
             let s = &s_all[t0 * ncg..(t0 + n) * ncg];
             match isa {
-                QuantIsa::Scalar => match float_dots.as_mut() {
+                QuantIsa::Scalar => match widened_dots.as_mut() {
                     Some(f) => f.lowbit_tile(w, x, s, g, t0, n, out),
                     None => unreachable!("the scalar tier's state is made above"),
                 },

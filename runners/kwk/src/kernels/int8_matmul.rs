@@ -58,7 +58,7 @@
 //! on Zen 4, not on a Skylake-SP/Cascade Lake, whose ports for 512-bit integer multiplies
 //! differ; the same bench there (`ISA=avx512bw`) is the check.
 
-use crate::kernels::quant_portable::{BaselineDots, FloatDots};
+use crate::kernels::quant_portable::{BaselineDots, WidenedDots};
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::x86_64::{quant256, quant512bw};
 use crate::kernels::OutputMatrix;
@@ -328,13 +328,13 @@ pub fn int8_matmul(isa: QuantIsa, w: &Int8Tiles, x: &Q8Rows, rows: Range<usize>,
         matches!(isa, QuantIsa::Avx2 | QuantIsa::AvxVnni).then_some(&mut gemv_pair as GemvPair);
     #[cfg(not(target_arch = "x86_64"))]
     let pair = None;
-    let mut float_dots = (isa == QuantIsa::Scalar).then(|| FloatDots::<BaselineDots>::new(x));
+    let mut widened_dots = (isa == QuantIsa::Scalar).then(|| WidenedDots::<BaselineDots>::new(x));
     drive_row_groups(
         rows,
         x.n_tokens,
         y,
         |g, t0, n, out| match isa {
-            QuantIsa::Scalar => match float_dots.as_mut() {
+            QuantIsa::Scalar => match widened_dots.as_mut() {
                 Some(f) => f.int8_tile(w, x, g, t0, n, out),
                 None => unreachable!("the scalar tier's state is made above"),
             },

@@ -102,7 +102,7 @@ impl BlockDots for F32Dots {
 
 /// The state of one matmul call on the scalar tier: the activations widened once and
 /// the row group whose codes and scales are currently widened.
-pub(crate) struct FloatDots<D: BlockDots = BaselineDots> {
+pub(crate) struct WidenedDots<D: BlockDots = BaselineDots> {
     /// `[token][block][D::ACTS_PER_BLOCK]` activations.
     acts: Vec<D::Act>,
     /// The group held in `panel`, `scales` and `mins`.
@@ -115,10 +115,10 @@ pub(crate) struct FloatDots<D: BlockDots = BaselineDots> {
     mins: Vec<f32>,
 }
 
-impl<D: BlockDots> FloatDots<D> {
+impl<D: BlockDots> WidenedDots<D> {
     /// Widens `x`'s activations (once per matmul call).
     pub(crate) fn new(x: &Q8Rows) -> Self {
-        FloatDots {
+        WidenedDots {
             acts: D::widen_acts(&x.quants[..x.n_tokens * x.dim]),
             group: None,
             panel: Vec::new(),
@@ -365,7 +365,7 @@ struct Groups {
     n_groups: usize,
 }
 
-/// The tokens of one [`FloatDots::token_run`]: the first at `tok` in `x`, at `first` in
+/// The tokens of one [`WidenedDots::token_run`]: the first at `tok` in `x`, at `first` in
 /// the call's minimum terms.
 #[derive(Clone, Copy)]
 struct TokenRun<'a> {
