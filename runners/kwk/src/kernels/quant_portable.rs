@@ -450,6 +450,72 @@ mod tests {
         }
     }
 
+    /// The vectorizable check flags every sum the exact one flags (so `fma_rows` never
+    /// takes the fast path where `fused_mul_add` would not).
+    #[test]
+    fn cheap_rounding_check_is_a_superset() {
+        let mid = f64::from_bits(0x3FF0_0000_1000_0000); // 1 + 2^-24: an f32 midpoint
+        let mut cases = vec![
+            0.0,
+            -0.0,
+            mid,
+            -mid,
+            f32::MIN_POSITIVE as f64,
+            f32::MIN_POSITIVE as f64 * (1.0 - f64::EPSILON),
+            1e-40,
+            f64::MIN_POSITIVE,
+            f64::INFINITY,
+            f64::NAN,
+            f32::MAX as f64 * 1.5,
+        ];
+        let mut s = 0x0123_4567_89ab_cdefu64;
+        for _ in 0..1_000_000 {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            cases.push(f64::from_bits(s));
+            // Random values on an f32 midpoint pattern at random exponents.
+            cases.push(f64::from_bits((s & !0x1FFF_FFFF) | 0x1000_0000));
+        }
+        for v in cases {
+            assert!(
+                !needs_careful_rounding(v) || may_need_careful_rounding(v),
+                "{v:e} ({:#x})",
+                v.to_bits()
+            );
+        }
+        assert!(needs_careful_rounding(mid) && !may_need_careful_rounding(1.5));
+        // And the rows' step agrees with `mul_add` row by row, the double-rounding case
+        // among random rows included.
+        let (a0, b0, c0) = (
+            1.0 + f32::EPSILON,
+            (1.0 - f32::EPSILON) * 2f32.powi(-24),
+            1.0 + f32::EPSILON,
+        );
+        for trial in 0..20_000u32 {
+            let mut f = |scale: f32| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                ((s >> 40) as f32 / (1u64 << 23) as f32 - 1.0) * scale
+            };
+            let mut a: [f32; ROW_GROUP] = std::array::from_fn(|_| f(3e6).round());
+            let mut b: [f32; ROW_GROUP] = std::array::from_fn(|_| f(1e-4));
+            let mut acc: [f32; ROW_GROUP] = std::array::from_fn(|_| f(50.0));
+            if trial % 7 == 0 {
+                let r = trial as usize % ROW_GROUP;
+                (a[r], b[r], acc[r]) = (a0, b0, c0);
+            }
+            let want: [f32; ROW_GROUP] = std::array::from_fn(|r| a[r].mul_add(b[r], acc[r]));
+            fma_rows(&mut acc, &a, &b);
+            assert_eq!(
+                acc.map(f32::to_bits),
+                want.map(f32::to_bits),
+                "trial {trial}"
+            );
+        }
+    }
+
     #[test]
     fn fused_mul_add_is_rounded_once() {
         // The exact sum lies just below a float32 midpoint that f64 rounds onto: rounding
