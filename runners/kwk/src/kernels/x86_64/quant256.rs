@@ -122,6 +122,58 @@ macro_rules! ops {
     };
 }
 
+/// Where one low-bit sub-tile call reads: row group `g`'s code tiles (and 6-bit high-bit
+/// tiles), scales and minimums, and token `tok`'s activations, scales and block sums, with
+/// the shapes the walks need. Shared by every prompt sub-tile walk of the instances.
+#[derive(Clone, Copy)]
+struct LowBitGroup {
+    codes: *const u8,
+    /// Null unless the codes have 6 bits.
+    hbits: *const u8,
+    sc: *const u16,
+    mn: *const u16,
+    xq: *const i8,
+    xs: *const f32,
+    xbs: *const i32,
+    nb: usize,
+    ncg: usize,
+    /// Blocks per column group.
+    bpg: usize,
+    dim: usize,
+    tile_bytes: usize,
+}
+
+impl LowBitGroup {
+    /// # Safety
+    /// `w` and `x` passed their `check`, `g < w.n_groups()` and `tok < x.n_tokens`, so
+    /// every pointer is inside its slice.
+    unsafe fn new(w: &LowBitTiles, x: &Q8Rows, g: usize, tok: usize) -> Self {
+        let (nb, ncg, dim) = (w.n_blocks(), w.n_col_groups(), x.dim);
+        let tile_bytes = code_tile_bytes(w.bits);
+        // SAFETY: forwarded contract.
+        unsafe {
+            LowBitGroup {
+                codes: w.nibbles.as_ptr().add(g * nb * tile_bytes),
+                hbits: if w.bits == 6 {
+                    w.high_bits.as_ptr().add(g * nb * HIGH_BITS_TILE_BYTES)
+                } else {
+                    std::ptr::null()
+                },
+                sc: w.scales.as_ptr().add(g * ncg * ROW_GROUP) as *const u16,
+                mn: w.mins.as_ptr().add(g * ncg * ROW_GROUP) as *const u16,
+                xq: x.quants.as_ptr().add(tok * dim),
+                xs: x.scales.as_ptr().add(tok * nb),
+                xbs: x.block_sums.as_ptr().add(tok * nb),
+                nb,
+                ncg,
+                bpg: w.group_size / BLOCK,
+                dim,
+                tile_bytes,
+            }
+        }
+    }
+}
+
 macro_rules! define_quant256 {
     ($module:ident, $features:literal, $($kind:tt)+) => {
         pub mod $module {
@@ -629,19 +681,10 @@ macro_rules! define_quant256 {
                 tok: usize,
                 out: &mut [[f32; ROW_GROUP]],
             ) {
-                let nb = w.n_blocks();
-                let ncg = w.n_col_groups();
-                let bpg = w.group_size / BLOCK;
-                let dim = x.dim;
-                let tile_bytes = code_tile_bytes(8);
                 // SAFETY: as `lowbit_sub`.
                 unsafe {
-                    let codes = w.nibbles.as_ptr().add(g * nb * tile_bytes);
-                    let sc = w.scales.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
-                    let mn = w.mins.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
-                    let xq = x.quants.as_ptr().add(tok * dim);
-                    let xs = x.scales.as_ptr().add(tok * nb);
-                    let xbs = x.block_sums.as_ptr().add(tok * nb);
+                    let LowBitGroup { codes, sc, mn, xq, xs, xbs, nb, ncg, bpg, dim, tile_bytes, .. } =
+                        LowBitGroup::new(w, x, g, tok);
                     let mut acc = [[_mm256_setzero_ps(); N]; 2];
                     for cg in 0..ncg {
                         for b in cg * bpg..((cg + 1) * bpg).min(nb) {
@@ -670,18 +713,10 @@ macro_rules! define_quant256 {
                 tok: usize,
                 out: &mut [[f32; ROW_GROUP]],
             ) {
-                let nb = w.n_blocks();
-                let ncg = w.n_col_groups();
-                let bpg = w.group_size / BLOCK;
-                let dim = x.dim;
-                let tile_bytes = code_tile_bytes(4);
                 // SAFETY: as `lowbit_sub`.
                 unsafe {
-                    let codes = w.nibbles.as_ptr().add(g * nb * tile_bytes);
-                    let sc = w.scales.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
-                    let mn = w.mins.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
-                    let xq = x.quants.as_ptr().add(tok * dim);
-                    let xs = x.scales.as_ptr().add(tok * nb);
+                    let LowBitGroup { codes, sc, mn, xq, xs, nb, ncg, bpg, dim, tile_bytes, .. } =
+                        LowBitGroup::new(w, x, g, tok);
                     let mut acc = [[_mm256_setzero_ps(); N]; 2];
                     let none = [_mm256_setzero_si256(); 2];
                     for cg in 0..ncg {
@@ -730,26 +765,13 @@ macro_rules! define_quant256 {
                 tok: usize,
                 out: &mut [[f32; ROW_GROUP]],
             ) {
-                let nb = w.n_blocks();
-                let ncg = w.n_col_groups();
-                let bpg = w.group_size / BLOCK;
-                let dim = x.dim;
-                let tile_bytes = code_tile_bytes(BITS);
                 let run = small_run(BITS);
                 // SAFETY: every pointer stays inside the slices `check` validated: code
                 // (and high-bit) tiles of group g, blocks < nb, scales/mins of column
                 // groups < ncg, tokens tok..tok+N.
                 unsafe {
-                    let codes = w.nibbles.as_ptr().add(g * nb * tile_bytes);
-                    let hbits = if BITS == 6 {
-                        w.high_bits.as_ptr().add(g * nb * HIGH_BITS_TILE_BYTES)
-                    } else {
-                        std::ptr::null()
-                    };
-                    let sc = w.scales.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
-                    let mn = w.mins.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
-                    let xq = x.quants.as_ptr().add(tok * dim);
-                    let xs = x.scales.as_ptr().add(tok * nb);
+                    let LowBitGroup { codes, hbits, sc, mn, xq, xs, nb, ncg, bpg, dim, tile_bytes, .. } =
+                        LowBitGroup::new(w, x, g, tok);
                     for h in 0..2 {
                         let mut acc = [_mm256_setzero_ps(); N];
                         for cg in 0..ncg {
