@@ -37,7 +37,8 @@ pub(crate) const EXP_POLY: [f32; 6] = [
 /// tiles ahead 136, 8 122, 16 119, none 105; `avx2` 4 ahead 97, none 87. The hardware
 /// prefetcher alone leaves kernels that spend several instructions per weight byte short
 /// of the read bandwidth; the `vpdpbusd` zmm kernels measured slower with it (int8 128 vs
-/// 155), so they do not prefetch.
+/// 155), so they do not prefetch. The 256-bit prompt sub-tiles prefetch only on a row
+/// group's first pass (token 0): the later passes find the group's tiles in cache.
 pub(crate) const PREFETCH_TILES: usize = 4;
 
 /// Prefetches (into L1) the tile [`PREFETCH_TILES`] tiles after `tile` (`bytes` each, a

@@ -174,6 +174,27 @@ impl LowBitGroup {
     }
 }
 
+/// A column group's minimum step for the prompt walks: the group's 16 row minimums (f16)
+/// at `mn`, token 0's term `S` at `smin` (token `t`'s at `smin + t * ncg`).
+#[derive(Clone, Copy)]
+struct MinStep {
+    mn: *const u16,
+    smin: *const f32,
+    ncg: usize,
+}
+
+impl MinStep {
+    /// Column group `cg` of a row group whose minimums start at `mn`, with the sub-tile's
+    /// terms `smin` (`ncg` per token).
+    fn new(mn: *const u16, smin: &[f32], ncg: usize, cg: usize) -> Self {
+        MinStep {
+            mn: mn.wrapping_add(cg * ROW_GROUP),
+            smin: smin[cg..].as_ptr(),
+            ncg,
+        }
+    }
+}
+
 macro_rules! define_quant256 {
     ($module:ident, $features:literal, $($kind:tt)+) => {
         pub mod $module {
@@ -234,10 +255,12 @@ macro_rules! define_quant256 {
                     let mut acc = [[_mm256_setzero_ps(); N]; 2];
                     for b in 0..nb {
                         let tile = qs.add(b * INT8_TILE_BYTES);
-                        prefetch_ahead(tile, INT8_TILE_BYTES);
+                        if tok == 0 {
+                            prefetch_ahead(tile, INT8_TILE_BYTES);
+                        }
                         // int8 wants Σ (u - 128)·a.
                         let block = Full8Block { xq: xq.add(b * BLOCK), xbs: xbs.add(b), xs: xs.add(b) };
-                        full8_block_both::<N>(&mut acc, tile, block, dim, nb, -128 - FULL8_BIAS, sc.add(b * ROW_GROUP));
+                        full8_block_both::<N>(&mut acc, tile, block, dim, nb, -128 - FULL8_BIAS, sc.add(b * ROW_GROUP), None);
                     }
                     store_tokens(&acc, out);
                 }
@@ -256,12 +279,11 @@ macro_rules! define_quant256 {
             /// One block of full-byte dots (16 rows × 32 columns at `tile`, quads 64 bytes
             /// apart, rows 0..8 in the first 32 bytes of each) for `N` tokens, both halves
             /// per activation broadcast: each (half, token) dot starts at `bias · Σa` and
-            /// is added as `acc = fma(float(dot), d_w · d_a, acc)` with the 16 row scales
-            /// at `dw` (f16).
+            /// is added by [`finish_block`] with the 16 row scales at `dw` (f16) and `min`.
             ///
             /// # Safety
             /// The module's features; the tile's 512 bytes, each token's 32 activations,
-            /// block sum and scale, and the 16 scales are readable.
+            /// block sum and scale, the 16 scales and `min`'s operands are readable.
             #[inline]
             #[target_feature(enable = $features)]
             #[allow(clippy::too_many_arguments)]
@@ -273,6 +295,7 @@ macro_rules! define_quant256 {
                 nb: usize,
                 bias: i32,
                 dw: *const u16,
+                min: Option<MinStep>,
             ) {
                 // SAFETY: forwarded contract.
                 unsafe {
@@ -299,36 +322,43 @@ macro_rules! define_quant256 {
                         }
                         quad += 1;
                     }
-                    for h in 0..2 {
-                        let dw = _mm256_cvtph_ps(_mm_loadu_si128(dw.add(h * 8) as *const _));
-                        for t in 0..N {
-                            let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*block.xs.add(t * nb)));
-                            acc[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[h][t]), scale, acc[h][t]);
-                        }
-                    }
+                    finish_block(acc, &s, dw, block.xs, nb, min);
                 }
             }
 
-            /// A column group's minimum step for both 8-row halves of `N` tokens:
-            /// `acc[h][t] = fma(m, S[t][cg], acc[h][t])` with the 16 row minimums at `mn`
-            /// (f16) and the tokens' terms `smin[t * ncg + cg]`.
+            /// The float steps of one block for both 8-row halves of `N` tokens, each
+            /// accumulator loaded and stored once: `acc = fma(float(s), d_w · d_a, acc)`
+            /// with the 16 row scales at `dw` (f16) and token `t`'s scale at `xs + t * nb`,
+            /// then, when the block ends a column group (`min` is given), that group's
+            /// minimum step `acc = fma(m, S, acc)`: per (half, token) the specification's
+            /// order.
             ///
             /// # Safety
-            /// The module's features; 16 minimums readable at `mn`.
+            /// The module's features; 16 scales at `dw`, `N` token scales, and `min`'s
+            /// operands are readable.
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn add_min_terms<const N: usize>(
+            unsafe fn finish_block<const N: usize>(
                 acc: &mut [[__m256; N]; 2],
-                mn: *const u16,
-                smin: &[f32],
-                ncg: usize,
-                cg: usize,
+                s: &[[__m256i; N]; 2],
+                dw: *const u16,
+                xs: *const f32,
+                nb: usize,
+                min: Option<MinStep>,
             ) {
-                for (h, acc_h) in acc.iter_mut().enumerate() {
-                    // SAFETY: forwarded contract.
-                    let mw = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(mn.add(h * 8) as *const _) });
-                    for (t, acc_t) in acc_h.iter_mut().enumerate() {
-                        *acc_t = _mm256_fmadd_ps(mw, _mm256_set1_ps(smin[t * ncg + cg]), *acc_t);
+                // SAFETY: forwarded contract.
+                unsafe {
+                    for h in 0..2 {
+                        let dw = _mm256_cvtph_ps(_mm_loadu_si128(dw.add(h * 8) as *const _));
+                        let mw = min.map(|m| _mm256_cvtph_ps(_mm_loadu_si128(m.mn.add(h * 8) as *const _)));
+                        for t in 0..N {
+                            let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*xs.add(t * nb)));
+                            let mut a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[h][t]), scale, acc[h][t]);
+                            if let (Some(m), Some(mw)) = (min, mw) {
+                                a = _mm256_fmadd_ps(mw, _mm256_set1_ps(*m.smin.add(t * m.ncg)), a);
+                            }
+                            acc[h][t] = a;
+                        }
                     }
                 }
             }
@@ -687,14 +717,17 @@ macro_rules! define_quant256 {
                         LowBitGroup::new(w, x, g, tok);
                     let mut acc = [[_mm256_setzero_ps(); N]; 2];
                     for cg in 0..ncg {
-                        for b in cg * bpg..((cg + 1) * bpg).min(nb) {
+                        let end = ((cg + 1) * bpg).min(nb);
+                        for b in cg * bpg..end {
                             let tile = codes.add(b * tile_bytes);
-                            prefetch_ahead(tile, tile_bytes);
+                            if tok == 0 {
+                                prefetch_ahead(tile, tile_bytes);
+                            }
                             // codes want Σ u·a.
                             let block = Full8Block { xq: xq.add(b * BLOCK), xbs: xbs.add(b), xs: xs.add(b) };
-                            full8_block_both::<N>(&mut acc, tile, block, dim, nb, -FULL8_BIAS, sc.add(cg * ROW_GROUP));
+                            let min = (b + 1 == end).then(|| MinStep::new(mn, smin, ncg, cg));
+                            full8_block_both::<N>(&mut acc, tile, block, dim, nb, -FULL8_BIAS, sc.add(cg * ROW_GROUP), min);
                         }
-                        add_min_terms(&mut acc, mn.add(cg * ROW_GROUP), smin, ncg, cg);
                     }
                     store_tokens(&acc, out);
                 }
@@ -720,9 +753,12 @@ macro_rules! define_quant256 {
                     let mut acc = [[_mm256_setzero_ps(); N]; 2];
                     let none = [_mm256_setzero_si256(); 2];
                     for cg in 0..ncg {
-                        for b in cg * bpg..((cg + 1) * bpg).min(nb) {
+                        let end = ((cg + 1) * bpg).min(nb);
+                        for b in cg * bpg..end {
                             let tile = codes.add(b * tile_bytes);
-                            prefetch_ahead(tile, tile_bytes);
+                            if tok == 0 {
+                                prefetch_ahead(tile, tile_bytes);
+                            }
                             let mut s16 = [[_mm256_setzero_si256(); N]; 2];
                             let mut quad = 0;
                             while quad < std::hint::black_box(BLOCK / 4) {
@@ -739,16 +775,15 @@ macro_rules! define_quant256 {
                                 }
                                 quad += 1;
                             }
+                            let mut s = [[_mm256_setzero_si256(); N]; 2];
                             for h in 0..2 {
-                                let dw = _mm256_cvtph_ps(_mm_loadu_si128(sc.add(cg * ROW_GROUP + h * 8) as *const _));
                                 for t in 0..N {
-                                    let s = _mm256_add_epi32(_mm256_setzero_si256(), small_finish(s16[h][t]));
-                                    let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*xs.add(t * nb + b)));
-                                    acc[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, acc[h][t]);
+                                    s[h][t] = small_finish(s16[h][t]);
                                 }
                             }
+                            let min = (b + 1 == end).then(|| MinStep::new(mn, smin, ncg, cg));
+                            finish_block(&mut acc, &s, sc.add(cg * ROW_GROUP), xs.add(b), nb, min);
                         }
-                        add_min_terms(&mut acc, mn.add(cg * ROW_GROUP), smin, ncg, cg);
                     }
                     store_tokens(&acc, out);
                 }
@@ -780,7 +815,7 @@ macro_rules! define_quant256 {
                             ));
                             for b in cg * bpg..((cg + 1) * bpg).min(nb) {
                                 let tile = codes.add(b * tile_bytes + h * 32);
-                                if h == 0 {
+                                if h == 0 && tok == 0 {
                                     prefetch_ahead(tile, tile_bytes);
                                 }
                                 let act = |t: usize, quad: usize| {
