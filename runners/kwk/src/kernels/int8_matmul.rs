@@ -254,7 +254,11 @@ pub(crate) fn drive_row_groups(
     let groups = rows.start / ROW_GROUP..rows.end.div_ceil(ROW_GROUP);
     let write = |t: usize, g: usize, o: &[f32; ROW_GROUP]| {
         let r0 = g * ROW_GROUP;
-        y.write_cols(t, r0, &o[..(rows.end - r0).min(ROW_GROUP)]);
+        if rows.end - r0 >= ROW_GROUP {
+            y.write_array(t, r0, o);
+        } else {
+            y.write_cols(t, r0, &o[..rows.end - r0]);
+        }
     };
     let mut rest = groups.clone();
     if let (1, Some(pair)) = (n_tokens, pair) {

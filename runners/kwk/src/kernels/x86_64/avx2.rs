@@ -148,7 +148,13 @@ fn store_tile<const P: usize, const T: usize>(
                 _mm256_storeu_ps(buf[p].as_mut_ptr().add(8), a[p][1]);
             }
         }
-        y.write_cols(t0 + t, r0, &buf.as_flattened()[..valid]);
+        if valid == P * PANEL_ROWS {
+            for (p, panel) in buf.iter().enumerate() {
+                y.write_array(t0 + t, r0 + p * PANEL_ROWS, panel);
+            }
+        } else {
+            y.write_cols(t0 + t, r0, &buf.as_flattened()[..valid]);
+        }
     }
 }
 
