@@ -8,6 +8,9 @@
 //! `int8` is what the int8 format packs (asymmetric 8-bit codes, groups of 64); the int4
 //! format's default mix adds `int8:g32` (8-bit projections) and `q8sym` (symmetric 8-bit
 //! embedding/lm_head) to `int4` (4-bit, groups of 32).
+//! Each line gives the layer's mean on-CPU time over the repetitions (at least 8) and the
+//! fastest repetition by wall clock: on a shared host, compare builds by the fastest of
+//! several interleaved runs (on-CPU time moves in scheduler ticks).
 
 use kwk::format::int4::LowBitWeights;
 use kwk::format::int8::Int8Weights;
