@@ -319,8 +319,10 @@ macro_rules! define_quant256 {
                     let mut quad = 0;
                     // A loop the compiler keeps: fully unrolled (a constant bound), it
                     // orders the work token by token, keeps all prepared weights alive and
-                    // spills them to the stack (measured slower on Zen 3).
-                    while quad < std::hint::black_box(BLOCK / 4) {
+                    // spills them to the stack (measured slower on Zen 3). The bound is made
+                    // opaque once, outside the loop, so it stays in a register.
+                    let quads = std::hint::black_box(BLOCK / 4);
+                    while quad < quads {
                         let wv = [0, 1].map(|h| {
                             full8_prep(_mm256_loadu_si256(tile.add(quad * 64 + h * 32) as *const _))
                         });
@@ -772,7 +774,8 @@ macro_rules! define_quant256 {
                             }
                             let mut s16 = [[_mm256_setzero_si256(); N]; 2];
                             let mut quad = 0;
-                            while quad < std::hint::black_box(BLOCK / 4) {
+                            let quads = std::hint::black_box(BLOCK / 4);
+                            while quad < quads {
                                 let c = [0, 1].map(|h| {
                                     let v = _mm256_loadu_si256(tile.add((quad % 4) * 64 + h * 32) as *const _);
                                     small_codes::<4>(v, none, quad)
