@@ -39,9 +39,10 @@
 //! (`vpmaddwd`+`vpaddd`, widened weights) the same 1.6x; small codes summed in i16
 //! (`vpmaddubsw`+`vpaddw`) 3.2x. So the 8-bit formats' prompts can be at most ~1.6x
 //! float32's before loads, weight preparation and the per-block float steps (measured
-//! kernels, `quant_kernel_bench` tokens=512, fastest runs: float32 ~40, int8 ~45, int4 ~67
-//! GMAC/s per thread), while 4-bit codes have twice that headroom; the nibble-split of
-//! 8-bit codes into two 4-bit halves costs two `vpmaddubsw` per 32 MACs and gains nothing.
+//! kernels, `quant_kernel_bench` tokens=512, fastest runs in a quiet spell: float32 47-48,
+//! int8 50-51, int4 79-81 GMAC/s per thread), while 4-bit codes have twice that headroom;
+//! the nibble-split of 8-bit codes into two 4-bit halves costs two `vpmaddubsw` per 32
+//! MACs and gains nothing.
 
 use super::prefetch_ahead;
 use crate::kernels::int4_matmul::{code_tile_bytes, LowBitTiles, HIGH_BITS_TILE_BYTES};
