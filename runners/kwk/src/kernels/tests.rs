@@ -121,6 +121,27 @@ fn panel_matmuls_match_scalar_at_odd_shapes() {
 }
 
 #[test]
+fn output_matrix_writes_land_at_token_and_column() {
+    let (n_tokens, ld) = (3, 37);
+    let mut y = vec![0f32; n_tokens * ld];
+    {
+        let out = OutputMatrix::new(&mut y, n_tokens, ld);
+        let group: [f32; 16] = std::array::from_fn(|i| 100.0 + i as f32);
+        out.write_array(1, 16, &group);
+        out.write_cols(2, 32, &[7.0, 8.0, 9.0, 10.0, 11.0]);
+    }
+    for (i, &v) in y.iter().enumerate() {
+        let (t, c) = (i / ld, i % ld);
+        let want = match (t, c) {
+            (1, 16..=31) => 100.0 + (c - 16) as f32,
+            (2, 32..=36) => 7.0 + (c - 32) as f32,
+            _ => 0.0,
+        };
+        assert_eq!(v, want, "token {t} column {c}");
+    }
+}
+
+#[test]
 fn scalar_panel_matmul_is_a_plain_matmul() {
     let (n_rows, cols, nt) = (21, 9, 3);
     let w = values(n_rows * cols, 1);
