@@ -46,7 +46,13 @@
 //! FMAs on converted codes give a 32-column block's integer dot exactly, every partial sum
 //! being an integer below 2^24): sign-trick steps and FMAs interleaved 4:4 or 6:2 in one
 //! loop ran at 75 and 72 GMAC/s against the sign trick's 79 alone (same run), so the two
-//! kinds of work share the pipes rather than add up.
+//! kinds of work share the pipes rather than add up. Where the int8 tile's time goes
+//! (Zen 3, one thread, tokens=512, 47-50 GMAC/s): its inner quad loop alone, copied out of
+//! the compiled kernel into a harness with L1-resident operands, runs at 65 GMAC/s (40
+//! vector operations per 256 MACs at ~3.2 per cycle; `llvm-mca -mcpu=znver3` predicts the
+//! four vector pipes as the bound); dropping the per-block float step (a throwaway build,
+//! wrong results) gains 12 %, dropping the block-sum start value or the offset removal
+//! (`vpxor`) nothing measurable, unrolling the quad loop by two nothing.
 
 use super::prefetch_ahead;
 use crate::kernels::int4_matmul::{code_tile_bytes, LowBitTiles, HIGH_BITS_TILE_BYTES};
