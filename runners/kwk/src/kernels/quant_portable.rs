@@ -18,9 +18,11 @@
 //!
 //! Measured (`speed`, `KWK_ISA=scalar`, 2 threads on an AMD Zen 3, pp512 / tg32 tokens/s):
 //! f32 dots int8 60 / 13, int4 50 / 14; `pmaddwd` dots int8 94-95 / 31-32, int4 71 / 28;
-//! float32 115-119 / 33-34. The rest of a quantized prompt's time is the rounded-once
-//! steps (f64 arithmetic and a midpoint check per block and row; an SSE2-intrinsics
-//! version of them measured no faster than what the compiler makes of [`fma_rows`]).
+//! float32 115-119 / 33-34. The rest of a quantized prompt's time was the rounded-once
+//! steps: the compiler's vectorization of a per-row f64 loop took about half the tile's
+//! time. Written for SSE2 (`baseline::fma_rows_f64`: four rows' checks gathered into one
+//! register) they cost a third of that: pp512 int8 89-95 -> 105-116, int4 62-66 -> 79-83
+//! tokens/s, float32 92-103 in the same minutes (a loaded host; three interleaved rounds).
 
 use super::int4_matmul::{code_tile_bytes, tile_code, LowBitTiles, HIGH_BITS_TILE_BYTES};
 use super::int8_matmul::{Int8Tiles, Q8Rows, BLOCK, INT8_TILE_BYTES, ROW_GROUP, TOKEN_TILE};
@@ -267,50 +269,26 @@ impl<D: BlockDots> WidenedDots<D> {
 }
 
 /// `acc[r] = fused_mul_add(a[r], b[r], acc[r])` for a row group. Without a baseline FMA
-/// the f64 sums of all 16 rows come first, in a loop the compiler vectorizes, and only when
-/// one of them needs [`fused_mul_add`]'s careful path (a midpoint or a result below f32's
-/// normal range: rare) are the rows redone one by one; otherwise each sum rounded to f32 is
-/// `fused_mul_add`'s result (its fast path). Measured on Zen 3 (`quant_kernel_bench`,
-/// scalar tier, 512 tokens): the row-by-row form spent twice the block dots' time here.
+/// (x86-64) the 16 rows go through `baseline::fma_rows_f64` (SSE2: f64 sums, four rows'
+/// midpoint and range checks in a few integer operations), and only when one of them needs
+/// [`fused_mul_add`]'s careful path (a midpoint or a result below f32's normal range: rare)
+/// are the rows redone one by one. Measured on Zen 3 (`quant_kernel_bench`, scalar tier, 512
+/// tokens, one thread): the row-by-row form spent twice the block dots' time here; the
+/// compiler's vectorization of a per-row f64 loop with the same checks took about half the
+/// tile's time (2-lane conversions and shuffles per row pair), which the SSE2 form cut to
+/// int8 9.0 -> 11.8, int4 7.0 -> 9.7 GMAC/s (fastest of 5 interleaved runs; float32 10.9).
 #[inline(always)]
 fn fma_rows(acc: &mut [f32; ROW_GROUP], a: &[f32; ROW_GROUP], b: &[f32; ROW_GROUP]) {
-    if cfg!(any(target_feature = "fma", not(target_arch = "x86_64"))) {
-        for r in 0..ROW_GROUP {
-            acc[r] = a[r].mul_add(b[r], acc[r]);
-        }
-        return;
-    }
-    let mut sums = [0f64; ROW_GROUP];
-    let mut careful = false;
-    for r in 0..ROW_GROUP {
-        let s = a[r] as f64 * b[r] as f64 + acc[r] as f64;
-        sums[r] = s;
-        careful |= may_need_careful_rounding(s);
-    }
-    if careful {
+    #[cfg(all(target_arch = "x86_64", not(target_feature = "fma")))]
+    if !super::x86_64::baseline::fma_rows_f64(acc, a, b) {
         for r in 0..ROW_GROUP {
             acc[r] = fused_mul_add(a[r], b[r], acc[r]);
         }
-    } else {
-        for r in 0..ROW_GROUP {
-            acc[r] = sums[r] as f32;
-        }
     }
-}
-
-/// A cheaper superset of [`needs_careful_rounding`] (also zero, sub-normal, infinite and
-/// NaN sums, which [`fused_mul_add`] then sorts out) that tests the two 32-bit halves of
-/// `s` separately, so the compiler can vectorize it without 64-bit compares (which SSE2
-/// lacks): the midpoint pattern lies in the low half, and `|s| < 2^-126` is an exponent
-/// field below `1023 - 126` in the high half.
-#[inline(always)]
-fn may_need_careful_rounding(s: f64) -> bool {
-    let bits = s.to_bits();
-    let (low, high) = (bits as u32, (bits >> 32) as u32);
-    let midpoint = low & 0x1FFF_FFFF == 0x1000_0000;
-    let below_normal = high & 0x7FF0_0000 < (1023 - 126) << 20;
-    let not_finite = high & 0x7FF0_0000 == 0x7FF0_0000;
-    midpoint | below_normal | not_finite
+    #[cfg(any(target_feature = "fma", not(target_arch = "x86_64")))]
+    for r in 0..ROW_GROUP {
+        acc[r] = a[r].mul_add(b[r], acc[r]);
+    }
 }
 
 /// Whether rounding the f64 sum `s` to f32 may differ from rounding the exact sum once:
@@ -450,48 +428,42 @@ mod tests {
         }
     }
 
-    /// The vectorizable check flags every sum the exact one flags (so `fma_rows` never
-    /// takes the fast path where `fused_mul_add` would not).
+    /// The rows' step equals `mul_add` row by row, to the bit: random rows, and rows
+    /// holding each case the fast path must hand over or may keep (a double-rounding
+    /// midpoint, results below f32's normal range, signed zeros, the overflow midpoint
+    /// above `f32::MAX`, infinities and NaN) at every position of the group.
     #[test]
-    fn cheap_rounding_check_is_a_superset() {
-        let mid = f64::from_bits(0x3FF0_0000_1000_0000); // 1 + 2^-24: an f32 midpoint
-        let mut cases = vec![
-            0.0,
-            -0.0,
-            mid,
-            -mid,
-            f32::MIN_POSITIVE as f64,
-            f32::MIN_POSITIVE as f64 * (1.0 - f64::EPSILON),
-            1e-40,
-            f64::MIN_POSITIVE,
-            f64::INFINITY,
-            f64::NAN,
-            f32::MAX as f64 * 1.5,
+    fn fma_rows_is_mul_add_row_by_row() {
+        let tiny = f32::MIN_POSITIVE;
+        let special: [(f32, f32, f32); 10] = [
+            // The exact sum lies just below a midpoint that f64 rounds onto.
+            (
+                1.0 + f32::EPSILON,
+                (1.0 - f32::EPSILON) * 2f32.powi(-24),
+                1.0 + f32::EPSILON,
+            ),
+            (tiny, 0.75, tiny * -0.5),
+            (tiny, 1.0 + f32::EPSILON, -tiny),
+            // Below the normal range, f64 rounds the exact sum (just under the midpoint
+            // above the odd sub-normal c) onto the midpoint, which rounds up to even.
+            (
+                2f32.powi(-75) * (1.0 + 2f32.powi(-16)),
+                2f32.powi(-75) * (1.0 - 2f32.powi(-16)),
+                f32::from_bits((1 << 22) + 1),
+            ),
+            (0.0, 5.0, -0.0),
+            (-0.0, 5.0, -0.0),
+            // (2 - 2^-24) · 2^127, the midpoint between f32::MAX and 2^128, and just below.
+            (f32::MAX, 1.0 + f32::EPSILON / 4.0, 0.0),
+            (
+                f32::MAX,
+                1.0,
+                f32::MAX * f32::EPSILON / 4.0 * (1.0 - f32::EPSILON),
+            ),
+            (f32::INFINITY, 2.0, 1.0),
+            (f32::NAN, 1.0, 1.0),
         ];
         let mut s = 0x0123_4567_89ab_cdefu64;
-        for _ in 0..1_000_000 {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            cases.push(f64::from_bits(s));
-            // Random values on an f32 midpoint pattern at random exponents.
-            cases.push(f64::from_bits((s & !0x1FFF_FFFF) | 0x1000_0000));
-        }
-        for v in cases {
-            assert!(
-                !needs_careful_rounding(v) || may_need_careful_rounding(v),
-                "{v:e} ({:#x})",
-                v.to_bits()
-            );
-        }
-        assert!(needs_careful_rounding(mid) && !may_need_careful_rounding(1.5));
-        // And the rows' step agrees with `mul_add` row by row, the double-rounding case
-        // among random rows included.
-        let (a0, b0, c0) = (
-            1.0 + f32::EPSILON,
-            (1.0 - f32::EPSILON) * 2f32.powi(-24),
-            1.0 + f32::EPSILON,
-        );
         for trial in 0..20_000u32 {
             let mut f = |scale: f32| {
                 s ^= s << 13;
@@ -502,17 +474,22 @@ mod tests {
             let mut a: [f32; ROW_GROUP] = std::array::from_fn(|_| f(3e6).round());
             let mut b: [f32; ROW_GROUP] = std::array::from_fn(|_| f(1e-4));
             let mut acc: [f32; ROW_GROUP] = std::array::from_fn(|_| f(50.0));
-            if trial % 7 == 0 {
-                let r = trial as usize % ROW_GROUP;
-                (a[r], b[r], acc[r]) = (a0, b0, c0);
+            if trial % 3 == 0 {
+                let r = (trial as usize / 3) % ROW_GROUP;
+                (a[r], b[r], acc[r]) = special[(trial as usize / 3 / ROW_GROUP) % special.len()];
             }
             let want: [f32; ROW_GROUP] = std::array::from_fn(|r| a[r].mul_add(b[r], acc[r]));
             fma_rows(&mut acc, &a, &b);
-            assert_eq!(
-                acc.map(f32::to_bits),
-                want.map(f32::to_bits),
-                "trial {trial}"
-            );
+            for r in 0..ROW_GROUP {
+                assert!(
+                    acc[r].to_bits() == want[r].to_bits() || acc[r].is_nan() && want[r].is_nan(),
+                    "trial {trial} row {r}: {} * {} gave {:e}, want {:e}",
+                    a[r],
+                    b[r],
+                    acc[r],
+                    want[r]
+                );
+            }
         }
     }
 
