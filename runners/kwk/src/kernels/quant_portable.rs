@@ -453,13 +453,10 @@ mod tests {
             ),
             (0.0, 5.0, -0.0),
             (-0.0, 5.0, -0.0),
-            // (2 - 2^-24) · 2^127, the midpoint between f32::MAX and 2^128, and just below.
-            (f32::MAX, 1.0 + f32::EPSILON / 4.0, 0.0),
-            (
-                f32::MAX,
-                1.0,
-                f32::MAX * f32::EPSILON / 4.0 * (1.0 - f32::EPSILON),
-            ),
+            // f32::MAX + 2^103 = (2 - 2^-24) · 2^127, the midpoint between f32::MAX and
+            // 2^128 (rounds to infinity), and the f32 just below 2^103 added instead.
+            (f32::MAX, 1.0, 2f32.powi(103)),
+            (f32::MAX, 1.0, 2f32.powi(103) - 2f32.powi(79)),
             (f32::INFINITY, 2.0, 1.0),
             (f32::NAN, 1.0, 1.0),
         ];
