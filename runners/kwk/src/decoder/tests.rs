@@ -1271,3 +1271,42 @@ fn int8_calib_and_gptq_build_deterministically_and_round_trip_the_pack_cache() {
     );
     assert!(keys[2].contains(&crate::quantize::gptq::settings(false)));
 }
+
+/// The claimed pieces of a batch's matmuls cover every row of every matrix once, in
+/// matrix order, each starting on its matrix's alignment, whatever the sizes.
+#[test]
+fn row_pieces_cover_every_row_once() {
+    for shapes in [
+        vec![(576, 16), (192, 16), (192, 16)],
+        vec![(1, 16)],
+        vec![(17, 16), (0, 16), (33, 1), (1000, 32)],
+        vec![(49152, 16)],
+    ] {
+        for pieces in [1, 2, 16, 100] {
+            let got = layers::row_pieces(shapes.iter().copied(), pieces);
+            let mut next = vec![0; shapes.len()];
+            let mut last_job = 0;
+            for (j, rows) in &got {
+                assert!(*j >= last_job, "pieces out of matrix order");
+                last_job = *j;
+                assert_eq!(
+                    rows.start, next[*j],
+                    "{shapes:?} / {pieces}: gap or overlap"
+                );
+                assert_eq!(rows.start % shapes[*j].1, 0, "unaligned piece");
+                assert!(!rows.is_empty());
+                next[*j] = rows.end;
+            }
+            let want: Vec<usize> = shapes.iter().map(|s| s.0).collect();
+            assert_eq!(next, want, "{shapes:?} / {pieces}: rows left out");
+            for (j, &(rows, align)) in shapes.iter().enumerate() {
+                let n = got.iter().filter(|p| p.0 == j).count();
+                assert!(n <= rows.div_ceil(align).max(1), "more pieces than units");
+                assert!(
+                    rows == 0 || n >= pieces.min(rows.div_ceil(align)),
+                    "too few pieces"
+                );
+            }
+        }
+    }
+}
