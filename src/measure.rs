@@ -383,6 +383,7 @@ fn speed_pass(
             machine,
         );
     }
+    results.speed_ratios = crate::protocol::speed_ratios::paired_speed_ratios(results);
     save(results);
     Ok(())
 }

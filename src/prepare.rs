@@ -296,6 +296,7 @@ fn start_results(
         compare_to: plan.compare_to.clone(),
         runners: Vec::new(),
         speed_rounds: Vec::new(),
+        speed_ratios: Vec::new(),
     }
 }
 

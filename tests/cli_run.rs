@@ -106,6 +106,26 @@ fn tiny_run_writes_reports_that_parse_and_gate_exit_codes() {
         v["speed_rounds"],
         serde_json::json!([["float32", "int8"], ["int8", "float32"]])
     );
+    // int8 over float32, paired round by round, for pp and tg.
+    let ratios = v["speed_ratios"].as_array().unwrap();
+    assert_eq!(ratios.len(), 2, "{ratios:?}");
+    for (x, test) in ratios.iter().zip(["pp", "tg"]) {
+        assert_eq!(
+            (x["test"].as_str(), x["row"].as_str()),
+            (Some(test), Some("int8"))
+        );
+        assert_eq!(
+            (x["vs"].as_str(), x["rounds"].as_u64()),
+            (Some("float32"), Some(2))
+        );
+        let (lo, mid, hi) = (
+            x["min"].as_f64().unwrap(),
+            x["median"].as_f64().unwrap(),
+            x["max"].as_f64().unwrap(),
+        );
+        assert!(lo > 0.0 && lo <= mid && mid <= hi, "{x}");
+    }
+    assert!(first.join("speed_ratios.csv").exists());
     assert!(
         !first.join("float32-kl-divergence-base.bin").exists(),
         "reference file not removed"

@@ -6,6 +6,7 @@
 
 pub mod chunks;
 pub mod results;
+pub mod speed_ratios;
 
 pub use chunks::{check_ctx, ChunkPlan, PlanError};
 

@@ -2,6 +2,7 @@
 //! every exporter, the gate and `compare` read. Every row has the same fields; a figure that
 //! was not measured is `null`, never a made-up value. Units are in the field names.
 
+use super::speed_ratios::SpeedRatio;
 use super::{PerplexityResult, RunnerInfo, SpeedSample};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -32,6 +33,10 @@ pub struct Results {
     /// runner's repetition r is timed in round r, so drift lands on every row alike).
     #[serde(default)]
     pub speed_rounds: Vec<Vec<String>>,
+    /// Each in-tree row's tokens/s over the reference's and every llama.cpp row's, paired
+    /// round by round (`speed_ratios::paired_speed_ratios`; empty without speed).
+    #[serde(default)]
+    pub speed_ratios: Vec<SpeedRatio>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -382,6 +387,7 @@ pub mod testdata {
                 vec!["float32".into(), "int4".into()],
                 vec!["int4".into(), "float32".into()],
             ],
+            speed_ratios: Vec::new(),
             runners: vec![
                 RunnerRecord {
                     name: "float32".into(),
@@ -426,6 +432,7 @@ pub mod testdata {
             ],
         };
         r.update_deltas();
+        r.speed_ratios = crate::protocol::speed_ratios::paired_speed_ratios(&r);
         r
     }
 

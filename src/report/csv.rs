@@ -1,6 +1,7 @@
 //! results.csv: the runner rows of results.json flattened, one row per runner. Lists
 //! (running PPL, per-repetition samples) are space-separated in one cell; the type mix is
-//! `type:count` pairs; llama-bench's raw objects stay in results.json only.
+//! `type:count` pairs; llama-bench's raw objects stay in results.json only. And
+//! speed_ratios.csv: the paired per-round speed ratios, one line per pair.
 
 use super::files::write_atomically;
 use super::table::spread;
@@ -133,6 +134,28 @@ pub fn write(path: &Path, results: &Results) -> Result<()> {
     write_atomically(path, &to_bytes(results)?)
 }
 
+/// speed_ratios.csv: `results.speed_ratios`, one line per (test, row, compared row).
+pub fn ratios_to_bytes(results: &Results) -> Result<Vec<u8>> {
+    let mut w = ::csv::Writer::from_writer(Vec::new());
+    w.write_record(["test", "row", "vs", "rounds", "median", "min", "max"])?;
+    for x in &results.speed_ratios {
+        w.write_record([
+            x.test.clone(),
+            x.row.clone(),
+            x.vs.clone(),
+            x.rounds.to_string(),
+            x.median.to_string(),
+            x.min.to_string(),
+            x.max.to_string(),
+        ])?;
+    }
+    w.into_inner().context("finishing speed_ratios.csv")
+}
+
+pub fn write_ratios(path: &Path, results: &Results) -> Result<()> {
+    write_atomically(path, &ratios_to_bytes(results)?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -153,5 +176,20 @@ mod tests {
         assert_eq!(&rows[0][col("pp_samples_tokens_per_s")], "990 1010");
         assert_eq!(&rows[0][col("pp_median_min_max")], "1000.0 [990.0–1010.0]");
         assert_eq!(&rows[1][col("ln_ppl_ratio_err")], "0.004");
+    }
+
+    #[test]
+    fn ratios_file_has_one_line_per_pair() {
+        let bytes = ratios_to_bytes(&sample_results()).unwrap();
+        let mut rd = ::csv::Reader::from_reader(&bytes[..]);
+        let rows: Vec<_> = rd.records().collect::<Result<_, _>>().unwrap();
+        // int4 against the float32 reference, pp then tg.
+        assert_eq!(rows.len(), 2);
+        assert_eq!(
+            (&rows[0][0], &rows[0][1], &rows[0][2], &rows[0][3]),
+            ("pp", "int4", "float32", "2")
+        );
+        let tg_min: f64 = rows[1][5].parse().unwrap();
+        assert!((tg_min - 305.0 / 102.0).abs() < 1e-12, "{tg_min}");
     }
 }

@@ -71,6 +71,55 @@ fn machine_line(r: &Results) -> String {
     s
 }
 
+/// The paired speed ratios (`results.speed_ratios`) as one table per test: in-tree rows
+/// down, the rows they are compared with across.
+fn ratio_tables(r: &Results) -> String {
+    let mut s = String::new();
+    if r.speed_ratios.is_empty() {
+        return s;
+    }
+    let _ = writeln!(
+        s,
+        "**Speed ratios, paired by round:** a row's tokens/s over the column's in the same \
+         round, median [lowest–highest] over the rounds both ran (the ratio the host's drift \
+         between rounds does not move).\n"
+    );
+    for (test, len) in [("pp", r.protocol.pp), ("tg", r.protocol.tg)] {
+        let of_test: Vec<_> = r.speed_ratios.iter().filter(|x| x.test == test).collect();
+        let mut rows: Vec<&str> = Vec::new();
+        let mut columns: Vec<&str> = Vec::new();
+        for x in &of_test {
+            if !rows.contains(&x.row.as_str()) {
+                rows.push(&x.row);
+            }
+            if !columns.contains(&x.vs.as_str()) {
+                columns.push(&x.vs);
+            }
+        }
+        if rows.is_empty() {
+            continue;
+        }
+        let names: Vec<String> = columns.iter().map(|c| c.replace('|', "\\|")).collect();
+        let _ = writeln!(s, "| {test}{len} | {} |", names.join(" | "));
+        let _ = writeln!(s, "|---|{}|", vec!["---:"; columns.len()].join("|"));
+        for row in rows {
+            let cells: Vec<String> = columns
+                .iter()
+                .map(|c| {
+                    of_test
+                        .iter()
+                        .find(|x| x.row == row && x.vs == *c)
+                        .map(|x| format!("{:.2} [{:.2}–{:.2}]", x.median, x.min, x.max))
+                        .unwrap_or_else(|| "-".into())
+                })
+                .collect();
+            let _ = writeln!(s, "| {row} | {} |", cells.join(" | "));
+        }
+        let _ = writeln!(s);
+    }
+    s
+}
+
 pub fn render(r: &Results, plots: &PlotFiles) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "# kwk-eval: {}\n", r.model);
@@ -118,6 +167,7 @@ pub fn render(r: &Results, plots: &PlotFiles) -> String {
          round, rotating the order; per-round order in results.json `speed_rounds`, median and \
          range in results.csv); '-' = not measured.\n"
     );
+    s.push_str(&ratio_tables(r));
     if let Some(q) = &plots.quality {
         let _ = writeln!(s, "![perplexity change vs bits per weight]({q})\n");
     }
@@ -148,6 +198,10 @@ mod tests {
         assert!(md.contains("| int4 | kwk |"));
         assert!(md.contains("+0.02470 ± 0.00400"));
         assert!(md.contains("2 interleaved rounds"));
+        // int4's samples over float32's, round by round: 1480/990 and 1520/1010.
+        assert!(md.contains("| pp16 | float32 |"), "{md}");
+        assert!(md.contains("| int4 | 1.50 [1.49–1.50] |"), "{md}");
+        assert!(md.contains("| tg4 | float32 |"), "{md}");
         assert!(
             md.contains("llama.cpp environment: cleared LLAMA_ARG_CTX_SIZE before every tool ran.")
         );

@@ -29,6 +29,7 @@ use std::path::Path;
 pub const REPORT_FILES: &[&str] = &[
     "results.json",
     "results.csv",
+    "speed_ratios.csv",
     "report.md",
     "quality_vs_bpw.png",
     "quality_vs_bpw.svg",
@@ -51,7 +52,7 @@ pub fn remove_temporaries(dir: &Path) {
 }
 
 /// Writes every report file of `results` into `dir`: results.json, results.csv,
-/// report.md and the plots. On failure no temporary file is left.
+/// speed_ratios.csv, report.md and the plots. On failure no temporary file is left.
 pub fn write_all(dir: &Path, results: &Results) -> Result<()> {
     let written = write_every(dir, results);
     if written.is_err() {
@@ -63,6 +64,7 @@ pub fn write_all(dir: &Path, results: &Results) -> Result<()> {
 fn write_every(dir: &Path, results: &Results) -> Result<()> {
     json::write(&dir.join("results.json"), results)?;
     csv::write(&dir.join("results.csv"), results)?;
+    csv::write_ratios(&dir.join("speed_ratios.csv"), results)?;
     let plots = plot::write_plots(dir, results)?;
     markdown::write(&dir.join("report.md"), results, &plots)?;
     Ok(())

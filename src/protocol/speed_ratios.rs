@@ -1,0 +1,190 @@
+//! Paired speed ratios: each in-tree row's tokens/s over a comparison row's, round by
+//! round. The speed repetitions of all runners interleave (one per runner per round), so
+//! both samples of a round saw the same state of the host; on a shared machine whose speed
+//! drifts by tens of per cent between minutes, the median of these per-round ratios is a
+//! steadier figure than the ratio of two means (`results.json` `speed_ratios`, report.md's
+//! ratio tables, `speed_ratios.csv`).
+//!
+//! Compared: every kwk row except the reference, against the reference row (kwk
+//! `float32`: what a format buys over the model's own weights) and every llama.cpp row.
+
+use super::results::{Results, RunnerRecord};
+use serde::{Deserialize, Serialize};
+
+/// `row`'s tokens/s over `vs`'s in the rounds where both ran, for one test (`pp`/`tg`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SpeedRatio {
+    pub test: String,
+    pub row: String,
+    pub vs: String,
+    /// Rounds in which both rows produced a sample (the ratios summarized).
+    pub rounds: usize,
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+/// `pp` or `tg` samples of a row.
+fn samples<'a>(r: &'a RunnerRecord, test: &str) -> &'a [f64] {
+    if test == "pp" {
+        &r.pp_samples_tokens_per_s
+    } else {
+        &r.tg_samples_tokens_per_s
+    }
+}
+
+/// A row's sample of each round (`None` where it did not run), or `None` when its samples
+/// cannot be placed in rounds (their count differs from the rounds it appears in).
+fn per_round(results: &Results, r: &RunnerRecord, test: &str) -> Option<Vec<Option<f64>>> {
+    let s = samples(r, test);
+    let mut next = 0;
+    let mut out = Vec::with_capacity(results.speed_rounds.len());
+    for round in &results.speed_rounds {
+        if round.iter().any(|n| n == &r.name) {
+            out.push(Some(*s.get(next)?));
+            next += 1;
+        } else {
+            out.push(None);
+        }
+    }
+    (next == s.len() && next > 0).then_some(out)
+}
+
+fn median(sorted: &[f64]) -> f64 {
+    let n = sorted.len();
+    if n % 2 == 1 {
+        sorted[n / 2]
+    } else {
+        (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
+    }
+}
+
+/// The paired ratios of `results` (see the module doc), in row order then column order,
+/// pp before tg; pairs with no common round are left out.
+pub fn paired_speed_ratios(results: &Results) -> Vec<SpeedRatio> {
+    let reference = results.ppl_delta_reference.as_deref().unwrap_or("float32");
+    let is_reference = |r: &RunnerRecord| r.engine == "kwk" && r.name == reference;
+    let columns: Vec<&RunnerRecord> = results
+        .runners
+        .iter()
+        .filter(|r| is_reference(r) || r.engine != "kwk")
+        .collect();
+    let mut out = Vec::new();
+    for test in ["pp", "tg"] {
+        for row in results
+            .runners
+            .iter()
+            .filter(|r| r.engine == "kwk" && !is_reference(r))
+        {
+            let Some(a) = per_round(results, row, test) else {
+                continue;
+            };
+            for vs in &columns {
+                let Some(b) = per_round(results, vs, test) else {
+                    continue;
+                };
+                let mut ratios: Vec<f64> = a
+                    .iter()
+                    .zip(&b)
+                    .filter_map(|(x, y)| Some(x.as_ref()? / y.as_ref()?))
+                    .filter(|q| q.is_finite())
+                    .collect();
+                if ratios.is_empty() {
+                    continue;
+                }
+                ratios.sort_by(f64::total_cmp);
+                out.push(SpeedRatio {
+                    test: test.into(),
+                    row: row.name.clone(),
+                    vs: vs.name.clone(),
+                    rounds: ratios.len(),
+                    median: median(&ratios),
+                    min: ratios[0],
+                    max: ratios[ratios.len() - 1],
+                });
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::results::testdata::sample_results;
+
+    fn row(name: &str, engine: &str, pp: &[f64], tg: &[f64]) -> RunnerRecord {
+        RunnerRecord {
+            name: name.into(),
+            engine: engine.into(),
+            pp_samples_tokens_per_s: pp.to_vec(),
+            tg_samples_tokens_per_s: tg.to_vec(),
+            ..Default::default()
+        }
+    }
+
+    fn results(runners: Vec<RunnerRecord>, rounds: &[&[&str]]) -> Results {
+        let mut r = sample_results();
+        r.runners = runners;
+        r.ppl_delta_reference = Some("float32".into());
+        r.speed_rounds = rounds
+            .iter()
+            .map(|x| x.iter().map(|s| s.to_string()).collect())
+            .collect();
+        r
+    }
+
+    #[test]
+    fn ratios_pair_samples_by_round_not_by_position() {
+        // int8 failed its first round (no sample there): its samples are rounds 2 and 3.
+        let r = results(
+            vec![
+                row("float32", "kwk", &[100.0, 50.0, 80.0], &[10.0, 5.0, 8.0]),
+                row("int8", "kwk", &[60.0, 120.0], &[]),
+                row(
+                    "gguf:q8.gguf",
+                    "llama.cpp",
+                    &[40.0, 20.0, 30.0],
+                    &[4.0, 2.0, 4.0],
+                ),
+            ],
+            &[
+                &["float32", "gguf:q8.gguf"],
+                &["int8", "gguf:q8.gguf", "float32"],
+                &["gguf:q8.gguf", "float32", "int8"],
+            ],
+        );
+        let got = paired_speed_ratios(&r);
+        // Rows: int8 only (float32 is the reference; llama.cpp rows are columns).
+        assert_eq!(got.len(), 2, "{got:?}");
+        let vs_f32 = &got[0];
+        assert_eq!(
+            (vs_f32.test.as_str(), vs_f32.vs.as_str()),
+            ("pp", "float32")
+        );
+        assert_eq!(vs_f32.rounds, 2);
+        // Round 2: 60/50 = 1.2; round 3: 120/80 = 1.5.
+        assert!((vs_f32.min - 1.2).abs() < 1e-12 && (vs_f32.max - 1.5).abs() < 1e-12);
+        assert!((vs_f32.median - 1.35).abs() < 1e-12);
+        let vs_q8 = &got[1];
+        assert_eq!(vs_q8.vs, "gguf:q8.gguf");
+        // Round 2: 60/20 = 3; round 3: 120/30 = 4.
+        assert!((vs_q8.min - 3.0).abs() < 1e-12 && (vs_q8.max - 4.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn samples_that_do_not_fit_the_rounds_are_not_paired() {
+        // Three samples but only two rounds list the row: no ratios for it.
+        let r = results(
+            vec![
+                row("float32", "kwk", &[100.0, 100.0], &[10.0, 10.0]),
+                row("int4", "kwk", &[1.0, 2.0, 3.0], &[20.0, 20.0]),
+            ],
+            &[&["float32", "int4"], &["int4", "float32"]],
+        );
+        let got = paired_speed_ratios(&r);
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!(got[0].test, "tg");
+        assert_eq!(got[0].median, 2.0);
+    }
+}
