@@ -3,7 +3,7 @@
 
 use super::files::write_atomically;
 use super::plot::PlotFiles;
-use super::table::{calibration_line, notes, protocol_line, table_rows};
+use super::table::{calibration_line, notes, protocol_line, ratio_cell, table_rows};
 use crate::protocol::results::Results;
 use anyhow::Result;
 use std::fmt::Write as _;
@@ -109,7 +109,7 @@ fn ratio_tables(r: &Results) -> String {
                     of_test
                         .iter()
                         .find(|x| x.row == row && x.vs == *c)
-                        .map(|x| format!("{:.2} [{:.2}–{:.2}]", x.median, x.min, x.max))
+                        .map(|x| ratio_cell(x))
                         .unwrap_or_else(|| "-".into())
                 })
                 .collect();

@@ -4,6 +4,7 @@
 //! [`Results`] and writes strings.
 
 use crate::protocol::results::{PairedChange, Results, RunnerRecord};
+use crate::protocol::speed_ratios::SpeedRatio;
 
 /// Formats an optional figure with `decimals`, or `-`.
 pub fn fmt_opt(v: Option<f64>, decimals: usize) -> String {
@@ -187,6 +188,47 @@ pub fn calibration_line(r: &Results) -> Option<String> {
 }
 
 /// `header` and `rows` as aligned columns (the first two left-aligned, the rest right).
+/// One paired speed ratio as `median [lowest–highest]`.
+pub fn ratio_cell(x: &SpeedRatio) -> String {
+    format!("{:.2} [{:.2}–{:.2}]", x.median, x.min, x.max)
+}
+
+/// The paired speed ratios (`results.speed_ratios`) one pair per line, `row / vs`, then
+/// the pp and tg cells; `None` when there are none.
+pub fn ratio_rows(r: &Results) -> Option<(Vec<String>, Vec<Vec<String>>)> {
+    let mut pairs: Vec<(&str, &str)> = Vec::new();
+    for x in &r.speed_ratios {
+        if !pairs.contains(&(x.row.as_str(), x.vs.as_str())) {
+            pairs.push((&x.row, &x.vs));
+        }
+    }
+    if pairs.is_empty() {
+        return None;
+    }
+    let cell = |row: &str, vs: &str, test: &str| {
+        r.speed_ratios
+            .iter()
+            .find(|x| x.row == row && x.vs == vs && x.test == test)
+            .map_or_else(|| "-".into(), ratio_cell)
+    };
+    let header = vec![
+        "speed ratio, paired by round".to_string(),
+        format!("pp{}", r.protocol.pp),
+        format!("tg{}", r.protocol.tg),
+    ];
+    let rows = pairs
+        .iter()
+        .map(|(row, vs)| {
+            vec![
+                format!("{row} / {vs}"),
+                cell(row, vs, "pp"),
+                cell(row, vs, "tg"),
+            ]
+        })
+        .collect();
+    Some((header, rows))
+}
+
 pub fn aligned(header: &[String], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in rows {
