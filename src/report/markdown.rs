@@ -81,8 +81,8 @@ fn ratio_tables(r: &Results) -> String {
     let _ = writeln!(
         s,
         "**Speed ratios, paired by round:** a row's tokens/s over the column's in the same \
-         round, median [lowest–highest] over the rounds both ran (the ratio the host's drift \
-         between rounds does not move).\n"
+         round, median [lowest–highest] over the rounds both ran (the host's drift between \
+         rounds cancels in each ratio; its drift within a round does not).\n"
     );
     for (test, len) in [("pp", r.protocol.pp), ("tg", r.protocol.tg)] {
         let of_test: Vec<_> = r.speed_ratios.iter().filter(|x| x.test == test).collect();
