@@ -3,7 +3,7 @@
 
 use super::files::write_atomically;
 use super::plot::PlotFiles;
-use super::table::{calibration_line, notes, protocol_line, ratio_cell, table_rows};
+use super::table::{calibration_line, distinct, notes, protocol_line, ratio_cell, table_rows};
 use crate::protocol::results::Results;
 use anyhow::Result;
 use std::fmt::Write as _;
@@ -85,17 +85,9 @@ fn ratio_tables(r: &Results) -> String {
          rounds cancels in each ratio; its drift within a round does not).\n"
     );
     for (test, len) in [("pp", r.protocol.pp), ("tg", r.protocol.tg)] {
-        let of_test: Vec<_> = r.speed_ratios.iter().filter(|x| x.test == test).collect();
-        let mut rows: Vec<&str> = Vec::new();
-        let mut columns: Vec<&str> = Vec::new();
-        for x in &of_test {
-            if !rows.contains(&x.row.as_str()) {
-                rows.push(&x.row);
-            }
-            if !columns.contains(&x.vs.as_str()) {
-                columns.push(&x.vs);
-            }
-        }
+        let of_test = || r.speed_ratios.iter().filter(move |x| x.test == test);
+        let rows = distinct(of_test(), |x| x.row.as_str());
+        let columns = distinct(of_test(), |x| x.vs.as_str());
         if rows.is_empty() {
             continue;
         }
@@ -105,13 +97,7 @@ fn ratio_tables(r: &Results) -> String {
         for row in rows {
             let cells: Vec<String> = columns
                 .iter()
-                .map(|c| {
-                    of_test
-                        .iter()
-                        .find(|x| x.row == row && x.vs == *c)
-                        .map(|x| ratio_cell(x))
-                        .unwrap_or_else(|| "-".into())
-                })
+                .map(|c| ratio_cell(r, row, c, test))
                 .collect();
             let _ = writeln!(s, "| {row} | {} |", cells.join(" | "));
         }

@@ -188,29 +188,40 @@ pub fn calibration_line(r: &Results) -> Option<String> {
 }
 
 /// `header` and `rows` as aligned columns (the first two left-aligned, the rest right).
-/// One paired speed ratio as `median [lowest–highest]`.
-pub fn ratio_cell(x: &SpeedRatio) -> String {
-    format!("{:.2} [{:.2}–{:.2}]", x.median, x.min, x.max)
+/// The paired speed ratio of `row` over `vs` for `test` as `median [lowest–highest]`,
+/// or `-` when that pair was not measured.
+pub fn ratio_cell(r: &Results, row: &str, vs: &str, test: &str) -> String {
+    r.speed_ratios
+        .iter()
+        .find(|x| x.row == row && x.vs == vs && x.test == test)
+        .map_or_else(
+            || "-".into(),
+            |x| format!("{:.2} [{:.2}–{:.2}]", x.median, x.min, x.max),
+        )
+}
+
+/// The distinct values of `key` over `ratios`, in first-seen order.
+pub fn distinct<'a, T: PartialEq>(
+    ratios: impl Iterator<Item = &'a SpeedRatio>,
+    key: impl Fn(&'a SpeedRatio) -> T,
+) -> Vec<T> {
+    let mut out = Vec::new();
+    for x in ratios {
+        let k = key(x);
+        if !out.contains(&k) {
+            out.push(k);
+        }
+    }
+    out
 }
 
 /// The paired speed ratios (`results.speed_ratios`) one pair per line, `row / vs`, then
 /// the pp and tg cells; `None` when there are none.
 pub fn ratio_rows(r: &Results) -> Option<(Vec<String>, Vec<Vec<String>>)> {
-    let mut pairs: Vec<(&str, &str)> = Vec::new();
-    for x in &r.speed_ratios {
-        if !pairs.contains(&(x.row.as_str(), x.vs.as_str())) {
-            pairs.push((&x.row, &x.vs));
-        }
-    }
+    let pairs = distinct(r.speed_ratios.iter(), |x| (x.row.as_str(), x.vs.as_str()));
     if pairs.is_empty() {
         return None;
     }
-    let cell = |row: &str, vs: &str, test: &str| {
-        r.speed_ratios
-            .iter()
-            .find(|x| x.row == row && x.vs == vs && x.test == test)
-            .map_or_else(|| "-".into(), ratio_cell)
-    };
     let header = vec![
         "speed ratio, paired by round".to_string(),
         format!("pp{}", r.protocol.pp),
@@ -221,8 +232,8 @@ pub fn ratio_rows(r: &Results) -> Option<(Vec<String>, Vec<Vec<String>>)> {
         .map(|(row, vs)| {
             vec![
                 format!("{row} / {vs}"),
-                cell(row, vs, "pp"),
-                cell(row, vs, "tg"),
+                ratio_cell(r, row, vs, "pp"),
+                ratio_cell(r, row, vs, "tg"),
             ]
         })
         .collect();
