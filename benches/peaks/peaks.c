@@ -6,8 +6,10 @@
  * Counting as in kwk: FMA = 2 ops, a byte product added = 2, a vdpbf16ps lane = 4.
  *
  * Build and run: scripts/peaks-microbench.sh [TIER] [THREADS]
- * TIER: vnni | avx512bw | avx2 | sse2 (the int8 instruction and the vector width; sse2 is
- * kwk's scalar tier on x86-64: mulps+addps, and pmaddwd+paddd for its quantized dots). */
+ * TIER: vnni | avx512bw | avxvnni | avx2 | sse2 (the int8 instruction and the vector width;
+ * avxvnni is vpdpbusd on ymm, VEX-encoded where the CPU has AVX-VNNI, else EVEX as kwk's
+ * tier takes it from AVX512-VNNI+VL; sse2 is kwk's scalar tier on x86-64: mulps+addps, and
+ * pmaddwd+paddd for its quantized dots). */
 #define _GNU_SOURCE
 #include <pthread.h>
 
@@ -40,6 +42,8 @@ static double now(void) {
 #define FMA_Z(k) "vfmadd231ps %%zmm13, %%zmm12, %%zmm" #k "\n"
 #define FMA_Y(k) "vfmadd231ps %%ymm13, %%ymm12, %%ymm" #k "\n"
 #define DPB_Z(k) "vpdpbusd %%zmm13, %%zmm12, %%zmm" #k "\n"
+#define DPB_YV(k) "%{vex%} vpdpbusd %%ymm13, %%ymm12, %%ymm" #k "\n"
+#define DPB_YE(k) "%{evex%} vpdpbusd %%ymm13, %%ymm12, %%ymm" #k "\n"
 #define BF_Z(k) "vdpbf16ps %%zmm13, %%zmm12, %%zmm" #k "\n"
 #define MADD_Z(k) "vpmaddubsw %%zmm13, %%zmm12, %%zmm15\n vpmaddwd %%zmm14, %%zmm15, %%zmm15\n vpaddd %%zmm15, %%zmm" #k ", %%zmm" #k "\n"
 #define MADD_Y(k) "vpmaddubsw %%ymm13, %%ymm12, %%ymm15\n vpmaddwd %%ymm14, %%ymm15, %%ymm15\n vpaddd %%ymm15, %%ymm" #k ", %%ymm" #k "\n"
@@ -55,6 +59,8 @@ static double now(void) {
 LOOP(fma_z, ZSET, FMA_Z)
 LOOP(fma_y, YSET, FMA_Y)
 LOOP(dpb_z, ZSET, DPB_Z)
+LOOP(dpb_yv, YSET, DPB_YV)
+LOOP(dpb_ye, YSET, DPB_YE)
 LOOP(bf_z, ZSET, BF_Z)
 LOOP(madd_z, ZSET, MADD_Z)
 LOOP(madd_y, YSET, MADD_Y)
@@ -143,9 +149,10 @@ int main(int argc, char **argv) {
     size_t mib = argc > 3 ? (size_t)atol(argv[3]) : 256;
     if (threads < 1 || threads > 256) { fprintf(stderr, "error: THREADS must be 1..256\n"); return 2; }
     int sse2 = !strcmp(tier, "sse2");
-    int z = strcmp(tier, "avx2") != 0 && !sse2;
-    if (strcmp(tier, "vnni") && strcmp(tier, "avx512bw") && strcmp(tier, "avx2") && !sse2) {
-        fprintf(stderr, "error: TIER must be vnni, avx512bw, avx2 or sse2, got %s\n", tier);
+    int avxvnni = !strcmp(tier, "avxvnni");
+    int z = strcmp(tier, "avx2") != 0 && !avxvnni && !sse2;
+    if (strcmp(tier, "vnni") && strcmp(tier, "avx512bw") && strcmp(tier, "avx2") && !avxvnni && !sse2) {
+        fprintf(stderr, "error: TIER must be vnni, avx512bw, avxvnni, avx2 or sse2, got %s\n", tier);
         return 2;
     }
     double c = 12;
@@ -159,6 +166,10 @@ int main(int argc, char **argv) {
         ;
     else if (!strcmp(tier, "vnni"))
         printf("int8 %.1f GOP/s (vpdpbusd zmm)\n", peak(threads, dpb_z, c * 128) / 1e9);
+    else if (avxvnni && __builtin_cpu_supports("avxvnni"))
+        printf("int8 %.1f GOP/s (vpdpbusd ymm, VEX)\n", peak(threads, dpb_yv, c * 64) / 1e9);
+    else if (avxvnni)
+        printf("int8 %.1f GOP/s (vpdpbusd ymm, EVEX)\n", peak(threads, dpb_ye, c * 64) / 1e9);
     else
         printf("int8 %.1f GOP/s (vpmaddubsw+vpmaddwd+vpaddd)\n", peak(threads, z ? madd_z : madd_y, c * (z ? 128 : 64)) / 1e9);
     if (!strcmp(tier, "vnni") && __builtin_cpu_supports("avx512bf16"))
