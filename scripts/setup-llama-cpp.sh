@@ -17,7 +17,7 @@ BIN="$ROOT/build/bin"
 TOOLS=(llama-perplexity llama-bench llama-quantize llama-tokenize llama-imatrix)
 
 # Bumped when the patches below change, so an older build is rebuilt.
-BUILD_STAMP="log-flush-1"
+BUILD_STAMP="log-flush-1+amx-tilecfg-1"
 
 have_all() {
   for t in "${TOOLS[@]}"; do [ -x "$BIN/$t" ] || return 1; done
@@ -80,6 +80,42 @@ elif src.count(anchor) == 1 and src.endswith(anchor):
 else:
     print("warning: could not apply the llama-perplexity log-flush patch (source differs); "
           "kwk-eval retries runs whose output is cut short")
+PYEOF
+
+# Patch: on CPUs with AMX (Sapphire Rapids, Granite Rapids), -march=native builds ggml's AMX
+# matmuls for Q4_0/Q4_1/Q8_0/Q4_K/... prompts. Its per-thread tile set-up fills a tile
+# configuration on the stack and passes it to _tile_loadconfig; with GCC 12 here the stores
+# were dropped, the configuration loaded was not the one written, and the first tile
+# instruction faulted: every quantized GGUF crashed llama-perplexity and llama-bench with
+# SIGILL or SIGSEGV (seen on a 2-core Intel Xeon with amx_int8, 2026-12-02; llama.cpp PR
+# 26954 reports the same and moves the configuration to read-only data). We make the
+# configuration a static constant with the same palette, rows and column bytes, so the AMX
+# kernels run as llama.cpp intends. Numerics unchanged; no effect on CPUs without AMX.
+"${PYTHON:-python3}" - "$ROOT/src/ggml/src/ggml-cpu/amx/mmq.cpp" <<'PYEOF' >&2
+import re, sys
+path = sys.argv[1]
+src = open(path).read()
+marker = "alignas(64) static const tile_config_t tc = {"
+pattern = re.compile(
+    r"    alignas\(64\) tile_config_t tc = \{\};\n"
+    r"    tc\.palette_id = 1;\n    tc\.start_row = 0;\n"
+    r"((?:    tc\.rows\[\d\] = \d+; +tc\.colsb\[\d\] = \d+;\n){8})"
+)
+if marker in src:
+    print("llama.cpp AMX tile-config patch already applied")
+else:
+    found = pattern.findall(src)
+    if len(found) != 1:
+        print("warning: could not apply the llama.cpp AMX tile-config patch (source differs)")
+        sys.exit(0)
+    pairs = re.findall(r"tc\.rows\[(\d)\] = (\d+); +tc\.colsb\[\d\] = (\d+);", found[0])
+    rows = ", ".join(r for _, r, _ in sorted(pairs))
+    colsb = ", ".join(c for _, _, c in sorted(pairs))
+    new = ("    " + marker + "\n        1, 0, {0},\n        {" + colsb + "},\n        {"
+           + rows + "},\n    };\n")
+    src = pattern.sub(lambda _m: new, src, count=1)
+    open(path, "w").write(src)
+    print("applied the llama.cpp AMX tile-config patch")
 PYEOF
 
 JOBS="$(nproc 2>/dev/null || echo 2)"
