@@ -6,7 +6,8 @@
  * Counting as in kwk: FMA = 2 ops, a byte product added = 2, a vdpbf16ps lane = 4.
  *
  * Build and run: scripts/peaks-microbench.sh [TIER] [THREADS]
- * TIER: vnni | avx512bw | avxvnni | avx2 | sse2 (the int8 instruction and the vector width;
+ * TIER: amx | vnni | avx512bw | avxvnni | avx2 | sse2 (the int8 instruction and the vector
+ * width; amx is tdpbssd on full 16x64 tiles, 16384 multiply-adds each, with zmm floats;
  * avxvnni is vpdpbusd on ymm, VEX-encoded where the CPU has AVX-VNNI, else EVEX as kwk's
  * tier takes it from AVX512-VNNI+VL; sse2 is kwk's scalar tier on x86-64: mulps+addps, and
  * pmaddwd+paddd for its quantized dots). */
@@ -19,6 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
+#include <sys/syscall.h>
 
 static double now(void) {
     struct timespec t;
@@ -66,6 +69,32 @@ LOOP(madd_z, ZSET, MADD_Z)
 LOOP(madd_y, YSET, MADD_Y)
 LOOP(fma_x, XSET, FMA_X)
 LOOP(madd_x, XSET, MADD_X)
+
+/* AMX: 8 tiles of 16 rows x 64 bytes; tmm4-5 A (3s), tmm6-7 B (5s), tmm0-3 accumulators.
+ * Each thread loads the configuration (tile state is per thread). */
+static void amx_loop(long iters) {
+    static const unsigned char cfg[64] __attribute__((aligned(64))) = {
+        1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+        64, 0, 64, 0, 64, 0, 64, 0, 64, 0, 64, 0, 64, 0, 64, 0,
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+        16, 16, 16, 16, 16, 16, 16, 16};
+    static signed char a[16 * 64], b[16 * 64];
+    for (int i = 0; i < 16 * 64; i++) { a[i] = 3; b[i] = 5; }
+    __asm__ volatile("ldtilecfg (%0)\n"
+                     "tilezero %%tmm0\n tilezero %%tmm1\n tilezero %%tmm2\n tilezero %%tmm3\n"
+                     "tileloadd (%1,%3,1), %%tmm4\n tileloadd (%1,%3,1), %%tmm5\n"
+                     "tileloadd (%2,%3,1), %%tmm6\n tileloadd (%2,%3,1), %%tmm7\n"
+                     :: "r"(cfg), "r"(a), "r"(b), "r"(64L) : "memory");
+    for (long i = 0; i < iters; i++)
+        __asm__ volatile(
+            "tdpbssd %%tmm6, %%tmm4, %%tmm0\n tdpbssd %%tmm7, %%tmm4, %%tmm1\n"
+            "tdpbssd %%tmm6, %%tmm5, %%tmm2\n tdpbssd %%tmm7, %%tmm5, %%tmm3\n"
+            "tdpbssd %%tmm7, %%tmm5, %%tmm0\n tdpbssd %%tmm6, %%tmm5, %%tmm1\n"
+            "tdpbssd %%tmm7, %%tmm4, %%tmm2\n tdpbssd %%tmm6, %%tmm4, %%tmm3\n"
+            "tdpbssd %%tmm7, %%tmm4, %%tmm0\n tdpbssd %%tmm7, %%tmm5, %%tmm1\n"
+            "tdpbssd %%tmm6, %%tmm4, %%tmm2\n tdpbssd %%tmm6, %%tmm5, %%tmm3\n" ::: "memory");
+    __asm__ volatile("tilerelease" ::: "memory");
+}
 
 typedef void (*loop_fn)(long);
 
@@ -150,9 +179,15 @@ int main(int argc, char **argv) {
     if (threads < 1 || threads > 256) { fprintf(stderr, "error: THREADS must be 1..256\n"); return 2; }
     int sse2 = !strcmp(tier, "sse2");
     int avxvnni = !strcmp(tier, "avxvnni");
+    int amx = !strcmp(tier, "amx");
+    /* Linux hands out the AMX tile state only when asked (ARCH_REQ_XCOMP_PERM, XTILEDATA). */
+    if (amx && syscall(SYS_arch_prctl, 0x1023, 18) != 0) {
+        fprintf(stderr, "error: the OS refused AMX tile data (arch_prctl)\n");
+        return 2;
+    }
     int z = strcmp(tier, "avx2") != 0 && !avxvnni && !sse2;
-    if (strcmp(tier, "vnni") && strcmp(tier, "avx512bw") && strcmp(tier, "avx2") && !avxvnni && !sse2) {
-        fprintf(stderr, "error: TIER must be vnni, avx512bw, avxvnni, avx2 or sse2, got %s\n", tier);
+    if (strcmp(tier, "vnni") && strcmp(tier, "avx512bw") && strcmp(tier, "avx2") && !avxvnni && !sse2 && !amx) {
+        fprintf(stderr, "error: TIER must be amx, vnni, avx512bw, avxvnni, avx2 or sse2, got %s\n", tier);
         return 2;
     }
     double c = 12;
@@ -164,6 +199,8 @@ int main(int argc, char **argv) {
         printf("fp32 %.1f GFLOP/s\n", peak(threads, z ? fma_z : fma_y, c * (z ? 32 : 16)) / 1e9);
     if (sse2)
         ;
+    else if (amx)
+        printf("int8 %.1f GOP/s (tdpbssd amx)\n", peak(threads, amx_loop, 12.0 * 16 * 16 * 64 * 2) / 1e9);
     else if (!strcmp(tier, "vnni"))
         printf("int8 %.1f GOP/s (vpdpbusd zmm)\n", peak(threads, dpb_z, c * 128) / 1e9);
     else if (avxvnni && __builtin_cpu_supports("avxvnni"))
@@ -172,7 +209,7 @@ int main(int argc, char **argv) {
         printf("int8 %.1f GOP/s (vpdpbusd ymm, EVEX)\n", peak(threads, dpb_ye, c * 64) / 1e9);
     else
         printf("int8 %.1f GOP/s (vpmaddubsw+vpmaddwd+vpaddd)\n", peak(threads, z ? madd_z : madd_y, c * (z ? 128 : 64)) / 1e9);
-    if (!strcmp(tier, "vnni") && __builtin_cpu_supports("avx512bf16"))
+    if ((!strcmp(tier, "vnni") || amx) && __builtin_cpu_supports("avx512bf16"))
         printf("bf16 %.1f GFLOP/s\n", peak(threads, bf_z, c * 64) / 1e9);
     size_t per = (mib << 20) / 8 / threads / 32 * 32;
     uint64_t *data = malloc(per * threads * 8);

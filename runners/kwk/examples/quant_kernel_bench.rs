@@ -179,8 +179,12 @@ fn tier(q: QuantIsa) -> Isa {
         QuantIsa::Avx2 => Isa::Avx2,
         QuantIsa::AvxVnni => Isa::AvxVnni,
         QuantIsa::Avx512Bw => Isa::Avx512Bw,
-        QuantIsa::Avx512Vnni => Isa::Avx512Vnni {
-            bf16: kernels::isa_supported(Isa::Avx512Vnni { bf16: true }),
+        QuantIsa::Avx512Vnni | QuantIsa::Amx => Isa::Avx512Vnni {
+            bf16: kernels::isa_supported(Isa::Avx512Vnni {
+                bf16: true,
+                amx: false,
+            }),
+            amx: q == QuantIsa::Amx,
         },
     }
 }

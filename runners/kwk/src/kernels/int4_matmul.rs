@@ -19,7 +19,8 @@
 //! dot of each block goes through `acc = fma(float(dot), d · d_a[b], acc)` and the minimum's
 //! part once per group, `acc = fma(m, S[cg], acc)`, where `S[cg] = Σ_{b in cg} d_a[b] ·
 //! blocksum[b]` is computed once per token (shared code, so every path sees the same
-//! value). The scalar specification and every SIMD path (AVX512-VNNI here; AVX-512BW,
+//! value). The scalar specification and every SIMD path (AVX512-VNNI here, AMX for
+//! prompts in `x86_64/amx.rs`; AVX-512BW,
 //! 256-bit VNNI and AVX2 in `x86_64/`, see `int8_matmul` for the tiers and the measurement
 //! behind the prompt path) perform the same float operations in the same order and agree to
 //! the bit.
@@ -168,6 +169,10 @@ pub fn lowbit_matmul(
     let ncg = w.n_col_groups();
     let s_all = min_terms(x, 0, x.n_tokens, w.group_size, ncg);
     #[cfg(target_arch = "x86_64")]
+    if isa == QuantIsa::Amx && x.n_tokens >= super::int8_matmul::AMX_MIN_TOKENS {
+        return x86::lowbit_matmul_amx(w, x, &s_all, rows, y);
+    }
+    #[cfg(target_arch = "x86_64")]
     let vex = super::int8_matmul::avx_vnni_vex();
     #[cfg(target_arch = "x86_64")]
     let mut gemv_pair = |ga: usize, gb: usize, out: &mut [[f32; ROW_GROUP]; 2]| {
@@ -218,7 +223,7 @@ pub fn lowbit_matmul(
                 #[cfg(target_arch = "x86_64")]
                 QuantIsa::Avx512Bw => unsafe { quant512bw::lowbit_tile(w, x, s, g, t0, n, out) },
                 #[cfg(target_arch = "x86_64")]
-                QuantIsa::Avx512Vnni => unsafe {
+                QuantIsa::Avx512Vnni | QuantIsa::Amx => unsafe {
                     x86::lowbit_tile_vnni_dispatch(w, x, s, g, t0, n, out)
                 },
                 #[cfg(not(target_arch = "x86_64"))]
@@ -287,6 +292,65 @@ pub fn lowbit_tile_scalar(
 pub(crate) mod x86 {
     use super::*;
     use std::arch::x86_64::*;
+
+    /// [`lowbit_matmul`] on the `amx` tier: per row group, the codes widened to bytes once
+    /// (8-bit codes are bytes already), then tokens 16 at a time on AMX tiles
+    /// (`x86_64/amx.rs`), the last `n_tokens % 16` on the VNNI tiles. `s_all` holds every
+    /// token's minimum terms.
+    pub fn lowbit_matmul_amx(
+        w: &LowBitTiles,
+        x: &Q8Rows,
+        s_all: &[f32],
+        rows: Range<usize>,
+        y: &OutputMatrix,
+    ) {
+        use crate::kernels::x86_64::amx::{self, TileScope, AMX_TOKENS};
+        assert!(amx::available() && QuantIsa::Avx512Vnni.is_available());
+        let (nb, ncg, n_tokens) = (w.n_blocks(), w.n_col_groups(), x.n_tokens);
+        assert!(s_all.len() >= n_tokens * ncg);
+        // SAFETY: AMX is available (asserted); the scope lives for this call, on this thread.
+        let _tiles = unsafe { TileScope::int8() };
+        let mut widened = vec![0u8; if w.bits == 8 { 0 } else { nb * BYTE_TILE_BYTES }];
+        let mut out16 = [[0f32; ROW_GROUP]; AMX_TOKENS];
+        let mut out8 = [[0f32; ROW_GROUP]; TOKEN_TILE];
+        for g in rows.start / ROW_GROUP..rows.end.div_ceil(ROW_GROUP) {
+            let r0 = g * ROW_GROUP;
+            let width = (rows.end - r0).min(ROW_GROUP);
+            let write = |t: usize, o: &[f32; ROW_GROUP]| match width {
+                ROW_GROUP => y.write_array(t, r0, o),
+                _ => y.write_cols(t, r0, &o[..width]),
+            };
+            let codes: &[u8] = if w.bits == 8 {
+                &w.nibbles[g * nb * BYTE_TILE_BYTES..][..nb * BYTE_TILE_BYTES]
+            } else {
+                // SAFETY: AVX-512F/BW come with the VNNI tier (asserted); `w` was checked
+                // by the caller and g is a group of `rows`.
+                unsafe { amx::unpack_codes(w, g, &mut widened) };
+                &widened
+            };
+            let mut t0 = 0;
+            while t0 + AMX_TOKENS <= n_tokens {
+                let s = &s_all[t0 * ncg..(t0 + AMX_TOKENS) * ncg];
+                // SAFETY: as above; tokens t0..t0+16 exist, `codes` holds the group's
+                // tiles in B layout.
+                unsafe { amx::lowbit_tile16(w, codes, x, s, g, t0, &mut out16) };
+                for (t, o) in out16.iter().enumerate() {
+                    write(t0 + t, o);
+                }
+                t0 += AMX_TOKENS;
+            }
+            while t0 < n_tokens {
+                let n = (n_tokens - t0).min(TOKEN_TILE);
+                let s = &s_all[t0 * ncg..(t0 + n) * ncg];
+                // SAFETY: as above, with the VNNI features asserted.
+                unsafe { lowbit_tile_vnni_dispatch(w, x, s, g, t0, n, &mut out8) };
+                for (t, o) in out8.iter().take(n).enumerate() {
+                    write(t0 + t, o);
+                }
+                t0 += n;
+            }
+        }
+    }
 
     /// # Safety
     /// AVX512F/BW/VNNI present; `w`, `x` checked, `g < w.n_groups()`,
@@ -515,6 +579,11 @@ mod tests {
                     (33, 64, 8),
                     (50, 128, 6),
                     (19, 192, 7),
+                    // The amx tier's 16-token tiles with tails, partial row groups, a
+                    // short last scale group (576 = 4 · 128 + 64).
+                    (37, 160, 33),
+                    (20, 576, 16),
+                    (48, 96, 40),
                     // One token over several row groups: the paired GEMV (groups g and
                     // g + half in lock step), an odd group left over, a partial last group.
                     (100, 128, 1),

@@ -13,8 +13,9 @@
 //! (the accumulator starts at that value). One f16 scale per row and block (8.5 bits per
 //! weight, the size of llama.cpp's Q8_0).
 //!
-//! Paths, one per kernel tier ([`crate::kernels::Isa`], [`QuantIsa`]): AVX512-VNNI
-//! (`vpdpbusd` zmm, here), AVX-512BW without VNNI (`x86_64/quant512bw.rs`: `vpmaddubsw` +
+//! Paths, one per kernel tier ([`crate::kernels::Isa`], [`QuantIsa`]): AMX for prompts of
+//! 16 or more tokens on CPUs with AMX-INT8 when `KWK_ISA=amx` asks (`x86_64/amx.rs`: the
+//! 512-byte tile below is AMX's B-tile layout as it is), AVX512-VNNI (`vpdpbusd` zmm, here), AVX-512BW without VNNI (`x86_64/quant512bw.rs`: `vpmaddubsw` +
 //! `vpmaddwd` zmm), 256-bit VNNI and AVX2 (`x86_64/quant256.rs`), and the scalar
 //! specification. `vpmaddubsw` would saturate its i16 pair sums on `255 · 127 · 2`, so the
 //! paths without VNNI take full bytes through the sign trick (see those files). All paths
@@ -74,6 +75,9 @@ pub const BLOCK: usize = 32;
 pub const INT8_TILE_BYTES: usize = ROW_GROUP * BLOCK;
 /// Tokens per GEMM microkernel call (the weight tile is loaded once for all of them).
 pub const TOKEN_TILE: usize = 8;
+/// Fewest tokens for which the `amx` tier runs 8-bit weights on AMX tiles (16 tokens per
+/// tile call; the rest of a batch, and smaller batches, take the VNNI tiles).
+pub const AMX_MIN_TOKENS: usize = 16;
 
 /// The path the quantized kernels run on (one per [`crate::kernels::Isa`] tier).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -88,6 +92,10 @@ pub enum QuantIsa {
     Avx512Bw,
     /// AVX-512 F/BW + VNNI: `vpdpbusd` on zmm.
     Avx512Vnni,
+    /// `Avx512Vnni` with AMX-INT8: every quantized matrix in prompts of 16 or more tokens
+    /// runs 16 tokens at a time on `tdpbsud` (`x86_64/amx.rs`); everything else as
+    /// `Avx512Vnni`.
+    Amx,
 }
 
 impl QuantIsa {
@@ -99,6 +107,7 @@ impl QuantIsa {
             QuantIsa::AvxVnni => "avxvnni",
             QuantIsa::Avx512Bw => "avx512bw",
             QuantIsa::Avx512Vnni => "avx512vnni",
+            QuantIsa::Amx => "amx",
         }
     }
 
@@ -106,6 +115,7 @@ impl QuantIsa {
     pub fn label(self) -> &'static str {
         match self {
             QuantIsa::AvxVnni if !avx_vnni_vex() => "avxvnni (evex: avx512vnni+vl)",
+            QuantIsa::Amx => "amx (prompts) + avx512vnni",
             QuantIsa::Scalar if cfg!(target_arch = "x86_64") => "scalar (sse2 pmaddwd)",
             QuantIsa::Scalar => "scalar (f32 dots)",
             _ => self.name(),
@@ -127,6 +137,7 @@ impl QuantIsa {
             Isa::Avx2 => QuantIsa::Avx2,
             Isa::AvxVnni => QuantIsa::AvxVnni,
             Isa::Avx512Bw => QuantIsa::Avx512Bw,
+            Isa::Avx512Vnni { amx: true, .. } => QuantIsa::Amx,
             Isa::Avx512Vnni { .. } => QuantIsa::Avx512Vnni,
         }
     }
@@ -139,7 +150,14 @@ impl QuantIsa {
             QuantIsa::Avx2 => Isa::Avx2,
             QuantIsa::AvxVnni => Isa::AvxVnni,
             QuantIsa::Avx512Bw => Isa::Avx512Bw,
-            QuantIsa::Avx512Vnni => Isa::Avx512Vnni { bf16: false },
+            QuantIsa::Avx512Vnni => Isa::Avx512Vnni {
+                bf16: false,
+                amx: false,
+            },
+            QuantIsa::Amx => Isa::Avx512Vnni {
+                bf16: false,
+                amx: true,
+            },
         })
     }
 
@@ -151,6 +169,7 @@ impl QuantIsa {
             QuantIsa::AvxVnni,
             QuantIsa::Avx512Bw,
             QuantIsa::Avx512Vnni,
+            QuantIsa::Amx,
         ]
         .into_iter()
         .filter(|i| i.is_available())
@@ -170,6 +189,7 @@ impl QuantIsa {
             "avxvnni" => QuantIsa::AvxVnni,
             "avx512bw" => QuantIsa::Avx512Bw,
             "vnni" | "avx512vnni" => QuantIsa::Avx512Vnni,
+            "amx" => QuantIsa::Amx,
             _ => return None,
         })
     }
@@ -316,6 +336,10 @@ pub fn int8_matmul(isa: QuantIsa, w: &Int8Tiles, x: &Q8Rows, rows: Range<usize>,
     check_operands(x, w.cols, w.rows, &rows);
     assert!(isa.is_available(), "{} path not available", isa.name());
     #[cfg(target_arch = "x86_64")]
+    if isa == QuantIsa::Amx && x.n_tokens >= AMX_MIN_TOKENS {
+        return x86::int8_matmul_amx(w, x, rows, y);
+    }
+    #[cfg(target_arch = "x86_64")]
     let vex = avx_vnni_vex();
     #[cfg(target_arch = "x86_64")]
     let mut gemv_pair = |ga: usize, gb: usize, out: &mut [[f32; ROW_GROUP]; 2]| match isa {
@@ -357,7 +381,9 @@ pub fn int8_matmul(isa: QuantIsa, w: &Int8Tiles, x: &Q8Rows, rows: Range<usize>,
             #[cfg(target_arch = "x86_64")]
             QuantIsa::Avx512Bw => unsafe { quant512bw::int8_tile(w, x, g, t0, n, out) },
             #[cfg(target_arch = "x86_64")]
-            QuantIsa::Avx512Vnni => unsafe { x86::int8_tile_vnni_dispatch(w, x, g, t0, n, out) },
+            QuantIsa::Avx512Vnni | QuantIsa::Amx => unsafe {
+                x86::int8_tile_vnni_dispatch(w, x, g, t0, n, out)
+            },
             #[cfg(not(target_arch = "x86_64"))]
             _ => unreachable!(),
         },
@@ -451,6 +477,45 @@ mod x86 {
                 7 => int8_tile_vnni::<7>(w, x, g, t0, out),
                 8 => int8_tile_vnni::<8>(w, x, g, t0, out),
                 _ => unreachable!("token tile of {n}"),
+            }
+        }
+    }
+
+    /// [`int8_matmul`] on the `amx` tier: per row group, tokens 16 at a time on AMX tiles
+    /// (`x86_64/amx.rs`), the last `n_tokens % 16` on the VNNI tiles.
+    pub fn int8_matmul_amx(w: &Int8Tiles, x: &Q8Rows, rows: Range<usize>, y: &OutputMatrix) {
+        use crate::kernels::x86_64::amx::{self, TileScope, AMX_TOKENS};
+        assert!(amx::available() && QuantIsa::Avx512Vnni.is_available());
+        // SAFETY: AMX is available (asserted); the scope lives for this call, on this thread.
+        let _tiles = unsafe { TileScope::int8() };
+        let mut out16 = [[0f32; ROW_GROUP]; AMX_TOKENS];
+        let mut out8 = [[0f32; ROW_GROUP]; TOKEN_TILE];
+        let n_tokens = x.n_tokens;
+        for g in rows.start / ROW_GROUP..rows.end.div_ceil(ROW_GROUP) {
+            let r0 = g * ROW_GROUP;
+            let width = (rows.end - r0).min(ROW_GROUP);
+            let write = |t: usize, o: &[f32; ROW_GROUP]| match width {
+                ROW_GROUP => y.write_array(t, r0, o),
+                _ => y.write_cols(t, r0, &o[..width]),
+            };
+            let mut t0 = 0;
+            while t0 + AMX_TOKENS <= n_tokens {
+                // SAFETY: the caller checked `w` and `x`; g is a group of `rows` (within
+                // the matrix), tokens t0..t0+16 exist; AVX-512F comes with the VNNI tier.
+                unsafe { amx::int8_tile16(w, x, g, t0, &mut out16) };
+                for (t, o) in out16.iter().enumerate() {
+                    write(t0 + t, o);
+                }
+                t0 += AMX_TOKENS;
+            }
+            while t0 < n_tokens {
+                let n = (n_tokens - t0).min(TOKEN_TILE);
+                // SAFETY: as above, with the VNNI features asserted.
+                unsafe { int8_tile_vnni_dispatch(w, x, g, t0, n, &mut out8) };
+                for (t, o) in out8.iter().take(n).enumerate() {
+                    write(t0 + t, o);
+                }
+                t0 += n;
             }
         }
     }
@@ -659,6 +724,10 @@ mod tests {
             (17, 96, 3),
             (37, 160, 9),
             (48, 224, 17),
+            // The amx tier's 16-token tiles with tails, partial last row group.
+            (37, 96, 33),
+            (20, 64, 16),
+            (64, 160, 40),
             (5, 64, 1),
             (33, 96, 5),
             (50, 64, 6),

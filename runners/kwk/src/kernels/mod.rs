@@ -1,7 +1,7 @@
 //! Compute kernels. `scalar.rs` is the specification; `x86_64/` holds the AVX2 and AVX-512
 //! versions (with `broadcast.rs`, the quantized kernels' files and `q8_activations.rs`, the
 //! only `unsafe` in the crate), chosen once at run time per CPU feature tier ([`Isa`];
-//! `KWK_ISA=vnni|avx512bw|avxvnni|avx2|scalar` forces one the CPU supports).
+//! `KWK_ISA=amx|vnni|avx512bw|avxvnni|avx2|scalar` forces one the CPU supports).
 //!
 //! Weight layout shared by the float32 and bf16 kernels ("panels"): the rows of a weight
 //! matrix are grouped by [`PANEL_ROWS`] (16, one zmm of f32). Panel `p` holds rows
@@ -35,6 +35,7 @@ pub const PANEL_ROWS: usize = 16;
 ///
 /// | tier (`KWK_ISA`) | int8/int4 matmuls | float32 | bf16 | CPUs |
 /// |---|---|---|---|---|
+/// | `amx` (only when `KWK_ISA=amx` asks) | `tdpbsud` tiles in prompts (16 tokens at a time), else as `vnni` | AVX-512F | as `vnni` | Sapphire Rapids, Granite Rapids |
 /// | `vnni` | `vpdpbusd` zmm | AVX-512F | `vdpbf16ps` with AVX512_BF16, else convert + FMA | Ice Lake, Sapphire Rapids, Zen 4 |
 /// | `avx512bw` | `vpmaddubsw` + `vpmaddwd` zmm | AVX-512F | convert + FMA | Skylake-SP, Cascade Lake |
 /// | `avxvnni` | `vpdpbusd` ymm (VEX; EVEX with AVX512-VNNI/VL where AVX-VNNI is absent) | AVX2 | AVX2 convert | Alder Lake and later client cores |
@@ -52,9 +53,11 @@ pub enum Isa {
     AvxVnni,
     /// AVX-512 F/BW/VL + FMA, no VNNI or BF16 instructions.
     Avx512Bw,
-    /// AVX-512 F/BW/VL + FMA + VNNI (+ `vdpbf16ps` when `bf16` is set).
+    /// AVX-512 F/BW/VL + FMA + VNNI (+ `vdpbf16ps` when `bf16` is set; + AMX-INT8 tiles
+    /// for the 8-bit weights' prompt matmuls when `amx` is set: the `amx` tier).
     Avx512Vnni {
         bf16: bool,
+        amx: bool,
     },
 }
 
@@ -66,6 +69,7 @@ impl Isa {
             Isa::Avx2 => "avx2",
             Isa::AvxVnni => "avxvnni",
             Isa::Avx512Bw => "avx512bw",
+            Isa::Avx512Vnni { amx: true, .. } => "amx",
             Isa::Avx512Vnni { .. } => "vnni",
         }
     }
@@ -92,7 +96,7 @@ impl Isa {
                 _ => "scalar",
             },
             WeightKernels::Bf16 => match self {
-                Isa::Avx512Vnni { bf16: true } => "avx512bf16",
+                Isa::Avx512Vnni { bf16: true, .. } => "avx512bf16",
                 _ if self.has_avx512() => "avx512f (convert)",
                 _ if self.is_avx2_class() => "avx2 (convert)",
                 _ => "scalar",
@@ -186,8 +190,11 @@ pub fn isa_supported(isa: Isa) -> bool {
             Isa::Avx2 => avx2,
             Isa::AvxVnni => avx2 && (has!("avxvnni") || (avx512 && has!("avx512vnni"))),
             Isa::Avx512Bw => avx512,
-            Isa::Avx512Vnni { bf16 } => {
-                avx512 && has!("avx512vnni") && (!bf16 || has!("avx512bf16"))
+            Isa::Avx512Vnni { bf16, amx } => {
+                avx512
+                    && has!("avx512vnni")
+                    && (!bf16 || has!("avx512bf16"))
+                    && (!amx || x86_64::amx::available())
             }
         }
     }
@@ -204,21 +211,44 @@ pub fn supported_isas() -> Vec<Isa> {
         Isa::Avx2,
         Isa::AvxVnni,
         Isa::Avx512Bw,
-        Isa::Avx512Vnni { bf16: false },
-        Isa::Avx512Vnni { bf16: true },
+        Isa::Avx512Vnni {
+            bf16: false,
+            amx: false,
+        },
+        Isa::Avx512Vnni {
+            bf16: true,
+            amx: false,
+        },
+        Isa::Avx512Vnni {
+            bf16: false,
+            amx: true,
+        },
+        Isa::Avx512Vnni {
+            bf16: true,
+            amx: true,
+        },
     ]
     .into_iter()
     .filter(|&i| isa_supported(i))
     .collect()
 }
 
+/// The VNNI tier with `vdpbf16ps` when the CPU has AVX512_BF16, and AMX tiles when `amx`.
+fn vnni_tier(amx: bool) -> Isa {
+    Isa::Avx512Vnni {
+        bf16: isa_supported(Isa::Avx512Vnni {
+            bf16: true,
+            amx: false,
+        }),
+        amx,
+    }
+}
+
 /// The best tier this CPU has: `vnni` (with `vdpbf16ps` when present) over `avx512bw` over
-/// `avxvnni` over `avx2` over `scalar`.
+/// `avxvnni` over `avx2` over `scalar`. The `amx` tier is taken only when `KWK_ISA=amx` asks
+/// for it: its prompt tiles measured no faster than `vnni`'s (see `x86_64/amx.rs`).
 pub fn best_isa() -> Isa {
-    let vnni = Isa::Avx512Vnni {
-        bf16: isa_supported(Isa::Avx512Vnni { bf16: true }),
-    };
-    [vnni, Isa::Avx512Bw, Isa::AvxVnni, Isa::Avx2]
+    [vnni_tier(false), Isa::Avx512Bw, Isa::AvxVnni, Isa::Avx2]
         .into_iter()
         .find(|&i| isa_supported(i))
         .unwrap_or(Isa::Scalar)
@@ -238,11 +268,10 @@ pub fn parse_isa_request(value: Option<&str>) -> Result<Option<Isa>, String> {
         "avx2" => Some(Isa::Avx2),
         "avxvnni" => Some(Isa::AvxVnni),
         "avx512bw" => Some(Isa::Avx512Bw),
-        // `vnni` uses `vdpbf16ps` too when the CPU has it (every VNNI tier CPU with
-        // AVX512_BF16 runs both).
-        "vnni" => Some(Isa::Avx512Vnni {
-            bf16: isa_supported(Isa::Avx512Vnni { bf16: true }),
-        }),
+        // `vnni` and `amx` use `vdpbf16ps` too when the CPU has it (every VNNI tier CPU
+        // with AVX512_BF16 runs both).
+        "vnni" => Some(vnni_tier(false)),
+        "amx" => Some(vnni_tier(true)),
         "avx512" => best.has_avx512().then_some(best),
         _ => None,
     };
@@ -290,7 +319,8 @@ pub fn active_isa() -> Isa {
     )
 }
 
-/// Name of the tier the kernels run with (`vnni`, `avx512bw`, `avxvnni`, `avx2`, `scalar`).
+/// Name of the tier the kernels run with (`amx`, `vnni`, `avx512bw`, `avxvnni`, `avx2`,
+/// `scalar`).
 pub fn isa_in_use() -> &'static str {
     active_isa().name()
 }
@@ -506,7 +536,7 @@ pub fn gemm_bf16_panels(
     check_panel_args(w.len(), n_rows, cols, x.len(), n_tokens, &rows, y);
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512Vnni { bf16: true } => {
+        Isa::Avx512Vnni { bf16: true, .. } => {
             x86_64::avx512::gemm_bf16_panels_dpbf16(w, cols, x, n_tokens, rows, y)
         }
         #[cfg(target_arch = "x86_64")]

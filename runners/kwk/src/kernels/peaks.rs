@@ -188,6 +188,10 @@ mod simd {
         mul_add_xmm,
         madd_xmm
     );
+    pub fn tdpbssd_amx(iters: u64) -> f64 {
+        // SAFETY: handed out only for the amx tier, which requires `amx::available()`.
+        unsafe { crate::kernels::x86_64::amx::tdpbssd_peak(iters) }
+    }
     pub fn read_zmm(d: &[u64]) -> u64 {
         // SAFETY: handed out only for AVX-512 tiers.
         unsafe { p::read_zmm(d) }
@@ -231,12 +235,20 @@ fn kernels_for(isa: Isa) -> (Kernel, Kernel, Option<Kernel>, ReadLoop) {
             instruction: "vfmadd231ps ymm",
         };
         match isa {
-            Isa::Avx512Vnni { bf16 } => (
+            Isa::Avx512Vnni { bf16, amx } => (
                 fma512,
-                Kernel {
-                    run: simd::dpbusd_zmm,
-                    ops_per_iter: c * 128.0,
-                    instruction: "vpdpbusd zmm",
+                if amx {
+                    Kernel {
+                        run: simd::tdpbssd_amx,
+                        ops_per_iter: c * crate::kernels::x86_64::amx::TDP_OPS,
+                        instruction: "tdpbssd (amx)",
+                    }
+                } else {
+                    Kernel {
+                        run: simd::dpbusd_zmm,
+                        ops_per_iter: c * 128.0,
+                        instruction: "vpdpbusd zmm",
+                    }
                 },
                 bf16.then_some(Kernel {
                     run: simd::dpbf16_zmm,

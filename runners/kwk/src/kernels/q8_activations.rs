@@ -22,7 +22,9 @@ pub fn quantize_rows_q8(
     #[cfg(target_arch = "x86_64")]
     if matches!(
         super::int8_matmul::selected_isa(),
-        super::int8_matmul::QuantIsa::Avx512Vnni | super::int8_matmul::QuantIsa::Avx512Bw
+        super::int8_matmul::QuantIsa::Avx512Vnni
+            | super::int8_matmul::QuantIsa::Amx
+            | super::int8_matmul::QuantIsa::Avx512Bw
     ) {
         check_lengths(x, dim, quants, scales, block_sums);
         // SAFETY: AVX-512 F/BW are present (the path was selected on them) and the

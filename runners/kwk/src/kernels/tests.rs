@@ -403,7 +403,7 @@ fn kwk_isa_values_force_each_supported_tier_and_refuse_the_rest() {
         err.contains("KWK_ISA=avx1024") && err.contains("scalar"),
         "{err}"
     );
-    for name in ["vnni", "avx512bw", "avxvnni", "avx2"] {
+    for name in ["amx", "vnni", "avx512bw", "avxvnni", "avx2"] {
         let tier_here = supported.iter().any(|i| i.name() == name);
         let parsed = parse_isa_request(Some(name));
         assert_eq!(parsed.is_ok(), tier_here, "{name}: {parsed:?}");
@@ -422,10 +422,26 @@ fn each_tier_names_the_kernels_it_runs() {
     assert_eq!(bw.weight_kernels(WeightKernels::Float32), "avx512f");
     assert_eq!(bw.weight_kernels(WeightKernels::Bf16), "avx512f (convert)");
     assert_eq!(bw.weight_kernels(WeightKernels::Quantized), "avx512bw");
-    let vnni = Isa::Avx512Vnni { bf16: true };
+    let vnni = Isa::Avx512Vnni {
+        bf16: true,
+        amx: false,
+    };
     assert_eq!(vnni.weight_kernels(WeightKernels::Bf16), "avx512bf16");
     assert_eq!(vnni.weight_kernels(WeightKernels::Quantized), "avx512vnni");
-    let vnni_no_bf16 = Isa::Avx512Vnni { bf16: false };
+    let amx = Isa::Avx512Vnni {
+        bf16: true,
+        amx: true,
+    };
+    assert_eq!(amx.name(), "amx");
+    assert_eq!(amx.weight_kernels(WeightKernels::Bf16), "avx512bf16");
+    assert_eq!(
+        amx.weight_kernels(WeightKernels::Quantized),
+        "amx (prompts) + avx512vnni"
+    );
+    let vnni_no_bf16 = Isa::Avx512Vnni {
+        bf16: false,
+        amx: false,
+    };
     assert_eq!(
         vnni_no_bf16.weight_kernels(WeightKernels::Bf16),
         "avx512f (convert)"

@@ -3,11 +3,13 @@
 //! quantized tiles of the tiers without 512-bit VNNI (`quant256`: AVX2 and 256-bit VNNI;
 //! `quant512bw`: AVX-512BW), twins of `int8_tile_scalar` / `lowbit_tile_scalar` and reached
 //! through `int8_matmul` / `int4_matmul`; `baseline`, the scalar tier's quantized block
-//! dots with SSE2 (every x86-64 CPU has it; twin `quant_portable::F32Dots`); and `peaks`,
+//! dots with SSE2 (every x86-64 CPU has it; twin `quant_portable::F32Dots`); `amx`, the
+//! `amx` tier's int8 prompt tiles on AMX (twin `int8_tile_scalar`); and `peaks`,
 //! the roofline loops of `kernels/peaks.rs` (twins `peaks::scalar_*`). The dispatchers
 //! check the CPU features ([`super::active_isa`], `QuantIsa::is_available`) and the slice
 //! bounds.
 
+pub mod amx;
 pub mod avx2;
 pub mod avx512;
 pub mod baseline;

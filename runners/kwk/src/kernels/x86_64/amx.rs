@@ -1,0 +1,419 @@
+//! Intel AMX (AMX-TILE + AMX-INT8: Sapphire Rapids, Granite Rapids) for the `amx` tier:
+//! prompt tiles of every quantized weight matrix, 16 tokens × 16 rows per call (symmetric
+//! 8-bit [`Int8Tiles`], and the 4-, 6- and 8-bit codes of [`LowBitTiles`]: the `int8`
+//! format and the `int4` mix), and the `tdpbssd` loop of the roofline's int8 peak. Twins:
+//! `int8_tile_scalar` and `lowbit_tile_scalar` (the tests hold this path to them bit for
+//! bit).
+//!
+//! One `tdpbsud` multiplies a 16 × 32 tile of signed activation bytes (16 tokens of one q8
+//! block, read in place from the row-major q8 activations with the row stride `dim`) by an
+//! 8 × 64 tile of unsigned weight bytes, which is exactly `Int8Tiles`' 512-byte tile
+//! (`quad * 64 + row * 4 + k`, AMX's "VNNI" layout of B: rows are column quads, each row
+//! 16 weight rows × 4 bytes), into a 16 × 16 tile of i32 block dots (token × weight row).
+//! So the packed format is used as it is, with no repacking; 8-bit codes share that layout,
+//! and 4- and 6-bit codes are widened to it once per row group ([`unpack_codes`]) before
+//! the group's token tiles run, so each widening serves the whole prompt. The dots go
+//! through memory (`tilestored`) to the same float step as every other tier: for
+//! `Int8Tiles` `dot − 128·Σa` (the weights are stored `q + 128`), then `acc =
+//! fma(float(dot), d_w · d_a, acc)` per block (low-bit codes: the same per block, and `acc
+//! = fma(m, S, acc)` per scale group), so the results equal the specification's to the bit. The dot of the next block is issued
+//! before the float step of the current one (two accumulator tiles), so the tile unit and
+//! the vector units overlap.
+//!
+//! Measured (2-core Intel Xeon with AMX-INT8, 2026-12-02, `speed` pp512 on SmolLM2-135M,
+//! `KWK_ISA=amx` against `vnni` in interleaved runs): int8 1486-1500 against 1626-1703
+//! tokens/s, int4 1484-1519 against 1438-1507: no faster, so the tier is opt-in. What
+//! limits it is not yet measured; suspects are the round trip of every block's 16 × 16
+//! dots through memory before the float step (one block of look-ahead, with the next
+//! block's loads waiting on the shared A and B tiles) and the K = 32 tiles (half of a
+//! `tdpbsud`'s depth) that the per-32-column activation scales impose.
+//!
+//! Linux disables the tile state per process until it is asked for
+//! (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`): [`available`] asks once and
+//! reports AMX absent when the CPU, the OS or the request says no. Each thread loads the
+//! tile configuration ([`TileScope`]) before its tiles and releases it after.
+
+use crate::kernels::int4_matmul::{LowBitTiles, HIGH_BITS_TILE_BYTES, NIBBLE_TILE_BYTES};
+use crate::kernels::int8_matmul::{Int8Tiles, Q8Rows, BLOCK, INT8_TILE_BYTES, ROW_GROUP};
+use std::arch::asm;
+use std::arch::x86_64::*;
+use std::sync::OnceLock;
+
+/// Tokens per AMX tile call (the rows of the activation tile).
+pub const AMX_TOKENS: usize = 16;
+
+/// Whether this process can run AMX-INT8: the CPU has AMX-TILE and AMX-INT8 (CPUID leaf
+/// 7), the OS enables the tile state (XCR0 bits 17 and 18), and Linux granted this process
+/// the tile data (asked once, here).
+pub fn available() -> bool {
+    static OK: OnceLock<bool> = OnceLock::new();
+    *OK.get_or_init(|| cpu_has_amx_int8() && os_enables_tiles() && request_tile_data())
+}
+
+fn cpu_has_amx_int8() -> bool {
+    let leaf7 = __cpuid_count(7, 0);
+    let (amx_tile, amx_int8) = (leaf7.edx >> 24 & 1 == 1, leaf7.edx >> 25 & 1 == 1);
+    amx_tile && amx_int8
+}
+
+fn os_enables_tiles() -> bool {
+    if __cpuid(1).ecx >> 27 & 1 == 0 {
+        return false;
+    }
+    // SAFETY: CPUID says the OS enabled XGETBV (OSXSAVE).
+    let xcr0 = unsafe { xgetbv0() };
+    xcr0 >> 17 & 3 == 3
+}
+
+/// # Safety
+/// OSXSAVE must be set (CPUID.1:ECX bit 27).
+unsafe fn xgetbv0() -> u64 {
+    let (lo, hi): (u32, u32);
+    // SAFETY: the caller checked OSXSAVE; XGETBV with ECX = 0 reads XCR0.
+    unsafe {
+        asm!("xgetbv", in("ecx") 0u32, out("eax") lo, out("edx") hi,
+             options(nomem, nostack, preserves_flags));
+    }
+    (hi as u64) << 32 | lo as u64
+}
+
+#[cfg(target_os = "linux")]
+fn request_tile_data() -> bool {
+    const SYS_ARCH_PRCTL: i64 = 158;
+    const ARCH_REQ_XCOMP_PERM: i64 = 0x1023;
+    const XFEATURE_XTILEDATA: i64 = 18;
+    let ret: i64;
+    // SAFETY: arch_prctl(ARCH_REQ_XCOMP_PERM, 18) only changes which extended states this
+    // process may use; the syscall clobbers rcx and r11, declared below.
+    unsafe {
+        asm!("syscall",
+             inlateout("rax") SYS_ARCH_PRCTL => ret,
+             in("rdi") ARCH_REQ_XCOMP_PERM, in("rsi") XFEATURE_XTILEDATA,
+             lateout("rcx") _, lateout("r11") _, options(nostack));
+    }
+    ret == 0
+}
+
+#[cfg(not(target_os = "linux"))]
+fn request_tile_data() -> bool {
+    false
+}
+
+/// The 64-byte tile configuration (palette 1): bytes 16.. hold each tile's bytes per row
+/// (u16), bytes 48.. its rows.
+#[repr(C, align(64))]
+struct TileConfig([u8; 64]);
+
+impl TileConfig {
+    const fn new(tiles: &[(u8, u16)]) -> TileConfig {
+        let mut b = [0u8; 64];
+        b[0] = 1;
+        let mut i = 0;
+        while i < tiles.len() {
+            let (rows, colsb) = tiles[i];
+            b[16 + 2 * i] = colsb as u8;
+            b[17 + 2 * i] = (colsb >> 8) as u8;
+            b[48 + i] = rows;
+            i += 1;
+        }
+        TileConfig(b)
+    }
+}
+
+/// The int8 tiles' configuration: tmm0 and tmm1 the 16 × 16 i32 block dots (two, so the
+/// next block's dot runs while the current one is scaled), tmm2 the 16 tokens × 32
+/// activation bytes, tmm3 the 8 × 64 weight bytes.
+static INT8_TILES: TileConfig = TileConfig::new(&[
+    (16, 64),
+    (16, 64),
+    (AMX_TOKENS as u8, BLOCK as u16),
+    ((BLOCK / 4) as u8, 64),
+]);
+
+/// The tile configuration loaded on this thread for as long as the value lives (released
+/// on drop, so the thread leaves no tile state behind for the OS to save). Not `Send`:
+/// the configuration belongs to the thread that loaded it.
+pub struct TileScope(std::marker::PhantomData<*const ()>);
+
+impl TileScope {
+    /// Loads the int8 tiles' configuration on this thread.
+    ///
+    /// # Safety
+    /// [`available`] must have returned true in this process.
+    pub unsafe fn int8() -> TileScope {
+        // SAFETY: AMX is available (caller); the configuration is a valid palette-1 block.
+        unsafe {
+            asm!("ldtilecfg [{}]", in(reg) INT8_TILES.0.as_ptr(), options(nostack, readonly));
+        }
+        TileScope(std::marker::PhantomData)
+    }
+}
+
+impl Drop for TileScope {
+    fn drop(&mut self) {
+        // SAFETY: a TileScope exists only after `ldtilecfg` ran on this thread (AMX is
+        // available), and TILERELEASE is valid in any tile state.
+        unsafe { asm!("tilerelease", options(nostack, nomem)) };
+    }
+}
+
+#[repr(C, align(64))]
+struct Dots([[i32; ROW_GROUP]; AMX_TOKENS]);
+
+/// Issues block `b`'s dot into tile `C` and stores it to `dots`.
+///
+/// # Safety
+/// The int8 tile configuration is loaded; `a` points at 16 rows of 32 readable bytes
+/// `stride` apart, `w` at 512 readable bytes.
+#[inline(always)]
+unsafe fn block_dot<const C: u8>(a: *const i8, stride: usize, w: *const u8, dots: &mut Dots) {
+    // SAFETY: forwarded contract; `dots` is 16 rows of 64 writable bytes.
+    unsafe {
+        if C == 0 {
+            asm!(
+                "tilezero tmm0",
+                "tileloadd tmm2, [{a} + {sa} * 1]",
+                "tileloadd tmm3, [{w} + {s64} * 1]",
+                "tdpbsud tmm0, tmm2, tmm3",
+                "tilestored [{d} + {s64} * 1], tmm0",
+                a = in(reg) a, sa = in(reg) stride, w = in(reg) w, s64 = in(reg) 64usize,
+                d = in(reg) dots.0.as_mut_ptr(), options(nostack),
+            );
+        } else {
+            asm!(
+                "tilezero tmm1",
+                "tileloadd tmm2, [{a} + {sa} * 1]",
+                "tileloadd tmm3, [{w} + {s64} * 1]",
+                "tdpbsud tmm1, tmm2, tmm3",
+                "tilestored [{d} + {s64} * 1], tmm1",
+                a = in(reg) a, sa = in(reg) stride, w = in(reg) w, s64 = in(reg) 64usize,
+                d = in(reg) dots.0.as_mut_ptr(), options(nostack),
+            );
+        }
+    }
+}
+
+/// Rows `16g..16g+16` of `W · x` for tokens `t0..t0+16` into `out[token][row]`.
+///
+/// # Safety
+/// AVX512F present, [`available`] true and a [`TileScope::int8`] alive on this thread;
+/// `w` and `x` checked (`Int8Tiles::check`, `Q8Rows::check`), `g < w.n_groups()`,
+/// `t0 + 16 <= x.n_tokens`.
+#[target_feature(enable = "avx512f,avx512bw,f16c")]
+pub unsafe fn int8_tile16(
+    w: &Int8Tiles,
+    x: &Q8Rows,
+    g: usize,
+    t0: usize,
+    out: &mut [[f32; ROW_GROUP]; AMX_TOKENS],
+) {
+    let nb = w.n_blocks();
+    let dim = x.dim;
+    let mut dots = [
+        Dots([[0; ROW_GROUP]; AMX_TOKENS]),
+        Dots([[0; ROW_GROUP]; AMX_TOKENS]),
+    ];
+    // SAFETY: every pointer stays inside the slices the caller's checks validated: the
+    // tiles and scales of group g (blocks < nb), the activations of tokens t0..t0+16.
+    unsafe {
+        let qs = w.qs.as_ptr().add(g * nb * INT8_TILE_BYTES);
+        let sc = w.scales.as_ptr().add(g * nb * ROW_GROUP) as *const u16;
+        let xq = x.quants.as_ptr().add(t0 * dim);
+        let xs = x.scales.as_ptr().add(t0 * nb);
+        let xbs = x.block_sums.as_ptr().add(t0 * nb);
+        let mut acc = [_mm512_setzero_ps(); AMX_TOKENS];
+        let issue = |b: usize, dots: &mut [Dots; 2]| {
+            let (a, wt) = (xq.add(b * BLOCK), qs.add(b * INT8_TILE_BYTES));
+            if b.is_multiple_of(2) {
+                block_dot::<0>(a, dim, wt, &mut dots[0]);
+            } else {
+                block_dot::<1>(a, dim, wt, &mut dots[1]);
+            }
+        };
+        issue(0, &mut dots);
+        for b in 0..nb {
+            if b + 1 < nb {
+                issue(b + 1, &mut dots);
+            }
+            let d = &dots[b % 2].0;
+            let dw = _mm512_cvtph_ps(_mm256_loadu_si256(sc.add(b * ROW_GROUP) as *const _));
+            for (t, acc_t) in acc.iter_mut().enumerate() {
+                let c = _mm512_load_si512(d[t].as_ptr() as *const _);
+                let dot = _mm512_add_epi32(c, _mm512_set1_epi32(-128 * *xbs.add(t * nb + b)));
+                let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*xs.add(t * nb + b)));
+                *acc_t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, *acc_t);
+            }
+        }
+        for (t, acc_t) in acc.iter().enumerate() {
+            _mm512_storeu_ps(out[t].as_mut_ptr(), *acc_t);
+        }
+    }
+}
+
+/// Widens row group `g`'s codes to AMX's B layout, one 512-byte tile per 32-column block
+/// (byte `quad * 64 + row * 4 + k` = the code of column `4 · quad + k`), into `dst`.
+/// 8-bit codes are in that layout already and are not passed here.
+///
+/// # Safety
+/// AVX512F/BW present; `w` checked (`LowBitTiles::check`), `g < w.n_groups()`.
+#[target_feature(enable = "avx512f,avx512bw")]
+pub unsafe fn unpack_codes(w: &LowBitTiles, g: usize, dst: &mut [u8]) {
+    let nb = w.n_blocks();
+    assert!(dst.len() >= nb * INT8_TILE_BYTES && (w.bits == 4 || w.bits == 6));
+    // SAFETY: the tiles of group g lie inside the slices `check` validated; `dst` was
+    // asserted long enough.
+    unsafe {
+        let low = _mm512_set1_epi8(0x0F);
+        let two = _mm512_set1_epi8(3);
+        for b in 0..nb {
+            let tile = g * nb + b;
+            let src = w.nibbles.as_ptr().add(tile * NIBBLE_TILE_BYTES);
+            let out = dst.as_mut_ptr().add(b * INT8_TILE_BYTES);
+            for j in 0..4 {
+                let v = _mm512_loadu_si512(src.add(j * 64) as *const _);
+                let mut lo = _mm512_and_si512(v, low);
+                let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
+                if w.bits == 6 {
+                    // Bits 4..5 of quad 4h + j sit in bits 2j..2j+1 of high-bit row h.
+                    let hb = w.high_bits.as_ptr().add(tile * HIGH_BITS_TILE_BYTES);
+                    let h0 = _mm512_loadu_si512(hb as *const _);
+                    let h1 = _mm512_loadu_si512(hb.add(64) as *const _);
+                    let shift = _mm512_set1_epi64(2 * j as i64);
+                    let b0 = _mm512_and_si512(_mm512_srlv_epi64(h0, shift), two);
+                    let b1 = _mm512_and_si512(_mm512_srlv_epi64(h1, shift), two);
+                    lo = _mm512_or_si512(lo, _mm512_slli_epi64::<4>(b0));
+                    hi = _mm512_or_si512(hi, _mm512_slli_epi64::<4>(b1));
+                }
+                _mm512_storeu_si512(out.add(j * 64) as *mut _, lo);
+                _mm512_storeu_si512(out.add((j + 4) * 64) as *mut _, hi);
+            }
+        }
+    }
+}
+
+/// Rows `16g..16g+16` of the low-bit matrix `w` times tokens `t0..t0+16` into
+/// `out[token][row]`, from the group's codes in B layout (`unpack_codes`, or the 8-bit
+/// code tiles themselves); `s[t * n_col_groups + cg]` is token `t0 + t`'s minimum term `S`
+/// of column group `cg`.
+///
+/// # Safety
+/// AVX512F present, [`available`] true and a [`TileScope::int8`] alive on this thread;
+/// `w`, `x` checked, `g < w.n_groups()`, `t0 + 16 <= x.n_tokens`.
+#[target_feature(enable = "avx512f,avx512bw,f16c")]
+pub unsafe fn lowbit_tile16(
+    w: &LowBitTiles,
+    codes: &[u8],
+    x: &Q8Rows,
+    s: &[f32],
+    g: usize,
+    t0: usize,
+    out: &mut [[f32; ROW_GROUP]; AMX_TOKENS],
+) {
+    let nb = w.n_blocks();
+    let ncg = w.n_col_groups();
+    let bpg = w.group_size / BLOCK;
+    let dim = x.dim;
+    assert!(codes.len() >= nb * INT8_TILE_BYTES && s.len() >= AMX_TOKENS * ncg);
+    let mut dots = [
+        Dots([[0; ROW_GROUP]; AMX_TOKENS]),
+        Dots([[0; ROW_GROUP]; AMX_TOKENS]),
+    ];
+    // SAFETY: as in `int8_tile16`, with the scale groups of group g, and `codes` and `s`
+    // asserted above.
+    unsafe {
+        let sc = w.scales.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
+        let mn = w.mins.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
+        let xq = x.quants.as_ptr().add(t0 * dim);
+        let xs = x.scales.as_ptr().add(t0 * nb);
+        let mut acc = [_mm512_setzero_ps(); AMX_TOKENS];
+        let issue = |b: usize, dots: &mut [Dots; 2]| {
+            let (a, wt) = (xq.add(b * BLOCK), codes.as_ptr().add(b * INT8_TILE_BYTES));
+            if b.is_multiple_of(2) {
+                block_dot::<0>(a, dim, wt, &mut dots[0]);
+            } else {
+                block_dot::<1>(a, dim, wt, &mut dots[1]);
+            }
+        };
+        issue(0, &mut dots);
+        for cg in 0..ncg {
+            let dw = _mm512_cvtph_ps(_mm256_loadu_si256(sc.add(cg * ROW_GROUP) as *const _));
+            for b in cg * bpg..((cg + 1) * bpg).min(nb) {
+                if b + 1 < nb {
+                    issue(b + 1, &mut dots);
+                }
+                let d = &dots[b % 2].0;
+                for (t, acc_t) in acc.iter_mut().enumerate() {
+                    let c = _mm512_load_si512(d[t].as_ptr() as *const _);
+                    let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*xs.add(t * nb + b)));
+                    *acc_t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), scale, *acc_t);
+                }
+            }
+            let m = _mm512_cvtph_ps(_mm256_loadu_si256(mn.add(cg * ROW_GROUP) as *const _));
+            for (t, acc_t) in acc.iter_mut().enumerate() {
+                *acc_t = _mm512_fmadd_ps(m, _mm512_set1_ps(s[t * ncg + cg]), *acc_t);
+            }
+        }
+        for (t, acc_t) in acc.iter().enumerate() {
+            _mm512_storeu_ps(out[t].as_mut_ptr(), *acc_t);
+        }
+    }
+}
+
+/// The roofline's int8 loop on the `amx` tier: `iters` × 12 `tdpbssd` of full tiles
+/// (16 × 64 bytes by 16 × 64, 16,384 multiply-adds each) into four accumulator tiles, A
+/// tiles of 3s and B tiles of 5s; returns the sum of the accumulators, `iters · 12 · 4096
+/// · 60` (as `peaks::expected_sum` counts: each of a tile's 4,096 (element, quad) pairs adds
+/// four products 3·5 per instruction). The i32 accumulators wrap past about 700,000
+/// iterations, which only the checksum notices.
+///
+/// # Safety
+/// [`available`] must be true.
+pub unsafe fn tdpbssd_peak(iters: u64) -> f64 {
+    static FULL: TileConfig = TileConfig::new(&[(16, 64); 8]);
+    let threes = [[3i8; 64]; 16];
+    let fives = [[5i8; 64]; 16];
+    let mut c = [[0i32; 16]; 64];
+    // SAFETY: AMX available (caller); the configuration is valid; every tile load and
+    // store covers 16 rows of 64 bytes of `ones` / `c` (c holds four such tiles).
+    unsafe {
+        asm!("ldtilecfg [{}]", in(reg) FULL.0.as_ptr(), options(nostack, readonly));
+        asm!(
+            "tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3",
+            "tileloadd tmm4, [{a} + {s} * 1]", "tileloadd tmm5, [{a} + {s} * 1]",
+            "tileloadd tmm6, [{b} + {s} * 1]", "tileloadd tmm7, [{b} + {s} * 1]",
+            a = in(reg) threes.as_ptr(), b = in(reg) fives.as_ptr(), s = in(reg) 64usize,
+            options(nostack, readonly),
+        );
+        for _ in 0..iters {
+            asm!(
+                "tdpbssd tmm0, tmm4, tmm6",
+                "tdpbssd tmm1, tmm4, tmm7",
+                "tdpbssd tmm2, tmm5, tmm6",
+                "tdpbssd tmm3, tmm5, tmm7",
+                "tdpbssd tmm0, tmm5, tmm7",
+                "tdpbssd tmm1, tmm5, tmm6",
+                "tdpbssd tmm2, tmm4, tmm7",
+                "tdpbssd tmm3, tmm4, tmm6",
+                "tdpbssd tmm0, tmm4, tmm7",
+                "tdpbssd tmm1, tmm5, tmm7",
+                "tdpbssd tmm2, tmm4, tmm6",
+                "tdpbssd tmm3, tmm5, tmm6",
+                options(nostack, nomem),
+            );
+        }
+        asm!(
+            "tilestored [{c} + {s} * 1], tmm0",
+            "tilestored [{c1} + {s} * 1], tmm1",
+            "tilestored [{c2} + {s} * 1], tmm2",
+            "tilestored [{c3} + {s} * 1], tmm3",
+            c = in(reg) c.as_mut_ptr(), c1 = in(reg) c.as_mut_ptr().add(16),
+            c2 = in(reg) c.as_mut_ptr().add(32), c3 = in(reg) c.as_mut_ptr().add(48),
+            s = in(reg) 64usize, options(nostack),
+        );
+        asm!("tilerelease", options(nostack, nomem));
+    }
+    c.iter().flatten().map(|&v| v as f64).sum()
+}
+
+/// Operations (2 per multiply-add) of one `tdpbssd` of full tiles.
+pub const TDP_OPS: f64 = (16 * 16 * 64 * 2) as f64;
