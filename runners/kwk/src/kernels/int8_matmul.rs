@@ -481,30 +481,34 @@ mod x86 {
         }
     }
 
-    /// [`int8_matmul`] on the `amx` tier: per row group, tokens 16 at a time on AMX tiles
-    /// (`x86_64/amx.rs`), the last `n_tokens % 16` on the VNNI tiles.
+    /// [`int8_matmul`] on the `amx` tier: row groups two at a time, tokens 32 at a time on
+    /// the 2 × 2 AMX kernel (`x86_64/amx.rs`); then each group's remaining tokens 16 at a
+    /// time on the 16 × 16 one, and the last `n % 16` on the VNNI tiles (an odd last group
+    /// takes only those two).
     pub fn int8_matmul_amx(w: &Int8Tiles, x: &Q8Rows, rows: Range<usize>, y: &OutputMatrix) {
-        use crate::kernels::x86_64::amx::{self, TileScope, AMX_TOKENS};
+        use crate::kernels::x86_64::amx::{self, GroupPair, TileScope, AMX_TOKENS, AMX_TOKENS_2X2};
         assert!(amx::available() && QuantIsa::Avx512Vnni.is_available());
         // SAFETY: AMX is available (asserted); the scope lives for this call, on this thread.
         let _tiles = unsafe { TileScope::int8() };
-        let mut out16 = [[0f32; ROW_GROUP]; AMX_TOKENS];
-        let mut out8 = [[0f32; ROW_GROUP]; TOKEN_TILE];
-        let n_tokens = x.n_tokens;
-        for g in rows.start / ROW_GROUP..rows.end.div_ceil(ROW_GROUP) {
+        let (nb, n_tokens) = (w.n_blocks(), x.n_tokens);
+        let write = |t: usize, g: usize, o: &[f32; ROW_GROUP]| {
             let r0 = g * ROW_GROUP;
-            let width = (rows.end - r0).min(ROW_GROUP);
-            let write = |t: usize, o: &[f32; ROW_GROUP]| match width {
-                ROW_GROUP => y.write_array(t, r0, o),
-                _ => y.write_cols(t, r0, &o[..width]),
-            };
-            let mut t0 = 0;
+            match rows.end - r0 {
+                ROW_GROUP.. => y.write_array(t, r0, o),
+                width => y.write_cols(t, r0, &o[..width]),
+            }
+        };
+        // Tokens `from..` of group `g` with the 16 × 16 AMX kernel, then the VNNI tiles.
+        let finish_group = |g: usize, from: usize| {
+            let mut out16 = [[0f32; ROW_GROUP]; AMX_TOKENS];
+            let mut out8 = [[0f32; ROW_GROUP]; TOKEN_TILE];
+            let mut t0 = from;
             while t0 + AMX_TOKENS <= n_tokens {
                 // SAFETY: the caller checked `w` and `x`; g is a group of `rows` (within
                 // the matrix), tokens t0..t0+16 exist; AVX-512F comes with the VNNI tier.
                 unsafe { amx::int8_tile16(w, x, g, t0, &mut out16) };
                 for (t, o) in out16.iter().enumerate() {
-                    write(t0 + t, o);
+                    write(t0 + t, g, o);
                 }
                 t0 += AMX_TOKENS;
             }
@@ -513,10 +517,41 @@ mod x86 {
                 // SAFETY: as above, with the VNNI features asserted.
                 unsafe { int8_tile_vnni_dispatch(w, x, g, t0, n, &mut out8) };
                 for (t, o) in out8.iter().take(n).enumerate() {
-                    write(t0 + t, o);
+                    write(t0 + t, g, o);
                 }
                 t0 += n;
             }
+        };
+        let groups = rows.start / ROW_GROUP..rows.end.div_ceil(ROW_GROUP);
+        let mut g = groups.start;
+        while g < groups.end {
+            let pair = if g + 1 < groups.end { 2 } else { 1 };
+            let mut t0 = 0;
+            if pair == 2 {
+                let codes = |j: usize| w.qs[(g + j) * nb * INT8_TILE_BYTES..].as_ptr();
+                let scales = |j: usize| w.scales[(g + j) * nb * ROW_GROUP..].as_ptr() as *const u16;
+                let gp = GroupPair {
+                    codes: [codes(0), codes(1)],
+                    scales: [scales(0), scales(1)],
+                    mins: [scales(0), scales(1)],
+                };
+                let mut out = [[[0f32; ROW_GROUP]; AMX_TOKENS_2X2]; 2];
+                while t0 + AMX_TOKENS_2X2 <= n_tokens {
+                    // SAFETY: as in `finish_group`, for groups g and g + 1 (their tiles and
+                    // per-block scales inside the checked slices) and tokens t0..t0+32.
+                    unsafe { amx::tile_2x2::<true>(&gp, nb, nb, 1, x, &[], t0, &mut out) };
+                    for (j, out_j) in out.iter().enumerate() {
+                        for (t, o) in out_j.iter().enumerate() {
+                            write(t0 + t, g + j, o);
+                        }
+                    }
+                    t0 += AMX_TOKENS_2X2;
+                }
+            }
+            for j in 0..pair {
+                finish_group(g + j, t0);
+            }
+            g += pair;
         }
     }
 
@@ -728,6 +763,7 @@ mod tests {
             (37, 96, 33),
             (20, 64, 16),
             (64, 160, 40),
+            (48, 96, 70),
             (5, 64, 1),
             (33, 96, 5),
             (50, 64, 6),

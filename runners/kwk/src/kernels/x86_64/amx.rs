@@ -120,13 +120,19 @@ impl TileConfig {
     }
 }
 
-/// The int8 tiles' configuration: tmm0 and tmm1 the 16 × 16 i32 block dots (two, so the
-/// next block's dot runs while the current one is scaled), tmm2 the 16 tokens × 32
-/// activation bytes, tmm3 the 8 × 64 weight bytes.
+/// The quantized tiles' configuration: tmm0-3 16 × 16 i32 block dots, tmm4-5 16 tokens ×
+/// 32 activation bytes, tmm6-7 8 × 64 weight bytes (B layout). The 2 × 2 kernels use all
+/// eight (two token tiles by two row groups); the 16 × 16 ones alternate tmm0 and tmm1
+/// between blocks (so the next block's dot runs while the current one is scaled) with
+/// tmm4 and tmm6.
 static INT8_TILES: TileConfig = TileConfig::new(&[
     (16, 64),
     (16, 64),
+    (16, 64),
+    (16, 64),
     (AMX_TOKENS as u8, BLOCK as u16),
+    (AMX_TOKENS as u8, BLOCK as u16),
+    ((BLOCK / 4) as u8, 64),
     ((BLOCK / 4) as u8, 64),
 ]);
 
@@ -172,9 +178,9 @@ unsafe fn block_dot<const C: u8>(a: *const i8, stride: usize, w: *const u8, dots
         if C == 0 {
             asm!(
                 "tilezero tmm0",
-                "tileloadd tmm2, [{a} + {sa} * 1]",
-                "tileloadd tmm3, [{w} + {s64} * 1]",
-                "tdpbsud tmm0, tmm2, tmm3",
+                "tileloadd tmm4, [{a} + {sa} * 1]",
+                "tileloadd tmm6, [{w} + {s64} * 1]",
+                "tdpbsud tmm0, tmm4, tmm6",
                 "tilestored [{d} + {s64} * 1], tmm0",
                 a = in(reg) a, sa = in(reg) stride, w = in(reg) w, s64 = in(reg) 64usize,
                 d = in(reg) dots.0.as_mut_ptr(), options(nostack),
@@ -182,9 +188,9 @@ unsafe fn block_dot<const C: u8>(a: *const i8, stride: usize, w: *const u8, dots
         } else {
             asm!(
                 "tilezero tmm1",
-                "tileloadd tmm2, [{a} + {sa} * 1]",
-                "tileloadd tmm3, [{w} + {s64} * 1]",
-                "tdpbsud tmm1, tmm2, tmm3",
+                "tileloadd tmm4, [{a} + {sa} * 1]",
+                "tileloadd tmm6, [{w} + {s64} * 1]",
+                "tdpbsud tmm1, tmm4, tmm6",
                 "tilestored [{d} + {s64} * 1], tmm1",
                 a = in(reg) a, sa = in(reg) stride, w = in(reg) w, s64 = in(reg) 64usize,
                 d = in(reg) dots.0.as_mut_ptr(), options(nostack),
@@ -355,6 +361,150 @@ pub unsafe fn lowbit_tile16(
         }
         for (t, acc_t) in acc.iter().enumerate() {
             _mm512_storeu_ps(out[t].as_mut_ptr(), *acc_t);
+        }
+    }
+}
+
+/// One block's four dots of the 2 × 2 kernels: token tiles `a[0]`, `a[1]` (16 rows of 32
+/// bytes, `stride` apart) by weight tiles `w[0]`, `w[1]` (512 bytes each) into
+/// `dots[2 * i + j]` = tokens `i` × group `j`.
+///
+/// # Safety
+/// The quantized tiles' configuration is loaded; the pointers are readable as stated.
+#[inline(always)]
+unsafe fn block_dots_2x2(
+    a: [*const i8; 2],
+    stride: usize,
+    w: [*const u8; 2],
+    dots: &mut [Dots; 4],
+) {
+    // SAFETY: forwarded contract; each `dots` entry is 16 rows of 64 writable bytes.
+    unsafe {
+        asm!(
+            "tilezero tmm0",
+            "tilezero tmm1",
+            "tilezero tmm2",
+            "tilezero tmm3",
+            "tileloadd tmm4, [{a0} + {sa} * 1]",
+            "tileloadd tmm5, [{a1} + {sa} * 1]",
+            "tileloadd tmm6, [{w0} + {s64} * 1]",
+            "tileloadd tmm7, [{w1} + {s64} * 1]",
+            "tdpbsud tmm0, tmm4, tmm6",
+            "tdpbsud tmm1, tmm4, tmm7",
+            "tdpbsud tmm2, tmm5, tmm6",
+            "tdpbsud tmm3, tmm5, tmm7",
+            "tilestored [{d0} + {s64} * 1], tmm0",
+            "tilestored [{d1} + {s64} * 1], tmm1",
+            "tilestored [{d2} + {s64} * 1], tmm2",
+            "tilestored [{d3} + {s64} * 1], tmm3",
+            a0 = in(reg) a[0], a1 = in(reg) a[1], sa = in(reg) stride,
+            w0 = in(reg) w[0], w1 = in(reg) w[1], s64 = in(reg) 64usize,
+            d0 = in(reg) dots[0].0.as_mut_ptr(), d1 = in(reg) dots[1].0.as_mut_ptr(),
+            d2 = in(reg) dots[2].0.as_mut_ptr(), d3 = in(reg) dots[3].0.as_mut_ptr(),
+            options(nostack),
+        );
+    }
+}
+
+/// Tokens per 2 × 2 kernel call.
+pub const AMX_TOKENS_2X2: usize = 2 * AMX_TOKENS;
+
+/// Two row groups of one matrix as the 2 × 2 kernel reads them: per group, its codes in B
+/// layout (`n_blocks` tiles of 512 bytes), its scales and (low-bit codes) minimums as f16
+/// bits, 16 per scale group (per block for `Int8Tiles`).
+pub struct GroupPair {
+    pub codes: [*const u8; 2],
+    pub scales: [*const u16; 2],
+    pub mins: [*const u16; 2],
+}
+
+/// Row groups `pair` × tokens `t0..t0+32` into `out[group][token][row]`: for symmetric
+/// 8-bit tiles (`SYM`, `Int8Tiles`: a scale per block, codes `q + 128`) `acc = fma(float(dot
+/// − 128·Σa), d · d_a, acc)` per block; for low-bit codes the same without the correction
+/// per block and `acc = fma(m, S, acc)` per scale group of `bpg` blocks (`s[t * ncg + cg]`
+/// token `t0 + t`'s minimum term), the specifications' operations in their order.
+///
+/// # Safety
+/// AVX512F present, [`available`] true and a [`TileScope::int8`] alive on this thread;
+/// `x` checked, `t0 + 32 <= x.n_tokens`; the pair's pointers cover `nb` code tiles and
+/// `ncg` scale groups (`ncg == nb`, `bpg == 1` for `SYM`); `s` holds `32 * ncg` values
+/// unless `SYM`.
+#[target_feature(enable = "avx512f,avx512bw,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn tile_2x2<const SYM: bool>(
+    pair: &GroupPair,
+    nb: usize,
+    ncg: usize,
+    bpg: usize,
+    x: &Q8Rows,
+    s: &[f32],
+    t0: usize,
+    out: &mut [[[f32; ROW_GROUP]; AMX_TOKENS_2X2]; 2],
+) {
+    let dim = x.dim;
+    let zero = || Dots([[0; ROW_GROUP]; AMX_TOKENS]);
+    let mut dots = [
+        [zero(), zero(), zero(), zero()],
+        [zero(), zero(), zero(), zero()],
+    ];
+    // SAFETY: every pointer stays inside what the caller guaranteed: tokens t0..t0+32,
+    // blocks < nb, scale groups < ncg.
+    unsafe {
+        let xq = x.quants.as_ptr().add(t0 * dim);
+        let xs = x.scales.as_ptr().add(t0 * nb);
+        let xbs = x.block_sums.as_ptr().add(t0 * nb);
+        let mut acc = [[_mm512_setzero_ps(); AMX_TOKENS_2X2]; 2];
+        let issue = |b: usize, dots: &mut [[Dots; 4]; 2]| {
+            let a = [xq.add(b * BLOCK), xq.add(AMX_TOKENS * dim + b * BLOCK)];
+            let w = [
+                pair.codes[0].add(b * INT8_TILE_BYTES),
+                pair.codes[1].add(b * INT8_TILE_BYTES),
+            ];
+            block_dots_2x2(a, dim, w, &mut dots[b % 2]);
+        };
+        issue(0, &mut dots);
+        for cg in 0..ncg {
+            let dw = [0, 1].map(|j| {
+                _mm512_cvtph_ps(_mm256_loadu_si256(
+                    pair.scales[j].add(cg * ROW_GROUP) as *const _
+                ))
+            });
+            for b in cg * bpg..((cg + 1) * bpg).min(nb) {
+                if b + 1 < nb {
+                    issue(b + 1, &mut dots);
+                }
+                let d = &dots[b % 2];
+                for (q, dq) in d.iter().enumerate() {
+                    let (half, j) = (q / 2, q % 2);
+                    for (t, row) in dq.0.iter().enumerate() {
+                        let tok = half * AMX_TOKENS + t;
+                        let mut c = _mm512_load_si512(row.as_ptr() as *const _);
+                        if SYM {
+                            c = _mm512_add_epi32(
+                                c,
+                                _mm512_set1_epi32(-128 * *xbs.add(tok * nb + b)),
+                            );
+                        }
+                        let scale = _mm512_mul_ps(dw[j], _mm512_set1_ps(*xs.add(tok * nb + b)));
+                        acc[j][tok] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), scale, acc[j][tok]);
+                    }
+                }
+            }
+            if !SYM {
+                for (j, acc_j) in acc.iter_mut().enumerate() {
+                    let m = _mm512_cvtph_ps(_mm256_loadu_si256(
+                        pair.mins[j].add(cg * ROW_GROUP) as *const _
+                    ));
+                    for (t, acc_t) in acc_j.iter_mut().enumerate() {
+                        *acc_t = _mm512_fmadd_ps(m, _mm512_set1_ps(s[t * ncg + cg]), *acc_t);
+                    }
+                }
+            }
+        }
+        for (j, acc_j) in acc.iter().enumerate() {
+            for (t, acc_t) in acc_j.iter().enumerate() {
+                _mm512_storeu_ps(out[j][t].as_mut_ptr(), *acc_t);
+            }
         }
     }
 }
