@@ -1,5 +1,6 @@
 //! Intel AMX (AMX-TILE + AMX-INT8: Sapphire Rapids, Granite Rapids) for the `amx` tier:
-//! prompt tiles of every quantized weight matrix, 16 tokens × 16 rows per call (symmetric
+//! prompt tiles of every quantized weight matrix, 32 tokens × two row groups per call
+//! ([`tile_2x2`]), 16 tokens × 16 rows at the edges (symmetric
 //! 8-bit [`Int8Tiles`], and the 4-, 6- and 8-bit codes of [`LowBitTiles`]: the `int8`
 //! format and the `int4` mix), and the `tdpbssd` loop of the roofline's int8 peak. Twins:
 //! `int8_tile_scalar` and `lowbit_tile_scalar` (the tests hold this path to them bit for
@@ -16,17 +17,23 @@
 //! through memory (`tilestored`) to the same float step as every other tier: for
 //! `Int8Tiles` `dot − 128·Σa` (the weights are stored `q + 128`), then `acc =
 //! fma(float(dot), d_w · d_a, acc)` per block (low-bit codes: the same per block, and `acc
-//! = fma(m, S, acc)` per scale group), so the results equal the specification's to the bit. The dot of the next block is issued
-//! before the float step of the current one (two accumulator tiles), so the tile unit and
-//! the vector units overlap.
+//! = fma(m, S, acc)` per scale group), so the results equal the specification's to the
+//! bit. The dots of the next block are issued before the float step of the current one
+//! (two dot buffers), so the tile unit and the vector units can overlap.
 //!
 //! Measured (2-core Intel Xeon with AMX-INT8, 2026-12-02, `speed` pp512 on SmolLM2-135M,
-//! `KWK_ISA=amx` against `vnni` in interleaved runs): int8 1486-1500 against 1626-1703
-//! tokens/s, int4 1484-1519 against 1438-1507: no faster, so the tier is opt-in. What
-//! limits it is not yet measured; suspects are the round trip of every block's 16 × 16
-//! dots through memory before the float step (one block of look-ahead, with the next
-//! block's loads waiting on the shared A and B tiles) and the K = 32 tiles (half of a
-//! `tdpbsud`'s depth) that the per-32-column activation scales impose.
+//! `KWK_ISA=amx` against `vnni` in interleaved runs, tokens/s): with 16 × 16 kernels only
+//! (one block of look-ahead), int8 1486-1500 against 1626-1703 and int4 1484-1519 against
+//! 1438-1507; with the 2 × 2 kernels (four `tdpbsud` per block) int8 1448-1512 against
+//! 1546-1583 and int4 1473-1474 against 1441-1485. No faster, so the tier is opt-in. In
+//! `perf` of int8 pp512 the 2 × 2 kernel takes 13.1 % of the samples where the VNNI tile
+//! takes 16.2 %, and the driver around it 3 % more, so the matmuls gain a little and the
+//! prompt as a whole nothing; within the kernel the samples sit on the activation tile loads
+//! (18 % on one `tileloadd`, 16 rows `dim` bytes apart) and on the stores of the dots,
+//! which every 32-column block needs (its activation scale differs), so the tile unit works
+//! a K of 32 at a time and waits on memory between blocks. Packing the activations into
+//! contiguous tiles once per call measured slower (int8 1322-1402, int4 1264-1322: each
+//! of a prompt's claimed row pieces packed every token again).
 //!
 //! Linux disables the tile state per process until it is asked for
 //! (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`): [`available`] asks once and
