@@ -46,7 +46,8 @@ pub struct Machine {
     pub isa: Vec<String>,
     /// The kernel tier the in-tree decoder ran with (`KWK_ISA` respected) and what each
     /// kind of weight runs on it, e.g. "avx512bw: float32 avx512f, bf16 avx512f (convert),
-    /// int8/int4 avx512bw" (each kwk row's `kernels` says which its matmuls ran).
+    /// int8/int4 avx512bw (1-token: avx2 ymm)" (each kwk row's `kernels` says which its
+    /// matmuls ran).
     #[serde(default)]
     pub kernels: Option<String>,
     pub threads: usize,

@@ -26,7 +26,8 @@
 //! the bit.
 
 use super::int8_matmul::{
-    check_operands, drive_row_groups, GemvPair, Q8Rows, QuantIsa, BLOCK, ROW_GROUP, TOKEN_TILE,
+    check_operands, drive_row_groups, GemvPair, PairedGemv, Q8Rows, QuantIsa, BLOCK, ROW_GROUP,
+    TOKEN_TILE,
 };
 use crate::kernels::quant_portable::{BaselineDots, WidenedDots};
 #[cfg(target_arch = "x86_64")]
@@ -175,23 +176,27 @@ pub fn lowbit_matmul(
     #[cfg(target_arch = "x86_64")]
     let vex = super::int8_matmul::avx_vnni_vex();
     #[cfg(target_arch = "x86_64")]
+    let paired = isa.paired_gemv();
+    #[cfg(target_arch = "x86_64")]
     let mut gemv_pair = |ga: usize, gb: usize, out: &mut [[f32; ROW_GROUP]; 2]| {
         let s = &s_all[..ncg];
-        match isa {
-            // SAFETY (every arm): as for the tiles below, for both groups and token 0.
-            QuantIsa::Avx2 => unsafe { quant256::avx2::lowbit_gemv_pair(w, x, s, ga, gb, 0, out) },
-            QuantIsa::AvxVnni if vex => unsafe {
+        match paired {
+            // SAFETY (every arm): `paired_gemv` names a path whose features the tier has;
+            // as for the tiles below, for both groups and token 0.
+            Some(PairedGemv::Avx2) => unsafe {
+                quant256::avx2::lowbit_gemv_pair(w, x, s, ga, gb, 0, out)
+            },
+            Some(PairedGemv::VnniVex) => unsafe {
                 quant256::avxvnni::lowbit_gemv_pair(w, x, s, ga, gb, 0, out)
             },
-            QuantIsa::AvxVnni => unsafe {
+            Some(PairedGemv::VnniEvex) => unsafe {
                 quant256::vnni_evex::lowbit_gemv_pair(w, x, s, ga, gb, 0, out)
             },
-            _ => unreachable!("no paired GEMV on {}", isa.name()),
+            None => unreachable!("no paired GEMV on {}", isa.name()),
         }
     };
     #[cfg(target_arch = "x86_64")]
-    let pair =
-        matches!(isa, QuantIsa::Avx2 | QuantIsa::AvxVnni).then_some(&mut gemv_pair as GemvPair);
+    let pair = paired.map(|_| &mut gemv_pair as GemvPair);
     #[cfg(not(target_arch = "x86_64"))]
     let pair = None;
     let mut widened_dots = (isa == QuantIsa::Scalar).then(|| WidenedDots::<BaselineDots>::new(x));

@@ -115,7 +115,9 @@ impl QuantIsa {
     pub fn label(self) -> &'static str {
         match self {
             QuantIsa::AvxVnni if !avx_vnni_vex() => "avxvnni (evex: avx512vnni+vl)",
-            QuantIsa::Amx => "amx (prompts) + avx512vnni",
+            QuantIsa::Amx => "amx (prompts) + avx512vnni (1-token: vpdpbusd ymm)",
+            QuantIsa::Avx512Vnni => "avx512vnni (1-token: vpdpbusd ymm)",
+            QuantIsa::Avx512Bw => "avx512bw (1-token: avx2 ymm)",
             QuantIsa::Scalar if cfg!(target_arch = "x86_64") => "scalar (sse2 pmaddwd)",
             QuantIsa::Scalar => "scalar (f32 dots)",
             _ => self.name(),
@@ -192,6 +194,36 @@ impl QuantIsa {
             "amx" => QuantIsa::Amx,
             _ => return None,
         })
+    }
+}
+
+/// The 256-bit kernels that single-token matmuls (generation) run on, two row groups side
+/// by side (`drive_row_groups`). The AVX-512 tiers take them too: on a 2-core Intel Xeon
+/// (AVX512-VNNI, AVX-VNNI; 2026-12-02, `scripts/run-default.sh` per tier, tg128 t/s) the
+/// `avxvnni` tier's paired ymm GEMV ran int8 226 and int4 354 where the `vnni` tier's
+/// one-group zmm tile ran 196 and 255, and the `avx512bw` tier's 170 and 271.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PairedGemv {
+    /// `vpmaddubsw` + `vpmaddwd` on ymm (`quant256::avx2`).
+    Avx2,
+    /// `vpdpbusd` ymm, VEX encoding (AVX-VNNI).
+    VnniVex,
+    /// `vpdpbusd` ymm, EVEX encoding (AVX512-VNNI + VL).
+    VnniEvex,
+}
+
+impl QuantIsa {
+    /// The paired GEMV this path's single-token matmuls run on (none on `scalar`).
+    pub fn paired_gemv(self) -> Option<PairedGemv> {
+        let vnni = || match avx_vnni_vex() {
+            true => PairedGemv::VnniVex,
+            false => PairedGemv::VnniEvex,
+        };
+        match self {
+            QuantIsa::Scalar => None,
+            QuantIsa::Avx2 | QuantIsa::Avx512Bw => Some(PairedGemv::Avx2),
+            QuantIsa::AvxVnni | QuantIsa::Avx512Vnni | QuantIsa::Amx => Some(vnni()),
+        }
     }
 }
 
@@ -342,18 +374,22 @@ pub fn int8_matmul(isa: QuantIsa, w: &Int8Tiles, x: &Q8Rows, rows: Range<usize>,
     #[cfg(target_arch = "x86_64")]
     let vex = avx_vnni_vex();
     #[cfg(target_arch = "x86_64")]
-    let mut gemv_pair = |ga: usize, gb: usize, out: &mut [[f32; ROW_GROUP]; 2]| match isa {
-        // SAFETY (every arm): as for the tiles below, for both groups and token 0.
-        QuantIsa::Avx2 => unsafe { quant256::avx2::int8_gemv_pair(w, x, ga, gb, 0, out) },
-        QuantIsa::AvxVnni if vex => unsafe {
+    let paired = isa.paired_gemv();
+    #[cfg(target_arch = "x86_64")]
+    let mut gemv_pair = |ga: usize, gb: usize, out: &mut [[f32; ROW_GROUP]; 2]| match paired {
+        // SAFETY (every arm): `paired_gemv` names a path whose features the tier has; as
+        // for the tiles below, for both groups and token 0.
+        Some(PairedGemv::Avx2) => unsafe { quant256::avx2::int8_gemv_pair(w, x, ga, gb, 0, out) },
+        Some(PairedGemv::VnniVex) => unsafe {
             quant256::avxvnni::int8_gemv_pair(w, x, ga, gb, 0, out)
         },
-        QuantIsa::AvxVnni => unsafe { quant256::vnni_evex::int8_gemv_pair(w, x, ga, gb, 0, out) },
-        _ => unreachable!("no paired GEMV on {}", isa.name()),
+        Some(PairedGemv::VnniEvex) => unsafe {
+            quant256::vnni_evex::int8_gemv_pair(w, x, ga, gb, 0, out)
+        },
+        None => unreachable!("no paired GEMV on {}", isa.name()),
     };
     #[cfg(target_arch = "x86_64")]
-    let pair =
-        matches!(isa, QuantIsa::Avx2 | QuantIsa::AvxVnni).then_some(&mut gemv_pair as GemvPair);
+    let pair = paired.map(|_| &mut gemv_pair as GemvPair);
     #[cfg(not(target_arch = "x86_64"))]
     let pair = None;
     let mut widened_dots = (isa == QuantIsa::Scalar).then(|| WidenedDots::<BaselineDots>::new(x));

@@ -106,7 +106,8 @@ impl Isa {
     }
 
     /// One line for reports: the tier and what each kind of weight runs on it, e.g.
-    /// `avx512bw: float32 avx512f, bf16 avx512f (convert), int8/int4 avx512bw`.
+    /// `avx512bw: float32 avx512f, bf16 avx512f (convert), int8/int4 avx512bw (1-token: avx2
+    /// ymm)`.
     pub fn summary(self) -> String {
         format!(
             "{}: float32 {}, bf16 {}, int8/int4 {}",

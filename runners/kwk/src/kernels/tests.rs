@@ -421,13 +421,19 @@ fn each_tier_names_the_kernels_it_runs() {
     let bw = Isa::Avx512Bw;
     assert_eq!(bw.weight_kernels(WeightKernels::Float32), "avx512f");
     assert_eq!(bw.weight_kernels(WeightKernels::Bf16), "avx512f (convert)");
-    assert_eq!(bw.weight_kernels(WeightKernels::Quantized), "avx512bw");
+    assert_eq!(
+        bw.weight_kernels(WeightKernels::Quantized),
+        "avx512bw (1-token: avx2 ymm)"
+    );
     let vnni = Isa::Avx512Vnni {
         bf16: true,
         amx: false,
     };
     assert_eq!(vnni.weight_kernels(WeightKernels::Bf16), "avx512bf16");
-    assert_eq!(vnni.weight_kernels(WeightKernels::Quantized), "avx512vnni");
+    assert_eq!(
+        vnni.weight_kernels(WeightKernels::Quantized),
+        "avx512vnni (1-token: vpdpbusd ymm)"
+    );
     let amx = Isa::Avx512Vnni {
         bf16: true,
         amx: true,
@@ -436,7 +442,7 @@ fn each_tier_names_the_kernels_it_runs() {
     assert_eq!(amx.weight_kernels(WeightKernels::Bf16), "avx512bf16");
     assert_eq!(
         amx.weight_kernels(WeightKernels::Quantized),
-        "amx (prompts) + avx512vnni"
+        "amx (prompts) + avx512vnni (1-token: vpdpbusd ymm)"
     );
     let vnni_no_bf16 = Isa::Avx512Vnni {
         bf16: false,
@@ -474,6 +480,6 @@ fn each_tier_names_the_kernels_it_runs() {
     );
     assert_eq!(
         bw.summary(),
-        "avx512bw: float32 avx512f, bf16 avx512f (convert), int8/int4 avx512bw"
+        "avx512bw: float32 avx512f, bf16 avx512f (convert), int8/int4 avx512bw (1-token: avx2 ymm)"
     );
 }
