@@ -142,15 +142,22 @@ pub(crate) fn tile_code(
     q
 }
 
-/// `S[t][cg] = Σ_{b in cg} d_a[t][b] · blocksum[t][b]` for tokens `t0..t0 + n`.
+/// `S[t][cg] = Σ_{b in cg} d_a[t][b] · blocksum[t][b]` for tokens `t0..t0 + n` (each sum
+/// from 0 in block order). Every row piece of a prompt computes it again, so it walks the
+/// blocks group by group: with a division per block (`b / blocks_per_group`) it took 3-4 %
+/// of an int8 pp512 profile on an Intel Xeon.
 fn min_terms(x: &Q8Rows, t0: usize, n: usize, group_size: usize, n_col_groups: usize) -> Vec<f32> {
     let nb = x.n_blocks();
     let bpg = group_size / BLOCK;
     let mut s = vec![0f32; n * n_col_groups];
-    for t in 0..n {
-        for b in 0..nb {
-            let i = (t0 + t) * nb + b;
-            s[t * n_col_groups + b / bpg] += x.scales[i] * x.block_sums[i] as f32;
+    for (t, s_t) in s.chunks_exact_mut(n_col_groups).enumerate() {
+        let row = (t0 + t) * nb;
+        let (da, bs) = (&x.scales[row..row + nb], &x.block_sums[row..row + nb]);
+        for (cg, s_cg) in s_t.iter_mut().enumerate() {
+            let blocks = cg * bpg..((cg + 1) * bpg).min(nb);
+            for (&d, &sum) in da[blocks.clone()].iter().zip(&bs[blocks]) {
+                *s_cg += d * sum as f32;
+            }
         }
     }
     s
