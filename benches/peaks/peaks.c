@@ -15,6 +15,7 @@
 #include <pthread.h>
 
 #define READ_STREAMS 4
+#include <immintrin.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,6 +97,43 @@ static void amx_loop(long iters) {
     __asm__ volatile("tilerelease" ::: "memory");
 }
 
+/* The read loops: READ_STREAMS lock-step streams over equal parts, 256 bytes of a stream per
+ * step in vector loads of the tier's width (kwk's read_zmm / read_ymm / scalar walk). */
+__attribute__((target("avx512f"))) static uint64_t read_z(const uint64_t *d, size_t part) {
+    __m512i a[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+    for (size_t i = 0; i < part; i += 32)
+        for (size_t s = 0; s < READ_STREAMS; s++) {
+            const __m512i *p = (const __m512i *)(d + s * part + i);
+            for (int k = 0; k < 4; k++) a[k] = _mm512_xor_si512(a[k], _mm512_loadu_si512(p + k));
+        }
+    __m512i x = _mm512_xor_si512(_mm512_xor_si512(a[0], a[1]), _mm512_xor_si512(a[2], a[3]));
+    uint64_t o[8];
+    _mm512_storeu_si512(o, x);
+    return o[0] ^ o[1] ^ o[2] ^ o[3] ^ o[4] ^ o[5] ^ o[6] ^ o[7];
+}
+__attribute__((target("avx2"))) static uint64_t read_y(const uint64_t *d, size_t part) {
+    __m256i a[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+    for (size_t i = 0; i < part; i += 32)
+        for (size_t s = 0; s < READ_STREAMS; s++) {
+            const __m256i *p = (const __m256i *)(d + s * part + i);
+            for (int k = 0; k < 8; k++) a[k % 4] = _mm256_xor_si256(a[k % 4], _mm256_loadu_si256(p + k));
+        }
+    __m256i x = _mm256_xor_si256(_mm256_xor_si256(a[0], a[1]), _mm256_xor_si256(a[2], a[3]));
+    uint64_t o[4];
+    _mm256_storeu_si256((__m256i *)o, x);
+    return o[0] ^ o[1] ^ o[2] ^ o[3];
+}
+static uint64_t read_x(const uint64_t *d, size_t part) {
+    uint64_t a = 0, b = 0, c = 0, e = 0;
+    for (size_t i = 0; i < part; i += 32)
+        for (size_t s = 0; s < READ_STREAMS; s++) {
+            const uint64_t *p = d + s * part + i;
+            for (int k = 0; k < 32; k += 4) { a ^= p[k]; b ^= p[k + 1]; c ^= p[k + 2]; e ^= p[k + 3]; }
+        }
+    return a ^ b ^ c ^ e;
+}
+static int read_width = 0; /* 512, 256, or 0 for the scalar tier */
+
 typedef void (*loop_fn)(long);
 
 struct job {
@@ -115,17 +153,10 @@ static void *run_job(void *arg) {
     if (j->fn) {
         j->fn(j->iters);
     } else {
-        /* READ_STREAMS lock-step streams over equal parts (kwk's read loops walk the
-         * same way; one stream under-reads some memory systems). */
-        uint64_t a = 0, b = 0, c = 0, d = 0;
+        /* One stream per core under-reads some memory systems; see the read loops. */
         size_t part = j->n / (READ_STREAMS * 32) * 32;
-        for (size_t i = 0; i < part; i += 4) {
-            for (size_t s = 0; s < READ_STREAMS; s++) {
-                const uint64_t *p = j->data + s * part + i;
-                a ^= p[0]; b ^= p[1]; c ^= p[2]; d ^= p[3];
-            }
-        }
-        j->out = a ^ b ^ c ^ d;
+        j->out = read_width == 512 ? read_z(j->data, part)
+               : read_width == 256 ? read_y(j->data, part) : read_x(j->data, part);
     }
     j->t1 = now();
     return NULL;
@@ -191,6 +222,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     double c = 12;
+    read_width = sse2 ? 0 : z ? 512 : 256;
     printf("tier %s threads %d\n", tier, threads);
     if (sse2) {
         printf("fp32 %.1f GFLOP/s (mulps+addps xmm)\n", peak(threads, fma_x, c * 8) / 1e9);
