@@ -305,11 +305,9 @@ pub(crate) mod x86 {
     use super::*;
     use std::arch::x86_64::*;
 
-    /// [`lowbit_matmul`] on the `amx` tier: row groups two at a time, each group's codes
-    /// widened to bytes once (8-bit codes are bytes already), tokens 32 at a time on the
-    /// 2 × 2 AMX kernel (`x86_64/amx.rs`); then each group's remaining tokens 16 at a time
-    /// on the 16 × 16 one, and the last `n % 16` on the VNNI tiles (an odd last group takes
-    /// only those two). `s_all` holds every token's minimum terms.
+    /// [`lowbit_matmul`] on the `amx` tier (`int8_matmul`'s `drive_amx`): each pair of
+    /// row groups has its 4- or 6-bit codes widened to bytes once (8-bit codes are bytes
+    /// already). `s_all` holds every token's minimum terms.
     pub fn lowbit_matmul_amx(
         w: &LowBitTiles,
         x: &Q8Rows,
@@ -317,95 +315,83 @@ pub(crate) mod x86 {
         rows: Range<usize>,
         y: &OutputMatrix,
     ) {
-        use crate::kernels::x86_64::amx::{self, GroupPair, TileScope, AMX_TOKENS, AMX_TOKENS_2X2};
-        assert!(amx::available() && QuantIsa::Avx512Vnni.is_available());
-        let (nb, ncg, n_tokens) = (w.n_blocks(), w.n_col_groups(), x.n_tokens);
-        let bpg = w.group_size / BLOCK;
-        assert!(s_all.len() >= n_tokens * ncg);
-        // SAFETY: AMX is available (asserted); the scope lives for this call, on this thread.
-        let _tiles = unsafe { TileScope::int8() };
-        let widened_len = if w.bits == 8 { 0 } else { nb * BYTE_TILE_BYTES };
-        let mut widened = [vec![0u8; widened_len], vec![0u8; widened_len]];
-        let write = |t: usize, g: usize, o: &[f32; ROW_GROUP]| {
-            let r0 = g * ROW_GROUP;
-            match rows.end - r0 {
-                ROW_GROUP.. => y.write_array(t, r0, o),
-                width => y.write_cols(t, r0, &o[..width]),
-            }
-        };
-        // Tokens `from..` of group `g` with the 16 × 16 AMX kernel, then the VNNI tiles.
-        let finish_group = |g: usize, codes: &[u8], from: usize| {
-            let mut out16 = [[0f32; ROW_GROUP]; AMX_TOKENS];
-            let mut out8 = [[0f32; ROW_GROUP]; TOKEN_TILE];
-            let mut t0 = from;
-            while t0 + AMX_TOKENS <= n_tokens {
-                let s = &s_all[t0 * ncg..(t0 + AMX_TOKENS) * ncg];
-                // SAFETY: AVX-512 comes with the VNNI tier (asserted); the caller checked
-                // `w` and `x`; g is a group of `rows`, tokens t0..t0+16 exist, `codes`
-                // holds the group's tiles in B layout.
-                unsafe { amx::lowbit_tile16(w, codes, x, s, g, t0, &mut out16) };
-                for (t, o) in out16.iter().enumerate() {
-                    write(t0 + t, g, o);
-                }
-                t0 += AMX_TOKENS;
-            }
-            while t0 < n_tokens {
-                let n = (n_tokens - t0).min(TOKEN_TILE);
-                let s = &s_all[t0 * ncg..(t0 + n) * ncg];
-                // SAFETY: as above, with the VNNI features asserted.
-                unsafe { lowbit_tile_vnni_dispatch(w, x, s, g, t0, n, &mut out8) };
-                for (t, o) in out8.iter().take(n).enumerate() {
-                    write(t0 + t, g, o);
-                }
-                t0 += n;
-            }
-        };
-        let groups = rows.start / ROW_GROUP..rows.end.div_ceil(ROW_GROUP);
-        let mut g = groups.start;
-        while g < groups.end {
-            let pair = if g + 1 < groups.end { 2 } else { 1 };
-            for (j, buf) in widened.iter_mut().enumerate().take(pair) {
-                if w.bits != 8 {
-                    // SAFETY: AVX-512F/BW come with the VNNI tier (asserted); `w` was
-                    // checked by the caller and g + j is a group of `rows`.
-                    unsafe { amx::unpack_codes(w, g + j, buf) };
+        use crate::kernels::int8_matmul::x86::{drive_amx, AmxKernels, Out16, Out2x2, Out8};
+        use crate::kernels::x86_64::amx::{self, AMX_TOKENS, AMX_TOKENS_2X2};
+        struct LowBitAmx<'a> {
+            w: &'a LowBitTiles<'a>,
+            x: &'a Q8Rows<'a>,
+            s_all: &'a [f32],
+            /// The step's groups' codes widened to bytes (unused for 8-bit codes).
+            widened: [Vec<u8>; 2],
+        }
+        impl LowBitAmx<'_> {
+            /// Group `g` (`j`-th of its step)'s codes in B layout.
+            fn codes(&self, g: usize, j: usize) -> &[u8] {
+                let nb = self.w.n_blocks();
+                match self.w.bits {
+                    8 => &self.w.nibbles[g * nb * BYTE_TILE_BYTES..][..nb * BYTE_TILE_BYTES],
+                    _ => &self.widened[j],
                 }
             }
-            let codes = |j: usize| -> &[u8] {
-                match w.bits {
-                    8 => &w.nibbles[(g + j) * nb * BYTE_TILE_BYTES..][..nb * BYTE_TILE_BYTES],
-                    _ => &widened[j],
+            fn s(&self, t0: usize, n: usize) -> &[f32] {
+                let ncg = self.w.n_col_groups();
+                &self.s_all[t0 * ncg..(t0 + n) * ncg]
+            }
+        }
+        // SAFETY (every call below): `drive_amx` asserted AMX and the VNNI tier (AVX-512
+        // F/BW/VNNI) and holds the tile configuration; the caller checked `w` and `x`; the
+        // driver passes groups of `rows` (within the matrix) and tokens below n_tokens, and
+        // readies each step's groups before their tiles.
+        impl AmxKernels for LowBitAmx<'_> {
+            fn prepare(&mut self, g: usize, groups: usize) {
+                if self.w.bits != 8 {
+                    for j in 0..groups {
+                        // SAFETY: see the impl.
+                        unsafe { amx::unpack_codes(self.w, g + j, &mut self.widened[j]) };
+                    }
                 }
-            };
-            let mut t0 = 0;
-            if pair == 2 {
+            }
+            fn tile_2x2(&mut self, g: usize, t0: usize, out: &mut Out2x2) {
+                let w = self.w;
+                let (ncg, bpg) = (w.n_col_groups(), w.group_size / BLOCK);
                 let at =
                     |v: &[f16], j: usize| v[(g + j) * ncg * ROW_GROUP..].as_ptr() as *const u16;
-                let gp = GroupPair {
-                    codes: [codes(0).as_ptr(), codes(1).as_ptr()],
+                let gp = amx::GroupPair {
+                    codes: [self.codes(g, 0).as_ptr(), self.codes(g + 1, 1).as_ptr()],
                     scales: [at(w.scales, 0), at(w.scales, 1)],
                     mins: [at(w.mins, 0), at(w.mins, 1)],
                 };
-                let mut out = [[[0f32; ROW_GROUP]; AMX_TOKENS_2X2]; 2];
-                while t0 + AMX_TOKENS_2X2 <= n_tokens {
-                    let s = &s_all[t0 * ncg..(t0 + AMX_TOKENS_2X2) * ncg];
-                    // SAFETY: as in `finish_group`, for groups g and g + 1 (both of
-                    // `rows`, their code tiles and scale groups inside the checked slices)
-                    // and tokens t0..t0+32.
-                    unsafe { amx::tile_2x2::<false>(&gp, nb, ncg, bpg, x, s, t0, &mut out) };
-                    for (j, out_j) in out.iter().enumerate() {
-                        for (t, o) in out_j.iter().enumerate() {
-                            write(t0 + t, g + j, o);
-                        }
-                    }
-                    t0 += AMX_TOKENS_2X2;
-                }
+                let s = self.s(t0, AMX_TOKENS_2X2);
+                // SAFETY: see the impl.
+                unsafe { amx::tile_2x2::<false>(&gp, w.n_blocks(), ncg, bpg, self.x, s, t0, out) };
             }
-            for j in 0..pair {
-                finish_group(g + j, codes(j), t0);
+            fn tile16(&mut self, g: usize, j: usize, t0: usize, out: &mut Out16) {
+                let (codes, s) = (self.codes(g, j), self.s(t0, AMX_TOKENS));
+                // SAFETY: see the impl.
+                unsafe { amx::lowbit_tile16(self.w, codes, self.x, s, g, t0, out) };
             }
-            g += pair;
+            fn tile_vnni(&mut self, g: usize, t0: usize, n: usize, out: &mut Out8) {
+                // SAFETY: see the impl.
+                unsafe { lowbit_tile_vnni_dispatch(self.w, self.x, self.s(t0, n), g, t0, n, out) };
+            }
         }
+        let len = if w.bits == 8 {
+            0
+        } else {
+            w.n_blocks() * BYTE_TILE_BYTES
+        };
+        let widened = [vec![0u8; len], vec![0u8; len]];
+        drive_amx(
+            rows,
+            x.n_tokens,
+            y,
+            &mut LowBitAmx {
+                w,
+                x,
+                s_all,
+                widened,
+            },
+        );
     }
 
     /// # Safety

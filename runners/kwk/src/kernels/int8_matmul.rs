@@ -486,8 +486,9 @@ pub fn int8_tile_scalar(
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(crate) mod x86 {
     use super::*;
+    use crate::kernels::x86_64::amx::{self, AMX_TOKENS, AMX_TOKENS_2X2};
     use std::arch::x86_64::*;
 
     /// # Safety
@@ -517,16 +518,39 @@ mod x86 {
         }
     }
 
-    /// [`int8_matmul`] on the `amx` tier: row groups two at a time, tokens 32 at a time on
-    /// the 2 × 2 AMX kernel (`x86_64/amx.rs`); then each group's remaining tokens 16 at a
-    /// time on the 16 × 16 one, and the last `n % 16` on the VNNI tiles (an odd last group
-    /// takes only those two).
-    pub fn int8_matmul_amx(w: &Int8Tiles, x: &Q8Rows, rows: Range<usize>, y: &OutputMatrix) {
-        use crate::kernels::x86_64::amx::{self, GroupPair, TileScope, AMX_TOKENS, AMX_TOKENS_2X2};
+    /// The outputs of the `amx` tier's three kernel sizes.
+    pub type Out2x2 = [[[f32; ROW_GROUP]; AMX_TOKENS_2X2]; 2];
+    pub type Out16 = [[f32; ROW_GROUP]; AMX_TOKENS];
+    pub type Out8 = [[f32; ROW_GROUP]; TOKEN_TILE];
+
+    /// One matrix's kernels for [`drive_amx`].
+    pub trait AmxKernels {
+        /// Readies row groups `g..g + groups` (1 or 2) before their tiles run.
+        fn prepare(&mut self, g: usize, groups: usize);
+        /// Groups `g`, `g + 1` × tokens `t0..t0 + 32` (2 × 2 AMX kernel).
+        fn tile_2x2(&mut self, g: usize, t0: usize, out: &mut Out2x2);
+        /// Group `g` (`j`-th of its step) × tokens `t0..t0 + 16` (16 × 16 AMX kernel).
+        fn tile16(&mut self, g: usize, j: usize, t0: usize, out: &mut Out16);
+        /// Group `g` × tokens `t0..t0 + n`, `n <= 8` (VNNI tile).
+        fn tile_vnni(&mut self, g: usize, t0: usize, n: usize, out: &mut Out8);
+    }
+
+    /// The `amx` tier's walk over `rows` for `n_tokens` tokens: row groups two at a time
+    /// (readied once, so each widening of codes serves the whole prompt), tokens 32 at a
+    /// time on the 2 × 2 kernel; then each group's remaining tokens 16 at a time on the
+    /// 16 × 16 one and the last `n % 16` on the VNNI tiles (an odd last group takes only
+    /// those two). Writes `y`'s columns of `rows`. Loads the tile configuration for the
+    /// call (this thread).
+    pub fn drive_amx(
+        rows: Range<usize>,
+        n_tokens: usize,
+        y: &OutputMatrix,
+        k: &mut impl AmxKernels,
+    ) {
+        use crate::kernels::x86_64::amx::{self, TileScope};
         assert!(amx::available() && QuantIsa::Avx512Vnni.is_available());
         // SAFETY: AMX is available (asserted); the scope lives for this call, on this thread.
         let _tiles = unsafe { TileScope::int8() };
-        let (nb, n_tokens) = (w.n_blocks(), x.n_tokens);
         let write = |t: usize, g: usize, o: &[f32; ROW_GROUP]| {
             let r0 = g * ROW_GROUP;
             match rows.end - r0 {
@@ -534,61 +558,81 @@ mod x86 {
                 width => y.write_cols(t, r0, &o[..width]),
             }
         };
-        // Tokens `from..` of group `g` with the 16 × 16 AMX kernel, then the VNNI tiles.
-        let finish_group = |g: usize, from: usize| {
-            let mut out16 = [[0f32; ROW_GROUP]; AMX_TOKENS];
-            let mut out8 = [[0f32; ROW_GROUP]; TOKEN_TILE];
-            let mut t0 = from;
-            while t0 + AMX_TOKENS <= n_tokens {
-                // SAFETY: the caller checked `w` and `x`; g is a group of `rows` (within
-                // the matrix), tokens t0..t0+16 exist; AVX-512F comes with the VNNI tier.
-                unsafe { amx::int8_tile16(w, x, g, t0, &mut out16) };
-                for (t, o) in out16.iter().enumerate() {
-                    write(t0 + t, g, o);
-                }
-                t0 += AMX_TOKENS;
-            }
-            while t0 < n_tokens {
-                let n = (n_tokens - t0).min(TOKEN_TILE);
-                // SAFETY: as above, with the VNNI features asserted.
-                unsafe { int8_tile_vnni_dispatch(w, x, g, t0, n, &mut out8) };
-                for (t, o) in out8.iter().take(n).enumerate() {
-                    write(t0 + t, g, o);
-                }
-                t0 += n;
-            }
-        };
+        let (mut out2, mut out16, mut out8): (Out2x2, Out16, Out8) = Default::default();
         let groups = rows.start / ROW_GROUP..rows.end.div_ceil(ROW_GROUP);
         let mut g = groups.start;
         while g < groups.end {
-            let pair = if g + 1 < groups.end { 2 } else { 1 };
-            let mut t0 = 0;
-            if pair == 2 {
-                let codes = |j: usize| w.qs[(g + j) * nb * INT8_TILE_BYTES..].as_ptr();
-                let scales = |j: usize| w.scales[(g + j) * nb * ROW_GROUP..].as_ptr() as *const u16;
-                let gp = GroupPair {
+            let step = if g + 1 < groups.end { 2 } else { 1 };
+            k.prepare(g, step);
+            let mut from = 0;
+            if step == 2 {
+                while from + AMX_TOKENS_2X2 <= n_tokens {
+                    k.tile_2x2(g, from, &mut out2);
+                    for (j, out_j) in out2.iter().enumerate() {
+                        for (t, o) in out_j.iter().enumerate() {
+                            write(from + t, g + j, o);
+                        }
+                    }
+                    from += AMX_TOKENS_2X2;
+                }
+            }
+            for j in 0..step {
+                let mut t0 = from;
+                while t0 + AMX_TOKENS <= n_tokens {
+                    k.tile16(g + j, j, t0, &mut out16);
+                    for (t, o) in out16.iter().enumerate() {
+                        write(t0 + t, g + j, o);
+                    }
+                    t0 += AMX_TOKENS;
+                }
+                while t0 < n_tokens {
+                    let n = (n_tokens - t0).min(TOKEN_TILE);
+                    k.tile_vnni(g + j, t0, n, &mut out8);
+                    for (t, o) in out8.iter().take(n).enumerate() {
+                        write(t0 + t, g + j, o);
+                    }
+                    t0 += n;
+                }
+            }
+            g += step;
+        }
+    }
+
+    /// [`int8_matmul`] on the `amx` tier ([`drive_amx`]; the tiles are AMX's B layout as
+    /// they are, so nothing is readied).
+    pub fn int8_matmul_amx(w: &Int8Tiles, x: &Q8Rows, rows: Range<usize>, y: &OutputMatrix) {
+        struct Int8Amx<'a> {
+            w: &'a Int8Tiles<'a>,
+            x: &'a Q8Rows<'a>,
+        }
+        // SAFETY (every call below): `drive_amx` asserted AMX and the VNNI tier (AVX-512
+        // F/BW/VNNI) and holds the tile configuration; the caller checked `w` and `x`; the
+        // driver passes groups of `rows` (within the matrix) and tokens below n_tokens.
+        impl AmxKernels for Int8Amx<'_> {
+            fn prepare(&mut self, _g: usize, _groups: usize) {}
+            fn tile_2x2(&mut self, g: usize, t0: usize, out: &mut Out2x2) {
+                let nb = self.w.n_blocks();
+                let codes = |j: usize| self.w.qs[(g + j) * nb * INT8_TILE_BYTES..].as_ptr();
+                let scales =
+                    |j: usize| self.w.scales[(g + j) * nb * ROW_GROUP..].as_ptr() as *const u16;
+                let gp = amx::GroupPair {
                     codes: [codes(0), codes(1)],
                     scales: [scales(0), scales(1)],
                     mins: [scales(0), scales(1)],
                 };
-                let mut out = [[[0f32; ROW_GROUP]; AMX_TOKENS_2X2]; 2];
-                while t0 + AMX_TOKENS_2X2 <= n_tokens {
-                    // SAFETY: as in `finish_group`, for groups g and g + 1 (their tiles and
-                    // per-block scales inside the checked slices) and tokens t0..t0+32.
-                    unsafe { amx::tile_2x2::<true>(&gp, nb, nb, 1, x, &[], t0, &mut out) };
-                    for (j, out_j) in out.iter().enumerate() {
-                        for (t, o) in out_j.iter().enumerate() {
-                            write(t0 + t, g + j, o);
-                        }
-                    }
-                    t0 += AMX_TOKENS_2X2;
-                }
+                // SAFETY: see the impl; per-block scales, so ncg = nb and one block a group.
+                unsafe { amx::tile_2x2::<true>(&gp, nb, nb, 1, self.x, &[], t0, out) };
             }
-            for j in 0..pair {
-                finish_group(g + j, t0);
+            fn tile16(&mut self, g: usize, _j: usize, t0: usize, out: &mut Out16) {
+                // SAFETY: see the impl.
+                unsafe { amx::int8_tile16(self.w, self.x, g, t0, out) };
             }
-            g += pair;
+            fn tile_vnni(&mut self, g: usize, t0: usize, n: usize, out: &mut Out8) {
+                // SAFETY: see the impl.
+                unsafe { int8_tile_vnni_dispatch(self.w, self.x, g, t0, n, out) };
+            }
         }
+        drive_amx(rows, x.n_tokens, y, &mut Int8Amx { w, x });
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]

@@ -206,6 +206,30 @@ unsafe fn block_dot<const C: u8>(a: *const i8, stride: usize, w: *const u8, dots
     }
 }
 
+/// Issues block `b`'s dot of the 16 × 16 kernels (activations from `xq`, rows `stride`
+/// apart; weight tiles from `codes`) into the tile and dot buffer of `b`'s parity.
+///
+/// # Safety
+/// As [`block_dot`], for block `b` of `xq` and `codes`.
+#[inline(always)]
+unsafe fn issue_block(
+    b: usize,
+    xq: *const i8,
+    stride: usize,
+    codes: *const u8,
+    dots: &mut [Dots; 2],
+) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        let (a, w) = (xq.add(b * BLOCK), codes.add(b * INT8_TILE_BYTES));
+        if b.is_multiple_of(2) {
+            block_dot::<0>(a, stride, w, &mut dots[0]);
+        } else {
+            block_dot::<1>(a, stride, w, &mut dots[1]);
+        }
+    }
+}
+
 /// Rows `16g..16g+16` of `W · x` for tokens `t0..t0+16` into `out[token][row]`.
 ///
 /// # Safety
@@ -235,14 +259,7 @@ pub unsafe fn int8_tile16(
         let xs = x.scales.as_ptr().add(t0 * nb);
         let xbs = x.block_sums.as_ptr().add(t0 * nb);
         let mut acc = [_mm512_setzero_ps(); AMX_TOKENS];
-        let issue = |b: usize, dots: &mut [Dots; 2]| {
-            let (a, wt) = (xq.add(b * BLOCK), qs.add(b * INT8_TILE_BYTES));
-            if b.is_multiple_of(2) {
-                block_dot::<0>(a, dim, wt, &mut dots[0]);
-            } else {
-                block_dot::<1>(a, dim, wt, &mut dots[1]);
-            }
-        };
+        let issue = |b: usize, dots: &mut [Dots; 2]| issue_block(b, xq, dim, qs, dots);
         issue(0, &mut dots);
         for b in 0..nb {
             if b + 1 < nb {
@@ -339,14 +356,7 @@ pub unsafe fn lowbit_tile16(
         let xq = x.quants.as_ptr().add(t0 * dim);
         let xs = x.scales.as_ptr().add(t0 * nb);
         let mut acc = [_mm512_setzero_ps(); AMX_TOKENS];
-        let issue = |b: usize, dots: &mut [Dots; 2]| {
-            let (a, wt) = (xq.add(b * BLOCK), codes.as_ptr().add(b * INT8_TILE_BYTES));
-            if b.is_multiple_of(2) {
-                block_dot::<0>(a, dim, wt, &mut dots[0]);
-            } else {
-                block_dot::<1>(a, dim, wt, &mut dots[1]);
-            }
-        };
+        let issue = |b: usize, dots: &mut [Dots; 2]| issue_block(b, xq, dim, codes.as_ptr(), dots);
         issue(0, &mut dots);
         for cg in 0..ncg {
             let dw = _mm512_cvtph_ps(_mm256_loadu_si256(sc.add(cg * ROW_GROUP) as *const _));
