@@ -828,7 +828,9 @@ fn load_section(
         .tensors
         .par_iter()
         .map(|e| Ok((e.name.clone(), pf.tensor(e)?)))
-        .collect::<std::result::Result<HashMap<_, _>, String>>()?;
+        .collect::<Vec<std::result::Result<_, String>>>()
+        .into_iter()
+        .collect::<std::result::Result<HashMap<_, _>, String>>()?; // the first bad entry
     let floats = s
         .floats
         .iter()

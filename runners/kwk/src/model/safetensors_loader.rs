@@ -209,9 +209,14 @@ pub(crate) fn assemble_weights(
     let (embed, rest) = rayon::join(
         || require(src, WeightName::Embed, &[config.vocab_size, d]),
         || -> Result<_> {
+            // Every layer's result is kept and the first error taken in layer order: a
+            // parallel `collect` into `Result` returns whichever error a thread met first,
+            // so the message named layer 0 or layer 1 from run to run.
             let layers = (0..config.n_layers)
                 .into_par_iter()
                 .map(|l| assemble_layer(src, config, l))
+                .collect::<Vec<Result<_>>>()
+                .into_iter()
                 .collect::<Result<Vec<_>>>()?;
             let final_norm = require_vec(src, WeightName::FinalNorm, d)?;
             let lm_head = if config.tie_word_embeddings {
@@ -369,7 +374,9 @@ impl SafetensorsSource {
         let files = files
             .par_iter()
             .map(|p| SafetensorsFile::open(p))
-            .collect::<Result<Vec<_>>>()?;
+            .collect::<Vec<Result<_>>>()
+            .into_iter()
+            .collect::<Result<Vec<_>>>()?; // the first bad file in order, as above
         let mut index = HashMap::new();
         for (i, f) in files.iter().enumerate() {
             for name in f.tensors.keys() {
