@@ -2,7 +2,7 @@
 //! matmuls and lm_head), one thread, for a 512-token prompt tile and single tokens; and the
 //! float32 panel kernels on the same shapes for comparison.
 //! `ISA=<tier>|all cargo run --release -p kwk --example quant_kernel_bench
-//!  [int8|int8:g32|q8sym|int4|int4:g64|int4:g128|int6|float32]` (tiers: vnni, avx512bw,
+//!  [int8|int8:g32|q8sym|int4|int4:g64|int4:g128|int6|float32]` (tiers: amx, vnni, avx512bw,
 //! avxvnni, avx2, scalar; default the CPU's best; `all` every tier the CPU supports);
 //! `TOKENS=512,64,8,1` times other token counts (default 512 and 1).
 //! `int8` is what the int8 format packs (asymmetric 8-bit codes, groups of 64); the int4
