@@ -145,7 +145,8 @@ pub(crate) fn tile_code(
 /// `S[t][cg] = Σ_{b in cg} d_a[t][b] · blocksum[t][b]` for tokens `t0..t0 + n` (each sum
 /// from 0 in block order). Every row piece of a prompt computes it again, so it walks the
 /// blocks group by group: with a division per block (`b / blocks_per_group`) it took 3-4 %
-/// of an int8 pp512 profile on an Intel Xeon.
+/// of an int8 pp512 profile on an Intel Xeon; it still takes about 4 % there (groups of
+/// 64), since each of a matrix's ~16 claimed row pieces redoes it for every token.
 fn min_terms(x: &Q8Rows, t0: usize, n: usize, group_size: usize, n_col_groups: usize) -> Vec<f32> {
     let nb = x.n_blocks();
     let bpg = group_size / BLOCK;
@@ -153,9 +154,15 @@ fn min_terms(x: &Q8Rows, t0: usize, n: usize, group_size: usize, n_col_groups: u
     for (t, s_t) in s.chunks_exact_mut(n_col_groups).enumerate() {
         let row = (t0 + t) * nb;
         let (da, bs) = (&x.scales[row..row + nb], &x.block_sums[row..row + nb]);
-        for (cg, s_cg) in s_t.iter_mut().enumerate() {
-            let blocks = cg * bpg..((cg + 1) * bpg).min(nb);
-            for (&d, &sum) in da[blocks.clone()].iter().zip(&bs[blocks]) {
+        if bpg == 1 {
+            // One block a group (g32, the int4 mix's default): a plain vector map.
+            for ((s_cg, &d), &sum) in s_t.iter_mut().zip(da).zip(bs) {
+                *s_cg += d * sum as f32;
+            }
+            continue;
+        }
+        for ((s_cg, d_g), b_g) in s_t.iter_mut().zip(da.chunks(bpg)).zip(bs.chunks(bpg)) {
+            for (&d, &sum) in d_g.iter().zip(b_g) {
                 *s_cg += d * sum as f32;
             }
         }
