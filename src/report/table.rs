@@ -187,7 +187,6 @@ pub fn calibration_line(r: &Results) -> Option<String> {
     ))
 }
 
-/// `header` and `rows` as aligned columns (the first two left-aligned, the rest right).
 /// The paired speed ratio of `row` over `vs` for `test` as `median [lowest–highest]`,
 /// or `-` when that pair was not measured.
 pub fn ratio_cell(r: &Results, row: &str, vs: &str, test: &str) -> String {
@@ -240,6 +239,7 @@ pub fn ratio_rows(r: &Results) -> Option<(Vec<String>, Vec<Vec<String>>)> {
     Some((header, rows))
 }
 
+/// `header` and `rows` as aligned columns (the first two left-aligned, the rest right).
 pub fn aligned(header: &[String], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in rows {

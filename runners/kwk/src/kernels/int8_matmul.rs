@@ -284,6 +284,22 @@ impl Q8Rows<'_> {
 /// `pair(group_a, group_b, out)` fills `out[0]` with group a's rows, `out[1]` with b's.
 pub(crate) type GemvPair<'a> = &'a mut dyn FnMut(usize, usize, &mut [[f32; ROW_GROUP]; 2]);
 
+/// Writes row group `g`'s 16 results for token `t` into `y`, cut at row `rows_end` (a
+/// matrix's, or a thread's slice's, last row group may be partial).
+pub(crate) fn write_group_row(
+    y: &OutputMatrix,
+    rows_end: usize,
+    t: usize,
+    g: usize,
+    o: &[f32; ROW_GROUP],
+) {
+    let r0 = g * ROW_GROUP;
+    match rows_end - r0 {
+        ROW_GROUP.. => y.write_array(t, r0, o),
+        width => y.write_cols(t, r0, &o[..width]),
+    }
+}
+
 /// Runs `tile(group, first_token, n_tokens, out)` for every row group touched by `rows`
 /// and every token tile, and writes the rows of `rows` from `out` (row-major
 /// `[token][16]`) into `y`. With one token and a `pair` kernel, the groups are instead
@@ -304,14 +320,7 @@ pub(crate) fn drive_row_groups(
     );
     assert!(y.n_tokens() >= n_tokens && rows.end <= y.ld());
     let groups = rows.start / ROW_GROUP..rows.end.div_ceil(ROW_GROUP);
-    let write = |t: usize, g: usize, o: &[f32; ROW_GROUP]| {
-        let r0 = g * ROW_GROUP;
-        if rows.end - r0 >= ROW_GROUP {
-            y.write_array(t, r0, o);
-        } else {
-            y.write_cols(t, r0, &o[..rows.end - r0]);
-        }
-    };
+    let write = |t: usize, g: usize, o: &[f32; ROW_GROUP]| write_group_row(y, rows.end, t, g, o);
     let mut rest = groups.clone();
     if let (1, Some(pair)) = (n_tokens, pair) {
         let half = groups.len() / 2;
@@ -551,13 +560,8 @@ pub(crate) mod x86 {
         assert!(amx::available() && QuantIsa::Avx512Vnni.is_available());
         // SAFETY: AMX is available (asserted); the scope lives for this call, on this thread.
         let _tiles = unsafe { TileScope::int8() };
-        let write = |t: usize, g: usize, o: &[f32; ROW_GROUP]| {
-            let r0 = g * ROW_GROUP;
-            match rows.end - r0 {
-                ROW_GROUP.. => y.write_array(t, r0, o),
-                width => y.write_cols(t, r0, &o[..width]),
-            }
-        };
+        let write =
+            |t: usize, g: usize, o: &[f32; ROW_GROUP]| write_group_row(y, rows.end, t, g, o);
         let (mut out2, mut out16, mut out8): (Out2x2, Out16, Out8) = Default::default();
         let groups = rows.start / ROW_GROUP..rows.end.div_ceil(ROW_GROUP);
         let mut g = groups.start;
