@@ -109,6 +109,7 @@ fn main() {
             scales: &s,
             block_sums: &b,
             dim: COLS,
+            min_terms: None,
         },
     };
     let pool = ThreadPool::new(threads);

@@ -3,6 +3,7 @@
 //! (RMSNorm, activation preparation, multi-matmul hand-offs) they share.
 
 use crate::format::{InputKind, PackedLinear, PreparedInput};
+use crate::kernels::int4_matmul::MinTermsMemo;
 use crate::kernels::{self, OutputMatrix, PANEL_ROWS};
 use crate::model::{ModelConfig, Tensor};
 use crate::quantize::equalize::InputFactors;
@@ -969,6 +970,8 @@ pub(super) struct Activations {
     q8_scales: Vec<f32>,
     q8_sums: Vec<i32>,
     q8_dim: usize,
+    /// The q8 activations' minimum terms, per group size (cleared by each `prepare`).
+    q8_min_terms: MinTermsMemo,
 }
 
 impl Activations {
@@ -983,6 +986,7 @@ impl Activations {
     ) {
         let n = x.len() / dim;
         self.dim = dim;
+        self.q8_min_terms.clear();
         let (mut bf16, mut q8) = (false, false);
         for k in kinds {
             match k {
@@ -1043,6 +1047,7 @@ impl Activations {
                     scales: &self.q8_scales[..blocks],
                     block_sums: &self.q8_sums[..blocks],
                     dim: self.q8_dim,
+                    min_terms: Some(&self.q8_min_terms),
                 }
             }
         }

@@ -19,6 +19,7 @@ pub mod storage;
 
 use crate::decoder::Precision;
 use crate::error::Result;
+use crate::kernels::int4_matmul::MinTermsMemo;
 use crate::kernels::OutputMatrix;
 use crate::model::Tensor;
 use std::ops::Range;
@@ -53,6 +54,9 @@ pub enum PreparedInput<'a> {
         scales: &'a [f32],
         block_sums: &'a [i32],
         dim: usize,
+        /// The low-bit kernels' minimum terms of these activations, kept across calls
+        /// (`None`: each call computes them).
+        min_terms: Option<&'a MinTermsMemo>,
     },
 }
 

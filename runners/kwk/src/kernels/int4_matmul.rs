@@ -35,6 +35,7 @@ use crate::kernels::x86_64::{quant256, quant512bw};
 use crate::kernels::OutputMatrix;
 use half::f16;
 use std::ops::Range;
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// Bytes of the nibble tile of one row group × 32-column block.
 pub const NIBBLE_TILE_BYTES: usize = ROW_GROUP * BLOCK / 2;
@@ -143,10 +144,9 @@ pub(crate) fn tile_code(
 }
 
 /// `S[t][cg] = Σ_{b in cg} d_a[t][b] · blocksum[t][b]` for tokens `t0..t0 + n` (each sum
-/// from 0 in block order). Every row piece of a prompt computes it again, so it walks the
-/// blocks group by group: with a division per block (`b / blocks_per_group`) it took 3-4 %
-/// of an int8 pp512 profile on an Intel Xeon; it still takes about 4 % there (groups of
-/// 64), since each of a matrix's ~16 claimed row pieces redoes it for every token.
+/// from 0 in block order). A prompt's matmuls read it through [`MinTermsMemo`], so each
+/// prepared input computes it once per group size: recomputed by each of a matrix's ~16
+/// claimed row pieces it took about 4 % of an int8 pp512 profile on an Intel Xeon.
 fn min_terms(x: &Q8Rows, t0: usize, n: usize, group_size: usize, n_col_groups: usize) -> Vec<f32> {
     let nb = x.n_blocks();
     let bpg = group_size / BLOCK;
@@ -170,6 +170,43 @@ fn min_terms(x: &Q8Rows, t0: usize, n: usize, group_size: usize, n_col_groups: u
     s
 }
 
+/// The minimum terms of one prepared q8 input, kept per (group size, token count) so that
+/// every row piece of every matrix reading the input shares one computation. The owner of
+/// the activations clears it whenever it encodes new ones ([`MinTermsMemo::clear`]).
+#[derive(Default, Debug)]
+pub struct MinTermsMemo(Mutex<Vec<MemoEntry>>);
+
+/// (group size, tokens, `S` of every token).
+type MemoEntry = (usize, usize, Arc<[f32]>);
+
+impl MinTermsMemo {
+    /// Forgets every entry (the activations they were computed from changed).
+    pub fn clear(&mut self) {
+        self.0
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
+}
+
+/// Every token's minimum terms for groups of `group_size`: from `x`'s memo when it has
+/// one (computed by the first caller, under the lock, so the others wait instead of
+/// redoing it), else computed here.
+fn min_terms_all(x: &Q8Rows, group_size: usize, n_col_groups: usize) -> Arc<[f32]> {
+    let compute = || Arc::from(min_terms(x, 0, x.n_tokens, group_size, n_col_groups));
+    let Some(memo) = x.min_terms else {
+        return compute();
+    };
+    let mut held = memo.0.lock().unwrap_or_else(PoisonError::into_inner);
+    let key = (group_size, x.n_tokens);
+    if let Some((_, _, s)) = held.iter().find(|e| (e.0, e.1) == key) {
+        return Arc::clone(s);
+    }
+    let s = compute();
+    held.push((key.0, key.1, Arc::clone(&s)));
+    s
+}
+
 /// `y[t][r] = W[r] · x[t]` for `r` in `rows` (start a multiple of 16) on path `isa`.
 pub fn lowbit_matmul(
     isa: QuantIsa,
@@ -182,7 +219,7 @@ pub fn lowbit_matmul(
     check_operands(x, w.cols, w.rows, &rows);
     assert!(isa.is_available(), "{} path not available", isa.name());
     let ncg = w.n_col_groups();
-    let s_all = min_terms(x, 0, x.n_tokens, w.group_size, ncg);
+    let s_all = min_terms_all(x, w.group_size, ncg);
     #[cfg(target_arch = "x86_64")]
     if isa == QuantIsa::Amx && x.n_tokens >= super::int8_matmul::AMX_MIN_TOKENS {
         return x86::lowbit_matmul_amx(w, x, &s_all, rows, y);
@@ -653,6 +690,41 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn one_prepared_input_keeps_minimum_terms_per_group_size() {
+        // Matrices of different group sizes read one prepared input (the int4 mix's q/k/v
+        // or gate/up): each group size gets its own terms, reused by later calls.
+        let (rows, cols, tokens) = (32, 256, 5);
+        let mut q8 = Q8::new(&pseudo(tokens * cols, 9, 1.0), cols);
+        for gs in [32usize, 64, 128, 64, 32] {
+            let w = pseudo(rows * cols, gs as u64, 0.05);
+            let t = Tensor::new(vec![rows, cols], w);
+            let packed = LowBitWeights::quantize(&t, 4, gs, None, "t").unwrap();
+            let f = |isa, x: &crate::format::PreparedInput, r, y: &OutputMatrix| match isa {
+                Some(isa) => packed.matmul_rows_isa(isa, x, r, y),
+                None => {
+                    let x = crate::format::int8::q8_rows(x, y.n_tokens(), "int4");
+                    lowbit_matmul_spec(&packed.tiles(), &x, r, y)
+                }
+            };
+            let spec = run(&f, None, &q8, tokens, rows, &[0..rows]);
+            let got = run(
+                &f,
+                Some(QuantIsa::best()),
+                &q8,
+                tokens,
+                rows,
+                &[0..16, 16..rows],
+            );
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&spec), "groups of {gs}");
+        }
+        let held = |q8: &Q8| q8.memo.0.lock().unwrap().len();
+        assert_eq!(held(&q8), 3);
+        q8.memo.clear();
+        assert_eq!(held(&q8), 0);
     }
 
     #[test]

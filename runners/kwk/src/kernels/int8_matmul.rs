@@ -59,6 +59,7 @@
 //! on Zen 4, not on a Skylake-SP/Cascade Lake, whose ports for 512-bit integer multiplies
 //! differ; the same bench there (`ISA=avx512bw`) is the check.
 
+use crate::kernels::int4_matmul::MinTermsMemo;
 use crate::kernels::quant_portable::{BaselineDots, WidenedDots};
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::x86_64::{quant256, quant512bw};
@@ -254,6 +255,9 @@ pub struct Q8Rows<'a> {
     pub block_sums: &'a [i32],
     pub dim: usize,
     pub n_tokens: usize,
+    /// Where the low-bit kernels keep these activations' minimum terms (none: each call
+    /// computes them).
+    pub min_terms: Option<&'a MinTermsMemo>,
 }
 
 impl Q8Rows<'_> {
@@ -691,6 +695,7 @@ pub(crate) mod test_support {
     //! Shared by the quantized kernels' tests: pseudo-random data, q8 activations, and
     //! the comparisons every path must pass.
     use crate::format::{PackedLinear, PreparedInput};
+    use crate::kernels::int4_matmul::MinTermsMemo;
     use crate::kernels::int8_matmul::QuantIsa;
     use crate::kernels::q8_activations::quantize_rows_q8;
     use crate::kernels::OutputMatrix;
@@ -713,6 +718,8 @@ pub(crate) mod test_support {
         pub scales: Vec<f32>,
         pub sums: Vec<i32>,
         pub dim: usize,
+        /// Shared by every call on these activations, as the decoder's is.
+        pub memo: MinTermsMemo,
     }
 
     impl Q8 {
@@ -723,6 +730,7 @@ pub(crate) mod test_support {
                 scales: vec![0.0; nb],
                 sums: vec![0; nb],
                 dim,
+                memo: MinTermsMemo::default(),
             };
             quantize_rows_q8(x, dim, &mut q.quants, &mut q.scales, &mut q.sums);
             q
@@ -733,6 +741,7 @@ pub(crate) mod test_support {
                 scales: &self.scales,
                 block_sums: &self.sums,
                 dim: self.dim,
+                min_terms: Some(&self.memo),
             }
         }
         pub fn dequant(&self) -> Vec<f32> {
