@@ -709,7 +709,7 @@ mod tests {
                     lowbit_matmul_spec(&packed.tiles(), &x, r, y)
                 }
             };
-            let spec = run(&f, None, &q8, tokens, rows, &[0..rows]);
+            let spec = run(&f, None, &q8, tokens, rows, &[0..16, 16..rows]);
             let got = run(
                 &f,
                 Some(QuantIsa::best()),
