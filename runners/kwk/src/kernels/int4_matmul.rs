@@ -251,6 +251,14 @@ pub fn lowbit_matmul(
     #[cfg(not(target_arch = "x86_64"))]
     let pair = None;
     let mut widened_dots = (isa == QuantIsa::Scalar).then(|| WidenedDots::<BaselineDots>::new(x));
+    // Prompts on the AVX-512 VNNI tiles decode 4-/6-bit codes to bytes once per row group
+    // and run the byte tiles on them (same integer dots, same float steps), instead of
+    // unpacking every block again for each 8-token tile.
+    #[cfg(target_arch = "x86_64")]
+    let mut widened = (matches!(isa, QuantIsa::Avx512Vnni | QuantIsa::Amx)
+        && w.bits != 8
+        && x.n_tokens > TOKEN_TILE)
+        .then(|| WidenedGroup::new(w));
     drive_row_groups(
         rows,
         x.n_tokens,
@@ -280,7 +288,8 @@ pub fn lowbit_matmul(
                 QuantIsa::Avx512Bw => unsafe { quant512bw::lowbit_tile(w, x, s, g, t0, n, out) },
                 #[cfg(target_arch = "x86_64")]
                 QuantIsa::Avx512Vnni | QuantIsa::Amx => unsafe {
-                    x86::lowbit_tile_vnni_dispatch(w, x, s, g, t0, n, out)
+                    let widened = widened.as_mut().map(|wd| wd.group(w, g));
+                    x86::lowbit_tile_vnni_dispatch(w, widened, x, s, g, t0, n, out)
                 },
                 #[cfg(not(target_arch = "x86_64"))]
                 _ => unreachable!(),
@@ -288,6 +297,36 @@ pub fn lowbit_matmul(
         },
         pair,
     );
+}
+
+/// One row group's 4-/6-bit codes widened to byte tiles, kept while a prompt's token
+/// tiles of that group run (the driver walks a group's tokens before the next group).
+#[cfg(target_arch = "x86_64")]
+struct WidenedGroup {
+    group: Option<usize>,
+    codes: Vec<u8>,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl WidenedGroup {
+    fn new(w: &LowBitTiles) -> WidenedGroup {
+        WidenedGroup {
+            group: None,
+            codes: vec![0; w.n_blocks() * BYTE_TILE_BYTES],
+        }
+    }
+
+    /// Group `g`'s widened codes (widened now unless they already are). AVX-512BW must be
+    /// present (the caller's tier has it).
+    fn group(&mut self, w: &LowBitTiles, g: usize) -> &[u8] {
+        if self.group != Some(g) {
+            // SAFETY: the AVX-512 VNNI tiers include AVX512F/BW; `w` was checked and `g`
+            // is one of its groups (the driver's).
+            unsafe { x86::widen_group_codes(w, g, &mut self.codes) };
+            self.group = Some(g);
+        }
+        &self.codes
+    }
 }
 
 /// [`lowbit_matmul`] on the specification ([`lowbit_tile_scalar`], one code at a time):
@@ -391,7 +430,7 @@ pub(crate) mod x86 {
                 if self.w.bits != 8 {
                     for j in 0..groups {
                         // SAFETY: see the impl.
-                        unsafe { amx::unpack_codes(self.w, g + j, &mut self.widened[j]) };
+                        unsafe { widen_group_codes(self.w, g + j, &mut self.widened[j]) };
                     }
                 }
             }
@@ -416,7 +455,9 @@ pub(crate) mod x86 {
             }
             fn tile_vnni(&mut self, g: usize, t0: usize, n: usize, out: &mut Out8) {
                 // SAFETY: see the impl.
-                unsafe { lowbit_tile_vnni_dispatch(self.w, self.x, self.s(t0, n), g, t0, n, out) };
+                unsafe {
+                    lowbit_tile_vnni_dispatch(self.w, None, self.x, self.s(t0, n), g, t0, n, out)
+                };
             }
         }
         let len = if w.bits == 8 {
@@ -438,11 +479,17 @@ pub(crate) mod x86 {
         );
     }
 
+    /// Tokens `t0..t0 + n` of row group `g` on the VNNI tiles: from `widened` (the group's
+    /// codes as byte tiles, [`widen_group_codes`]) when given, else from the packed codes.
+    ///
     /// # Safety
     /// AVX512F/BW/VNNI present; `w`, `x` checked, `g < w.n_groups()`,
-    /// `t0 + n <= x.n_tokens`, `1 <= n <= TOKEN_TILE`, `s` holds `n * n_col_groups` values.
+    /// `t0 + n <= x.n_tokens`, `1 <= n <= TOKEN_TILE`, `s` holds `n * n_col_groups` values;
+    /// `widened`, if given, holds group `g`'s codes widened.
+    #[allow(clippy::too_many_arguments)]
     pub unsafe fn lowbit_tile_vnni_dispatch(
         w: &LowBitTiles,
+        widened: Option<&[u8]>,
         x: &Q8Rows,
         s: &[f32],
         g: usize,
@@ -450,34 +497,74 @@ pub(crate) mod x86 {
         n: usize,
         out: &mut [[f32; ROW_GROUP]; TOKEN_TILE],
     ) {
-        // SAFETY: forwarded contract.
+        let nb = w.n_blocks();
+        let bytes = match widened {
+            Some(codes) => {
+                assert!(codes.len() >= nb * BYTE_TILE_BYTES);
+                Some(codes.as_ptr())
+            }
+            None if w.bits == 8 => Some(w.nibbles[g * nb * BYTE_TILE_BYTES..].as_ptr()),
+            None => None,
+        };
+        // SAFETY: forwarded contract; `bytes` covers the group's byte tiles (asserted above,
+        // or the 8-bit codes `check` validated).
         unsafe {
-            match (w.bits, n) {
-                (4, 1) => lowbit_tile_vnni::<1, false>(w, x, s, g, t0, out),
-                (4, 2) => lowbit_tile_vnni::<2, false>(w, x, s, g, t0, out),
-                (4, 3) => lowbit_tile_vnni::<3, false>(w, x, s, g, t0, out),
-                (4, 4) => lowbit_tile_vnni::<4, false>(w, x, s, g, t0, out),
-                (4, 5) => lowbit_tile_vnni::<5, false>(w, x, s, g, t0, out),
-                (4, 6) => lowbit_tile_vnni::<6, false>(w, x, s, g, t0, out),
-                (4, 7) => lowbit_tile_vnni::<7, false>(w, x, s, g, t0, out),
-                (4, 8) => lowbit_tile_vnni::<8, false>(w, x, s, g, t0, out),
-                (6, 1) => lowbit_tile_vnni::<1, true>(w, x, s, g, t0, out),
-                (6, 2) => lowbit_tile_vnni::<2, true>(w, x, s, g, t0, out),
-                (6, 3) => lowbit_tile_vnni::<3, true>(w, x, s, g, t0, out),
-                (6, 4) => lowbit_tile_vnni::<4, true>(w, x, s, g, t0, out),
-                (6, 5) => lowbit_tile_vnni::<5, true>(w, x, s, g, t0, out),
-                (6, 6) => lowbit_tile_vnni::<6, true>(w, x, s, g, t0, out),
-                (6, 7) => lowbit_tile_vnni::<7, true>(w, x, s, g, t0, out),
-                (6, 8) => lowbit_tile_vnni::<8, true>(w, x, s, g, t0, out),
-                (8, 1) => byte_tile_vnni::<1>(w, x, s, g, t0, out),
-                (8, 2) => byte_tile_vnni::<2>(w, x, s, g, t0, out),
-                (8, 3) => byte_tile_vnni::<3>(w, x, s, g, t0, out),
-                (8, 4) => byte_tile_vnni::<4>(w, x, s, g, t0, out),
-                (8, 5) => byte_tile_vnni::<5>(w, x, s, g, t0, out),
-                (8, 6) => byte_tile_vnni::<6>(w, x, s, g, t0, out),
-                (8, 7) => byte_tile_vnni::<7>(w, x, s, g, t0, out),
-                (8, 8) => byte_tile_vnni::<8>(w, x, s, g, t0, out),
+            match (bytes, w.bits, n) {
+                (Some(c), _, 1) => byte_tile_vnni::<1>(w, c, x, s, g, t0, out),
+                (Some(c), _, 2) => byte_tile_vnni::<2>(w, c, x, s, g, t0, out),
+                (Some(c), _, 3) => byte_tile_vnni::<3>(w, c, x, s, g, t0, out),
+                (Some(c), _, 4) => byte_tile_vnni::<4>(w, c, x, s, g, t0, out),
+                (Some(c), _, 5) => byte_tile_vnni::<5>(w, c, x, s, g, t0, out),
+                (Some(c), _, 6) => byte_tile_vnni::<6>(w, c, x, s, g, t0, out),
+                (Some(c), _, 7) => byte_tile_vnni::<7>(w, c, x, s, g, t0, out),
+                (Some(c), _, 8) => byte_tile_vnni::<8>(w, c, x, s, g, t0, out),
+                (None, 4, 1) => lowbit_tile_vnni::<1, false>(w, x, s, g, t0, out),
+                (None, 4, 2) => lowbit_tile_vnni::<2, false>(w, x, s, g, t0, out),
+                (None, 4, 3) => lowbit_tile_vnni::<3, false>(w, x, s, g, t0, out),
+                (None, 4, 4) => lowbit_tile_vnni::<4, false>(w, x, s, g, t0, out),
+                (None, 4, 5) => lowbit_tile_vnni::<5, false>(w, x, s, g, t0, out),
+                (None, 4, 6) => lowbit_tile_vnni::<6, false>(w, x, s, g, t0, out),
+                (None, 4, 7) => lowbit_tile_vnni::<7, false>(w, x, s, g, t0, out),
+                (None, 4, 8) => lowbit_tile_vnni::<8, false>(w, x, s, g, t0, out),
+                (None, 6, 1) => lowbit_tile_vnni::<1, true>(w, x, s, g, t0, out),
+                (None, 6, 2) => lowbit_tile_vnni::<2, true>(w, x, s, g, t0, out),
+                (None, 6, 3) => lowbit_tile_vnni::<3, true>(w, x, s, g, t0, out),
+                (None, 6, 4) => lowbit_tile_vnni::<4, true>(w, x, s, g, t0, out),
+                (None, 6, 5) => lowbit_tile_vnni::<5, true>(w, x, s, g, t0, out),
+                (None, 6, 6) => lowbit_tile_vnni::<6, true>(w, x, s, g, t0, out),
+                (None, 6, 7) => lowbit_tile_vnni::<7, true>(w, x, s, g, t0, out),
+                (None, 6, 8) => lowbit_tile_vnni::<8, true>(w, x, s, g, t0, out),
                 _ => unreachable!("bits {} token tile {n}", w.bits),
+            }
+        }
+    }
+
+    /// Widens row group `g`'s 4- or 6-bit codes into `dst` as byte tiles (the 8-bit codes'
+    /// layout, which is also AMX's B layout: byte `quad * 64 + row * 4 + k` of each block's
+    /// 512), so a prompt decodes each code once instead of once per token tile.
+    ///
+    /// # Safety
+    /// AVX512F/BW present; `w` checked (`LowBitTiles::check`), `g < w.n_groups()`.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub unsafe fn widen_group_codes(w: &LowBitTiles, g: usize, dst: &mut [u8]) {
+        let nb = w.n_blocks();
+        assert!(dst.len() >= nb * BYTE_TILE_BYTES && (w.bits == 4 || w.bits == 6));
+        // SAFETY: group g's tiles lie inside the slices `check` validated; `dst` was
+        // asserted long enough.
+        unsafe {
+            for b in 0..nb {
+                let tile = g * nb + b;
+                let nib = w.nibbles.as_ptr().add(tile * NIBBLE_TILE_BYTES);
+                let wv = if w.bits == 6 {
+                    let hb = w.high_bits.as_ptr().add(tile * HIGH_BITS_TILE_BYTES);
+                    unpack_zmm::<true>(nib, hb)
+                } else {
+                    unpack_zmm::<false>(nib, std::ptr::null())
+                };
+                let out = dst.as_mut_ptr().add(b * BYTE_TILE_BYTES);
+                for (quad, v) in wv.iter().enumerate() {
+                    _mm512_storeu_si512(out.add(quad * 64) as *mut _, *v);
+                }
             }
         }
     }
@@ -589,10 +676,17 @@ pub(crate) mod x86 {
         }
     }
 
-    /// The 8-bit codes' tile: the same math as `lowbit_tile_vnni` with byte tiles.
+    /// The 8-bit codes' tile: the same math as `lowbit_tile_vnni` with byte tiles, read
+    /// from `codes` (row group `g`'s `n_blocks` tiles of [`BYTE_TILE_BYTES`]: its 8-bit
+    /// codes, or its 4-/6-bit codes widened by [`widen_group_codes`]).
+    ///
+    /// # Safety
+    /// AVX512F/BW/VNNI present; `w`, `x` checked, `g < w.n_groups()`, `t0 + N <=
+    /// x.n_tokens`, `codes` readable for `n_blocks` byte tiles, `s` holds `N` tokens' terms.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
     unsafe fn byte_tile_vnni<const N: usize>(
         w: &LowBitTiles,
+        codes: *const u8,
         x: &Q8Rows,
         s: &[f32],
         g: usize,
@@ -605,7 +699,6 @@ pub(crate) mod x86 {
         let dim = x.dim;
         // SAFETY: every pointer stays inside the slices `check` validated, as above.
         unsafe {
-            let codes = w.nibbles.as_ptr().add(g * nb * BYTE_TILE_BYTES);
             let sc = w.scales.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
             let mn = w.mins.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
             let xq = x.quants.as_ptr().add(t0 * dim);

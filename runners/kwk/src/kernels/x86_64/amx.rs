@@ -12,7 +12,8 @@
 //! (`quad * 64 + row * 4 + k`, AMX's "VNNI" layout of B: rows are column quads, each row
 //! 16 weight rows × 4 bytes), into a 16 × 16 tile of i32 block dots (token × weight row).
 //! So the packed format is used as it is, with no repacking; 8-bit codes share that layout,
-//! and 4- and 6-bit codes are widened to it once per row group ([`unpack_codes`]) before
+//! and 4- and 6-bit codes are widened to it once per row group (`int4_matmul`'s
+//! `widen_group_codes`) before
 //! the group's token tiles run, so each widening serves the whole prompt. The dots go
 //! through memory (`tilestored`) to the same float step as every other tier: for
 //! `Int8Tiles` `dot − 128·Σa` (the weights are stored `q + 128`), then `acc =
@@ -42,7 +43,7 @@
 //! reports AMX absent when the CPU, the OS or the request says no. Each thread loads the
 //! tile configuration ([`TileScope`]) before its tiles and releases it after.
 
-use crate::kernels::int4_matmul::{LowBitTiles, HIGH_BITS_TILE_BYTES, NIBBLE_TILE_BYTES};
+use crate::kernels::int4_matmul::LowBitTiles;
 use crate::kernels::int8_matmul::{Int8Tiles, Q8Rows, BLOCK, INT8_TILE_BYTES, ROW_GROUP};
 use std::arch::asm;
 use std::arch::x86_64::*;
@@ -282,49 +283,8 @@ pub unsafe fn int8_tile16(
     }
 }
 
-/// Widens row group `g`'s codes to AMX's B layout, one 512-byte tile per 32-column block
-/// (byte `quad * 64 + row * 4 + k` = the code of column `4 · quad + k`), into `dst`.
-/// 8-bit codes are in that layout already and are not passed here.
-///
-/// # Safety
-/// AVX512F/BW present; `w` checked (`LowBitTiles::check`), `g < w.n_groups()`.
-#[target_feature(enable = "avx512f,avx512bw")]
-pub unsafe fn unpack_codes(w: &LowBitTiles, g: usize, dst: &mut [u8]) {
-    let nb = w.n_blocks();
-    assert!(dst.len() >= nb * INT8_TILE_BYTES && (w.bits == 4 || w.bits == 6));
-    // SAFETY: the tiles of group g lie inside the slices `check` validated; `dst` was
-    // asserted long enough.
-    unsafe {
-        let low = _mm512_set1_epi8(0x0F);
-        let two = _mm512_set1_epi8(3);
-        for b in 0..nb {
-            let tile = g * nb + b;
-            let src = w.nibbles.as_ptr().add(tile * NIBBLE_TILE_BYTES);
-            let out = dst.as_mut_ptr().add(b * INT8_TILE_BYTES);
-            for j in 0..4 {
-                let v = _mm512_loadu_si512(src.add(j * 64) as *const _);
-                let mut lo = _mm512_and_si512(v, low);
-                let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low);
-                if w.bits == 6 {
-                    // Bits 4..5 of quad 4h + j sit in bits 2j..2j+1 of high-bit row h.
-                    let hb = w.high_bits.as_ptr().add(tile * HIGH_BITS_TILE_BYTES);
-                    let h0 = _mm512_loadu_si512(hb as *const _);
-                    let h1 = _mm512_loadu_si512(hb.add(64) as *const _);
-                    let shift = _mm512_set1_epi64(2 * j as i64);
-                    let b0 = _mm512_and_si512(_mm512_srlv_epi64(h0, shift), two);
-                    let b1 = _mm512_and_si512(_mm512_srlv_epi64(h1, shift), two);
-                    lo = _mm512_or_si512(lo, _mm512_slli_epi64::<4>(b0));
-                    hi = _mm512_or_si512(hi, _mm512_slli_epi64::<4>(b1));
-                }
-                _mm512_storeu_si512(out.add(j * 64) as *mut _, lo);
-                _mm512_storeu_si512(out.add((j + 4) * 64) as *mut _, hi);
-            }
-        }
-    }
-}
-
 /// Rows `16g..16g+16` of the low-bit matrix `w` times tokens `t0..t0+16` into
-/// `out[token][row]`, from the group's codes in B layout (`unpack_codes`, or the 8-bit
+/// `out[token][row]`, from the group's codes in B layout (`widen_group_codes`, or the 8-bit
 /// code tiles themselves); `s[t * n_col_groups + cg]` is token `t0 + t`'s minimum term `S`
 /// of column group `cg`.
 ///
