@@ -176,14 +176,16 @@ impl Drop for TileScope {
 #[repr(C, align(64))]
 struct Dots([[i32; ROW_GROUP]; AMX_TOKENS]);
 
-/// Issues block `b`'s dot into tile `C` and stores it to `dots`.
+/// Issues a block's dot into tile `C` (zeroed, then `tdpbsud` of the activation and weight
+/// tiles); [`store_dot`] writes it out later, so the float step of the previous block runs
+/// while the tile unit works (storing right after the dot made the store wait for it).
 ///
 /// # Safety
 /// The int8 tile configuration is loaded; `a` points at 16 rows of 32 readable bytes
 /// `stride` apart, `w` at 512 readable bytes.
 #[inline(always)]
-unsafe fn block_dot<const C: u8>(a: *const i8, stride: usize, w: *const u8, dots: &mut Dots) {
-    // SAFETY: forwarded contract; `dots` is 16 rows of 64 writable bytes.
+unsafe fn block_dot<const C: u8>(a: *const i8, stride: usize, w: *const u8) {
+    // SAFETY: forwarded contract.
     unsafe {
         if C == 0 {
             asm!(
@@ -191,9 +193,8 @@ unsafe fn block_dot<const C: u8>(a: *const i8, stride: usize, w: *const u8, dots
                 "tileloadd tmm4, [{a} + {sa} * 1]",
                 "tileloadd tmm6, [{w} + {s64} * 1]",
                 "tdpbsud tmm0, tmm4, tmm6",
-                "tilestored [{d} + {s64} * 1], tmm0",
                 a = in(reg) a, sa = in(reg) stride, w = in(reg) w, s64 = in(reg) 64usize,
-                d = in(reg) dots.0.as_mut_ptr(), options(nostack),
+                options(nostack, readonly),
             );
         } else {
             asm!(
@@ -201,35 +202,84 @@ unsafe fn block_dot<const C: u8>(a: *const i8, stride: usize, w: *const u8, dots
                 "tileloadd tmm4, [{a} + {sa} * 1]",
                 "tileloadd tmm6, [{w} + {s64} * 1]",
                 "tdpbsud tmm1, tmm4, tmm6",
-                "tilestored [{d} + {s64} * 1], tmm1",
                 a = in(reg) a, sa = in(reg) stride, w = in(reg) w, s64 = in(reg) 64usize,
-                d = in(reg) dots.0.as_mut_ptr(), options(nostack),
+                options(nostack, readonly),
             );
         }
     }
 }
 
-/// Issues block `b`'s dot of the 16 × 16 kernels (activations from `xq`, rows `stride`
-/// apart; weight tiles from `codes`) into the tile and dot buffer of `b`'s parity.
+/// Stores tile `C` (a [`block_dot`]) to `dots`.
 ///
 /// # Safety
-/// As [`block_dot`], for block `b` of `xq` and `codes`.
+/// The int8 tile configuration is loaded and tile `C` holds a dot; `dots` is 16 rows of
+/// 64 writable bytes.
 #[inline(always)]
-unsafe fn issue_block(
-    b: usize,
-    xq: *const i8,
-    stride: usize,
-    codes: *const u8,
-    dots: &mut [Dots; 2],
-) {
+unsafe fn store_dot<const C: u8>(dots: *mut Dots) {
     // SAFETY: forwarded contract.
     unsafe {
-        let (a, w) = (xq.add(b * BLOCK), codes.add(b * INT8_TILE_BYTES));
-        if b.is_multiple_of(2) {
-            block_dot::<0>(a, stride, w, &mut dots[0]);
+        if C == 0 {
+            asm!("tilestored [{d} + {s64} * 1], tmm0", d = in(reg) dots, s64 = in(reg) 64usize,
+                 options(nostack));
         } else {
-            block_dot::<1>(a, stride, w, &mut dots[1]);
+            asm!("tilestored [{d} + {s64} * 1], tmm1", d = in(reg) dots, s64 = in(reg) 64usize,
+                 options(nostack));
         }
+    }
+}
+
+/// The 16 × 16 kernels' dot buffers: block `b`'s dot goes through tile `b % 2` into
+/// buffer `b % 2` (uninitialised until its first store; read only after it).
+struct DotPair(std::mem::MaybeUninit<[Dots; 2]>);
+
+impl DotPair {
+    fn new() -> DotPair {
+        DotPair(std::mem::MaybeUninit::uninit())
+    }
+
+    /// Issues block `b`'s dot (activations from `xq`, rows `stride` apart; weight tiles
+    /// from `codes`).
+    ///
+    /// # Safety
+    /// As [`block_dot`], for block `b` of `xq` and `codes`.
+    #[inline(always)]
+    unsafe fn issue(&self, b: usize, xq: *const i8, stride: usize, codes: *const u8) {
+        // SAFETY: forwarded contract.
+        unsafe {
+            let (a, w) = (xq.add(b * BLOCK), codes.add(b * INT8_TILE_BYTES));
+            if b.is_multiple_of(2) {
+                block_dot::<0>(a, stride, w);
+            } else {
+                block_dot::<1>(a, stride, w);
+            }
+        }
+    }
+
+    /// Stores block `b`'s issued dot to its buffer.
+    ///
+    /// # Safety
+    /// As [`store_dot`]: block `b`'s dot was issued last on its tile.
+    #[inline(always)]
+    unsafe fn store(&mut self, b: usize) {
+        let d = self.0.as_mut_ptr() as *mut Dots;
+        // SAFETY: forwarded contract; `d` holds two `Dots`.
+        unsafe {
+            if b.is_multiple_of(2) {
+                store_dot::<0>(d);
+            } else {
+                store_dot::<1>(d.add(1));
+            }
+        }
+    }
+
+    /// Block `b`'s dots, token by token.
+    ///
+    /// # Safety
+    /// Block `b`'s dot was stored ([`Self::store`]) since its buffer was last reused.
+    #[inline(always)]
+    unsafe fn dots(&self, b: usize) -> &[[i32; ROW_GROUP]; AMX_TOKENS] {
+        // SAFETY: forwarded contract: the buffer was written by `tilestored`.
+        unsafe { &(*(self.0.as_ptr() as *const Dots).add(b % 2)).0 }
     }
 }
 
@@ -249,12 +299,10 @@ pub unsafe fn int8_tile16(
 ) {
     let nb = w.n_blocks();
     let dim = x.dim;
-    let mut dots = [
-        Dots([[0; ROW_GROUP]; AMX_TOKENS]),
-        Dots([[0; ROW_GROUP]; AMX_TOKENS]),
-    ];
+    let mut dots = DotPair::new();
     // SAFETY: every pointer stays inside the slices the caller's checks validated: the
-    // tiles and scales of group g (blocks < nb), the activations of tokens t0..t0+16.
+    // tiles and scales of group g (blocks < nb), the activations of tokens t0..t0+16;
+    // each block's dots are stored before they are read.
     unsafe {
         let qs = w.qs.as_ptr().add(g * nb * INT8_TILE_BYTES);
         let sc = w.scales.as_ptr().add(g * nb * ROW_GROUP) as *const u16;
@@ -262,19 +310,22 @@ pub unsafe fn int8_tile16(
         let xs = x.scales.as_ptr().add(t0 * nb);
         let xbs = x.block_sums.as_ptr().add(t0 * nb);
         let mut acc = [_mm512_setzero_ps(); AMX_TOKENS];
-        let issue = |b: usize, dots: &mut [Dots; 2]| issue_block(b, xq, dim, qs, dots);
-        issue(0, &mut dots);
+        dots.issue(0, xq, dim, qs);
+        dots.store(0);
         for b in 0..nb {
             if b + 1 < nb {
-                issue(b + 1, &mut dots);
+                dots.issue(b + 1, xq, dim, qs);
             }
-            let d = &dots[b % 2].0;
+            let d = dots.dots(b);
             let dw = _mm512_cvtph_ps(_mm256_loadu_si256(sc.add(b * ROW_GROUP) as *const _));
             for (t, acc_t) in acc.iter_mut().enumerate() {
                 let c = _mm512_load_si512(d[t].as_ptr() as *const _);
                 let dot = _mm512_add_epi32(c, _mm512_set1_epi32(-128 * *xbs.add(t * nb + b)));
                 let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*xs.add(t * nb + b)));
                 *acc_t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, *acc_t);
+            }
+            if b + 1 < nb {
+                dots.store(b + 1);
             }
         }
         for (t, acc_t) in acc.iter().enumerate() {
@@ -306,10 +357,7 @@ pub unsafe fn lowbit_tile16(
     let bpg = w.group_size / BLOCK;
     let dim = x.dim;
     assert!(codes.len() >= nb * INT8_TILE_BYTES && s.len() >= AMX_TOKENS * ncg);
-    let mut dots = [
-        Dots([[0; ROW_GROUP]; AMX_TOKENS]),
-        Dots([[0; ROW_GROUP]; AMX_TOKENS]),
-    ];
+    let mut dots = DotPair::new();
     // SAFETY: as in `int8_tile16`, with the scale groups of group g, and `codes` and `s`
     // asserted above.
     unsafe {
@@ -318,19 +366,23 @@ pub unsafe fn lowbit_tile16(
         let xq = x.quants.as_ptr().add(t0 * dim);
         let xs = x.scales.as_ptr().add(t0 * nb);
         let mut acc = [_mm512_setzero_ps(); AMX_TOKENS];
-        let issue = |b: usize, dots: &mut [Dots; 2]| issue_block(b, xq, dim, codes.as_ptr(), dots);
-        issue(0, &mut dots);
+        let codes = codes.as_ptr();
+        dots.issue(0, xq, dim, codes);
+        dots.store(0);
         for cg in 0..ncg {
             let dw = _mm512_cvtph_ps(_mm256_loadu_si256(sc.add(cg * ROW_GROUP) as *const _));
             for b in cg * bpg..((cg + 1) * bpg).min(nb) {
                 if b + 1 < nb {
-                    issue(b + 1, &mut dots);
+                    dots.issue(b + 1, xq, dim, codes);
                 }
-                let d = &dots[b % 2].0;
+                let d = dots.dots(b);
                 for (t, acc_t) in acc.iter_mut().enumerate() {
                     let c = _mm512_load_si512(d[t].as_ptr() as *const _);
                     let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*xs.add(t * nb + b)));
                     *acc_t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), scale, *acc_t);
+                }
+                if b + 1 < nb {
+                    dots.store(b + 1);
                 }
             }
             let m = _mm512_cvtph_ps(_mm256_loadu_si256(mn.add(cg * ROW_GROUP) as *const _));
@@ -344,20 +396,16 @@ pub unsafe fn lowbit_tile16(
     }
 }
 
-/// One block's four dots of the 2 × 2 kernels: token tiles `a[0]`, `a[1]` (16 rows of 32
-/// bytes, `stride` apart) by weight tiles `w[0]`, `w[1]` (512 bytes each) into
-/// `dots[2 * i + j]` = tokens `i` × group `j`.
+/// One block's four dots of the 2 × 2 kernels in one go (the first block of a call):
+/// token tiles `a[0]`, `a[1]` (16 rows of 32 bytes, `stride` apart) by weight tiles `w[0]`,
+/// `w[1]` (512 bytes each) into `dots[2 * i + j]` = tokens `i` × group `j`.
 ///
 /// # Safety
-/// The quantized tiles' configuration is loaded; the pointers are readable as stated.
+/// The quantized tiles' configuration is loaded; the pointers are readable as stated and
+/// each `dots` entry is 16 rows of 64 writable bytes.
 #[inline(always)]
-unsafe fn block_dots_2x2(
-    a: [*const i8; 2],
-    stride: usize,
-    w: [*const u8; 2],
-    dots: &mut [Dots; 4],
-) {
-    // SAFETY: forwarded contract; each `dots` entry is 16 rows of 64 writable bytes.
+unsafe fn block_dots_2x2(a: [*const i8; 2], stride: usize, w: [*const u8; 2], dots: [*mut i32; 4]) {
+    // SAFETY: forwarded contract.
     unsafe {
         asm!(
             "tilezero tmm0",
@@ -378,8 +426,7 @@ unsafe fn block_dots_2x2(
             "tilestored [{d3} + {s64} * 1], tmm3",
             a0 = in(reg) a[0], a1 = in(reg) a[1], sa = in(reg) stride,
             w0 = in(reg) w[0], w1 = in(reg) w[1], s64 = in(reg) 64usize,
-            d0 = in(reg) dots[0].0.as_mut_ptr(), d1 = in(reg) dots[1].0.as_mut_ptr(),
-            d2 = in(reg) dots[2].0.as_mut_ptr(), d3 = in(reg) dots[3].0.as_mut_ptr(),
+            d0 = in(reg) dots[0], d1 = in(reg) dots[1], d2 = in(reg) dots[2], d3 = in(reg) dots[3],
             options(nostack),
         );
     }
@@ -421,27 +468,33 @@ pub unsafe fn tile_2x2<const SYM: bool>(
     out: &mut [[[f32; ROW_GROUP]; AMX_TOKENS_2X2]; 2],
 ) {
     let dim = x.dim;
-    let zero = || Dots([[0; ROW_GROUP]; AMX_TOKENS]);
-    let mut dots = [
-        [zero(), zero(), zero(), zero()],
-        [zero(), zero(), zero(), zero()],
-    ];
+    // Two blocks' dots (current and next), each four 16 × 16 tiles; every tile is stored
+    // by `tilestored` before the float step reads it.
+    let mut dots = std::mem::MaybeUninit::<[[Dots; 4]; 2]>::uninit();
+    let buf = dots.as_mut_ptr() as *mut i32;
+    const TILE_I32: usize = AMX_TOKENS * ROW_GROUP;
     // SAFETY: every pointer stays inside what the caller guaranteed: tokens t0..t0+32,
-    // blocks < nb, scale groups < ncg.
+    // blocks < nb, scale groups < ncg; `buf` holds 8 tiles of 256 i32 (64-byte aligned),
+    // and each is written by its block's stores before its float step reads it. The tile
+    // registers live across the `asm!` blocks below: nothing between them (inlined vector
+    // code only, no calls) uses AMX.
     unsafe {
         let xq = x.quants.as_ptr().add(t0 * dim);
         let xs = x.scales.as_ptr().add(t0 * nb);
         let xbs = x.block_sums.as_ptr().add(t0 * nb);
         let mut acc = [[_mm512_setzero_ps(); AMX_TOKENS_2X2]; 2];
-        let issue = |b: usize, dots: &mut [[Dots; 4]; 2]| {
-            let a = [xq.add(b * BLOCK), xq.add(AMX_TOKENS * dim + b * BLOCK)];
-            let w = [
+        let a_of = |b: usize| [xq.add(b * BLOCK), xq.add(AMX_TOKENS * dim + b * BLOCK)];
+        let w_of = |b: usize| {
+            [
                 pair.codes[0].add(b * INT8_TILE_BYTES),
                 pair.codes[1].add(b * INT8_TILE_BYTES),
-            ];
-            block_dots_2x2(a, dim, w, &mut dots[b % 2]);
+            ]
         };
-        issue(0, &mut dots);
+        let tiles_of = |b: usize| {
+            let d = buf.add((b % 2) * 4 * TILE_I32);
+            [d, d.add(TILE_I32), d.add(2 * TILE_I32), d.add(3 * TILE_I32)]
+        };
+        block_dots_2x2(a_of(0), dim, w_of(0), tiles_of(0));
         for cg in 0..ncg {
             let dw = [0, 1].map(|j| {
                 _mm512_cvtph_ps(_mm256_loadu_si256(
@@ -449,24 +502,68 @@ pub unsafe fn tile_2x2<const SYM: bool>(
                 ))
             });
             for b in cg * bpg..((cg + 1) * bpg).min(nb) {
-                if b + 1 < nb {
-                    issue(b + 1, &mut dots);
-                }
-                let d = &dots[b % 2];
-                for (q, dq) in d.iter().enumerate() {
-                    let (half, j) = (q / 2, q % 2);
-                    for (t, row) in dq.0.iter().enumerate() {
-                        let tok = half * AMX_TOKENS + t;
-                        let mut c = _mm512_load_si512(row.as_ptr() as *const _);
-                        if SYM {
-                            c = _mm512_add_epi32(
-                                c,
-                                _mm512_set1_epi32(-128 * *xbs.add(tok * nb + b)),
-                            );
+                let cur = tiles_of(b);
+                // The float step of block b's dots `q` (tokens half · 16.., group j).
+                macro_rules! float_step {
+                    ($q:expr) => {{
+                        let (half, j) = ($q / 2, $q % 2);
+                        let dq = cur[$q];
+                        let tok0 = half * AMX_TOKENS;
+                        let xs_b = xs.add(tok0 * nb + b);
+                        let xbs_b = xbs.add(tok0 * nb + b);
+                        for t in 0..AMX_TOKENS {
+                            let mut c = _mm512_load_si512(dq.add(t * ROW_GROUP) as *const _);
+                            if SYM {
+                                let corr = _mm512_set1_epi32(-128 * *xbs_b.add(t * nb));
+                                c = _mm512_add_epi32(c, corr);
+                            }
+                            let scale = _mm512_mul_ps(dw[j], _mm512_set1_ps(*xs_b.add(t * nb)));
+                            let a = &mut acc[j][tok0 + t];
+                            *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), scale, *a);
                         }
-                        let scale = _mm512_mul_ps(dw[j], _mm512_set1_ps(*xs.add(tok * nb + b)));
-                        acc[j][tok] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), scale, acc[j][tok]);
-                    }
+                    }};
+                }
+                if b + 1 < nb {
+                    // Block b + 1's four dots are issued between the float steps of block
+                    // b's, so the tile unit and the vector units overlap (one `asm!` block
+                    // for all four measured ~25 % slower: the stores waited on the dots).
+                    let (a, w, d) = (a_of(b + 1), w_of(b + 1), tiles_of(b + 1));
+                    asm!(
+                        "tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3",
+                        "tileloadd tmm4, [{a0} + {sa} * 1]",
+                        "tileloadd tmm6, [{w0} + {s64} * 1]",
+                        "tdpbsud tmm0, tmm4, tmm6",
+                        a0 = in(reg) a[0], sa = in(reg) dim, w0 = in(reg) w[0],
+                        s64 = in(reg) 64usize, options(nostack),
+                    );
+                    float_step!(0);
+                    asm!(
+                        "tileloadd tmm7, [{w1} + {s64} * 1]",
+                        "tdpbsud tmm1, tmm4, tmm7",
+                        w1 = in(reg) w[1], s64 = in(reg) 64usize, options(nostack),
+                    );
+                    float_step!(1);
+                    asm!(
+                        "tileloadd tmm5, [{a1} + {sa} * 1]",
+                        "tdpbsud tmm2, tmm5, tmm6",
+                        a1 = in(reg) a[1], sa = in(reg) dim, options(nostack),
+                    );
+                    float_step!(2);
+                    asm!("tdpbsud tmm3, tmm5, tmm7", options(nostack, nomem));
+                    float_step!(3);
+                    asm!(
+                        "tilestored [{d0} + {s64} * 1], tmm0",
+                        "tilestored [{d1} + {s64} * 1], tmm1",
+                        "tilestored [{d2} + {s64} * 1], tmm2",
+                        "tilestored [{d3} + {s64} * 1], tmm3",
+                        d0 = in(reg) d[0], d1 = in(reg) d[1], d2 = in(reg) d[2],
+                        d3 = in(reg) d[3], s64 = in(reg) 64usize, options(nostack),
+                    );
+                } else {
+                    float_step!(0);
+                    float_step!(1);
+                    float_step!(2);
+                    float_step!(3);
                 }
             }
             if !SYM {
