@@ -263,7 +263,7 @@ impl PackedLinear for LowBitWeights {
         InputKind::Q8Blocks
     }
     fn row_align(&self) -> usize {
-        ROW_GROUP
+        selected_isa().row_align()
     }
     fn matmul_rows(&self, x: &PreparedInput, rows: Range<usize>, y: &OutputMatrix) {
         self.matmul_rows_isa(selected_isa(), x, rows, y);

@@ -214,6 +214,17 @@ pub enum PairedGemv {
 }
 
 impl QuantIsa {
+    /// The rows a thread's slice of a quantized matrix starts on a multiple of: two row
+    /// groups on `amx` (its 2 × 2 kernel takes groups in pairs; with one-group slices the
+    /// 192-row k/v projections of SmolLM2-135M ran entirely on the slower 16 × 16 one),
+    /// else one.
+    pub fn row_align(self) -> usize {
+        match self {
+            QuantIsa::Amx => 2 * ROW_GROUP,
+            _ => ROW_GROUP,
+        }
+    }
+
     /// The paired GEMV this path's single-token matmuls run on (none on `scalar`).
     pub fn paired_gemv(self) -> Option<PairedGemv> {
         let vnni = || match avx_vnni_vex() {
