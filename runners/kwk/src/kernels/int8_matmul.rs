@@ -14,7 +14,7 @@
 //! weight, the size of llama.cpp's Q8_0).
 //!
 //! Paths, one per kernel tier ([`crate::kernels::Isa`], [`QuantIsa`]): AMX for prompts of
-//! 16 or more tokens on CPUs with AMX-INT8 when `KWK_ISA=amx` asks (`x86_64/amx.rs`: the
+//! 16 or more tokens on CPUs with AMX-INT8 (the `amx` tier, `x86_64/amx.rs`: the
 //! 512-byte tile below is AMX's B-tile layout as it is), AVX512-VNNI (`vpdpbusd` zmm, here), AVX-512BW without VNNI (`x86_64/quant512bw.rs`: `vpmaddubsw` +
 //! `vpmaddwd` zmm), 256-bit VNNI and AVX2 (`x86_64/quant256.rs`), and the scalar
 //! specification. `vpmaddubsw` would saturate its i16 pair sums on `255 · 127 · 2`, so the

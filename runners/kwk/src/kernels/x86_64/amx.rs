@@ -20,13 +20,25 @@
 //! fma(float(dot), d_w · d_a, acc)` per block (low-bit codes: the same per block, and `acc
 //! = fma(m, S, acc)` per scale group), so the results equal the specification's to the
 //! bit. The dots of the next block are issued before the float step of the current one
-//! (two dot buffers), so the tile unit and the vector units can overlap.
+//! (two dot buffers), so the tile unit and the vector units can overlap: in the 2 × 2
+//! kernel each of the four `tdpbsud` is its own `asm!` block placed before one of the
+//! four float steps of the current block, and the tiles are stored after the last.
 //!
-//! Measured (2-core Intel Xeon with AMX-INT8, 2026-12-02, `speed` pp512 on SmolLM2-135M,
+//! Measured since (same Xeon, later on 2026-12-02): a standalone copy of the 2 × 2 kernel
+//! ran 210 GMAC/s per thread with the four dots and their stores in one `asm!` block (the
+//! stores waited on the dots and the float steps on the stores) and 300-330 with them
+//! spread between the float steps as above (a C twin with intrinsics, which GCC schedules
+//! that way by itself, ran 390). In `speed` pp512 (interleaved rounds, tokens/s) `amx` then
+//! ran int8 2200-2304 against `vnni`'s 2106-2216 and int4 1998-2161 against 1968-2050;
+//! with the threads' row slices on pairs of row groups (`QuantIsa::row_align`, so the
+//! 192-row k/v projections run on the 2 × 2 kernel too) int8 2275-2446 and int4
+//! 2140-2216. So `amx` is the default tier where AMX is granted.
+//!
+//! Earlier measurements (2026-12-02, `speed` pp512 on SmolLM2-135M,
 //! `KWK_ISA=amx` against `vnni` in interleaved runs, tokens/s): with 16 × 16 kernels only
 //! (one block of look-ahead), int8 1486-1500 against 1626-1703 and int4 1484-1519 against
 //! 1438-1507; with the 2 × 2 kernels (four `tdpbsud` per block) int8 1448-1512 against
-//! 1546-1583 and int4 1473-1474 against 1441-1485. No faster, so the tier is opt-in. In
+//! 1546-1583 and int4 1473-1474 against 1441-1485. No faster, so the tier was opt-in. In
 //! `perf` of int8 pp512 the 2 × 2 kernel takes 13.1 % of the samples where the VNNI tile
 //! takes 16.2 %, and the driver around it 3 % more, so the matmuls gain a little and the
 //! prompt as a whole nothing; within the kernel the samples sit on the activation tile loads
