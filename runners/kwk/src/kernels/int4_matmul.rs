@@ -287,6 +287,7 @@ pub fn lowbit_matmul(
                 #[cfg(target_arch = "x86_64")]
                 QuantIsa::Avx512Bw => unsafe { quant512bw::lowbit_tile(w, x, s, g, t0, n, out) },
                 #[cfg(target_arch = "x86_64")]
+                // (and `widened` exists only on these tiers, made for `w`)
                 QuantIsa::Avx512Vnni | QuantIsa::Amx => unsafe {
                     let widened = widened.as_mut().map(|wd| wd.group(w, g));
                     x86::lowbit_tile_vnni_dispatch(w, widened, x, s, g, t0, n, out)
@@ -316,12 +317,14 @@ impl WidenedGroup {
         }
     }
 
-    /// Group `g`'s widened codes (widened now unless they already are). AVX-512BW must be
-    /// present (the caller's tier has it).
-    fn group(&mut self, w: &LowBitTiles, g: usize) -> &[u8] {
+    /// Group `g`'s widened codes (widened now unless they already are).
+    ///
+    /// # Safety
+    /// AVX512F/BW present; `w` checked, `g < w.n_groups()`, and `w` the matrix this was
+    /// made for.
+    unsafe fn group(&mut self, w: &LowBitTiles, g: usize) -> &[u8] {
         if self.group != Some(g) {
-            // SAFETY: the AVX-512 VNNI tiers include AVX512F/BW; `w` was checked and `g`
-            // is one of its groups (the driver's).
+            // SAFETY: forwarded contract (the buffer holds `n_blocks` byte tiles of `w`).
             unsafe { x86::widen_group_codes(w, g, &mut self.codes) };
             self.group = Some(g);
         }
