@@ -490,11 +490,13 @@ fn gemm_f32_unchecked(
 }
 
 /// `x[i] *= scale` for every value; returns the largest result (`-inf` for none). Exact
-/// per element, so every tier returns the same values (AVX-512 tiers run the AVX2 loop).
+/// per element, so every tier returns the same values.
 pub fn scale_max_f32(isa: Isa, x: &mut [f32], scale: f32) -> f32 {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        _ if isa.has_avx512() || isa.is_avx2_class() => x86_64::avx2::scale_max_f32(x, scale),
+        _ if isa.has_avx512() => x86_64::avx512::scale_max_f32(x, scale),
+        #[cfg(target_arch = "x86_64")]
+        _ if isa.is_avx2_class() => x86_64::avx2::scale_max_f32(x, scale),
         _ => scalar::scale_max_f32(x, scale),
     }
 }

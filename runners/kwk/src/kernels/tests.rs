@@ -330,7 +330,7 @@ fn exp_and_silu_hold_at_the_range_ends() {
 
 #[test]
 fn scale_max_matches_scalar_exactly() {
-    for n in [0, 1, 7, 8, 9, 31, 100] {
+    for n in [0, 1, 7, 8, 9, 15, 16, 17, 31, 33, 100] {
         let base: Vec<f32> = values(n, 90 + n as u64).iter().map(|v| v * 30.0).collect();
         let mut want = base.clone();
         let m = scalar::scale_max_f32(&mut want, 0.125);

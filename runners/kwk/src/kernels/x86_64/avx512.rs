@@ -479,6 +479,40 @@ fn exp_ps(x: __m512) -> __m512 {
     _mm512_scalef_ps(e, n)
 }
 
+/// See [`crate::kernels::scale_max_f32`].
+pub fn scale_max_f32(x: &mut [f32], scale: f32) -> f32 {
+    assert_features(false);
+    // SAFETY: AVX-512 checked by the dispatcher.
+    unsafe { scale_max_f32_impl(x, scale) }
+}
+
+/// # Safety
+/// AVX-512 F.
+#[target_feature(enable = "avx512f")]
+unsafe fn scale_max_f32_impl(x: &mut [f32], scale: f32) -> f32 {
+    let n = x.len();
+    let p = x.as_mut_ptr();
+    let s = _mm512_set1_ps(scale);
+    let mut vmax = _mm512_set1_ps(f32::NEG_INFINITY);
+    let mut i = 0;
+    // SAFETY: every access covers i..i + 16 <= n, or (masked) the tail lanes below n.
+    unsafe {
+        while i + 16 <= n {
+            let v = _mm512_mul_ps(_mm512_loadu_ps(p.add(i)), s);
+            _mm512_storeu_ps(p.add(i), v);
+            vmax = _mm512_max_ps(vmax, v);
+            i += 16;
+        }
+        if i < n {
+            let m: __mmask16 = (1u16 << (n - i)) - 1;
+            let v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, p.add(i)), s);
+            _mm512_mask_storeu_ps(p.add(i), m, v);
+            vmax = _mm512_mask_max_ps(vmax, m, vmax, v);
+        }
+        _mm512_reduce_max_ps(vmax)
+    }
+}
+
 /// See [`crate::kernels::exp_shifted_sum`].
 pub fn exp_shifted_sum(x: &mut [f32], shift: f32) -> f32 {
     assert_features(false);
