@@ -463,12 +463,16 @@ pub(super) fn accumulate_squares(acc: &mut Vec<f64>, x: &[f32], dim: usize) {
     }
 }
 
-/// The first `n` values of `v`, grown if needed (contents unspecified).
+/// `n` values of `v` starting on a 64-byte boundary, `v` grown if needed (contents
+/// unspecified). Aligned so that a 16-float row-group result is one cache line: from a
+/// 16-byte-aligned allocation every such write into a matmul output touched two.
 fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
-    if v.len() < n {
-        v.resize(n, 0.0);
+    const LINE_F32: usize = 64 / std::mem::size_of::<f32>();
+    if v.len() < n + LINE_F32 {
+        v.resize(n + LINE_F32, 0.0);
     }
-    &mut v[..n]
+    let off = v.as_ptr().align_offset(64).min(LINE_F32);
+    &mut v[off..off + n]
 }
 
 /// Bias, then the per-head RMSNorm of qwen3 (weights of length `head_dim`).
