@@ -367,18 +367,16 @@ fn llama_cpp_missing() {
 
 #[test]
 fn llama_cpp_too_old() {
-    use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     let bin = dir.path().join("old-llama");
     std::fs::create_dir(&bin).unwrap();
     for tool in ["llama-perplexity", "llama-bench"] {
         let p = bin.join(tool);
-        std::fs::write(
+        llamacpp::process::write_executable(
             &p,
             "#!/bin/sh\necho 'version: 1000 (0123abc)' >&2\necho 'usage: old' >&2\n",
         )
         .unwrap();
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
     let line = assert_error(
         &mut gguf_run(dir.path(), &bin, &tiny_llama().join("model.gguf")),

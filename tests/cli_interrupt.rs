@@ -10,7 +10,6 @@
 
 mod common;
 use common::*;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -60,8 +59,7 @@ fn wrappers(real: &Path, dir: &Path, pids: &Path) {
             body.push_str(&format!("exec '{}' \"$@\"\n", tool.display()));
         }
         let path = dir.join(&name);
-        std::fs::write(&path, body).unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        llamacpp::process::write_executable(&path, &body).unwrap();
     }
 }
 

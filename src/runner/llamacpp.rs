@@ -437,9 +437,7 @@ mod tests {
                 data.join(help).display()
             );
             let p = dir.join(tool);
-            std::fs::write(&p, script).unwrap();
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+            llamacpp::process::write_executable(&p, &script).unwrap();
         }
         LlamaCppTools::locate(Some(dir)).unwrap()
     }

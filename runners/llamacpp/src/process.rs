@@ -17,6 +17,35 @@ use std::sync::{Arc, LazyLock, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+/// Writes `text` to `path` as an executable file (mode 755) without this process ever
+/// holding `path` open for writing. A file descriptor open for writing is inherited by
+/// every child another thread forks meanwhile, and until that child execs, running `path`
+/// fails with "Text file busy" (`ETXTBSY`); test suites that write fake tools while other
+/// tests spawn processes hit exactly that. So the text goes to `path.part` (never run),
+/// a `cp` subprocess copies it to `path`, and `path.part` is removed.
+pub fn write_executable(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut part = path.as_os_str().to_owned();
+    part.push(".part");
+    let part = PathBuf::from(part);
+    std::fs::write(&part, text)?;
+    let status = Command::new("cp")
+        .arg("--")
+        .arg(&part)
+        .arg(path)
+        .stdin(Stdio::null())
+        .status()?;
+    std::fs::remove_file(&part)?;
+    if !status.success() {
+        return Err(std::io::Error::other(format!(
+            "cp {} {} failed: {status}",
+            part.display(),
+            path.display()
+        )));
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+}
+
 /// Lines of stderr kept in errors.
 pub const STDERR_TAIL_LINES: usize = 20;
 

@@ -4,7 +4,6 @@
 use llamacpp::process::{self, ToolCommand};
 use llamacpp::tools::{Search, DIR_ENV};
 use llamacpp::{ComputeSettings, Error, KvType, LlamaCppTools, PerplexityRequest};
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -15,8 +14,7 @@ fn data(name: &str) -> PathBuf {
 }
 
 fn script(path: &Path, body: &str) {
-    std::fs::write(path, format!("#!/bin/sh\n{body}")).unwrap();
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    process::write_executable(path, &format!("#!/bin/sh\n{body}")).unwrap();
 }
 
 /// A fake tool that answers `--version` and `--help` like the real one (help text captured
@@ -593,4 +591,38 @@ fn max_rss_is_the_tools_own_high_water_mark() {
         .unwrap();
     assert!(rss >= 48 << 20, "{rss}");
     assert!(rss < total_kib * 1024, "{rss}");
+}
+
+/// Writing a fake tool while other threads fork must not leave it "Text file busy": forks
+/// happen continuously on two threads while 1000 freshly written scripts are each run once
+/// (written with `std::fs::write` and `chmod`, about 2 % of them failed to start).
+#[test]
+fn scripts_written_while_other_threads_fork_can_run() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let tmp = tempfile::tempdir().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let forkers: Vec<_> = (0..2)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    std::process::Command::new("true").status().unwrap();
+                }
+            })
+        })
+        .collect();
+    let mut failures = Vec::new();
+    for i in 0..1000 {
+        let path = tmp.path().join(format!("tool-{i}"));
+        process::write_executable(&path, "#!/bin/sh\nexit 0\n").unwrap();
+        if let Err(e) = std::process::Command::new(&path).status() {
+            failures.push(format!("{}: {e}", path.display()));
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for f in forkers {
+        f.join().unwrap();
+    }
+    assert!(failures.is_empty(), "{failures:?}");
 }

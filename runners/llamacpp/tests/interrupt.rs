@@ -4,7 +4,6 @@
 
 use llamacpp::process::{self, ToolCommand};
 use llamacpp::Error;
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -34,15 +33,14 @@ fn an_interrupt_kills_the_tool_group_and_stops_later_runs() {
     let tool = tmp.path().join("busy-tool");
     let pids = tmp.path().join("pids");
     // The tool and a child of its own, both recording their pids, then waiting.
-    std::fs::write(
+    process::write_executable(
         &tool,
-        format!(
+        &format!(
             "#!/bin/sh\nsleep 300 &\necho $! > '{p}.tmp'\necho $$ >> '{p}.tmp'\nmv '{p}.tmp' '{p}'\nwait\n",
             p = pids.display()
         ),
     )
     .unwrap();
-    std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
     let cmd = ToolCommand::new("busy-tool", &tool, Duration::from_secs(600), "hint");
     let pids_file = pids.clone();
     let setter = std::thread::spawn(move || {
