@@ -5,6 +5,11 @@
 //! tier (`vnni` or `avx512bw`) and the AVX2 version on the 256-bit tiers; both match it
 //! exactly for finite inputs (same division, multiply and rounding; the
 //! half-away-from-zero rounding is built from truncation, whose remainder is exact).
+//! The AVX-512 version takes 16 blocks at a time, so their maxima and code sums reduce
+//! across lanes in one tree and the scales come from one vector division; with its sign
+//! steps in AVX-512F integer operations (the `_ps` bit operations need AVX512DQ and were
+//! function calls) its share of an int8 pp512 profile (`amx` tier, relative to the
+//! matmul kernel's) fell by a third, from 4.8 % to about 3 % of the samples.
 
 /// Values per activation block.
 pub const Q8_BLOCK: usize = 32;
@@ -93,6 +98,11 @@ mod avx512 {
     use super::Q8_BLOCK;
     use std::arch::x86_64::*;
 
+    /// Blocks quantized together: their maxima and sums are reduced across the 16 lanes
+    /// of one register at once (a transpose-and-reduce tree) instead of one horizontal
+    /// reduction per block, and the 16 scales come from one vector division.
+    const GROUP: usize = 16;
+
     /// # Safety
     /// AVX-512 F/BW present; `x.len()` a multiple of 32 and the outputs long enough.
     #[target_feature(enable = "avx512f,avx512bw")]
@@ -103,42 +113,170 @@ mod avx512 {
         block_sums: &mut [i32],
     ) {
         let n_blocks = x.len() / Q8_BLOCK;
-        // SAFETY: block b reads x[32b..32b+32] and writes quants[32b..32b+32], scales[b],
-        // block_sums[b], all in bounds by the caller's contract.
+        let whole = n_blocks - n_blocks % GROUP;
+        let mut b = 0;
+        // SAFETY: blocks b..b+16 (b + 16 <= n_blocks) and the single blocks after them are
+        // in bounds of every slice by the caller's contract.
         unsafe {
-            let half = _mm512_set1_ps(0.5);
-            let one = _mm512_set1_ps(1.0);
-            let lim = _mm512_set1_ps(127.0);
-            let sign = _mm512_set1_ps(-0.0);
-            for b in 0..n_blocks {
-                let p = x.as_ptr().add(b * Q8_BLOCK);
-                let v = [_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16))];
-                let amax =
-                    _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v[0]), _mm512_abs_ps(v[1])));
-                let d = amax / 127.0;
-                let inv = _mm512_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
-                let mut sum = _mm512_setzero_si512();
-                for (h, vh) in v.iter().enumerate() {
-                    let s = _mm512_mul_ps(*vh, inv);
-                    let t = _mm512_roundscale_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(s);
-                    let frac = _mm512_abs_ps(_mm512_sub_ps(s, t));
-                    let away = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(frac, half);
-                    let step = _mm512_or_ps(one, _mm512_and_ps(s, sign));
-                    let r = _mm512_mask_add_ps(t, away, t, step);
-                    let r = _mm512_max_ps(
-                        _mm512_min_ps(r, lim),
-                        _mm512_sub_ps(_mm512_setzero_ps(), lim),
-                    );
-                    let qi = _mm512_cvttps_epi32(r);
-                    sum = _mm512_add_epi32(sum, qi);
-                    _mm_storeu_si128(
-                        quants.as_mut_ptr().add(b * Q8_BLOCK + h * 16) as *mut _,
-                        _mm512_cvtepi32_epi8(qi),
-                    );
-                }
-                scales[b] = d;
-                block_sums[b] = _mm512_reduce_add_epi32(sum);
+            while b < whole {
+                quantize_group(x, quants, scales, block_sums, b);
+                b += GROUP;
             }
+            while b < n_blocks {
+                quantize_block(x, quants, scales, block_sums, b);
+                b += 1;
+            }
+        }
+    }
+
+    /// `|v|` of a block's 32 values as two registers.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn block_abs(x: &[f32], b: usize) -> [__m512; 2] {
+        // SAFETY: the caller's contract covers block b of `x`.
+        unsafe {
+            let p = x.as_ptr().add(b * Q8_BLOCK);
+            [
+                _mm512_abs_ps(_mm512_loadu_ps(p)),
+                _mm512_abs_ps(_mm512_loadu_ps(p.add(16))),
+            ]
+        }
+    }
+
+    /// Reduces 16 registers to one whose lane `i` combines all lanes of `v[i]` (`op` is
+    /// max or add, on f32 lanes or on i32 lanes viewed as f32 bits): four levels of
+    /// 128-bit-chunk and in-chunk shuffles, then the 4 × 4 lane transpose they leave
+    /// undone.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn reduce_lanes(v: [__m512; 16], op: impl Fn(__m512, __m512) -> __m512) -> __m512 {
+        // Level 1: pair (a, b) -> chunks [a0 ∘ a2, a1 ∘ a3, b0 ∘ b2, b1 ∘ b3].
+        let l1: [__m512; 8] = std::array::from_fn(|i| {
+            let (a, b) = (v[2 * i], v[2 * i + 1]);
+            op(
+                _mm512_shuffle_f32x4::<0b01_00_01_00>(a, b),
+                _mm512_shuffle_f32x4::<0b11_10_11_10>(a, b),
+            )
+        });
+        // Level 2: chunks become one block each: [B0, B1, B2, B3] of 4 partial lanes.
+        let l2: [__m512; 4] = std::array::from_fn(|i| {
+            let (c, d) = (l1[2 * i], l1[2 * i + 1]);
+            op(
+                _mm512_shuffle_f32x4::<0b10_00_10_00>(c, d),
+                _mm512_shuffle_f32x4::<0b11_01_11_01>(c, d),
+            )
+        });
+        // Level 3: chunk k holds blocks 4i + k and 4i + 4 + k, two partial lanes each.
+        let l3: [__m512; 2] = std::array::from_fn(|i| {
+            let (e, f) = (l2[2 * i], l2[2 * i + 1]);
+            op(
+                _mm512_shuffle_ps::<0b01_00_01_00>(e, f),
+                _mm512_shuffle_ps::<0b11_10_11_10>(e, f),
+            )
+        });
+        // Level 4: lane 4k + m holds block 4m + k.
+        let l4 = op(
+            _mm512_shuffle_ps::<0b10_00_10_00>(l3[0], l3[1]),
+            _mm512_shuffle_ps::<0b11_01_11_01>(l3[0], l3[1]),
+        );
+        // Lane i = block i: read lane 4 (i % 4) + i / 4.
+        let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        _mm512_permutexvar_ps(order, l4)
+    }
+
+    /// Round half away from zero, clamp to ±127, truncate: one register of codes.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn round_codes(v: __m512, inv: __m512) -> __m512i {
+        let s = _mm512_mul_ps(v, inv);
+        let t = _mm512_roundscale_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(s);
+        let frac = _mm512_abs_ps(_mm512_sub_ps(s, t));
+        let away = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(frac, _mm512_set1_ps(0.5));
+        // ±1 with the sign of s (integer bit operations: the `_ps` forms need AVX512DQ,
+        // and without it they were function calls inside this loop).
+        let sign = _mm512_and_si512(_mm512_castps_si512(s), _mm512_set1_epi32(i32::MIN));
+        let step = _mm512_castsi512_ps(_mm512_or_si512(sign, _mm512_set1_epi32(0x3f80_0000)));
+        let r = _mm512_mask_add_ps(t, away, t, step);
+        let lim = _mm512_set1_ps(127.0);
+        let r = _mm512_max_ps(
+            _mm512_min_ps(r, lim),
+            _mm512_sub_ps(_mm512_setzero_ps(), lim),
+        );
+        _mm512_cvttps_epi32(r)
+    }
+
+    /// Blocks `b0..b0 + 16`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn quantize_group(
+        x: &[f32],
+        quants: &mut [i8],
+        scales: &mut [f32],
+        block_sums: &mut [i32],
+        b0: usize,
+    ) {
+        // SAFETY: the caller's contract covers blocks b0..b0 + 16 of every slice.
+        unsafe {
+            let maxima: [__m512; GROUP] = std::array::from_fn(|i| {
+                let [lo, hi] = block_abs(x, b0 + i);
+                _mm512_max_ps(lo, hi)
+            });
+            let amax = reduce_lanes(maxima, |a, b| _mm512_max_ps(a, b));
+            let d = _mm512_div_ps(amax, _mm512_set1_ps(127.0));
+            let positive = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(d, _mm512_setzero_ps());
+            let inv = _mm512_maskz_div_ps(positive, _mm512_set1_ps(1.0), d);
+            _mm512_storeu_ps(scales.as_mut_ptr().add(b0), d);
+            let mut invs = [0f32; GROUP];
+            _mm512_storeu_ps(invs.as_mut_ptr(), inv);
+            let sums: [__m512; GROUP] = std::array::from_fn(|i| {
+                let b = b0 + i;
+                let p = x.as_ptr().add(b * Q8_BLOCK);
+                let inv = _mm512_set1_ps(invs[i]);
+                let q0 = round_codes(_mm512_loadu_ps(p), inv);
+                let q1 = round_codes(_mm512_loadu_ps(p.add(16)), inv);
+                let out = quants.as_mut_ptr().add(b * Q8_BLOCK);
+                _mm_storeu_si128(out as *mut _, _mm512_cvtepi32_epi8(q0));
+                _mm_storeu_si128(out.add(16) as *mut _, _mm512_cvtepi32_epi8(q1));
+                _mm512_castsi512_ps(_mm512_add_epi32(q0, q1))
+            });
+            let add_i32 = |a: __m512, b: __m512| {
+                _mm512_castsi512_ps(_mm512_add_epi32(
+                    _mm512_castps_si512(a),
+                    _mm512_castps_si512(b),
+                ))
+            };
+            let total = reduce_lanes(sums, add_i32);
+            _mm512_storeu_si512(
+                block_sums.as_mut_ptr().add(b0) as *mut _,
+                _mm512_castps_si512(total),
+            );
+        }
+    }
+
+    /// One block `b` (the blocks after the last whole group).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn quantize_block(
+        x: &[f32],
+        quants: &mut [i8],
+        scales: &mut [f32],
+        block_sums: &mut [i32],
+        b: usize,
+    ) {
+        // SAFETY: the caller's contract covers block b of every slice.
+        unsafe {
+            let [lo, hi] = block_abs(x, b);
+            let amax = _mm512_reduce_max_ps(_mm512_max_ps(lo, hi));
+            let d = amax / 127.0;
+            let inv = _mm512_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
+            let p = x.as_ptr().add(b * Q8_BLOCK);
+            let q0 = round_codes(_mm512_loadu_ps(p), inv);
+            let q1 = round_codes(_mm512_loadu_ps(p.add(16)), inv);
+            let out = quants.as_mut_ptr().add(b * Q8_BLOCK);
+            _mm_storeu_si128(out as *mut _, _mm512_cvtepi32_epi8(q0));
+            _mm_storeu_si128(out.add(16) as *mut _, _mm512_cvtepi32_epi8(q1));
+            scales[b] = d;
+            block_sums[b] = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
         }
     }
 }
@@ -254,7 +392,9 @@ mod tests {
     fn simd_version_matches_the_scalar_spec() {
         // Values include exact ties (k + 0.5 steps) and zero blocks.
         let dim = 96;
-        let mut x: Vec<f32> = (0..dim * 5)
+        // Six rows of three blocks: a group of 16 blocks (the ties in its second) and two
+        // single blocks after it.
+        let mut x: Vec<f32> = (0..dim * 6)
             .map(|i| (((i * 7919) % 1013) as f32 - 506.0) * 0.0031)
             .collect();
         // amax 127 makes the scale exactly 1, so k + 0.5 values are exact ties.
