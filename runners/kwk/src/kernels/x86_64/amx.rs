@@ -487,14 +487,24 @@ pub unsafe fn tile_2x2<const SYM: bool>(
     const TILE_I32: usize = AMX_TOKENS * ROW_GROUP;
     // SAFETY: every pointer stays inside what the caller guaranteed: tokens t0..t0+32,
     // blocks < nb, scale groups < ncg; `buf` holds 8 tiles of 256 i32 (64-byte aligned),
-    // and each is written by its block's stores before its float step reads it. The tile
+    // and each is written by its block's stores before its float step reads it; `acc`
+    // holds 64 registers' worth, each written by block 0's float step (which covers every
+    // group and token) before anything reads it. The tile
     // registers live across the `asm!` blocks below: nothing between them (inlined vector
     // code only, no calls) uses AMX.
     unsafe {
         let xq = x.quants.as_ptr().add(t0 * dim);
         let xs = x.scales.as_ptr().add(t0 * nb);
         let xbs = x.block_sums.as_ptr().add(t0 * nb);
-        let mut acc = [[_mm512_setzero_ps(); AMX_TOKENS_2X2]; 2];
+        // The 64 accumulators (group j, token t at `j * 32 + t`) live in memory; block 0's
+        // float step writes them first (from a zero addend, as the specification's acc
+        // starts), so they are never zeroed: a zeroed array was a 4 KB `memset` call per
+        // kernel call, 2.3 % of an int4 pp512 profile.
+        let mut acc_store = std::mem::MaybeUninit::<[[__m512; AMX_TOKENS_2X2]; 2]>::uninit();
+        let acc = acc_store.as_mut_ptr() as *mut __m512;
+        // The last block's (low-bit codes: the last scale group's) results go straight to
+        // `out` (`out[j][t]` at `(j * 32 + t) * 16`), not through `acc`.
+        let outp = out.as_mut_ptr() as *mut f32;
         let a_of = |b: usize| [xq.add(b * BLOCK), xq.add(AMX_TOKENS * dim + b * BLOCK)];
         let w_of = |b: usize| {
             [
@@ -530,8 +540,19 @@ pub unsafe fn tile_2x2<const SYM: bool>(
                                 c = _mm512_add_epi32(c, corr);
                             }
                             let scale = _mm512_mul_ps(dw[j], _mm512_set1_ps(*xs_b.add(t * nb)));
-                            let a = &mut acc[j][tok0 + t];
-                            *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), scale, *a);
+                            let i = j * AMX_TOKENS_2X2 + tok0 + t;
+                            let a = acc.add(i);
+                            let prev = if b == 0 {
+                                _mm512_setzero_ps()
+                            } else {
+                                a.read()
+                            };
+                            let v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), scale, prev);
+                            if SYM && b + 1 == nb {
+                                _mm512_storeu_ps(outp.add(i * ROW_GROUP), v);
+                            } else {
+                                a.write(v);
+                            }
                         }
                     }};
                 }
@@ -579,19 +600,21 @@ pub unsafe fn tile_2x2<const SYM: bool>(
                 }
             }
             if !SYM {
-                for (j, acc_j) in acc.iter_mut().enumerate() {
+                for j in 0..2 {
                     let m = _mm512_cvtph_ps(_mm256_loadu_si256(
                         pair.mins[j].add(cg * ROW_GROUP) as *const _
                     ));
-                    for (t, acc_t) in acc_j.iter_mut().enumerate() {
-                        *acc_t = _mm512_fmadd_ps(m, _mm512_set1_ps(s[t * ncg + cg]), *acc_t);
+                    for t in 0..AMX_TOKENS_2X2 {
+                        let i = j * AMX_TOKENS_2X2 + t;
+                        let a = acc.add(i);
+                        let v = _mm512_fmadd_ps(m, _mm512_set1_ps(s[t * ncg + cg]), a.read());
+                        if cg + 1 == ncg {
+                            _mm512_storeu_ps(outp.add(i * ROW_GROUP), v);
+                        } else {
+                            a.write(v);
+                        }
                     }
                 }
-            }
-        }
-        for (j, acc_j) in acc.iter().enumerate() {
-            for (t, acc_t) in acc_j.iter().enumerate() {
-                _mm512_storeu_ps(out[j][t].as_mut_ptr(), *acc_t);
             }
         }
     }
