@@ -786,6 +786,15 @@ fn moe_forward(
 
 /// HF RMSNorm in float32: `x * rsqrt(mean(x²) + eps) * w`.
 pub(super) fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
+    let inv = rms_inverse(x, eps);
+    for (v, w) in x.iter_mut().zip(w) {
+        *v = *v * inv * w;
+    }
+}
+
+/// `1 / sqrt(mean(x²) + eps)`, the factor [`rms_norm`] scales by (the sum of squares in
+/// eight lanes, then the tail, then the lanes in order).
+fn rms_inverse(x: &[f32], eps: f32) -> f32 {
     let mut lanes = [0f32; 8];
     let mut chunks = x.chunks_exact(8);
     for c in &mut chunks {
@@ -795,10 +804,7 @@ pub(super) fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
     }
     let mut ss: f32 = chunks.remainder().iter().map(|v| v * v).sum();
     ss += lanes.iter().sum::<f32>();
-    let inv = 1.0 / (ss / x.len() as f32 + eps).sqrt();
-    for (v, w) in x.iter_mut().zip(w) {
-        *v = *v * inv * w;
-    }
+    1.0 / (ss / x.len() as f32 + eps).sqrt()
 }
 
 /// [`rms_norm`] of every row of `x` (rows of `w.len()` values), rows split over threads.
@@ -880,13 +886,21 @@ pub(super) fn add_norm_rows(
         pool,
         xs.into_iter().zip(xns).collect(),
         |((first, x), (_, xn))| {
-            if let Some(delta) = delta {
-                let delta = &delta[first * d..first * d + x.len()];
-                x.iter_mut().zip(delta).for_each(|(a, b)| *a += b);
-            }
-            xn.copy_from_slice(x);
-            for row in xn.chunks_exact_mut(d) {
-                rms_norm(row, w, eps);
+            // Row by row, so each row is still in L1 for its norm (a copy of the whole
+            // part first, then the norms, was a 590 KB memmove per thread at pp512).
+            for (r, (x, xn)) in x
+                .chunks_exact_mut(d)
+                .zip(xn.chunks_exact_mut(d))
+                .enumerate()
+            {
+                if let Some(delta) = delta {
+                    let delta = &delta[(first + r) * d..(first + r + 1) * d];
+                    x.iter_mut().zip(delta).for_each(|(a, b)| *a += b);
+                }
+                let inv = rms_inverse(x, eps);
+                for ((o, v), w) in xn.iter_mut().zip(x.iter()).zip(w) {
+                    *o = *v * inv * w;
+                }
             }
         },
     );
