@@ -401,7 +401,7 @@ pub(crate) mod x86 {
         rows: Range<usize>,
         y: &OutputMatrix,
     ) {
-        use crate::kernels::int8_matmul::x86::{drive_amx, AmxKernels, Out16, Out2x2, Out8};
+        use crate::kernels::int8_matmul::x86::{drive_amx, AmxKernels, Out16, Out8};
         use crate::kernels::x86_64::amx::{self, AMX_TOKENS, AMX_TOKENS_2X2};
         struct LowBitAmx<'a> {
             w: &'a LowBitTiles<'a>,
@@ -437,7 +437,7 @@ pub(crate) mod x86 {
                     }
                 }
             }
-            fn tile_2x2(&mut self, g: usize, t0: usize, out: &mut Out2x2) {
+            unsafe fn tile_2x2(&mut self, g: usize, t0: usize, out: &amx::TileOut) {
                 let w = self.w;
                 let (ncg, bpg) = (w.n_col_groups(), w.group_size / BLOCK);
                 let at =
@@ -448,7 +448,7 @@ pub(crate) mod x86 {
                     mins: [at(w.mins, 0), at(w.mins, 1)],
                 };
                 let s = self.s(t0, AMX_TOKENS_2X2);
-                // SAFETY: see the impl.
+                // SAFETY: see the impl, and the caller's contract for `out`.
                 unsafe { amx::tile_2x2::<false>(&gp, w.n_blocks(), ncg, bpg, self.x, s, t0, out) };
             }
             fn tile16(&mut self, g: usize, j: usize, t0: usize, out: &mut Out16) {

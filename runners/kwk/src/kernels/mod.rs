@@ -383,6 +383,16 @@ impl OutputMatrix {
         }
     }
 
+    /// A pointer to token `t0`, column `col`, for a kernel that writes tokens `t0..t0 + n`,
+    /// columns `col..col + width` itself (token rows [`Self::ld`] floats apart). Writes
+    /// through it are bound by [`Self::write_cols`]'s contract: concurrent writers use
+    /// disjoint columns.
+    pub fn block_ptr(&self, t0: usize, n: usize, col: usize, width: usize) -> *mut f32 {
+        assert!(t0 + n <= self.n_tokens && col + width <= self.ld);
+        // SAFETY: in bounds by the assert (an offset inside the buffer `new` was given).
+        unsafe { self.ptr.add(t0 * self.ld + col) }
+    }
+
     /// [`Self::write_cols`] for a length known at compile time: the copy is a few vector
     /// moves in place, where a slice's goes through `memcpy` (4 % of an int8 prompt's time
     /// went to that call for the 16-value row groups).

@@ -447,6 +447,14 @@ unsafe fn block_dots_2x2(a: [*const i8; 2], stride: usize, w: [*const u8; 2], do
 /// Tokens per 2 × 2 kernel call.
 pub const AMX_TOKENS_2X2: usize = 2 * AMX_TOKENS;
 
+/// Where the 2 × 2 kernel writes its results: group `j`'s 16 rows for the call's token `t`
+/// go to the 16 floats at `groups[j] + t * ld`, so the driver can point it straight into
+/// the matmul's output.
+pub struct TileOut {
+    pub groups: [*mut f32; 2],
+    pub ld: usize,
+}
+
 /// Two row groups of one matrix as the 2 × 2 kernel reads them: per group, its codes in B
 /// layout (`n_blocks` tiles of 512 bytes), its scales and (low-bit codes) minimums as f16
 /// bits, 16 per scale group (per block for `Int8Tiles`).
@@ -456,7 +464,7 @@ pub struct GroupPair {
     pub mins: [*const u16; 2],
 }
 
-/// Row groups `pair` × tokens `t0..t0+32` into `out[group][token][row]`: for symmetric
+/// Row groups `pair` × tokens `t0..t0+32` into `out` ([`TileOut`]): for symmetric
 /// 8-bit tiles (`SYM`, `Int8Tiles`: a scale per block, codes `q + 128`) `acc = fma(float(dot
 /// − 128·Σa), d · d_a, acc)` per block; for low-bit codes the same without the correction
 /// per block and `acc = fma(m, S, acc)` per scale group of `bpg` blocks (`s[t * ncg + cg]`
@@ -466,7 +474,8 @@ pub struct GroupPair {
 /// AVX512F present, [`available`] true and a [`TileScope::int8`] alive on this thread;
 /// `x` checked, `t0 + 32 <= x.n_tokens`; the pair's pointers cover `nb` code tiles and
 /// `ncg` scale groups (`ncg == nb`, `bpg == 1` for `SYM`); `s` holds `32 * ncg` values
-/// unless `SYM`.
+/// unless `SYM`; `out`'s 2 × 32 rows of 16 floats are writable and no other thread
+/// accesses them during the call.
 #[target_feature(enable = "avx512f,avx512bw,f16c")]
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn tile_2x2<const SYM: bool>(
@@ -477,7 +486,7 @@ pub unsafe fn tile_2x2<const SYM: bool>(
     x: &Q8Rows,
     s: &[f32],
     t0: usize,
-    out: &mut [[[f32; ROW_GROUP]; AMX_TOKENS_2X2]; 2],
+    out: &TileOut,
 ) {
     let dim = x.dim;
     // Two blocks' dots (current and next), each four 16 × 16 tiles; every tile is stored
@@ -503,8 +512,8 @@ pub unsafe fn tile_2x2<const SYM: bool>(
         let mut acc_store = std::mem::MaybeUninit::<[[__m512; AMX_TOKENS_2X2]; 2]>::uninit();
         let acc = acc_store.as_mut_ptr() as *mut __m512;
         // The last block's (low-bit codes: the last scale group's) results go straight to
-        // `out` (`out[j][t]` at `(j * 32 + t) * 16`), not through `acc`.
-        let outp = out.as_mut_ptr() as *mut f32;
+        // `out`, not through `acc`.
+        let out_at = |j: usize, t: usize| out.groups[j].add(t * out.ld);
         let a_of = |b: usize| [xq.add(b * BLOCK), xq.add(AMX_TOKENS * dim + b * BLOCK)];
         let w_of = |b: usize| {
             [
@@ -549,7 +558,7 @@ pub unsafe fn tile_2x2<const SYM: bool>(
                             };
                             let v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), scale, prev);
                             if SYM && b + 1 == nb {
-                                _mm512_storeu_ps(outp.add(i * ROW_GROUP), v);
+                                _mm512_storeu_ps(out_at(j, tok0 + t), v);
                             } else {
                                 a.write(v);
                             }
@@ -609,7 +618,7 @@ pub unsafe fn tile_2x2<const SYM: bool>(
                         let a = acc.add(i);
                         let v = _mm512_fmadd_ps(m, _mm512_set1_ps(s[t * ncg + cg]), a.read());
                         if cg + 1 == ncg {
-                            _mm512_storeu_ps(outp.add(i * ROW_GROUP), v);
+                            _mm512_storeu_ps(out_at(j, t), v);
                         } else {
                             a.write(v);
                         }
