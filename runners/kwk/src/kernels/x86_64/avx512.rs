@@ -245,6 +245,19 @@ macro_rules! define_tiles {
                         }
                     }
                 }
+                if valid == P * PANEL_ROWS {
+                    // Whole panels: stores straight into `y` (through a buffer, each token's
+                    // row was a `memcpy` call).
+                    for (t, a) in acc.iter().enumerate() {
+                        let dst = y.block_ptr(t0 + t, 1, r0, valid);
+                        for (p, v) in a.iter().enumerate() {
+                            // SAFETY: `block_ptr` checked the token's `valid` columns; this
+                            // tile's rows are the caller's to write.
+                            unsafe { _mm512_storeu_ps(dst.add(p * PANEL_ROWS), *v) };
+                        }
+                    }
+                    return;
+                }
                 let mut buf = [[0f32; PANEL_ROWS]; P];
                 for (t, a) in acc.iter().enumerate() {
                     for p in 0..P {
