@@ -532,9 +532,24 @@ pub unsafe fn tile_2x2<const SYM: bool>(
                     pair.scales[j].add(cg * ROW_GROUP) as *const _
                 ))
             });
-            for b in cg * bpg..((cg + 1) * bpg).min(nb) {
+            // Low-bit codes: the group's minimums, applied in its last block's float step.
+            let mins = [0, 1].map(|j| {
+                if SYM {
+                    _mm512_setzero_ps()
+                } else {
+                    _mm512_cvtph_ps(_mm256_loadu_si256(
+                        pair.mins[j].add(cg * ROW_GROUP) as *const _
+                    ))
+                }
+            });
+            let group_end = ((cg + 1) * bpg).min(nb);
+            for b in cg * bpg..group_end {
                 let cur = tiles_of(b);
-                // The float step of block b's dots `q` (tokens half · 16.., group j).
+                let with_min = !SYM && b + 1 == group_end;
+                // The float step of block b's dots `q` (tokens half · 16.., group j), and
+                // at a scale group's last block of low-bit codes its minimum term
+                // `acc = fma(m, S, acc)` (the specification's next operation) before the
+                // accumulator is stored.
                 macro_rules! float_step {
                     ($q:expr) => {{
                         let (half, j) = ($q / 2, $q % 2);
@@ -556,8 +571,12 @@ pub unsafe fn tile_2x2<const SYM: bool>(
                             } else {
                                 a.read()
                             };
-                            let v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), scale, prev);
-                            if SYM && b + 1 == nb {
+                            let mut v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), scale, prev);
+                            if with_min {
+                                let st = _mm512_set1_ps(*s.as_ptr().add((tok0 + t) * ncg + cg));
+                                v = _mm512_fmadd_ps(mins[j], st, v);
+                            }
+                            if b + 1 == nb {
                                 _mm512_storeu_ps(out_at(j, tok0 + t), v);
                             } else {
                                 a.write(v);
@@ -606,23 +625,6 @@ pub unsafe fn tile_2x2<const SYM: bool>(
                     float_step!(1);
                     float_step!(2);
                     float_step!(3);
-                }
-            }
-            if !SYM {
-                for j in 0..2 {
-                    let m = _mm512_cvtph_ps(_mm256_loadu_si256(
-                        pair.mins[j].add(cg * ROW_GROUP) as *const _
-                    ));
-                    for t in 0..AMX_TOKENS_2X2 {
-                        let i = j * AMX_TOKENS_2X2 + t;
-                        let a = acc.add(i);
-                        let v = _mm512_fmadd_ps(m, _mm512_set1_ps(s[t * ncg + cg]), a.read());
-                        if cg + 1 == ncg {
-                            _mm512_storeu_ps(out_at(j, t), v);
-                        } else {
-                            a.write(v);
-                        }
-                    }
                 }
             }
         }
