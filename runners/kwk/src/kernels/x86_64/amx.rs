@@ -21,8 +21,17 @@
 //! = fma(m, S, acc)` per scale group), so the results equal the specification's to the
 //! bit. The dots of the next block are issued before the float step of the current one
 //! (two dot buffers), so the tile unit and the vector units can overlap: in the 2 × 2
-//! kernel each of the four `tdpbsud` is its own `asm!` block placed before one of the
-//! four float steps of the current block, and the tiles are stored after the last.
+//! kernel each of the four `tdpbsud` is its own `asm!` block, two placed before each of
+//! the current block's two float steps (one per 16-token half, both row groups, so each
+//! token's activation scale, correction and minimum term are loaded once for the two
+//! groups), and the tiles are stored after the last.
+//!
+//! Measured on the same Xeon on 2026-12-03 (`perf` of `speed` pp512, the kernel's samples
+//! against the attention GEMM's, which did not change): not zeroing the 64 accumulators
+//! (block 0 writes them; a zeroed array was a 4 KB `memset` call per kernel call, 2.3 % of
+//! the profile), the low-bit minimum term inside the scale group's last float step
+//! instead of a second pass over the accumulators (int4 -8 %), and one float step per
+//! token half (int4 and int8 -12 %).
 //!
 //! Measured since (same Xeon, later on 2026-12-02): a standalone copy of the 2 × 2 kernel
 //! ran 210 GMAC/s per thread with the four dots and their stores in one `asm!` block (the
@@ -551,35 +560,47 @@ pub unsafe fn tile_2x2<const SYM: bool>(
                 // `acc = fma(m, S, acc)` (the specification's next operation) before the
                 // accumulator is stored.
                 macro_rules! float_step {
-                    ($q:expr) => {{
-                        let (half, j) = ($q / 2, $q % 2);
-                        let dq = cur[$q];
-                        let tok0 = half * AMX_TOKENS;
+                    ($half:expr) => {{
+                        let tok0 = $half * AMX_TOKENS;
                         let xs_b = xs.add(tok0 * nb + b);
                         let xbs_b = xbs.add(tok0 * nb + b);
                         for t in 0..AMX_TOKENS {
-                            let mut c = _mm512_load_si512(dq.add(t * ROW_GROUP) as *const _);
-                            if SYM {
-                                let corr = _mm512_set1_epi32(-128 * *xbs_b.add(t * nb));
-                                c = _mm512_add_epi32(c, corr);
-                            }
-                            let scale = _mm512_mul_ps(dw[j], _mm512_set1_ps(*xs_b.add(t * nb)));
-                            let i = j * AMX_TOKENS_2X2 + tok0 + t;
-                            let a = acc.add(i);
-                            let prev = if b == 0 {
-                                _mm512_setzero_ps()
+                            // The token's activation scale (and correction, minimum term)
+                            // serve both groups.
+                            let xsv = _mm512_set1_ps(*xs_b.add(t * nb));
+                            let corr = if SYM {
+                                _mm512_set1_epi32(-128 * *xbs_b.add(t * nb))
                             } else {
-                                a.read()
+                                _mm512_setzero_si512()
                             };
-                            let mut v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), scale, prev);
-                            if with_min {
-                                let st = _mm512_set1_ps(*s.as_ptr().add((tok0 + t) * ncg + cg));
-                                v = _mm512_fmadd_ps(mins[j], st, v);
-                            }
-                            if b + 1 == nb {
-                                _mm512_storeu_ps(out_at(j, tok0 + t), v);
+                            let st = if with_min {
+                                _mm512_set1_ps(*s.as_ptr().add((tok0 + t) * ncg + cg))
                             } else {
-                                a.write(v);
+                                _mm512_setzero_ps()
+                            };
+                            for j in 0..2 {
+                                let dq = cur[2 * $half + j];
+                                let mut c = _mm512_load_si512(dq.add(t * ROW_GROUP) as *const _);
+                                if SYM {
+                                    c = _mm512_add_epi32(c, corr);
+                                }
+                                let scale = _mm512_mul_ps(dw[j], xsv);
+                                let i = j * AMX_TOKENS_2X2 + tok0 + t;
+                                let a = acc.add(i);
+                                let prev = if b == 0 {
+                                    _mm512_setzero_ps()
+                                } else {
+                                    a.read()
+                                };
+                                let mut v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c), scale, prev);
+                                if with_min {
+                                    v = _mm512_fmadd_ps(mins[j], st, v);
+                                }
+                                if b + 1 == nb {
+                                    _mm512_storeu_ps(out_at(j, tok0 + t), v);
+                                } else {
+                                    a.write(v);
+                                }
                             }
                         }
                     }};
@@ -597,21 +618,19 @@ pub unsafe fn tile_2x2<const SYM: bool>(
                         a0 = in(reg) a[0], sa = in(reg) dim, w0 = in(reg) w[0],
                         s64 = in(reg) 64usize, options(nostack),
                     );
-                    float_step!(0);
                     asm!(
                         "tileloadd tmm7, [{w1} + {s64} * 1]",
                         "tdpbsud tmm1, tmm4, tmm7",
                         w1 = in(reg) w[1], s64 = in(reg) 64usize, options(nostack),
                     );
-                    float_step!(1);
+                    float_step!(0);
                     asm!(
                         "tileloadd tmm5, [{a1} + {sa} * 1]",
                         "tdpbsud tmm2, tmm5, tmm6",
                         a1 = in(reg) a[1], sa = in(reg) dim, options(nostack),
                     );
-                    float_step!(2);
                     asm!("tdpbsud tmm3, tmm5, tmm7", options(nostack, nomem));
-                    float_step!(3);
+                    float_step!(1);
                     asm!(
                         "tilestored [{d0} + {s64} * 1], tmm0",
                         "tilestored [{d1} + {s64} * 1], tmm1",
@@ -623,8 +642,6 @@ pub unsafe fn tile_2x2<const SYM: bool>(
                 } else {
                     float_step!(0);
                     float_step!(1);
-                    float_step!(2);
-                    float_step!(3);
                 }
             }
         }
