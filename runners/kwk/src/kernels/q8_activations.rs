@@ -205,6 +205,23 @@ mod avx512 {
         _mm512_cvttps_epi32(r)
     }
 
+    /// Block `b`'s codes at `1 / d = inv` into `quants`; returns the two halves' codes
+    /// added lane by lane (16 partial sums of the block's codes).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    unsafe fn encode_block(x: &[f32], quants: &mut [i8], b: usize, inv: __m512) -> __m512i {
+        // SAFETY: the caller's contract covers block b of `x` and `quants`.
+        unsafe {
+            let p = x.as_ptr().add(b * Q8_BLOCK);
+            let q0 = round_codes(_mm512_loadu_ps(p), inv);
+            let q1 = round_codes(_mm512_loadu_ps(p.add(16)), inv);
+            let out = quants.as_mut_ptr().add(b * Q8_BLOCK);
+            _mm_storeu_si128(out as *mut _, _mm512_cvtepi32_epi8(q0));
+            _mm_storeu_si128(out.add(16) as *mut _, _mm512_cvtepi32_epi8(q1));
+            _mm512_add_epi32(q0, q1)
+        }
+    }
+
     /// Blocks `b0..b0 + 16`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
@@ -229,15 +246,8 @@ mod avx512 {
             let mut invs = [0f32; GROUP];
             _mm512_storeu_ps(invs.as_mut_ptr(), inv);
             let sums: [__m512; GROUP] = std::array::from_fn(|i| {
-                let b = b0 + i;
-                let p = x.as_ptr().add(b * Q8_BLOCK);
-                let inv = _mm512_set1_ps(invs[i]);
-                let q0 = round_codes(_mm512_loadu_ps(p), inv);
-                let q1 = round_codes(_mm512_loadu_ps(p.add(16)), inv);
-                let out = quants.as_mut_ptr().add(b * Q8_BLOCK);
-                _mm_storeu_si128(out as *mut _, _mm512_cvtepi32_epi8(q0));
-                _mm_storeu_si128(out.add(16) as *mut _, _mm512_cvtepi32_epi8(q1));
-                _mm512_castsi512_ps(_mm512_add_epi32(q0, q1))
+                let codes = encode_block(x, quants, b0 + i, _mm512_set1_ps(invs[i]));
+                _mm512_castsi512_ps(codes)
             });
             let add_i32 = |a: __m512, b: __m512| {
                 _mm512_castsi512_ps(_mm512_add_epi32(
@@ -269,14 +279,9 @@ mod avx512 {
             let amax = _mm512_reduce_max_ps(_mm512_max_ps(lo, hi));
             let d = amax / 127.0;
             let inv = _mm512_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
-            let p = x.as_ptr().add(b * Q8_BLOCK);
-            let q0 = round_codes(_mm512_loadu_ps(p), inv);
-            let q1 = round_codes(_mm512_loadu_ps(p.add(16)), inv);
-            let out = quants.as_mut_ptr().add(b * Q8_BLOCK);
-            _mm_storeu_si128(out as *mut _, _mm512_cvtepi32_epi8(q0));
-            _mm_storeu_si128(out.add(16) as *mut _, _mm512_cvtepi32_epi8(q1));
+            let codes = encode_block(x, quants, b, inv);
             scales[b] = d;
-            block_sums[b] = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+            block_sums[b] = _mm512_reduce_add_epi32(codes);
         }
     }
 }
