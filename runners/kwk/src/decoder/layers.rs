@@ -626,7 +626,9 @@ fn attention(
                 let max = kernels::scale_max_f32(isa, &mut row[..valid], scale);
                 let sum = kernels::exp_shifted_sum(isa, &mut row[..valid], max);
                 let inv = 1.0 / sum;
-                row[..valid].iter_mut().for_each(|v| *v *= inv);
+                // The scaling pass of `scale_max_f32` (exact per element; its maximum is
+                // not needed here), in the tier's vector width.
+                kernels::scale_max_f32(isa, &mut row[..valid], inv);
                 row[valid..].fill(0.0);
             }
             {
