@@ -528,17 +528,27 @@ impl KvCache {
     fn store(&mut self, layer: usize, pos0: usize, k: &[f32], v: &[f32]) {
         let (hd, kvd, cap) = (self.hd, self.n_kv * self.hd, self.cap);
         let v_head = self.hd_panels * PANEL_ROWS * cap;
+        // Slices and fixed-size chunks instead of one indexed store per value (that loop,
+        // bounds-checked and single-threaded, had 1.4 % of an int8 pp512 profile).
+        let (keys, values) = (&mut self.k[layer], &mut self.v[layer]);
         for (t, (kr, vr)) in k.chunks_exact(kvd).zip(v.chunks_exact(kvd)).enumerate() {
             let pos = pos0 + t;
             let (pp, lane) = (pos / PANEL_ROWS, pos % PANEL_ROWS);
             for g in 0..self.n_kv {
-                let kb = g * cap * hd + pp * hd * PANEL_ROWS + lane;
-                for (d, &val) in kr[g * hd..(g + 1) * hd].iter().enumerate() {
-                    self.k[layer][kb + d * PANEL_ROWS] = val;
+                // Key panel `pp`: `[hd][16]`, this position in lane `lane` of every row.
+                let panel = &mut keys[g * cap * hd + pp * hd * PANEL_ROWS..][..hd * PANEL_ROWS];
+                for (row, &val) in panel.chunks_exact_mut(PANEL_ROWS).zip(&kr[g * hd..][..hd]) {
+                    row[lane] = val;
                 }
-                let vb = g * v_head + pos * PANEL_ROWS;
-                for (d, &val) in vr[g * hd..(g + 1) * hd].iter().enumerate() {
-                    self.v[layer][vb + (d / PANEL_ROWS) * cap * PANEL_ROWS + d % PANEL_ROWS] = val;
+                // Value panels: 16 head dimensions of this position side by side in each.
+                let head = &mut values[g * v_head..][..v_head];
+                for (p, src) in vr[g * hd..][..hd].chunks(PANEL_ROWS).enumerate() {
+                    let at = (p * cap + pos) * PANEL_ROWS;
+                    match <&[f32; PANEL_ROWS]>::try_from(src) {
+                        // A whole panel row: a fixed-size move, not a `memcpy` call.
+                        Ok(row) => head[at..at + PANEL_ROWS].copy_from_slice(row),
+                        Err(_) => head[at..at + src.len()].copy_from_slice(src),
+                    }
                 }
             }
         }
