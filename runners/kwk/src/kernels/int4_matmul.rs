@@ -767,6 +767,8 @@ mod tests {
                     (20, 576, 16),
                     (48, 96, 40),
                     (40, 128, 70),
+                    // A pair of row groups whose second is partial, with 32+ tokens.
+                    (20, 96, 40),
                     // One token over several row groups: the paired GEMV (groups g and
                     // g + half in lock step), an odd group left over, a partial last group.
                     (100, 128, 1),

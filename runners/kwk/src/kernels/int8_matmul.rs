@@ -581,7 +581,7 @@ pub(crate) mod x86 {
         let _tiles = unsafe { TileScope::int8() };
         let write =
             |t: usize, g: usize, o: &[f32; ROW_GROUP]| write_group_row(y, rows.end, t, g, o);
-        let (mut out2, mut out16, mut out8): (Out2x2, Out16, Out8) = Default::default();
+        let (mut out16, mut out8): (Out16, Out8) = Default::default();
         let groups = rows.start / ROW_GROUP..rows.end.div_ceil(ROW_GROUP);
         let mut g = groups.start;
         while g < groups.end {
@@ -607,6 +607,9 @@ pub(crate) mod x86 {
                         // they are in `rows`, which this thread owns in `y`.
                         unsafe { k.tile_2x2(g, from, &out) };
                     } else {
+                        // A partial pair (only a matrix's or a slice's last rows): a
+                        // buffer, made here so whole pairs never zero one.
+                        let mut out2 = Out2x2::default();
                         let [b0, b1] = &mut out2;
                         let out = TileOut {
                             groups: [b0.as_mut_ptr().cast(), b1.as_mut_ptr().cast()],
@@ -897,6 +900,9 @@ mod tests {
             (20, 64, 16),
             (64, 160, 40),
             (48, 96, 70),
+            // A pair of row groups whose second is partial, with 32+ tokens: the 2 × 2
+            // kernel through its buffer.
+            (20, 96, 40),
             (5, 64, 1),
             (33, 96, 5),
             (50, 64, 6),
