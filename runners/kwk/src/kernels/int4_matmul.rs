@@ -225,6 +225,12 @@ pub fn lowbit_matmul(
         return x86::lowbit_matmul_amx(w, x, &s_all, rows, y);
     }
     #[cfg(target_arch = "x86_64")]
+    if matches!(isa, QuantIsa::Avx512Vnni | QuantIsa::Amx) && x.n_tokens > TOKEN_TILE {
+        // SAFETY: the tier has AVX512F/BW/VNNI (checked above); `w` and `x` were checked.
+        unsafe { x86::lowbit_matmul_vnni_pairs(w, x, &s_all, rows, y) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
     let vex = super::int8_matmul::avx_vnni_vex();
     #[cfg(target_arch = "x86_64")]
     let paired = isa.paired_gemv();
@@ -389,7 +395,9 @@ pub fn lowbit_tile_scalar(
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86 {
     use super::*;
+    use crate::kernels::int8_matmul::drive_row_group_pairs;
     use std::arch::x86_64::*;
+    use std::array::from_mut;
 
     /// [`lowbit_matmul`] on the `amx` tier (`int8_matmul`'s `drive_amx`): each pair of
     /// row groups has its 4- or 6-bit codes widened to bytes once (8-bit codes are bytes
@@ -482,6 +490,61 @@ pub(crate) mod x86 {
         );
     }
 
+    /// [`lowbit_matmul`] for prompts on the VNNI tiles: row groups two at a time
+    /// ([`drive_row_group_pairs`], [`byte_tiles_vnni`]), each group's 4- or 6-bit codes
+    /// widened to bytes once (8-bit codes are bytes already). `s_all` holds every token's
+    /// minimum terms.
+    ///
+    /// # Safety
+    /// AVX512F/BW/VNNI present; `w` and `x` checked against each other and `rows`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub unsafe fn lowbit_matmul_vnni_pairs(
+        w: &LowBitTiles,
+        x: &Q8Rows,
+        s_all: &[f32],
+        rows: Range<usize>,
+        y: &OutputMatrix,
+    ) {
+        let nb = w.n_blocks();
+        let ncg = w.n_col_groups();
+        let mut widened = (w.bits != 8).then(|| [WidenedGroup::new(w), WidenedGroup::new(w)]);
+        drive_row_group_pairs(rows, x.n_tokens, y, |g, count, t0, n, out| {
+            let s = &s_all[t0 * ncg..(t0 + n) * ncg];
+            let mut codes = [std::ptr::null(); 2];
+            for (j, c) in codes.iter_mut().enumerate().take(count) {
+                *c = match widened.as_mut() {
+                    // SAFETY: forwarded contract (`g + j` is a group of `rows`).
+                    Some(wd) => unsafe { wd[j].group(w, g + j) }.as_ptr(),
+                    None => w.nibbles[(g + j) * nb * BYTE_TILE_BYTES..].as_ptr(),
+                };
+            }
+            // SAFETY: forwarded contract; `codes[..count]` cover the groups' byte tiles.
+            unsafe {
+                match (count, n) {
+                    (2, 1) => byte_tiles_vnni::<2, 1>(w, codes, x, s, [g, g + 1], t0, out),
+                    (2, 2) => byte_tiles_vnni::<2, 2>(w, codes, x, s, [g, g + 1], t0, out),
+                    (2, 3) => byte_tiles_vnni::<2, 3>(w, codes, x, s, [g, g + 1], t0, out),
+                    (2, 4) => byte_tiles_vnni::<2, 4>(w, codes, x, s, [g, g + 1], t0, out),
+                    (2, 5) => byte_tiles_vnni::<2, 5>(w, codes, x, s, [g, g + 1], t0, out),
+                    (2, 6) => byte_tiles_vnni::<2, 6>(w, codes, x, s, [g, g + 1], t0, out),
+                    (1, n) => {
+                        let one = from_mut(&mut out[0]);
+                        let c = [codes[0]];
+                        match n {
+                            1 => byte_tiles_vnni::<1, 1>(w, c, x, s, [g], t0, one),
+                            2 => byte_tiles_vnni::<1, 2>(w, c, x, s, [g], t0, one),
+                            3 => byte_tiles_vnni::<1, 3>(w, c, x, s, [g], t0, one),
+                            4 => byte_tiles_vnni::<1, 4>(w, c, x, s, [g], t0, one),
+                            5 => byte_tiles_vnni::<1, 5>(w, c, x, s, [g], t0, one),
+                            _ => byte_tiles_vnni::<1, 6>(w, c, x, s, [g], t0, one),
+                        }
+                    }
+                    _ => unreachable!("{count} groups × {n} tokens"),
+                }
+            }
+        });
+    }
+
     /// Tokens `t0..t0 + n` of row group `g` on the VNNI tiles: from `widened` (the group's
     /// codes as byte tiles, [`widen_group_codes`]) when given, else from the packed codes.
     ///
@@ -513,14 +576,14 @@ pub(crate) mod x86 {
         // or the 8-bit codes `check` validated).
         unsafe {
             match (bytes, w.bits, n) {
-                (Some(c), _, 1) => byte_tile_vnni::<1>(w, c, x, s, g, t0, out),
-                (Some(c), _, 2) => byte_tile_vnni::<2>(w, c, x, s, g, t0, out),
-                (Some(c), _, 3) => byte_tile_vnni::<3>(w, c, x, s, g, t0, out),
-                (Some(c), _, 4) => byte_tile_vnni::<4>(w, c, x, s, g, t0, out),
-                (Some(c), _, 5) => byte_tile_vnni::<5>(w, c, x, s, g, t0, out),
-                (Some(c), _, 6) => byte_tile_vnni::<6>(w, c, x, s, g, t0, out),
-                (Some(c), _, 7) => byte_tile_vnni::<7>(w, c, x, s, g, t0, out),
-                (Some(c), _, 8) => byte_tile_vnni::<8>(w, c, x, s, g, t0, out),
+                (Some(c), _, 1) => byte_tiles_vnni::<1, 1>(w, [c], x, s, [g], t0, from_mut(out)),
+                (Some(c), _, 2) => byte_tiles_vnni::<1, 2>(w, [c], x, s, [g], t0, from_mut(out)),
+                (Some(c), _, 3) => byte_tiles_vnni::<1, 3>(w, [c], x, s, [g], t0, from_mut(out)),
+                (Some(c), _, 4) => byte_tiles_vnni::<1, 4>(w, [c], x, s, [g], t0, from_mut(out)),
+                (Some(c), _, 5) => byte_tiles_vnni::<1, 5>(w, [c], x, s, [g], t0, from_mut(out)),
+                (Some(c), _, 6) => byte_tiles_vnni::<1, 6>(w, [c], x, s, [g], t0, from_mut(out)),
+                (Some(c), _, 7) => byte_tiles_vnni::<1, 7>(w, [c], x, s, [g], t0, from_mut(out)),
+                (Some(c), _, 8) => byte_tiles_vnni::<1, 8>(w, [c], x, s, [g], t0, from_mut(out)),
                 (None, 4, 1) => lowbit_tile_vnni::<1, false>(w, x, s, g, t0, out),
                 (None, 4, 2) => lowbit_tile_vnni::<2, false>(w, x, s, g, t0, out),
                 (None, 4, 3) => lowbit_tile_vnni::<3, false>(w, x, s, g, t0, out),
@@ -679,63 +742,95 @@ pub(crate) mod x86 {
         }
     }
 
-    /// The 8-bit codes' tile: the same math as `lowbit_tile_vnni` with byte tiles, read
-    /// from `codes` (row group `g`'s `n_blocks` tiles of [`BYTE_TILE_BYTES`]: its 8-bit
-    /// codes, or its 4-/6-bit codes widened by [`widen_group_codes`]).
+    /// The 8-bit codes' tiles of `G` row groups: the same math as `lowbit_tile_vnni` with
+    /// byte tiles, read from `codes[j]` (row group `groups[j]`'s `n_blocks` tiles of
+    /// [`BYTE_TILE_BYTES`]: its 8-bit codes, or its 4-/6-bit codes widened by
+    /// [`widen_group_codes`]), tokens `t0..t0 + N` into `out[j][..N]`.
+    ///
+    /// Register blocking: each 64-byte weight load serves `N` tokens and each broadcast
+    /// activation quad serves `G` groups, quad by quad, so one block holds `G · N` integer
+    /// and `G · N` float accumulators. `G = 2, N = 6` leaves enough independent `vpdpbusd`
+    /// chains and loads per instruction to run near the float step's bound (see
+    /// [`PAIR_TOKENS`]).
     ///
     /// # Safety
-    /// AVX512F/BW/VNNI present; `w`, `x` checked, `g < w.n_groups()`, `t0 + N <=
-    /// x.n_tokens`, `codes` readable for `n_blocks` byte tiles, `s` holds `N` tokens' terms.
+    /// AVX512F/BW/VNNI present; `w`, `x` checked, each `groups[j] < w.n_groups()`,
+    /// `t0 + N <= x.n_tokens`, each `codes[j]` readable for `n_blocks` byte tiles, `s`
+    /// holds `N` tokens' terms, `N <= TOKEN_TILE`.
+    // Index loops: each index addresses several register arrays at once.
+    #[allow(clippy::needless_range_loop)]
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    unsafe fn byte_tile_vnni<const N: usize>(
+    unsafe fn byte_tiles_vnni<const G: usize, const N: usize>(
         w: &LowBitTiles,
-        codes: *const u8,
+        codes: [*const u8; G],
         x: &Q8Rows,
         s: &[f32],
-        g: usize,
+        groups: [usize; G],
         t0: usize,
-        out: &mut [[f32; ROW_GROUP]; TOKEN_TILE],
+        out: &mut [[[f32; ROW_GROUP]; TOKEN_TILE]; G],
     ) {
         let nb = w.n_blocks();
         let ncg = w.n_col_groups();
         let bpg = w.group_size / BLOCK;
         let dim = x.dim;
-        // SAFETY: every pointer stays inside the slices `check` validated, as above.
+        // SAFETY: every pointer stays inside the slices `check` validated (scales and
+        // minimums of each group's column groups < ncg, tokens t0..t0+N) or the caller's
+        // code tiles (blocks < nb).
         unsafe {
-            let sc = w.scales.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
-            let mn = w.mins.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
+            let mut sc = [std::ptr::null::<u16>(); G];
+            let mut mn = [std::ptr::null::<u16>(); G];
+            for j in 0..G {
+                sc[j] = w.scales.as_ptr().add(groups[j] * ncg * ROW_GROUP) as *const u16;
+                mn[j] = w.mins.as_ptr().add(groups[j] * ncg * ROW_GROUP) as *const u16;
+            }
             let xq = x.quants.as_ptr().add(t0 * dim);
             let xs = x.scales.as_ptr().add(t0 * nb);
-            let mut acc = [_mm512_setzero_ps(); N];
+            let mut acc = [[_mm512_setzero_ps(); N]; G];
             for cg in 0..ncg {
-                let dw = _mm512_cvtph_ps(_mm256_loadu_si256(sc.add(cg * ROW_GROUP) as *const _));
+                let mut dw = [_mm512_setzero_ps(); G];
+                for j in 0..G {
+                    dw[j] =
+                        _mm512_cvtph_ps(_mm256_loadu_si256(sc[j].add(cg * ROW_GROUP) as *const _));
+                }
                 for b in cg * bpg..((cg + 1) * bpg).min(nb) {
-                    let tile = codes.add(b * BYTE_TILE_BYTES);
-                    let mut wv = [_mm512_setzero_si512(); 8];
-                    for (quad, v) in wv.iter_mut().enumerate() {
-                        *v = _mm512_loadu_si512(tile.add(quad * 64) as *const _);
-                    }
-                    for (t, acc_t) in acc.iter_mut().enumerate() {
-                        let a = xq.add(t * dim + b * BLOCK) as *const i32;
-                        let mut d = _mm512_setzero_si512();
-                        for (quad, v) in wv.iter().enumerate() {
-                            d = _mm512_dpbusd_epi32(
-                                d,
-                                *v,
-                                _mm512_set1_epi32(a.add(quad).read_unaligned()),
+                    let mut d = [[_mm512_setzero_si512(); N]; G];
+                    for quad in 0..BLOCK / 4 {
+                        let mut wv = [_mm512_setzero_si512(); G];
+                        for j in 0..G {
+                            wv[j] = _mm512_loadu_si512(
+                                codes[j].add(b * BYTE_TILE_BYTES + quad * 64) as *const _,
                             );
                         }
-                        let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*xs.add(t * nb + b)));
-                        *acc_t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), scale, *acc_t);
+                        for t in 0..N {
+                            let a = (xq.add(t * dim + b * BLOCK + quad * 4) as *const i32)
+                                .read_unaligned();
+                            let a = _mm512_set1_epi32(a);
+                            for j in 0..G {
+                                d[j][t] = _mm512_dpbusd_epi32(d[j][t], wv[j], a);
+                            }
+                        }
+                    }
+                    for t in 0..N {
+                        let da = _mm512_set1_ps(*xs.add(t * nb + b));
+                        for j in 0..G {
+                            let scale = _mm512_mul_ps(dw[j], da);
+                            acc[j][t] =
+                                _mm512_fmadd_ps(_mm512_cvtepi32_ps(d[j][t]), scale, acc[j][t]);
+                        }
                     }
                 }
-                let mw = _mm512_cvtph_ps(_mm256_loadu_si256(mn.add(cg * ROW_GROUP) as *const _));
-                for (t, acc_t) in acc.iter_mut().enumerate() {
-                    *acc_t = _mm512_fmadd_ps(mw, _mm512_set1_ps(s[t * ncg + cg]), *acc_t);
+                for j in 0..G {
+                    let mw =
+                        _mm512_cvtph_ps(_mm256_loadu_si256(mn[j].add(cg * ROW_GROUP) as *const _));
+                    for t in 0..N {
+                        acc[j][t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(s[t * ncg + cg]), acc[j][t]);
+                    }
                 }
             }
-            for (t, acc_t) in acc.iter().enumerate() {
-                _mm512_storeu_ps(out[t].as_mut_ptr(), *acc_t);
+            for j in 0..G {
+                for t in 0..N {
+                    _mm512_storeu_ps(out[j][t].as_mut_ptr(), acc[j][t]);
+                }
             }
         }
     }

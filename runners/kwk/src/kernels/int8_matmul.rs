@@ -22,7 +22,9 @@
 //! compute the same exact integer block dots and then the same float operations in the same
 //! order (`acc = fma(float(dot), d_w · d_a, acc)` per block), so their results agree to the
 //! bit; the tests run every path the CPU supports against the scalar one. GEMM (prompts): a
-//! tile of up to [`TOKEN_TILE`] tokens shares each weight load and each weight preparation;
+//! tile of up to [`TOKEN_TILE`] tokens shares each weight load and each weight preparation
+//! (the AVX-512 VNNI tier's low-bit codes take two row groups × [`PAIR_TOKENS`] tokens per
+//! call, so each activation broadcast also serves two weight registers);
 //! GEMV (one token): the same microkernel with one token, whose independent per-block
 //! integer chains the out-of-order core overlaps; it is bound by memory bandwidth. The
 //! 256-bit paths, whose registers hold 8 of a group's 16 rows, have a one-token variant that
@@ -358,6 +360,51 @@ pub(crate) fn drive_row_groups(
             }
             t0 += n;
         }
+    }
+}
+
+/// Tokens per call of a two-row-group GEMM microkernel (`int4_matmul`'s VNNI byte tiles):
+/// 2 groups × 6 tokens hold 12 integer and 12 float accumulators, and every weight load
+/// serves 6 tokens, every broadcast activation quad 2 groups. Measured on a Xeon with
+/// AVX512-VNNI (a C loop of the block step on L1-resident data, multiply-adds per TSC
+/// tick; the float step's bound is about 125): 1 group × 8 tokens 86 (weights held, token
+/// by token) to 100-103 (quad by quad), 2 × 4 110, 2 × 6 112, 3 × 4 110-116, 2 × 8 and
+/// 3 × 5 89-94 (spills).
+pub const PAIR_TOKENS: usize = 6;
+
+/// Runs `tile(first_group, n_groups, first_token, n_tokens, out)` over the row groups of
+/// `rows` two at a time (`n_groups` = 2, a last odd group alone with 1) and each pair's
+/// tokens [`PAIR_TOKENS`] at a time, and writes the rows of `rows` from `out[j]` (group
+/// `first_group + j`, row-major `[token][16]`) into `y`.
+pub(crate) fn drive_row_group_pairs(
+    rows: Range<usize>,
+    n_tokens: usize,
+    y: &OutputMatrix,
+    mut tile: impl FnMut(usize, usize, usize, usize, &mut [[[f32; ROW_GROUP]; TOKEN_TILE]; 2]),
+) {
+    assert_eq!(
+        rows.start % ROW_GROUP,
+        0,
+        "row slices must start on a multiple of {ROW_GROUP}"
+    );
+    assert!(y.n_tokens() >= n_tokens && rows.end <= y.ld());
+    let groups = rows.start / ROW_GROUP..rows.end.div_ceil(ROW_GROUP);
+    let mut out = [[[0f32; ROW_GROUP]; TOKEN_TILE]; 2];
+    let mut g = groups.start;
+    while g < groups.end {
+        let count = (groups.end - g).min(2);
+        let mut t0 = 0;
+        while t0 < n_tokens {
+            let n = (n_tokens - t0).min(PAIR_TOKENS);
+            tile(g, count, t0, n, &mut out);
+            for (j, out_j) in out.iter().take(count).enumerate() {
+                for (t, o) in out_j.iter().take(n).enumerate() {
+                    write_group_row(y, rows.end, t0 + t, g + j, o);
+                }
+            }
+            t0 += n;
+        }
+        g += count;
     }
 }
 
