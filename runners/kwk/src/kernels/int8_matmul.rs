@@ -218,11 +218,13 @@ pub enum PairedGemv {
 impl QuantIsa {
     /// The rows a thread's slice of a quantized matrix starts on a multiple of: two row
     /// groups on `amx` (its 2 × 2 kernel takes groups in pairs; with one-group slices the
-    /// 192-row k/v projections of SmolLM2-135M ran entirely on the slower 16 × 16 one),
-    /// else one.
+    /// 192-row k/v projections of SmolLM2-135M ran entirely on the slower 16 × 16 one) and
+    /// on `avx512vnni` (its prompt tiles take two groups per call, [`PAIR_TOKENS`]; with
+    /// one-group pieces the k/v projections took the one-group tile, 5 % of an int8
+    /// pp512 profile), else one.
     pub fn row_align(self) -> usize {
         match self {
-            QuantIsa::Amx => 2 * ROW_GROUP,
+            QuantIsa::Amx | QuantIsa::Avx512Vnni => 2 * ROW_GROUP,
             _ => ROW_GROUP,
         }
     }
