@@ -19,6 +19,13 @@
 //! activation quads are load-port work): int8 32 (`vpsubb`{k}, `vpmaddubsw`, `vpmaddwd`,
 //! `vpaddd` per quad), 4-bit codes 16, 6-bit 19, versus 8 `vpdpbusd` with VNNI and 32
 //! `vfmadd` for the same 512 multiply-adds in float32; plus 3 per block for the scale.
+//!
+//! Register blocking does not change that here as it does for `vpdpbusd` (two row groups
+//! × 6 tokens in `int4_matmul`'s VNNI tiles): the sign fix is made per weight register and
+//! token, so a broadcast activation shared by two groups still costs 4 operations per
+//! group. Measured on a Xeon (Sapphire Rapids class; a C loop of the 8-bit block step on
+//! L1-resident data, multiply-adds per TSC tick): 1 group × 8 tokens 33.8, 2 × 4 30.5,
+//! 2 × 6 33.2, 3 × 4 31.2, against float32 FMA tiles of 1 × 8 35.2 and 2 × 6 37.8.
 
 use super::prefetch_ahead;
 use crate::kernels::int4_matmul::{
