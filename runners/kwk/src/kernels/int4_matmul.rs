@@ -225,6 +225,12 @@ pub fn lowbit_matmul(
         return x86::lowbit_matmul_amx(w, x, &s_all, rows, y);
     }
     #[cfg(target_arch = "x86_64")]
+    if isa == QuantIsa::Avx512Bw && w.bits == 8 && x.n_tokens > TOKEN_TILE {
+        // SAFETY: the tier has AVX-512 F/BW (checked above); `w` and `x` were checked.
+        unsafe { quant512bw::code8_matmul_i16(w, x, &s_all, rows, y) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
     if matches!(isa, QuantIsa::Avx512Vnni | QuantIsa::Amx) && x.n_tokens > TOKEN_TILE {
         // SAFETY: the tier has AVX512F/BW/VNNI (checked above); `w` and `x` were checked.
         unsafe { x86::lowbit_matmul_vnni_pairs(w, x, &s_all, rows, y) };

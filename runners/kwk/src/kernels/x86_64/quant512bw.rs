@@ -20,19 +20,26 @@
 //! `vpaddd` per quad), 4-bit codes 16, 6-bit 19, versus 8 `vpdpbusd` with VNNI and 32
 //! `vfmadd` for the same 512 multiply-adds in float32; plus 3 per block for the scale.
 //!
-//! Register blocking does not change that here as it does for `vpdpbusd` (two row groups
-//! × 6 tokens in `int4_matmul`'s VNNI tiles): the sign fix is made per weight register and
-//! token, so a broadcast activation shared by two groups still costs 4 operations per
-//! group. Measured on a Xeon (Sapphire Rapids class; a C loop of the 8-bit block step on
-//! L1-resident data, multiply-adds per TSC tick): 1 group × 8 tokens 33.8, 2 × 4 30.5,
-//! 2 × 6 33.2, 3 × 4 31.2, against float32 FMA tiles of 1 × 8 35.2 and 2 × 6 37.8.
+//! Register blocking does not change that for the sign trick as it does for `vpdpbusd`
+//! (two row groups × 6 tokens in `int4_matmul`'s VNNI tiles): the sign fix is made per
+//! weight register and token, so a broadcast activation shared by two groups still costs 4
+//! operations per group. Measured on a Xeon (Sapphire Rapids class; a C loop of the 8-bit
+//! block step on L1-resident data, multiply-adds per TSC tick): 1 group × 8 tokens 33.8,
+//! 2 × 4 30.5, 2 × 6 33.2, 3 × 4 31.2, against float32 FMA tiles of 1 × 8 35.2 and 2 × 6
+//! 37.8. So prompts of 8-bit codes take another road, [`code8_matmul_i16`]: codes and
+//! activations widened to i16 once per call, `vpmaddwd` + `vpaddd` per column pair (the
+//! same 32 instructions per block and token, but no sign fix, no per-quad weight
+//! preparation and no offset start), two row groups × 6 tokens: 2 × 4 37.1 in the same C
+//! loop; `quant_kernel_bench int8` (512 tokens, one thread) 71 -> 81-86 GMAC/s, float32
+//! 68-77; `speed` pp512 int8 908-976 -> 990-1061 t/s with float32 at 892-945. The
+//! single-token and short-batch paths keep the byte tiles (no widening to amortize).
 
 use super::prefetch_ahead;
 use crate::kernels::int4_matmul::{
     x86::unpack_zmm, LowBitTiles, BYTE_TILE_BYTES, HIGH_BITS_TILE_BYTES, NIBBLE_TILE_BYTES,
 };
 use crate::kernels::int8_matmul::{
-    Int8Tiles, Q8Rows, BLOCK, INT8_TILE_BYTES, ROW_GROUP, TOKEN_TILE,
+    drive_row_group_pairs, Int8Tiles, Q8Rows, BLOCK, INT8_TILE_BYTES, ROW_GROUP, TOKEN_TILE,
 };
 use std::arch::x86_64::*;
 
@@ -253,6 +260,207 @@ unsafe fn lowbit_n<const N: usize, const BITS: u32>(
         }
         for (t, acc_t) in acc.iter().enumerate() {
             _mm512_storeu_ps(out[t].as_mut_ptr(), *acc_t);
+        }
+    }
+}
+
+/// Prompts of 8-bit codes (the `int8` format, the int4 mix's 8-bit tensors) on i16 pairs:
+/// the activations of the call and each pair of row groups' codes are widened to i16
+/// once, and a block of 16 rows × 32 columns × 1 token is then 16 `vpmaddwd` + 16
+/// `vpaddd` (`u · a` exact in i16 × i16 products, pair sums up to `2 · 255 · 127` in
+/// i32), with no sign fix, no per-quad weight preparation and no offset correction (the
+/// codes are taken as the unsigned values they are, so the block dot is `Σ u·a`, the
+/// specification's, directly). Row groups two at a time × [`PAIR_TOKENS`](crate::kernels::int8_matmul::PAIR_TOKENS) tokens, as the
+/// VNNI tiles (`drive_row_group_pairs`). Measured on a Xeon (a C loop of the block step on
+/// L1-resident data, multiply-adds per TSC tick): the sign trick 1 × 8 31-32, i16 pairs
+/// 1 × 8 34.7, 2 × 4 37.1, 2 × 6 35.8-36.9, float32 FMA tiles 35-38.
+///
+/// # Safety
+/// AVX-512 F/BW present; `w` and `x` checked against each other and `rows`, `w.bits ==
+/// 8`, `s_all` holds every token's minimum terms (`n_tokens * n_col_groups`).
+#[target_feature(enable = "avx512f,avx512bw")]
+pub unsafe fn code8_matmul_i16(
+    w: &LowBitTiles,
+    x: &Q8Rows,
+    s_all: &[f32],
+    rows: std::ops::Range<usize>,
+    y: &crate::kernels::OutputMatrix,
+) {
+    assert_eq!(w.bits, 8);
+    let nb = w.n_blocks();
+    let ncg = w.n_col_groups();
+    let acts = widen_acts_i16(&x.quants[..x.n_tokens * x.dim]);
+    let mut codes = [vec![0i16; nb * I16_BLOCK], vec![0i16; nb * I16_BLOCK]];
+    let mut widened = [usize::MAX; 2];
+    drive_row_group_pairs(rows, x.n_tokens, y, |g, count, t0, n, out| {
+        let s = &s_all[t0 * ncg..(t0 + n) * ncg];
+        let mut ptrs = [std::ptr::null(); 2];
+        for j in 0..count {
+            if widened[j] != g + j {
+                let tiles = &w.nibbles[(g + j) * nb * BYTE_TILE_BYTES..][..nb * BYTE_TILE_BYTES];
+                // SAFETY: AVX-512 F/BW (this function's contract).
+                unsafe { widen_codes_i16(tiles, &mut codes[j]) };
+                widened[j] = g + j;
+            }
+            ptrs[j] = codes[j].as_ptr();
+        }
+        let a = acts[t0 * x.dim..].as_ptr();
+        // SAFETY: forwarded contract; `ptrs[..count]` hold the groups' widened codes,
+        // `a` tokens t0..t0 + n of the widened activations.
+        unsafe {
+            match (count, n) {
+                (2, 1) => code8_i16::<2, 1>(w, ptrs, a, x, s, [g, g + 1], t0, out),
+                (2, 2) => code8_i16::<2, 2>(w, ptrs, a, x, s, [g, g + 1], t0, out),
+                (2, 3) => code8_i16::<2, 3>(w, ptrs, a, x, s, [g, g + 1], t0, out),
+                (2, 4) => code8_i16::<2, 4>(w, ptrs, a, x, s, [g, g + 1], t0, out),
+                (2, 5) => code8_i16::<2, 5>(w, ptrs, a, x, s, [g, g + 1], t0, out),
+                (2, 6) => code8_i16::<2, 6>(w, ptrs, a, x, s, [g, g + 1], t0, out),
+                (1, n) => {
+                    let one = std::array::from_mut(&mut out[0]);
+                    let p = [ptrs[0]];
+                    match n {
+                        1 => code8_i16::<1, 1>(w, p, a, x, s, [g], t0, one),
+                        2 => code8_i16::<1, 2>(w, p, a, x, s, [g], t0, one),
+                        3 => code8_i16::<1, 3>(w, p, a, x, s, [g], t0, one),
+                        4 => code8_i16::<1, 4>(w, p, a, x, s, [g], t0, one),
+                        5 => code8_i16::<1, 5>(w, p, a, x, s, [g], t0, one),
+                        _ => code8_i16::<1, 6>(w, p, a, x, s, [g], t0, one),
+                    }
+                }
+                _ => unreachable!("{count} groups × {n} tokens"),
+            }
+        }
+    });
+}
+
+/// i16 values of one block of 16 rows × 32 columns: 16 column pairs × 16 rows × 2.
+const I16_BLOCK: usize = ROW_GROUP * BLOCK;
+
+/// The activations as i16 (`[token][column]`, the layout of `quants`).
+#[target_feature(enable = "avx512f,avx512bw")]
+fn widen_acts_i16(quants: &[i8]) -> Vec<i16> {
+    let mut out = vec![0i16; quants.len()];
+    for (o, q) in out.chunks_exact_mut(32).zip(quants.chunks_exact(32)) {
+        // SAFETY: 32 bytes read from a 32-byte chunk, 64 written to a 32-value chunk.
+        unsafe {
+            let v = _mm512_cvtepi8_epi16(_mm256_loadu_si256(q.as_ptr() as *const _));
+            _mm512_storeu_si512(o.as_mut_ptr() as *mut _, v);
+        }
+    }
+    for (o, &q) in out.iter_mut().zip(quants).skip(quants.len() / 32 * 32) {
+        *o = q as i16;
+    }
+    out
+}
+
+/// A row group's byte tiles (`quad * 64 + row * 4 + k`: column `4 quad + k`) as i16
+/// column pairs: per block, pair `p` (columns `2p`, `2p + 1`) is 16 i32 lanes, lane `r`
+/// holding row `r`'s two codes (the lower column in the low half).
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn widen_codes_i16(tiles: &[u8], out: &mut [i16]) {
+    let nb = tiles.len() / BYTE_TILE_BYTES;
+    assert!(out.len() >= nb * I16_BLOCK);
+    let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    for b in 0..nb {
+        for quad in 0..BLOCK / 4 {
+            let src = &tiles[b * BYTE_TILE_BYTES + quad * 64..][..64];
+            let dst = &mut out[b * I16_BLOCK + quad * 2 * 32..][..64];
+            // SAFETY: 64 bytes read from a 64-byte slice, 2 × 64 written to 64 i16.
+            unsafe {
+                let v = _mm512_loadu_si512(src.as_ptr() as *const _);
+                // Rows 0-7 and 8-15, each row's four codes as i16: i32 lanes alternate
+                // the row's pairs (4 quad, 4 quad + 1) and (4 quad + 2, 4 quad + 3).
+                let lo = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(v));
+                let hi = _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64::<1>(v));
+                _mm512_storeu_si512(
+                    dst.as_mut_ptr() as *mut _,
+                    _mm512_permutex2var_epi32(lo, even, hi),
+                );
+                _mm512_storeu_si512(
+                    dst.as_mut_ptr().add(32) as *mut _,
+                    _mm512_permutex2var_epi32(lo, odd, hi),
+                );
+            }
+        }
+    }
+}
+
+/// `G` row groups' i16 codes (`codes[j]`, [`widen_codes_i16`]) × tokens `t0..t0 + N`
+/// (`acts`: their widened activations, rows of `x.dim`) into `out[j][..N]`: exact block
+/// dots, then the specification's float steps in its order.
+///
+/// # Safety
+/// AVX-512 F/BW; as [`code8_matmul_i16`], each `codes[j]` holds `n_blocks` widened blocks
+/// of group `groups[j]`, `acts` `N` rows, `s` `N` tokens' minimum terms.
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn code8_i16<const G: usize, const N: usize>(
+    w: &LowBitTiles,
+    codes: [*const i16; G],
+    acts: *const i16,
+    x: &Q8Rows,
+    s: &[f32],
+    groups: [usize; G],
+    t0: usize,
+    out: &mut [[[f32; ROW_GROUP]; TOKEN_TILE]; G],
+) {
+    let nb = w.n_blocks();
+    let ncg = w.n_col_groups();
+    let bpg = w.group_size / BLOCK;
+    let dim = x.dim;
+    // SAFETY: every pointer stays inside the slices `check` validated (scales and minimums
+    // of each group's column groups, tokens t0..t0+N) or the caller's buffers.
+    unsafe {
+        let mut sc = [std::ptr::null::<u16>(); G];
+        let mut mn = [std::ptr::null::<u16>(); G];
+        for j in 0..G {
+            sc[j] = w.scales.as_ptr().add(groups[j] * ncg * ROW_GROUP) as *const u16;
+            mn[j] = w.mins.as_ptr().add(groups[j] * ncg * ROW_GROUP) as *const u16;
+        }
+        let xs = x.scales.as_ptr().add(t0 * nb);
+        let mut acc = [[_mm512_setzero_ps(); N]; G];
+        for cg in 0..ncg {
+            let mut dw = [_mm512_setzero_ps(); G];
+            for j in 0..G {
+                dw[j] = _mm512_cvtph_ps(_mm256_loadu_si256(sc[j].add(cg * ROW_GROUP) as *const _));
+            }
+            for b in cg * bpg..((cg + 1) * bpg).min(nb) {
+                let mut d = [[_mm512_setzero_si512(); N]; G];
+                for p in 0..BLOCK / 2 {
+                    let mut wv = [_mm512_setzero_si512(); G];
+                    for j in 0..G {
+                        wv[j] =
+                            _mm512_loadu_si512(codes[j].add(b * I16_BLOCK + p * 32) as *const _);
+                    }
+                    for t in 0..N {
+                        let a =
+                            (acts.add(t * dim + b * BLOCK + 2 * p) as *const i32).read_unaligned();
+                        let a = _mm512_set1_epi32(a);
+                        for j in 0..G {
+                            d[j][t] = _mm512_add_epi32(d[j][t], _mm512_madd_epi16(wv[j], a));
+                        }
+                    }
+                }
+                for t in 0..N {
+                    let da = _mm512_set1_ps(*xs.add(t * nb + b));
+                    for j in 0..G {
+                        let scale = _mm512_mul_ps(dw[j], da);
+                        acc[j][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d[j][t]), scale, acc[j][t]);
+                    }
+                }
+            }
+            for j in 0..G {
+                let mw = _mm512_cvtph_ps(_mm256_loadu_si256(mn[j].add(cg * ROW_GROUP) as *const _));
+                for t in 0..N {
+                    acc[j][t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(s[t * ncg + cg]), acc[j][t]);
+                }
+            }
+        }
+        for j in 0..G {
+            for t in 0..N {
+                _mm512_storeu_ps(out[j][t].as_mut_ptr(), acc[j][t]);
+            }
         }
     }
 }
