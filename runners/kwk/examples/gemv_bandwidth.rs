@@ -109,7 +109,7 @@ fn main() {
             scales: &s,
             block_sums: &b,
             dim: COLS,
-            min_terms: None,
+            memo: None,
         },
     };
     let pool = ThreadPool::new(threads);

@@ -205,6 +205,6 @@ fn input<'a>(fmt: &str, n_tok: usize, v: &'a Acts) -> PreparedInput<'a> {
         scales: &v.2,
         block_sums: &v.3,
         dim: v.0,
-        min_terms: None,
+        memo: None,
     }
 }

@@ -3,7 +3,7 @@
 //! (RMSNorm, activation preparation, multi-matmul hand-offs) they share.
 
 use crate::format::{InputKind, PackedLinear, PreparedInput};
-use crate::kernels::int4_matmul::MinTermsMemo;
+use crate::kernels::int4_matmul::InputMemo;
 use crate::kernels::{self, OutputMatrix, PANEL_ROWS};
 use crate::model::{ModelConfig, Tensor};
 use crate::quantize::equalize::InputFactors;
@@ -1001,7 +1001,7 @@ pub(super) struct Activations {
     q8_sums: Vec<i32>,
     q8_dim: usize,
     /// The q8 activations' minimum terms, per group size (cleared by each `prepare`).
-    q8_min_terms: MinTermsMemo,
+    q8_memo: InputMemo,
 }
 
 impl Activations {
@@ -1016,7 +1016,7 @@ impl Activations {
     ) {
         let n = x.len() / dim;
         self.dim = dim;
-        self.q8_min_terms.clear();
+        self.q8_memo.clear();
         let (mut bf16, mut q8) = (false, false);
         for k in kinds {
             match k {
@@ -1077,7 +1077,7 @@ impl Activations {
                     scales: &self.q8_scales[..blocks],
                     block_sums: &self.q8_sums[..blocks],
                     dim: self.q8_dim,
-                    min_terms: Some(&self.q8_min_terms),
+                    memo: Some(&self.q8_memo),
                 }
             }
         }

@@ -160,14 +160,14 @@ pub(crate) fn q8_rows<'a>(x: &PreparedInput<'a>, n_tokens: usize, format: &str) 
             scales,
             block_sums,
             dim,
-            min_terms,
+            memo,
         } => Q8Rows {
             quants,
             scales,
             block_sums,
             dim,
             n_tokens,
-            min_terms,
+            memo,
         },
         _ => {
             panic!("{format} weights read Q8Blocks activations (input_kind), got another encoding")

@@ -19,7 +19,7 @@ pub mod storage;
 
 use crate::decoder::Precision;
 use crate::error::Result;
-use crate::kernels::int4_matmul::MinTermsMemo;
+use crate::kernels::int4_matmul::InputMemo;
 use crate::kernels::OutputMatrix;
 use crate::model::Tensor;
 use std::ops::Range;
@@ -56,7 +56,7 @@ pub enum PreparedInput<'a> {
         dim: usize,
         /// The low-bit kernels' minimum terms of these activations, kept across calls
         /// (`None`: each call computes them).
-        min_terms: Option<&'a MinTermsMemo>,
+        memo: Option<&'a InputMemo>,
     },
 }
 

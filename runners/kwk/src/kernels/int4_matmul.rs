@@ -144,7 +144,7 @@ pub(crate) fn tile_code(
 }
 
 /// `S[t][cg] = Σ_{b in cg} d_a[t][b] · blocksum[t][b]` for tokens `t0..t0 + n` (each sum
-/// from 0 in block order). A prompt's matmuls read it through [`MinTermsMemo`], so each
+/// from 0 in block order). A prompt's matmuls read it through [`InputMemo`], so each
 /// prepared input computes it once per group size: recomputed by each of a matrix's ~16
 /// claimed row pieces it took about 4 % of an int8 pp512 profile on an Intel Xeon.
 fn min_terms(x: &Q8Rows, t0: usize, n: usize, group_size: usize, n_col_groups: usize) -> Vec<f32> {
@@ -170,22 +170,32 @@ fn min_terms(x: &Q8Rows, t0: usize, n: usize, group_size: usize, n_col_groups: u
     s
 }
 
-/// The minimum terms of one prepared q8 input, kept per (group size, token count) so that
-/// every row piece of every matrix reading the input shares one computation. The owner of
-/// the activations clears it whenever it encodes new ones ([`MinTermsMemo::clear`]).
+/// What the quantized kernels derive from one prepared q8 input, kept so that every row
+/// piece of every matrix reading the input shares one computation: its minimum terms per
+/// (group size, token count), and (the `avx512bw` tier's 8-bit prompts) its quants widened
+/// to i16. The owner of the activations clears it whenever it encodes new ones
+/// ([`InputMemo::clear`]).
 #[derive(Default, Debug)]
-pub struct MinTermsMemo(Mutex<Vec<MemoEntry>>);
+pub struct InputMemo {
+    min_terms: Mutex<Vec<MemoEntry>>,
+    /// (token count, `quants` as i16).
+    acts_i16: Mutex<Option<(usize, Arc<[i16]>)>>,
+}
 
 /// (group size, tokens, `S` of every token).
 type MemoEntry = (usize, usize, Arc<[f32]>);
 
-impl MinTermsMemo {
+impl InputMemo {
     /// Forgets every entry (the activations they were computed from changed).
     pub fn clear(&mut self) {
-        self.0
+        self.min_terms
             .get_mut()
             .unwrap_or_else(PoisonError::into_inner)
             .clear();
+        *self
+            .acts_i16
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner) = None;
     }
 }
 
@@ -194,10 +204,13 @@ impl MinTermsMemo {
 /// redoing it), else computed here.
 fn min_terms_all(x: &Q8Rows, group_size: usize, n_col_groups: usize) -> Arc<[f32]> {
     let compute = || Arc::from(min_terms(x, 0, x.n_tokens, group_size, n_col_groups));
-    let Some(memo) = x.min_terms else {
+    let Some(memo) = x.memo else {
         return compute();
     };
-    let mut held = memo.0.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut held = memo
+        .min_terms
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
     let key = (group_size, x.n_tokens);
     if let Some((_, _, s)) = held.iter().find(|e| (e.0, e.1) == key) {
         return Arc::clone(s);
@@ -205,6 +218,24 @@ fn min_terms_all(x: &Q8Rows, group_size: usize, n_col_groups: usize) -> Arc<[f32
     let s = compute();
     held.push((key.0, key.1, Arc::clone(&s)));
     s
+}
+
+/// `x`'s quants (`[token][column]`) as i16, through its memo as [`min_terms_all`]:
+/// `widen` makes them.
+pub(crate) fn acts_i16_all(x: &Q8Rows, widen: impl FnOnce(&[i8]) -> Vec<i16>) -> Arc<[i16]> {
+    let quants = &x.quants[..x.n_tokens * x.dim];
+    let Some(memo) = x.memo else {
+        return Arc::from(widen(quants));
+    };
+    let mut held = memo.acts_i16.lock().unwrap_or_else(PoisonError::into_inner);
+    match &*held {
+        Some((n, a)) if *n == x.n_tokens => Arc::clone(a),
+        _ => {
+            let a: Arc<[i16]> = Arc::from(widen(quants));
+            *held = Some((x.n_tokens, Arc::clone(&a)));
+            a
+        }
+    }
 }
 
 /// `y[t][r] = W[r] · x[t]` for `r` in `rows` (start a multiple of 16) on path `isa`.
@@ -920,7 +951,7 @@ mod tests {
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&got), bits(&spec), "groups of {gs}");
         }
-        let held = |q8: &Q8| q8.memo.0.lock().unwrap().len();
+        let held = |q8: &Q8| q8.memo.min_terms.lock().unwrap().len();
         assert_eq!(held(&q8), 3);
         q8.memo.clear();
         assert_eq!(held(&q8), 0);

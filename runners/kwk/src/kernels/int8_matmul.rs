@@ -64,7 +64,7 @@
 //! on Zen 4, not on a Skylake-SP/Cascade Lake, whose ports for 512-bit integer multiplies
 //! differ; the same bench there (`ISA=avx512bw`) is the check.
 
-use crate::kernels::int4_matmul::MinTermsMemo;
+use crate::kernels::int4_matmul::InputMemo;
 use crate::kernels::quant_portable::{BaselineDots, WidenedDots};
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::x86_64::{quant256, quant512bw};
@@ -275,7 +275,7 @@ pub struct Q8Rows<'a> {
     pub n_tokens: usize,
     /// Where the low-bit kernels keep these activations' minimum terms (none: each call
     /// computes them).
-    pub min_terms: Option<&'a MinTermsMemo>,
+    pub memo: Option<&'a InputMemo>,
 }
 
 impl Q8Rows<'_> {
@@ -790,7 +790,7 @@ pub(crate) mod test_support {
     //! Shared by the quantized kernels' tests: pseudo-random data, q8 activations, and
     //! the comparisons every path must pass.
     use crate::format::{PackedLinear, PreparedInput};
-    use crate::kernels::int4_matmul::MinTermsMemo;
+    use crate::kernels::int4_matmul::InputMemo;
     use crate::kernels::int8_matmul::QuantIsa;
     use crate::kernels::q8_activations::quantize_rows_q8;
     use crate::kernels::OutputMatrix;
@@ -814,7 +814,7 @@ pub(crate) mod test_support {
         pub sums: Vec<i32>,
         pub dim: usize,
         /// Shared by every call on these activations, as the decoder's is.
-        pub memo: MinTermsMemo,
+        pub memo: InputMemo,
     }
 
     impl Q8 {
@@ -825,7 +825,7 @@ pub(crate) mod test_support {
                 scales: vec![0.0; nb],
                 sums: vec![0; nb],
                 dim,
-                memo: MinTermsMemo::default(),
+                memo: InputMemo::default(),
             };
             quantize_rows_q8(x, dim, &mut q.quants, &mut q.scales, &mut q.sums);
             q
@@ -836,7 +836,7 @@ pub(crate) mod test_support {
                 scales: &self.scales,
                 block_sums: &self.sums,
                 dim: self.dim,
-                min_terms: Some(&self.memo),
+                memo: Some(&self.memo),
             }
         }
         pub fn dequant(&self) -> Vec<f32> {

@@ -36,7 +36,8 @@
 
 use super::prefetch_ahead;
 use crate::kernels::int4_matmul::{
-    x86::unpack_zmm, LowBitTiles, BYTE_TILE_BYTES, HIGH_BITS_TILE_BYTES, NIBBLE_TILE_BYTES,
+    acts_i16_all, x86::unpack_zmm, LowBitTiles, BYTE_TILE_BYTES, HIGH_BITS_TILE_BYTES,
+    NIBBLE_TILE_BYTES,
 };
 use crate::kernels::int8_matmul::{
     drive_row_group_pairs, Int8Tiles, Q8Rows, BLOCK, INT8_TILE_BYTES, ROW_GROUP, TOKEN_TILE,
@@ -289,7 +290,8 @@ pub unsafe fn code8_matmul_i16(
     assert_eq!(w.bits, 8);
     let nb = w.n_blocks();
     let ncg = w.n_col_groups();
-    let acts = widen_acts_i16(&x.quants[..x.n_tokens * x.dim]);
+    // (The closure inherits this function's target features.)
+    let acts = acts_i16_all(x, |q| widen_acts_i16(q));
     let mut codes = [vec![0i16; nb * I16_BLOCK], vec![0i16; nb * I16_BLOCK]];
     let mut widened = [usize::MAX; 2];
     drive_row_group_pairs(rows, x.n_tokens, y, |g, count, t0, n, out| {
