@@ -806,13 +806,60 @@ pub(crate) mod x86 {
         t0: usize,
         out: &mut [[[f32; ROW_GROUP]; TOKEN_TILE]; G],
     ) {
+        let dim = x.dim;
+        // SAFETY: the activation reads stay in tokens t0..t0+N, the code reads in the
+        // caller's tiles (blocks < nb); the rest is `code_tiles_zmm`'s contract.
+        unsafe {
+            let xq = x.quants.as_ptr().add(t0 * dim);
+            code_tiles_zmm::<G, N>(w, x, s, groups, t0, out, |b| {
+                let mut d = [[_mm512_setzero_si512(); N]; G];
+                for quad in 0..BLOCK / 4 {
+                    let mut wv = [_mm512_setzero_si512(); G];
+                    for j in 0..G {
+                        wv[j] = _mm512_loadu_si512(
+                            codes[j].add(b * BYTE_TILE_BYTES + quad * 64) as *const _
+                        );
+                    }
+                    for t in 0..N {
+                        let a =
+                            (xq.add(t * dim + b * BLOCK + quad * 4) as *const i32).read_unaligned();
+                        let a = _mm512_set1_epi32(a);
+                        for j in 0..G {
+                            d[j][t] = _mm512_dpbusd_epi32(d[j][t], wv[j], a);
+                        }
+                    }
+                }
+                d
+            })
+        }
+    }
+
+    /// The float steps shared by the zmm prompt tiles of codes (`G` row groups × `N`
+    /// tokens): per block `acc = fma(float(dot), d_w · d_a, acc)` and per column group
+    /// `acc = fma(m, S, acc)`, the specification's order, around `block_dots(b)`, block
+    /// `b`'s exact integer dots `[group][token]`; results into `out[j][..N]`. Inlined into
+    /// each kernel, whose target features it then runs with.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW present; `w`, `x` checked, each `groups[j] < w.n_groups()`, `t0 + N <=
+    /// x.n_tokens`, `s` holds `N` tokens' minimum terms, `N <= TOKEN_TILE`.
+    #[inline(always)]
+    #[allow(clippy::needless_range_loop)]
+    pub(crate) unsafe fn code_tiles_zmm<const G: usize, const N: usize>(
+        w: &LowBitTiles,
+        x: &Q8Rows,
+        s: &[f32],
+        groups: [usize; G],
+        t0: usize,
+        out: &mut [[[f32; ROW_GROUP]; TOKEN_TILE]; G],
+        mut block_dots: impl FnMut(usize) -> [[__m512i; N]; G],
+    ) {
         let nb = w.n_blocks();
         let ncg = w.n_col_groups();
         let bpg = w.group_size / BLOCK;
-        let dim = x.dim;
-        // SAFETY: every pointer stays inside the slices `check` validated (scales and
-        // minimums of each group's column groups < ncg, tokens t0..t0+N) or the caller's
-        // code tiles (blocks < nb).
+        // SAFETY: every pointer stays inside the slices `check` validated: scales and
+        // minimums of each group's column groups < ncg, activation scales of tokens
+        // t0..t0+N; the intrinsics need AVX-512 F (the caller's contract).
         unsafe {
             let mut sc = [std::ptr::null::<u16>(); G];
             let mut mn = [std::ptr::null::<u16>(); G];
@@ -820,7 +867,6 @@ pub(crate) mod x86 {
                 sc[j] = w.scales.as_ptr().add(groups[j] * ncg * ROW_GROUP) as *const u16;
                 mn[j] = w.mins.as_ptr().add(groups[j] * ncg * ROW_GROUP) as *const u16;
             }
-            let xq = x.quants.as_ptr().add(t0 * dim);
             let xs = x.scales.as_ptr().add(t0 * nb);
             let mut acc = [[_mm512_setzero_ps(); N]; G];
             for cg in 0..ncg {
@@ -830,23 +876,7 @@ pub(crate) mod x86 {
                         _mm512_cvtph_ps(_mm256_loadu_si256(sc[j].add(cg * ROW_GROUP) as *const _));
                 }
                 for b in cg * bpg..((cg + 1) * bpg).min(nb) {
-                    let mut d = [[_mm512_setzero_si512(); N]; G];
-                    for quad in 0..BLOCK / 4 {
-                        let mut wv = [_mm512_setzero_si512(); G];
-                        for j in 0..G {
-                            wv[j] = _mm512_loadu_si512(
-                                codes[j].add(b * BYTE_TILE_BYTES + quad * 64) as *const _,
-                            );
-                        }
-                        for t in 0..N {
-                            let a = (xq.add(t * dim + b * BLOCK + quad * 4) as *const i32)
-                                .read_unaligned();
-                            let a = _mm512_set1_epi32(a);
-                            for j in 0..G {
-                                d[j][t] = _mm512_dpbusd_epi32(d[j][t], wv[j], a);
-                            }
-                        }
-                    }
+                    let d = block_dots(b);
                     for t in 0..N {
                         let da = _mm512_set1_ps(*xs.add(t * nb + b));
                         for j in 0..G {

@@ -36,8 +36,8 @@
 
 use super::prefetch_ahead;
 use crate::kernels::int4_matmul::{
-    acts_i16_all, x86::unpack_zmm, LowBitTiles, BYTE_TILE_BYTES, HIGH_BITS_TILE_BYTES,
-    NIBBLE_TILE_BYTES,
+    acts_i16_all, x86::code_tiles_zmm, x86::unpack_zmm, LowBitTiles, BYTE_TILE_BYTES,
+    HIGH_BITS_TILE_BYTES, NIBBLE_TILE_BYTES,
 };
 use crate::kernels::int8_matmul::{
     drive_row_group_pairs, Int8Tiles, Q8Rows, BLOCK, INT8_TILE_BYTES, ROW_GROUP, TOKEN_TILE,
@@ -390,7 +390,7 @@ unsafe fn widen_codes_i16(tiles: &[u8], out: &mut [i16]) {
 
 /// `G` row groups' i16 codes (`codes[j]`, [`widen_codes_i16`]) × tokens `t0..t0 + N`
 /// (`acts`: their widened activations, rows of `x.dim`) into `out[j][..N]`: exact block
-/// dots, then the specification's float steps in its order.
+/// dots, then the specification's float steps in its order (`code_tiles_zmm`).
 ///
 /// # Safety
 /// AVX-512 F/BW; as [`code8_matmul_i16`], each `codes[j]` holds `n_blocks` widened blocks
@@ -407,62 +407,26 @@ unsafe fn code8_i16<const G: usize, const N: usize>(
     t0: usize,
     out: &mut [[[f32; ROW_GROUP]; TOKEN_TILE]; G],
 ) {
-    let nb = w.n_blocks();
-    let ncg = w.n_col_groups();
-    let bpg = w.group_size / BLOCK;
     let dim = x.dim;
-    // SAFETY: every pointer stays inside the slices `check` validated (scales and minimums
-    // of each group's column groups, tokens t0..t0+N) or the caller's buffers.
+    // SAFETY: the reads stay in the caller's buffers (`N` activation rows, `n_blocks`
+    // widened blocks per group); the rest is `code_tiles_zmm`'s contract.
     unsafe {
-        let mut sc = [std::ptr::null::<u16>(); G];
-        let mut mn = [std::ptr::null::<u16>(); G];
-        for j in 0..G {
-            sc[j] = w.scales.as_ptr().add(groups[j] * ncg * ROW_GROUP) as *const u16;
-            mn[j] = w.mins.as_ptr().add(groups[j] * ncg * ROW_GROUP) as *const u16;
-        }
-        let xs = x.scales.as_ptr().add(t0 * nb);
-        let mut acc = [[_mm512_setzero_ps(); N]; G];
-        for cg in 0..ncg {
-            let mut dw = [_mm512_setzero_ps(); G];
-            for j in 0..G {
-                dw[j] = _mm512_cvtph_ps(_mm256_loadu_si256(sc[j].add(cg * ROW_GROUP) as *const _));
-            }
-            for b in cg * bpg..((cg + 1) * bpg).min(nb) {
-                let mut d = [[_mm512_setzero_si512(); N]; G];
-                for p in 0..BLOCK / 2 {
-                    let mut wv = [_mm512_setzero_si512(); G];
-                    for j in 0..G {
-                        wv[j] =
-                            _mm512_loadu_si512(codes[j].add(b * I16_BLOCK + p * 32) as *const _);
-                    }
-                    for t in 0..N {
-                        let a =
-                            (acts.add(t * dim + b * BLOCK + 2 * p) as *const i32).read_unaligned();
-                        let a = _mm512_set1_epi32(a);
-                        for j in 0..G {
-                            d[j][t] = _mm512_add_epi32(d[j][t], _mm512_madd_epi16(wv[j], a));
-                        }
-                    }
+        code_tiles_zmm::<G, N>(w, x, s, groups, t0, out, |b| {
+            let mut d = [[_mm512_setzero_si512(); N]; G];
+            for p in 0..BLOCK / 2 {
+                let mut wv = [_mm512_setzero_si512(); G];
+                for j in 0..G {
+                    wv[j] = _mm512_loadu_si512(codes[j].add(b * I16_BLOCK + p * 32) as *const _);
                 }
                 for t in 0..N {
-                    let da = _mm512_set1_ps(*xs.add(t * nb + b));
+                    let a = (acts.add(t * dim + b * BLOCK + 2 * p) as *const i32).read_unaligned();
+                    let a = _mm512_set1_epi32(a);
                     for j in 0..G {
-                        let scale = _mm512_mul_ps(dw[j], da);
-                        acc[j][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d[j][t]), scale, acc[j][t]);
+                        d[j][t] = _mm512_add_epi32(d[j][t], _mm512_madd_epi16(wv[j], a));
                     }
                 }
             }
-            for j in 0..G {
-                let mw = _mm512_cvtph_ps(_mm256_loadu_si256(mn[j].add(cg * ROW_GROUP) as *const _));
-                for t in 0..N {
-                    acc[j][t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(s[t * ncg + cg]), acc[j][t]);
-                }
-            }
-        }
-        for j in 0..G {
-            for t in 0..N {
-                _mm512_storeu_ps(out[j][t].as_mut_ptr(), acc[j][t]);
-            }
-        }
+            d
+        })
     }
 }
