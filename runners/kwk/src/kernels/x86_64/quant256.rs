@@ -53,6 +53,13 @@
 //! four vector pipes as the bound); dropping the per-block float step (a throwaway build,
 //! wrong results) gains 12 %, dropping the block-sum start value or the offset removal
 //! (`vpxor`) nothing measurable, unrolling the quad loop by two nothing.
+//!
+//! Two things that pay on zmm do not here (a C loop of the 8-bit block step on an Intel
+//! Xeon of the Sapphire Rapids class, L1-resident, VEX code with its 16 ymm registers,
+//! multiply-adds per TSC tick): widening codes and activations to i16 pairs (`vpmaddwd` +
+//! `vpaddd`, which `avx512bw`'s 8-bit prompts use) ran 21.5-27.3 for 3-4 tokens against
+//! the sign trick's 22.3-24.0, and more than 4 tokens per sub-tile spill; `vpdpbusd` ymm
+//! over both halves ran 67-70 for 4, 5 and 6 tokens alike and 44-46 for 7 (spills).
 
 use super::prefetch_ahead;
 use crate::kernels::int4_matmul::{code_tile_bytes, LowBitTiles, HIGH_BITS_TILE_BYTES};
