@@ -788,7 +788,7 @@ pub(crate) mod x86 {
     /// activation quad serves `G` groups, quad by quad, so one block holds `G · N` integer
     /// and `G · N` float accumulators. `G = 2, N = 6` leaves enough independent `vpdpbusd`
     /// chains and loads per instruction to run near the float step's bound (see
-    /// [`PAIR_TOKENS`]).
+    /// [`PAIR_TOKENS`](crate::kernels::int8_matmul::PAIR_TOKENS)).
     ///
     /// # Safety
     /// AVX512F/BW/VNNI present; `w`, `x` checked, each `groups[j] < w.n_groups()`,
