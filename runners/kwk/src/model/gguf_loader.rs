@@ -12,8 +12,8 @@
 //!   are `n_expert` such matrices one after another.
 //! - llama.cpp's converter (`conversion/llama.py`, `LlamaModel.permute`) reorders the rows
 //!   of `q_proj`/`k_proj` of `llama`-arch models so that ggml's rope, which rotates
-//!   adjacent pairs (x[2i], x[2i+1]), computes what HF's rotate-half rope computes on
-//!   (x[i], x[i + d/2]): within each head of `head_dim` rows, HF row `j * d/2 + i` is
+//!   adjacent pairs `(x[2i], x[2i+1])`, computes what HF's rotate-half rope computes on
+//!   `(x[i], x[i + d/2])`: within each head of `head_dim` rows, HF row `j * d/2 + i` is
 //!   written to row `2 i + j`. This loader puts the rows back (k with `n_kv_heads` heads),
 //!   so the decoder sees one convention whatever the source. qwen2/qwen3 models use
 //!   ggml's NeoX rope and are stored unpermuted.

@@ -13,7 +13,7 @@
 //! stays at `mix_bits` (as llama.cpp always gives `output` more bits).
 //!
 //! The default budget is the size llama.cpp's Q4_K_M would give the same model
-//! ([`q4_k_m_bits`]), so a kwk `int4` row is compared with Q4_K_M at equal size; a grid
+//! ([`q4_k_m_bits_per_weight`]), so a kwk `int4` row is compared with Q4_K_M at equal size; a grid
 //! whose estimated error is not lower than the cheaper one (weights that already sit on a
 //! 4-bit g32 grid) is never bought.
 
