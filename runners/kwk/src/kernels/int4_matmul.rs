@@ -294,14 +294,6 @@ pub fn lowbit_matmul(
     #[cfg(not(target_arch = "x86_64"))]
     let pair = None;
     let mut widened_dots = (isa == QuantIsa::Scalar).then(|| WidenedDots::<BaselineDots>::new(x));
-    // Prompts on the AVX-512 VNNI tiles decode 4-/6-bit codes to bytes once per row group
-    // and run the byte tiles on them (same integer dots, same float steps), instead of
-    // unpacking every block again for each 8-token tile.
-    #[cfg(target_arch = "x86_64")]
-    let mut widened = (matches!(isa, QuantIsa::Avx512Vnni | QuantIsa::Amx)
-        && w.bits != 8
-        && x.n_tokens > TOKEN_TILE)
-        .then(|| WidenedGroup::new(w));
     drive_row_groups(
         rows,
         x.n_tokens,
@@ -330,10 +322,8 @@ pub fn lowbit_matmul(
                 #[cfg(target_arch = "x86_64")]
                 QuantIsa::Avx512Bw => unsafe { quant512bw::lowbit_tile(w, x, s, g, t0, n, out) },
                 #[cfg(target_arch = "x86_64")]
-                // (and `widened` exists only on these tiers, made for `w`)
                 QuantIsa::Avx512Vnni | QuantIsa::Amx => unsafe {
-                    let widened = widened.as_mut().map(|wd| wd.group(w, g));
-                    x86::lowbit_tile_vnni_dispatch(w, widened, x, s, g, t0, n, out)
+                    x86::lowbit_tile_vnni_dispatch(w, x, s, g, t0, n, out)
                 },
                 #[cfg(not(target_arch = "x86_64"))]
                 _ => unreachable!(),
@@ -503,9 +493,7 @@ pub(crate) mod x86 {
             }
             fn tile_vnni(&mut self, g: usize, t0: usize, n: usize, out: &mut Out8) {
                 // SAFETY: see the impl.
-                unsafe {
-                    lowbit_tile_vnni_dispatch(self.w, None, self.x, self.s(t0, n), g, t0, n, out)
-                };
+                unsafe { lowbit_tile_vnni_dispatch(self.w, self.x, self.s(t0, n), g, t0, n, out) };
             }
         }
         let len = if w.bits == 8 {
@@ -582,17 +570,15 @@ pub(crate) mod x86 {
         });
     }
 
-    /// Tokens `t0..t0 + n` of row group `g` on the VNNI tiles: from `widened` (the group's
-    /// codes as byte tiles, [`widen_group_codes`]) when given, else from the packed codes.
+    /// Tokens `t0..t0 + n` of row group `g` on the VNNI tiles (short batches and the
+    /// `amx` tier's leftover tokens; longer prompts take [`lowbit_matmul_vnni_pairs`]):
+    /// 8-bit codes on the byte tiles, 4-/6-bit codes unpacked block by block.
     ///
     /// # Safety
     /// AVX512F/BW/VNNI present; `w`, `x` checked, `g < w.n_groups()`,
-    /// `t0 + n <= x.n_tokens`, `1 <= n <= TOKEN_TILE`, `s` holds `n * n_col_groups` values;
-    /// `widened`, if given, holds group `g`'s codes widened.
-    #[allow(clippy::too_many_arguments)]
+    /// `t0 + n <= x.n_tokens`, `1 <= n <= TOKEN_TILE`, `s` holds `n * n_col_groups` values.
     pub unsafe fn lowbit_tile_vnni_dispatch(
         w: &LowBitTiles,
-        widened: Option<&[u8]>,
         x: &Q8Rows,
         s: &[f32],
         g: usize,
@@ -601,16 +587,9 @@ pub(crate) mod x86 {
         out: &mut [[f32; ROW_GROUP]; TOKEN_TILE],
     ) {
         let nb = w.n_blocks();
-        let bytes = match widened {
-            Some(codes) => {
-                assert!(codes.len() >= nb * BYTE_TILE_BYTES);
-                Some(codes.as_ptr())
-            }
-            None if w.bits == 8 => Some(w.nibbles[g * nb * BYTE_TILE_BYTES..].as_ptr()),
-            None => None,
-        };
-        // SAFETY: forwarded contract; `bytes` covers the group's byte tiles (asserted above,
-        // or the 8-bit codes `check` validated).
+        let bytes = (w.bits == 8).then(|| w.nibbles[g * nb * BYTE_TILE_BYTES..].as_ptr());
+        // SAFETY: forwarded contract; `bytes` covers the group's byte tiles (the 8-bit
+        // codes `check` validated).
         unsafe {
             match (bytes, w.bits, n) {
                 (Some(c), _, 1) => byte_tiles_vnni::<1, 1>(w, [c], x, s, [g], t0, from_mut(out)),

@@ -322,6 +322,18 @@ pub(crate) fn write_group_row(
     }
 }
 
+/// The row groups `rows` touches, after checking that `rows` starts on a group and that
+/// `y` holds `n_tokens` tokens and the rows (what the drivers below require).
+fn row_groups_of(rows: &Range<usize>, n_tokens: usize, y: &OutputMatrix) -> Range<usize> {
+    assert_eq!(
+        rows.start % ROW_GROUP,
+        0,
+        "row slices must start on a multiple of {ROW_GROUP}"
+    );
+    assert!(y.n_tokens() >= n_tokens && rows.end <= y.ld());
+    rows.start / ROW_GROUP..rows.end.div_ceil(ROW_GROUP)
+}
+
 /// Runs `tile(group, first_token, n_tokens, out)` for every row group touched by `rows`
 /// and every token tile, and writes the rows of `rows` from `out` (row-major
 /// `[token][16]`) into `y`. With one token and a `pair` kernel, the groups are instead
@@ -335,13 +347,7 @@ pub(crate) fn drive_row_groups(
     mut tile: impl FnMut(usize, usize, usize, &mut [[f32; ROW_GROUP]; TOKEN_TILE]),
     pair: Option<GemvPair>,
 ) {
-    assert_eq!(
-        rows.start % ROW_GROUP,
-        0,
-        "row slices must start on a multiple of {ROW_GROUP}"
-    );
-    assert!(y.n_tokens() >= n_tokens && rows.end <= y.ld());
-    let groups = rows.start / ROW_GROUP..rows.end.div_ceil(ROW_GROUP);
+    let groups = row_groups_of(&rows, n_tokens, y);
     let write = |t: usize, g: usize, o: &[f32; ROW_GROUP]| write_group_row(y, rows.end, t, g, o);
     let mut rest = groups.clone();
     if let (1, Some(pair)) = (n_tokens, pair) {
@@ -387,13 +393,7 @@ pub(crate) fn drive_row_group_pairs(
     y: &OutputMatrix,
     mut tile: impl FnMut(usize, usize, usize, usize, &mut [[[f32; ROW_GROUP]; TOKEN_TILE]; 2]),
 ) {
-    assert_eq!(
-        rows.start % ROW_GROUP,
-        0,
-        "row slices must start on a multiple of {ROW_GROUP}"
-    );
-    assert!(y.n_tokens() >= n_tokens && rows.end <= y.ld());
-    let groups = rows.start / ROW_GROUP..rows.end.div_ceil(ROW_GROUP);
+    let groups = row_groups_of(&rows, n_tokens, y);
     let mut out = [[[0f32; ROW_GROUP]; TOKEN_TILE]; 2];
     let mut g = groups.start;
     while g < groups.end {
