@@ -76,6 +76,13 @@ fn panel_matmuls_match_scalar_at_odd_shapes() {
         (40, 20, 9),
         (33, 70, 10),
         (16, 9, 11),
+        // Generation (one token) over every count and tail of the 4-panel AVX2 bf16
+        // path and the scalar tier's 3 panels at a time.
+        (70, 24, 1),
+        (40, 10, 1),
+        (33, 12, 1),
+        (64, 8, 1),
+        (112, 6, 1),
     ] {
         let w = values(n_rows * cols, (n_rows * 31 + cols) as u64);
         let x = values(nt * cols, (nt * 7 + cols) as u64);
@@ -143,9 +150,15 @@ fn output_matrix_writes_land_at_token_and_column() {
 
 #[test]
 fn scalar_panel_matmul_is_a_plain_matmul() {
-    let (n_rows, cols, nt) = (21, 9, 3);
-    let w = values(n_rows * cols, 1);
-    let x = values(nt * cols, 2);
+    // 2, 3 and 4 panels (the scalar tier takes up to 3 at a time), full and partial.
+    for (n_rows, cols, nt) in [(21, 9, 3), (48, 5, 2), (55, 9, 1), (64, 4, 1)] {
+        plain_matmul_case(n_rows, cols, nt);
+    }
+}
+
+fn plain_matmul_case(n_rows: usize, cols: usize, nt: usize) {
+    let w = values(n_rows * cols, n_rows as u64);
+    let x = values(nt * cols, cols as u64);
     let y = run_f32(Isa::Scalar, &w, n_rows, cols, &x, nt, 0..n_rows);
     for t in 0..nt {
         for r in 0..n_rows {

@@ -1,8 +1,9 @@
 //! AVX2 + FMA kernels for CPUs without AVX-512: float32 and bf16 panel matmuls (tiles of
-//! 2 tokens x 2 panels = 8 ymm accumulators; bf16 widened to f32 by shifts) and the vector
-//! helpers of attention, SwiGLU and GPTQ (dot products, axpy, `exp` by the polynomial of the
-//! AVX-512 file, which this tier otherwise took from libm one value at a time). Reached only through `kernels/mod.rs`, which checked the features
-//! and the buffer bounds.
+//! 2 tokens x 2 panels = 8 ymm accumulators, float32 prompts 1 panel x 6 tokens, bf16
+//! generation 4 panels; bf16 widened to f32 by shifts) and the vector helpers of
+//! attention, SwiGLU and GPTQ (dot products, axpy, `exp` by the polynomial of the AVX-512
+//! file, which this tier otherwise took from libm one value at a time). Reached only
+//! through `kernels/mod.rs`, which checked the features and the buffer bounds.
 
 use super::{EXP_LN2_HI, EXP_LN2_LO, EXP_MAX, EXP_MIN, EXP_POLY};
 use crate::kernels::{OutputMatrix, PANEL_ROWS};
@@ -36,6 +37,11 @@ unsafe fn gemm_panels(
     if !bf16 && n_tokens >= 3 {
         // SAFETY: as this function's contract.
         unsafe { gemm_f32_tall(w, panel_bytes, cols, x, ldx, n_tokens, rows, y) };
+        return;
+    }
+    if bf16 && n_tokens == 1 {
+        // SAFETY: as this function's contract.
+        unsafe { gemv_bf16_wide(w, panel_bytes, cols, x, rows, y) };
         return;
     }
     let mut p = 0;
@@ -127,6 +133,44 @@ unsafe fn gemm_f32_tall(
                 t += tt;
             }
         }
+    }
+}
+
+/// bf16 generation (one token): four panels at a time, so eight accumulator chains of two
+/// FMAs per column pair (odd column, then even) are in flight where the 2 x 1 tile had
+/// four: that tile's chains, not the reads, bounded it (71 % of the read roofline at tg128
+/// where float32's one-FMA chains reach 92 %). Each output's FMA chain is the 2 x 1 tile's,
+/// so results are identical.
+///
+/// # Safety
+/// As [`gemm_panels`] (bf16, one token).
+#[target_feature(enable = "avx2,fma")]
+unsafe fn gemv_bf16_wide(
+    w: *const u8,
+    panel_bytes: usize,
+    cols: usize,
+    x: *const u8,
+    rows: Range<usize>,
+    y: &OutputMatrix,
+) {
+    let n_panels = (rows.end - rows.start).div_ceil(PANEL_ROWS);
+    let first = rows.start / PANEL_ROWS;
+    let mut p = 0;
+    while p < n_panels {
+        let take = (n_panels - p).min(4);
+        let r0 = (first + p) * PANEL_ROWS;
+        let valid = (rows.end - r0).min(take * PANEL_ROWS);
+        // SAFETY: panels first+p..first+p+take lie inside `w`; the token row inside `x`.
+        unsafe {
+            let wp = w.add((first + p) * panel_bytes);
+            match take {
+                4 => tile_bf16::<4, 1>(wp, panel_bytes, cols, cols, x, 0, r0, valid, y),
+                3 => tile_bf16::<3, 1>(wp, panel_bytes, cols, cols, x, 0, r0, valid, y),
+                2 => tile_bf16::<2, 1>(wp, panel_bytes, cols, cols, x, 0, r0, valid, y),
+                _ => tile_bf16::<1, 1>(wp, panel_bytes, cols, cols, x, 0, r0, valid, y),
+            }
+        }
+        p += take;
     }
 }
 
