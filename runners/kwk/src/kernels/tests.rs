@@ -76,13 +76,15 @@ fn panel_matmuls_match_scalar_at_odd_shapes() {
         (40, 20, 9),
         (33, 70, 10),
         (16, 9, 11),
-        // Generation (one token) over every count and tail of the 4-panel AVX2 bf16
-        // path and the scalar tier's 3 panels at a time.
+        // Generation (one token) over every count and tail of the 8-panel AVX-512 and
+        // 4-panel AVX2 bf16 tiles and the scalar tier's 3 panels at a time.
         (70, 24, 1),
         (40, 10, 1),
         (33, 12, 1),
         (64, 8, 1),
         (112, 6, 1),
+        (96, 5, 1),
+        (150, 6, 1),
     ] {
         let w = values(n_rows * cols, (n_rows * 31 + cols) as u64);
         let x = values(nt * cols, (nt * 7 + cols) as u64);
