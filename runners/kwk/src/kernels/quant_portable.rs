@@ -5,7 +5,8 @@
 //!
 //! A row group's codes are widened once into a panel and the activations once per call;
 //! each 32-column block's 16 row dots then reuse every panel load for up to [`TOKENS`]
-//! tokens ([`BlockDots`]). On x86-64 the panel holds i16 code pairs for SSE2's `pmaddwd`
+//! tokens ([`BlockDots`]). Generation (one token, each code used once) reads the packed
+//! tiles directly instead, asking for the codes [`PREFETCH_AHEAD`] bytes ahead. On x86-64 the panel holds i16 code pairs for SSE2's `pmaddwd`
 //! (`x86_64/baseline.rs`: SSE2 is in every x86-64 CPU); elsewhere ([`F32Dots`]) it is
 //! `[column][16 rows]` f32, the float32 panel layout, and the dots are f32 multiply-adds
 //! the compiler vectorizes (NEON on aarch64). Both are exact: a block dot `Σ q·a` has
@@ -52,6 +53,20 @@ pub(crate) trait BlockDots {
         lanes: &[Self::Lane],
         acts: [&[Self::Act]; N],
     ) -> [[f32; ROW_GROUP]; N];
+    /// The 16 rows' dots of one block read straight from its packed tile (codes minus
+    /// `offset`) with one token's 32 activations `acts` (`block_sum` their sum): for calls
+    /// of too few tokens to repay widening the group (generation).
+    fn packed_block_dots(
+        bits: u32,
+        tile: &[u8],
+        high_bits: &[u8],
+        offset: i16,
+        acts: &[i8],
+        block_sum: i32,
+    ) -> [f32; ROW_GROUP];
+    /// Asks the caches for the `len` bytes at `at` (which need not be valid to read);
+    /// a hint only.
+    fn prefetch(_at: *const u8, _len: usize) {}
 }
 
 /// The block dots of the target's scalar tier: SSE2's `pmaddwd` on x86-64 (part of its
@@ -86,6 +101,24 @@ impl BlockDots for F32Dots {
         }
     }
 
+    fn packed_block_dots(
+        bits: u32,
+        tile: &[u8],
+        high_bits: &[u8],
+        offset: i16,
+        acts: &[i8],
+        _block_sum: i32,
+    ) -> [f32; ROW_GROUP] {
+        let mut s = [0f32; ROW_GROUP];
+        for (c, &a) in acts[..BLOCK].iter().enumerate() {
+            for (r, s_r) in s.iter_mut().enumerate() {
+                let q = tile_code(bits, tile, high_bits, c / 4, r, c % 4) as i16 - offset;
+                *s_r += q as f32 * a as f32;
+            }
+        }
+        s
+    }
+
     /// Each panel column is loaded once for all `N` tokens.
     #[inline(always)]
     fn block_dots<const N: usize>(lanes: &[f32], acts: [&[f32]; N]) -> [[f32; ROW_GROUP]; N] {
@@ -102,14 +135,31 @@ impl BlockDots for F32Dots {
     }
 }
 
+/// Calls of at most this many tokens read each block's codes straight from the packed
+/// tile ([`BlockDots::packed_block_dots`]) instead of widening the row group first: in
+/// generation each code is used once, and widening it (a store and a reload of twice its
+/// bytes) took more time than the dots (35 % of a scalar int8 tg128 profile against 20 %
+/// for the dots and float steps together; tg128 int8 48-50 -> 48-56, int4 47 -> 55-57
+/// tokens/s before [`PREFETCH_AHEAD`]).
+const PACKED_MAX_TOKENS: usize = 1;
+
+/// How far ahead of the block being read, in bytes, the packed path asks for the codes
+/// (a group's tiles follow each other, and the next group's follow the last). Without it
+/// the reads stalled on memory: `speed`, `KWK_ISA=scalar`, tg128, 2 threads on a Xeon,
+/// int8 42-56 -> 80-83 (1 KiB), 86 (2 KiB), 85 (4 KiB) tokens/s; int4 54-56 -> 64.
+const PREFETCH_AHEAD: usize = 2048;
+
 /// The state of one matmul call on the scalar tier: the activations widened once and
-/// the row group whose codes and scales are currently widened.
+/// the row group whose codes and scales are currently widened (calls of up to
+/// [`PACKED_MAX_TOKENS`] tokens widen only the scales).
 pub(crate) struct WidenedDots<D: BlockDots = BaselineDots> {
-    /// `[token][block][D::ACTS_PER_BLOCK]` activations.
+    /// `[token][block][D::ACTS_PER_BLOCK]` activations (empty when `packed`).
     acts: Vec<D::Act>,
+    /// Whether the codes are read from their packed tiles.
+    packed: bool,
     /// The group held in `panel`, `scales` and `mins`.
     group: Option<usize>,
-    /// `[block][D::LANES_PER_BLOCK]` codes of the group.
+    /// `[block][D::LANES_PER_BLOCK]` codes of the group (empty when `packed`).
     panel: Vec<D::Lane>,
     /// `[block or column group][row]` scales as f32.
     scales: Vec<f32>,
@@ -117,11 +167,30 @@ pub(crate) struct WidenedDots<D: BlockDots = BaselineDots> {
     mins: Vec<f32>,
 }
 
+/// One row group's packed code tiles, for [`BlockDots::packed_block_dots`].
+#[derive(Clone, Copy)]
+struct PackedCodes<'a> {
+    bits: u32,
+    /// The group's code tiles, `tile_bytes` each.
+    tiles: &'a [u8],
+    tile_bytes: usize,
+    /// The group's high-bit tiles (6-bit codes), else empty.
+    high_bits: &'a [u8],
+    offset: i16,
+}
+
 impl<D: BlockDots> WidenedDots<D> {
-    /// Widens `x`'s activations (once per matmul call).
+    /// Widens `x`'s activations (once per matmul call) unless the call is short enough to
+    /// read codes packed.
     pub(crate) fn new(x: &Q8Rows) -> Self {
+        let packed = x.n_tokens <= PACKED_MAX_TOKENS;
         WidenedDots {
-            acts: D::widen_acts(&x.quants[..x.n_tokens * x.dim]),
+            acts: if packed {
+                Vec::new()
+            } else {
+                D::widen_acts(&x.quants[..x.n_tokens * x.dim])
+            },
+            packed,
             group: None,
             panel: Vec::new(),
             scales: Vec::new(),
@@ -140,13 +209,15 @@ impl<D: BlockDots> WidenedDots<D> {
         out: &mut [[f32; ROW_GROUP]; TOKEN_TILE],
     ) {
         let nb = w.n_blocks();
+        let tiles = &w.qs[g * nb * INT8_TILE_BYTES..][..nb * INT8_TILE_BYTES];
         if self.group != Some(g) {
-            self.panel
-                .resize(nb * D::LANES_PER_BLOCK, D::Lane::default());
-            for b in 0..nb {
-                let tile = &w.qs[(g * nb + b) * INT8_TILE_BYTES..][..INT8_TILE_BYTES];
-                let lanes = &mut self.panel[b * D::LANES_PER_BLOCK..][..D::LANES_PER_BLOCK];
-                D::widen_block(8, tile, &[], 128, lanes);
+            if !self.packed {
+                self.panel
+                    .resize(nb * D::LANES_PER_BLOCK, D::Lane::default());
+                for (b, tile) in tiles.chunks_exact(INT8_TILE_BYTES).enumerate() {
+                    let lanes = &mut self.panel[b * D::LANES_PER_BLOCK..][..D::LANES_PER_BLOCK];
+                    D::widen_block(8, tile, &[], 128, lanes);
+                }
             }
             let scales = &w.scales[g * nb * ROW_GROUP..][..nb * ROW_GROUP];
             self.scales.clear();
@@ -157,7 +228,14 @@ impl<D: BlockDots> WidenedDots<D> {
             blocks_per_group: 1,
             n_groups: nb,
         };
-        self.tokens(x, groups, None, t0, n, out);
+        let codes = PackedCodes {
+            bits: 8,
+            tiles,
+            tile_bytes: INT8_TILE_BYTES,
+            high_bits: &[],
+            offset: 128,
+        };
+        self.tokens(x, groups, None, codes, t0, n, out);
     }
 
     /// `lowbit_tile_scalar`'s result for group `g`, tokens `t0..t0 + n`; `s` holds the
@@ -175,19 +253,22 @@ impl<D: BlockDots> WidenedDots<D> {
     ) {
         let nb = w.n_blocks();
         let ncg = w.n_col_groups();
+        let tile_bytes = code_tile_bytes(w.bits);
+        let tiles = &w.nibbles[g * nb * tile_bytes..][..nb * tile_bytes];
+        let high_bits = if w.bits == 6 {
+            &w.high_bits[g * nb * HIGH_BITS_TILE_BYTES..][..nb * HIGH_BITS_TILE_BYTES]
+        } else {
+            &[]
+        };
         if self.group != Some(g) {
-            self.panel
-                .resize(nb * D::LANES_PER_BLOCK, D::Lane::default());
-            let tile_bytes = code_tile_bytes(w.bits);
-            for b in 0..nb {
-                let tile = &w.nibbles[(g * nb + b) * tile_bytes..][..tile_bytes];
-                let lanes = &mut self.panel[b * D::LANES_PER_BLOCK..][..D::LANES_PER_BLOCK];
-                let high_bits = if w.bits == 6 {
-                    &w.high_bits[(g * nb + b) * HIGH_BITS_TILE_BYTES..][..HIGH_BITS_TILE_BYTES]
-                } else {
-                    &[]
-                };
-                D::widen_block(w.bits, tile, high_bits, 0, lanes);
+            if !self.packed {
+                self.panel
+                    .resize(nb * D::LANES_PER_BLOCK, D::Lane::default());
+                for b in 0..nb {
+                    let lanes = &mut self.panel[b * D::LANES_PER_BLOCK..][..D::LANES_PER_BLOCK];
+                    let (tile, high) = block_tiles(tiles, tile_bytes, high_bits, b);
+                    D::widen_block(w.bits, tile, high, 0, lanes);
+                }
             }
             let range = g * ncg * ROW_GROUP..(g + 1) * ncg * ROW_GROUP;
             self.scales.clear();
@@ -201,22 +282,33 @@ impl<D: BlockDots> WidenedDots<D> {
             blocks_per_group: w.group_size / BLOCK,
             n_groups: ncg,
         };
-        self.tokens(x, groups, Some(s), t0, n, out);
+        let codes = PackedCodes {
+            bits: w.bits,
+            tiles,
+            tile_bytes,
+            high_bits,
+            offset: 0,
+        };
+        self.tokens(x, groups, Some(s), codes, t0, n, out);
     }
 
-    /// Runs tokens `t0..t0 + n` on the widened group, [`TOKENS`] at a time.
+    /// Runs tokens `t0..t0 + n` on the widened group, [`TOKENS`] at a time, or one by one
+    /// on the packed `codes`.
+    #[allow(clippy::too_many_arguments)]
     fn tokens(
         &self,
         x: &Q8Rows,
         groups: Groups,
         min_terms: Option<&[f32]>,
+        codes: PackedCodes,
         t0: usize,
         n: usize,
         out: &mut [[f32; ROW_GROUP]; TOKEN_TILE],
     ) {
+        let step = if self.packed { 1 } else { TOKENS };
         let mut t = 0;
         while t < n {
-            let m = (n - t).min(TOKENS);
+            let m = (n - t).min(step);
             let o = &mut out[t..t + m];
             let run = TokenRun {
                 x,
@@ -225,19 +317,55 @@ impl<D: BlockDots> WidenedDots<D> {
                 first: t,
                 tok: t0 + t,
             };
-            match m {
-                1 => self.token_run::<1>(run, o),
-                2 => self.token_run::<2>(run, o),
-                3 => self.token_run::<3>(run, o),
-                _ => self.token_run::<4>(run, o),
+            if self.packed {
+                let nb = x.n_blocks();
+                self.token_run::<1>(run, o, |b| {
+                    let (tile, high) =
+                        block_tiles(codes.tiles, codes.tile_bytes, codes.high_bits, b);
+                    D::prefetch(tile.as_ptr().wrapping_add(PREFETCH_AHEAD), codes.tile_bytes);
+                    let at = run.tok * nb + b;
+                    let acts = &x.quants[at * BLOCK..][..BLOCK];
+                    [D::packed_block_dots(
+                        codes.bits,
+                        tile,
+                        high,
+                        codes.offset,
+                        acts,
+                        x.block_sums[at],
+                    )]
+                });
+            } else {
+                match m {
+                    1 => self.widened_run::<1>(run, o),
+                    2 => self.widened_run::<2>(run, o),
+                    3 => self.widened_run::<3>(run, o),
+                    _ => self.widened_run::<4>(run, o),
+                }
             }
             t += m;
         }
     }
 
-    /// `N` tokens over every block of the widened group: exact block dots, then
-    /// the specification's scale and minimum steps in its order.
-    fn token_run<const N: usize>(&self, run: TokenRun, out: &mut [[f32; ROW_GROUP]]) {
+    /// [`Self::token_run`] on the widened group's panel and activations.
+    fn widened_run<const N: usize>(&self, run: TokenRun, out: &mut [[f32; ROW_GROUP]]) {
+        let nb = run.x.n_blocks();
+        self.token_run::<N>(run, out, |b| {
+            let acts: [&[D::Act]; N] = std::array::from_fn(|t| {
+                &self.acts[((run.tok + t) * nb + b) * D::ACTS_PER_BLOCK..][..D::ACTS_PER_BLOCK]
+            });
+            let lanes = &self.panel[b * D::LANES_PER_BLOCK..][..D::LANES_PER_BLOCK];
+            D::block_dots(lanes, acts)
+        });
+    }
+
+    /// `N` tokens over every block of the group, `block_dots(b)` giving block `b`'s exact
+    /// dots: then the specification's scale and minimum steps in its order.
+    fn token_run<const N: usize>(
+        &self,
+        run: TokenRun,
+        out: &mut [[f32; ROW_GROUP]],
+        block_dots: impl Fn(usize) -> [[f32; ROW_GROUP]; N],
+    ) {
         let x = run.x;
         let nb = x.n_blocks();
         let ncg = run.groups.n_groups;
@@ -246,11 +374,7 @@ impl<D: BlockDots> WidenedDots<D> {
         for cg in 0..ncg {
             let ds = &self.scales[cg * ROW_GROUP..][..ROW_GROUP];
             for b in cg * bpg..((cg + 1) * bpg).min(nb) {
-                let acts: [&[D::Act]; N] = std::array::from_fn(|t| {
-                    &self.acts[((run.tok + t) * nb + b) * D::ACTS_PER_BLOCK..][..D::ACTS_PER_BLOCK]
-                });
-                let lanes = &self.panel[b * D::LANES_PER_BLOCK..][..D::LANES_PER_BLOCK];
-                let dots = D::block_dots(lanes, acts);
+                let dots = block_dots(b);
                 for (t, (acc_t, dot_t)) in acc.iter_mut().zip(&dots).enumerate() {
                     let da = x.scales[(run.tok + t) * nb + b];
                     fma_rows(acc_t, dot_t, &std::array::from_fn(|r| ds[r] * da));
@@ -265,6 +389,24 @@ impl<D: BlockDots> WidenedDots<D> {
             }
         }
         out.copy_from_slice(&acc);
+    }
+}
+
+/// Block `b`'s code tile and (6-bit codes) high-bit tile within a group's tiles.
+fn block_tiles<'a>(
+    tiles: &'a [u8],
+    tile_bytes: usize,
+    high_bits: &'a [u8],
+    b: usize,
+) -> (&'a [u8], &'a [u8]) {
+    let tile = &tiles[b * tile_bytes..][..tile_bytes];
+    if high_bits.is_empty() {
+        (tile, high_bits)
+    } else {
+        (
+            tile,
+            &high_bits[b * HIGH_BITS_TILE_BYTES..][..HIGH_BITS_TILE_BYTES],
+        )
     }
 }
 
@@ -358,8 +500,8 @@ struct TokenRun<'a> {
 mod tests {
     use super::*;
 
-    /// Both block-dot implementations widen every code layout and give the exact integer
-    /// dots, extremes included (codes 0 and 255, activations -128 and 127).
+    /// Both block-dot implementations widen every code layout (or read it packed) and give
+    /// the exact integer dots, extremes included (codes 0 and 255, activations -128 and 127).
     #[test]
     fn block_dots_are_the_exact_integer_dots() {
         let mut s = 0x2545_f491_4f6c_dd1du64;
@@ -411,6 +553,11 @@ mod tests {
                     let (a0, a1) = acts.split_at(D::ACTS_PER_BLOCK);
                     let two = D::block_dots::<2>(&lanes, [a0, a1]);
                     assert_eq!(D::block_dots::<1>(&lanes, [a1])[0], two[1]);
+                    for (t, q) in quants.chunks_exact(BLOCK).enumerate() {
+                        let sum = q.iter().map(|&a| a as i32).sum();
+                        let packed = D::packed_block_dots(bits, tile, high_bits, offset, q, sum);
+                        assert_eq!(packed, two[t], "packed, token {t}");
+                    }
                     two
                 }
                 let what = format!("{bits}-bit codes, offset {offset}, trial {trial}");

@@ -57,32 +57,13 @@ impl BlockDots for PairDots {
     /// `2j + 1` in turn, so one shuffle per pair regroups them by pair.
     fn widen_block(bits: u32, tile: &[u8], high_bits: &[u8], offset: i16, lanes: &mut [I16x8]) {
         let lanes = &mut lanes[..Self::LANES_PER_BLOCK];
-        let quads = BLOCK / 4;
-        // SAFETY: SSE2 is in the x86-64 baseline; every load reads 16 bytes of a slice
-        // whose bounds were checked by indexing.
+        // SAFETY: SSE2 is in the x86-64 baseline (the loads are `quad_codes`', checked).
         unsafe {
-            let load = |bytes: &[u8], at: usize| {
-                _mm_loadu_si128(bytes[at..at + 16].as_ptr() as *const __m128i)
-            };
-            let nibble = _mm_set1_epi8(0x0F);
             let off = _mm_set1_epi16(offset);
-            for j in 0..quads {
+            let zero = _mm_setzero_si128();
+            for j in 0..BLOCK / 4 {
                 for q in 0..ROW_QUADS {
-                    let codes = if bits == 8 {
-                        load(tile, j * 64 + q * 16)
-                    } else {
-                        let v = load(tile, (j % 4) * 64 + q * 16);
-                        let v = if j < 4 { v } else { _mm_srli_epi16(v, 4) };
-                        let mut c = _mm_and_si128(v, nibble);
-                        if bits == 6 {
-                            let hb = load(high_bits, (j / 4) * 64 + q * 16);
-                            let shift = _mm_cvtsi32_si128(2 * (j % 4) as i32);
-                            let pair = _mm_and_si128(_mm_srl_epi16(hb, shift), _mm_set1_epi8(3));
-                            c = _mm_or_si128(c, _mm_slli_epi16(pair, 4));
-                        }
-                        c
-                    };
-                    let zero = _mm_setzero_si128();
+                    let codes = quad_codes(bits, tile, high_bits, j, q);
                     // Rows 4q, 4q + 1 and rows 4q + 2, 4q + 3, each [pair 2j, pair 2j + 1].
                     let lo = _mm_castsi128_ps(_mm_sub_epi16(_mm_unpacklo_epi8(codes, zero), off));
                     let hi = _mm_castsi128_ps(_mm_sub_epi16(_mm_unpackhi_epi8(codes, zero), off));
@@ -92,6 +73,68 @@ impl BlockDots for PairDots {
                         I16x8(_mm_castps_si128(_mm_shuffle_ps::<0xDD>(lo, hi)));
                 }
             }
+        }
+    }
+
+    /// Straight from the packed tile: per column quad `j` and row quad `q`, the 16 codes
+    /// widened to i16 (rows `4q, 4q + 1` and `4q + 2, 4q + 3`, 4 columns each) meet the
+    /// quad's 4 activations repeated twice in one `pmaddwd` each, whose i32 lanes hold each
+    /// row's two column-pair sums; one shuffle pair and an add per row quad finish the
+    /// rows. The offset comes off once per row as `offset · Σ a` (`block_sum`), all exact
+    /// in i32 (below `32 · 255 · 128` before it, `2^23` after).
+    fn packed_block_dots(
+        bits: u32,
+        tile: &[u8],
+        high_bits: &[u8],
+        offset: i16,
+        acts: &[i8],
+        block_sum: i32,
+    ) -> [f32; ROW_GROUP] {
+        let acts = &acts[..BLOCK];
+        // SAFETY: SSE2 is in the x86-64 baseline; the activation loads read 16 bytes each of
+        // the 32 checked above, the stores 4 floats each of a 16-float array.
+        unsafe {
+            let zero = _mm_setzero_si128();
+            // The 32 activations as i16, 8 columns (two quads) per register.
+            let mut a16 = [zero; BLOCK / 8];
+            for (h, half) in a16.chunks_exact_mut(2).enumerate() {
+                let v = _mm_loadu_si128(acts[16 * h..].as_ptr() as *const __m128i);
+                half[0] = _mm_srai_epi16::<8>(_mm_unpacklo_epi8(v, v));
+                half[1] = _mm_srai_epi16::<8>(_mm_unpackhi_epi8(v, v));
+            }
+            let mut lo = [zero; ROW_QUADS];
+            let mut hi = [zero; ROW_QUADS];
+            for j in 0..BLOCK / 4 {
+                let a = if j % 2 == 0 {
+                    _mm_shuffle_epi32::<0x44>(a16[j / 2])
+                } else {
+                    _mm_shuffle_epi32::<0xEE>(a16[j / 2])
+                };
+                for q in 0..ROW_QUADS {
+                    let codes = quad_codes(bits, tile, high_bits, j, q);
+                    let l = _mm_madd_epi16(_mm_unpacklo_epi8(codes, zero), a);
+                    let h = _mm_madd_epi16(_mm_unpackhi_epi8(codes, zero), a);
+                    lo[q] = _mm_add_epi32(lo[q], l);
+                    hi[q] = _mm_add_epi32(hi[q], h);
+                }
+            }
+            let correction = _mm_set1_epi32(offset as i32 * block_sum);
+            let mut out = [0f32; ROW_GROUP];
+            for (q, o) in out.chunks_exact_mut(4).enumerate() {
+                let (l, h) = (_mm_castsi128_ps(lo[q]), _mm_castsi128_ps(hi[q]));
+                let first = _mm_castps_si128(_mm_shuffle_ps::<0x88>(l, h));
+                let second = _mm_castps_si128(_mm_shuffle_ps::<0xDD>(l, h));
+                let rows = _mm_sub_epi32(_mm_add_epi32(first, second), correction);
+                _mm_storeu_ps(o.as_mut_ptr(), _mm_cvtepi32_ps(rows));
+            }
+            out
+        }
+    }
+
+    fn prefetch(at: *const u8, len: usize) {
+        for line in (0..len).step_by(64) {
+            // SAFETY: a prefetch never faults, whatever the address; SSE is in the baseline.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(line) as *const i8) };
         }
     }
 
@@ -117,6 +160,34 @@ impl BlockDots for PairDots {
                 out
             })
         }
+    }
+}
+
+/// The 16 codes of column quad `j` (columns `4j..4j + 4`) and row quad `q` (rows
+/// `4q..4q + 4`) of a block's packed tile as bytes, row by row (the 8-bit tile's layout:
+/// byte `j * 64 + row * 4 + k`); 4- and 6-bit tiles hold quads `j` and `j + 4` in the low
+/// and high nibbles of the same bytes, 6-bit ones their high bits in a second tile.
+#[inline(always)]
+fn quad_codes(bits: u32, tile: &[u8], high_bits: &[u8], j: usize, q: usize) -> __m128i {
+    // SAFETY: SSE2 is in the x86-64 baseline; every load reads 16 bytes of a slice whose
+    // bounds were checked by indexing.
+    unsafe {
+        let load = |bytes: &[u8], at: usize| {
+            _mm_loadu_si128(bytes[at..at + 16].as_ptr() as *const __m128i)
+        };
+        if bits == 8 {
+            return load(tile, j * 64 + q * 16);
+        }
+        let v = load(tile, (j % 4) * 64 + q * 16);
+        let v = if j < 4 { v } else { _mm_srli_epi16(v, 4) };
+        let mut c = _mm_and_si128(v, _mm_set1_epi8(0x0F));
+        if bits == 6 {
+            let hb = load(high_bits, (j / 4) * 64 + q * 16);
+            let shift = _mm_cvtsi32_si128(2 * (j % 4) as i32);
+            let pair = _mm_and_si128(_mm_srl_epi16(hb, shift), _mm_set1_epi8(3));
+            c = _mm_or_si128(c, _mm_slli_epi16(pair, 4));
+        }
+        c
     }
 }
 
