@@ -684,3 +684,13 @@ pub fn f32_to_bf16(isa: Isa, x: &[f32], out: &mut [u16]) {
 
 #[cfg(test)]
 mod tests;
+
+/// Asks the caches for the line holding `at` (which need not be valid to read); a hint
+/// only, and nothing where the target has no such instruction in its baseline.
+#[inline(always)]
+pub(crate) fn prefetch_hint(at: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    x86_64::baseline::prefetch_line(at);
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = at;
+}

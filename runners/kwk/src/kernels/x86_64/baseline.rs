@@ -133,8 +133,7 @@ impl BlockDots for PairDots {
 
     fn prefetch(at: *const u8, len: usize) {
         for line in (0..len).step_by(64) {
-            // SAFETY: a prefetch never faults, whatever the address; SSE is in the baseline.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(line) as *const i8) };
+            prefetch_line(at.wrapping_add(line));
         }
     }
 
@@ -161,6 +160,13 @@ impl BlockDots for PairDots {
             })
         }
     }
+}
+
+/// Asks the caches for the line holding `at` (which need not be valid to read).
+#[inline(always)]
+pub(crate) fn prefetch_line(at: *const u8) {
+    // SAFETY: a prefetch never faults, whatever the address; SSE is in the x86-64 baseline.
+    unsafe { _mm_prefetch::<_MM_HINT_T0>(at as *const i8) };
 }
 
 /// The 16 codes of column quad `j` (columns `4j..4j + 4`) and row quad `q` (rows
