@@ -267,6 +267,12 @@ unsafe fn tile_bf16<const P: usize, const T: usize>(
         let mut even = [[_mm256_setzero_ps(); 2]; P];
         let mut odd = [[_mm256_setzero_ps(); 2]; P];
         for p in 0..P {
+            if T == 1 {
+                // Generation: ask for the weights 2 KiB ahead (a hint; never faults).
+                let ahead =
+                    (w.wrapping_add(p * ps + j * 2 * PANEL_ROWS) as *const i8).wrapping_add(2048);
+                _mm_prefetch::<_MM_HINT_T0>(ahead);
+            }
             for h in 0..2 {
                 // SAFETY: 16 u16 (8 rows x 2 columns) of pair j of panel p lie inside `w`.
                 let v = unsafe {
