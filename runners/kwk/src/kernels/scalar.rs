@@ -5,14 +5,29 @@
 use super::{OutputMatrix, PANEL_ROWS};
 use std::ops::Range;
 
-/// See [`super::gemm_f32_panels_strided`]. Up to [`PANELS_AT_ONCE`] panels per token, as
-/// [`gemm_bf16_panels`].
+/// See [`super::gemm_f32_panels_strided`].
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_f32_panels(
     w: &[f32],
     panel_stride: usize,
     cols: usize,
     x: &[f32],
+    ldx: usize,
+    n_tokens: usize,
+    rows: Range<usize>,
+    y: &OutputMatrix,
+) {
+    drive_panels::<F32Panels>(w, panel_stride, cols, x, ldx, n_tokens, rows, y);
+}
+
+/// The panel matmul of either element type: up to [`PANELS_AT_ONCE`] panels per token,
+/// and for generation (one token) the weights asked for ahead of the reads.
+#[allow(clippy::too_many_arguments)]
+fn drive_panels<S: PanelSums>(
+    w: &[S::Elem],
+    panel_stride: usize,
+    cols: usize,
+    x: &[S::Elem],
     ldx: usize,
     n_tokens: usize,
     rows: Range<usize>,
@@ -26,16 +41,12 @@ pub fn gemm_f32_panels(
         for t in 0..n_tokens {
             let xt = &x[t * ldx..t * ldx + cols];
             let out = |acc: &[f32]| y.write_cols(t, r0, &acc[..valid]);
-            // Generation (one token) asks for the weights ahead of the reads.
             macro_rules! sums {
                 ($ahead:literal) => {
                     match valid.div_ceil(PANEL_ROWS) {
-                        3 => {
-                            out(f32_panel_sums::<_, $ahead>([0, 1, 2].map(panel), xt)
-                                .as_flattened())
-                        }
-                        2 => out(f32_panel_sums::<_, $ahead>([0, 1].map(panel), xt).as_flattened()),
-                        _ => out(f32_panel_sums::<_, $ahead>([panel(0)], xt).as_flattened()),
+                        3 => out(S::sums::<3, $ahead>([0, 1, 2].map(panel), xt).as_flattened()),
+                        2 => out(S::sums::<2, $ahead>([0, 1].map(panel), xt).as_flattened()),
+                        _ => out(S::sums::<1, $ahead>([panel(0)], xt).as_flattened()),
                     }
                 };
             }
@@ -47,6 +58,17 @@ pub fn gemm_f32_panels(
         }
         r0 += PANELS_AT_ONCE * PANEL_ROWS;
     }
+}
+
+/// One element type's panel sums for [`drive_panels`].
+trait PanelSums {
+    type Elem;
+    /// The 16 row sums of each of `P` panels against one token's `xt`, asking for the
+    /// weights [`PREFETCH_AHEAD`] bytes ahead when `AHEAD`.
+    fn sums<const P: usize, const AHEAD: bool>(
+        panels: [&[Self::Elem]; P],
+        xt: &[Self::Elem],
+    ) -> [[f32; PANEL_ROWS]; P];
 }
 
 /// How far ahead of the column being read, in bytes, generation asks for a panel's
@@ -61,26 +83,30 @@ const PREFETCH_AHEAD: usize = 2048;
 /// panel 35-40, two 56-59, three 66-71, four 66-70 tokens/s; prompts unchanged.
 const PANELS_AT_ONCE: usize = 3;
 
-/// The 16 row sums of each of `P` float32 panels against one token's `xt`, asking for the
-/// weights [`PREFETCH_AHEAD`] bytes ahead when `AHEAD`.
-#[inline(always)]
-fn f32_panel_sums<const P: usize, const AHEAD: bool>(
-    panels: [&[f32]; P],
-    xt: &[f32],
-) -> [[f32; PANEL_ROWS]; P] {
-    let mut acc = [[0f32; PANEL_ROWS]; P];
-    for (k, &xk) in xt.iter().enumerate() {
-        for (a, panel) in acc.iter_mut().zip(&panels) {
-            let wk = &panel[k * PANEL_ROWS..(k + 1) * PANEL_ROWS];
-            if AHEAD {
-                super::prefetch_hint((wk.as_ptr() as *const u8).wrapping_add(PREFETCH_AHEAD));
-            }
-            for lane in 0..PANEL_ROWS {
-                a[lane] += wk[lane] * xk;
+/// float32 panels: one multiply-add per row and column.
+struct F32Panels;
+
+impl PanelSums for F32Panels {
+    type Elem = f32;
+    #[inline(always)]
+    fn sums<const P: usize, const AHEAD: bool>(
+        panels: [&[f32]; P],
+        xt: &[f32],
+    ) -> [[f32; PANEL_ROWS]; P] {
+        let mut acc = [[0f32; PANEL_ROWS]; P];
+        for (k, &xk) in xt.iter().enumerate() {
+            for (a, panel) in acc.iter_mut().zip(&panels) {
+                let wk = &panel[k * PANEL_ROWS..(k + 1) * PANEL_ROWS];
+                if AHEAD {
+                    super::prefetch_hint((wk.as_ptr() as *const u8).wrapping_add(PREFETCH_AHEAD));
+                }
+                for lane in 0..PANEL_ROWS {
+                    a[lane] += wk[lane] * xk;
+                }
             }
         }
+        acc
     }
-    acc
 }
 
 /// bf16 bits to f32 (exact).
@@ -108,8 +134,7 @@ pub fn f32_to_bf16(x: &[f32], out: &mut [u16]) {
 }
 
 /// See [`super::gemm_bf16_panels`]: per column pair, the odd column's product is added
-/// first, then the even one's (the order `vdpbf16ps` documents), each product exact. Up
-/// to [`PANELS_AT_ONCE`] panels per token.
+/// first, then the even one's (the order `vdpbf16ps` documents), each product exact.
 pub fn gemm_bf16_panels(
     w: &[u16],
     cols: usize,
@@ -118,63 +143,36 @@ pub fn gemm_bf16_panels(
     rows: Range<usize>,
     y: &OutputMatrix,
 ) {
-    let panel_len = cols * PANEL_ROWS;
-    let mut r0 = rows.start;
-    while r0 < rows.end {
-        let first = r0 / PANEL_ROWS;
-        let valid = (rows.end - r0).min(PANELS_AT_ONCE * PANEL_ROWS);
-        let panel = |p: usize| &w[(first + p) * panel_len..][..panel_len];
-        for t in 0..n_tokens {
-            let xt = &x[t * cols..(t + 1) * cols];
-            let out = |acc: &[f32]| y.write_cols(t, r0, &acc[..valid]);
-            // Generation (one token) asks for the weights ahead of the reads.
-            macro_rules! sums {
-                ($ahead:literal) => {
-                    match valid.div_ceil(PANEL_ROWS) {
-                        3 => {
-                            out(bf16_panel_sums::<_, $ahead>([0, 1, 2].map(panel), xt)
-                                .as_flattened())
-                        }
-                        2 => {
-                            out(bf16_panel_sums::<_, $ahead>([0, 1].map(panel), xt).as_flattened())
-                        }
-                        _ => out(bf16_panel_sums::<_, $ahead>([panel(0)], xt).as_flattened()),
-                    }
-                };
-            }
-            if n_tokens == 1 {
-                sums!(true)
-            } else {
-                sums!(false)
-            }
-        }
-        r0 += PANELS_AT_ONCE * PANEL_ROWS;
-    }
+    drive_panels::<Bf16Panels>(w, cols * PANEL_ROWS, cols, x, cols, n_tokens, rows, y);
 }
 
-/// The 16 row sums of each of `P` bf16 panels against one token's `xt`, asking for the
-/// weights [`PREFETCH_AHEAD`] bytes ahead when `AHEAD`.
-#[inline(always)]
-fn bf16_panel_sums<const P: usize, const AHEAD: bool>(
-    panels: [&[u16]; P],
-    xt: &[u16],
-) -> [[f32; PANEL_ROWS]; P] {
-    let mut acc = [[0f32; PANEL_ROWS]; P];
-    for (j, xj) in xt.chunks_exact(2).enumerate() {
-        let x0 = bf16_to_f32(xj[0]);
-        let x1 = bf16_to_f32(xj[1]);
-        for (a, panel) in acc.iter_mut().zip(&panels) {
-            let wj = &panel[j * 2 * PANEL_ROWS..(j + 1) * 2 * PANEL_ROWS];
-            if AHEAD {
-                super::prefetch_hint((wj.as_ptr() as *const u8).wrapping_add(PREFETCH_AHEAD));
-            }
-            for lane in 0..PANEL_ROWS {
-                a[lane] += bf16_to_f32(wj[2 * lane + 1]) * x1;
-                a[lane] += bf16_to_f32(wj[2 * lane]) * x0;
+/// bf16 panels: column pairs, the odd column's product first.
+struct Bf16Panels;
+
+impl PanelSums for Bf16Panels {
+    type Elem = u16;
+    #[inline(always)]
+    fn sums<const P: usize, const AHEAD: bool>(
+        panels: [&[u16]; P],
+        xt: &[u16],
+    ) -> [[f32; PANEL_ROWS]; P] {
+        let mut acc = [[0f32; PANEL_ROWS]; P];
+        for (j, xj) in xt.chunks_exact(2).enumerate() {
+            let x0 = bf16_to_f32(xj[0]);
+            let x1 = bf16_to_f32(xj[1]);
+            for (a, panel) in acc.iter_mut().zip(&panels) {
+                let wj = &panel[j * 2 * PANEL_ROWS..(j + 1) * 2 * PANEL_ROWS];
+                if AHEAD {
+                    super::prefetch_hint((wj.as_ptr() as *const u8).wrapping_add(PREFETCH_AHEAD));
+                }
+                for lane in 0..PANEL_ROWS {
+                    a[lane] += bf16_to_f32(wj[2 * lane + 1]) * x1;
+                    a[lane] += bf16_to_f32(wj[2 * lane]) * x0;
+                }
             }
         }
+        acc
     }
-    acc
 }
 
 /// `a · b`.
