@@ -6,8 +6,9 @@
 //! A row group's codes are widened once into a panel and the activations once per call;
 //! each 32-column block's 16 row dots then reuse every panel load for up to [`TOKENS`]
 //! tokens ([`BlockDots`]). Generation (one token, each code used once) reads the packed
-//! tiles directly instead, asking for the codes [`PREFETCH_AHEAD`] bytes ahead. On x86-64 the panel holds i16 code pairs for SSE2's `pmaddwd`
-//! (`x86_64/baseline.rs`: SSE2 is in every x86-64 CPU); elsewhere ([`F32Dots`]) it is
+//! tiles directly instead, asking for the codes [`PREFETCH_AHEAD`] bytes ahead. On x86-64
+//! the panel holds i16 code pairs for SSE2's `pmaddwd` (`x86_64/baseline.rs`: SSE2 is in
+//! every x86-64 CPU); elsewhere ([`F32Dots`]) it is
 //! `[column][16 rows]` f32, the float32 panel layout, and the dots are f32 multiply-adds
 //! the compiler vectorizes (NEON on aarch64). Both are exact: a block dot `Σ q·a` has
 //! codes `|q| <= 255` and activations `|a| <= 128`, so every partial sum is an integer of
