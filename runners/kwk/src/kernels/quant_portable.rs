@@ -6,7 +6,7 @@
 //! A row group's codes are widened once into a panel and the activations once per call;
 //! each 32-column block's 16 row dots then reuse every panel load for up to [`TOKENS`]
 //! tokens ([`BlockDots`]). Generation (one token, each code used once) reads the packed
-//! tiles directly instead, asking for the codes [`PREFETCH_AHEAD`] bytes ahead. On x86-64
+//! tiles directly instead, asking for the codes [`GEMV_PREFETCH_BYTES`] ahead. On x86-64
 //! the panel holds i16 code pairs for SSE2's `pmaddwd` (`x86_64/baseline.rs`: SSE2 is in
 //! every x86-64 CPU); elsewhere ([`F32Dots`]) it is
 //! `[column][16 rows]` f32, the float32 panel layout, and the dots are f32 multiply-adds
@@ -28,6 +28,7 @@
 
 use super::int4_matmul::{code_tile_bytes, tile_code, LowBitTiles, HIGH_BITS_TILE_BYTES};
 use super::int8_matmul::{Int8Tiles, Q8Rows, BLOCK, INT8_TILE_BYTES, ROW_GROUP, TOKEN_TILE};
+use super::GEMV_PREFETCH_BYTES;
 
 /// Tokens that share each load of the weight panel.
 const TOKENS: usize = 2;
@@ -65,9 +66,6 @@ pub(crate) trait BlockDots {
         acts: &[i8],
         block_sum: i32,
     ) -> [f32; ROW_GROUP];
-    /// Asks the caches for the `len` bytes at `at` (which need not be valid to read);
-    /// a hint only.
-    fn prefetch(_at: *const u8, _len: usize) {}
 }
 
 /// The block dots of the target's scalar tier: SSE2's `pmaddwd` on x86-64 (part of its
@@ -141,14 +139,8 @@ impl BlockDots for F32Dots {
 /// generation each code is used once, and widening it (a store and a reload of twice its
 /// bytes) took more time than the dots (35 % of a scalar int8 tg128 profile against 20 %
 /// for the dots and float steps together; tg128 int8 48-50 -> 48-56, int4 47 -> 55-57
-/// tokens/s before [`PREFETCH_AHEAD`]).
+/// tokens/s before [`GEMV_PREFETCH_BYTES`]).
 const PACKED_MAX_TOKENS: usize = 1;
-
-/// How far ahead of the block being read, in bytes, the packed path asks for the codes
-/// (a group's tiles follow each other, and the next group's follow the last). Without it
-/// the reads stalled on memory: `speed`, `KWK_ISA=scalar`, tg128, 2 threads on a Xeon,
-/// int8 42-56 -> 80-83 (1 KiB), 86 (2 KiB), 85 (4 KiB) tokens/s; int4 54-56 -> 64.
-const PREFETCH_AHEAD: usize = 2048;
 
 /// The state of one matmul call on the scalar tier: the activations widened once and
 /// the row group whose codes and scales are currently widened (calls of up to
@@ -319,7 +311,9 @@ impl<D: BlockDots> WidenedDots<D> {
                 self.token_run::<1>(run, o, |b| {
                     let (tile, high) =
                         block_tiles(codes.tiles, codes.tile_bytes, codes.high_bits, b);
-                    D::prefetch(tile.as_ptr().wrapping_add(PREFETCH_AHEAD), codes.tile_bytes);
+                    // A group's tiles follow each other, the next group's the last.
+                    let ahead = tile.as_ptr().wrapping_add(GEMV_PREFETCH_BYTES);
+                    super::prefetch_hint(ahead, codes.tile_bytes);
                     let at = run.tok * nb + b;
                     let acts = &x.quants[at * BLOCK..][..BLOCK];
                     [D::packed_block_dots(

@@ -2,7 +2,7 @@
 //! agree with these within the limits their tests state (they differ only in the order and
 //! fusion of float additions).
 
-use super::{OutputMatrix, PANEL_ROWS};
+use super::{OutputMatrix, GEMV_PREFETCH_BYTES, PANEL_ROWS};
 use std::ops::Range;
 
 /// See [`super::gemm_f32_panels_strided`].
@@ -64,18 +64,12 @@ fn drive_panels<S: PanelSums>(
 trait PanelSums {
     type Elem;
     /// The 16 row sums of each of `P` panels against one token's `xt`, asking for the
-    /// weights [`PREFETCH_AHEAD`] bytes ahead when `AHEAD`.
+    /// weights [`GEMV_PREFETCH_BYTES`] ahead when `AHEAD`.
     fn sums<const P: usize, const AHEAD: bool>(
         panels: [&[Self::Elem]; P],
         xt: &[Self::Elem],
     ) -> [[f32; PANEL_ROWS]; P];
 }
-
-/// How far ahead of the column being read, in bytes, generation asks for a panel's
-/// weights (`AHEAD` below). Measured as [`PANELS_AT_ONCE`]: tg128 float32 48-50 -> 53-56,
-/// bf16 69-70 -> 94-96 tokens/s (88-89 % of the read roofline); prompts, which read each
-/// panel once per token from the caches, lost 13 % with it and do without.
-const PREFETCH_AHEAD: usize = 2048;
 
 /// Panels of 16 rows summed together per token: independent sums in flight per column,
 /// which generation (one token, every weight read once) needs to keep the reads going.
@@ -98,7 +92,10 @@ impl PanelSums for F32Panels {
             for (a, panel) in acc.iter_mut().zip(&panels) {
                 let wk = &panel[k * PANEL_ROWS..(k + 1) * PANEL_ROWS];
                 if AHEAD {
-                    super::prefetch_hint((wk.as_ptr() as *const u8).wrapping_add(PREFETCH_AHEAD));
+                    super::prefetch_hint(
+                        (wk.as_ptr() as *const u8).wrapping_add(GEMV_PREFETCH_BYTES),
+                        1,
+                    );
                 }
                 for lane in 0..PANEL_ROWS {
                     a[lane] += wk[lane] * xk;
@@ -163,7 +160,10 @@ impl PanelSums for Bf16Panels {
             for (a, panel) in acc.iter_mut().zip(&panels) {
                 let wj = &panel[j * 2 * PANEL_ROWS..(j + 1) * 2 * PANEL_ROWS];
                 if AHEAD {
-                    super::prefetch_hint((wj.as_ptr() as *const u8).wrapping_add(PREFETCH_AHEAD));
+                    super::prefetch_hint(
+                        (wj.as_ptr() as *const u8).wrapping_add(GEMV_PREFETCH_BYTES),
+                        1,
+                    );
                 }
                 for lane in 0..PANEL_ROWS {
                     a[lane] += bf16_to_f32(wj[2 * lane + 1]) * x1;

@@ -6,7 +6,7 @@
 //! through `kernels/mod.rs`, which checked the features and the buffer bounds.
 
 use super::{EXP_LN2_HI, EXP_LN2_LO, EXP_MAX, EXP_MIN, EXP_POLY};
-use crate::kernels::{OutputMatrix, PANEL_ROWS};
+use crate::kernels::{prefetch_hint, OutputMatrix, GEMV_PREFETCH_BYTES, PANEL_ROWS};
 use std::arch::x86_64::*;
 use std::ops::Range;
 
@@ -39,14 +39,15 @@ unsafe fn gemm_panels(
         unsafe { gemm_f32_tall(w, panel_bytes, cols, x, ldx, n_tokens, rows, y) };
         return;
     }
-    if bf16 && n_tokens == 1 {
-        // SAFETY: as this function's contract.
-        unsafe { gemv_bf16_wide(w, panel_bytes, cols, x, rows, y) };
-        return;
-    }
+    // bf16 generation (one token) takes four panels at a time, so eight accumulator
+    // chains of two FMAs per column pair (odd column, then even) are in flight where the
+    // 2 x 1 tile had four: that tile's chains, not the reads, bounded it (71 % of the read
+    // roofline at tg128 where float32's one-FMA chains reach 92 %). Each output's FMA
+    // chain is the 2 x 1 tile's, so results are identical.
+    let max_panels = if bf16 && n_tokens == 1 { 4 } else { 2 };
     let mut p = 0;
     while p < n_panels {
-        let take = (n_panels - p).min(2);
+        let take = (n_panels - p).min(max_panels);
         let r0 = (first + p) * PANEL_ROWS;
         let valid = (rows.end - r0).min(take * PANEL_ROWS);
         // SAFETY: panels first+p.. lie inside `w`; token rows t.. inside `x`.
@@ -80,6 +81,12 @@ unsafe fn gemm_panels(
                     }
                     (1, 1, true) => {
                         tile_bf16::<1, 1>(wp, panel_bytes, cols, ldx, xp, t, r0, valid, y)
+                    }
+                    (4, 1, true) => {
+                        tile_bf16::<4, 1>(wp, panel_bytes, cols, ldx, xp, t, r0, valid, y)
+                    }
+                    (3, 1, true) => {
+                        tile_bf16::<3, 1>(wp, panel_bytes, cols, ldx, xp, t, r0, valid, y)
                     }
                     _ => unreachable!(),
                 }
@@ -133,44 +140,6 @@ unsafe fn gemm_f32_tall(
                 t += tt;
             }
         }
-    }
-}
-
-/// bf16 generation (one token): four panels at a time, so eight accumulator chains of two
-/// FMAs per column pair (odd column, then even) are in flight where the 2 x 1 tile had
-/// four: that tile's chains, not the reads, bounded it (71 % of the read roofline at tg128
-/// where float32's one-FMA chains reach 92 %). Each output's FMA chain is the 2 x 1 tile's,
-/// so results are identical.
-///
-/// # Safety
-/// As [`gemm_panels`] (bf16, one token).
-#[target_feature(enable = "avx2,fma")]
-unsafe fn gemv_bf16_wide(
-    w: *const u8,
-    panel_bytes: usize,
-    cols: usize,
-    x: *const u8,
-    rows: Range<usize>,
-    y: &OutputMatrix,
-) {
-    let n_panels = (rows.end - rows.start).div_ceil(PANEL_ROWS);
-    let first = rows.start / PANEL_ROWS;
-    let mut p = 0;
-    while p < n_panels {
-        let take = (n_panels - p).min(4);
-        let r0 = (first + p) * PANEL_ROWS;
-        let valid = (rows.end - r0).min(take * PANEL_ROWS);
-        // SAFETY: panels first+p..first+p+take lie inside `w`; the token row inside `x`.
-        unsafe {
-            let wp = w.add((first + p) * panel_bytes);
-            match take {
-                4 => tile_bf16::<4, 1>(wp, panel_bytes, cols, cols, x, 0, r0, valid, y),
-                3 => tile_bf16::<3, 1>(wp, panel_bytes, cols, cols, x, 0, r0, valid, y),
-                2 => tile_bf16::<2, 1>(wp, panel_bytes, cols, cols, x, 0, r0, valid, y),
-                _ => tile_bf16::<1, 1>(wp, panel_bytes, cols, cols, x, 0, r0, valid, y),
-            }
-        }
-        p += take;
     }
 }
 
@@ -268,10 +237,9 @@ unsafe fn tile_bf16<const P: usize, const T: usize>(
         let mut odd = [[_mm256_setzero_ps(); 2]; P];
         for p in 0..P {
             if T == 1 {
-                // Generation: ask for the weights 2 KiB ahead (a hint; never faults).
-                let ahead =
-                    (w.wrapping_add(p * ps + j * 2 * PANEL_ROWS) as *const i8).wrapping_add(2048);
-                _mm_prefetch::<_MM_HINT_T0>(ahead);
+                // Generation: the weights asked for ahead of the reads.
+                let at = w.wrapping_add(p * ps + j * 2 * PANEL_ROWS) as *const u8;
+                prefetch_hint(at.wrapping_add(GEMV_PREFETCH_BYTES), 1);
             }
             for h in 0..2 {
                 // SAFETY: 16 u16 (8 rows x 2 columns) of pair j of panel p lie inside `w`.

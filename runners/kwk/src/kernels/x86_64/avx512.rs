@@ -7,7 +7,7 @@
 //! the features again in debug builds.
 
 use super::{EXP_LN2_HI, EXP_LN2_LO, EXP_MAX, EXP_MIN, EXP_POLY};
-use crate::kernels::{OutputMatrix, PANEL_ROWS};
+use crate::kernels::{prefetch_hint, OutputMatrix, GEMV_PREFETCH_BYTES, PANEL_ROWS};
 use std::arch::x86_64::*;
 use std::ops::Range;
 
@@ -193,7 +193,10 @@ macro_rules! define_tiles {
                                 for (p, v) in wv.iter_mut().enumerate() {
                                     let at = w.add(p * ps + k * PANEL_ROWS);
                                     if T == 1 {
-                                        prefetch_ahead(at as *const u8);
+                                        prefetch_hint(
+                                            (at as *const u8).wrapping_add(GEMV_PREFETCH_BYTES),
+                                            1,
+                                        );
                                     }
                                     *v = _mm512_loadu_ps(at);
                                 }
@@ -214,7 +217,10 @@ macro_rules! define_tiles {
                                 for (p, v) in wv.iter_mut().enumerate() {
                                     let at = w.add(p * ps + j * 2 * PANEL_ROWS);
                                     if T == 1 {
-                                        prefetch_ahead(at as *const u8);
+                                        prefetch_hint(
+                                            (at as *const u8).wrapping_add(GEMV_PREFETCH_BYTES),
+                                            1,
+                                        );
                                     }
                                     *v = _mm512_loadu_si512(at as *const _);
                                 }
@@ -240,7 +246,10 @@ macro_rules! define_tiles {
                                 for p in 0..P {
                                     let at = w.add(p * ps + j * 2 * PANEL_ROWS);
                                     if T == 1 {
-                                        prefetch_ahead(at as *const u8);
+                                        prefetch_hint(
+                                            (at as *const u8).wrapping_add(GEMV_PREFETCH_BYTES),
+                                            1,
+                                        );
                                     }
                                     let v = _mm512_loadu_si512(at as *const _);
                                     even[p] = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v));
@@ -285,16 +294,6 @@ macro_rules! define_tiles {
             }
         }
     };
-}
-
-/// Generation's tiles ask for each weight line this many bytes before they read it.
-const PREFETCH_AHEAD: usize = 2048;
-
-/// Asks the caches for the line `PREFETCH_AHEAD` bytes past `at` (a hint; never faults).
-#[inline(always)]
-fn prefetch_ahead(at: *const u8) {
-    // SAFETY: a prefetch never faults, whatever the address; SSE is in the x86-64 baseline.
-    unsafe { _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(PREFETCH_AHEAD) as *const i8) };
 }
 
 define_tiles!(tiles_f32, "avx512f,avx512bw,avx512vl,fma");

@@ -131,12 +131,6 @@ impl BlockDots for PairDots {
         }
     }
 
-    fn prefetch(at: *const u8, len: usize) {
-        for line in (0..len).step_by(64) {
-            prefetch_line(at.wrapping_add(line));
-        }
-    }
-
     /// Each register of codes is loaded once for all `N` tokens.
     #[inline(always)]
     fn block_dots<const N: usize>(lanes: &[I16x8], acts: [&[i32]; N]) -> [[f32; ROW_GROUP]; N] {
@@ -160,13 +154,6 @@ impl BlockDots for PairDots {
             })
         }
     }
-}
-
-/// Asks the caches for the line holding `at` (which need not be valid to read).
-#[inline(always)]
-pub(crate) fn prefetch_line(at: *const u8) {
-    // SAFETY: a prefetch never faults, whatever the address; SSE is in the x86-64 baseline.
-    unsafe { _mm_prefetch::<_MM_HINT_T0>(at as *const i8) };
 }
 
 /// The 16 codes of column quad `j` (columns `4j..4j + 4`) and row quad `q` (rows

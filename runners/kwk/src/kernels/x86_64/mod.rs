@@ -48,11 +48,17 @@ pub(crate) const PREFETCH_TILES: usize = 4;
 /// never faults.
 #[inline(always)]
 pub(crate) fn prefetch_ahead(tile: *const u8, bytes: usize) {
-    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
     let ahead = tile.wrapping_add(PREFETCH_TILES * bytes);
     for line in (0..bytes).step_by(64) {
-        // SAFETY: SSE is part of the x86-64 baseline; a prefetch reads nothing and never
-        // faults, whatever the address.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line) as *const i8) };
+        prefetch_line(ahead.wrapping_add(line));
     }
+}
+
+/// Prefetches (into L1) the cache line holding `at`, which need not be valid to read.
+#[inline(always)]
+pub(crate) fn prefetch_line(at: *const u8) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    // SAFETY: SSE is part of the x86-64 baseline; a prefetch reads nothing and never
+    // faults, whatever the address.
+    unsafe { _mm_prefetch::<_MM_HINT_T0>(at as *const i8) };
 }
