@@ -33,7 +33,54 @@ struct Live {
     runner: Box<dyn Runner>,
     pp: Vec<f64>,
     tg: Vec<f64>,
+    /// The read bandwidth around each `tg` sample's repetition, GB/s (with peaks only).
+    tg_read: Vec<f64>,
     raw: Vec<serde_json::Value>,
+}
+
+/// The read probes of the speed rounds: the active tier's, and the best tier's when
+/// `KWK_ISA` forced a lower one (llama.cpp picks its own kernels, so its rows are put
+/// against the best tier's ceilings).
+struct ReadProbes {
+    active: kwk::kernels::peaks::ReadProbe,
+    best: Option<kwk::kernels::peaks::ReadProbe>,
+}
+
+impl ReadProbes {
+    /// Passes per probe around a repetition (the best is taken): two passes over the
+    /// probe's buffer take tens of milliseconds.
+    const AROUND_PASSES: usize = 2;
+
+    /// The probe of the tier `runner`'s ceiling is on, and whether that is the best tier's
+    /// (`machine.peaks_best_tier`) rather than the active one's (`machine.peaks`).
+    fn for_runner(&self, runner: &dyn Runner) -> (&kwk::kernels::peaks::ReadProbe, bool) {
+        let best_kernels = runner
+            .info()
+            .roofline
+            .as_ref()
+            .is_some_and(|c| c.best_kernels);
+        match (&self.best, best_kernels) {
+            (Some(best), true) => (best, true),
+            _ => (&self.active, false),
+        }
+    }
+
+    /// Probes the bandwidth with `probe` and records it among the read probes of the
+    /// ceiling it belongs to (each read ceiling is the best probe of the run).
+    fn probe_into(
+        machine: &mut Machine,
+        (probe, best_tier): (&kwk::kernels::peaks::ReadProbe, bool),
+    ) -> f64 {
+        let gbps = probe.best_gbps(Self::AROUND_PASSES);
+        let peaks = match best_tier {
+            true => machine.peaks_best_tier.as_mut(),
+            false => machine.peaks.as_mut(),
+        };
+        if let Some(p) = peaks {
+            p.add_read_probe(gbps);
+        }
+        gbps
+    }
 }
 
 /// Builds llama.cpp runners for every GGUF of the plan: reads and checks each header (no
@@ -163,6 +210,7 @@ fn quality_pass(
                         runner,
                         pp: Vec::new(),
                         tg: Vec::new(),
+                        tg_read: Vec::new(),
                         raw: Vec::new(),
                     });
                 }
@@ -267,11 +315,13 @@ fn compare_rows(
     Ok(())
 }
 
-/// One round: repetition `round` of every live runner, the order rotated by `round`.
+/// One round: repetition `round` of every live runner, the order rotated by `round`. With
+/// `probes`, each repetition is bracketed by read probes (`Live::tg_read`).
 fn speed_round(
     live: &mut [Live],
     spec: &SpeedSpec,
     round: usize,
+    probes: Option<&ReadProbes>,
     results: &mut Results,
 ) -> Vec<String> {
     let n = live.len();
@@ -283,14 +333,20 @@ fn speed_round(
             continue;
         }
         let name = row.name.clone();
+        let probe = probes.map(|p| p.for_runner(l.runner.as_ref()));
+        let before = probe.map(|p| ReadProbes::probe_into(&mut results.machine, p));
         let rep = contain(|| {
             test_hook_panic(&name, Phase::Speed);
             l.runner.speed_rep(spec)
         })
         .unwrap_or_else(|panic| Err(anyhow::anyhow!(panic)));
+        let after = probe.map(|p| ReadProbes::probe_into(&mut results.machine, p));
         match rep {
             Ok(Some(SpeedRep { pp, tg, raw })) => {
                 l.pp.extend(pp);
+                if let (Some(b), Some(a)) = (before, after) {
+                    l.tg_read.extend(tg.iter().map(|_| (b + a) / 2.0));
+                }
                 l.tg.extend(tg);
                 if let Some(serde_json::Value::Array(v)) = raw {
                     l.raw.extend(v);
@@ -320,9 +376,16 @@ fn speed_pass(
         return Ok(());
     }
     // The read ceiling is probed again before every round, so it sees the same drift as
-    // the generation rates it divides (see `kwk::kernels::peaks::ReadProbe`).
-    let probe = results.machine.peaks.is_some().then(|| {
-        kwk::kernels::peaks::ReadProbe::for_this_machine(kwk::kernels::active_isa(), plan.threads)
+    // the generation rates it divides (see `kwk::kernels::peaks::ReadProbe`), and around
+    // every repetition, so each generation rate also has the bandwidth of its own moment
+    // (`tg_roofline_paired_pct`).
+    let probes = results.machine.peaks.is_some().then(|| {
+        let probe = |isa| kwk::kernels::peaks::ReadProbe::for_this_machine(isa, plan.threads);
+        ReadProbes {
+            active: probe(kwk::kernels::active_isa()),
+            best: (results.machine.peaks_best_tier.is_some())
+                .then(|| probe(kwk::kernels::best_isa())),
+        }
     });
     for round in 0..spec.reps {
         if interrupt::requested() {
@@ -336,8 +399,8 @@ fn speed_pass(
             spec.pp,
             spec.tg
         );
-        if let Some(probe) = &probe {
-            let gbps = probe.best_gbps(3);
+        if let Some(probes) = &probes {
+            let gbps = probes.active.best_gbps(3);
             let m = &mut results.machine;
             m.peaks
                 .iter_mut()
@@ -352,7 +415,7 @@ fn speed_pass(
                 p.add_compute_probe(kwk::kernels::best_isa());
             }
         }
-        let order = speed_round(live, spec, round, results);
+        let order = speed_round(live, spec, round, probes.as_ref(), results);
         results.speed_rounds.push(order);
     }
     if interrupt::requested() {
@@ -371,6 +434,9 @@ fn speed_pass(
         }
         if !l.raw.is_empty() {
             row.llama_bench = Some(serde_json::Value::Array(l.raw.clone()));
+        }
+        if l.tg_read.len() == l.tg.len() {
+            row.tg_samples_read_gbps = l.tg_read.clone();
         }
     }
     for l in live.iter() {
@@ -421,6 +487,18 @@ fn set_roofline(
         row.tg_roofline_pct = row
             .tg_tokens_per_s
             .map(|t| 100.0 * t * bytes / (peaks.read_gbps * 1e9));
+        // Probes that do not line up with the samples (a repetition gave no tg) pair nothing.
+        let lined_up = row.tg_samples_read_gbps.len() == row.tg_samples_tokens_per_s.len();
+        let paired: Vec<f64> = if lined_up {
+            row.tg_samples_tokens_per_s
+                .iter()
+                .zip(&row.tg_samples_read_gbps)
+                .map(|(t, gbps)| 100.0 * t * bytes / (gbps * 1e9))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        row.tg_roofline_paired_pct = crate::stats::median(&paired);
     }
 }
 
@@ -522,5 +600,35 @@ mod tests {
             &machine,
         );
         assert!(close(row.pp_roofline_pct, 100.0 * 1000.0 * ops / 10e9));
+        assert_eq!(
+            row.tg_roofline_paired_pct, None,
+            "no probes around the repetitions"
+        );
+        // Paired: each repetition's rate over the bandwidth probed around it; the median
+        // of 100·bytes/4e9, 120·bytes/3e9 and 90·bytes/6e9 is the first.
+        row.tg_samples_tokens_per_s = vec![100.0, 120.0, 90.0];
+        row.tg_samples_read_gbps = vec![4.0, 3.0, 6.0];
+        set_roofline(
+            &mut row,
+            Some(&cost(ComputeKind::Int8, false)),
+            &config,
+            &spec,
+            &machine,
+        );
+        assert!(close(
+            row.tg_roofline_paired_pct,
+            100.0 * 100.0 * bytes / 4e9
+        ));
+        assert!(close(row.tg_roofline_pct, 100.0 * 100.0 * bytes / 5e9));
+        // Probes that do not line up with the samples give no paired figure.
+        row.tg_samples_read_gbps.pop();
+        set_roofline(
+            &mut row,
+            Some(&cost(ComputeKind::Int8, false)),
+            &config,
+            &spec,
+            &machine,
+        );
+        assert_eq!(row.tg_roofline_paired_pct, None);
     }
 }

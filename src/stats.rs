@@ -41,6 +41,21 @@ pub fn speed_sample(what: &str, samples: Vec<f64>) -> Result<SpeedSample> {
     })
 }
 
+/// Median of `values` (the mean of the middle two for an even count), `None` when empty.
+pub fn median(values: &[f64]) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    let mut s = values.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    Some(if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    })
+}
+
 /// Half-width of the two-sided 95% Student-t interval of the mean, `None` for fewer than
 /// two samples.
 pub fn ci95_half_width(samples: &[f64]) -> Option<f64> {
@@ -68,6 +83,13 @@ mod tests {
         assert!(speed_sample("tg", vec![1.0, f64::NAN]).is_err());
         assert!(speed_sample("tg", vec![1.0, f64::INFINITY]).is_err());
         assert!(finite("ppl", f64::NAN).is_err());
+    }
+
+    #[test]
+    fn median_of_odd_and_even_counts() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
+        assert_eq!(median(&[]), None);
     }
 
     #[test]

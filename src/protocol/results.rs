@@ -216,6 +216,16 @@ pub struct RunnerRecord {
     pub tg_bytes_per_token: Option<f64>,
     #[serde(default)]
     pub tg_roofline_pct: Option<f64>,
+    /// The read bandwidth of the moment of each generation repetition, GB/s: the mean of a
+    /// probe just before the repetition and one just after it, on the tier of the row's
+    /// ceiling; one per `tg_samples_tokens_per_s`. Then tg as a percentage of it, the
+    /// median over the repetitions. Where the host's bandwidth drifts (caches and memory
+    /// shared with other machines), this pairs each rate with the bandwidth of its own
+    /// moment, while `tg_roofline_pct` divides by the best probe of the whole run.
+    #[serde(default)]
+    pub tg_samples_read_gbps: Vec<f64>,
+    #[serde(default)]
+    pub tg_roofline_paired_pct: Option<f64>,
     pub load_s: Option<f64>,
     pub load_read_s: Option<f64>,
     pub load_pack_s: Option<f64>,

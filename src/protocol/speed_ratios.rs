@@ -50,15 +50,6 @@ fn per_round(results: &Results, r: &RunnerRecord, test: &str) -> Option<Vec<Opti
     (next == s.len() && next > 0).then_some(out)
 }
 
-fn median(sorted: &[f64]) -> f64 {
-    let n = sorted.len();
-    if n % 2 == 1 {
-        sorted[n / 2]
-    } else {
-        (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
-    }
-}
-
 /// The paired ratios of `results` (see the module doc), in row order then column order,
 /// pp before tg; pairs with no common round are left out.
 pub fn paired_speed_ratios(results: &Results) -> Vec<SpeedRatio> {
@@ -89,16 +80,16 @@ pub fn paired_speed_ratios(results: &Results) -> Vec<SpeedRatio> {
                     .filter_map(|(x, y)| Some(x.as_ref()? / y.as_ref()?))
                     .filter(|q| q.is_finite())
                     .collect();
-                if ratios.is_empty() {
+                let Some(median) = crate::stats::median(&ratios) else {
                     continue;
-                }
+                };
                 ratios.sort_by(f64::total_cmp);
                 out.push(SpeedRatio {
                     test: test.into(),
                     row: row.name.clone(),
                     vs: vs.name.clone(),
                     rounds: ratios.len(),
-                    median: median(&ratios),
+                    median,
                     min: ratios[0],
                     max: ratios[ratios.len() - 1],
                 });

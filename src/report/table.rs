@@ -34,18 +34,12 @@ pub fn pm(v: Option<f64>, err: Option<f64>, decimals: usize, signed: bool) -> St
 
 /// `median [min–max]` of speed samples, or `-`.
 pub fn spread(samples: &[f64]) -> String {
-    if samples.is_empty() {
+    let Some(median) = crate::stats::median(samples) else {
         return "-".into();
-    }
-    let mut s = samples.to_vec();
-    s.sort_by(f64::total_cmp);
-    let n = s.len();
-    let median = if n % 2 == 1 {
-        s[n / 2]
-    } else {
-        (s[n / 2 - 1] + s[n / 2]) / 2.0
     };
-    format!("{median:.1} [{:.1}–{:.1}]", s[0], s[n - 1])
+    let lo = samples.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = samples.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    format!("{median:.1} [{lo:.1}–{hi:.1}]")
 }
 
 /// Whether a row differs from the reference (`≠`) or the `--compare-to` row (`≠c`) beyond
@@ -77,6 +71,7 @@ pub fn table_rows(results: &Results) -> (Vec<&'static str>, Vec<Vec<String>>) {
         "pp % roof",
         "tg t/s",
         "tg % roof",
+        "tg % roof paired",
         "load s",
         "peak RSS MiB",
     ];
@@ -109,6 +104,7 @@ pub fn table_rows(results: &Results) -> (Vec<&'static str>, Vec<Vec<String>>) {
                 fmt_opt(r.pp_roofline_pct, 0),
                 fmt_pm(r.tg_tokens_per_s, r.tg_tokens_per_s_std, 1),
                 fmt_opt(r.tg_roofline_pct, 0),
+                fmt_opt(r.tg_roofline_paired_pct, 0),
                 fmt_opt(r.load_s, 2),
                 fmt_opt(r.peak_rss_bytes.map(|b| b as f64 / (1024.0 * 1024.0)), 0),
             ]
@@ -293,7 +289,7 @@ pub fn peaks_line(results: &Results) -> Option<String> {
             .copied()
             .fold(f64::INFINITY, f64::min);
         line.push_str(&format!(
-            " (best of {} probes, one per speed round; lowest {lo:.1})",
+            " (best of {} probes: with the peaks, before every speed round and around every repetition; lowest {lo:.1})",
             p.read_gbps_probes.len()
         ));
     }
@@ -309,7 +305,7 @@ pub fn peaks_line(results: &Results) -> Option<String> {
             b.isa, b.fp32_gflops, b.int8_gops, b.read_gbps
         ));
     }
-    line.push_str(". pp % roof = pp t/s x operations per prompt token / the peak of the row's arithmetic (fp32, bf16 or int8 dot); tg % roof = tg t/s x bytes read per token (weights used + KV cache) / read bandwidth.");
+    line.push_str(". pp % roof = pp t/s x operations per prompt token / the peak of the row's arithmetic (fp32, bf16 or int8 dot); tg % roof = tg t/s x bytes read per token (weights used + KV cache) / read bandwidth; tg % roof paired = the same against the read bandwidth probed just before and just after each repetition, the median of the repetitions (the host's drift taken out).");
     Some(line)
 }
 

@@ -38,7 +38,8 @@ pub struct Peaks {
     /// Read bandwidth, GB/s (10^9 bytes): the best of `read_gbps_probes`.
     pub read_gbps: f64,
     /// Every read-bandwidth probe of the run, GB/s: the one taken with the other peaks,
-    /// then one per speed round when the harness probes again ([`Peaks::add_read_probe`]).
+    /// then those the harness adds ([`Peaks::add_read_probe`]: kwk-eval probes before
+    /// every speed round and just before and after every repetition).
     /// Their spread is the machine's bandwidth drift during the run.
     #[serde(default)]
     pub read_gbps_probes: Vec<f64>,
