@@ -78,6 +78,10 @@ macro_rules! ops {
         /// The full-byte path computes `Σ u·a + FULL8_BIAS · Σa`.
         const FULL8_BIAS: i32 = -128;
 
+        /// Whether the prompt tiles' quad loops may unroll: not here, where the unrolled
+        /// loop keeps every prepared weight alive and spills (measured on Zen 3).
+        const UNROLL_QUADS: bool = false;
+
         /// Quads of 4-/6-bit codes summed in i16 before widening (see the module doc).
         const fn small_run(bits: u32) -> usize {
             if bits == 4 {
@@ -120,6 +124,11 @@ macro_rules! ops {
     (dpbusd $dp:ident, $features:literal) => {
         /// The full-byte path computes `Σ u·a + FULL8_BIAS · Σa`.
         const FULL8_BIAS: i32 = 0;
+
+        /// Whether the prompt tiles' quad loops may unroll: yes, one `vpdpbusd` per product
+        /// needs no prepared weights kept (`quant_kernel_bench`, AMD Zen 5, one thread,
+        /// `avxvnni`, fastest of 6 interleaved runs: int4 142 -> 158, int8 151 -> 166 GMAC/s).
+        const UNROLL_QUADS: bool = true;
 
         const fn small_run(_bits: u32) -> usize {
             8
@@ -335,11 +344,12 @@ macro_rules! define_quant256 {
                         s[1][t] = init;
                     }
                     let mut quad = 0;
-                    // A loop the compiler keeps: fully unrolled (a constant bound), it
-                    // orders the work token by token, keeps all prepared weights alive and
-                    // spills them to the stack (measured slower on Zen 3). The bound is made
-                    // opaque once, outside the loop, so it stays in a register.
-                    let quads = std::hint::black_box(BLOCK / 4);
+                    // Where the instance keeps it rolled (`UNROLL_QUADS`), a loop the
+                    // compiler keeps: fully unrolled (a constant bound), it orders the work
+                    // token by token, keeps all prepared weights alive and spills them to the
+                    // stack (measured slower on Zen 3). The bound is then made opaque once,
+                    // outside the loop, so it stays in a register.
+                    let quads = if UNROLL_QUADS { BLOCK / 4 } else { std::hint::black_box(BLOCK / 4) };
                     while quad < quads {
                         let wv = [0, 1].map(|h| {
                             full8_prep(_mm256_loadu_si256(tile.add(quad * 64 + h * 32) as *const _))
@@ -792,7 +802,7 @@ macro_rules! define_quant256 {
                             }
                             let mut s16 = [[_mm256_setzero_si256(); N]; 2];
                             let mut quad = 0;
-                            let quads = std::hint::black_box(BLOCK / 4);
+                            let quads = if UNROLL_QUADS { BLOCK / 4 } else { std::hint::black_box(BLOCK / 4) };
                             while quad < quads {
                                 let c = [0, 1].map(|h| {
                                     let v = _mm256_loadu_si256(tile.add((quad % 4) * 64 + h * 32) as *const _);
