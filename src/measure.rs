@@ -565,6 +565,9 @@ mod tests {
             kv_bytes_per_value: 4.0,
             best_kernels: best,
         };
+        let roof = |row: &mut RunnerRecord, compute, best| {
+            set_roofline(row, Some(&cost(compute, best)), &config, &spec, &machine)
+        };
         let ops = kwk::model::cost::prompt_ops_per_token(&config, 64);
         let bytes = 1e6 + kwk::model::cost::kv_bytes_per_token(&config, 4.0, 0, 16);
         let mut row = RunnerRecord {
@@ -572,33 +575,15 @@ mod tests {
             tg_tokens_per_s: Some(100.0),
             ..Default::default()
         };
-        set_roofline(
-            &mut row,
-            Some(&cost(ComputeKind::Int8, false)),
-            &config,
-            &spec,
-            &machine,
-        );
+        roof(&mut row, ComputeKind::Int8, false);
         let close = |a: Option<f64>, b: f64| (a.unwrap() - b).abs() < 1e-9 * b.abs().max(1.0);
         assert!(close(row.pp_roofline_pct, 100.0 * 1000.0 * ops / 40e9));
         assert!(close(row.tg_roofline_pct, 100.0 * 100.0 * bytes / 5e9));
-        set_roofline(
-            &mut row,
-            Some(&cost(ComputeKind::Fp32, true)),
-            &config,
-            &spec,
-            &machine,
-        );
+        roof(&mut row, ComputeKind::Fp32, true);
         assert!(close(row.pp_roofline_pct, 100.0 * 1000.0 * ops / 20e9));
         assert!(close(row.tg_roofline_pct, 100.0 * 100.0 * bytes / 8e9));
         // bf16 without a bf16 peak falls back to the fp32 ceiling.
-        set_roofline(
-            &mut row,
-            Some(&cost(ComputeKind::Bf16, false)),
-            &config,
-            &spec,
-            &machine,
-        );
+        roof(&mut row, ComputeKind::Bf16, false);
         assert!(close(row.pp_roofline_pct, 100.0 * 1000.0 * ops / 10e9));
         assert_eq!(
             row.tg_roofline_paired_pct, None,
@@ -608,13 +593,7 @@ mod tests {
         // of 100·bytes/4e9, 120·bytes/3e9 and 90·bytes/6e9 is the first.
         row.tg_samples_tokens_per_s = vec![100.0, 120.0, 90.0];
         row.tg_samples_read_gbps = vec![4.0, 3.0, 6.0];
-        set_roofline(
-            &mut row,
-            Some(&cost(ComputeKind::Int8, false)),
-            &config,
-            &spec,
-            &machine,
-        );
+        roof(&mut row, ComputeKind::Int8, false);
         assert!(close(
             row.tg_roofline_paired_pct,
             100.0 * 100.0 * bytes / 4e9
@@ -622,13 +601,7 @@ mod tests {
         assert!(close(row.tg_roofline_pct, 100.0 * 100.0 * bytes / 5e9));
         // Probes that do not line up with the samples give no paired figure.
         row.tg_samples_read_gbps.pop();
-        set_roofline(
-            &mut row,
-            Some(&cost(ComputeKind::Int8, false)),
-            &config,
-            &spec,
-            &machine,
-        );
+        roof(&mut row, ComputeKind::Int8, false);
         assert_eq!(row.tg_roofline_paired_pct, None);
     }
 }
