@@ -692,8 +692,8 @@ mod tests;
 /// read roofline, unchanged); `scalar` float32 47-48 -> 55, bf16 70-72 -> 90-100, int8
 /// packed codes 42-56 -> 80-83 (1 KiB ahead), 86 (2 KiB), 85 (4 KiB), int4 54-56 -> 64.
 /// Prompts, which read each panel once per token from the caches, lost 13 % with it on
-/// the scalar tier and do without. The quantized SIMD GEMVs prefetch by tiles instead
-/// (`x86_64::PREFETCH_TILES`).
+/// the scalar tier and do without. The quantized SIMD GEMVs ask for their tiles the same
+/// distance ahead (`x86_64::prefetch_ahead`).
 pub(crate) const GEMV_PREFETCH_BYTES: usize = 2048;
 
 /// Asks the caches for the `bytes` bytes at `at` (which need not be valid to read); a

@@ -17,6 +17,8 @@ pub mod peaks;
 pub mod quant256;
 pub mod quant512bw;
 
+use super::GEMV_PREFETCH_BYTES;
+
 /// The vector `exp` of the AVX2 and AVX-512 files (Cephes `expf`): inputs clamped to
 /// `[EXP_MIN, EXP_MAX]`, `n = round(x · log2 e)`, `r = x − n·ln2` in two parts
 /// ([`EXP_LN2_HI`], [`EXP_LN2_LO`]), `e^r ≈ 1 + r + r²·P(r)` with `P`'s coefficients
@@ -34,21 +36,25 @@ pub(crate) const EXP_POLY: [f32; 6] = [
     0.5,
 ];
 
-/// Tiles the quantized kernels without VNNI read ahead of the one they compute. Measured
-/// on Zen 4, `speed --precision int8 --pp 1 --tg 64`, 2 threads, tokens/s: `avx512bw` 4
-/// tiles ahead 136, 8 122, 16 119, none 105; `avx2` 4 ahead 97, none 87. The hardware
-/// prefetcher alone leaves kernels that spend several instructions per weight byte short
-/// of the read bandwidth; the `vpdpbusd` zmm kernels measured slower with it (int8 128 vs
-/// 155), so they do not prefetch. The 256-bit prompt sub-tiles prefetch only on a row
+/// Prefetches (into L1) the tile [`GEMV_PREFETCH_BYTES`] after `tile` (`bytes`, a multiple
+/// of 64): the quantized SIMD GEMVs ask for their weights as far ahead as the float ones,
+/// whatever their tile size. Addresses past the matrix are harmless: a prefetch is a hint
+/// and never faults.
+///
+/// Measured on Zen 4, `speed --precision int8 --pp 1 --tg 64`, 2 threads, tokens/s (int8
+/// tiles of 512 bytes): `avx512bw` 2 KiB ahead 136, 4 KiB 122, 8 KiB 119, none 105; `avx2`
+/// 2 KiB 97, none 87. The hardware prefetcher alone leaves kernels that spend several
+/// instructions per weight byte short of the read bandwidth; the `vpdpbusd` zmm kernels
+/// measured slower with it (int8 128 vs 155), so they do not prefetch. The distance was
+/// 4 tiles until 4-bit codes (256-byte tiles, so 1 KiB ahead) were measured against 2 KiB
+/// on an AMD Zen 5 (`speed --precision int4 --pp 0 --tg 128 --reps 3`, 2 threads,
+/// interleaved rounds, tokens/s): `avxvnni` 359/390/423/322/338/298/349/342 ->
+/// 395/460/440/370/340/319/371/436 (ahead by 4 KiB: 396/437/428), `avx2`
+/// 345/323/296 -> 371/337/330. The 256-bit prompt sub-tiles prefetch only on a row
 /// group's first pass (token 0): the later passes find the group's tiles in cache.
-pub(crate) const PREFETCH_TILES: usize = 4;
-
-/// Prefetches (into L1) the tile [`PREFETCH_TILES`] tiles after `tile` (`bytes` each, a
-/// multiple of 64). Addresses past the matrix are harmless: a prefetch is a hint and
-/// never faults.
 #[inline(always)]
 pub(crate) fn prefetch_ahead(tile: *const u8, bytes: usize) {
-    let ahead = tile.wrapping_add(PREFETCH_TILES * bytes);
+    let ahead = tile.wrapping_add(GEMV_PREFETCH_BYTES);
     for line in (0..bytes).step_by(64) {
         prefetch_line(ahead.wrapping_add(line));
     }
