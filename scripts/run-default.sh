@@ -4,6 +4,9 @@
 # compares kwk's formats with llama.cpp's GGUFs of the same weights on wikitext-2.
 # kwk-eval's defaults: 20 chunks of 512 tokens, speed in 3 interleaved rounds. Extra
 # arguments go to kwk-eval (e.g. --chunks all for the full text, --chunks 10 for a quicker run).
+# KWK_ISA=<tier> forces kwk's kernel tier; KWK_LLAMA_ISA=<tier> runs llama.cpp from a build
+# limited to that tier's instructions (`scripts/setup-llama-cpp.sh --isa`), so the two
+# together compare both engines as on a CPU that has only those.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

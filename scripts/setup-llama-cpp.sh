@@ -4,16 +4,55 @@
 # distribution on PyPI, at a pinned version. Idempotent: a finished build is reused.
 #
 #   scripts/setup-llama-cpp.sh            # prints the bin directory on the last line
+#   scripts/setup-llama-cpp.sh --isa avx2 # a second build limited to AVX2 (see below)
 #
 # Result: $KWK_CACHE/llama.cpp-<version>/build/bin (KWK_CACHE defaults to
 # ${XDG_CACHE_HOME:-~/.cache}/kwk). Point kwk-eval at it with --llama-cpp-dir or
 # KWK_LLAMA_CPP_DIR.
+#
+# --isa TIER (or KWK_LLAMA_ISA=TIER) builds the same source again into build-TIER, with
+# llama.cpp's kernels limited to what a CPU of kwk's tier TIER has, so a run with
+# KWK_ISA=TIER compares the two engines on the same instructions, as on a CPU that really
+# lacks the others (llama.cpp's default build takes the best this CPU has):
+#   native    -march=native (the default; also `vnni` and `amx`)
+#   avx512bw  AVX-512 F/CD/VL/DQ/BW + AVX2/FMA/F16C/BMI2, no VNNI, no BF16 (Skylake-SP)
+#   avxvnni   AVX2/FMA/F16C/BMI2 + AVX-VNNI (Alder Lake)
+#   avx2      AVX2/FMA/F16C/BMI2 (Haswell, Zen 1-3)
+#   scalar    no -m flags: the x86-64 baseline (SSE2), as kwk's scalar tier
 set -euo pipefail
+
+ISA="${KWK_LLAMA_ISA:-native}"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --isa) ISA="${2:?--isa takes a tier: native, avx512bw, avxvnni, avx2 or scalar}"; shift 2 ;;
+    --isa=*) ISA="${1#--isa=}"; shift ;;
+    *) echo "setup-llama-cpp.sh: unknown argument '$1' (use --isa TIER)" >&2; exit 2 ;;
+  esac
+done
+# llama.cpp's CMake switches per tier; with GGML_NATIVE=OFF its x86 defaults are SSE4.2,
+# AVX, AVX2, BMI2, FMA and F16C on, AVX-512 and the VNNI extensions off.
+case "$ISA" in
+  native | vnni | amx) ISA=native; ISA_FLAGS=(-DGGML_NATIVE=ON) ;;
+  avx512bw) ISA_FLAGS=(-DGGML_NATIVE=OFF -DGGML_AVX512=ON) ;;
+  avxvnni) ISA_FLAGS=(-DGGML_NATIVE=OFF -DGGML_AVX_VNNI=ON) ;;
+  avx2) ISA_FLAGS=(-DGGML_NATIVE=OFF) ;;
+  scalar) ISA_FLAGS=(-DGGML_NATIVE=OFF -DGGML_SSE42=OFF -DGGML_AVX=OFF -DGGML_AVX2=OFF
+    -DGGML_BMI2=OFF -DGGML_FMA=OFF -DGGML_F16C=OFF) ;;
+  *) echo "setup-llama-cpp.sh: unknown tier '$ISA' (native, avx512bw, avxvnni, avx2 or scalar)" >&2
+    exit 2 ;;
+esac
 
 VERSION="${KWK_LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 CACHE="${KWK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kwk}"
 ROOT="$CACHE/llama.cpp-$VERSION"
-BIN="$ROOT/build/bin"
+if [ "$ISA" = native ]; then
+  BUILD="$ROOT/build"
+  STAMP_FILE="$ROOT/.build-complete"
+else
+  BUILD="$ROOT/build-$ISA"
+  STAMP_FILE="$ROOT/.build-complete-$ISA"
+fi
+BIN="$BUILD/bin"
 TOOLS=(llama-perplexity llama-bench llama-quantize llama-tokenize llama-imatrix)
 
 # Bumped when the patches below change, so an older build is rebuilt.
@@ -21,11 +60,11 @@ BUILD_STAMP="log-flush-1+amx-tilecfg-1"
 
 have_all() {
   for t in "${TOOLS[@]}"; do [ -x "$BIN/$t" ] || return 1; done
-  [ -f "$ROOT/.build-complete" ] && [ "$(cat "$ROOT/.build-complete")" = "$BUILD_STAMP" ]
+  [ -f "$STAMP_FILE" ] && [ "$(cat "$STAMP_FILE")" = "$BUILD_STAMP" ]
 }
 
 if have_all; then
-  echo "llama.cpp tools already built" >&2
+  echo "llama.cpp tools already built ($ISA)" >&2
   echo "$BIN"
   exit 0
 fi
@@ -119,17 +158,17 @@ else:
 PYEOF
 
 JOBS="$(nproc 2>/dev/null || echo 2)"
-echo "building llama.cpp tools in $ROOT/build ($JOBS jobs; takes several minutes)" >&2
-cmake -S "$ROOT/src" -B "$ROOT/build" -G Ninja \
-  -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+echo "building llama.cpp tools ($ISA) in $BUILD ($JOBS jobs; takes several minutes)" >&2
+cmake -S "$ROOT/src" -B "$BUILD" -G Ninja \
+  -DCMAKE_BUILD_TYPE=Release "${ISA_FLAGS[@]}" -DLLAMA_CURL=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
   -DLLAMA_BUILD_TOOLS=ON >&2
-cmake --build "$ROOT/build" -j "$JOBS" --target "${TOOLS[@]}" >&2
+cmake --build "$BUILD" -j "$JOBS" --target "${TOOLS[@]}" >&2
 have_bins=1
 for t in "${TOOLS[@]}"; do [ -x "$BIN/$t" ] || have_bins=0; done
 if [ "$have_bins" != 1 ]; then
   echo "error: the llama.cpp build finished but tools are missing from $BIN" >&2
   exit 1
 fi
-echo "$BUILD_STAMP" > "$ROOT/.build-complete"
+echo "$BUILD_STAMP" > "$STAMP_FILE"
 echo "$BIN"

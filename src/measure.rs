@@ -157,6 +157,10 @@ fn quality(
     };
     eprintln!("{step} {name}: PPL {:.4} ± {:.5}", p.ppl, p.ppl_err);
     rec.set_perplexity(&p);
+    // llama.cpp names the features its build was compiled with as it starts.
+    if rec.kernels.is_none() {
+        rec.kernels = runner.info().kernels.clone();
+    }
     (rec, p.tokens)
 }
 

@@ -69,7 +69,8 @@ pub struct RooflineCost {
     pub weight_bytes_per_token: f64,
     pub kv_bytes_per_value: f64,
     /// Whether this engine picks its own best kernels (llama.cpp), so its ceiling is the
-    /// best tier's peaks even when `KWK_ISA` forces kwk onto a lower one.
+    /// best tier's peaks even when `KWK_ISA` forces kwk onto a lower one; cleared once a
+    /// llama.cpp build turns out to be limited to the forced tier's instructions.
     pub best_kernels: bool,
 }
 

@@ -174,8 +174,9 @@ pub struct RunnerRecord {
     pub params: Option<u64>,
     pub type_mix: BTreeMap<String, usize>,
     pub kv_type: Option<String>,
-    /// The kernels this row's weight matmuls ran (kwk rows, e.g. `avx512bw`; null for
-    /// llama.cpp rows, which use their own best kernels for the CPU).
+    /// The kernels this row's weight matmuls ran (kwk rows, e.g. `avx512bw`); for llama.cpp
+    /// rows, which pick their own best kernels among those built in, the CPU features its
+    /// build reports (`llama.cpp build: AVX AVX2 ...`; null when it printed none).
     #[serde(default)]
     pub kernels: Option<String>,
     pub ppl: Option<f64>,

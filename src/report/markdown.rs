@@ -57,6 +57,21 @@ fn machine_line(r: &Results) -> String {
         },
         r.started_utc
     );
+    // Every GGUF row runs the same tools, so one build; its features, as it reports them.
+    let mut builds: Vec<&str> = r
+        .runners
+        .iter()
+        .filter(|row| row.engine == "llama.cpp")
+        .filter_map(|row| row.kernels.as_deref())
+        .collect();
+    builds.dedup();
+    if !builds.is_empty() {
+        let _ = writeln!(
+            s,
+            "\nllama.cpp kernels (it picks its best among those its build has): {}.",
+            builds.join("; ")
+        );
+    }
     if let Some(cleared) = &r.versions.llama_cpp_env_cleared {
         let _ = writeln!(
             s,

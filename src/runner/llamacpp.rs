@@ -97,6 +97,40 @@ impl Drop for RemoveOnDrop<'_> {
     }
 }
 
+/// A llama.cpp row's `kernels`: the CPU features its build reports (it picks its own best
+/// kernels among those), e.g. `llama.cpp build: AVX AVX2 F16C FMA BMI2`. SSE3 and SSSE3,
+/// which every x86-64 build of it reports, are left out.
+fn kernels_label(features: &[String]) -> String {
+    let named: Vec<&str> = features
+        .iter()
+        .map(String::as_str)
+        .filter(|f| !matches!(*f, "SSE3" | "SSSE3"))
+        .collect();
+    if named.is_empty() {
+        "llama.cpp build: no SIMD features".to_string()
+    } else {
+        format!("llama.cpp build: {}", named.join(" "))
+    }
+}
+
+/// kwk's tier (`KWK_ISA` name) whose instructions match the best kernels a llama.cpp build
+/// with these CPU features can run: its AVX512-VNNI kernels on `vnni`, AVX-512 without VNNI
+/// on `avx512bw`, AVX-VNNI on `avxvnni`, AVX2 on `avx2`, none of them on `scalar`.
+fn build_tier(features: &[String]) -> &'static str {
+    let has = |f: &str| features.iter().any(|x| x == f);
+    if has("AVX512") && has("AVX512_VNNI") {
+        "vnni"
+    } else if has("AVX512") {
+        "avx512bw"
+    } else if has("AVX2") && has("AVX_VNNI") {
+        "avxvnni"
+    } else if has("AVX2") {
+        "avx2"
+    } else {
+        "scalar"
+    }
+}
+
 /// One GGUF file run by llama.cpp.
 pub struct LlamaCppRunner {
     gguf: PathBuf,
@@ -309,6 +343,17 @@ impl Runner for LlamaCppRunner {
         if self.info.load_s.is_none() {
             self.info.load_s = out.ready_s;
         }
+        if let (None, Some(features)) = (&self.info.kernels, &out.cpu_features) {
+            self.info.kernels = Some(kernels_label(features));
+            // A build limited to the tier kwk was forced onto (`setup-llama-cpp.sh --isa`)
+            // is put against that tier's ceilings, not the best tier's.
+            let active = kwk::kernels::active_isa();
+            if active != kwk::kernels::best_isa() && build_tier(features) == active.name() {
+                if let Some(r) = self.info.roofline.as_mut() {
+                    r.best_kernels = false;
+                }
+            }
+        }
         let (reference, scores) = match (&own, &protocol.reference_logits) {
             (Some(own), Some(base)) => {
                 let n_vocab = LogitsBaseReader::open(base)?.header.n_vocab;
@@ -378,6 +423,35 @@ mod tests {
     //! loudly if run), and live runs on the tiny fixture and on SmolLM2.
     use super::*;
     use std::cell::Cell;
+
+    #[test]
+    fn a_build_names_its_features_and_the_tier_they_match() {
+        let f = |names: &str| names.split(' ').map(String::from).collect::<Vec<_>>();
+        // This Zen 5's native build, then the `setup-llama-cpp.sh --isa` builds.
+        let native = f(
+            "SSE3 SSSE3 AVX AVX_VNNI AVX2 F16C FMA BMI2 AVX512 AVX512_VBMI \
+                        AVX512_VNNI AVX512_BF16 LLAMAFILE OPENMP REPACK",
+        );
+        assert_eq!(build_tier(&native), "vnni");
+        assert_eq!(
+            kernels_label(&native),
+            "llama.cpp build: AVX AVX_VNNI AVX2 F16C FMA BMI2 AVX512 AVX512_VBMI AVX512_VNNI \
+             AVX512_BF16 LLAMAFILE OPENMP REPACK"
+        );
+        let bw = f("SSE3 SSSE3 AVX AVX2 F16C FMA BMI2 AVX512 LLAMAFILE OPENMP REPACK");
+        assert_eq!(build_tier(&bw), "avx512bw");
+        let vnni256 = f("SSE3 SSSE3 AVX AVX_VNNI AVX2 F16C FMA BMI2 LLAMAFILE");
+        assert_eq!(build_tier(&vnni256), "avxvnni");
+        assert_eq!(build_tier(&f("SSE3 SSSE3 AVX AVX2 F16C FMA BMI2")), "avx2");
+        // AVX-VNNI without AVX2 is no tier of kwk's: the build's best is plain AVX.
+        assert_eq!(build_tier(&f("AVX AVX_VNNI")), "scalar");
+        assert_eq!(build_tier(&f("LLAMAFILE OPENMP REPACK")), "scalar");
+        assert_eq!(kernels_label(&[]), "llama.cpp build: no SIMD features");
+        assert_eq!(
+            kernels_label(&f("SSE3 SSSE3")),
+            "llama.cpp build: no SIMD features"
+        );
+    }
 
     #[test]
     fn scaled_timeout_is_one_gflops_time_with_a_floor_and_no_overflow() {

@@ -128,6 +128,10 @@ pub struct PerplexityOutput {
     pub ready_s: Option<f64>,
     /// `perplexity: X seconds per pass`.
     pub seconds_per_pass: Option<f64>,
+    /// The CPU features this llama.cpp build was compiled with, as its `system_info:` line
+    /// names them (`CPU : SSE3 = 1 | AVX2 = 1 | ...`, the ones set to 1, in its order): the
+    /// kernels it can run.
+    pub cpu_features: Option<Vec<String>>,
 }
 
 /// Why a llama-perplexity output holds no result.
@@ -203,6 +207,26 @@ pub fn parse_running(stdout: &str) -> std::result::Result<Vec<f64>, PerplexityPr
 /// Number of `[k]x,` values printed so far (for progress while the tool runs).
 pub fn count_running(stdout: &str) -> usize {
     parse_running(stdout).map(|v| v.len()).unwrap_or(0)
+}
+
+/// The features set to 1 in the `CPU :` part of the `system_info:` line
+/// (`llama_print_system_info`: `BACKEND : NAME = 1 | NAME = 1 | ...` per backend), in
+/// order; `None` without that line or part.
+pub(crate) fn cpu_features(stderr: &str) -> Option<Vec<String>> {
+    let line = stderr.lines().find(|l| l.contains("system_info:"))?;
+    let cpu = line.split_once("CPU :")?.1;
+    // The next backend's part (`| NAME : ...`) ends the CPU's.
+    let features = cpu
+        .split('|')
+        .take_while(|part| !part.contains(':'))
+        .filter_map(|part| {
+            let (name, value) = part.split_once('=')?;
+            let name = name.trim();
+            (value.trim() == "1" && !name.is_empty() && !name.contains(' '))
+                .then(|| name.to_string())
+        })
+        .collect();
+    Some(features)
 }
 
 /// Parses a default-mode run. `Final estimate` is required; the running values must number
@@ -303,6 +327,7 @@ pub fn parse_perplexity(
         n_seq: field(4),
         ready_s: ready_seconds(stderr),
         seconds_per_pass,
+        cpu_features: cpu_features(stderr),
     })
 }
 
@@ -405,5 +430,27 @@ fn problem_error(
         command: out.command.clone(),
         stderr_tail: out.stderr_tail(),
         hint,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cpu_features;
+
+    #[test]
+    fn cpu_features_keep_the_cpu_part_set_to_one() {
+        let line = "0.01.080.072 I system_info: n_threads = 2 (n_threads_batch = 2) / 2 | CPU : \
+                    SSE3 = 1 | AVX = 1 | AVX2 = 1 | AVX512 = 0 | FMA = 1 | REPACK = 1 | \
+                    Metal : EMBED_LIBRARY = 1 | BF16 = 1 | ";
+        let stderr = format!("load: something\n{line}\nmain: done\n");
+        assert_eq!(
+            cpu_features(&stderr).unwrap(),
+            ["SSE3", "AVX", "AVX2", "FMA", "REPACK"]
+        );
+        assert_eq!(cpu_features("no such line\n"), None);
+        assert_eq!(
+            cpu_features("system_info: n_threads = 2 | CPU : | \n"),
+            Some(vec![])
+        );
     }
 }

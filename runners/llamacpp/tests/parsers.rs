@@ -50,6 +50,26 @@ fn tiny_llama_final_estimate_and_running_values() {
     assert_eq!(out.n_seq, Some(1));
     // `0.00.570.059 I system_info:`: M.SS.mmm.uuu = 0 min 0 s 570 ms 59 us.
     assert!((out.ready_s.unwrap() - 0.570059).abs() < 1e-9);
+    // The build's CPU features, from the same `system_info:` line.
+    assert_eq!(
+        out.cpu_features.unwrap(),
+        [
+            "SSE3",
+            "SSSE3",
+            "AVX",
+            "AVX2",
+            "F16C",
+            "FMA",
+            "BMI2",
+            "AVX512",
+            "AVX512_VBMI",
+            "AVX512_VNNI",
+            "AVX512_BF16",
+            "LLAMAFILE",
+            "OPENMP",
+            "REPACK"
+        ]
+    );
     assert_eq!(out.seconds_per_pass, Some(0.72));
 }
 
