@@ -26,8 +26,8 @@
 //! the bit.
 
 use super::int8_matmul::{
-    check_operands, drive_row_groups, GemvPair, PairedGemv, Q8Rows, QuantIsa, BLOCK, ROW_GROUP,
-    TOKEN_TILE,
+    check_operands, drive_row_groups, GemvPair, PairedGemv, Q8Rows, QuantIsa, Rounding, BLOCK,
+    ROW_GROUP, TOKEN_TILE,
 };
 use crate::kernels::quant_portable::{BaselineDots, WidenedDots};
 #[cfg(target_arch = "x86_64")]
@@ -365,9 +365,15 @@ impl WidenedGroup {
     }
 }
 
-/// [`lowbit_matmul`] on the specification ([`lowbit_tile_scalar`], one code at a time):
-/// the reference the tests hold every path to, the scalar tier's included.
-pub fn lowbit_matmul_spec(w: &LowBitTiles, x: &Q8Rows, rows: Range<usize>, y: &OutputMatrix) {
+/// [`lowbit_matmul`] on the specification ([`lowbit_tile_scalar`], one code at a time)
+/// with `rounding`: the reference the tests hold every path to, the scalar tier's included.
+pub fn lowbit_matmul_spec(
+    rounding: Rounding,
+    w: &LowBitTiles,
+    x: &Q8Rows,
+    rows: Range<usize>,
+    y: &OutputMatrix,
+) {
     w.check();
     check_operands(x, w.cols, w.rows, &rows);
     let ncg = w.n_col_groups();
@@ -376,13 +382,19 @@ pub fn lowbit_matmul_spec(w: &LowBitTiles, x: &Q8Rows, rows: Range<usize>, y: &O
         rows,
         x.n_tokens,
         y,
-        |g, t0, n, out| lowbit_tile_scalar(w, x, &s_all[t0 * ncg..(t0 + n) * ncg], g, t0, n, out),
+        |g, t0, n, out| {
+            let s = &s_all[t0 * ncg..(t0 + n) * ncg];
+            lowbit_tile_scalar(rounding, w, x, s, g, t0, n, out)
+        },
         None,
     );
 }
 
-/// The specification (see the module doc for the order of operations).
+/// The specification (see the module doc for the order of operations), its float steps
+/// rounded as `rounding` says.
+#[allow(clippy::too_many_arguments)]
 pub fn lowbit_tile_scalar(
+    rounding: Rounding,
     w: &LowBitTiles,
     x: &Q8Rows,
     s: &[f32],
@@ -408,11 +420,11 @@ pub fn lowbit_tile_scalar(
                     for (c, &av) in a.iter().enumerate() {
                         dot += w.code(g * ROW_GROUP + r, b * BLOCK + c) as i32 * av as i32;
                     }
-                    *acc_r = (dot as f32).mul_add(ds[r].to_f32() * da, *acc_r);
+                    *acc_r = rounding.step(dot as f32, ds[r].to_f32() * da, *acc_r);
                 }
             }
             for (r, acc_r) in acc.iter_mut().enumerate() {
-                *acc_r = ms[r].to_f32().mul_add(s[t * ncg + cg], *acc_r);
+                *acc_r = rounding.step(ms[r].to_f32(), s[t * ncg + cg], *acc_r);
             }
         }
         out[t] = acc;
@@ -918,11 +930,12 @@ mod tests {
                     let w = pseudo(rows * cols, (rows * 31 + cols) as u64 + gs as u64, 0.05);
                     let t = Tensor::new(vec![rows, cols], w.clone());
                     let packed = LowBitWeights::quantize(&t, bits, gs, None, "test").unwrap();
-                    let f = |isa, x: &crate::format::PreparedInput, r, y: &OutputMatrix| match isa {
-                        Some(isa) => packed.matmul_rows_isa(isa, x, r, y),
-                        None => {
+                    let f = |path, x: &crate::format::PreparedInput, r, y: &OutputMatrix| match path
+                    {
+                        Path::Tier(isa) => packed.matmul_rows_isa(isa, x, r, y),
+                        Path::Spec(rounding) => {
                             let x = crate::format::int8::q8_rows(x, y.n_tokens(), "int4");
-                            lowbit_matmul_spec(&packed.tiles(), &x, r, y)
+                            lowbit_matmul_spec(rounding, &packed.tiles(), &x, r, y)
                         }
                     };
                     check_paths(&packed, &f, &w, rows, cols, tokens, bits as u64);
@@ -941,22 +954,23 @@ mod tests {
             let w = pseudo(rows * cols, gs as u64, 0.05);
             let t = Tensor::new(vec![rows, cols], w);
             let packed = LowBitWeights::quantize(&t, 4, gs, None, "t").unwrap();
-            let f = |isa, x: &crate::format::PreparedInput, r, y: &OutputMatrix| match isa {
-                Some(isa) => packed.matmul_rows_isa(isa, x, r, y),
-                None => {
+            let f = |path, x: &crate::format::PreparedInput, r, y: &OutputMatrix| match path {
+                Path::Tier(isa) => packed.matmul_rows_isa(isa, x, r, y),
+                Path::Spec(rounding) => {
                     let x = crate::format::int8::q8_rows(x, y.n_tokens(), "int4");
-                    lowbit_matmul_spec(&packed.tiles(), &x, r, y)
+                    lowbit_matmul_spec(rounding, &packed.tiles(), &x, r, y)
                 }
             };
-            let spec = run(&f, None, &q8, tokens, rows, &[0..16, 16..rows]);
-            let got = run(
+            let best = QuantIsa::best();
+            let spec = run(
                 &f,
-                Some(QuantIsa::best()),
+                Path::Spec(best.rounding()),
                 &q8,
                 tokens,
                 rows,
                 &[0..16, 16..rows],
             );
+            let got = run(&f, Path::Tier(best), &q8, tokens, rows, &[0..16, 16..rows]);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&got), bits(&spec), "groups of {gs}");
         }

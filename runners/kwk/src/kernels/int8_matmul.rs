@@ -20,8 +20,10 @@
 //! specification. `vpmaddubsw` would saturate its i16 pair sums on `255 · 127 · 2`, so the
 //! paths without VNNI take full bytes through the sign trick (see those files). All paths
 //! compute the same exact integer block dots and then the same float operations in the same
-//! order (`acc = fma(float(dot), d_w · d_a, acc)` per block), so their results agree to the
-//! bit; the tests run every path the CPU supports against the scalar one. GEMM (prompts): a
+//! order (`acc = float(dot) · (d_w · d_a) + acc` per block, rounded once by a fused
+//! multiply-add; twice on the scalar tier of x86-64, which has no FMA: [`Rounding`]), so
+//! their results agree to the bit with the specification of their rounding; the tests run
+//! every path the CPU supports against it. GEMM (prompts): a
 //! tile of up to [`TOKEN_TILE`] tokens shares each weight load and each weight preparation
 //! (the AVX-512 VNNI tier's low-bit codes take two row groups × [`PAIR_TOKENS`] tokens per
 //! call, so each activation broadcast also serves two weight registers);
@@ -73,6 +75,10 @@ use half::f16;
 use std::ops::Range;
 use std::sync::OnceLock;
 
+/// Whether this build's scalar code lacks a fused multiply-add instruction (x86-64's
+/// baseline; `-C target-feature=+fma` adds one): then the scalar tier rounds twice.
+const SCALAR_LACKS_FMA: bool = cfg!(all(target_arch = "x86_64", not(target_feature = "fma")));
+
 /// Rows per interleave group (the packed formats' `row_align`).
 pub const ROW_GROUP: usize = 16;
 /// Columns per quantization block (the q8 activation block).
@@ -84,6 +90,35 @@ pub const TOKEN_TILE: usize = 8;
 /// Fewest tokens for which the `amx` tier runs 8-bit weights on AMX tiles (16 tokens per
 /// tile call; the rest of a batch, and smaller batches, take the VNNI tiles).
 pub const AMX_MIN_TOKENS: usize = 16;
+
+/// How a path rounds the specification's float steps `acc = a · b + acc` (per block the
+/// scale step `a = float(dot)`, `b = d_w · d_a`; for low-bit codes per column group also the
+/// minimum's, `a = m`, `b = S`): `Once` is a fused multiply-add, `Twice` a multiply, then an
+/// add. Every SIMD tier has FMA and rounds once. The scalar tier on x86-64, whose baseline
+/// has no FMA, rounds twice: emulating the fused step exactly (f64 sums with midpoint and
+/// range checks) took more of its prompt time than the integer dots did and held int8/int4
+/// prompts to 0.6x / 0.4x its own float32 (Zen 5, `quant_kernel_bench`, one thread, 512
+/// tokens, fastest of 8, GMAC/s: int8 17.4-18.4 and int4 13.5-15.0 rounding once against
+/// 24-30 and 19-28 rounding twice; float32 17-25 in the same minutes). The difference is at
+/// most one rounding of the accumulator per step, far below the quantization error. Each
+/// path agrees to the bit with the specification run with the path's rounding
+/// ([`QuantIsa::rounding`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Rounding {
+    Once,
+    Twice,
+}
+
+impl Rounding {
+    /// `a · b + acc`, rounded as named.
+    #[inline(always)]
+    pub fn step(self, a: f32, b: f32, acc: f32) -> f32 {
+        match self {
+            Rounding::Once => a.mul_add(b, acc),
+            Rounding::Twice => a * b + acc,
+        }
+    }
+}
 
 /// The path the quantized kernels run on (one per [`crate::kernels::Isa`] tier).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -127,6 +162,15 @@ impl QuantIsa {
             QuantIsa::Scalar if cfg!(target_arch = "x86_64") => "scalar (sse2 pmaddwd)",
             QuantIsa::Scalar => "scalar (f32 dots)",
             _ => self.name(),
+        }
+    }
+
+    /// How the path rounds the specification's float steps ([`Rounding`]): twice only on
+    /// the scalar tier of an x86-64 build without FMA in its baseline.
+    pub const fn rounding(self) -> Rounding {
+        match self {
+            QuantIsa::Scalar if SCALAR_LACKS_FMA => Rounding::Twice,
+            _ => Rounding::Once,
         }
     }
 
@@ -514,22 +558,30 @@ pub(crate) fn check_operands(x: &Q8Rows, cols: usize, n_rows: usize, rows: &Rang
     assert!(rows.end <= n_rows);
 }
 
-/// [`int8_matmul`] on the specification ([`int8_tile_scalar`], one code at a time): the
-/// reference the tests hold every path to, the scalar tier's included.
-pub fn int8_matmul_spec(w: &Int8Tiles, x: &Q8Rows, rows: Range<usize>, y: &OutputMatrix) {
+/// [`int8_matmul`] on the specification ([`int8_tile_scalar`], one code at a time) with
+/// `rounding`: the reference the tests hold every path to, the scalar tier's included.
+pub fn int8_matmul_spec(
+    rounding: Rounding,
+    w: &Int8Tiles,
+    x: &Q8Rows,
+    rows: Range<usize>,
+    y: &OutputMatrix,
+) {
     w.check();
     check_operands(x, w.cols, w.rows, &rows);
     drive_row_groups(
         rows,
         x.n_tokens,
         y,
-        |g, t0, n, out| int8_tile_scalar(w, x, g, t0, n, out),
+        |g, t0, n, out| int8_tile_scalar(rounding, w, x, g, t0, n, out),
         None,
     );
 }
 
-/// The specification: exact integer block dots, then `acc = fma(dot, d_w · d_a, acc)`.
+/// The specification: exact integer block dots, then `acc = float(dot) · (d_w · d_a) +
+/// acc`, rounded as `rounding` says.
 pub fn int8_tile_scalar(
+    rounding: Rounding,
     w: &Int8Tiles,
     x: &Q8Rows,
     g: usize,
@@ -554,7 +606,7 @@ pub fn int8_tile_scalar(
                         dot += tile[quad * 64 + r * 4 + k] as i32 * a[quad * 4 + k] as i32;
                     }
                 }
-                *acc_r = (dot as f32).mul_add(ds[r].to_f32() * da, *acc_r);
+                *acc_r = rounding.step(dot as f32, ds[r].to_f32() * da, *acc_r);
             }
         }
         *out_t = acc;
@@ -791,7 +843,7 @@ pub(crate) mod test_support {
     //! the comparisons every path must pass.
     use crate::format::{PackedLinear, PreparedInput};
     use crate::kernels::int4_matmul::InputMemo;
-    use crate::kernels::int8_matmul::QuantIsa;
+    use crate::kernels::int8_matmul::{QuantIsa, Rounding};
     use crate::kernels::q8_activations::quantize_rows_q8;
     use crate::kernels::OutputMatrix;
     use std::ops::Range;
@@ -848,14 +900,20 @@ pub(crate) mod test_support {
         }
     }
 
-    /// A matmul on a path: `Some(isa)` a tier, `None` the specification.
-    pub type MatmulFn<'a> =
-        dyn Fn(Option<QuantIsa>, &PreparedInput, Range<usize>, &OutputMatrix) + 'a;
+    /// Where a test matmul runs: a tier, or the specification with a rounding.
+    #[derive(Clone, Copy)]
+    pub enum Path {
+        Tier(QuantIsa),
+        Spec(Rounding),
+    }
 
-    /// Runs `w` on `isa` over the row slices `splits` (as threads would) into a fresh output.
+    /// A matmul on a path.
+    pub type MatmulFn<'a> = dyn Fn(Path, &PreparedInput, Range<usize>, &OutputMatrix) + 'a;
+
+    /// Runs `w` on `path` over the row slices `splits` (as threads would) into a fresh output.
     pub fn run(
         w: &MatmulFn,
-        isa: Option<QuantIsa>,
+        path: Path,
         q8: &Q8,
         n_tokens: usize,
         rows: usize,
@@ -864,7 +922,7 @@ pub(crate) mod test_support {
         let mut y = vec![f32::NAN; n_tokens * rows];
         let out = OutputMatrix::new(&mut y, n_tokens, rows);
         for r in splits {
-            w(isa, &q8.input(), r.clone(), &out);
+            w(path, &q8.input(), r.clone(), &out);
         }
         y
     }
@@ -894,17 +952,36 @@ pub(crate) mod test_support {
         // Row slices on multiples of 16, as the decoder's thread split makes them.
         let mid = (rows / 2) / 16 * 16;
         let splits = [0..mid, mid..rows];
-        let reference = run(matmul, None, &q8, n_tokens, rows, &splits);
+        let spec = |rounding| run(matmul, Path::Spec(rounding), &q8, n_tokens, rows, &splits);
+        let reference = spec(Rounding::Once);
+        let twice = spec(Rounding::Twice);
         for isa in QuantIsa::available() {
-            let got = run(matmul, Some(isa), &q8, n_tokens, rows, &splits);
-            for (i, (a, b)) in got.iter().zip(&reference).enumerate() {
+            let got = run(matmul, Path::Tier(isa), &q8, n_tokens, rows, &splits);
+            let want = match isa.rounding() {
+                Rounding::Once => &reference,
+                Rounding::Twice => &twice,
+            };
+            for (i, (a, b)) in got.iter().zip(want).enumerate() {
                 assert_eq!(
                     a.to_bits(),
                     b.to_bits(),
-                    "{} vs the specification at {i}: {a} vs {b} (rows {rows} cols {cols} tokens {n_tokens})",
-                    isa.name()
+                    "{} vs the specification rounding {:?} at {i}: {a} vs {b} (rows {rows} cols {cols} tokens {n_tokens})",
+                    isa.name(),
+                    isa.rounding()
                 );
             }
+        }
+        // Rounding twice differs from once by at most a rounding of the accumulator per
+        // step: far inside the float32 bound below, which both must meet.
+        for (t, r) in (0..n_tokens).flat_map(|t| (0..rows).map(move |r| (t, r))) {
+            let (a, b) = (twice[t * rows + r], reference[t * rows + r]);
+            let mag: f64 = (0..cols)
+                .map(|c| (wd[r * cols + c] as f64 * xd[t * cols + c] as f64).abs())
+                .sum();
+            assert!(
+                ((a - b) as f64).abs() <= 1e-5 * mag + 1e-6,
+                "rounding twice: {a} vs once {b} (t {t} r {r})"
+            );
         }
         for t in 0..n_tokens {
             for r in 0..rows {
@@ -966,11 +1043,11 @@ mod tests {
             let w = pseudo(rows * cols, rows as u64 * 7 + cols as u64, 0.05);
             let t = Tensor::new(vec![rows, cols], w.clone());
             let packed = Int8Weights::quantize(&t, None, "test").unwrap();
-            let f = |isa, x: &crate::format::PreparedInput, r, y: &OutputMatrix| match isa {
-                Some(isa) => packed.matmul_rows_isa(isa, x, r, y),
-                None => {
+            let f = |path, x: &crate::format::PreparedInput, r, y: &OutputMatrix| match path {
+                Path::Tier(isa) => packed.matmul_rows_isa(isa, x, r, y),
+                Path::Spec(rounding) => {
                     let x = crate::format::int8::q8_rows(x, y.n_tokens(), "int8");
-                    int8_matmul_spec(&packed.tiles(), &x, r, y)
+                    int8_matmul_spec(rounding, &packed.tiles(), &x, r, y)
                 }
             };
             check_paths(&packed, &f, &w, rows, cols, tokens, 3);

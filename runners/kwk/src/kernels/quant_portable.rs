@@ -14,20 +14,20 @@
 //! codes `|q| <= 255` and activations `|a| <= 128`, so every partial sum is an integer of
 //! magnitude below `32 · 255 · 128 < 2^24`, exact in i32 and in f32 whatever the order.
 //! After the dot the specification's float steps follow in its order: per block
-//! `acc = fma(dot, d_w · d_a, acc)`, and for low-bit codes per column group
-//! `acc = fma(m, S, acc)`, each rounded once ([`fused_mul_add`], in f64 where the target
-//! has no FMA).
+//! `acc = dot · (d_w · d_a) + acc`, and for low-bit codes per column group
+//! `acc = m · S + acc`, rounded as this tier rounds ([`Rounding`]): twice on x86-64,
+//! whose baseline has no FMA, once elsewhere.
 //!
 //! Measured (`speed`, `KWK_ISA=scalar`, 2 threads on an AMD Zen 3, pp512 / tg32 tokens/s):
 //! f32 dots int8 60 / 13, int4 50 / 14; `pmaddwd` dots int8 94-95 / 31-32, int4 71 / 28;
-//! float32 115-119 / 33-34. The rest of a quantized prompt's time was the rounded-once
-//! steps: the compiler's vectorization of a per-row f64 loop took about half the tile's
-//! time. Written for SSE2 (`baseline::fma_rows_f64`: four rows' checks gathered into one
-//! register) they cost a third of that: pp512 int8 89-95 -> 105-116, int4 62-66 -> 79-83
-//! tokens/s, float32 92-103 in the same minutes (a loaded host; three interleaved rounds).
+//! float32 115-119 / 33-34, the steps then emulating a fused multiply-add in f64. Rounding
+//! twice instead (a multiply and an add per 4 rows) took the prompts past float32 on a Zen 5
+//! (see [`Rounding`] for the figures).
 
 use super::int4_matmul::{code_tile_bytes, tile_code, LowBitTiles, HIGH_BITS_TILE_BYTES};
-use super::int8_matmul::{Int8Tiles, Q8Rows, BLOCK, INT8_TILE_BYTES, ROW_GROUP, TOKEN_TILE};
+use super::int8_matmul::{
+    Int8Tiles, Q8Rows, QuantIsa, Rounding, BLOCK, INT8_TILE_BYTES, ROW_GROUP, TOKEN_TILE,
+};
 use super::GEMV_PREFETCH_BYTES;
 
 /// Tokens that share each load of the weight panel.
@@ -368,14 +368,14 @@ impl<D: BlockDots> WidenedDots<D> {
                 let dots = block_dots(b);
                 for (t, (acc_t, dot_t)) in acc.iter_mut().zip(&dots).enumerate() {
                     let da = x.scales[(run.tok + t) * nb + b];
-                    fma_rows(acc_t, dot_t, &std::array::from_fn(|r| ds[r] * da));
+                    step_rows(acc_t, dot_t, &std::array::from_fn(|r| ds[r] * da));
                 }
             }
             if let Some(s) = run.min_terms {
                 let ms = self.mins[cg * ROW_GROUP..][..ROW_GROUP].try_into().unwrap();
                 for (t, acc_t) in acc.iter_mut().enumerate() {
                     let st = s[(run.first + t) * ncg + cg];
-                    fma_rows(acc_t, ms, &[st; ROW_GROUP]);
+                    step_rows(acc_t, ms, &[st; ROW_GROUP]);
                 }
             }
         }
@@ -411,71 +411,15 @@ fn block_tiles<'a>(
     }
 }
 
-/// `acc[r] = fused_mul_add(a[r], b[r], acc[r])` for a row group. Without a baseline FMA
-/// (x86-64) the 16 rows go through `baseline::fma_rows_f64` (SSE2: f64 sums, four rows'
-/// midpoint and range checks in a few integer operations), and only when one of them needs
-/// [`fused_mul_add`]'s careful path (a midpoint or a result below f32's normal range: rare)
-/// are the rows redone one by one. Measured on Zen 3 (`quant_kernel_bench`, scalar tier, 512
-/// tokens, one thread): the row-by-row form spent twice the block dots' time here; the
-/// compiler's vectorization of a per-row f64 loop with the same checks took about half the
-/// tile's time (2-lane conversions and shuffles per row pair), which the SSE2 form cut to
-/// int8 9.0 -> 11.8, int4 7.0 -> 9.7 GMAC/s (fastest of 5 interleaved runs; float32 10.9).
+/// `acc[r] = a[r] · b[r] + acc[r]` for a row group, rounded as the scalar tier rounds
+/// ([`QuantIsa::rounding`]: twice on x86-64 without FMA, where the compiler makes it a
+/// multiply and an add per 4 rows; once elsewhere).
 #[inline(always)]
-fn fma_rows(acc: &mut [f32; ROW_GROUP], a: &[f32; ROW_GROUP], b: &[f32; ROW_GROUP]) {
-    #[cfg(all(target_arch = "x86_64", not(target_feature = "fma")))]
-    if !super::x86_64::baseline::fma_rows_f64(acc, a, b) {
-        for r in 0..ROW_GROUP {
-            acc[r] = fused_mul_add(a[r], b[r], acc[r]);
-        }
-    }
-    #[cfg(any(target_feature = "fma", not(target_arch = "x86_64")))]
+fn step_rows(acc: &mut [f32; ROW_GROUP], a: &[f32; ROW_GROUP], b: &[f32; ROW_GROUP]) {
+    const ROUNDING: Rounding = QuantIsa::Scalar.rounding();
     for r in 0..ROW_GROUP {
-        acc[r] = a[r].mul_add(b[r], acc[r]);
+        acc[r] = ROUNDING.step(a[r], b[r], acc[r]);
     }
-}
-
-/// Whether rounding the f64 sum `s` to f32 may differ from rounding the exact sum once:
-/// `s` is finite and sits on an f32 midpoint (its low 29 significand bits are `1000…0`)
-/// or below f32's normal range (see [`fused_mul_add`]).
-#[inline(always)]
-fn needs_careful_rounding(s: f64) -> bool {
-    let midpoint = s.to_bits() & 0x1FFF_FFFF == 0x1000_0000;
-    let normal = s.abs() >= f32::MIN_POSITIVE as f64;
-    s.is_finite() & (midpoint | !normal)
-}
-
-/// `a · b + c` rounded once (`f32::mul_add`). Where the target has no FMA instruction in
-/// its baseline (x86-64 before `-C target-feature=+fma`), `mul_add` is a libm call that took
-/// a quarter of this path's time; there the result comes from f64, inline: `a · b` is exact
-/// in f64 (24 + 24 bits), and rounding the f64 sum `s` to f32 is the single rounding unless
-/// `s` landed exactly on a midpoint between two f32 values (the only way two roundings can
-/// differ from one), which the low 29 bits of its significand show. In that rare case the
-/// sum's exact error (TwoSum) moves `s` to its odd neighbour on the error's side (rounding
-/// to odd), and rounding a round-to-odd f64 to f32 is correct because 53 >= 24 + 2 (Boldo
-/// and Melquiond, "When double rounding is odd", 2005).
-#[inline(always)]
-fn fused_mul_add(a: f32, b: f32, c: f32) -> f32 {
-    if cfg!(any(target_feature = "fma", not(target_arch = "x86_64"))) {
-        return a.mul_add(b, c);
-    }
-    let p = a as f64 * b as f64;
-    let c = c as f64;
-    let s = p + c;
-    let bits = s.to_bits();
-    // Below f32's normal range its midpoints sit elsewhere: take the careful path there.
-    if !needs_careful_rounding(s) {
-        return s as f32;
-    }
-    let pv = s - c;
-    let err = (p - pv) + (c - (s - pv));
-    let odd = if err != 0.0 && bits & 1 == 0 {
-        // The exact sum lies between s and its neighbour towards err, which is odd.
-        let away_from_zero = (err > 0.0) == (s > 0.0);
-        f64::from_bits(if away_from_zero { bits + 1 } else { bits - 1 })
-    } else {
-        s
-    };
-    odd as f32
 }
 
 /// How blocks share scales: int8 tiles have a scale per block, low-bit codes per column
@@ -573,125 +517,6 @@ mod tests {
                     "baseline {what}"
                 );
             }
-        }
-    }
-
-    /// The rows' step equals `mul_add` row by row, to the bit: random rows, and rows
-    /// holding each case the fast path must hand over or may keep (a double-rounding
-    /// midpoint, results below f32's normal range, signed zeros, the overflow midpoint
-    /// above `f32::MAX`, infinities and NaN) at every position of the group.
-    #[test]
-    fn fma_rows_is_mul_add_row_by_row() {
-        let tiny = f32::MIN_POSITIVE;
-        let special: [(f32, f32, f32); 10] = [
-            // The exact sum lies just below a midpoint that f64 rounds onto.
-            (
-                1.0 + f32::EPSILON,
-                (1.0 - f32::EPSILON) * 2f32.powi(-24),
-                1.0 + f32::EPSILON,
-            ),
-            (tiny, 0.75, tiny * -0.5),
-            (tiny, 1.0 + f32::EPSILON, -tiny),
-            // Below the normal range, f64 rounds the exact sum (just under the midpoint
-            // above the odd sub-normal c) onto the midpoint, which rounds up to even.
-            (
-                2f32.powi(-75) * (1.0 + 2f32.powi(-16)),
-                2f32.powi(-75) * (1.0 - 2f32.powi(-16)),
-                f32::from_bits((1 << 22) + 1),
-            ),
-            (0.0, 5.0, -0.0),
-            (-0.0, 5.0, -0.0),
-            // f32::MAX + 2^103 = (2 - 2^-24) · 2^127, the midpoint between f32::MAX and
-            // 2^128 (rounds to infinity), and the f32 just below 2^103 added instead.
-            (f32::MAX, 1.0, 2f32.powi(103)),
-            (f32::MAX, 1.0, 2f32.powi(103) - 2f32.powi(79)),
-            (f32::INFINITY, 2.0, 1.0),
-            (f32::NAN, 1.0, 1.0),
-        ];
-        let mut s = 0x0123_4567_89ab_cdefu64;
-        for trial in 0..20_000u32 {
-            let mut f = |scale: f32| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                ((s >> 40) as f32 / (1u64 << 23) as f32 - 1.0) * scale
-            };
-            let mut a: [f32; ROW_GROUP] = std::array::from_fn(|_| f(3e6).round());
-            let mut b: [f32; ROW_GROUP] = std::array::from_fn(|_| f(1e-4));
-            let mut acc: [f32; ROW_GROUP] = std::array::from_fn(|_| f(50.0));
-            if trial % 3 == 0 {
-                let r = (trial as usize / 3) % ROW_GROUP;
-                (a[r], b[r], acc[r]) = special[(trial as usize / 3 / ROW_GROUP) % special.len()];
-            }
-            let want: [f32; ROW_GROUP] = std::array::from_fn(|r| a[r].mul_add(b[r], acc[r]));
-            fma_rows(&mut acc, &a, &b);
-            for r in 0..ROW_GROUP {
-                assert!(
-                    acc[r].to_bits() == want[r].to_bits() || acc[r].is_nan() && want[r].is_nan(),
-                    "trial {trial} row {r}: {} * {} gave {:e}, want {:e}",
-                    a[r],
-                    b[r],
-                    acc[r],
-                    want[r]
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn fused_mul_add_is_rounded_once() {
-        // The exact sum lies just below a float32 midpoint that f64 rounds onto: rounding
-        // twice would go up, once stays down.
-        let (a, b, c) = (
-            1.0 + f32::EPSILON,
-            (1.0 - f32::EPSILON) * 2f32.powi(-24),
-            1.0 + f32::EPSILON,
-        );
-        assert_eq!(fused_mul_add(a, b, c).to_bits(), a.mul_add(b, c).to_bits());
-        assert_ne!(((a as f64 * b as f64) + c as f64) as f32, a.mul_add(b, c));
-        // Random operands over a wide spread of exponents and signs.
-        let mut s = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s
-        };
-        for _ in 0..2_000_000 {
-            let mut f = || {
-                let r = next();
-                let m = 1.0 + (r >> 40) as f32 / (1u64 << 24) as f32;
-                let e = ((r >> 8) % 60) as i32 - 30;
-                if r & 1 == 0 {
-                    m * 2f32.powi(e)
-                } else {
-                    -m * 2f32.powi(e)
-                }
-            };
-            let (a, b, c) = (f(), f(), f());
-            assert_eq!(
-                fused_mul_add(a, b, c).to_bits(),
-                a.mul_add(b, c).to_bits(),
-                "{a} * {b} + {c}"
-            );
-        }
-        assert_eq!(
-            fused_mul_add(0.0, 5.0, -0.0).to_bits(),
-            0f32.mul_add(5.0, -0.0).to_bits()
-        );
-        assert_eq!(fused_mul_add(f32::MAX, 2.0, 0.0), f32::INFINITY);
-        // Results below f32's normal range.
-        let tiny = f32::MIN_POSITIVE;
-        for (a, b, c) in [
-            (tiny, 0.75, tiny * -0.5),
-            (tiny, 1.0 + f32::EPSILON, -tiny),
-            (1e-30, 1e-10, 1e-45),
-        ] {
-            assert_eq!(
-                fused_mul_add(a, b, c).to_bits(),
-                a.mul_add(b, c).to_bits(),
-                "{a} * {b} + {c}"
-            );
         }
     }
 }

@@ -8,10 +8,6 @@
 //! instruction, where the f32 path adds 4 per multiply and add). Each block's i32 sums are
 //! exact (below `32 · 255 · 128`) and convert to f32 exactly.
 //!
-//! The specification's per-block float steps (`acc = fma(x, y, acc)`, rounded once) run in
-//! f64 here, since the baseline has no FMA: [`fma_rows_f64`] does 16 rows with the checks
-//! that hand the rare rows f64 cannot round correctly to the caller's exact path.
-//!
 //! SSE2 is part of every x86-64 CPU (and enabled in every x86-64 build), so the intrinsic
 //! calls need no feature check; the panel is a slice of vectors, so no pointer is read.
 
@@ -181,65 +177,5 @@ fn quad_codes(bits: u32, tile: &[u8], high_bits: &[u8], j: usize, q: usize) -> _
             c = _mm_or_si128(c, _mm_slli_epi16(pair, 4));
         }
         c
-    }
-}
-
-/// `acc[r] = a[r] · b[r] + acc[r]` rounded once, for a row group, in f64 (the x86-64
-/// baseline has no FMA): `a · b` is exact in f64 and rounding the f64 sum to f32 is the
-/// single rounding unless the sum sits on an f32 midpoint (its low 29 significand bits
-/// `1000…0`, the only way two roundings can differ) or below f32's normal range (where the
-/// midpoints lie elsewhere; exact zero included). Returns `false`, leaving `acc` as it was,
-/// when any row is such a case (rare), so the caller redoes the rows one by one. Sums that
-/// are not finite need no care: their inputs were not finite, and f64 gives the same
-/// infinity or NaN. Four rows per register: the low and high 32-bit halves of four f64 sums
-/// are gathered with one shuffle each, so the checks cost four integer operations per four
-/// rows.
-#[inline(always)]
-#[cfg_attr(target_feature = "fma", allow(dead_code))]
-pub(crate) fn fma_rows_f64(
-    acc: &mut [f32; ROW_GROUP],
-    a: &[f32; ROW_GROUP],
-    b: &[f32; ROW_GROUP],
-) -> bool {
-    // SAFETY: SSE2 is in the x86-64 baseline; every load and store covers 4 floats of a
-    // 16-float array at offsets 0, 4, 8, 12.
-    unsafe {
-        let low29 = _mm_set1_epi32(0x1FFF_FFFF);
-        let midpoint = _mm_set1_epi32(0x1000_0000);
-        let exponent = _mm_set1_epi32(0x7FF0_0000);
-        let min_normal = _mm_set1_epi32((1023 - 126) << 20);
-        let mut flags = _mm_setzero_si128();
-        let mut sums = [_mm_setzero_ps(); ROW_QUADS];
-        for (q, sum) in sums.iter_mut().enumerate() {
-            let av = _mm_loadu_ps(a.as_ptr().add(4 * q));
-            let bv = _mm_loadu_ps(b.as_ptr().add(4 * q));
-            let cv = _mm_loadu_ps(acc.as_ptr().add(4 * q));
-            let f64_sum = |a: __m128, b: __m128, c: __m128| {
-                _mm_add_pd(
-                    _mm_mul_pd(_mm_cvtps_pd(a), _mm_cvtps_pd(b)),
-                    _mm_cvtps_pd(c),
-                )
-            };
-            let lo = f64_sum(av, bv, cv);
-            let hi = f64_sum(
-                _mm_movehl_ps(av, av),
-                _mm_movehl_ps(bv, bv),
-                _mm_movehl_ps(cv, cv),
-            );
-            let (lo_s, hi_s) = (_mm_castpd_ps(lo), _mm_castpd_ps(hi));
-            let low_halves = _mm_castps_si128(_mm_shuffle_ps::<0b10_00_10_00>(lo_s, hi_s));
-            let high_halves = _mm_castps_si128(_mm_shuffle_ps::<0b11_01_11_01>(lo_s, hi_s));
-            let on_midpoint = _mm_cmpeq_epi32(_mm_and_si128(low_halves, low29), midpoint);
-            let below_normal = _mm_cmpgt_epi32(min_normal, _mm_and_si128(high_halves, exponent));
-            flags = _mm_or_si128(flags, _mm_or_si128(on_midpoint, below_normal));
-            *sum = _mm_movelh_ps(_mm_cvtpd_ps(lo), _mm_cvtpd_ps(hi));
-        }
-        if _mm_movemask_epi8(flags) != 0 {
-            return false;
-        }
-        for (q, sum) in sums.iter().enumerate() {
-            _mm_storeu_ps(acc.as_mut_ptr().add(4 * q), *sum);
-        }
-        true
     }
 }
