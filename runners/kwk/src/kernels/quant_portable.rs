@@ -314,6 +314,11 @@ impl<D: BlockDots> WidenedDots<D> {
                     // A group's tiles follow each other, the next group's the last.
                     let ahead = tile.as_ptr().wrapping_add(GEMV_PREFETCH_BYTES);
                     super::prefetch_hint(ahead, codes.tile_bytes);
+                    if !high.is_empty() {
+                        // 6-bit codes' high bits are a stream of their own.
+                        let ahead = high.as_ptr().wrapping_add(GEMV_PREFETCH_BYTES);
+                        super::prefetch_hint(ahead, HIGH_BITS_TILE_BYTES);
+                    }
                     let at = run.tok * nb + b;
                     let acts = &x.quants[at * BLOCK..][..BLOCK];
                     [D::packed_block_dots(

@@ -647,6 +647,10 @@ macro_rules! define_quant256 {
                                 let tile = codes[k].add(b * tile_bytes);
                                 prefetch_ahead(tile, tile_bytes);
                                 let hb = hbits[k].wrapping_add(b * HIGH_BITS_TILE_BYTES);
+                                if BITS == 6 {
+                                    // The high bits are a stream of their own.
+                                    prefetch_ahead(hb, HIGH_BITS_TILE_BYTES);
+                                }
                                 let s = lowbit_block_both_halves::<BITS>(
                                     tile,
                                     hb,
