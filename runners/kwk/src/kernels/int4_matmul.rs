@@ -262,6 +262,12 @@ pub fn lowbit_matmul(
         return;
     }
     #[cfg(target_arch = "x86_64")]
+    if isa == QuantIsa::Avx2 && w.bits == 8 && x.n_tokens > TOKEN_TILE {
+        // SAFETY: the tier has AVX2/FMA/F16C (checked above); `w` and `x` were checked.
+        unsafe { quant256::avx2::code8_matmul_i16(w, x, &s_all, rows, y) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
     if matches!(isa, QuantIsa::Avx512Vnni | QuantIsa::Amx) && x.n_tokens > TOKEN_TILE {
         // SAFETY: the tier has AVX512F/BW/VNNI (checked above); `w` and `x` were checked.
         unsafe { x86::lowbit_matmul_vnni_pairs(w, x, &s_all, rows, y) };

@@ -53,10 +53,11 @@
 //! Full bytes without VNNI cost 4 instructions per 32-bit lane and quad (sign fix,
 //! `vpmaddubsw`, `vpmaddwd`, add), as many as the FMAs of the same multiply-adds, so 8-bit
 //! weights only tie with float32 there (their gain is the 4x smaller weight reads); 4- and
-//! 6-bit codes sum several quads in i16 and need about half. On `avx512bw`, prompts of
-//! 8-bit codes instead widen codes and activations to i16 once per call (`vpmaddwd` +
-//! `vpaddd` per column pair: the same count, without the sign fix's per-quad weight
-//! preparation), measured 1.1-1.2x the byte tiles on a Xeon (`quant512bw.rs`). Splitting full bytes into
+//! 6-bit codes sum several quads in i16 and need about half. On `avx512bw` and `avx2`,
+//! prompts of 8-bit codes instead widen codes and activations to i16 once per call
+//! (`vpmaddwd` + `vpaddd` per column pair: the same count, without the sign fix's per-quad
+//! weight preparation), measured 1.1-1.2x the byte tiles on a Xeon (`quant512bw.rs`) and
+//! 1.05-1.4x on a Zen 5 forced to `avx2` (`quant256.rs`). Splitting full bytes into
 //! nibbles (`u = 16 hi + lo`, i16 sums, no sign fix) measured no faster on AVX2 (41 vs 44
 //! GMAC/s), nor did 3-token sub-tiles. Nor did cache blocking over tokens (every row group
 //! over a chunk of 16-128 tokens before the next chunk, so the chunk's activations stay in

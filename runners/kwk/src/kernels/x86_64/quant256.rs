@@ -54,19 +54,29 @@
 //! wrong results) gains 12 %, dropping the block-sum start value or the offset removal
 //! (`vpxor`) nothing measurable, unrolling the quad loop by two nothing.
 //!
-//! Two things that pay on zmm do not here (a C loop of the 8-bit block step on an Intel
-//! Xeon of the Sapphire Rapids class, L1-resident, VEX code with its 16 ymm registers,
-//! multiply-adds per TSC tick): widening codes and activations to i16 pairs (`vpmaddwd` +
-//! `vpaddd`, which `avx512bw`'s 8-bit prompts use) ran 21.5-27.3 for 3-4 tokens against
-//! the sign trick's 22.3-24.0, and more than 4 tokens per sub-tile spill; `vpdpbusd` ymm
-//! over both halves ran 67-70 for 4, 5 and 6 tokens alike and 44-46 for 7 (spills).
+//! Prompts of 8-bit codes on `avx2` widen codes and activations to i16 pairs once per call
+//! instead (`vpmaddwd` + `vpaddd` per column pair, half and token: no sign fix, no
+//! per-quad weight preparation), as `avx512bw`'s do on zmm ([`avx2::code8_matmul_i16`]; the
+//! symmetric int8 tiles keep the sign trick). A C loop of the bare block step on an Intel
+//! Xeon of the Sapphire Rapids class had measured them alike (21.5-27.3 against the sign
+//! trick's 22.3-24.0 multiply-adds per TSC tick for 3-4 tokens); the whole kernel on an AMD
+//! Zen 5 (`ISA=avx2 quant_kernel_bench int8`, one thread, 512 tokens, fastest of 8,
+//! interleaved) ran 81.3-82.5 GMAC/s against 55.9-77.2, and `speed` int8 pp512 on 2
+//! threads 1049-1198 against 999-1085 t/s (four interleaved pairs; one outlier of 711 left
+//! out). More than 4 tokens per sub-tile spill. `vpdpbusd` ymm over both halves ran 67-70
+//! for 4, 5 and 6 tokens alike and 44-46 for 7 (spills; the Xeon's C loop).
 
 use super::prefetch_ahead;
-use crate::kernels::int4_matmul::{code_tile_bytes, LowBitTiles, HIGH_BITS_TILE_BYTES};
+use crate::kernels::int4_matmul::{
+    acts_i16_all, code_tile_bytes, LowBitTiles, HIGH_BITS_TILE_BYTES,
+};
 use crate::kernels::int8_matmul::{
-    Int8Tiles, Q8Rows, BLOCK, INT8_TILE_BYTES, ROW_GROUP, TOKEN_TILE,
+    drive_row_groups, Int8Tiles, Q8Rows, BLOCK, INT8_TILE_BYTES, ROW_GROUP, TOKEN_TILE,
 };
 use std::arch::x86_64::*;
+
+/// i16 values of one widened block of 16 rows × 32 columns (`code8_matmul_i16`).
+const I16_BLOCK: usize = ROW_GROUP * BLOCK;
 
 /// Tokens per sub-tile (the accumulators of 4 tokens and two i32 partial sums fit the 16
 /// ymm registers of AVX2 code).
@@ -772,6 +782,162 @@ macro_rules! define_quant256 {
                             let block = Full8Block { xq: xq.add(b * BLOCK), xbs: xbs.add(b), xs: xs.add(b) };
                             let min = (b + 1 == end).then(|| MinStep::new(mn, smin, ncg, cg));
                             full8_block_both::<N>(&mut acc, tile, block, dim, nb, -FULL8_BIAS, sc.add(cg * ROW_GROUP), min);
+                        }
+                    }
+                    store_tokens(&acc, out);
+                }
+            }
+
+            /// Prompts (more than [`TOKEN_TILE`] tokens) of 8-bit codes with codes and
+            /// activations widened to i16 once per call, as `quant512bw::code8_matmul_i16`
+            /// does on zmm: per column pair and 8-row half one `vpmaddwd` + `vpaddd` per
+            /// token, no sign fix and no per-quad weight preparation. Dispatched on the
+            /// `avx2` tier only (with VNNI, `vpdpbusd` takes the bytes as they are).
+            ///
+            /// # Safety
+            /// The module's features; `w` and `x` passed their `check`, `w.bits == 8`, `rows`
+            /// within `w.rows` starting at a multiple of 16, `s_all` every token's minimum
+            /// terms.
+            pub unsafe fn code8_matmul_i16(
+                w: &LowBitTiles,
+                x: &Q8Rows,
+                s_all: &[f32],
+                rows: std::ops::Range<usize>,
+                y: &crate::kernels::OutputMatrix,
+            ) {
+                assert_eq!(w.bits, 8);
+                let nb = w.n_blocks();
+                let ncg = w.n_col_groups();
+                // (The closure inherits this function's target features.)
+                let acts = acts_i16_all(x, |q| widen_acts_i16(q));
+                let mut codes = vec![0i16; nb * I16_BLOCK];
+                let mut widened = usize::MAX;
+                drive_row_groups(rows, x.n_tokens, y, |g, t0, n, out| {
+                    if widened != g {
+                        let tiles = &w.nibbles[g * nb * INT8_TILE_BYTES..][..nb * INT8_TILE_BYTES];
+                        // SAFETY: the module's features (this function's contract).
+                        unsafe { widen_codes_i16(tiles, &mut codes) };
+                        widened = g;
+                    }
+                    let mut t = 0;
+                    while t < n {
+                        let m = (n - t).min(SUB_TOKENS);
+                        let o = &mut out[t..t + m];
+                        let st = &s_all[(t0 + t) * ncg..(t0 + t + m) * ncg];
+                        let (c, a) = (codes.as_ptr(), acts.as_ptr());
+                        // SAFETY: forwarded contract; `codes` holds group g widened, `acts`
+                        // every token, tokens t0 + t..t0 + t + m are in range.
+                        unsafe {
+                            match m {
+                                1 => code8_i16::<1>(w, c, a, x, st, g, t0 + t, o),
+                                2 => code8_i16::<2>(w, c, a, x, st, g, t0 + t, o),
+                                3 => code8_i16::<3>(w, c, a, x, st, g, t0 + t, o),
+                                _ => code8_i16::<4>(w, c, a, x, st, g, t0 + t, o),
+                            }
+                        }
+                        t += m;
+                    }
+                }, None);
+            }
+
+            /// The activations as i16 (`[token][column]`, the layout of `quants`).
+            #[target_feature(enable = $features)]
+            fn widen_acts_i16(quants: &[i8]) -> Vec<i16> {
+                let mut out = vec![0i16; quants.len()];
+                for (o, q) in out.chunks_exact_mut(16).zip(quants.chunks_exact(16)) {
+                    // SAFETY: 16 bytes read from a 16-byte chunk, 32 written to 16 values.
+                    unsafe {
+                        let v = _mm256_cvtepi8_epi16(_mm_loadu_si128(q.as_ptr() as *const _));
+                        _mm256_storeu_si256(o.as_mut_ptr() as *mut _, v);
+                    }
+                }
+                for (o, &q) in out.iter_mut().zip(quants).skip(quants.len() / 16 * 16) {
+                    *o = q as i16;
+                }
+                out
+            }
+
+            /// A row group's 8-bit code tiles (byte `quad * 64 + row * 4 + k`: column
+            /// `4 quad + k`) as i16 column pairs: per block, pair `p` (columns `2p`,
+            /// `2p + 1`) is two registers, rows 0-7 then 8-15, i32 lane `r` holding the
+            /// row's two codes (the lower column in the low half).
+            ///
+            /// # Safety
+            /// The module's features.
+            #[target_feature(enable = $features)]
+            unsafe fn widen_codes_i16(tiles: &[u8], out: &mut [i16]) {
+                let nb = tiles.len() / INT8_TILE_BYTES;
+                assert!(out.len() >= nb * I16_BLOCK);
+                for b in 0..nb {
+                    for quad in 0..BLOCK / 4 {
+                        for h in 0..2 {
+                            let src = &tiles[b * INT8_TILE_BYTES + quad * 64 + h * 32..][..32];
+                            // SAFETY: 32 bytes read from a 32-byte slice; each store writes
+                            // 16 i16 inside `out` (asserted long enough).
+                            unsafe {
+                                let v = _mm256_loadu_si256(src.as_ptr() as *const _);
+                                // Rows 0-3 and 4-7 of the half, i32 lanes alternating each
+                                // row's pairs (2 quad, 2 quad + 1).
+                                let lo = _mm256_castsi256_ps(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(v)));
+                                let hi = _mm256_castsi256_ps(_mm256_cvtepu8_epi16(_mm256_extracti128_si256::<1>(v)));
+                                // Per 128-bit lane [r, r + 1, r + 4, r + 5] of one pair;
+                                // the 64-bit permute restores row order.
+                                let even = _mm256_castps_si256(_mm256_shuffle_ps::<0x88>(lo, hi));
+                                let odd = _mm256_castps_si256(_mm256_shuffle_ps::<0xDD>(lo, hi));
+                                for (k, v) in [even, odd].into_iter().enumerate() {
+                                    let at = b * I16_BLOCK + (2 * quad + k) * 32 + h * 16;
+                                    let rows = _mm256_permute4x64_epi64::<0xD8>(v);
+                                    _mm256_storeu_si256(out[at..at + 16].as_mut_ptr() as *mut _, rows);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+
+            /// `N` tokens (from `tok`) of row group `g`'s widened 8-bit codes (`codes`,
+            /// [`widen_codes_i16`]) with the widened activations `acts` (every token):
+            /// exact block dots `Σ u·a`, then [`finish_block`]'s float steps in the
+            /// specification's order.
+            ///
+            /// # Safety
+            /// As [`code8_matmul_i16`]; `codes` holds group `g`'s `n_blocks` widened blocks,
+            /// `smin` the `N` tokens' minimum terms.
+            #[allow(clippy::too_many_arguments)]
+            #[target_feature(enable = $features)]
+            unsafe fn code8_i16<const N: usize>(
+                w: &LowBitTiles,
+                codes: *const i16,
+                acts: *const i16,
+                x: &Q8Rows,
+                smin: &[f32],
+                g: usize,
+                tok: usize,
+                out: &mut [[f32; ROW_GROUP]],
+            ) {
+                // SAFETY: the reads stay in the group's widened codes, the `N` tokens'
+                // activation rows, and `LowBitGroup`'s slices.
+                unsafe {
+                    let LowBitGroup { sc, mn, xs, nb, ncg, bpg, dim, .. } = LowBitGroup::new(w, x, g, tok);
+                    let a0 = acts.add(tok * dim);
+                    let mut acc = [[_mm256_setzero_ps(); N]; 2];
+                    for cg in 0..ncg {
+                        let end = ((cg + 1) * bpg).min(nb);
+                        for b in cg * bpg..end {
+                            let wb = codes.add(b * I16_BLOCK);
+                            let mut s = [[_mm256_setzero_si256(); N]; 2];
+                            for p in 0..BLOCK / 2 {
+                                let w0 = _mm256_loadu_si256(wb.add(p * 32) as *const _);
+                                let w1 = _mm256_loadu_si256(wb.add(p * 32 + 16) as *const _);
+                                for t in 0..N {
+                                    let pair = a0.add(t * dim + b * BLOCK + 2 * p) as *const i32;
+                                    let a = _mm256_set1_epi32(pair.read_unaligned());
+                                    s[0][t] = _mm256_add_epi32(s[0][t], _mm256_madd_epi16(w0, a));
+                                    s[1][t] = _mm256_add_epi32(s[1][t], _mm256_madd_epi16(w1, a));
+                                }
+                            }
+                            let min = (b + 1 == end).then(|| MinStep::new(mn, smin, ncg, cg));
+                            finish_block(&mut acc, &s, sc.add(cg * ROW_GROUP), xs.add(b), nb, min);
                         }
                     }
                     store_tokens(&acc, out);
