@@ -36,23 +36,15 @@ const ROW_QUADS: usize = ROW_GROUP / 4;
 
 impl BlockDots for PairDots {
     type Lane = I16x8;
-    /// An activation pair, `a[2p]` in the low and `a[2p + 1]` in the high 16 bits, in
-    /// every i32 lane: broadcast once per call, so the hot loop loads it instead of
-    /// shuffling it per row group (the loop is bound by its instruction count; Zen 5,
-    /// `quant_kernel_bench` 512 tokens, fastest of 8, three interleaved runs: int8
-    /// 29.3-29.9 -> 30.1-30.7, int4 27.6-28.2 -> 28.5-29.4 GMAC/s).
-    type Act = I16x8;
+    /// An activation pair, `a[2p]` in the low and `a[2p + 1]` in the high 16 bits.
+    type Act = i32;
     const LANES_PER_BLOCK: usize = PAIRS * ROW_QUADS;
     const ACTS_PER_BLOCK: usize = PAIRS;
 
-    fn widen_acts(quants: &[i8]) -> Vec<I16x8> {
+    fn widen_acts(quants: &[i8]) -> Vec<i32> {
         quants
             .chunks_exact(2)
-            .map(|p| {
-                let pair = (p[0] as i16 as u16 as u32 | (p[1] as i16 as u16 as u32) << 16) as i32;
-                // SAFETY: SSE2 is in the x86-64 baseline.
-                I16x8(unsafe { _mm_set1_epi32(pair) })
-            })
+            .map(|p| (p[0] as i16 as u16 as u32 | (p[1] as i16 as u16 as u32) << 16) as i32)
             .collect()
     }
 
@@ -137,13 +129,13 @@ impl BlockDots for PairDots {
 
     /// Each register of codes is loaded once for all `N` tokens.
     #[inline(always)]
-    fn block_dots<const N: usize>(lanes: &[I16x8], acts: [&[I16x8]; N]) -> [[f32; ROW_GROUP]; N] {
+    fn block_dots<const N: usize>(lanes: &[I16x8], acts: [&[i32]; N]) -> [[f32; ROW_GROUP]; N] {
         // SAFETY: SSE2 is in the x86-64 baseline; the stores write 4 floats to 4 floats.
         unsafe {
             let mut s = [[_mm_setzero_si128(); ROW_QUADS]; N];
             for (p, w) in lanes.chunks_exact(ROW_QUADS).enumerate() {
                 for (s_t, a_t) in s.iter_mut().zip(&acts) {
-                    let a = a_t[p].0;
+                    let a = _mm_set1_epi32(a_t[p]);
                     for (s_q, w_q) in s_t.iter_mut().zip(w) {
                         *s_q = _mm_add_epi32(*s_q, _mm_madd_epi16(w_q.0, a));
                     }
