@@ -808,8 +808,9 @@ macro_rules! define_quant256 {
                 assert_eq!(w.bits, 8);
                 let nb = w.n_blocks();
                 let ncg = w.n_col_groups();
-                // (The closure inherits this function's target features.)
-                let acts = acts_i16_all(x, |q| widen_acts_i16(q));
+                // (The closure inherits this function's target features, so the compiler
+                // widens with them.)
+                let acts = acts_i16_all(x, |q| q.iter().map(|&v| v as i16).collect());
                 let mut codes = vec![0i16; nb * I16_BLOCK];
                 let mut widened = usize::MAX;
                 drive_row_groups(rows, x.n_tokens, y, |g, t0, n, out| {
@@ -838,23 +839,6 @@ macro_rules! define_quant256 {
                         t += m;
                     }
                 }, None);
-            }
-
-            /// The activations as i16 (`[token][column]`, the layout of `quants`).
-            #[target_feature(enable = $features)]
-            fn widen_acts_i16(quants: &[i8]) -> Vec<i16> {
-                let mut out = vec![0i16; quants.len()];
-                for (o, q) in out.chunks_exact_mut(16).zip(quants.chunks_exact(16)) {
-                    // SAFETY: 16 bytes read from a 16-byte chunk, 32 written to 16 values.
-                    unsafe {
-                        let v = _mm256_cvtepi8_epi16(_mm_loadu_si128(q.as_ptr() as *const _));
-                        _mm256_storeu_si256(o.as_mut_ptr() as *mut _, v);
-                    }
-                }
-                for (o, &q) in out.iter_mut().zip(quants).skip(quants.len() / 16 * 16) {
-                    *o = q as i16;
-                }
-                out
             }
 
             /// A row group's 8-bit code tiles (byte `quad * 64 + row * 4 + k`: column
