@@ -220,10 +220,12 @@ fn min_terms_all(x: &Q8Rows, group_size: usize, n_col_groups: usize) -> Arc<[f32
     s
 }
 
-/// `x`'s quants (`[token][column]`) as i16, through its memo as [`min_terms_all`]:
-/// `widen` makes them.
-pub(crate) fn acts_i16_all(x: &Q8Rows, widen: impl FnOnce(&[i8]) -> Vec<i16>) -> Arc<[i16]> {
+/// `x`'s quants (`[token][column]`) as i16, through its memo as [`min_terms_all`] (the
+/// 8-bit-code prompt paths of `avx512bw` and `avx2` share them; once per call, so a plain
+/// loop, which the compiler vectorizes, does).
+pub(crate) fn acts_i16_all(x: &Q8Rows) -> Arc<[i16]> {
     let quants = &x.quants[..x.n_tokens * x.dim];
+    let widen = |q: &[i8]| q.iter().map(|&v| v as i16).collect::<Vec<i16>>();
     let Some(memo) = x.memo else {
         return Arc::from(widen(quants));
     };

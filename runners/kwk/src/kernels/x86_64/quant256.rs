@@ -808,9 +808,7 @@ macro_rules! define_quant256 {
                 assert_eq!(w.bits, 8);
                 let nb = w.n_blocks();
                 let ncg = w.n_col_groups();
-                // (The closure inherits this function's target features, so the compiler
-                // widens with them.)
-                let acts = acts_i16_all(x, |q| q.iter().map(|&v| v as i16).collect());
+                let acts = acts_i16_all(x);
                 let mut codes = vec![0i16; nb * I16_BLOCK];
                 let mut widened = usize::MAX;
                 drive_row_groups(rows, x.n_tokens, y, |g, t0, n, out| {

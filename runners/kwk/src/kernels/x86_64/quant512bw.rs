@@ -290,8 +290,7 @@ pub unsafe fn code8_matmul_i16(
     assert_eq!(w.bits, 8);
     let nb = w.n_blocks();
     let ncg = w.n_col_groups();
-    // (The closure inherits this function's target features.)
-    let acts = acts_i16_all(x, |q| widen_acts_i16(q));
+    let acts = acts_i16_all(x);
     let mut codes = [vec![0i16; nb * I16_BLOCK], vec![0i16; nb * I16_BLOCK]];
     let mut widened = [usize::MAX; 2];
     drive_row_group_pairs(rows, x.n_tokens, y, |g, count, t0, n, out| {
@@ -337,23 +336,6 @@ pub unsafe fn code8_matmul_i16(
 
 /// i16 values of one block of 16 rows × 32 columns: 16 column pairs × 16 rows × 2.
 const I16_BLOCK: usize = ROW_GROUP * BLOCK;
-
-/// The activations as i16 (`[token][column]`, the layout of `quants`).
-#[target_feature(enable = "avx512f,avx512bw")]
-fn widen_acts_i16(quants: &[i8]) -> Vec<i16> {
-    let mut out = vec![0i16; quants.len()];
-    for (o, q) in out.chunks_exact_mut(32).zip(quants.chunks_exact(32)) {
-        // SAFETY: 32 bytes read from a 32-byte chunk, 64 written to a 32-value chunk.
-        unsafe {
-            let v = _mm512_cvtepi8_epi16(_mm256_loadu_si256(q.as_ptr() as *const _));
-            _mm512_storeu_si512(o.as_mut_ptr() as *mut _, v);
-        }
-    }
-    for (o, &q) in out.iter_mut().zip(quants).skip(quants.len() / 32 * 32) {
-        *o = q as i16;
-    }
-    out
-}
 
 /// A row group's byte tiles (`quad * 64 + row * 4 + k`: column `4 quad + k`) as i16
 /// column pairs: per block, pair `p` (columns `2p`, `2p + 1`) is 16 i32 lanes, lane `r`
