@@ -7,6 +7,7 @@ use crate::generate::GenerateConfig;
 use crate::protocol::{parse_format, FormatSpec};
 pub use crate::report::compare::TableFormat;
 use crate::report::gate::GateLimits;
+pub use crate::report::output::StdoutFormat;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 
@@ -222,6 +223,10 @@ pub struct EvalArgs {
     /// Skip the speed tests (perplexity only).
     #[arg(long)]
     pub no_speed: bool,
+
+    /// What to print on stdout: table (compact, fits 100 columns, with a verdict line per size), wide (every column), or the results as md, csv, json or jsonl for another program (the run folder gets every file either way).
+    #[arg(long, short = 'o', value_name = "FORMAT", value_enum, default_value_t = StdoutFormat::Table)]
+    pub output: StdoutFormat,
 
     /// Compute KL divergence against float32 even when its reference file exceeds 4 GiB (default: on when float32 runs).
     #[arg(long, conflicts_with = "no_kld")]

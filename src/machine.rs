@@ -106,6 +106,15 @@ pub fn peak_rss_bytes() -> Option<u64> {
     llamacpp::process::vm_hwm_bytes("self")
 }
 
+/// The machine's CPU counters now, for judging how quiet it was
+/// ([`crate::protocol::steadiness`]); `None` where /proc cannot be read (not Linux).
+pub fn cpu_snapshot() -> Option<crate::protocol::steadiness::Snapshot> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let own = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let load = std::fs::read_to_string("/proc/loadavg").ok()?;
+    crate::protocol::steadiness::Snapshot::parse(&stat, &own, &load)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

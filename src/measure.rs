@@ -19,6 +19,7 @@ use crate::plan::RunPlan;
 use crate::prepare::Prepared;
 use crate::progress::Bar;
 use crate::protocol::results::{Machine, Results, RunnerRecord};
+use crate::protocol::steadiness::Steadiness;
 use crate::protocol::{ComputeKind, FormatSpec, RooflineCost, SpeedRep, SpeedSpec, TokenScores};
 use crate::runner::kwk::{KwkRunner, KwkRunnerOptions, ReferenceRole};
 use crate::runner::llamacpp::{LlamaCppRunner, LlamaCppRunnerOptions};
@@ -337,6 +338,12 @@ fn speed_round(
             continue;
         }
         let name = row.name.clone();
+        eprintln!(
+            "  speed round {}/{}, row {}/{n}: {name}",
+            round + 1,
+            spec.reps,
+            k + 1
+        );
         let probe = probes.map(|p| p.for_runner(l.runner.as_ref()));
         let before = probe.map(|p| ReadProbes::probe_into(&mut results.machine, p));
         let rep = contain(|| {
@@ -391,6 +398,16 @@ fn speed_pass(
                 .then(|| probe(kwk::kernels::best_isa())),
         }
     });
+    // How quiet the machine stays during the rounds: its CPU counters before and after,
+    // and the read probes taken in between.
+    let quiet_from = (
+        crate::machine::cpu_snapshot(),
+        results
+            .machine
+            .peaks
+            .as_ref()
+            .map_or(0, |p| p.read_gbps_probes.len()),
+    );
     for round in 0..spec.reps {
         if interrupt::requested() {
             // Speed from some of the rounds only would not be the protocol's figure.
@@ -424,6 +441,17 @@ fn speed_pass(
     }
     if interrupt::requested() {
         return Ok(());
+    }
+    if let (Some(start), Some(end)) = (quiet_from.0, crate::machine::cpu_snapshot()) {
+        let probes = results.machine.peaks.as_ref().map_or(&[][..], |p| {
+            &p.read_gbps_probes[quiet_from.1.min(p.read_gbps_probes.len())..]
+        });
+        let cores = crate::machine::available_threads();
+        let steadiness = Steadiness::judge(&start, &end, probes, cores);
+        if let Some(w) = steadiness.warning() {
+            eprintln!("warning: {w}");
+        }
+        results.machine.steadiness = Some(steadiness);
     }
     for l in live.iter() {
         let row = &mut results.runners[l.index];
@@ -562,6 +590,7 @@ mod tests {
             threads: 2,
             peaks: Some(peaks("avx2", 10.0, 40.0, 5.0)),
             peaks_best_tier: Some(peaks("vnni", 20.0, 80.0, 8.0)),
+            steadiness: None,
         };
         let cost = |compute, best| RooflineCost {
             compute,

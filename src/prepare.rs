@@ -262,6 +262,7 @@ fn start_results(
             threads: plan.threads,
             peaks,
             peaks_best_tier,
+            steadiness: None,
         },
         versions: Versions {
             kwk: machine::kwk_git_sha(),

@@ -131,13 +131,24 @@ pub fn evaluate(args: &EvalArgs) -> Result<Outcome> {
         .into());
     }
     measured?;
-    print_stdout(&report::terminal::render(&results))?;
-    print_stdout(&format!("reports: {}\n", plan.out_dir.display()))?;
+    // A person gets the table, the folder and the gate on stdout; a program gets only the
+    // format it asked for there, and the rest on stderr.
+    let people = args.output.for_people();
+    let aside = |text: &str| -> Result<()> {
+        if people {
+            print_stdout(text)
+        } else {
+            eprint!("{text}");
+            Ok(())
+        }
+    };
+    print_stdout(&report::output::render(&results, args.output)?)?;
+    aside(&format!("reports: {}\n", plan.out_dir.display()))?;
     written?;
     let mut outcome = Outcome::Passed;
     if let Some(b) = &plan.baseline {
         let gate = report::gate::run(&b.results, &results, &plan.limits);
-        print_stdout(&gate.summary(&b.path.display().to_string()))?;
+        aside(&gate.summary(&b.path.display().to_string()))?;
         if !gate.passed() {
             outcome = Outcome::GateFailed;
         }

@@ -7,6 +7,7 @@
 pub mod chunks;
 pub mod results;
 pub mod speed_ratios;
+pub mod steadiness;
 
 pub use chunks::{check_ctx, ChunkPlan, PlanError};
 

@@ -59,6 +59,10 @@ pub struct Machine {
     /// always use their best kernels, are put against these); null otherwise.
     #[serde(default)]
     pub peaks_best_tier: Option<kwk::kernels::peaks::Peaks>,
+    /// How quiet the machine was during the speed rounds (`noisy`: the speed figures are
+    /// unreliable); null without speed rounds or where /proc cannot be read.
+    #[serde(default)]
+    pub steadiness: Option<super::steadiness::Steadiness>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -366,6 +370,7 @@ pub mod testdata {
                 threads: 2,
                 peaks: None,
                 peaks_best_tier: None,
+                steadiness: None,
             },
             versions: Versions {
                 kwk: Some("abc".into()),

@@ -214,6 +214,14 @@ pub fn speed_mismatches(old: &Results, new: &Results, across_machines: bool) -> 
         ));
     }
     let (m, n) = (&old.machine, &new.machine);
+    for (which, run) in [("the baseline", m), ("this run", n)] {
+        if let Some(w) = run.steadiness.as_ref().filter(|s| s.noisy) {
+            out.push(format!(
+                "{which} measured speed on a busy machine ({})",
+                w.reasons.join("; ")
+            ));
+        }
+    }
     if !across_machines && (m.cpu != n.cpu || m.isa != n.isa || m.threads != n.threads) {
         out.push(format!(
             "machine: baseline '{}' [{}] {} threads, this run '{}' [{}] {} threads (pass --speed-across-machines to compare anyway)",

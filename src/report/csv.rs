@@ -58,6 +58,7 @@ const HEADER: &[&str] = &[
     "peak_rss_bytes",
     "running_ppl",
     "error",
+    "speed_unreliable",
 ];
 
 fn opt<T: ToString>(v: &Option<T>) -> String {
@@ -68,7 +69,9 @@ fn list(v: &[f64]) -> String {
     v.iter().map(f64::to_string).collect::<Vec<_>>().join(" ")
 }
 
-fn cells(r: &RunnerRecord) -> Vec<String> {
+/// One runner's cells; `noisy` is the run's steadiness verdict (`None`: not judged).
+fn cells(r: &RunnerRecord, noisy: Option<bool>) -> Vec<String> {
+    let has_speed = r.pp_tokens_per_s.is_some() || r.tg_tokens_per_s.is_some();
     vec![
         r.name.clone(),
         r.engine.clone(),
@@ -122,14 +125,16 @@ fn cells(r: &RunnerRecord) -> Vec<String> {
         opt(&r.peak_rss_bytes),
         list(&r.running_ppl),
         opt(&r.error),
+        opt(&noisy.filter(|_| has_speed)),
     ]
 }
 
 pub fn to_bytes(results: &Results) -> Result<Vec<u8>> {
     let mut w = ::csv::Writer::from_writer(Vec::new());
     w.write_record(HEADER)?;
+    let noisy = results.machine.steadiness.as_ref().map(|s| s.noisy);
     for r in &results.runners {
-        w.write_record(cells(r))?;
+        w.write_record(cells(r, noisy))?;
     }
     w.into_inner().context("finishing results.csv")
 }
@@ -180,6 +185,41 @@ mod tests {
         assert_eq!(&rows[0][col("pp_samples_tokens_per_s")], "990 1010");
         assert_eq!(&rows[0][col("pp_median_min_max")], "1000.0 [990.0–1010.0]");
         assert_eq!(&rows[1][col("ln_ppl_ratio_err")], "0.004");
+        assert_eq!(&rows[0][col("speed_unreliable")], "", "not judged");
+    }
+
+    #[test]
+    fn a_noisy_run_marks_every_row_with_speed() {
+        use crate::protocol::steadiness::{Snapshot, Steadiness};
+        let mut r = sample_results();
+        let snap = |own| Snapshot {
+            total: 1000,
+            idle: 0,
+            steal: 0,
+            own,
+            load1: 4.0,
+        };
+        let zero = Snapshot {
+            total: 0,
+            ..snap(0)
+        };
+        r.machine.steadiness = Some(Steadiness::judge(&zero, &snap(500), &[], 2));
+        let bytes = to_bytes(&r).unwrap();
+        let mut rd = ::csv::Reader::from_reader(&bytes[..]);
+        let col = HEADER
+            .iter()
+            .position(|h| *h == "speed_unreliable")
+            .unwrap();
+        for row in rd.records() {
+            assert_eq!(&row.unwrap()[col], "true");
+        }
+        let md = super::super::markdown::render(&r, &Default::default());
+        assert!(
+            md.contains("**SPEED UNRELIABLE.** the machine was not quiet"),
+            "{md}"
+        );
+        let term = super::super::terminal::render(&r);
+        assert!(term.contains("SPEED UNRELIABLE: "), "{term}");
     }
 
     #[test]

@@ -232,4 +232,32 @@ mod tests {
         new.runners[1].error = Some("boom".into());
         assert!(!run(&base, &new, &GateLimits::default()).passed());
     }
+
+    /// Speed measured on a busy machine is not gated, with a line saying why; quality is.
+    #[test]
+    fn gate_skips_speed_of_a_noisy_run() {
+        use crate::protocol::steadiness::{Snapshot, Steadiness};
+        let base = sample_results();
+        let mut new = base.clone();
+        new.runners[1].tg_samples_tokens_per_s = vec![10.0, 11.0];
+        assert!(!run(&base, &new, &GateLimits::default()).passed());
+        let snap = |total, own| Snapshot {
+            total,
+            idle: 0,
+            steal: 0,
+            own,
+            load1: 4.0,
+        };
+        new.machine.steadiness = Some(Steadiness::judge(&snap(0, 0), &snap(1000, 500), &[], 2));
+        let g = run(&base, &new, &GateLimits::default());
+        assert!(g.passed(), "{}", g.summary("b"));
+        assert!(
+            g.summary("b")
+                .contains("speed not compared: this run measured speed on a busy machine"),
+            "{}",
+            g.summary("b")
+        );
+        new.runners[1].kld_mean = Some(0.02);
+        assert!(!run(&base, &new, &GateLimits::default()).passed());
+    }
 }

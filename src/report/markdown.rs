@@ -19,6 +19,9 @@ fn warnings(r: &Results) -> String {
              below were measured, and the run's other runners are missing.\n"
         );
     }
+    if let Some(w) = r.machine.steadiness.as_ref().and_then(|x| x.warning()) {
+        let _ = writeln!(s, "> **SPEED UNRELIABLE.** {w}.\n");
+    }
     for row in r.runners.iter().filter(|x| x.tokens_match == Some(false)) {
         let _ = writeln!(
             s,

@@ -14,7 +14,9 @@ pub mod files;
 pub mod gate;
 pub mod json;
 pub mod markdown;
+pub mod output;
 pub mod plot;
+pub mod summary;
 pub mod table;
 pub mod terminal;
 

@@ -312,6 +312,9 @@ pub fn peaks_line(results: &Results) -> Option<String> {
 /// The lines under the table: which rows differ beyond 2 SE, failures, token warnings.
 pub fn notes(r: &Results) -> Vec<String> {
     let mut out = Vec::new();
+    if let Some(w) = r.machine.steadiness.as_ref().and_then(|x| x.warning()) {
+        out.push(format!("SPEED UNRELIABLE: {w}"));
+    }
     let reference = r.ppl_delta_reference.as_deref().unwrap_or("the reference");
     let differ: Vec<&str> = r
         .runners
