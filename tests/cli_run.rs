@@ -147,11 +147,19 @@ fn tiny_run_writes_reports_that_parse_and_gate_exit_codes() {
     ] {
         assert!(first.join(f).metadata().unwrap().len() > 0, "{f}");
     }
+    // The compact table: engine, then type; one verdict line per size.
     assert!(
         stdout
             .lines()
-            .any(|l| l.starts_with("float32") && l.contains("kwk")),
+            .any(|l| l.starts_with("kwk") && l.contains("float32")),
         "{stdout}"
+    );
+    assert!(stdout.contains("at ≤ 8.5"), "{stdout}");
+    // How quiet the machine was during the speed rounds is judged and kept.
+    assert!(
+        v["machine"]["steadiness"]["noisy"].is_boolean(),
+        "{}",
+        v["machine"]
     );
 
     // Gate: the same results pass (perplexity is deterministic; speed limit is wide).
@@ -192,6 +200,29 @@ fn tiny_run_writes_reports_that_parse_and_gate_exit_codes() {
     assert!(stdout.contains("gate: FAILED"), "{stdout}");
     // The reports of a gated run are complete all the same.
     assert_eq!(read_json(&third.join("results.json"))["complete"], true);
+}
+
+/// `--output json` and `jsonl` print only the data on stdout (the run folder and the rest
+/// go to stderr), and it is the run's results.
+#[test]
+fn output_formats_for_programs_parse_from_stdout() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run_tiny(
+        &dir.path().join("json"),
+        &["--no-speed", "--output", "json"],
+    );
+    assert_eq!(out.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v, read_json(&dir.path().join("json/results.json")));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("reports: "));
+    let out = run_tiny(&dir.path().join("jsonl"), &["--no-speed", "-o", "jsonl"]);
+    assert_eq!(out.status.code(), Some(0));
+    let rows: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[1]["name"], "int8");
 }
 
 fn run_calibrated(out: &Path, formats: &str, extra: &[&str]) -> std::process::Output {
