@@ -1,4 +1,4 @@
-# The README's example: a transformers model run by kwk's decoder in int8.
+# The example in docs/python.md: a transformers model run by kwk's decoder in int8.
 from transformers import LlamaConfig, LlamaForCausalLM
 import torch, kwk.cpu_backend as kcb
 from kwk.decode import KwkDecoder, runner_unsupported

@@ -1,4 +1,4 @@
-"""KwkDecoder's Python surface: the README example, input and output kinds, options and
+"""KwkDecoder's Python surface: the example in docs/python.md, input and output kinds, options and
 their errors, sampling, the fixture models through from_pretrained, Ctrl-C and the GIL."""
 
 import subprocess

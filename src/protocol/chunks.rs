@@ -1,5 +1,5 @@
 //! llama-perplexity's chunking of a token stream (tools/perplexity/perplexity.cpp P:478-540,
-//! llamacpp-protocol.md §1): how many `ctx`-token windows a text holds, which positions of
+//! docs/protocol.md §1): how many `ctx`-token windows a text holds, which positions of
 //! each are scored, and the one "needs 2 × ctx tokens" rule. Pure data; no I/O.
 
 use std::fmt;

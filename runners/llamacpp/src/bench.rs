@@ -1,6 +1,6 @@
 //! llama-bench: the command (every result-changing setting pinned) and the parser for its
 //! `-o json` output (tools/llama-bench/llama-bench.cpp B:1598-1635, B:1799-1830;
-//! ../shared/reference/llamacpp-protocol.md §4).
+//! docs/protocol.md §4).
 //!
 //! Definitions (B:2168-2222, B:1564-1572): pp = `-p N` random tokens from an empty cache,
 //! tg = `-n N` single-token decodes from an empty cache; one untimed warm-up, then `-r`

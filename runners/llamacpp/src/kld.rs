@@ -1,6 +1,6 @@
 //! llama-perplexity in KL-divergence mode (`--kl-divergence-base FILE --kl-divergence`): the
 //! command and the parser for its statistics block (tools/perplexity/perplexity.cpp
-//! P:1892-1982; ../shared/reference/llamacpp-protocol.md §2.3-2.5).
+//! P:1892-1982; docs/protocol.md §2.4-2.5).
 //!
 //! Everything is printed with `LOG()` to stdout; the anchors contain UTF-8 `±` (U+00B1) and
 //! `Δ` (U+0394). The blocks appear only when at least 100 tokens were scored (P:1887), and a

@@ -1,6 +1,6 @@
 //! llama-perplexity in its default mode: the command we run and the parser for what it
 //! prints (tools/perplexity/perplexity.cpp, "P:" line numbers from the llama-cpp-python
-//! 0.3.36 tree; see ../shared/reference/llamacpp-protocol.md §1 and §3).
+//! 0.3.36 tree; see docs/protocol.md §1 and §3).
 //!
 //! The command pins `-c CTX -b CTX -ub min(CTX,512)`: with `-b` equal to the context,
 //! `n_seq = n_batch/n_ctx = 1`, so every chunk is decoded alone in one batch from an empty
