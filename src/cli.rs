@@ -20,7 +20,7 @@ use std::path::PathBuf;
     args_conflicts_with_subcommands = true,
     subcommand_negates_reqs = true,
     after_help = "Example:\n  kwk-eval --llm HuggingFaceTB/SmolLM2-135M --text wiki.test.raw --gguf model-Q8_0.gguf --llama-bench\n\n\
-Writes results.json, results.csv, report.md and plots (PNG + SVG) to the run folder and prints the table.\n\
+Writes results.json, results.csv, speed_ratios.csv, report.md and plots (PNG + SVG) to the run folder and prints the table (--output for other forms).\n\
 Exit status: 0 ok, 1 the --baseline regression gate failed, 2 error (a baseline measured on other tokens, model or protocol included)."
 )]
 pub struct Cli {
@@ -169,7 +169,7 @@ pub struct EvalArgs {
     #[arg(long)]
     pub llama_bench: bool,
 
-    /// Folder with llama-perplexity and llama-bench (default: $KWK_LLAMA_CPP_DIR, then PATH).
+    /// Folder with llama.cpp's tools (default: $KWK_LLAMA_CPP_DIR, then PATH, then the build scripts/setup-llama-cpp.sh leaves under $KWK_CACHE).
     #[arg(long, value_name = "DIR")]
     pub llama_cpp_dir: Option<PathBuf>,
 
@@ -481,7 +481,7 @@ mod tests {
         assert_eq!(cli.eval.llama_kv, KvArg::F32);
         let e = Cli::try_parse_from(["kwk-eval", "--llm", "m", "--text", "t", "--formats", "int3"])
             .unwrap_err();
-        assert!(one_line(&e).contains("known formats"), "{}", one_line(&e));
+        assert!(one_line(&e).contains("valid formats"), "{}", one_line(&e));
         let cli =
             Cli::try_parse_from(["kwk-eval", "compare", "a.json", "b.json", "--format", "csv"])
                 .unwrap();

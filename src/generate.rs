@@ -98,13 +98,26 @@ fn check_flags(cfg: &GenerateConfig) -> Result<Precision> {
         !cfg.prompt.is_empty(),
         "--prompt is empty; pass the text to continue"
     );
-    Precision::parse(&cfg.format).map_err(|e| {
-        anyhow::anyhow!(
-            "unknown --format '{}' ({e}); known formats: {}",
-            cfg.format,
-            crate::protocol::KNOWN_FORMATS.trim_end_matches(", and gguf:PATH")
-        )
-    })
+    Precision::parse(&cfg.format).map_err(|e| anyhow::anyhow!("--format: {e}"))
+}
+
+/// What the pack cache did, in words.
+fn pack_outcome_line(o: &kwk::pack_cache::PackOutcome) -> String {
+    use kwk::pack_cache::PackOutcome::*;
+    match o {
+        NoCache => "not used".into(),
+        Loaded(p) => format!("mapped every tensor from '{}'", p.display()),
+        Written(p) => format!("packed and kept in '{}'", p.display()),
+        Updated {
+            path,
+            reused,
+            repacked,
+        } => format!(
+            "'{}' updated: {reused} tensors reused, {repacked} packed again",
+            path.display()
+        ),
+        NotWritten(why) => format!("packed, not kept ({why})"),
+    }
 }
 
 /// `kwk-eval generate`: loads (or maps from the pack cache) the model in `--format`, then
@@ -143,7 +156,7 @@ pub fn generate(cfg: &GenerateConfig) -> Result<()> {
     let mut decoder = KwkDecoder::from_header(&header, options).with_context(packing)?;
     let tokenizer = header.tokenizer;
     if let Some(o) = decoder.pack_cache_outcome() {
-        eprintln!("pack cache: {o:?}");
+        eprintln!("pack cache: {}", pack_outcome_line(o));
     }
     eprintln!(
         "ready after {:.3} s (packing or mapping {:.3} s)",

@@ -30,9 +30,14 @@ fn unknown_format_name() {
     let line = assert_error(
         kwk_eval().args(["--llm", "x", "--text", "x.txt", "--formats", "float32,int3"]),
         2,
-        "invalid value 'int3' for '--formats <LIST>': unknown format 'int3' in --formats",
+        "invalid value 'int3' for '--formats <LIST>': unknown weight format 'int3'; valid formats: float32 (f32), bf16,",
     );
-    assert!(line.contains("known formats: float32, bf16"), "{line}");
+    // The formats are listed once, with the harness's own GGUF rows.
+    assert_eq!(line.matches("bf16").count(), 1, "{line}");
+    assert!(
+        line.contains(", or gguf:PATH for a GGUF run by llama.cpp"),
+        "{line}"
+    );
 }
 
 #[test]

@@ -66,7 +66,7 @@ fn generate_bad_input() {
             "generate", "--llm", "x", "--prompt", "hi", "--format", "int3",
         ]),
         2,
-        "unknown --format 'int3'",
+        "--format: unknown weight format 'int3'; valid formats: float32",
     );
 }
 

@@ -28,7 +28,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     except ValueError:  # not the main thread: leave the handler alone
         previous = None
     try:
-        return int(_kwk.run_eval(["kwk-eval", *args]))
+        # The program name clap prints in usage lines and --help.
+        return int(_kwk.run_eval(["python -m kwk.bench", *args]))
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)

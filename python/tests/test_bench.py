@@ -56,3 +56,10 @@ def test_bench_exit_statuses_match(kwk_eval_bin, tmp_path):
         assert py.returncode == rs.returncode, (args, py.stderr, rs.stderr)
         assert py.stderr == rs.stderr, args
     assert run([sys.executable, "-m", "kwk.bench", "--bogus"], tmp_path).returncode == 2
+
+
+def test_bench_help_names_itself(tmp_path):
+    out = run([sys.executable, "-m", "kwk.bench", "--help"], tmp_path)
+    assert out.returncode == 0
+    assert "Usage: python -m kwk.bench" in out.stdout, out.stdout
+    assert "Usage: kwk-eval" not in out.stdout
