@@ -149,9 +149,12 @@ pub fn render(r: &Results, plots: &PlotFiles) -> String {
         let _ = writeln!(s, "| {} |", cells.join(" | "));
     }
     let _ = writeln!(s);
+    // Failures, token warnings and a busy machine are in the banner at the top, the
+    // roofline's ceilings under the machine line at the end.
+    let elsewhere = ["FAILED", "WARNING", "SPEED UNRELIABLE", "Roofline ceilings"];
     for n in notes(r)
         .iter()
-        .filter(|n| !n.starts_with("FAILED") && !n.starts_with("WARNING"))
+        .filter(|n| !elsewhere.iter().any(|e| n.starts_with(e)))
     {
         let _ = writeln!(s, "- {n}");
     }
@@ -175,6 +178,9 @@ pub fn render(r: &Results, plots: &PlotFiles) -> String {
     if let Some(q) = &plots.quality {
         let _ = writeln!(s, "![perplexity change vs bits per weight]({q})\n");
     }
+    if let Some(t) = &plots.tradeoff {
+        let _ = writeln!(s, "![quality against generation speed]({t})\n");
+    }
     if let Some(sp) = &plots.speed {
         let _ = writeln!(s, "![prompt and generation speed]({sp})\n");
     }
@@ -193,6 +199,23 @@ pub fn write(path: &Path, r: &Results, plots: &PlotFiles) -> Result<()> {
 mod tests {
     use super::*;
     use crate::protocol::results::testdata::sample_results;
+
+    /// The roofline's ceilings are said once, under the machine line.
+    #[test]
+    fn roofline_ceilings_once() {
+        let mut r = sample_results();
+        r.machine.peaks = Some(
+            serde_json::from_value(serde_json::json!({
+                "threads": 2, "isa": "avx2", "fp32_gflops": 100.0, "fp32_instruction": "vfmadd231ps",
+                "int8_gops": 400.0, "int8_instruction": "vpmaddubsw", "bf16_gflops": null,
+                "read_gbps": 30.0, "read_gbps_probes": [30.0, 20.0], "read_buffer_bytes": 1,
+                "compute_probes": 1, "seconds": 1.0
+            }))
+            .unwrap(),
+        );
+        let md = render(&r, &PlotFiles::default());
+        assert_eq!(md.matches("Roofline ceilings").count(), 1, "{md}");
+    }
 
     #[test]
     fn incomplete_runs_and_token_mismatches_are_loud() {
@@ -215,7 +238,7 @@ mod tests {
             &r,
             &PlotFiles {
                 quality: Some("q.svg".into()),
-                speed: None,
+                ..PlotFiles::default()
             },
         );
         assert!(md.contains("INCOMPLETE RUN"));

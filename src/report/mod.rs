@@ -35,6 +35,8 @@ pub const REPORT_FILES: &[&str] = &[
     "report.md",
     "quality_vs_bpw.png",
     "quality_vs_bpw.svg",
+    "quality_vs_speed.png",
+    "quality_vs_speed.svg",
     "speed.png",
     "speed.svg",
 ];

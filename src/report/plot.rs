@@ -5,6 +5,7 @@
 //! in the binary (assets/fonts, Bitstream Vera licence), so a machine without fonts still
 //! gets labelled plots.
 
+use super::summary::{fit, type_label};
 use crate::protocol::results::{Results, RunnerRecord};
 use anyhow::{anyhow, Context, Result};
 use plotters::coord::Shift;
@@ -31,85 +32,332 @@ fn register_font() {
 pub struct PlotFiles {
     pub quality: Option<String>,
     pub speed: Option<String>,
+    /// Quality against generation speed.
+    pub tradeoff: Option<String>,
 }
 
 fn err<E: std::fmt::Display>(e: E) -> anyhow::Error {
     anyhow!("drawing a plot: {e}")
 }
 
-/// A point of the quality plot: label, bits per weight, ΔPPL %, whether llama.cpp ran it.
-struct QualityPoint {
+/// One row as the plots show it: its label (engine type, as the table names it), engine,
+/// size and figures.
+struct Point {
     label: String,
-    bpw: f64,
-    delta_pct: f64,
     llama_cpp: bool,
+    bpw: Option<f64>,
+    delta_pct: Option<f64>,
+    kld: Option<f64>,
+    tg: Option<f64>,
 }
 
-/// A short label per runner (aligned with `results.runners`) and whether llama.cpp ran it.
-/// GGUF rows lose `gguf:`, `.gguf` and the prefix all GGUF names share (the model name),
-/// so `gguf:SmolLM2-135M-Instruct-Q8_0.gguf` reads `Q8_0`; the colour tells the engine.
-fn runner_labels(results: &Results) -> Vec<(String, bool)> {
-    let stems: Vec<&str> = results
-        .runners
-        .iter()
-        .filter_map(|r| r.name.strip_prefix("gguf:"))
-        .map(|n| n.strip_suffix(".gguf").unwrap_or(n))
-        .collect();
-    let common = if stems.len() >= 2 {
-        let first = stems[0];
-        let mut n = first.len();
-        for s in &stems[1..] {
-            n = n.min(
-                first
-                    .bytes()
-                    .zip(s.bytes())
-                    .take_while(|(a, b)| a == b)
-                    .count(),
-            );
-        }
-        // Cut back to a '-' or '.' so "Q4_0"/"Q4_1" keep their "Q4_".
-        first[..n].rfind(['-', '.']).map_or(0, |i| i + 1)
-    } else {
-        0
-    };
+fn points(results: &Results) -> Vec<Point> {
     results
         .runners
         .iter()
-        .map(|r| match r.name.strip_prefix("gguf:") {
-            Some(n) => {
-                let stem = n.strip_suffix(".gguf").unwrap_or(n);
-                let short = stem.get(common..).filter(|s| !s.is_empty()).unwrap_or(stem);
-                (short.to_string(), true)
-            }
-            None => (r.name.clone(), false),
+        .filter(|r| r.error.is_none())
+        .map(|r| Point {
+            label: fit(&type_label(r), 28),
+            llama_cpp: r.engine != "kwk",
+            bpw: r.bits_per_weight,
+            delta_pct: r.ppl_delta_pct,
+            kld: r.kld_mean.filter(|k| *k > 0.0),
+            tg: r.tg_tokens_per_s,
         })
         .collect()
 }
 
-/// Every row that has both a size and a perplexity change.
-fn quality_points(results: &Results) -> Vec<QualityPoint> {
-    results
-        .runners
-        .iter()
-        .zip(runner_labels(results))
-        .filter_map(|(r, (label, llama_cpp))| {
-            Some(QualityPoint {
-                label,
-                bpw: r.bits_per_weight?,
-                delta_pct: r.ppl_delta_pct?,
-                llama_cpp,
-            })
-        })
+/// Rows with both a size and a perplexity change (the quality plot's points).
+fn quality_points(results: &Results) -> Vec<Point> {
+    points(results)
+        .into_iter()
+        .filter(|p| p.bpw.is_some() && p.delta_pct.is_some())
         .collect()
 }
 
-/// The model's short name for captions: the last path component.
-fn model_short_name(model: &str) -> &str {
-    model
+/// The model's name for titles: the last path component without `.gguf` and without a
+/// trailing llama.cpp type (`SmolLM2-135M-Instruct.Q4_1.gguf` reads
+/// `SmolLM2-135M-Instruct`).
+fn model_short_name(model: &str) -> String {
+    let last = model
         .trim_end_matches('/')
         .rsplit('/')
         .next()
-        .unwrap_or(model)
+        .unwrap_or(model);
+    let stem = last.strip_suffix(".gguf").unwrap_or(last);
+    let probe = RunnerRecord::failed(&format!("gguf:{stem}"), "llama.cpp", String::new());
+    let ty = type_label(&probe);
+    let cut = if ty != stem && stem.ends_with(&ty) {
+        stem[..stem.len() - ty.len()].trim_end_matches(['-', '.', '_'])
+    } else {
+        stem
+    };
+    fit(if cut.is_empty() { stem } else { cut }, 60)
+}
+
+/// The top of a value axis that shows the interesting range: above the largest value,
+/// unless a few values (at most a third of them) stand far above the rest (one bad row 25x
+/// the others would flatten every other point), in which case the axis stops above the
+/// rest and those rows are clipped (drawn at the edge, marked). Returns (axis top, clip at).
+fn clipped_top(values: &[f64]) -> (f64, Option<f64>) {
+    let mut v: Vec<f64> = values
+        .iter()
+        .copied()
+        .filter(|x| x.is_finite() && *x > 0.0)
+        .collect();
+    v.sort_by(f64::total_cmp);
+    let floor = 0.5;
+    let n = v.len();
+    for i in (2 * n).div_ceil(3).max(1)..n {
+        if v[i] > 4.0 * v[i - 1].max(floor) {
+            let top = v[i - 1].max(floor) * 1.5;
+            return (top, Some(top));
+        }
+    }
+    (v.last().copied().unwrap_or(floor).max(floor) * 1.15, None)
+}
+
+const KWK_COLOR: RGBColor = RGBColor(31, 90, 200);
+const LLAMA_COLOR: RGBColor = RGBColor(210, 50, 40);
+
+/// An engine's colour and legend name.
+fn engine_style(llama_cpp: bool) -> (RGBColor, &'static str) {
+    if llama_cpp {
+        (LLAMA_COLOR, "llama.cpp")
+    } else {
+        (KWK_COLOR, "kwk")
+    }
+}
+
+/// Draws `points` (an iterator of ((x, y), label)) as one engine's series on `chart`, in
+/// the engine's colour and shape (kwk circles labelled above, llama.cpp triangles labelled
+/// below, so two rows of one size do not print over each other), with its legend entry.
+macro_rules! engine_series {
+    ($chart:expr, $points:expr, $llama_cpp:expr) => {{
+        let (color, name) = engine_style($llama_cpp);
+        let text = (FONT, 13).into_font().color(&color);
+        if $llama_cpp {
+            $chart
+                .draw_series($points.map(|(at, label): ((f64, f64), String)| {
+                    EmptyElement::at(at)
+                        + TriangleMarker::new((0, 0), 6, color.filled())
+                        + Text::new(label, (7, 2), text.clone())
+                }))
+                .map_err(err)?
+                .label(name)
+                .legend(move |(x, y)| TriangleMarker::new((x + 8, y), 6, color.filled()));
+        } else {
+            $chart
+                .draw_series($points.map(|(at, label): ((f64, f64), String)| {
+                    EmptyElement::at(at)
+                        + Circle::new((0, 0), 5, color.filled())
+                        + Text::new(label, (7, -15), text.clone())
+                }))
+                .map_err(err)?
+                .label(name)
+                .legend(move |(x, y)| Circle::new((x + 8, y), 5, color.filled()));
+        }
+    }};
+}
+
+fn draw_quality<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, results: &Results) -> Result<()> {
+    let all = quality_points(results);
+    root.fill(&WHITE).map_err(err)?;
+    // The reference formats (16 and 32 bits) would stretch the axis over the 2-9 bits where
+    // the choice is made: they are named in a note instead, unless nothing else is there.
+    let (on, off): (Vec<&Point>, Vec<&Point>) =
+        all.iter().partition(|p| p.bpw.unwrap_or(0.0) <= 12.0);
+    let off_axis = !on.is_empty() && !off.is_empty();
+    let shown: Vec<&Point> = if on.is_empty() {
+        all.iter().collect()
+    } else {
+        on
+    };
+    let bpw = |p: &&Point| p.bpw.unwrap_or(0.0);
+    let dp = |p: &&Point| p.delta_pct.unwrap_or(0.0);
+    let x_lo = (shown.iter().map(bpw).fold(f64::INFINITY, f64::min) - 0.6)
+        .floor()
+        .max(0.0);
+    let x_hi = (shown.iter().map(bpw).fold(0.0, f64::max) + 0.9).ceil();
+    let ups: Vec<f64> = shown.iter().map(dp).collect();
+    let (y_hi, clip) = clipped_top(&ups);
+    let y_lo = shown.iter().map(dp).fold(0.0f64, f64::min);
+    let y_lo = y_lo - 0.08 * (y_hi - y_lo).max(0.1);
+    let reference = results.ppl_delta_reference.clone().unwrap_or_default();
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!(
+                "Quality lost against size: {}",
+                model_short_name(&results.model)
+            ),
+            (FONT, 20),
+        )
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(65)
+        .build_cartesian_2d(x_lo..x_hi, y_lo..y_hi)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("bits per weight (every tensor counted, embeddings and output included)")
+        .y_desc(format!("ΔPPL % vs {reference} (lower is better)"))
+        .x_labels(((x_hi - x_lo) as usize + 1).min(24))
+        .x_label_formatter(&|v| format!("{v:.0}"))
+        .label_style((FONT, 14))
+        .draw()
+        .map_err(err)?;
+    chart
+        .draw_series(std::iter::once(PathElement::new(
+            vec![(x_lo, 0.0), (x_hi, 0.0)],
+            BLACK.mix(0.3),
+        )))
+        .map_err(err)?;
+    for llama_cpp in [false, true] {
+        let pts = shown.iter().filter(|p| p.llama_cpp == llama_cpp).map(|p| {
+            let (y, label) = match clip {
+                Some(c) if dp(p) > c => (c * 0.93, format!("{} ↑ {:+.1} %", p.label, dp(p))),
+                _ => (dp(p), p.label.clone()),
+            };
+            ((bpw(p), y), label)
+        });
+        engine_series!(chart, pts, llama_cpp);
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK.mix(0.4))
+        .label_font((FONT, 14))
+        .draw()
+        .map_err(err)?;
+    let mut notes = Vec::new();
+    if off_axis {
+        let names: Vec<String> = off
+            .iter()
+            .map(|p| format!("{} {:.0} bpw {:+.2} %", p.label, bpw(p), dp(p)))
+            .collect();
+        notes.push(format!("off the axis: {}", names.join(", ")));
+    }
+    if clip.is_some() {
+        notes.push("↑: beyond the axis, drawn at its top with its value".to_string());
+    }
+    for (i, n) in notes.iter().enumerate() {
+        // Bottom left, inside the plot, clear of the title and the legend.
+        let bottom = root.dim_in_pixel().1 as i32 - 100;
+        root.draw(&Text::new(
+            n.clone(),
+            (95, bottom - 18 * (notes.len() - 1 - i) as i32),
+            (FONT, 13).into_font().color(&BLACK.mix(0.7)),
+        ))
+        .map_err(err)?;
+    }
+    root.present().map_err(err)?;
+    Ok(())
+}
+
+/// Rows with a generation speed and a quality figure (the trade-off plot's points).
+fn tradeoff_points(results: &Results) -> Vec<Point> {
+    points(results)
+        .into_iter()
+        .filter(|p| p.tg.is_some() && (p.kld.is_some() || p.delta_pct.is_some()))
+        .collect()
+}
+
+/// Quality against generation speed, the trade-off the tool exists for: KLD (log axis)
+/// when at least two rows with a speed have one (rows without are left out), else ΔPPL %,
+/// against tg tokens/s; each point labelled with its type and bits per weight.
+fn draw_tradeoff<DB: DrawingBackend>(
+    root: DrawingArea<DB, Shift>,
+    results: &Results,
+) -> Result<()> {
+    let all = tradeoff_points(results);
+    root.fill(&WHITE).map_err(err)?;
+    let use_kld = all.iter().filter(|p| p.kld.is_some()).count() >= 2;
+    let pts: Vec<&Point> = all.iter().filter(|p| !use_kld || p.kld.is_some()).collect();
+    let quality = |p: &&Point| {
+        if use_kld {
+            p.kld.unwrap_or(f64::NAN)
+        } else {
+            p.delta_pct.unwrap_or(f64::NAN)
+        }
+    };
+    let tg = |p: &&Point| p.tg.unwrap_or(0.0);
+    let x_hi = pts.iter().map(tg).fold(1.0, f64::max) * 1.3;
+    let label = |p: &&Point| match p.bpw {
+        Some(b) => format!("{} · {b:.1} bpw", p.label),
+        None => p.label.clone(),
+    };
+    let title = format!(
+        "Quality against speed: {} (lower right is better)",
+        model_short_name(&results.model)
+    );
+    let x_desc = format!("generation tg{} tokens/s (mean)", results.protocol.tg);
+    let series = |llama_cpp: bool, y: &dyn Fn(&&Point) -> f64| -> Vec<((f64, f64), String)> {
+        pts.iter()
+            .filter(|p| p.llama_cpp == llama_cpp)
+            .map(|p| ((tg(p), y(p)), label(p)))
+            .collect()
+    };
+    macro_rules! finish {
+        ($chart:expr, $y:expr) => {{
+            for llama_cpp in [false, true] {
+                engine_series!($chart, series(llama_cpp, $y).into_iter(), llama_cpp);
+            }
+            $chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::UpperLeft)
+                .background_style(WHITE.mix(0.9))
+                .border_style(BLACK.mix(0.4))
+                .label_font((FONT, 14))
+                .draw()
+                .map_err(err)?;
+        }};
+    }
+    if use_kld {
+        // Four decades below the worst row are enough; a row closer to the reference (an
+        // F32 GGUF's KLD of 1e-7) sits on the axis's floor.
+        let hi = pts.iter().map(quality).fold(0.0, f64::max) * 2.0;
+        let lo = (pts.iter().map(quality).fold(f64::INFINITY, f64::min) / 2.0).max(hi * 2e-5);
+        let quality = |p: &&Point| quality(p).max(lo);
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, (FONT, 20))
+            .margin(15)
+            .x_label_area_size(45)
+            .y_label_area_size(70)
+            .build_cartesian_2d(0.0..x_hi, (lo..hi).log_scale())
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .x_desc(x_desc)
+            .y_desc("mean KLD vs the reference (log; lower is better)")
+            .y_label_formatter(&|v| format!("{v:.0e}"))
+            .label_style((FONT, 14))
+            .draw()
+            .map_err(err)?;
+        finish!(chart, &quality);
+    } else {
+        let ups: Vec<f64> = pts.iter().map(quality).collect();
+        let (hi, clip) = clipped_top(&ups);
+        let lo = ups.iter().copied().fold(0.0f64, f64::min) - 0.05 * hi;
+        let y = |p: &&Point| clip.map_or(quality(p), |c| quality(p).min(c));
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, (FONT, 20))
+            .margin(15)
+            .x_label_area_size(45)
+            .y_label_area_size(70)
+            .build_cartesian_2d(0.0..x_hi, lo..hi)
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .x_desc(x_desc)
+            .y_desc("ΔPPL % (lower is better; rows beyond the axis at its top)")
+            .label_style((FONT, 14))
+            .draw()
+            .map_err(err)?;
+        finish!(chart, &y);
+    }
+    root.present().map_err(err)?;
+    Ok(())
 }
 
 /// A bar of the speed plot.
@@ -131,92 +379,37 @@ impl Bar {
     }
 }
 
-/// A bar per runner with a figure: `pick` gives (mean, stddev, % of roofline).
+/// A bar per runner with a figure: `pick` gives (mean, stddev, % of roofline). Ordered
+/// by size, largest first, kwk before llama.cpp at the same size, so rows of one size
+/// (int8 and Q8_0) stand side by side.
 fn speed_bars(
     results: &Results,
     pick: impl Fn(&RunnerRecord) -> Option<(f64, f64, Option<f64>)>,
 ) -> Vec<Bar> {
-    results
+    let mut rows: Vec<(Option<f64>, Bar)> = results
         .runners
         .iter()
-        .zip(runner_labels(results))
-        .filter_map(|(r, (label, llama_cpp))| {
-            pick(r).map(|(mean, std, roofline_pct)| Bar {
-                label,
-                mean,
-                std,
-                llama_cpp,
-                roofline_pct,
+        .filter_map(|r| {
+            pick(r).map(|(mean, std, roofline_pct)| {
+                (
+                    r.bits_per_weight,
+                    Bar {
+                        label: fit(&type_label(r), 16),
+                        mean,
+                        std,
+                        llama_cpp: r.engine != "kwk",
+                        roofline_pct,
+                    },
+                )
             })
         })
-        .collect()
-}
-
-const KWK_COLOR: RGBColor = BLUE;
-const LLAMA_COLOR: RGBColor = RED;
-
-fn draw_quality<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, results: &Results) -> Result<()> {
-    let pts = quality_points(results);
-    root.fill(&WHITE).map_err(err)?;
-    // Log scale: the formats that matter sit between 4 and 9 bits, the reference at 32.
-    let x_lo = pts
-        .iter()
-        .map(|p| p.bpw)
-        .fold(f64::INFINITY, f64::min)
-        .min(4.0)
-        * 0.8;
-    let x_hi = pts.iter().map(|p| p.bpw).fold(0.0f64, f64::max).max(8.0) * 1.6;
-    let y_lo = pts.iter().map(|p| p.delta_pct).fold(0.0f64, f64::min);
-    let y_hi = pts.iter().map(|p| p.delta_pct).fold(0.0f64, f64::max);
-    let pad = ((y_hi - y_lo) * 0.15).max(0.05);
-    let reference = results.ppl_delta_reference.clone().unwrap_or_default();
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!(
-                "Perplexity change vs size: {}",
-                model_short_name(&results.model)
-            ),
-            (FONT, 20),
-        )
-        .margin(15)
-        .x_label_area_size(45)
-        .y_label_area_size(65)
-        .build_cartesian_2d((x_lo..x_hi).log_scale(), (y_lo - pad)..(y_hi + pad))
-        .map_err(err)?;
-    chart
-        .configure_mesh()
-        .x_desc("bits per weight (log scale)")
-        .y_desc(format!("ΔPPL % vs {reference}"))
-        .x_label_formatter(&|v| format!("{v:.0}"))
-        .label_style((FONT, 14))
-        .draw()
-        .map_err(err)?;
-    chart
-        .draw_series(std::iter::once(PathElement::new(
-            vec![(x_lo, 0.0), (x_hi, 0.0)],
-            BLACK.mix(0.3),
-        )))
-        .map_err(err)?;
-    // kwk points blue with labels above, llama.cpp points red with labels below, so a kwk
-    // format and the GGUF of the same size do not print over each other.
-    chart
-        .draw_series(pts.iter().map(|p| {
-            let (color, offset) = if p.llama_cpp {
-                (RED, (7, 4))
-            } else {
-                (BLUE, (7, -16))
-            };
-            EmptyElement::at((p.bpw, p.delta_pct))
-                + Circle::new((0, 0), 4, color.filled())
-                + Text::new(
-                    p.label.clone(),
-                    offset,
-                    (FONT, 13).into_font().color(&color),
-                )
-        }))
-        .map_err(err)?;
-    root.present().map_err(err)?;
-    Ok(())
+        .collect();
+    rows.sort_by(|(a, x), (b, y)| {
+        b.unwrap_or(0.0)
+            .total_cmp(&a.unwrap_or(0.0))
+            .then(x.llama_cpp.cmp(&y.llama_cpp))
+    });
+    rows.into_iter().map(|(_, b)| b).collect()
 }
 
 fn draw_bars<DB: DrawingBackend>(
@@ -225,16 +418,14 @@ fn draw_bars<DB: DrawingBackend>(
     bars: &[Bar],
 ) -> Result<()> {
     let n = bars.len().max(1);
-    let y_max = bars
-        .iter()
-        .map(|b| (b.mean + b.std).max(b.ceiling().unwrap_or(0.0)))
-        .fold(1.0f64, f64::max)
-        * 1.15;
+    // The bars set the scale; a roofline far above them is marked at the top instead, so
+    // slow rows stay visible.
+    let y_max = bars.iter().map(|b| b.mean + b.std).fold(1.0f64, f64::max) * 1.3;
     let names: Vec<String> = bars.iter().map(|b| b.label.clone()).collect();
     let mut chart = ChartBuilder::on(area)
-        .caption(title, (FONT, 18))
+        .caption(title, (FONT, 17))
         .margin(12)
-        .x_label_area_size(40)
+        .x_label_area_size(60)
         .y_label_area_size(60)
         .build_cartesian_2d((0..n - 1).into_segmented(), 0.0..y_max)
         .map_err(err)?;
@@ -247,6 +438,7 @@ fn draw_bars<DB: DrawingBackend>(
             SegmentValue::CenterOf(i) => names.get(*i).cloned().unwrap_or_default(),
             _ => String::new(),
         })
+        .x_label_style((FONT, 12))
         .label_style((FONT, 13))
         .draw()
         .map_err(err)?;
@@ -257,11 +449,9 @@ fn draw_bars<DB: DrawingBackend>(
                     (SegmentValue::Exact(i), 0.0),
                     (SegmentValue::Exact(i + 1), b.mean),
                 ],
-                if b.llama_cpp { LLAMA_COLOR } else { KWK_COLOR }
-                    .mix(0.7)
-                    .filled(),
+                engine_style(b.llama_cpp).0.mix(0.75).filled(),
             );
-            r.set_margin(0, 0, 12, 12);
+            r.set_margin(0, 0, 5, 5);
             r
         }))
         .map_err(err)?;
@@ -273,21 +463,44 @@ fn draw_bars<DB: DrawingBackend>(
                 b.mean,
                 b.mean + b.std,
                 BLACK.filled(),
-                10,
+                8,
             )
         }))
         .map_err(err)?;
-    // The roofline marker: a black line across the bar's slot at the rate 100 % of the
-    // row's ceiling would give, labelled with the share the bar reaches.
+    // The value of each bar above it.
+    chart
+        .draw_series(bars.iter().enumerate().map(|(i, b)| {
+            Text::new(
+                if b.mean >= 100.0 {
+                    format!("{:.0}", b.mean)
+                } else {
+                    format!("{:.1}", b.mean)
+                },
+                (SegmentValue::CenterOf(i), b.mean + b.std),
+                (FONT, 12)
+                    .into_font()
+                    .color(&BLACK)
+                    .pos(Pos::new(HPos::Center, VPos::Bottom)),
+            )
+        }))
+        .map_err(err)?;
+    // The roofline marker: a dark line across the bar's slot at the rate 100 % of the
+    // row's ceiling would give (grey, at the top edge, when that is beyond the axis), and
+    // the share the bar reaches written inside it.
     chart
         .draw_series(bars.iter().enumerate().filter_map(|(i, b)| {
             let ceiling = b.ceiling()?;
+            let style = if ceiling > y_max {
+                BLACK.mix(0.35).stroke_width(3)
+            } else {
+                BLACK.stroke_width(2)
+            };
             Some(PathElement::new(
                 vec![
-                    (SegmentValue::Exact(i), ceiling),
-                    (SegmentValue::Exact(i + 1), ceiling),
+                    (SegmentValue::Exact(i), ceiling.min(y_max)),
+                    (SegmentValue::Exact(i + 1), ceiling.min(y_max)),
                 ],
-                BLACK.stroke_width(2),
+                style,
             ))
         }))
         .map_err(err)?;
@@ -296,11 +509,11 @@ fn draw_bars<DB: DrawingBackend>(
             let pct = b.roofline_pct?;
             Some(Text::new(
                 format!("{pct:.0}%"),
-                (SegmentValue::CenterOf(i), b.mean + b.std),
-                (FONT, 12)
+                (SegmentValue::CenterOf(i), b.mean * 0.5),
+                (FONT, 11)
                     .into_font()
-                    .color(&BLACK)
-                    .pos(Pos::new(HPos::Center, VPos::Bottom)),
+                    .color(&WHITE)
+                    .pos(Pos::new(HPos::Center, VPos::Center)),
             ))
         }))
         .map_err(err)?;
@@ -309,7 +522,8 @@ fn draw_bars<DB: DrawingBackend>(
 
 fn draw_speed<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, results: &Results) -> Result<()> {
     root.fill(&WHITE).map_err(err)?;
-    let panels = root.split_evenly((1, 2));
+    let (head, body) = root.split_vertically(62);
+    let panels = body.split_evenly((1, 2));
     let pp = speed_bars(results, |r| {
         Some((
             r.pp_tokens_per_s?,
@@ -325,22 +539,35 @@ fn draw_speed<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, results: &Result
         ))
     });
     let p = &results.protocol;
-    draw_bars(
-        &panels[0],
-        &format!(
-            "prompt pp{} tokens/s (mean ± stddev, {} reps)",
-            p.pp, p.reps
-        ),
-        &pp,
-    )?;
-    draw_bars(
-        &panels[1],
-        &format!(
-            "generation tg{} tokens/s (blue kwk, red llama.cpp; — roofline)",
-            p.tg
-        ),
-        &tg,
-    )?;
+    let title = format!(
+        "Speed: {} ({} threads; mean ± stddev of {} rounds)",
+        model_short_name(&results.model),
+        results.machine.threads,
+        p.reps
+    );
+    head.draw(&Text::new(title, (20, 8), (FONT, 20).into_font()))
+        .map_err(err)?;
+    // One legend for both panels.
+    let mut x = 20;
+    for llama_cpp in [false, true] {
+        let (color, name) = engine_style(llama_cpp);
+        head.draw(&Rectangle::new(
+            [(x, 38), (x + 14, 52)],
+            color.mix(0.75).filled(),
+        ))
+        .map_err(err)?;
+        head.draw(&Text::new(name, (x + 20, 37), (FONT, 14).into_font()))
+            .map_err(err)?;
+        x += 110;
+    }
+    head.draw(&Text::new(
+        "black line: the rate at 100 % of the row's roofline (grey at the top: beyond the axis); % in a bar: the share reached",
+        (x + 10, 38),
+        (FONT, 13).into_font().color(&BLACK.mix(0.7)),
+    ))
+    .map_err(err)?;
+    draw_bars(&panels[0], &format!("prompt pp{} tokens/s", p.pp), &pp)?;
+    draw_bars(&panels[1], &format!("generation tg{} tokens/s", p.tg), &tg)?;
     root.present().map_err(err)?;
     Ok(())
 }
@@ -378,6 +605,20 @@ pub fn write_plots(dir: &Path, results: &Results) -> Result<PlotFiles> {
         publish(dir, &["quality_vs_bpw.png", "quality_vs_bpw.svg"])?;
         files.quality = Some("quality_vs_bpw.svg".into());
     }
+    if tradeoff_points(results).len() >= 2 {
+        let png = tmp(dir, "quality_vs_speed.png");
+        draw_tradeoff(
+            BitMapBackend::new(&png, (900, 600)).into_drawing_area(),
+            results,
+        )?;
+        let svg = tmp(dir, "quality_vs_speed.svg");
+        draw_tradeoff(
+            SVGBackend::new(&svg, (900, 600)).into_drawing_area(),
+            results,
+        )?;
+        publish(dir, &["quality_vs_speed.png", "quality_vs_speed.svg"])?;
+        files.tradeoff = Some("quality_vs_speed.svg".into());
+    }
     let has_speed = results
         .runners
         .iter()
@@ -385,12 +626,12 @@ pub fn write_plots(dir: &Path, results: &Results) -> Result<PlotFiles> {
     if has_speed {
         let png = tmp(dir, "speed.png");
         draw_speed(
-            BitMapBackend::new(&png, (1100, 500)).into_drawing_area(),
+            BitMapBackend::new(&png, (1200, 560)).into_drawing_area(),
             results,
         )?;
         let svg = tmp(dir, "speed.svg");
         draw_speed(
-            SVGBackend::new(&svg, (1100, 500)).into_drawing_area(),
+            SVGBackend::new(&svg, (1200, 560)).into_drawing_area(),
             results,
         )?;
         publish(dir, &["speed.png", "speed.svg"])?;
@@ -422,14 +663,147 @@ mod tests {
         }
         let labels: Vec<String> = quality_points(&r).into_iter().map(|p| p.label).collect();
         assert_eq!(labels, ["Q4_0", "Q4_1"]);
-        assert_eq!(model_short_name("/a/b/SmolLM2.gguf"), "SmolLM2.gguf");
+        assert_eq!(model_short_name("/a/b/SmolLM2.gguf"), "SmolLM2");
+        assert_eq!(
+            model_short_name("m/SmolLM2-135M-Instruct.Q4_1.gguf"),
+            "SmolLM2-135M-Instruct"
+        );
+        assert_eq!(
+            model_short_name("HuggingFaceTB/SmolLM2-1.7B"),
+            "SmolLM2-1.7B"
+        );
         let svg = std::fs::read_to_string(dir.path().join("speed.svg")).unwrap();
         assert!(svg.contains("float32") && svg.contains("tokens/s"));
+        // One legend naming both engines.
+        assert!(
+            svg.contains("\nkwk\n") && svg.contains("\nllama.cpp\n"),
+            "legend"
+        );
+        assert_eq!(files.tradeoff.as_deref(), Some("quality_vs_speed.svg"));
+        let svg = std::fs::read_to_string(dir.path().join("quality_vs_speed.svg")).unwrap();
+        assert!(svg.contains("tokens/s") && svg.contains("bpw"), "labels");
         // To look at the plots: KWK_KEEP_PLOTS=DIR cargo test -p kwk-eval --lib plot
         if let Some(keep) = std::env::var_os("KWK_KEEP_PLOTS") {
             std::fs::create_dir_all(&keep).unwrap();
-            write_plots(Path::new(&keep), &sample_results()).unwrap();
+            write_plots(Path::new(&keep), &ladder()).unwrap();
         }
+    }
+
+    /// A run like the default one: kwk's four formats and six GGUFs, one of them far worse.
+    fn ladder() -> Results {
+        let mut r = sample_results();
+        let base = r.runners[1].clone();
+        r.runners.truncate(1);
+        r.model = "models/SmolLM2-135M-Instruct.Q4_1.gguf".into();
+        r.runners[0].bits_per_weight = Some(32.0);
+        r.runners[0].tg_tokens_per_s = Some(79.8);
+        r.runners[0].pp_tokens_per_s = Some(1446.0);
+        let rows = [
+            ("bf16", "kwk", 16.0, -0.02, 0.00015, 2593.0, 162.2),
+            ("int8", "kwk", 8.51, 0.46, 0.00399, 3166.0, 283.8),
+            ("int4", "kwk", 5.74, 0.37, 0.00294, 2965.0, 383.1),
+            (
+                "gguf:M-F32.gguf",
+                "llama.cpp",
+                32.0,
+                -0.0,
+                0.000001,
+                933.0,
+                68.9,
+            ),
+            (
+                "gguf:M-BF16.gguf",
+                "llama.cpp",
+                16.0,
+                0.01,
+                0.00016,
+                1517.0,
+                122.3,
+            ),
+            (
+                "gguf:M-Q8_0.gguf",
+                "llama.cpp",
+                8.51,
+                0.42,
+                0.00424,
+                853.0,
+                151.2,
+            ),
+            (
+                "gguf:M-Q4_K_M.gguf",
+                "llama.cpp",
+                6.17,
+                5.59,
+                0.0589,
+                762.0,
+                146.6,
+            ),
+            (
+                "gguf:M-Q4_1.gguf",
+                "llama.cpp",
+                5.74,
+                0.50,
+                0.00294,
+                404.0,
+                145.9,
+            ),
+            (
+                "gguf:M-Q4_0.gguf",
+                "llama.cpp",
+                5.35,
+                25.8,
+                0.311,
+                1290.0,
+                204.9,
+            ),
+        ];
+        for (name, engine, bpw, dp, kld, pp, tg) in rows {
+            let mut x = base.clone();
+            x.name = name.into();
+            x.engine = engine.into();
+            x.bits_per_weight = Some(bpw);
+            x.ppl_delta_pct = Some(dp);
+            x.kld_mean = Some(kld);
+            x.pp_tokens_per_s = Some(pp);
+            x.tg_tokens_per_s = Some(tg);
+            x.pp_tokens_per_s_std = Some(pp * 0.08);
+            x.tg_tokens_per_s_std = Some(tg * 0.1);
+            x.pp_roofline_pct = Some(40.0);
+            x.tg_roofline_pct = Some(50.0);
+            r.runners.push(x);
+        }
+        r
+    }
+
+    /// One row far above the others is clipped, not allowed to flatten them; rows alike
+    /// set the axis themselves.
+    #[test]
+    fn a_far_outlier_is_clipped() {
+        // The default run on the shipped model: Q4_K_M and Q4_0 far above the rest.
+        let (top, clip) = clipped_top(&[0.01, 0.37, 0.46, 0.42, 0.50, 5.59, 25.8]);
+        assert_eq!(clip, Some(top));
+        assert!((top - 0.75).abs() < 1e-9, "{top}");
+        // The off-grid copy: only Q4_1 and Q4_0 (+62 %, +68 %) are clipped, the int4 rows
+        // between 3 and 11 % stay on the axis.
+        let (top, clip) = clipped_top(&[0.38, 0.59, 3.74, 6.86, 7.14, 9.70, 10.21, 62.6, 68.4]);
+        assert_eq!(clip, Some(top));
+        assert!((top - 10.21 * 1.5).abs() < 1e-9, "{top}");
+        let (top, clip) = clipped_top(&[0.37, 0.46, 0.42, 0.5]);
+        assert_eq!(clip, None);
+        assert!(top > 0.5 && top < 0.6, "{top}");
+        assert_eq!(clipped_top(&[]).1, None);
+        let dir = tempfile::tempdir().unwrap();
+        let files = write_plots(dir.path(), &ladder()).unwrap();
+        let svg = std::fs::read_to_string(dir.path().join(files.quality.unwrap())).unwrap();
+        assert!(
+            svg.contains("Q4_0 ↑ +25.8 %"),
+            "the clipped row says its value"
+        );
+        assert!(
+            svg.contains("off the axis: float32 32 bpw"),
+            "16/32-bit rows named"
+        );
+        assert!(svg.contains("SmolLM2-135M-Instruct") && !svg.contains("Q4_1.gguf"));
     }
 
     /// Rows with a roofline share get the marker at mean × 100 / share and the share's
