@@ -58,6 +58,8 @@ const HEADER: &[&str] = &[
     "peak_rss_bytes",
     "running_ppl",
     "error",
+    "status",
+    "status_reason",
 ];
 
 fn opt<T: ToString>(v: &Option<T>) -> String {
@@ -122,6 +124,8 @@ fn cells(r: &RunnerRecord) -> Vec<String> {
         opt(&r.peak_rss_bytes),
         list(&r.running_ppl),
         opt(&r.error),
+        r.status.as_str().to_string(),
+        opt(&r.status_reason),
     ]
 }
 
@@ -180,6 +184,8 @@ mod tests {
         assert_eq!(&rows[0][col("pp_samples_tokens_per_s")], "990 1010");
         assert_eq!(&rows[0][col("pp_median_min_max")], "1000.0 [990.0–1010.0]");
         assert_eq!(&rows[1][col("ln_ppl_ratio_err")], "0.004");
+        assert_eq!(&rows[1][col("status")], "ok");
+        assert_eq!(&rows[1][col("status_reason")], "");
     }
 
     #[test]

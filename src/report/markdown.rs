@@ -15,8 +15,8 @@ fn warnings(r: &Results) -> String {
     if !r.complete {
         let _ = writeln!(
             s,
-            "> **INCOMPLETE RUN.** This run was interrupted or is still going: only the rows \
-             below were measured, and the run's other runners are missing.\n"
+            "> **INCOMPLETE RUN.** Not every planned row was measured (the run was interrupted, \
+             is still going, or a row failed or was skipped): see each row's status.\n"
         );
     }
     for row in r.runners.iter().filter(|x| x.tokens_match == Some(false)) {
@@ -33,6 +33,14 @@ fn warnings(r: &Results) -> String {
             "> **FAILED: {}** — {}\n",
             row.name,
             row.error.as_deref().unwrap_or_default()
+        );
+    }
+    for row in r.skipped() {
+        let _ = writeln!(
+            s,
+            "> **SKIPPED: {}** — {}\n",
+            row.name,
+            row.status_reason.as_deref().unwrap_or_default()
         );
     }
     s
@@ -137,7 +145,7 @@ pub fn render(r: &Results, plots: &PlotFiles) -> String {
         header
             .iter()
             .enumerate()
-            .map(|(i, _)| if i < 2 { "---" } else { "---:" })
+            .map(|(i, _)| if i < 3 { "---" } else { "---:" })
             .collect::<Vec<_>>()
             .join("|")
     );
@@ -146,10 +154,9 @@ pub fn render(r: &Results, plots: &PlotFiles) -> String {
         let _ = writeln!(s, "| {} |", cells.join(" | "));
     }
     let _ = writeln!(s);
-    for n in notes(r)
-        .iter()
-        .filter(|n| !n.starts_with("FAILED") && !n.starts_with("WARNING"))
-    {
+    for n in notes(r).iter().filter(|n| {
+        !n.starts_with("FAILED") && !n.starts_with("SKIPPED") && !n.starts_with("WARNING")
+    }) {
         let _ = writeln!(s, "- {n}");
     }
     let reference = r.ppl_delta_reference.as_deref().unwrap_or("-");
