@@ -465,3 +465,61 @@ impl RunPlan {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Same file names in different folders widen to as many trailing components as it
+    /// takes; unique file names stay as they are; explicit labels are kept; only the same
+    /// canonical file twice is refused.
+    #[test]
+    fn gguf_labels_are_unique_and_minimal() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mk = |rel: &str| {
+            let p = tmp.path().join(rel);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(&p, b"GGUF....").unwrap();
+            p
+        };
+        let paths = [
+            mk("x/a/model.gguf"),
+            mk("y/a/model.gguf"),
+            mk("b/model.gguf"),
+            mk("other.gguf"),
+            mk("z/model.gguf"),
+        ];
+        let mut args: Vec<PathBuf> = paths[..4].to_vec();
+        args.push(PathBuf::from(format!("mine={}", paths[4].display())));
+        let names: Vec<String> = order_formats(&[], &args)
+            .unwrap()
+            .iter()
+            .map(FormatSpec::name)
+            .collect();
+        let tmp_name = tmp
+            .path()
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        assert_eq!(
+            names,
+            [
+                "gguf:x/a/model.gguf".to_string(),
+                "gguf:y/a/model.gguf".into(),
+                format!("gguf:{tmp_name}/b/model.gguf"),
+                "gguf:other.gguf".into(),
+                "gguf:mine".into(),
+            ]
+        );
+        let twice = [paths[0].clone(), tmp.path().join("x/a/../a/model.gguf")];
+        let e = format!("{:#}", order_formats(&[], &twice).unwrap_err());
+        assert!(e.contains("is asked for twice"), "{e}");
+        let clash = [
+            PathBuf::from(format!("q={}", paths[0].display())),
+            PathBuf::from(format!("q={}", paths[1].display())),
+        ];
+        let e = format!("{:#}", order_formats(&[], &clash).unwrap_err());
+        assert!(e.contains("'gguf:q' names two GGUF files"), "{e}");
+    }
+}
