@@ -161,8 +161,8 @@ pub struct EvalArgs {
     #[arg(long, value_name = "LIST", default_value = "float32,bf16,int8,int4", value_delimiter = ',', value_parser = parse_format_arg)]
     pub formats: Vec<FormatArg>,
 
-    /// A GGUF file to run with llama.cpp beside the in-tree formats (repeatable).
-    #[arg(long, value_name = "PATH")]
+    /// A GGUF file to run with llama.cpp beside the in-tree formats (repeatable); LABEL=PATH names its row gguf:LABEL (two files of the same name in different folders are told apart by their folders).
+    #[arg(long, value_name = "[LABEL=]PATH")]
     pub gguf: Vec<PathBuf>,
 
     /// Measure the GGUF rows' speed with llama-bench (without it, llama.cpp rows get perplexity only).

@@ -24,6 +24,7 @@ pub mod protocol;
 pub mod report;
 pub mod run_folder;
 pub mod runner;
+pub mod scratch;
 pub mod session;
 pub mod stats;
 pub mod text;

@@ -90,7 +90,7 @@ pub fn build_llamacpp(plan: &RunPlan) -> Result<Vec<Option<Box<dyn Runner>>>> {
     plan.formats
         .iter()
         .map(|f| match (f, &plan.tools) {
-            (FormatSpec::Gguf { path }, Some(tools)) => {
+            (FormatSpec::Gguf { path, .. }, Some(tools)) => {
                 let options = LlamaCppRunnerOptions {
                     threads: plan.threads,
                     kv_type: plan.llama_kv,
@@ -98,7 +98,7 @@ pub fn build_llamacpp(plan: &RunPlan) -> Result<Vec<Option<Box<dyn Runner>>>> {
                     timeout: plan.tool_timeout,
                     ..Default::default()
                 };
-                let r = LlamaCppRunner::new(path, tools, options)?;
+                let r = LlamaCppRunner::new(path, tools, options)?.with_name(f.name());
                 Ok(Some(Box::new(r) as Box<dyn Runner>))
             }
             (FormatSpec::Gguf { .. }, None) => anyhow::bail!("llama.cpp tools were not located"),
@@ -152,7 +152,7 @@ fn quality(
     }) {
         Ok(p) => p,
         Err(e) => {
-            rec.error = Some(format!("perplexity: {e:#}"));
+            rec.fail(format!("perplexity: {e:#}"));
             return (rec, None);
         }
     };
@@ -366,7 +366,7 @@ fn speed_round(
             }
             Ok(None) => {}
             Err(_) if interrupt::requested() => {}
-            Err(e) => row.error = Some(format!("speed: {e:#}")),
+            Err(e) => row.fail(format!("speed: {e:#}")),
         }
     }
     order
@@ -462,7 +462,7 @@ fn speed_pass(
         };
         match (summary("pp", &l.pp), summary("tg", &l.tg)) {
             (Ok(pp), Ok(tg)) => row.set_speed(pp.as_ref(), tg.as_ref()),
-            (Err(e), _) | (_, Err(e)) => row.error = Some(format!("speed: {e:#}")),
+            (Err(e), _) | (_, Err(e)) => row.fail(format!("speed: {e:#}")),
         }
         if !l.raw.is_empty() {
             row.llama_bench = Some(serde_json::Value::Array(l.raw.clone()));

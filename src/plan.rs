@@ -7,7 +7,7 @@
 use crate::cli::{pack_cache, Chunks, EvalArgs, FormatArg};
 use crate::machine;
 use crate::protocol::results::Results;
-use crate::protocol::{check_ctx, FormatSpec, SpeedSpec};
+use crate::protocol::{check_ctx, parse_gguf_arg, FormatSpec, SpeedSpec};
 use crate::report::gate::{self, GateLimits};
 use crate::report::json;
 use crate::text::{read_text, EvalText};
@@ -169,22 +169,12 @@ fn check_flags(a: &EvalArgs) -> Result<()> {
         a.pp,
         a.tg
     );
-    let g = &a.gate;
-    for (flag, v) in [
-        ("--max-ppl-regression", g.max_ppl_regression),
-        ("--max-kld-regression", g.max_kld_regression),
-        ("--max-top1-regression", g.max_top1_regression),
-        ("--max-speed-regression", g.max_speed_regression),
-    ] {
-        ensure!(
-            v.is_finite() && v >= 0.0,
-            "{flag} {v}: pass a non-negative number"
-        );
-    }
-    Ok(())
+    a.gate.limits().check()
 }
 
-/// The runner list in run order; a name given twice is an error.
+/// The runner list in run order, every GGUF checked ([`check_gguf_path`]) and labelled
+/// ([`label_ggufs`]); a format, a GGUF file (by canonical path) or a row name given twice is
+/// an error.
 fn order_formats(formats: &[FormatArg], ggufs: &[PathBuf]) -> Result<Vec<FormatSpec>> {
     let mut specs: Vec<FormatSpec> = formats
         .iter()
@@ -193,14 +183,34 @@ fn order_formats(formats: &[FormatArg], ggufs: &[PathBuf]) -> Result<Vec<FormatS
             FormatArg::None => None,
         })
         .collect();
-    specs.extend(ggufs.iter().map(|p| FormatSpec::Gguf { path: p.clone() }));
-    let mut seen = std::collections::BTreeSet::new();
+    for p in ggufs {
+        specs.push(match p.to_str() {
+            Some(arg) => parse_gguf_arg(arg).map_err(|e| anyhow!("--gguf: {e}"))?,
+            None => FormatSpec::gguf(p.clone()),
+        });
+    }
     for s in &specs {
-        ensure!(
-            seen.insert(s.name()),
-            "'{}' is asked for twice (--formats / --gguf); give each format once",
-            s.name()
-        );
+        if let FormatSpec::Gguf { path, .. } = s {
+            check_gguf_path(path)?;
+        }
+    }
+    label_ggufs(&mut specs)?;
+    let mut seen = std::collections::BTreeMap::new();
+    for s in &specs {
+        if let Some(first) = seen.insert(s.name(), s) {
+            match (first, s) {
+                (FormatSpec::Gguf { path: a, .. }, FormatSpec::Gguf { path: b, .. }) => bail!(
+                    "'{}' names two GGUF files ('{}' and '{}'); give each its own label with --gguf LABEL=PATH",
+                    s.name(),
+                    a.display(),
+                    b.display()
+                ),
+                _ => bail!(
+                    "'{}' is asked for twice (--formats / --gguf); give each format once",
+                    s.name()
+                ),
+            }
+        }
     }
     ensure!(
         !specs.is_empty(),
@@ -213,6 +223,72 @@ fn order_formats(formats: &[FormatArg], ggufs: &[PathBuf]) -> Result<Vec<FormatS
         FormatSpec::Gguf { .. } => 2,
     });
     Ok(specs)
+}
+
+/// GGUF rows get unique labels: the same file (canonical path) twice is refused; GGUFs
+/// without an explicit LABEL that share a file name are told apart by as many of their
+/// trailing path components as it takes (`a/model.gguf`, `b/model.gguf`).
+fn label_ggufs(specs: &mut [FormatSpec]) -> Result<()> {
+    let mut canonical: Vec<(PathBuf, &Path)> = Vec::new();
+    for s in specs.iter() {
+        if let FormatSpec::Gguf { path, .. } = s {
+            let c = std::fs::canonicalize(path)
+                .with_context(|| format!("resolving GGUF file '{}'", path.display()))?;
+            if let Some((_, first)) = canonical.iter().find(|(x, _)| *x == c) {
+                bail!(
+                    "GGUF file '{}' is asked for twice (as '{}' and '{}'); give each GGUF once",
+                    c.display(),
+                    first.display(),
+                    path.display()
+                );
+            }
+            canonical.push((c, path));
+        }
+    }
+    // The absolute paths (symlinks kept as given) of the unlabelled GGUFs, by file name.
+    let mut groups: std::collections::BTreeMap<String, Vec<usize>> = Default::default();
+    for (i, s) in specs.iter().enumerate() {
+        if let FormatSpec::Gguf {
+            label,
+            explicit: false,
+            ..
+        } = s
+        {
+            groups.entry(label.clone()).or_default().push(i);
+        }
+    }
+    for members in groups.values().filter(|m| m.len() > 1) {
+        let parts: Vec<Vec<String>> = members
+            .iter()
+            .map(|&i| {
+                let FormatSpec::Gguf { path, .. } = &specs[i] else {
+                    unreachable!("grouped GGUF rows only")
+                };
+                let abs = std::path::absolute(path).unwrap_or_else(|_| path.clone());
+                abs.components()
+                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .collect();
+        let longest = parts.iter().map(Vec::len).max().unwrap_or(1);
+        let tail = |p: &Vec<String>, k: usize| {
+            let from = p.len().saturating_sub(k);
+            p[from..].join("/").replacen("//", "/", 1)
+        };
+        let k = (2..=longest)
+            .find(|&k| {
+                let labels: std::collections::BTreeSet<String> =
+                    parts.iter().map(|p| tail(p, k)).collect();
+                labels.len() == parts.len()
+            })
+            .unwrap_or(longest);
+        for (&i, p) in members.iter().zip(&parts) {
+            if let FormatSpec::Gguf { label, .. } = &mut specs[i] {
+                *label = tail(p, k);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A GGUF path must exist, be a file and start with the GGUF magic.
@@ -286,11 +362,6 @@ fn calibration_text(a: &EvalArgs, needed: bool, text: &EvalText) -> Result<Optio
 pub fn make(a: &EvalArgs) -> Result<RunPlan> {
     check_flags(a)?;
     let formats = order_formats(&a.formats, &a.gguf)?;
-    for s in &formats {
-        if let FormatSpec::Gguf { path } = s {
-            check_gguf_path(path)?;
-        }
-    }
     let kld = match (a.kld, a.no_kld) {
         (true, _) => KldMode::On,
         (_, true) => KldMode::Off,
@@ -392,5 +463,63 @@ impl RunPlan {
             llama_kv_type: self.llama_kv.as_str().to_string(),
             rows: self.formats.iter().map(FormatSpec::name).collect(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Same file names in different folders widen to as many trailing components as it
+    /// takes; unique file names stay as they are; explicit labels are kept; only the same
+    /// canonical file twice is refused.
+    #[test]
+    fn gguf_labels_are_unique_and_minimal() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mk = |rel: &str| {
+            let p = tmp.path().join(rel);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(&p, b"GGUF....").unwrap();
+            p
+        };
+        let paths = [
+            mk("x/a/model.gguf"),
+            mk("y/a/model.gguf"),
+            mk("b/model.gguf"),
+            mk("other.gguf"),
+            mk("z/model.gguf"),
+        ];
+        let mut args: Vec<PathBuf> = paths[..4].to_vec();
+        args.push(PathBuf::from(format!("mine={}", paths[4].display())));
+        let names: Vec<String> = order_formats(&[], &args)
+            .unwrap()
+            .iter()
+            .map(FormatSpec::name)
+            .collect();
+        let tmp_name = tmp
+            .path()
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        assert_eq!(
+            names,
+            [
+                "gguf:x/a/model.gguf".to_string(),
+                "gguf:y/a/model.gguf".into(),
+                format!("gguf:{tmp_name}/b/model.gguf"),
+                "gguf:other.gguf".into(),
+                "gguf:mine".into(),
+            ]
+        );
+        let twice = [paths[0].clone(), tmp.path().join("x/a/../a/model.gguf")];
+        let e = format!("{:#}", order_formats(&[], &twice).unwrap_err());
+        assert!(e.contains("is asked for twice"), "{e}");
+        let clash = [
+            PathBuf::from(format!("q={}", paths[0].display())),
+            PathBuf::from(format!("q={}", paths[1].display())),
+        ];
+        let e = format!("{:#}", order_formats(&[], &clash).unwrap_err());
+        assert!(e.contains("'gguf:q' names two GGUF files"), "{e}");
     }
 }

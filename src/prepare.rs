@@ -140,6 +140,7 @@ fn tokenize(plan: &RunPlan, model: &kwk::model::ModelHeader) -> Result<(TokenStr
         add_bos,
         bos_id,
         text_path: text.path.clone(),
+        text_sha256: Some(text.sha256.clone()),
     };
     Ok((stream, chunks))
 }

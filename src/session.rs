@@ -11,15 +11,20 @@
 //! the run goes on measuring; the reports are written again after the next row and at the
 //! end, and if the last attempt fails too the table is still printed and the run exits 2
 //! naming the file. On SIGINT/SIGTERM ([`crate::interrupt`]) the reports are written with
-//! the rows that finished and `complete: false`, and the run exits 130/143. On every way
-//! out the float32 reference log-probs (unless `--keep-logits` on a finished run) and the
-//! reports' temporary files are removed.
+//! the rows that finished and `complete: false`, and the run exits 130/143. Every planned
+//! row is in the reports with a `status` (`ok`, `failed`, `skipped` and why); `complete` is
+//! true only when every row is `ok` and every report was written. On every way out the
+//! files this run created are removed and only those ([`crate::scratch`]: the float32
+//! reference log-probs unless `--keep-logits` on a finished run, the private copy of
+//! `--text` llama.cpp reads, the reports' temporaries); nothing else in the folder is
+//! touched.
 
 use crate::cli::EvalArgs;
 use crate::interrupt::{self, Interrupted};
-use crate::protocol::results::Results;
+use crate::protocol::results::{Results, RowStatus, RunnerRecord};
 use crate::run_folder::{RunFolder, REFERENCE_LOGITS};
-use crate::{measure, plan, prepare, report};
+use crate::scratch::Scratch;
+use crate::{measure, plan, prepare, report, text};
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 
@@ -97,26 +102,75 @@ pub fn evaluate(args: &EvalArgs) -> Result<Outcome> {
     };
     let folder = claim_folder(args, &plan.out_dir)?;
     plan.out_dir = folder.path.clone();
-    if let Some(r) = &mut prep.protocol.reference_logits {
-        *r = folder.path.join(REFERENCE_LOGITS);
-    }
+    // The reference log-probs' file, reserved now (exclusive create): the run owns it and
+    // removes it at the end unless kept; a file someone else made there is never touched.
+    let mut reference = match &mut prep.protocol.reference_logits {
+        Some(r) => {
+            *r = folder.path.join(REFERENCE_LOGITS);
+            match Scratch::create_at(r) {
+                Ok(s) => Some(s),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => bail!(
+                    "--out '{}' already holds {REFERENCE_LOGITS}, which this run would overwrite; pass a new folder (or remove the old run)",
+                    folder.path.display()
+                ),
+                Err(e) => return Err(e).with_context(|| format!("creating '{}'", r.display())),
+            }
+        }
+        None => None,
+    };
+    // llama.cpp's tools read the text by path: they get the run's private copy of the
+    // bytes hashed and tokenized, never --text itself (which may change meanwhile).
+    let text_copy = if plan
+        .formats
+        .iter()
+        .any(|f| matches!(f, crate::protocol::FormatSpec::Gguf { .. }))
+    {
+        let copy = text::private_copy(&plan.text, &folder.path)?;
+        prep.stream.text_path = copy.path().to_path_buf();
+        prep.stream.text_sha256 = Some(plan.text.sha256.clone());
+        Some(copy)
+    } else {
+        None
+    };
     eprintln!("run folder: {}", plan.out_dir.display());
     let mut results = prep.results.clone();
     let mut reports = Reports::new(&plan.out_dir, report::write_all);
     reports.save(&results);
     let measured = measure::run(&plan, &prep, &mut results, &mut |r| reports.save(r));
+    drop(text_copy);
     let stopped = interrupt::requested();
-    results.complete = measured.is_ok() && !stopped;
+    // Every planned row has a row: those never measured are `skipped`, with why.
+    let why_skipped = match (&measured, stopped) {
+        (_, true) => "not measured: the run was interrupted first".to_string(),
+        (Err(e), false) => format!("not measured: the run stopped first ({e:#})"),
+        (Ok(()), false) => "not measured".to_string(),
+    };
+    for spec in &plan.formats {
+        let name = spec.name();
+        if !results.runners.iter().any(|r| r.name == name) {
+            let engine = match spec {
+                crate::protocol::FormatSpec::Kwk { .. } => "kwk",
+                crate::protocol::FormatSpec::Gguf { .. } => "llama.cpp",
+            };
+            results
+                .runners
+                .push(RunnerRecord::skipped(&name, engine, why_skipped.clone()));
+        }
+    }
+    results.complete = measured.is_ok() && !stopped && results.all_rows_ok();
     // The reference log-probs are a temporary file unless kept from a finished run.
-    if let Some(reference) = &prep.protocol.reference_logits {
-        if reference.exists() && (!plan.keep_logits || !results.complete) {
-            if let Err(e) = std::fs::remove_file(reference) {
-                eprintln!("warning: removing '{}': {e}", reference.display());
-            }
+    if let Some(r) = reference.take() {
+        if plan.keep_logits && measured.is_ok() && !stopped {
+            r.keep();
         }
     }
     let written = reports.finish(&results);
-    report::remove_temporaries(&plan.out_dir);
+    if written.is_err() && results.complete {
+        // Not every report was written: the run is not complete. Say so in results.json
+        // if it can still be written (best effort: the error below names the failure).
+        results.complete = false;
+        let _ = report::json::write(&plan.out_dir.join("results.json"), &results);
+    }
     if stopped {
         if let Err(e) = written {
             eprintln!("warning: {e:#}");
@@ -124,7 +178,11 @@ pub fn evaluate(args: &EvalArgs) -> Result<Outcome> {
         return Err(Interrupted {
             kept: format!(
                 "{} finished row(s) kept in '{}' (complete: false)",
-                results.runners.len(),
+                results
+                    .runners
+                    .iter()
+                    .filter(|r| r.status != RowStatus::Skipped)
+                    .count(),
                 plan.out_dir.join("results.json").display()
             ),
         }
@@ -193,11 +251,26 @@ fn claim_folder(args: &EvalArgs, planned: &Path) -> Result<RunFolder> {
 }
 
 /// `kwk-eval compare`: each later results.json against the first, printed in `args.format`.
+/// The limits and every file are checked first (as `--baseline` is): limits finite and
+/// non-negative, every file of the same model, text and protocol as the first and sharing
+/// a row with it; otherwise an error naming what differs, and nothing is printed.
 pub fn compare(args: &crate::cli::CompareArgs) -> Result<()> {
-    let old = report::json::read(&args.files[0])?;
     let limits = args.gate.limits();
+    limits.check()?;
+    let old = report::json::read(&args.files[0])?;
+    let mut news = Vec::new();
     for path in &args.files[1..] {
         let new = report::json::read(path)?;
+        report::gate::check_comparable(&old, &new).with_context(|| {
+            format!(
+                "'{}' cannot be compared with '{}'",
+                path.display(),
+                args.files[0].display()
+            )
+        })?;
+        news.push((path, new));
+    }
+    for (path, new) in news {
         if args.files.len() > 2 {
             print_stdout(&format!(
                 "{} → {}\n",
@@ -257,19 +330,41 @@ mod tests {
         assert!(e.contains("results.json"), "{e}");
     }
 
-    /// A real failed write (the folder is gone) leaves no temporary file behind and names
-    /// the file.
+    /// A real failed write (results.json's place is taken by a folder, so the rename
+    /// fails) names the file, leaves no temporary of its own behind and touches no file
+    /// of the user's, whatever its name.
     #[test]
     fn a_failed_write_names_the_file_and_leaves_no_temporary() {
         let dir = tempfile::tempdir().unwrap();
-        // A file where results.json's temporary would go: the write fails.
-        std::fs::create_dir(dir.path().join(".results.json.tmp")).unwrap();
-        std::fs::write(dir.path().join(".tmp.speed.svg"), "left by a crash").unwrap();
+        std::fs::create_dir_all(dir.path().join("results.json/x")).unwrap();
+        let theirs = [".results.json.tmp", ".tmp.speed.svg", ".tmp.report.md"];
+        for name in theirs {
+            std::fs::write(dir.path().join(name), "the user's").unwrap();
+        }
         let e = format!(
             "{:#}",
             report::write_all(dir.path(), &sample_results()).unwrap_err()
         );
         assert!(e.contains("results.json"), "{e}");
-        assert!(!dir.path().join(".tmp.speed.svg").exists());
+        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            [
+                ".results.json.tmp",
+                ".tmp.report.md",
+                ".tmp.speed.svg",
+                "results.json"
+            ]
+        );
+        for name in theirs {
+            assert_eq!(
+                std::fs::read_to_string(dir.path().join(name)).unwrap(),
+                "the user's"
+            );
+        }
     }
 }

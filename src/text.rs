@@ -1,8 +1,14 @@
 //! The evaluation text as llama-perplexity reads it: raw bytes (no newline translation;
 //! wiki.test.raw has CRLF endings and they matter), decoded as UTF-8, with exactly one
 //! trailing `\n` removed. Also the SHA-256 of the file's bytes, for the report.
+//!
+//! The file is read once. Tools that read a text by path (llama.cpp's) are given a private
+//! copy of exactly those bytes in the run folder ([`private_copy`]), never `--text` itself,
+//! so a file replaced during the run cannot be scored under the first file's hash; the copy
+//! is checked against the hash again before each use ([`check_copy`]).
 
-use anyhow::{bail, Context, Result};
+use crate::scratch::Scratch;
+use anyhow::{bail, ensure, Context, Result};
 use sha2::{Digest, Sha256};
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -15,6 +21,9 @@ pub struct EvalText {
     pub sha256: String,
     /// The decoded text, one trailing `\n` removed.
     pub text: String,
+    /// Whether the file ended in the `\n` removed from `text` (so the bytes hashed are
+    /// `text` plus it).
+    pub trailing_newline: bool,
 }
 
 /// Hex SHA-256 of `bytes`.
@@ -96,7 +105,8 @@ pub fn read_text(path: &Path, flag: &str) -> Result<EvalText> {
             e.utf8_error().valid_up_to()
         ),
     };
-    if text.ends_with('\n') {
+    let trailing_newline = text.ends_with('\n');
+    if trailing_newline {
         text.pop();
     }
     if text.is_empty() {
@@ -114,7 +124,67 @@ pub fn read_text(path: &Path, flag: &str) -> Result<EvalText> {
         name,
         sha256,
         text,
+        trailing_newline,
     })
+}
+
+/// SHA-256 of the file at `path`, streamed.
+pub fn file_sha256(path: &Path) -> std::io::Result<String> {
+    let mut f = std::fs::File::open(path)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Writes the bytes of `text` that were hashed (its text and the trailing `\n` removed
+/// from it) into a new file of this run in `dir` (exclusive create, a fresh kwk name; see
+/// [`crate::scratch`]), makes it read-only and checks it hashes to `text.sha256`. The
+/// copy is removed when the returned [`Scratch`] is dropped.
+pub fn private_copy(text: &EvalText, dir: &Path) -> Result<Scratch> {
+    use std::io::Write;
+    let mut copy = Scratch::create(dir, &format!("text.{}", text.name))
+        .context("making the run's private copy of --text")?;
+    let path = copy.path().to_path_buf();
+    let writing = || format!("writing the private copy of --text '{}'", path.display());
+    if let Some(f) = copy.file() {
+        f.write_all(text.text.as_bytes())
+            .and_then(|()| {
+                if text.trailing_newline {
+                    f.write_all(b"\n")
+                } else {
+                    Ok(())
+                }
+            })
+            .and_then(|()| f.sync_all())
+            .with_context(writing)?;
+        let mut perms = f.metadata().with_context(writing)?.permissions();
+        perms.set_readonly(true);
+        f.set_permissions(perms).with_context(writing)?;
+    }
+    copy.close();
+    check_copy(&path, &text.sha256)?;
+    Ok(copy)
+}
+
+/// Fails, naming the file, unless `path` still hashes to `sha256` (the bytes of `--text`
+/// as read at the start of the run).
+pub fn check_copy(path: &Path, sha256: &str) -> Result<()> {
+    let now = file_sha256(path)
+        .with_context(|| format!("reading the private copy of --text '{}'", path.display()))?;
+    ensure!(
+        now == sha256,
+        "the text '{}' changed during the run: its sha256 is {now}, the --text read at the start had {sha256}; \
+         nothing was scored from it. Leave the run folder alone while a run goes on, and run again",
+        path.display()
+    );
+    Ok(())
 }
 
 #[cfg(test)]
@@ -130,8 +200,42 @@ mod tests {
         assert_eq!(t.text, "a\r\nb\n");
         assert_eq!(t.name, "t.txt");
         assert_eq!(t.sha256, sha256_hex(b"a\r\nb\n\n"));
+        assert!(t.trailing_newline);
         std::fs::write(&p, b"abc").unwrap();
         assert_eq!(read_text(&p, "--text").unwrap().text, "abc");
+    }
+
+    /// The copy holds exactly the bytes hashed, is read-only, does not follow the original
+    /// when that is replaced, and a change of the copy itself is an error naming it.
+    #[test]
+    fn the_private_copy_is_the_hashed_bytes_and_independent_of_the_original() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("t.txt");
+        for bytes in [&b"a\r\nb\n\n"[..], b"no newline", b"one\n"] {
+            std::fs::write(&p, bytes).unwrap();
+            let t = read_text(&p, "--text").unwrap();
+            let copy = private_copy(&t, dir.path()).unwrap();
+            assert_ne!(copy.path(), p.as_path());
+            std::fs::write(&p, b"replaced").unwrap();
+            assert_eq!(std::fs::read(copy.path()).unwrap(), bytes);
+            assert_eq!(file_sha256(copy.path()).unwrap(), t.sha256);
+            let mode = std::fs::metadata(copy.path()).unwrap().permissions().mode();
+            assert_eq!(mode & 0o222, 0, "{mode:o}");
+            check_copy(copy.path(), &t.sha256).unwrap();
+            let e = format!(
+                "{:#}",
+                check_copy(copy.path(), &"0".repeat(64)).unwrap_err()
+            );
+            assert!(
+                e.contains(&copy.path().display().to_string())
+                    && e.contains("changed during the run"),
+                "{e}"
+            );
+            let path = copy.path().to_path_buf();
+            drop(copy);
+            assert!(!path.exists());
+        }
     }
 
     #[test]

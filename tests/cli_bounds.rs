@@ -225,11 +225,20 @@ fn a_panicking_runner_fails_only_its_row() {
             "{stderr}"
         );
         let v = read_json(&out.join("results.json"));
-        assert_eq!(v["complete"], true, "{hook}");
+        // A failed row: not every planned row was measured, so the run is not complete.
+        assert_eq!(v["complete"], false, "{hook}");
         let rows = v["runners"].as_array().unwrap();
         let names: Vec<&str> = rows.iter().map(|r| r["name"].as_str().unwrap()).collect();
         assert_eq!(names, ["float32", "int8", "bf16"], "{hook}");
         assert_eq!(rows[1]["error"], error, "{hook}");
+        assert_eq!(
+            (
+                rows[1]["status"].as_str(),
+                rows[1]["status_reason"].as_str()
+            ),
+            (Some("failed"), Some(error.as_str())),
+            "{hook}"
+        );
         for r in [&rows[0], &rows[2]] {
             assert!(r["error"].is_null(), "{hook}: {r}");
             assert!(r["ppl"].as_f64().unwrap() > 1.0, "{hook}: {r}");

@@ -117,3 +117,102 @@ fn baseline_without_a_shared_row_or_of_another_model_fails_before_running() {
     );
     assert!(line.contains("ctx 64 vs 32"), "{line}");
 }
+
+/// `compare` checks its limits as `--baseline` does: NaN, infinite and negative limits
+/// are refused (exit 2, naming the flag) instead of turning a drop into "changed" or an
+/// unchanged row into REGRESSED.
+#[test]
+fn compare_refuses_limits_that_are_not_finite_and_non_negative() {
+    for (flag, value) in [
+        ("--max-top1-regression", "nan"),
+        ("--max-ppl-regression", "-1"),
+        ("--max-kld-regression", "inf"),
+        ("--max-speed-regression", "-0.5"),
+    ] {
+        let line = assert_error(
+            kwk_eval()
+                .arg("compare")
+                .arg(data("compare-old.json"))
+                .arg(data("compare-old.json"))
+                .arg(format!("{flag}={value}")),
+            2,
+            flag,
+        );
+        assert!(line.ends_with(": pass a non-negative number"), "{line}");
+    }
+}
+
+/// Two runs of another model, text or protocol are refused (exit 2) naming what differs,
+/// as the gate refuses such a baseline; so is a pair without a measured row in common.
+#[test]
+fn compare_refuses_runs_that_are_not_comparable() {
+    let dir = tempfile::tempdir().unwrap();
+    let old: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(data("compare-old.json")).unwrap()).unwrap();
+    type Edit = fn(&mut serde_json::Value);
+    let cases: [(&str, Edit, &str); 4] = [
+        (
+            "model",
+            |v| v["protocol"]["model_sha256"] = "ff".repeat(32).into(),
+            "model sha256",
+        ),
+        (
+            "text",
+            |v| v["protocol"]["text_sha256"] = "ee".repeat(32).into(),
+            "text sha256",
+        ),
+        (
+            "ctx",
+            |v| v["protocol"]["ctx"] = 128.into(),
+            "ctx: first 64, this file 128",
+        ),
+        (
+            "rows",
+            |v| {
+                for r in v["runners"].as_array_mut().unwrap() {
+                    let name = format!("other-{}", r["name"].as_str().unwrap());
+                    r["name"] = name.into();
+                }
+            },
+            "no measured row is in both",
+        ),
+    ];
+    for (what, edit, want) in cases {
+        let mut new = old.clone();
+        edit(&mut new);
+        let path = dir.path().join(format!("{what}.json"));
+        std::fs::write(&path, serde_json::to_string(&new).unwrap()).unwrap();
+        let out = kwk_eval()
+            .arg("compare")
+            .arg(data("compare-old.json"))
+            .arg(&path)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{what}: {stderr}");
+        assert!(out.stdout.is_empty(), "{what}: printed a table");
+        let line = assert_error(
+            kwk_eval()
+                .arg("compare")
+                .arg(data("compare-old.json"))
+                .arg(&path),
+            2,
+            &format!(
+                "'{}' cannot be compared with '{}'",
+                path.display(),
+                data("compare-old.json").display()
+            ),
+        );
+        assert!(line.contains(want), "{what}: {line}");
+    }
+    // A file compared with itself is "same" on every row.
+    let out = kwk_eval()
+        .arg("compare")
+        .arg(data("compare-old.json"))
+        .arg(data("compare-old.json"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let t = String::from_utf8(out.stdout).unwrap();
+    assert!(!t.contains("REGRESSED") && t.contains("same"), "{t}");
+}

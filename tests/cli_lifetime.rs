@@ -99,11 +99,14 @@ fn reports_that_cannot_be_written_do_not_stop_the_run_or_leave_temporaries() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("run");
     std::fs::create_dir(&out).unwrap();
-    // results.json's temporary name is taken by a folder: every write of it fails, as on
-    // a full disk.
+    // A folder of the user's named like an old temporary of results.json: left alone.
     std::fs::create_dir(out.join(".results.json.tmp")).unwrap();
     let (code, msg) = expect("reports-unwritable", &out, &out.join("results.json"));
-    let output = tiny_run(&out).output().unwrap();
+    // Every write of results.json fails as on a full disk (kwk-eval's fault-injection hook).
+    let output = tiny_run(&out)
+        .env("KWK_TEST_REPORT_WRITE_FAILS", "results.json")
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr).to_string();
     assert_eq!(output.status.code(), Some(code), "{stderr}");
     let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();

@@ -31,6 +31,7 @@ fn check_fixture(name: &str) {
         add_bos: model.tokenizer.add_bos(),
         bos_id: model.tokenizer.bos_id(),
         text_path: eval_txt(),
+        text_sha256: None,
     };
     let ctx = g["ctx"].as_u64().unwrap() as usize;
     let chunks = g["chunks"].as_u64().unwrap() as usize;

@@ -136,17 +136,21 @@ pub struct LogitsBaseWriter {
 }
 
 impl LogitsBaseWriter {
-    /// Creates `path` and writes the header: `plan.chunks·plan.ctx` tokens of the stream
-    /// (with its leading BOS, without the per-chunk BOS substitution, P:523).
+    /// Writes the header into `path`: `plan.chunks·plan.ctx` tokens of the stream (with its
+    /// leading BOS, without the per-chunk BOS substitution, P:523). `path` must exist
+    /// already, made by the caller with an exclusive create (the run reserves it, so it
+    /// owns the file it later removes); it is opened for writing, never created here.
     pub fn create(path: &Path, plan: &ChunkPlan, n_vocab: usize, tokens: &[u32]) -> Result<Self> {
         let n_tokens = plan.chunks * plan.ctx;
         ensure!(
             tokens.len() >= n_tokens,
             "the token stream is shorter than the chunk plan"
         );
-        let file = File::create(path).with_context(|| {
-            format!("creating the KL-divergence base file '{}'", path.display())
-        })?;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(path)
+            .with_context(|| format!("opening the KL-divergence base file '{}'", path.display()))?;
         let mut out = BufWriter::with_capacity(1 << 20, file);
         let mut header = Vec::with_capacity(20 + 4 * n_tokens);
         header.extend_from_slice(MAGIC);
@@ -679,6 +683,9 @@ mod tests {
         let rows: Vec<f32> = (0..plan.scored_per_chunk() * vocab)
             .map(|i| (i % 7) as f32 * 0.5)
             .collect();
+        // Not reserved yet: refused, never created.
+        assert!(LogitsBaseWriter::create(&path, &plan, vocab, &tokens).is_err());
+        std::fs::write(&path, b"").unwrap();
         let mut w = LogitsBaseWriter::create(&path, &plan, vocab, &tokens).unwrap();
         for k in 0..plan.chunks {
             let c = ChunkLogits {

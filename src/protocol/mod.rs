@@ -83,8 +83,12 @@ pub struct TokenStream {
     pub tokens: Vec<u32>,
     pub add_bos: bool,
     pub bos_id: Option<u32>,
-    /// The text file the tokens came from, as llama-perplexity must read it too.
+    /// The text file the tokens came from, as llama-perplexity must read it too: in a run,
+    /// the run folder's private copy of `--text` (`crate::text::private_copy`).
     pub text_path: PathBuf,
+    /// The SHA-256 `text_path` must still have whenever a tool reads it (the bytes the
+    /// tokens came from); `None`: not checked.
+    pub text_sha256: Option<String>,
 }
 
 impl TokenStream {
@@ -207,8 +211,14 @@ pub enum FormatSpec {
         name: String,
         precision: ::kwk::Precision,
     },
-    /// `gguf:PATH` in `--formats`, or a `--gguf PATH`.
-    Gguf { path: PathBuf },
+    /// `gguf:PATH` in `--formats`, or a `--gguf PATH` (either may be `LABEL=PATH`). The row
+    /// is named `gguf:<label>`: LABEL when given (`explicit`), else the file name, which
+    /// the plan widens with parent folders when two GGUFs share it.
+    Gguf {
+        path: PathBuf,
+        label: String,
+        explicit: bool,
+    },
 }
 
 impl FormatSpec {
@@ -223,22 +233,70 @@ impl FormatSpec {
         )
     }
 
-    /// The runner's name in reports: the format as typed, or `gguf:<file name>`.
+    /// The runner's name in reports: the format as typed, or `gguf:<label>`.
     pub fn name(&self) -> String {
         match self {
             FormatSpec::Kwk { name, .. } => name.clone(),
-            FormatSpec::Gguf { path } => gguf_runner_name(path),
+            FormatSpec::Gguf { label, .. } => format!("gguf:{label}"),
+        }
+    }
+
+    /// A GGUF row named after its file.
+    pub fn gguf(path: PathBuf) -> FormatSpec {
+        FormatSpec::Gguf {
+            label: file_label(&path),
+            path,
+            explicit: false,
         }
     }
 }
 
-/// `gguf:<file name>`, the report name of a llama.cpp runner.
-pub fn gguf_runner_name(path: &std::path::Path) -> String {
-    let file = path
-        .file_name()
+/// The file name of `path` (its whole text when it has none), the default GGUF label.
+pub fn file_label(path: &std::path::Path) -> String {
+    path.file_name()
         .map(|f| f.to_string_lossy().into_owned())
-        .unwrap_or_else(|| path.display().to_string());
-    format!("gguf:{file}")
+        .unwrap_or_else(|| path.display().to_string())
+}
+
+/// `gguf:<file name>`, the default report name of a llama.cpp runner.
+pub fn gguf_runner_name(path: &std::path::Path) -> String {
+    format!("gguf:{}", file_label(path))
+}
+
+/// A `--gguf` value (or what follows `gguf:` in `--formats`): `PATH`, or `LABEL=PATH` to
+/// name the row `gguf:LABEL`. An existing file is always a path (a path may hold `=`), and
+/// so is anything whose part before the first `=` holds a `/`.
+pub fn parse_gguf_arg(arg: &str) -> Result<FormatSpec, String> {
+    if arg.is_empty() {
+        return Err("an empty GGUF path; pass PATH or LABEL=PATH".into());
+    }
+    let as_path = std::path::Path::new(arg);
+    let labelled = match arg.split_once('=') {
+        Some((label, path)) if !label.contains('/') && !as_path.exists() => Some((label, path)),
+        _ => None,
+    };
+    let Some((label, path)) = labelled else {
+        return Ok(FormatSpec::gguf(PathBuf::from(arg)));
+    };
+    if label.trim().is_empty() {
+        return Err(format!(
+            "'{arg}' has an empty LABEL before '='; pass LABEL=PATH with a label, or the path alone"
+        ));
+    }
+    if label.chars().any(char::is_control) {
+        return Err(format!(
+            "the label of '{}' holds a control character; pass a label of printable characters",
+            arg.escape_debug()
+        ));
+    }
+    if path.is_empty() {
+        return Err(format!("'{arg}' has no PATH after '='; pass LABEL=PATH"));
+    }
+    Ok(FormatSpec::Gguf {
+        path: PathBuf::from(path),
+        label: label.to_string(),
+        explicit: true,
+    })
 }
 
 /// Parses one entry of `--formats` (clap's value parser for it).
@@ -251,9 +309,7 @@ pub fn parse_format(spec: &str) -> Result<FormatSpec, String> {
         if path.is_empty() {
             return Err("'gguf:' has no path; write gguf:PATH".into());
         }
-        return Ok(FormatSpec::Gguf {
-            path: PathBuf::from(path),
-        });
+        return parse_gguf_arg(path);
     }
     match ::kwk::Precision::parse(spec) {
         Ok(precision) => Ok(FormatSpec::Kwk {
@@ -262,5 +318,32 @@ pub fn parse_format(spec: &str) -> Result<FormatSpec, String> {
         }),
         // kwk's message names the valid formats once; a GGUF is the harness's own.
         Err(e) => Err(format!("{e}, or gguf:PATH for a GGUF run by llama.cpp")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gguf_args_are_paths_or_labelled_paths() {
+        let named = |s: &str| parse_gguf_arg(s).map(|f| f.name());
+        assert_eq!(named("dir/model.gguf").unwrap(), "gguf:model.gguf");
+        assert_eq!(named("q8=dir/model.gguf").unwrap(), "gguf:q8");
+        // A '/' before the first '=' makes it a path: a folder named "a=b".
+        let FormatSpec::Gguf { path, explicit, .. } = parse_gguf_arg("x/a=b/m.gguf").unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!((path, explicit), (PathBuf::from("x/a=b/m.gguf"), false));
+        assert!(named("=m.gguf").unwrap_err().contains("empty LABEL"));
+        assert!(named("x=").unwrap_err().contains("no PATH"));
+        assert!(named("a\tb=m.gguf")
+            .unwrap_err()
+            .contains("control character"));
+        assert_eq!(
+            parse_format("gguf:mine=m.gguf").unwrap().name(),
+            "gguf:mine"
+        );
     }
 }

@@ -13,7 +13,9 @@ pub const SCHEMA_VERSION: u32 = 2;
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Results {
     pub schema_version: u32,
-    /// False while the run is going (or if it was interrupted).
+    /// True only when every planned row was measured (every row's `status` is `ok`) and
+    /// every report was written; false while the run is going, when it was interrupted,
+    /// when a row failed or was skipped.
     pub complete: bool,
     /// UTC start time, RFC 3339.
     pub started_utc: String,
@@ -161,11 +163,44 @@ impl PairedChange {
     }
 }
 
+/// Whether a planned row was measured.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum RowStatus {
+    /// Measured: every figure the run asked for is in the row.
+    #[default]
+    Ok,
+    /// The runner failed (`status_reason` and `error` say why); its figures are missing.
+    Failed,
+    /// Planned but not measured (the run was interrupted or stopped before it).
+    Skipped,
+}
+
+impl RowStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RowStatus::Ok => "ok",
+            RowStatus::Failed => "failed",
+            RowStatus::Skipped => "skipped",
+        }
+    }
+}
+
 /// One row: what the runner is and what was measured. `null` where not measured.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 pub struct RunnerRecord {
+    /// The row's unique label: an in-tree format as typed, or `gguf:<label>` (the file
+    /// name; with its parent folder when two GGUFs share a file name; or the LABEL of
+    /// `--gguf LABEL=PATH`).
     pub name: String,
     pub engine: String,
+    /// `ok`, `failed` or `skipped` (a file written before the field existed reads as `ok`
+    /// unless its row has an `error`).
+    #[serde(default)]
+    pub status: RowStatus,
+    /// Why the row is `failed` or `skipped`; null for `ok`.
+    #[serde(default)]
+    pub status_reason: Option<String>,
     /// Bytes of weight data, the same measure for both engines: a kwk format's packed
     /// tensors, or the sum of a GGUF's tensor data sizes (metadata excluded).
     #[serde(alias = "bytes")]
@@ -256,11 +291,39 @@ pub struct RunnerRecord {
 impl RunnerRecord {
     /// A row for a runner that could not be built (no info).
     pub fn failed(name: &str, engine: &str, error: String) -> Self {
+        let mut r = RunnerRecord {
+            name: name.into(),
+            engine: engine.into(),
+            ..Default::default()
+        };
+        r.fail(error);
+        r
+    }
+
+    /// A planned row that was not measured, and why.
+    pub fn skipped(name: &str, engine: &str, reason: String) -> Self {
         RunnerRecord {
             name: name.into(),
             engine: engine.into(),
-            error: Some(error),
+            status: RowStatus::Skipped,
+            status_reason: Some(reason),
             ..Default::default()
+        }
+    }
+
+    /// Marks the row failed with `error` (its `status`, `status_reason` and `error`).
+    pub fn fail(&mut self, error: String) {
+        self.status = RowStatus::Failed;
+        self.status_reason = Some(error.clone());
+        self.error = Some(error);
+    }
+
+    /// The status a row read from a file has: `failed` when it holds an error, whatever an
+    /// older writer left in `status`.
+    pub fn settle_status(&mut self) {
+        if self.error.is_some() && self.status == RowStatus::Ok {
+            self.status = RowStatus::Failed;
+            self.status_reason = self.error.clone();
         }
     }
 
@@ -349,6 +412,19 @@ impl Results {
     /// Rows that failed.
     pub fn failures(&self) -> impl Iterator<Item = &RunnerRecord> {
         self.runners.iter().filter(|r| r.error.is_some())
+    }
+
+    /// Rows planned but not measured.
+    pub fn skipped(&self) -> impl Iterator<Item = &RunnerRecord> {
+        self.runners
+            .iter()
+            .filter(|r| r.status == RowStatus::Skipped)
+    }
+
+    /// Whether every row was measured (`status` ok): with every report written, what
+    /// `complete` means.
+    pub fn all_rows_ok(&self) -> bool {
+        self.runners.iter().all(|r| r.status == RowStatus::Ok)
     }
 }
 

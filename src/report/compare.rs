@@ -9,7 +9,7 @@
 //! ln(PPL_new/PPL_old) ± sqrt((σ_old/PPL_old)² + (σ_new/PPL_new)²), KLD and top-1 alike,
 //! speed from each run's repetitions (standard error of each mean).
 
-use crate::protocol::results::{Protocol, Results, RunnerRecord};
+use crate::protocol::results::{Protocol, Results, RowStatus, RunnerRecord};
 use std::fmt::Write as _;
 
 /// The regression limits.
@@ -35,6 +35,23 @@ impl Default for GateLimits {
 }
 
 impl GateLimits {
+    /// Each limit must be a finite, non-negative number (NaN would pass every change,
+    /// a negative limit fail an unchanged row); the error names the flag.
+    pub fn check(&self) -> anyhow::Result<()> {
+        for (flag, v) in [
+            ("--max-ppl-regression", self.max_ppl_pct),
+            ("--max-kld-regression", self.max_kld_pct),
+            ("--max-top1-regression", self.max_top1_points),
+            ("--max-speed-regression", self.max_speed_pct),
+        ] {
+            anyhow::ensure!(
+                v.is_finite() && v >= 0.0,
+                "{flag} {v}: pass a non-negative number"
+            );
+        }
+        Ok(())
+    }
+
     /// The figures of `row` beyond these limits, e.g. `ppl +0.8% > 0.5%`.
     pub fn regressions(&self, row: &RowComparison) -> Vec<String> {
         let mut out = Vec::new();
@@ -321,6 +338,13 @@ fn compare_row(
         row.regressions.push(format!("failed: {e}"));
         return row;
     }
+    if n.status == RowStatus::Skipped {
+        row.regressions.push(format!(
+            "skipped: {}",
+            n.status_reason.as_deref().unwrap_or("not measured")
+        ));
+        return row;
+    }
     if quality {
         row.ppl = ppl_change(o, n);
         row.kld = kld_change(o, n);
@@ -352,6 +376,14 @@ pub fn compare(old: &Results, new: &Results, limits: &GateLimits) -> Comparison 
         c.notes.push("a run is incomplete (complete: false)".into());
     }
     for o in &old.runners {
+        if o.status != RowStatus::Ok {
+            c.notes.push(format!(
+                "{}: {} in the baseline, not compared",
+                o.name,
+                o.status.as_str()
+            ));
+            continue;
+        }
         match new.runners.iter().find(|n| n.name == o.name) {
             Some(n) => c.rows.push(compare_row(
                 o,

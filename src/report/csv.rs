@@ -59,6 +59,8 @@ const HEADER: &[&str] = &[
     "running_ppl",
     "error",
     "speed_unreliable",
+    "status",
+    "status_reason",
 ];
 
 fn opt<T: ToString>(v: &Option<T>) -> String {
@@ -126,6 +128,8 @@ fn cells(r: &RunnerRecord, noisy: Option<bool>) -> Vec<String> {
         list(&r.running_ppl),
         opt(&r.error),
         opt(&noisy.filter(|_| has_speed)),
+        r.status.as_str().to_string(),
+        opt(&r.status_reason),
     ]
 }
 
@@ -186,6 +190,8 @@ mod tests {
         assert_eq!(&rows[0][col("pp_median_min_max")], "1000.0 [990.0–1010.0]");
         assert_eq!(&rows[1][col("ln_ppl_ratio_err")], "0.004");
         assert_eq!(&rows[0][col("speed_unreliable")], "", "not judged");
+        assert_eq!(&rows[1][col("status")], "ok");
+        assert_eq!(&rows[1][col("status_reason")], "");
     }
 
     #[test]

@@ -98,6 +98,48 @@ pub fn check_after_load(base: &Results, protocol: &Protocol) -> Result<()> {
     Ok(())
 }
 
+/// `kwk-eval compare`'s identity check of two results files, the gate's applied to both:
+/// the same model content, text, token ids, BOS, ctx, chunks and llama.cpp KV type
+/// ([`super::compare::quality_mismatches`]), every measured PPL positive and finite, and at
+/// least one row in common; otherwise an error naming what differs.
+pub fn check_comparable(old: &Results, new: &Results) -> Result<()> {
+    for (which, r) in [("the first file", old), ("this file", new)] {
+        for row in &r.runners {
+            if let Some(p) = row.ppl {
+                ensure!(
+                    p.is_finite() && p > 0.0,
+                    "{which}'s row {} has PPL {p}; a perplexity must be positive",
+                    row.name
+                );
+            }
+        }
+    }
+    let m = super::compare::quality_mismatches(&old.protocol, &new.protocol);
+    if !m.is_empty() {
+        bail!(
+            "they scored other tokens, another model or another protocol ({}); compare runs of the same model, text, --ctx, --chunks and --llama-kv",
+            m.join("; ")
+                .replace("baseline ", "first ")
+                .replace("this run ", "this file ")
+        );
+    }
+    let measured = |r: &Results| -> Vec<String> {
+        r.runners
+            .iter()
+            .filter(|x| x.status == crate::protocol::results::RowStatus::Ok)
+            .map(|x| x.name.clone())
+            .collect()
+    };
+    let (a, b) = (measured(old), measured(new));
+    ensure!(
+        a.iter().any(|n| b.contains(n)),
+        "no measured row is in both ({} vs {}); nothing could be compared",
+        a.join(", "),
+        b.join(", ")
+    );
+    Ok(())
+}
+
 /// The gate's verdict and what it prints.
 pub struct GateOutcome {
     pub comparison: Comparison,

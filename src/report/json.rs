@@ -2,7 +2,7 @@
 //! reading one back for the regression gate.
 
 use super::files::write_atomically;
-use crate::protocol::results::{Results, SCHEMA_VERSION};
+use crate::protocol::results::{Results, RunnerRecord, SCHEMA_VERSION};
 use anyhow::{bail, Context, Result};
 use std::path::Path;
 
@@ -33,12 +33,17 @@ pub fn read(path: &Path) -> Result<Results> {
             path.display()
         ),
     }
-    serde_json::from_value(value).with_context(|| {
+    let mut results: Results = serde_json::from_value(value).with_context(|| {
         format!(
             "'{}' does not follow the results.json schema version {SCHEMA_VERSION}",
             path.display()
         )
-    })
+    })?;
+    results
+        .runners
+        .iter_mut()
+        .for_each(RunnerRecord::settle_status);
+    Ok(results)
 }
 
 #[cfg(test)]

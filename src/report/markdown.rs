@@ -15,8 +15,8 @@ fn warnings(r: &Results) -> String {
     if !r.complete {
         let _ = writeln!(
             s,
-            "> **INCOMPLETE RUN.** This run was interrupted or is still going: only the rows \
-             below were measured, and the run's other runners are missing.\n"
+            "> **INCOMPLETE RUN.** Not every planned row was measured (the run was interrupted, \
+             is still going, or a row failed or was skipped): see each row's status.\n"
         );
     }
     if let Some(w) = r.machine.steadiness.as_ref().and_then(|x| x.warning()) {
@@ -36,6 +36,14 @@ fn warnings(r: &Results) -> String {
             "> **FAILED: {}** — {}\n",
             row.name,
             row.error.as_deref().unwrap_or_default()
+        );
+    }
+    for row in r.skipped() {
+        let _ = writeln!(
+            s,
+            "> **SKIPPED: {}** — {}\n",
+            row.name,
+            row.status_reason.as_deref().unwrap_or_default()
         );
     }
     s
@@ -140,7 +148,7 @@ pub fn render(r: &Results, plots: &PlotFiles) -> String {
         header
             .iter()
             .enumerate()
-            .map(|(i, _)| if i < 2 { "---" } else { "---:" })
+            .map(|(i, _)| if i < 3 { "---" } else { "---:" })
             .collect::<Vec<_>>()
             .join("|")
     );
@@ -151,7 +159,13 @@ pub fn render(r: &Results, plots: &PlotFiles) -> String {
     let _ = writeln!(s);
     // Failures, token warnings and a busy machine are in the banner at the top, the
     // roofline's ceilings under the machine line at the end.
-    let elsewhere = ["FAILED", "WARNING", "SPEED UNRELIABLE", "Roofline ceilings"];
+    let elsewhere = [
+        "FAILED",
+        "SKIPPED",
+        "WARNING",
+        "SPEED UNRELIABLE",
+        "Roofline ceilings",
+    ];
     for n in notes(r)
         .iter()
         .filter(|n| !elsewhere.iter().any(|e| n.starts_with(e)))

@@ -41,31 +41,10 @@ pub const REPORT_FILES: &[&str] = &[
     "speed.svg",
 ];
 
-/// The temporary names the report files are written under before their rename.
-pub fn temporary_names() -> impl Iterator<Item = String> {
-    REPORT_FILES
-        .iter()
-        .flat_map(|n| [format!(".{n}.tmp"), format!(".tmp.{n}")])
-}
-
-/// Removes any temporary report file left in `dir` (after a failed write).
-pub fn remove_temporaries(dir: &Path) {
-    for name in temporary_names() {
-        let _ = std::fs::remove_file(dir.join(name));
-    }
-}
-
 /// Writes every report file of `results` into `dir`: results.json, results.csv,
-/// speed_ratios.csv, report.md and the plots. On failure no temporary file is left.
+/// speed_ratios.csv, report.md and the plots. Each goes through a temporary of its own
+/// ([`files::write_atomically`]), removed on failure; no other file is touched.
 pub fn write_all(dir: &Path, results: &Results) -> Result<()> {
-    let written = write_every(dir, results);
-    if written.is_err() {
-        remove_temporaries(dir);
-    }
-    written
-}
-
-fn write_every(dir: &Path, results: &Results) -> Result<()> {
     json::write(&dir.join("results.json"), results)?;
     csv::write(&dir.join("results.csv"), results)?;
     csv::write_ratios(&dir.join("speed_ratios.csv"), results)?;

@@ -7,6 +7,7 @@
 
 use super::summary::{fit, type_label};
 use crate::protocol::results::{Results, RunnerRecord};
+use crate::scratch::Scratch;
 use anyhow::{anyhow, Context, Result};
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -572,17 +573,19 @@ fn draw_speed<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, results: &Result
     Ok(())
 }
 
-/// The temporary name a plot is drawn to (same extension: plotters picks the image
-/// encoding from it) before [`publish`] renames it into place.
-fn tmp(dir: &Path, name: &str) -> std::path::PathBuf {
-    dir.join(format!(".tmp.{name}"))
+/// A fresh temporary a plot is drawn to (its name ends in `.<name>`, the same extension:
+/// plotters picks the image encoding from it) before [`publish`] renames it into place;
+/// removed when dropped unpublished.
+fn tmp(dir: &Path, name: &str) -> Result<Scratch> {
+    let mut s = Scratch::create(dir, name)?;
+    s.close();
+    Ok(s)
 }
 
-fn publish(dir: &Path, names: &[&str]) -> Result<()> {
-    for name in names {
-        let from = tmp(dir, name);
-        std::fs::rename(&from, dir.join(name))
-            .with_context(|| format!("renaming '{}' into place", from.display()))?;
+fn publish(dir: &Path, drawn: Vec<(Scratch, &str)>) -> Result<()> {
+    for (from, name) in drawn {
+        from.persist(&dir.join(name))
+            .context("putting a plot into place")?;
     }
     Ok(())
 }
@@ -592,31 +595,37 @@ pub fn write_plots(dir: &Path, results: &Results) -> Result<PlotFiles> {
     register_font();
     let mut files = PlotFiles::default();
     if !quality_points(results).is_empty() {
-        let png = tmp(dir, "quality_vs_bpw.png");
+        let png = tmp(dir, "quality_vs_bpw.png")?;
         draw_quality(
-            BitMapBackend::new(&png, (900, 600)).into_drawing_area(),
+            BitMapBackend::new(png.path(), (900, 600)).into_drawing_area(),
             results,
         )?;
-        let svg = tmp(dir, "quality_vs_bpw.svg");
+        let svg = tmp(dir, "quality_vs_bpw.svg")?;
         draw_quality(
-            SVGBackend::new(&svg, (900, 600)).into_drawing_area(),
+            SVGBackend::new(svg.path(), (900, 600)).into_drawing_area(),
             results,
         )?;
-        publish(dir, &["quality_vs_bpw.png", "quality_vs_bpw.svg"])?;
+        publish(
+            dir,
+            vec![(png, "quality_vs_bpw.png"), (svg, "quality_vs_bpw.svg")],
+        )?;
         files.quality = Some("quality_vs_bpw.svg".into());
     }
     if tradeoff_points(results).len() >= 2 {
-        let png = tmp(dir, "quality_vs_speed.png");
+        let png = tmp(dir, "quality_vs_speed.png")?;
         draw_tradeoff(
-            BitMapBackend::new(&png, (900, 600)).into_drawing_area(),
+            BitMapBackend::new(png.path(), (900, 600)).into_drawing_area(),
             results,
         )?;
-        let svg = tmp(dir, "quality_vs_speed.svg");
+        let svg = tmp(dir, "quality_vs_speed.svg")?;
         draw_tradeoff(
-            SVGBackend::new(&svg, (900, 600)).into_drawing_area(),
+            SVGBackend::new(svg.path(), (900, 600)).into_drawing_area(),
             results,
         )?;
-        publish(dir, &["quality_vs_speed.png", "quality_vs_speed.svg"])?;
+        publish(
+            dir,
+            vec![(png, "quality_vs_speed.png"), (svg, "quality_vs_speed.svg")],
+        )?;
         files.tradeoff = Some("quality_vs_speed.svg".into());
     }
     let has_speed = results
@@ -624,17 +633,17 @@ pub fn write_plots(dir: &Path, results: &Results) -> Result<PlotFiles> {
         .iter()
         .any(|r| r.pp_tokens_per_s.is_some() || r.tg_tokens_per_s.is_some());
     if has_speed {
-        let png = tmp(dir, "speed.png");
+        let png = tmp(dir, "speed.png")?;
         draw_speed(
-            BitMapBackend::new(&png, (1200, 560)).into_drawing_area(),
+            BitMapBackend::new(png.path(), (1200, 560)).into_drawing_area(),
             results,
         )?;
-        let svg = tmp(dir, "speed.svg");
+        let svg = tmp(dir, "speed.svg")?;
         draw_speed(
-            SVGBackend::new(&svg, (1200, 560)).into_drawing_area(),
+            SVGBackend::new(svg.path(), (1200, 560)).into_drawing_area(),
             results,
         )?;
-        publish(dir, &["speed.png", "speed.svg"])?;
+        publish(dir, vec![(png, "speed.png"), (svg, "speed.svg")])?;
         files.speed = Some("speed.svg".into());
     }
     Ok(files)

@@ -6,7 +6,7 @@
 //! [`Results`] and writes strings.
 
 use super::table::notes;
-use crate::protocol::results::{Results, RunnerRecord};
+use crate::protocol::results::{Results, RowStatus, RunnerRecord};
 use unicode_width::{UnicodeWidthChar, UnicodeWidthStr};
 
 /// The width the compact table keeps to.
@@ -59,14 +59,18 @@ pub fn type_label(r: &RunnerRecord) -> String {
     }
 }
 
-/// `s` cut to at most `width` terminal columns, ending in `…` when cut; control
-/// characters (a newline in a file name) and bidirectional overrides (which would reorder
-/// the rest of the line) shown as `?`.
+/// `s` cut to at most `width` terminal columns, ending in `…` when cut; line breaks and
+/// tabs shown as spaces, other control characters and bidirectional overrides (which would
+/// reorder the rest of the line) as `?`.
 pub fn fit(s: &str, width: usize) -> String {
     let bidi = |c: char| matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
     let clean: String = s
         .chars()
-        .map(|c| if c.is_control() || bidi(c) { '?' } else { c })
+        .map(|c| match c {
+            '\n' | '\t' | '\r' => ' ',
+            c if c.is_control() || bidi(c) => '?',
+            c => c,
+        })
         .collect();
     if clean.width() <= width {
         return clean;
@@ -143,8 +147,14 @@ fn cells(r: &Results) -> (Vec<String>, Vec<Vec<String>>) {
         .map(|x| {
             let engine = fit(&x.engine, 9);
             let ty = fit(&type_label(x), TYPE_WIDTH);
-            if let Some(e) = &x.error {
-                let mut c = vec![engine, ty, "FAILED".into(), fit(e, 60)];
+            if x.status != RowStatus::Ok || x.error.is_some() {
+                let why = x.status_reason.as_deref().or(x.error.as_deref());
+                let status = if x.status == RowStatus::Skipped {
+                    "SKIPPED"
+                } else {
+                    "FAILED"
+                };
+                let mut c = vec![engine, ty, status.into(), fit(why.unwrap_or("-"), 60)];
                 c.resize(header.len(), String::new());
                 return c;
             }
@@ -176,7 +186,7 @@ fn cells(r: &Results) -> (Vec<String>, Vec<Vec<String>>) {
 /// Every cell padded to its column's display width: engine, type and `vs` left-aligned,
 /// figures right; a failed row's message runs on unpadded after its type.
 fn padded(header: &[String], rows: &[Vec<String>]) -> Vec<Vec<String>> {
-    let failed = |c: &[String]| c.get(2).is_some_and(|s| s == "FAILED");
+    let failed = |c: &[String]| c.get(2).is_some_and(|s| s == "FAILED" || s == "SKIPPED");
     let mut widths: Vec<usize> = header.iter().map(|h| h.width()).collect();
     for row in rows.iter().filter(|c| !failed(c)) {
         for (w, c) in widths.iter_mut().zip(row) {
@@ -228,7 +238,7 @@ pub fn verdicts(r: &Results) -> Vec<String> {
     let ok: Vec<&RunnerRecord> = r
         .runners
         .iter()
-        .filter(|x| x.error.is_none() && x.bits_per_weight.is_some())
+        .filter(|x| x.status == RowStatus::Ok && x.error.is_none() && x.bits_per_weight.is_some())
         .collect();
     let mut sizes: Vec<f64> = ok.iter().filter_map(|x| x.bits_per_weight).collect();
     sizes.sort_by(f64::total_cmp);
@@ -300,9 +310,11 @@ pub fn render(r: &Results) -> String {
     if speed {
         s.push_str("pp × / tg ×: a kwk row's tokens/s over the llama.cpp row named in `vs` (nearest in size), median of the rounds paired by time\n");
     }
-    for n in notes(r).into_iter().filter(|n| {
-        n.starts_with("SPEED UNRELIABLE") || n.starts_with("FAILED") || n.starts_with("WARNING")
-    }) {
+    let loud = ["SPEED UNRELIABLE", "FAILED", "SKIPPED", "WARNING"];
+    for n in notes(r)
+        .into_iter()
+        .filter(|n| loud.iter().any(|p| n.starts_with(p)))
+    {
         s.push_str(&n);
         s.push('\n');
     }

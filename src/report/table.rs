@@ -3,7 +3,7 @@
 //! warnings) and column alignment for a terminal. A leaf of `report`: it reads
 //! [`Results`] and writes strings.
 
-use crate::protocol::results::{PairedChange, Results, RunnerRecord};
+use crate::protocol::results::{PairedChange, Results, RowStatus, RunnerRecord};
 use crate::protocol::speed_ratios::SpeedRatio;
 
 /// Formats an optional figure with `decimals`, or `-`.
@@ -60,6 +60,7 @@ pub fn table_rows(results: &Results) -> (Vec<&'static str>, Vec<Vec<String>>) {
     let header = vec![
         "runner",
         "engine",
+        "status",
         "tensor MiB",
         "bpw",
         "PPL",
@@ -79,15 +80,20 @@ pub fn table_rows(results: &Results) -> (Vec<&'static str>, Vec<Vec<String>>) {
         .runners
         .iter()
         .map(|r| {
-            if r.error.is_some() {
-                // The error itself is printed under the table.
-                let mut cells = vec![r.name.clone(), r.engine.clone(), "FAILED".to_string()];
+            if r.status != RowStatus::Ok || r.error.is_some() {
+                // Why is printed under the table.
+                let status = match r.status {
+                    RowStatus::Skipped => "SKIPPED",
+                    _ => "FAILED",
+                };
+                let mut cells = vec![r.name.clone(), r.engine.clone(), status.to_string()];
                 cells.resize(header.len(), "-".to_string());
                 return cells;
             }
             vec![
                 r.name.clone(),
                 r.engine.clone(),
+                r.status.as_str().to_string(),
                 fmt_opt(r.tensor_bytes.map(|b| b as f64 / (1024.0 * 1024.0)), 1),
                 fmt_opt(r.bits_per_weight, 2),
                 fmt_pm(r.ppl, r.ppl_err, 4),
@@ -353,6 +359,13 @@ pub fn notes(r: &Results) -> Vec<String> {
             "FAILED {}: {}",
             row.name,
             row.error.as_deref().unwrap_or_default()
+        ));
+    }
+    for row in r.skipped() {
+        out.push(format!(
+            "SKIPPED {}: {}",
+            row.name,
+            row.status_reason.as_deref().unwrap_or_default()
         ));
     }
     for row in r.runners.iter().filter(|x| x.tokens_match == Some(false)) {

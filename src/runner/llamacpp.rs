@@ -20,6 +20,7 @@ use crate::protocol::{
     SpeedRep, SpeedSpec, TokenStream,
 };
 use crate::runner::Runner;
+use crate::scratch::Scratch;
 use anyhow::{anyhow, bail, Context};
 use llamacpp::{
     BenchRequest, ComputeSettings, KvType, LlamaCppTools, PerplexityRequest, TokenizeRequest,
@@ -83,17 +84,6 @@ fn compute_kind_of(type_params: &std::collections::BTreeMap<String, u64>) -> Com
         Some("F32") | Some("F16") => ComputeKind::Fp32,
         Some("BF16") => ComputeKind::Bf16,
         _ => ComputeKind::Int8,
-    }
-}
-
-/// Removes a file (if there) when dropped: the cleanup of every return path.
-struct RemoveOnDrop<'a>(Option<&'a Path>);
-
-impl Drop for RemoveOnDrop<'_> {
-    fn drop(&mut self) {
-        if let Some(p) = self.0 {
-            let _ = std::fs::remove_file(p);
-        }
     }
 }
 
@@ -215,6 +205,14 @@ impl LlamaCppRunner {
         })
     }
 
+    /// Names the row `name` (the plan's label, e.g. `gguf:a/model.gguf` when two GGUFs
+    /// share a file name, or `gguf:LABEL` from `--gguf LABEL=PATH`) instead of
+    /// `gguf:<file name>`.
+    pub fn with_name(mut self, name: String) -> Self {
+        self.info.name = name;
+        self
+    }
+
     /// The tool command lines this runner has run, in order.
     pub fn commands(&self) -> &[String] {
         &self.commands
@@ -293,6 +291,10 @@ impl Runner for LlamaCppRunner {
         let plan = protocol.plan;
         plan.check_covers(tokens.tokens.len())
             .map_err(|e| anyhow!("{}: {e}", tokens.text_path.display()))?;
+        // The tools read the text by path: it must still be the bytes the tokens came from.
+        if let Some(sha) = &tokens.text_sha256 {
+            crate::text::check_copy(&tokens.text_path, sha)?;
+        }
         let tokens_match = self.check_tokens(tokens)?;
         let compute = self.compute(self.threads(protocol.threads));
         let mut req = PerplexityRequest::new(
@@ -303,21 +305,21 @@ impl Runner for LlamaCppRunner {
         );
         req.chunks = Some(plan.chunks);
         req.timeout = self.timeout(plan.chunks.saturating_mul(plan.ctx));
-        // This row's own log-probs, next to the reference's, read back and removed below.
-        let own = protocol.reference_logits.as_ref().map(|base| {
-            let stem: String = self
-                .info
-                .name
-                .chars()
-                .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-                .collect();
-            base.with_file_name(format!("{stem}.logprobs.bin"))
-        });
-        req.save_logits = own.clone();
+        // This row's own log-probs, next to the reference's: a fresh file of this run
+        // (exclusive create, a kwk name bounded in length whatever the row's name), which
+        // llama-perplexity writes into. Whatever happens below (a failed, timed-out or
+        // interrupted tool, a short run), it does not outlive this call.
+        let own = match &protocol.reference_logits {
+            Some(base) => {
+                let dir = base.parent().unwrap_or(Path::new("."));
+                let mut s = Scratch::create(dir, &format!("{}.logprobs.bin", self.info.name))?;
+                s.close();
+                Some(s)
+            }
+            None => None,
+        };
+        req.save_logits = own.as_ref().map(|s| s.path().to_path_buf());
         progress.set_total(plan.chunks as u64, "chunks");
-        // Whatever happens below (a failed, timed-out or interrupted tool, a short run), this
-        // row's own log-prob file does not outlive this call.
-        let _own_guard = RemoveOnDrop(own.as_deref());
         let run =
             llamacpp::run_perplexity(&self.tools, &req, |done| progress.advance(done as u64))?;
         self.commands.push(run.command.clone());
@@ -328,6 +330,10 @@ impl Runner for LlamaCppRunner {
                 self.info.name,
                 run.attempts - 1
             );
+        }
+        if let Some(sha) = &tokens.text_sha256 {
+            crate::text::check_copy(&tokens.text_path, sha)
+                .with_context(|| format!("{}: after llama-perplexity ran", self.info.name))?;
         }
         let peak_rss_bytes = run.max_rss_bytes;
         let out = run.output;
@@ -354,13 +360,12 @@ impl Runner for LlamaCppRunner {
                 }
             }
         }
-        let (reference, scores) = match (&own, &protocol.reference_logits) {
+        let (reference, scores) = match (own, &protocol.reference_logits) {
             (Some(own), Some(base)) => {
                 let n_vocab = LogitsBaseReader::open(base)?.header.n_vocab;
-                let compared = compare_files(own, base, &plan, n_vocab, &tokens.tokens)
+                let compared = compare_files(own.path(), base, &plan, n_vocab, &tokens.tokens)
                     .with_context(|| format!("{}: comparing with the reference", self.info.name));
-                std::fs::remove_file(own)
-                    .with_context(|| format!("removing '{}'", own.display()))?;
+                drop(own);
                 let (c, s) = compared?;
                 (Some(c), Some(s))
             }
@@ -612,6 +617,7 @@ mod tests {
             add_bos: false,
             bos_id: None,
             text_path: tmp.path().join("short.txt"),
+            text_sha256: None,
         };
         let e = format!(
             "{:#}",
@@ -676,6 +682,7 @@ mod tests {
             add_bos: false,
             bos_id: None,
             text_path: text.clone(),
+            text_sha256: None,
         };
         let protocol = PerplexityProtocol {
             plan: crate::protocol::ChunkPlan::new(tokens.tokens.len(), 64, Some(8)).unwrap(),
@@ -764,6 +771,7 @@ mod tests {
             add_bos: false,
             bos_id: None,
             text_path: text.clone(),
+            text_sha256: None,
         };
         let base = std::env::temp_dir().join("kwk-smollm2-f32-c512-40.kld");
         let chunks = 40;
