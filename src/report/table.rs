@@ -32,6 +32,12 @@ pub fn pm(v: Option<f64>, err: Option<f64>, decimals: usize, signed: bool) -> St
     }
 }
 
+/// A standard deviation worth printing: only from two samples or more (one repetition
+/// has none, and "± 0.0" would claim a perfectly steady rate).
+fn spread_of(std: Option<f64>, samples: &[f64]) -> Option<f64> {
+    std.filter(|_| samples.len() > 1)
+}
+
 /// `median [min–max]` of speed samples, or `-`.
 pub fn spread(samples: &[f64]) -> String {
     let Some(median) = crate::stats::median(samples) else {
@@ -39,6 +45,9 @@ pub fn spread(samples: &[f64]) -> String {
     };
     let lo = samples.iter().copied().fold(f64::INFINITY, f64::min);
     let hi = samples.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    if samples.len() == 1 {
+        return format!("{median:.1}");
+    }
     format!("{median:.1} [{lo:.1}–{hi:.1}]")
 }
 
@@ -106,9 +115,17 @@ pub fn table_rows(results: &Results) -> (Vec<&'static str>, Vec<Vec<String>>) {
                     false,
                 ),
                 differs_cell(r),
-                fmt_pm(r.pp_tokens_per_s, r.pp_tokens_per_s_std, 1),
+                fmt_pm(
+                    r.pp_tokens_per_s,
+                    spread_of(r.pp_tokens_per_s_std, &r.pp_samples_tokens_per_s),
+                    1,
+                ),
                 fmt_opt(r.pp_roofline_pct, 0),
-                fmt_pm(r.tg_tokens_per_s, r.tg_tokens_per_s_std, 1),
+                fmt_pm(
+                    r.tg_tokens_per_s,
+                    spread_of(r.tg_tokens_per_s_std, &r.tg_samples_tokens_per_s),
+                    1,
+                ),
                 fmt_opt(r.tg_roofline_pct, 0),
                 fmt_opt(r.tg_roofline_paired_pct, 0),
                 fmt_opt(r.load_s, 2),
@@ -197,7 +214,14 @@ pub fn ratio_cell(r: &Results, row: &str, vs: &str, test: &str) -> String {
         .find(|x| x.row == row && x.vs == vs && x.test == test)
         .map_or_else(
             || "-".into(),
-            |x| format!("{:.2} [{:.2}–{:.2}]", x.median, x.min, x.max),
+            |x| {
+                if x.rounds > 1 {
+                    format!("{:.2} [{:.2}–{:.2}]", x.median, x.min, x.max)
+                } else {
+                    // One round has no spread to show.
+                    format!("{:.2}", x.median)
+                }
+            },
         )
 }
 
@@ -375,4 +399,33 @@ pub fn notes(r: &Results) -> Vec<String> {
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::results::testdata::sample_results;
+
+    /// One repetition has no spread: no "± 0.0", no "[1.75–1.75]".
+    #[test]
+    fn a_single_repetition_shows_no_spread() {
+        let mut r = sample_results();
+        for row in &mut r.runners {
+            row.pp_samples_tokens_per_s.truncate(1);
+            row.pp_tokens_per_s_std = Some(0.0);
+        }
+        for x in &mut r.speed_ratios {
+            x.rounds = 1;
+            x.min = x.median;
+            x.max = x.median;
+        }
+        let (header, rows) = table_rows(&r);
+        let pp = header.iter().position(|h| *h == "pp t/s").unwrap();
+        assert!(!rows[0][pp].contains('±'), "{}", rows[0][pp]);
+        let ratio = &r.speed_ratios[0];
+        let cell = ratio_cell(&r, &ratio.row, &ratio.vs, &ratio.test);
+        assert!(!cell.contains('['), "{cell}");
+        assert!(!spread(&[1.75]).contains('['));
+        assert_eq!(spread(&[1.0, 2.0, 3.0]), "2.0 [1.0–3.0]");
+    }
 }
