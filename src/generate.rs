@@ -144,6 +144,11 @@ pub fn generate(cfg: &GenerateConfig) -> Result<()> {
     let tokenizer = header.tokenizer;
     if let Some(o) = decoder.pack_cache_outcome() {
         eprintln!("pack cache: {o:?}");
+        if let Some(dir) = &cfg.pack_cache_dir {
+            if let Some(w) = crate::cache::outcome_warning(dir, &cfg.format, o) {
+                crate::cache::warn_once(w);
+            }
+        }
     }
     eprintln!(
         "ready after {:.3} s (packing or mapping {:.3} s)",
