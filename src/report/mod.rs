@@ -17,6 +17,8 @@ pub mod markdown;
 pub mod plot;
 pub mod table;
 pub mod terminal;
+#[cfg(test)]
+mod unicode_tests;
 
 pub use crate::protocol::results::{
     Machine, PairedChange, Protocol, Results, RunnerRecord, Versions, SCHEMA_VERSION,

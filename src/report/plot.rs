@@ -67,7 +67,12 @@ fn runner_labels(results: &Results) -> Vec<(String, bool)> {
                     .count(),
             );
         }
-        // Cut back to a '-' or '.' so "Q4_0"/"Q4_1" keep their "Q4_".
+        // The bytes agree up to `n`, which may fall inside a character ('ä' and 'ö' share
+        // their first byte): back to a boundary, then to a '-' or '.' so "Q4_0"/"Q4_1" keep
+        // their "Q4_".
+        while !first.is_char_boundary(n) {
+            n -= 1;
+        }
         first[..n].rfind(['-', '.']).map_or(0, |i| i + 1)
     } else {
         0
