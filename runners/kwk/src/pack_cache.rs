@@ -1346,24 +1346,27 @@ impl PackSession {
             sections,
         };
         let tmp = w.tmp.clone();
-        match w.finish(&index, &self.path) {
-            Ok(Finished::Kept) => {}
-            Ok(Finished::OverLimit(bytes)) => {
-                return PackOutcome::NotKept {
-                    path: self.path.clone(),
-                    bytes,
-                    limit: self.limit,
-                }
-            }
+        let not_kept = match w.finish(&index, &self.path) {
+            Ok(Finished::Kept) => None,
+            Ok(Finished::OverLimit(bytes)) => Some(bytes),
             Err(e) => {
                 let _ = std::fs::remove_file(tmp);
                 return PackOutcome::NotWritten(format!("writing {}: {e}", self.path.display()));
             }
-        }
+        };
+        // Also when this pack is not kept: an older file of this model (other formats) may
+        // stay, and the limit holds all the same.
         if let Some(dir) = self.path.parent() {
             if let Err(e) = prune(dir, self.limit, Some(&self.path)) {
                 eprintln!("warning: pack cache {}: {e}", dir.display());
             }
+        }
+        if let Some(bytes) = not_kept {
+            return PackOutcome::NotKept {
+                path: self.path.clone(),
+                bytes,
+                limit: self.limit,
+            };
         }
         if self.reused > 0 {
             PackOutcome::Updated {

@@ -485,7 +485,16 @@ fn pack_limited(
     ts: &[(&str, Tensor, TensorPlace)],
     limit: u64,
 ) -> PackOutcome {
-    let p = int4();
+    pack_limited_as(dir, source, ts, limit, int4())
+}
+
+fn pack_limited_as(
+    dir: &Path,
+    source: &Path,
+    ts: &[(&str, Tensor, TensorPlace)],
+    limit: u64,
+    p: Precision,
+) -> PackOutcome {
     let mut s = PackSession::open(dir, source, &p, None).unwrap();
     s.set_limit(limit);
     for (n, t, pl) in ts {
@@ -526,6 +535,20 @@ fn the_limit_holds_after_every_pack_and_a_pack_over_it_is_used_not_kept() {
     };
     assert!(!a.exists() && b.exists());
     assert!(folder_bytes(&cache) <= limit, "{}", folder_bytes(&cache));
+    // A second format of "b" would make its one file pass the limit: not kept, and the
+    // file of the first format stays (loadable).
+    let int8 = Precision::Int8(crate::decoder::precision::Int8Options {
+        calibrate: false,
+        gptq: false,
+    });
+    let src_b = dir.path().join("b.gguf");
+    let o = pack_limited_as(&cache, &src_b, &ts, limit, int8);
+    assert!(
+        matches!(&o, PackOutcome::NotKept { path, .. } if *path == b),
+        "{o:?}"
+    );
+    assert!(folder_bytes(&cache) <= limit, "{}", folder_bytes(&cache));
+    assert!(try_load(&cache, &src_b, &int4(), None).unwrap().is_some());
     // A pack larger than the whole limit: its tensors are returned, nothing of it is left
     // (no file, no temporary), and the outcome names its size and the limit.
     let small = one / 2;
@@ -541,12 +564,15 @@ fn the_limit_holds_after_every_pack_and_a_pack_over_it_is_used_not_kept() {
         }
         o => panic!("{o:?}"),
     }
-    assert_eq!(
-        names_in(&cache),
-        vec![b.file_name().unwrap().to_string_lossy().into_owned()]
-    );
+    // The folder is held to that limit too: "b" went.
+    assert!(names_in(&cache).is_empty(), "{:?}", names_in(&cache));
+    assert!(folder_bytes(&cache) <= small);
     // The limit lowered below a cached pack: after the hit, the pack goes too (its mapping
     // stays valid for the run).
+    assert!(matches!(
+        pack_limited(&cache, &src_b, &ts, u64::MAX),
+        PackOutcome::Written(p) if p == b
+    ));
     assert_eq!(enforce_limit_after_hit(&b, small), Some((one, small)));
     assert!(names_in(&cache).is_empty(), "{:?}", names_in(&cache));
     assert!(folder_bytes(&cache) <= small);
