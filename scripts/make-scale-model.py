@@ -161,7 +161,12 @@ def data(index, name, dims, ttype, seed):
 
 
 def main():
-    default_dir = os.path.expanduser("~/.cache/kwk/models")
+    # docs/paths.md: KWK_MODELS_DIR, else $KWK_CACHE/models, else
+    # ${XDG_CACHE_HOME:-~/.cache}/kwk/models (as scripts/setup-model.sh).
+    cache = (os.environ.get("KWK_CACHE")
+             or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
+                             "kwk"))
+    default_dir = os.environ.get("KWK_MODELS_DIR") or os.path.join(cache, "models")
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokenizer-from", help="a SmolLM2-135M GGUF whose tokenizer metadata is copied")
     ap.add_argument("--out", default=os.path.join(
@@ -175,7 +180,7 @@ def main():
         found = sorted(glob.glob(os.path.join(default_dir, "SmolLM2-135M-Instruct", "*BF16*.gguf")))
         found = found or sorted(glob.glob(os.path.join(default_dir, "SmolLM2-135M-Instruct", "*.gguf")))
         if not found:
-            sys.exit("no SmolLM2-135M GGUF in ~/.cache/kwk/models/SmolLM2-135M-Instruct "
+            sys.exit(f"no SmolLM2-135M GGUF in {default_dir}/SmolLM2-135M-Instruct "
                      "(run scripts/setup-model.sh, or pass --tokenizer-from FILE.gguf)")
         src = found[0]
     tok = [(k, v) for k, v in read_kvs(src) if k.startswith("tokenizer.")]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Python package's tests (python/tests): a virtualenv kept under the cache folder
-# (KWK_PYTHON_VENV, default ~/.cache/kwk/python-venv) with maturin, pytest, numpy, torch and
+# (KWK_PYTHON_VENV, default $KWK_CACHE/python-venv, docs/paths.md) with maturin, pytest, numpy, torch and
 # transformers from PyPI (python/requirements-test.txt; reruns find them installed), the
 # kwk wheel built from python/ with maturin and installed into it, then pytest. The fixture
 # models and the kwk-eval binary the tests compare with are built here (release).
@@ -8,7 +8,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-VENV="${KWK_PYTHON_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/kwk/python-venv}"
+CACHE="${KWK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kwk}"
+VENV="${KWK_PYTHON_VENV:-$CACHE/python-venv}"
 PYTHON="${PYTHON:-python3}"
 step() { echo "test-python: $1 took $(( SECONDS - $2 )) s"; }
 

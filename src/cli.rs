@@ -127,7 +127,7 @@ pub struct CompareArgs {
 pub struct CacheArgs {
     #[command(subcommand)]
     pub action: CacheCommand,
-    /// The pack cache folder (default: ~/.cache/kwk/pack).
+    /// The pack cache folder (default: $KWK_CACHE/pack or ~/.cache/kwk/pack).
     #[arg(long, value_name = "DIR", global = true)]
     pub pack_cache: Option<PathBuf>,
 }
@@ -143,7 +143,8 @@ pub enum CacheCommand {
         #[arg(long, value_name = "GB")]
         limit_gb: Option<f64>,
     },
-    /// Delete every pack cache file.
+    /// Delete every pack cache file (kwk-pack-*; other files are left, and a folder kwk did
+    /// not create that holds other files is refused).
     Clear,
 }
 
@@ -353,23 +354,29 @@ fn parse_token_range(s: &str) -> Result<(usize, usize), String> {
     Ok((a, b))
 }
 
-/// `~/.cache/kwk/pack` (or `$XDG_CACHE_HOME/kwk/pack`), `None` when no home is known.
+/// `ROOT/pack`, ROOT being `$KWK_CACHE`, else `${XDG_CACHE_HOME:-$HOME/.cache}/kwk`
+/// (`kwk::paths`, docs/paths.md); `None` when none of them is set.
 pub fn default_pack_cache() -> Option<PathBuf> {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .filter(|p| p.is_absolute())
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    Some(base.join("kwk").join("pack"))
+    kwk::paths::pack_cache_dir(&kwk::paths::CacheEnv::from_env())
 }
 
-/// The pack cache folder a run uses: `--pack-cache`, the default, or none.
+/// The pack cache folder a run uses: `--pack-cache`, the default, or none (with one
+/// warning line when no default can be named).
 pub fn pack_cache(dir: Option<PathBuf>, disabled: bool) -> Option<PathBuf> {
     if disabled {
-        None
-    } else {
-        dir.or_else(default_pack_cache)
+        return None;
     }
+    let dir = dir.or_else(default_pack_cache);
+    if dir.is_none() {
+        crate::cache::warn_once(format!(
+            "warning: pack cache: {NO_PACK_CACHE_FOLDER}; packing without it (pass --pack-cache DIR)"
+        ));
+    }
+    dir
 }
+
+/// Why there is no default pack cache folder.
+pub const NO_PACK_CACHE_FOLDER: &str = "no folder (none of KWK_CACHE, XDG_CACHE_HOME, HOME is set)";
 
 impl Cli {
     pub fn into_invocation(self) -> Invocation {

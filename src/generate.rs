@@ -117,6 +117,12 @@ fn pack_outcome_line(o: &kwk::pack_cache::PackOutcome) -> String {
             path.display()
         ),
         NotWritten(why) => format!("packed, not kept ({why})"),
+        NotKept { path, bytes, limit } => format!(
+            "packed, not kept: {} MB is over the cache limit of {} MB ('{}')",
+            bytes / 1_000_000,
+            limit / 1_000_000,
+            path.display()
+        ),
     }
 }
 
@@ -157,6 +163,11 @@ pub fn generate(cfg: &GenerateConfig) -> Result<()> {
     let tokenizer = header.tokenizer;
     if let Some(o) = decoder.pack_cache_outcome() {
         eprintln!("pack cache: {}", pack_outcome_line(o));
+        if let Some(dir) = &cfg.pack_cache_dir {
+            if let Some(w) = crate::cache::outcome_warning(dir, &cfg.format, o) {
+                crate::cache::warn_once(w);
+            }
+        }
     }
     eprintln!(
         "ready after {:.3} s (packing or mapping {:.3} s)",

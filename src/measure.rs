@@ -486,9 +486,19 @@ fn speed_pass(
     Ok(())
 }
 
+/// The read ceiling of a row that reads `bytes` per generated token: the last-level
+/// cache's read bandwidth (`llc`) where they fit in that cache and it was measured, else
+/// memory's (`dram`, the best probe of the run); its name and GB/s.
+pub fn tg_ceiling(bytes: f64, peaks: &kwk::kernels::peaks::Peaks) -> (&'static str, f64) {
+    match (peaks.llc_bytes, peaks.llc_read_gbps) {
+        (Some(llc), Some(gbps)) if bytes <= llc as f64 && gbps > 0.0 => ("llc", gbps),
+        _ => ("dram", peaks.read_gbps),
+    }
+}
+
 /// The row's roofline columns: pp against the compute peak its kernels use, tg against the
-/// read bandwidth (`kwk::model::cost` for the numerators; `machine.peaks` for the ceilings,
-/// the best tier's for engines that pick their own kernels).
+/// read bandwidth ([`tg_ceiling`]; `kwk::model::cost` for the numerators; `machine.peaks`
+/// for the ceilings, the best tier's for engines that pick their own kernels).
 fn set_roofline(
     row: &mut RunnerRecord,
     cost: Option<&RooflineCost>,
@@ -516,11 +526,15 @@ fn set_roofline(
     }
     if spec.tg > 0 {
         row.tg_bytes_per_token = Some(bytes);
+        let (ceiling, gbps) = tg_ceiling(bytes, peaks);
+        row.tg_ceiling = Some(ceiling.to_string());
         row.tg_roofline_pct = row
             .tg_tokens_per_s
-            .map(|t| 100.0 * t * bytes / (peaks.read_gbps * 1e9));
-        // Probes that do not line up with the samples (a repetition gave no tg) pair nothing.
-        let lined_up = row.tg_samples_read_gbps.len() == row.tg_samples_tokens_per_s.len();
+            .map(|t| 100.0 * t * bytes / (gbps * 1e9));
+        // Probes that do not line up with the samples (a repetition gave no tg) pair nothing;
+        // the probes around repetitions read memory, not the cache: no pairing for `llc`.
+        let lined_up = row.tg_samples_read_gbps.len() == row.tg_samples_tokens_per_s.len()
+            && ceiling == "dram";
         let paired: Vec<f64> = if lined_up {
             row.tg_samples_tokens_per_s
                 .iter()
@@ -565,6 +579,8 @@ mod tests {
             read_gbps: read,
             read_gbps_probes: vec![read],
             read_buffer_bytes: 1 << 28,
+            llc_bytes: None,
+            llc_read_gbps: None,
             compute_probes: 1,
             seconds: 1.0,
         }
@@ -636,5 +652,59 @@ mod tests {
         row.tg_samples_read_gbps.pop();
         roof(&mut row, ComputeKind::Int8, false);
         assert_eq!(row.tg_roofline_paired_pct, None);
+        assert_eq!(row.tg_ceiling.as_deref(), Some("dram"));
+    }
+
+    /// A row whose bytes per token fit in the last-level cache is put against the cache's
+    /// read bandwidth; one that does not (or without a measured cache) against memory's.
+    #[test]
+    fn the_tg_ceiling_is_the_cache_where_the_bytes_fit() {
+        let mut p = peaks("avx2", 10.0, 40.0, 50.0);
+        assert_eq!(tg_ceiling(1e6, &p), ("dram", 50.0), "no cache measured");
+        p.llc_bytes = Some(32 << 20);
+        p.llc_read_gbps = Some(400.0);
+        assert_eq!(tg_ceiling(20e6, &p), ("llc", 400.0));
+        assert_eq!(tg_ceiling((32 << 20) as f64, &p), ("llc", 400.0));
+        assert_eq!(tg_ceiling(140e6, &p), ("dram", 50.0));
+        // Through set_roofline: 30 MB per token at 100 t/s is 3 GB/s, 0.75 % of the cache's
+        // 400 GB/s (it would be 6 % of memory's 50).
+        let model = kwk_fixtures::model_dir("tiny-llama");
+        let config =
+            kwk::model::ModelConfig::from_hf_config_json(&model.join("config.json")).unwrap();
+        let spec = SpeedSpec {
+            pp: 0,
+            tg: 1,
+            reps: 1,
+            threads: 2,
+        };
+        let machine = Machine {
+            cpu: "x".into(),
+            isa: vec![],
+            kernels: None,
+            threads: 2,
+            peaks: Some(p),
+            peaks_best_tier: None,
+            steadiness: None,
+        };
+        let cost = RooflineCost {
+            compute: ComputeKind::Int8,
+            weight_bytes_per_token: 30e6,
+            kv_bytes_per_value: 4.0,
+            best_kernels: false,
+        };
+        let mut row = RunnerRecord {
+            tg_tokens_per_s: Some(100.0),
+            tg_samples_tokens_per_s: vec![100.0],
+            tg_samples_read_gbps: vec![50.0],
+            ..Default::default()
+        };
+        set_roofline(&mut row, Some(&cost), &config, &spec, &machine);
+        let bytes = row.tg_bytes_per_token.unwrap();
+        assert_eq!(row.tg_ceiling.as_deref(), Some("llc"));
+        assert!((row.tg_roofline_pct.unwrap() - 100.0 * 100.0 * bytes / 400e9).abs() < 1e-9);
+        assert_eq!(
+            row.tg_roofline_paired_pct, None,
+            "memory probes do not pair with llc"
+        );
     }
 }

@@ -422,9 +422,9 @@ fn truncated_gguf() {
     no_run_folder(&dir.path().join("run"));
 }
 
-/// The set-up script's build folder (`~/.cache/kwk/llama.cpp-*/build/bin`).
+/// The set-up script's build folder (`ROOT/llama.cpp-*/build/bin`, docs/paths.md).
 fn default_llama_dir() -> Option<std::path::PathBuf> {
-    let root = std::path::PathBuf::from(std::env::var_os("HOME")?).join(".cache/kwk");
+    let root = kwk::paths::cache_root(&kwk::paths::CacheEnv::from_env())?;
     let mut bins: Vec<_> = std::fs::read_dir(&root)
         .ok()?
         .filter_map(|e| e.ok())

@@ -288,7 +288,8 @@ fn llama_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("KWK_LLAMA_CPP_DIR") {
         return PathBuf::from(d);
     }
-    let root = PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/kwk");
+    let root = kwk::paths::cache_root(&kwk::paths::CacheEnv::from_env())
+        .expect("none of KWK_CACHE, XDG_CACHE_HOME, HOME is set");
     let mut bins: Vec<_> = std::fs::read_dir(&root)
         .into_iter()
         .flatten()

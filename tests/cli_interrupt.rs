@@ -18,7 +18,7 @@ fn llama_dir() -> PathBuf {
     std::env::var_os("KWK_LLAMA_CPP_DIR")
         .map(PathBuf::from)
         .or_else(|| {
-            let root = PathBuf::from(std::env::var_os("HOME")?).join(".cache/kwk");
+            let root = kwk::paths::cache_root(&kwk::paths::CacheEnv::from_env())?;
             let mut bins: Vec<_> = std::fs::read_dir(&root)
                 .ok()?
                 .filter_map(|e| e.ok())

@@ -234,9 +234,13 @@ def runner_unsupported(model: Any, max_cache_len: int) -> Optional[str]:
 
 
 def _default_cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/kwk/pack`` or ``~/.cache/kwk/pack``, as kwk-eval's ``--pack-cache``."""
+    """``$KWK_CACHE/pack``, else ``${XDG_CACHE_HOME:-~/.cache}/kwk/pack``, as kwk-eval's
+    ``--pack-cache`` (docs/paths.md)."""
+    root = os.environ.get("KWK_CACHE")
+    if root:
+        return Path(root) / "pack"
     xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
+    base = Path(xdg) if xdg else Path.home() / ".cache"
     return base / "kwk" / "pack"
 
 

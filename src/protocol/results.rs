@@ -256,6 +256,10 @@ pub struct RunnerRecord {
     pub tg_bytes_per_token: Option<f64>,
     #[serde(default)]
     pub tg_roofline_pct: Option<f64>,
+    /// The read ceiling `tg_roofline_pct` divides by: `llc` (the last-level cache's read
+    /// bandwidth, where the bytes per token fit in it) or `dram` (memory's).
+    #[serde(default)]
+    pub tg_ceiling: Option<String>,
     /// The read bandwidth of the moment of each generation repetition, GB/s: the mean of a
     /// probe just before the repetition and one just after it, on the tier of the row's
     /// ceiling; one per `tg_samples_tokens_per_s`. Then tg as a percentage of it, the

@@ -3,11 +3,33 @@
 
 use super::files::write_atomically;
 use super::plot::PlotFiles;
-use super::table::{calibration_line, distinct, notes, protocol_line, ratio_cell, table_rows};
+use super::table::{
+    calibration_line, distinct, notes, one_line, protocol_line, ratio_cell, table_rows,
+};
 use crate::protocol::results::Results;
 use anyhow::Result;
 use std::fmt::Write as _;
 use std::path::Path;
+
+/// `s` as Markdown text that renders as itself on one line: `\`, `|`, `` ` ``, `*`, `[`,
+/// `]` escaped, `<`, `>`, `&` as entities (no HTML), line breaks and other control
+/// characters shown escaped ([`one_line`]), so a name keeps a table row's columns.
+pub fn md_text(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in one_line(s).chars() {
+        match c {
+            '\\' | '|' | '`' | '*' | '[' | ']' => {
+                out.push('\\');
+                out.push(c);
+            }
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '&' => out.push_str("&amp;"),
+            _ => out.push(c),
+        }
+    }
+    out
+}
 
 /// Loud lines first: an incomplete run, tokens that differ, failed runners.
 fn warnings(r: &Results) -> String {
@@ -27,15 +49,16 @@ fn warnings(r: &Results) -> String {
             s,
             "> **WARNING: TOKENS DIFFER.** {} ({}) tokenized the text to other ids than \
              kwk-eval; its perplexity is not comparable with the other rows.\n",
-            row.name, row.engine
+            md_text(&row.name),
+            md_text(&row.engine)
         );
     }
     for row in r.failures() {
         let _ = writeln!(
             s,
             "> **FAILED: {}** — {}\n",
-            row.name,
-            row.error.as_deref().unwrap_or_default()
+            md_text(&row.name),
+            md_text(row.error.as_deref().unwrap_or_default())
         );
     }
     for row in r.skipped() {
@@ -117,7 +140,7 @@ fn ratio_tables(r: &Results) -> String {
         if rows.is_empty() {
             continue;
         }
-        let names: Vec<String> = columns.iter().map(|c| c.replace('|', "\\|")).collect();
+        let names: Vec<String> = columns.iter().map(|c| md_text(c)).collect();
         let _ = writeln!(s, "| {test}{len} | {} |", names.join(" | "));
         let _ = writeln!(s, "|---|{}|", vec!["---:"; columns.len()].join("|"));
         for row in rows {
@@ -125,7 +148,7 @@ fn ratio_tables(r: &Results) -> String {
                 .iter()
                 .map(|c| ratio_cell(r, row, c, test))
                 .collect();
-            let _ = writeln!(s, "| {row} | {} |", cells.join(" | "));
+            let _ = writeln!(s, "| {} | {} |", md_text(row), cells.join(" | "));
         }
         let _ = writeln!(s);
     }
@@ -134,7 +157,7 @@ fn ratio_tables(r: &Results) -> String {
 
 pub fn render(r: &Results, plots: &PlotFiles) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "# kwk-eval: {}\n", r.model);
+    let _ = writeln!(s, "# kwk-eval: {}\n", md_text(&r.model));
     s.push_str(&warnings(r));
     let _ = writeln!(s, "**Protocol:** {}\n", protocol_line(r));
     if let Some(c) = calibration_line(r) {
@@ -153,7 +176,7 @@ pub fn render(r: &Results, plots: &PlotFiles) -> String {
             .join("|")
     );
     for row in rows {
-        let cells: Vec<String> = row.iter().map(|c| c.replace('|', "\\|")).collect();
+        let cells: Vec<String> = row.iter().map(|c| md_text(c)).collect();
         let _ = writeln!(s, "| {} |", cells.join(" | "));
     }
     let _ = writeln!(s);
@@ -170,15 +193,15 @@ pub fn render(r: &Results, plots: &PlotFiles) -> String {
         .iter()
         .filter(|n| !elsewhere.iter().any(|e| n.starts_with(e)))
     {
-        let _ = writeln!(s, "- {n}");
+        let _ = writeln!(s, "- {}", one_line(n).replace('<', "&lt;"));
     }
-    let reference = r.ppl_delta_reference.as_deref().unwrap_or("-");
+    let reference = md_text(r.ppl_delta_reference.as_deref().unwrap_or("-"));
     let _ = writeln!(
         s,
         "\ntensor MiB: bytes of weight data (kwk: packed tensors; GGUF: the sum of its tensor data \
          sizes, metadata excluded; file sizes are in results.csv), the same measure for both engines; bpw: \
          8 · tensor bytes / parameters; PPL ± its uncertainty as llama-perplexity computes it; \
-         Δln PPL: ln(PPL/PPL_ref) against `{reference}` from per-token NLL differences on the \
+         Δln PPL: ln(PPL/PPL_ref) against {reference} from per-token NLL differences on the \
          same tokens, ± its paired standard error; KLD: mean KL divergence from the reference's \
          distributions ± SE; top-1: how often the most likely token agrees with the reference ± SE \
          (all three from 16-bit log-prob records, llama.cpp's KL-divergence format, for both \

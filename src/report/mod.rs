@@ -19,6 +19,8 @@ pub mod plot;
 pub mod summary;
 pub mod table;
 pub mod terminal;
+#[cfg(test)]
+mod unicode_tests;
 
 pub use crate::protocol::results::{
     Machine, PairedChange, Protocol, Results, RunnerRecord, Versions, SCHEMA_VERSION,

@@ -64,6 +64,57 @@ pub fn differs_cell(r: &RunnerRecord) -> String {
     marks.join(" ")
 }
 
+/// tg % roof, with ` llc` when its ceiling is the last-level cache's read bandwidth.
+fn tg_roof_cell(r: &RunnerRecord) -> String {
+    let pct = fmt_opt(r.tg_roofline_pct, 0);
+    match (r.tg_roofline_pct, r.tg_ceiling.as_deref()) {
+        (Some(_), Some("llc")) => format!("{pct} llc"),
+        _ => pct,
+    }
+}
+
+/// Why a row's tg share of its roofline is over 100 % (one note per such row): the bytes
+/// per token against the last-level cache, the ceiling it was put against.
+pub fn over_roofline_notes(r: &Results) -> Vec<String> {
+    let llc = r.machine.peaks.as_ref().and_then(|p| p.llc_bytes);
+    let mib = |b: f64| b / (1024.0 * 1024.0);
+    r.runners
+        .iter()
+        .filter_map(|x| {
+            let pct = [x.tg_roofline_pct, x.tg_roofline_paired_pct]
+                .into_iter()
+                .flatten()
+                .fold(f64::NAN, f64::max);
+            if pct.is_nan() || pct <= 100.0 {
+                return None;
+            }
+            let bytes = x.tg_bytes_per_token.unwrap_or(f64::NAN);
+            let why = match (x.tg_ceiling.as_deref(), llc) {
+                (Some("llc"), _) => "its bytes per token fit in the last-level cache and it \
+                     read them faster than the cache's read bandwidth was probed at (the \
+                     probe met a busier moment)"
+                    .to_string(),
+                (_, Some(llc)) => format!(
+                    "it was put against memory's read bandwidth, but its {:.1} MiB per token \
+                     are {:.1}x the {:.0} MiB last-level cache, so part of them is read from \
+                     the cache, faster than memory",
+                    mib(bytes),
+                    bytes / llc as f64,
+                    mib(llc as f64)
+                ),
+                (_, None) => "it was put against memory's read bandwidth; the last-level cache's \
+                     size is unknown here (sysfs), and part of its bytes per token is likely \
+                     read from that cache, faster than memory"
+                    .to_string(),
+            };
+            Some(format!(
+                "tg % roof of {} is over 100 % ({pct:.0} %): {why}",
+                x.name
+            ))
+        })
+        .collect()
+}
+
 /// The table every human-readable exporter shows: header and one row of cells per runner.
 pub fn table_rows(results: &Results) -> (Vec<&'static str>, Vec<Vec<String>>) {
     let header = vec![
@@ -126,7 +177,7 @@ pub fn table_rows(results: &Results) -> (Vec<&'static str>, Vec<Vec<String>>) {
                     spread_of(r.tg_tokens_per_s_std, &r.tg_samples_tokens_per_s),
                     1,
                 ),
-                fmt_opt(r.tg_roofline_pct, 0),
+                tg_roof_cell(r),
                 fmt_opt(r.tg_roofline_paired_pct, 0),
                 fmt_opt(r.load_s, 2),
                 fmt_opt(r.peak_rss_bytes.map(|b| b as f64 / (1024.0 * 1024.0)), 0),
@@ -265,12 +316,41 @@ pub fn ratio_rows(r: &Results) -> Option<(Vec<String>, Vec<Vec<String>>)> {
     Some((header, rows))
 }
 
-/// `header` and `rows` as aligned columns (the first two left-aligned, the rest right).
+/// `s` on one terminal line: control characters (newlines, tabs, escapes) and the
+/// bidirectional-text controls (which reorder what follows them) shown escaped (`\n`,
+/// `\u{202e}`); everything else as is.
+pub fn one_line(s: &str) -> String {
+    let bidi = |c: char| matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c.is_control() || bidi(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The columns `s` takes on a terminal ([`one_line`] first): wide (CJK, emoji) characters
+/// count two, combining marks none.
+pub fn display_width(s: &str) -> usize {
+    unicode_width::UnicodeWidthStr::width(one_line(s).as_str())
+}
+
+/// `header` and `rows` as aligned columns (the first two left-aligned, the rest right), by
+/// display width; each cell on one line ([`one_line`]).
 pub fn aligned(header: &[String], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
-    for row in rows {
+    let header: Vec<String> = header.iter().map(|c| one_line(c)).collect();
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| r.iter().map(|c| one_line(c)).collect())
+        .collect();
+    let width = |c: &str| unicode_width::UnicodeWidthStr::width(c);
+    let mut widths: Vec<usize> = header.iter().map(|h| width(h)).collect();
+    for row in &rows {
         for (w, c) in widths.iter_mut().zip(row) {
-            *w = (*w).max(c.chars().count());
+            *w = (*w).max(width(c));
         }
     }
     let line = |cells: &[String]| -> String {
@@ -279,7 +359,7 @@ pub fn aligned(header: &[String], rows: &[Vec<String>]) -> String {
             .zip(&widths)
             .enumerate()
             .map(|(i, (c, w))| {
-                let pad = " ".repeat(w.saturating_sub(c.chars().count()));
+                let pad = " ".repeat(w.saturating_sub(width(c)));
                 if i < 2 {
                     format!("{c}{pad}")
                 } else {
@@ -289,11 +369,11 @@ pub fn aligned(header: &[String], rows: &[Vec<String>]) -> String {
             .collect();
         cells.join("  ").trim_end().to_string()
     };
-    let mut out = line(header);
+    let mut out = line(&header);
     out.push('\n');
     out.push_str(&"-".repeat(widths.iter().sum::<usize>() + 2 * (widths.len().max(1) - 1)));
     out.push('\n');
-    for row in rows {
+    for row in &rows {
         out.push_str(&line(row));
         out.push('\n');
     }
@@ -323,6 +403,12 @@ pub fn peaks_line(results: &Results) -> Option<String> {
             p.read_gbps_probes.len()
         ));
     }
+    if let (Some(b), Some(g)) = (p.llc_bytes, p.llc_read_gbps) {
+        line.push_str(&format!(
+            ", last-level cache ({:.0} MiB) read {g:.1} GB/s",
+            b as f64 / (1024.0 * 1024.0)
+        ));
+    }
     if p.compute_probes > 1 {
         line.push_str(&format!(
             "; compute ceilings the best of {} measurements",
@@ -335,7 +421,7 @@ pub fn peaks_line(results: &Results) -> Option<String> {
             b.isa, b.fp32_gflops, b.int8_gops, b.read_gbps
         ));
     }
-    line.push_str(". pp % roof = pp t/s x operations per prompt token / the peak of the row's arithmetic (fp32, bf16 or int8 dot); tg % roof = tg t/s x bytes read per token (weights used + KV cache) / read bandwidth; tg % roof paired = the same against the read bandwidth probed just before and just after each repetition, the median of the repetitions (the host's drift taken out).");
+    line.push_str(". pp % roof = pp t/s x operations per prompt token / the peak of the row's arithmetic (fp32, bf16 or int8 dot); tg % roof = tg t/s x bytes read per token (weights used + KV cache) / read bandwidth (memory's; the last-level cache's, marked llc, where the bytes per token fit in it); tg % roof paired = the same against the read bandwidth probed just before and just after each repetition, the median of the repetitions (the host's drift taken out).");
     Some(line)
 }
 
@@ -378,6 +464,7 @@ pub fn notes(r: &Results) -> Vec<String> {
     if let Some(line) = peaks_line(r) {
         out.push(line);
     }
+    out.extend(over_roofline_notes(r));
     for row in r.failures() {
         out.push(format!(
             "FAILED {}: {}",
@@ -427,5 +514,62 @@ mod tests {
         assert!(!cell.contains('['), "{cell}");
         assert!(!spread(&[1.75]).contains('['));
         assert_eq!(spread(&[1.0, 2.0, 3.0]), "2.0 [1.0–3.0]");
+    }
+
+    fn peaks(llc: Option<u64>) -> kwk::kernels::peaks::Peaks {
+        kwk::kernels::peaks::Peaks {
+            threads: 2,
+            isa: "avx2".into(),
+            fp32_gflops: 100.0,
+            fp32_instruction: "fma".into(),
+            int8_gops: 200.0,
+            int8_instruction: "dot".into(),
+            bf16_gflops: None,
+            read_gbps: 50.0,
+            read_gbps_probes: vec![50.0],
+            read_buffer_bytes: 1 << 28,
+            llc_bytes: llc,
+            llc_read_gbps: llc.map(|_| 400.0),
+            compute_probes: 1,
+            seconds: 1.0,
+        }
+    }
+
+    /// No tg share over 100 % without a note saying why; the ceiling is named in the cell.
+    #[test]
+    fn a_share_over_100_percent_comes_with_its_reason() {
+        let mut r = sample_results();
+        r.machine.peaks = Some(peaks(Some(32 << 20)));
+        r.runners[0].tg_roofline_pct = Some(95.0);
+        r.runners[0].tg_ceiling = Some("dram".into());
+        r.runners[1].tg_roofline_pct = Some(106.0);
+        r.runners[1].tg_ceiling = Some("dram".into());
+        r.runners[1].tg_bytes_per_token = Some(48.0 * 1024.0 * 1024.0);
+        let notes = over_roofline_notes(&r);
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(
+            notes[0].starts_with("tg % roof of int4 is over 100 % (106 %)")
+                && notes[0].contains("48.0 MiB per token are 1.5x the 32 MiB last-level cache"),
+            "{}",
+            notes[0]
+        );
+        assert!(super::notes(&r).contains(&notes[0]));
+        // Against the cache's ceiling: the cell says llc; over 100 % there is noted too.
+        r.runners[1].tg_ceiling = Some("llc".into());
+        r.runners[1].tg_roofline_pct = Some(97.0);
+        assert!(over_roofline_notes(&r).is_empty());
+        let (_, rows) = table_rows(&r);
+        assert!(rows[1].contains(&"97 llc".to_string()), "{:?}", rows[1]);
+        assert!(rows[0].contains(&"95".to_string()), "{:?}", rows[0]);
+        r.runners[1].tg_roofline_pct = Some(101.0);
+        assert!(over_roofline_notes(&r)[0].contains("fit in the last-level cache"));
+        // The paired share counts too; an unknown cache size still gets its note.
+        r.machine.peaks = Some(peaks(None));
+        r.runners[1].tg_ceiling = Some("dram".into());
+        r.runners[1].tg_roofline_pct = Some(90.0);
+        r.runners[1].tg_roofline_paired_pct = Some(104.0);
+        let n = over_roofline_notes(&r);
+        assert!(n.len() == 1 && n[0].contains("size is unknown"), "{n:?}");
+        assert!(peaks_line(&r).is_some());
     }
 }

@@ -86,6 +86,11 @@ impl KwkRunner {
             },
         )
         .with_context(|| format!("packing '{}' as {name}", model.info.requested))?;
+        if let (Some(dir), Some(o)) = (&options.pack_cache_dir, decoder.pack_cache_outcome()) {
+            if let Some(w) = crate::cache::outcome_warning(dir, name, o) {
+                crate::cache::warn_once(w);
+            }
+        }
         // Reading the header, plus the build's time outside packing (the whole model read
         // for float formats and calibrated int4); int8/int4 streaming read while packing.
         let pack_s = decoder.pack_s();

@@ -752,11 +752,8 @@ mod tests {
     #[ignore]
     fn smollm2_table() {
         let tools = live_tools();
-        let models = std::env::var_os("KWK_MODELS_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| {
-                PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/kwk/models")
-            })
+        let models = kwk::paths::default_models_dir()
+            .expect("none of KWK_MODELS_DIR, KWK_CACHE, XDG_CACHE_HOME, HOME is set")
             .join("SmolLM2-135M-Instruct");
         assert!(
             models.join("SmolLM2-135M-Instruct-F32.gguf").is_file(),

@@ -22,6 +22,7 @@ pub mod interrupt;
 pub mod kernels;
 pub mod model;
 pub mod pack_cache;
+pub mod paths;
 pub mod quantize;
 pub mod threads;
 pub mod tokenizer;

@@ -1,7 +1,7 @@
 //! The pack cache: int8/int4 weights packed once are kept in `pack_cache_dir`, and the next
 //! start maps them from there instead of reading the model and quantizing again.
 //!
-//! **One file per model** (`<sha256(canonical source path)[..12]>.kwkpack`), holding one
+//! **One file per model** (`kwk-pack-<sha256(canonical source path)[..12]>.kwkpack`), holding one
 //! section per recipe packed for it. A warm start ([`try_load`]) reads only that file: the
 //! source is identified by `stat` alone and never read, and every packed array is
 //! memory-mapped in the layout the kernels use (each array starts on a 64-byte boundary),
@@ -38,13 +38,26 @@
 //! first token would do anyway). A file failing any check is deleted at once and rewritten
 //! by the same run (never warned about twice).
 //!
-//! **Directory.** Writes go to `.NAME.tmp.PID.N` in the same folder and are renamed into
-//! place when complete (a failed write removes its temporary file). Packers of one model
-//! serialise on `NAME.lock` (`flock`): the second one waiting finds the first one's file and
-//! loads it. Last use is the file's mtime (set on every hit). After each write the folder
-//! is swept (temporary files of dead processes, files of older layouts, files whose source
-//! no longer exists) and least recently used files are deleted until the total is under
-//! the limit: `KWK_PACK_CACHE_GB` (default 16). [`list`], [`prune`] and [`clear`] back
+//! **Directory.** kwk touches only the files its own naming scheme made: every file it
+//! writes starts with `kwk-pack-` (packs `kwk-pack-HEX.kwkpack`, locks `kwk-pack-HEX.lock`,
+//! temporaries `.kwk-pack-HEX.kwkpack.tmp.PID.N`), and a folder kwk created (or found empty
+//! or holding only kwk's files) gets the marker file [`MARKER`]. Packs of the older naming
+//! scheme (`HEX.kwkpack`, `.HEX.kwkpack.tmp.PID.N`, `HEX.lock`) are recognised by that exact
+//! pattern *and* by their contents (the `KWKPACK` magic; a lock or an unflushed temporary
+//! is empty), and a pack of the old name is renamed to the new one when its model is used.
+//! Any other file (`Cargo.lock`, `.notes.tmp.999999`) is never deleted; [`clear`] refuses a
+//! folder without the marker that holds such files. Writes go to the temporary name and
+//! are renamed into place when complete (a failed write removes its temporary file).
+//! Packers of one model serialise on its lock (`flock`): the second one waiting finds the
+//! first one's file and loads it. Last use is the file's mtime (set on every hit).
+//!
+//! **Limit.** `KWK_PACK_CACHE_GB` (default 16). After each write and each hit the folder is
+//! swept (temporary files of dead processes, files of older layouts, files whose source no
+//! longer exists) and least recently used files are deleted until the total is at or
+//! under the limit. A pack larger than the whole limit is used for the run and not kept
+//! ([`PackOutcome::NotKept`]): its writing stops at the limit (the bytes are counted, not
+//! written), and a cached one is deleted after it was mapped. The library prints none of
+//! this; the caller reports the outcome. [`list`], [`prune`] and [`clear`] back
 //! `kwk-eval cache`.
 
 use crate::decoder::Precision;
@@ -77,6 +90,12 @@ const TRAILER_LEN: usize = 8 + 8 + 8 + 32;
 /// Every array starts on a multiple of this many bytes (a cache line; kernels' loads).
 const ALIGN: u64 = 64;
 const EXT: &str = "kwkpack";
+/// Every file kwk writes in the cache folder starts with this.
+pub const PREFIX: &str = "kwk-pack-";
+/// The marker file of a folder kwk created (see the module doc).
+pub const MARKER: &str = "KWK-PACK-CACHE";
+/// Hex digits of a cache file's name (12 bytes of SHA-256).
+const NAME_HEX: usize = 24;
 /// Bytes hashed per task when source files are hashed.
 const HASH_CHUNK: u64 = 64 << 20;
 /// Default size limit of the cache folder, in GB (`KWK_PACK_CACHE_GB`).
@@ -306,7 +325,144 @@ fn content_hashes(id: &SourceIdentity) -> Result<Vec<String>> {
 /// The cache file of a source in `dir`.
 pub fn cache_file(dir: &Path, id: &SourceIdentity) -> PathBuf {
     let digest = Sha256::digest(id.canonical.as_bytes());
-    dir.join(format!("{}.{EXT}", hex(&digest[..12])))
+    dir.join(format!("{PREFIX}{}.{EXT}", hex(&digest[..12])))
+}
+
+/// The cache file of a source in `dir`; a pack of the older naming scheme (`HEX.kwkpack`,
+/// proven kwk's by its magic) is renamed to the new name first.
+fn cache_file_migrated(dir: &Path, id: &SourceIdentity) -> PathBuf {
+    let path = cache_file(dir, id);
+    if !path.exists() {
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+        if let Some(old_name) = name.as_deref().and_then(|n| n.strip_prefix(PREFIX)) {
+            let old = dir.join(old_name);
+            if starts_with_magic(&old) && std::fs::rename(&old, &path).is_ok() {
+                let old_lock = lock_path(&old);
+                if is_empty_file(&old_lock) {
+                    let _ = std::fs::remove_file(old_lock);
+                }
+            }
+        }
+    }
+    path
+}
+
+/// What a file of the cache folder is, by its name alone ([`FileKind::proven`] checks the
+/// contents of the older scheme's names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FileKind {
+    Marker,
+    Pack { old: bool },
+    Lock { old: bool },
+    Temporary { old: bool, pid: Option<u32> },
+}
+
+fn is_hex_name(s: &str) -> bool {
+    s.len() == NAME_HEX
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// `kwk-pack-HEX.kwkpack` / `kwk-pack-HEX.lock` / `.kwk-pack-HEX.kwkpack.tmp.PID.N`, or the
+/// same without `kwk-pack-` (the older scheme); anything else is not kwk's.
+fn file_kind(name: &str) -> Option<FileKind> {
+    if name == MARKER {
+        return Some(FileKind::Marker);
+    }
+    let (hidden, rest) = match name.strip_prefix('.') {
+        Some(r) => (true, r),
+        None => (false, name),
+    };
+    let (old, rest) = match rest.strip_prefix(PREFIX) {
+        Some(r) => (false, r),
+        None => (true, rest),
+    };
+    let (hex_part, tail) = rest.split_at_checked(NAME_HEX)?;
+    if !is_hex_name(hex_part) {
+        return None;
+    }
+    match (hidden, tail) {
+        (false, ".kwkpack") => Some(FileKind::Pack { old }),
+        (false, ".lock") => Some(FileKind::Lock { old }),
+        (true, t) => {
+            let (pid, n) = t.strip_prefix(".kwkpack.tmp.")?.split_once('.')?;
+            let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+            (digits(pid) && digits(n)).then(|| FileKind::Temporary {
+                old,
+                pid: pid.parse().ok(),
+            })
+        }
+        _ => None,
+    }
+}
+
+fn starts_with_magic(path: &Path) -> bool {
+    use std::io::Read;
+    let mut head = [0u8; 8];
+    File::open(path)
+        .and_then(|mut f| f.read_exact(&mut head))
+        .is_ok_and(|()| &head == MAGIC)
+}
+
+fn is_empty_file(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.is_file() && m.len() == 0)
+}
+
+impl FileKind {
+    /// Whether the file at `path` of this kind is kwk's: always for the current scheme
+    /// (regular files only); for the older one, a pack must start with the magic, a lock
+    /// must be empty, a temporary must be either.
+    fn proven(self, path: &Path) -> bool {
+        let regular = std::fs::symlink_metadata(path).is_ok_and(|m| m.is_file());
+        regular
+            && match self {
+                FileKind::Marker
+                | FileKind::Pack { old: false }
+                | FileKind::Lock { old: false }
+                | FileKind::Temporary { old: false, .. } => true,
+                FileKind::Pack { old: true } => starts_with_magic(path),
+                FileKind::Lock { old: true } => is_empty_file(path),
+                FileKind::Temporary { old: true, .. } => {
+                    is_empty_file(path) || starts_with_magic(path)
+                }
+            }
+    }
+}
+
+/// Creates the cache folder (with its [`MARKER`]) when missing; a folder found empty or
+/// holding only kwk's files gets the marker too.
+fn ensure_dir(dir: &Path) -> std::io::Result<()> {
+    let existed = dir.is_dir();
+    std::fs::create_dir_all(dir)?;
+    let marker = dir.join(MARKER);
+    if marker.exists() {
+        return Ok(());
+    }
+    if existed && !foreign_files(dir)?.is_empty() {
+        return Ok(());
+    }
+    match File::options().write(true).create_new(true).open(&marker) {
+        Ok(mut f) => f.write_all(
+            b"This folder is kwk's pack cache (kwk-eval cache list | prune | clear).\n\
+              kwk writes and deletes only files named kwk-pack-* here.\n",
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// The names of the entries of `dir` that are not kwk's (sorted).
+fn foreign_files(dir: &Path) -> std::io::Result<Vec<String>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !file_kind(&name).is_some_and(|k| k.proven(&entry.path())) {
+            out.push(name);
+        }
+    }
+    out.sort();
+    Ok(out)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -496,15 +652,27 @@ thread_local! {
     static FAIL_WRITE_AFTER: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
 }
 
-/// Writes a new cache file under a temporary name; [`Writer::finish`] renames it.
+/// Writes a new cache file under a temporary name; [`Writer::finish`] renames it. Past
+/// `limit` bytes the temporary file is deleted and the rest only counted (a pack larger
+/// than the whole cache is not kept).
 struct Writer {
     tmp: PathBuf,
-    file: BufWriter<File>,
+    /// `None` once the file passed `limit`.
+    file: Option<BufWriter<File>>,
     pos: u64,
+    limit: u64,
+}
+
+/// How [`Writer::finish`] ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Finished {
+    Kept,
+    /// The file would have had this many bytes, over the writer's limit: not kept.
+    OverLimit(u64),
 }
 
 impl Writer {
-    fn create(path: &Path) -> std::io::Result<Writer> {
+    fn create(path: &Path, limit: u64) -> std::io::Result<Writer> {
         static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let dir = path.parent().unwrap_or(Path::new("."));
         std::fs::create_dir_all(dir)?;
@@ -514,8 +682,13 @@ impl Writer {
             .unwrap_or_default();
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let tmp = dir.join(format!(".{name}.tmp.{}.{n}", std::process::id()));
-        let file = BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
-        let mut w = Writer { tmp, file, pos: 0 };
+        let file = File::options().write(true).create_new(true).open(&tmp)?;
+        let mut w = Writer {
+            tmp,
+            file: Some(BufWriter::with_capacity(1 << 20, file)),
+            pos: 0,
+            limit,
+        };
         let mut header = [0u8; HEADER_LEN as usize];
         header[..8].copy_from_slice(MAGIC);
         header[8..12].copy_from_slice(&PACK_VERSION.to_le_bytes());
@@ -534,7 +707,13 @@ impl Writer {
             }
             FAIL_WRITE_AFTER.with(|c| c.set(Some(left - b.len() as u64)));
         }
-        self.file.write_all(b)?;
+        if self.pos + b.len() as u64 > self.limit {
+            if self.file.take().is_some() {
+                std::fs::remove_file(&self.tmp)?;
+            }
+        } else if let Some(f) = self.file.as_mut() {
+            f.write_all(b)?;
+        }
         self.pos += b.len() as u64;
         Ok(())
     }
@@ -661,7 +840,7 @@ impl Writer {
         Ok(out)
     }
 
-    fn finish(mut self, index: &Index, path: &Path) -> std::io::Result<()> {
+    fn finish(mut self, index: &Index, path: &Path) -> std::io::Result<Finished> {
         let raw = serde_json::to_vec(index).map_err(std::io::Error::other)?;
         self.align()?;
         let off = self.pos;
@@ -672,10 +851,14 @@ impl Writer {
         trailer.extend_from_slice(&(raw.len() as u64).to_le_bytes());
         trailer.extend_from_slice(&Sha256::digest(&raw));
         self.put(&trailer)?;
-        let file = self.file.into_inner().map_err(|e| e.into_error())?;
+        let Some(file) = self.file else {
+            return Ok(Finished::OverLimit(self.pos));
+        };
+        let file = file.into_inner().map_err(|e| e.into_error())?;
         file.sync_all()?;
         drop(file);
-        std::fs::rename(&self.tmp, path)
+        std::fs::rename(&self.tmp, path)?;
+        Ok(Finished::Kept)
     }
 }
 
@@ -700,6 +883,13 @@ pub enum PackOutcome {
     },
     /// Tensors were quantized; the cache could not be used or written (why).
     NotWritten(String),
+    /// The pack (`path`, `bytes` long) is larger than the whole cache limit (`limit` bytes):
+    /// it was used for this run and is not kept (never written, or deleted once mapped).
+    NotKept {
+        path: PathBuf,
+        bytes: u64,
+        limit: u64,
+    },
 }
 
 /// The packed tensors and float vectors of one recipe, read from a cache file.
@@ -707,6 +897,36 @@ pub struct CachedModel {
     pub path: PathBuf,
     tensors: HashMap<String, QuantizedTensor>,
     floats: HashMap<String, Vec<f32>>,
+    /// `(bytes, limit)` when the file is larger than the whole cache limit: it was deleted
+    /// after it was mapped (used for this run, not kept).
+    pub not_kept: Option<(u64, u64)>,
+}
+
+impl CachedModel {
+    /// What the pack cache did for a decoder built from this entry.
+    pub fn outcome(&self) -> PackOutcome {
+        match self.not_kept {
+            Some((bytes, limit)) => PackOutcome::NotKept {
+                path: self.path.clone(),
+                bytes,
+                limit,
+            },
+            None => PackOutcome::Loaded(self.path.clone()),
+        }
+    }
+}
+
+/// After a hit on `path`: sweeps its folder and applies `limit`, this file going last;
+/// `Some((bytes, limit))` when the file itself had to go (its mapping stays valid).
+fn enforce_limit_after_hit(path: &Path, limit: u64) -> Option<(u64, u64)> {
+    let dir = path.parent()?;
+    let bytes = std::fs::metadata(path).ok()?.len();
+    let report = prune(dir, limit, Some(path)).ok()?;
+    report
+        .evicted
+        .iter()
+        .any(|p| p == path)
+        .then_some((bytes, limit))
 }
 
 impl CachedModel {
@@ -788,7 +1008,7 @@ fn rewrite(
     hashes: &[String],
     drop_recipe: Option<&str>,
 ) -> std::io::Result<()> {
-    let mut w = Writer::create(path)?;
+    let mut w = Writer::create(path, u64::MAX)?;
     let result = (|| {
         let mut sections = Vec::new();
         for s in &pf.index.sections {
@@ -807,9 +1027,11 @@ fn rewrite(
     match result {
         Ok(index) => {
             let tmp = w.tmp.clone();
-            w.finish(&index, path).inspect_err(|_| {
-                let _ = std::fs::remove_file(tmp);
-            })
+            w.finish(&index, path)
+                .inspect_err(|_| {
+                    let _ = std::fs::remove_file(tmp);
+                })
+                .map(|_| ())
         }
         Err(e) => {
             let _ = std::fs::remove_file(&w.tmp);
@@ -840,6 +1062,7 @@ fn load_section(
         path: path.to_path_buf(),
         tensors,
         floats,
+        not_kept: None,
     })
 }
 
@@ -852,7 +1075,7 @@ pub fn try_load(
     calibration: Option<&[u32]>,
 ) -> Result<Option<CachedModel>> {
     let id = source_identity(source)?;
-    let path = cache_file(dir, &id);
+    let path = cache_file_migrated(dir, &id);
     let Some(pf) = open_checked(&path, &id)? else {
         return Ok(None);
     };
@@ -861,8 +1084,9 @@ pub fn try_load(
         return Ok(None);
     };
     match load_section(&pf, section, &path) {
-        Ok(m) => {
+        Ok(mut m) => {
             touch(&path);
+            m.not_kept = enforce_limit_after_hit(&path, limit_bytes());
             Ok(Some(m))
         }
         Err(why) => {
@@ -895,6 +1119,8 @@ pub struct PackSession {
     _lock: Option<File>,
     /// Another process wrote this recipe while we waited for the lock.
     hit: Option<CachedModel>,
+    /// The folder's size limit in bytes (`KWK_PACK_CACHE_GB`, [`PackSession::set_limit`]).
+    limit: u64,
 }
 
 /// The lock file of a cache file.
@@ -913,9 +1139,9 @@ impl PackSession {
         calibration: Option<&[u32]>,
     ) -> Result<PackSession> {
         let id = source_identity(source)?;
-        let path = cache_file(dir, &id);
-        std::fs::create_dir_all(dir).map_err(|e| KwkError::io(dir, e))?;
-        let lock = File::create(lock_path(&path)).map_err(|e| KwkError::io(dir, e))?;
+        ensure_dir(dir).map_err(|e| KwkError::io(dir, e))?;
+        let path = cache_file_migrated(dir, &id);
+        let lock = File::create(lock_path(&path)).map_err(|e| KwkError::io(lock_path(&path), e))?;
         lock.lock().map_err(|e| KwkError::io(lock_path(&path), e))?;
         let recipe = recipe_key(precision, calibration);
         let mut s = PackSession {
@@ -937,13 +1163,15 @@ impl PackSession {
             abandoned: None,
             _lock: Some(lock),
             hit: None,
+            limit: limit_bytes(),
         };
         if let Some(pf) = open_checked(&path, &id)? {
             // Unchanged source: keep other recipes; this one may be complete already.
             if let Some(sec) = pf.section(&recipe) {
                 match load_section(&pf, sec, &path) {
-                    Ok(m) => {
+                    Ok(mut m) => {
                         touch(&path);
+                        m.not_kept = enforce_limit_after_hit(&path, s.limit);
                         s.hit = Some(m);
                         return Ok(s);
                     }
@@ -976,8 +1204,17 @@ impl PackSession {
         Ok(s)
     }
 
+    /// Sets the folder's size limit (bytes) for this session, instead of
+    /// `KWK_PACK_CACHE_GB`'s.
+    pub fn set_limit(&mut self, limit: u64) {
+        self.limit = limit;
+        if let Some(w) = self.writer.as_mut() {
+            w.limit = limit;
+        }
+    }
+
     fn start_writer(&mut self) {
-        match Writer::create(&self.path) {
+        match Writer::create(&self.path, self.limit) {
             Ok(w) => self.writer = Some(w),
             Err(e) => self.abandoned = Some(format!("cannot write {}: {e}", self.path.display())),
         }
@@ -1109,14 +1346,27 @@ impl PackSession {
             sections,
         };
         let tmp = w.tmp.clone();
-        if let Err(e) = w.finish(&index, &self.path) {
-            let _ = std::fs::remove_file(tmp);
-            return PackOutcome::NotWritten(format!("writing {}: {e}", self.path.display()));
-        }
+        let not_kept = match w.finish(&index, &self.path) {
+            Ok(Finished::Kept) => None,
+            Ok(Finished::OverLimit(bytes)) => Some(bytes),
+            Err(e) => {
+                let _ = std::fs::remove_file(tmp);
+                return PackOutcome::NotWritten(format!("writing {}: {e}", self.path.display()));
+            }
+        };
+        // Also when this pack is not kept: an older file of this model (other formats) may
+        // stay, and the limit holds all the same.
         if let Some(dir) = self.path.parent() {
-            if let Err(e) = prune(dir, limit_bytes(), Some(&self.path)) {
+            if let Err(e) = prune(dir, self.limit, Some(&self.path)) {
                 eprintln!("warning: pack cache {}: {e}", dir.display());
             }
+        }
+        if let Some(bytes) = not_kept {
+            return PackOutcome::NotKept {
+                path: self.path.clone(),
+                bytes,
+                limit: self.limit,
+            };
         }
         if self.reused > 0 {
             PackOutcome::Updated {
@@ -1183,7 +1433,9 @@ pub fn list(dir: &Path) -> Result<Vec<CacheEntryInfo>> {
     for entry in rd {
         let entry = entry.map_err(|e| KwkError::io(dir, e))?;
         let path = entry.path();
-        if path.extension().and_then(|e| e.to_str()) != Some(EXT) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let pack = file_kind(&name).filter(|k| matches!(k, FileKind::Pack { .. }));
+        if !pack.is_some_and(|k| k.proven(&path)) {
             continue;
         }
         let Ok(m) = entry.metadata() else { continue };
@@ -1252,12 +1504,15 @@ pub fn prune(dir: &Path, limit: u64, keep: Option<&Path>) -> Result<PruneReport>
     for entry in rd.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
         let path = entry.path();
-        // `.NAME.kwkpack.tmp.PID.N`
-        if let Some(rest) = name.strip_prefix('.').and_then(|n| n.split_once(".tmp.")) {
-            let pid = rest.1.split('.').next().and_then(|p| p.parse::<u32>().ok());
-            if pid.is_some_and(|p| !pid_alive(p)) && std::fs::remove_file(&path).is_ok() {
-                report.temporary.push(path);
-            }
+        // `.kwk-pack-HEX.kwkpack.tmp.PID.N` (or the older `.HEX.kwkpack.tmp.PID.N`) only.
+        let Some(kind @ FileKind::Temporary { pid, .. }) = file_kind(&name) else {
+            continue;
+        };
+        if pid.is_some_and(|p| !pid_alive(p))
+            && kind.proven(&path)
+            && std::fs::remove_file(&path).is_ok()
+        {
+            report.temporary.push(path);
         }
     }
     let locked = |p: &Path| -> Option<File> {
@@ -1293,13 +1548,15 @@ pub fn prune(dir: &Path, limit: u64, keep: Option<&Path>) -> Result<PruneReport>
         )
     });
     let mut total: u64 = entries.iter().map(|e| e.bytes).sum();
+    // `keep` goes last, and only when it alone is over the limit (its user has it mapped
+    // or in memory; its lock stays for the holder).
     while total > limit {
         let Some(e) = entries.pop() else { break };
-        if Some(e.path.as_path()) == keep {
-            break;
-        }
+        let kept = Some(e.path.as_path()) == keep;
         if std::fs::remove_file(&e.path).is_ok() {
-            let _ = std::fs::remove_file(lock_path(&e.path));
+            if !kept {
+                let _ = std::fs::remove_file(lock_path(&e.path));
+            }
             total -= e.bytes;
             report.evicted.push(e.path);
         }
@@ -1308,20 +1565,39 @@ pub fn prune(dir: &Path, limit: u64, keep: Option<&Path>) -> Result<PruneReport>
     Ok(report)
 }
 
-/// Deletes every cache file (and lock and temporary file) in `dir`; returns how many.
+/// Deletes every cache file (and lock and temporary file) kwk wrote in `dir` (see the
+/// module doc: its naming scheme, older packs proven by their magic); returns how many
+/// packs. Any other file is left; a folder without the [`MARKER`] that holds other files is
+/// refused (not kwk's folder, most likely), deleting nothing.
 pub fn clear(dir: &Path) -> Result<usize> {
-    let rd = match std::fs::read_dir(dir) {
-        Ok(rd) => rd,
+    let foreign = match foreign_files(dir) {
+        Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
         Err(e) => return Err(KwkError::io(dir, e)),
     };
+    if !foreign.is_empty() && !dir.join(MARKER).is_file() {
+        let shown: Vec<&str> = foreign.iter().take(3).map(String::as_str).collect();
+        let more = if foreign.len() > 3 { ", ..." } else { "" };
+        return Err(KwkError::InvalidArgument(format!(
+            "{} is not a folder kwk created (no {MARKER} file) and holds files that are not \
+             kwk's ({}{more}): nothing deleted; pass kwk's pack cache folder, or delete its \
+             {PREFIX}* files yourself",
+            dir.display(),
+            shown.join(", ")
+        )));
+    }
+    let rd = std::fs::read_dir(dir).map_err(|e| KwkError::io(dir, e))?;
     let mut n = 0;
     for entry in rd.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        let ours = name.ends_with(&format!(".{EXT}"))
-            || name.ends_with(".lock")
-            || (name.starts_with('.') && name.contains(&format!(".{EXT}.tmp.")));
-        if ours && std::fs::remove_file(entry.path()).is_ok() && name.ends_with(EXT) {
+        let path = entry.path();
+        let Some(kind) = file_kind(&name) else {
+            continue;
+        };
+        if kind == FileKind::Marker || !kind.proven(&path) {
+            continue;
+        }
+        if std::fs::remove_file(&path).is_ok() && matches!(kind, FileKind::Pack { .. }) {
             n += 1;
         }
     }

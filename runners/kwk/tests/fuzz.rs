@@ -922,10 +922,10 @@ fn pack_seeds() -> Vec<Seed> {
 /// The headers of the SmolLM2 GGUFs set up by scripts/setup-model.sh, with the tensor
 /// count set to 0: real vocabularies as GGUFs without tensors. Empty when absent.
 fn smollm2_header_seeds() -> Vec<Seed> {
-    let Some(home) = std::env::var_os("HOME") else {
+    let Some(models) = kwk::paths::default_models_dir() else {
         return Vec::new();
     };
-    let dir = PathBuf::from(home).join(".cache/kwk/models/SmolLM2-135M-Instruct");
+    let dir = models.join("SmolLM2-135M-Instruct");
     let Ok(entries) = std::fs::read_dir(&dir) else {
         return Vec::new();
     };

@@ -10,19 +10,17 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn models_dir() -> PathBuf {
-    let models = std::env::var_os("KWK_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/kwk/models")
-        });
+    let models = kwk::paths::default_models_dir()
+        .expect("none of KWK_MODELS_DIR, KWK_CACHE, XDG_CACHE_HOME, HOME is set");
     models.join("SmolLM2-135M-Instruct")
 }
 
 fn llama_quantize() -> PathBuf {
     let dir = match std::env::var_os("KWK_LLAMA_CPP_DIR") {
         Some(d) => PathBuf::from(d),
-        None => PathBuf::from(std::env::var_os("HOME").expect("HOME is set"))
-            .join(".cache/kwk/llama.cpp-0.3.36/build/bin"),
+        None => kwk::paths::cache_root(&kwk::paths::CacheEnv::from_env())
+            .expect("none of KWK_CACHE, XDG_CACHE_HOME, HOME is set")
+            .join("llama.cpp-0.3.36/build/bin"),
     };
     let bin = dir.join("llama-quantize");
     assert!(

@@ -1221,7 +1221,7 @@ impl KwkDecoder {
             },
             n_params,
             started.elapsed().as_secs_f64(),
-            Some(PackOutcome::Loaded(path.clone())),
+            Some(c.outcome()),
             &options,
         ))
     }

@@ -493,21 +493,17 @@ pub(crate) mod tests {
         }
     }
 
-    /// `$KWK_MODELS_DIR` (default `$HOME/.cache/kwk/models`)/SmolLM2-135M-Instruct, or a
-    /// panic naming the set-up script.
+    /// `MODELS/SmolLM2-135M-Instruct` (MODELS: [`crate::paths::default_models_dir`], as
+    /// scripts/setup-model.sh installs it), or a panic naming the set-up script.
     pub(crate) fn smollm2_dir() -> std::path::PathBuf {
-        let models = std::env::var_os("KWK_MODELS_DIR")
-            .map(std::path::PathBuf::from)
-            .or_else(|| {
-                std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cache/kwk/models"))
-            })
-            .expect("neither KWK_MODELS_DIR nor HOME is set");
+        let models = crate::paths::default_models_dir()
+            .expect("none of KWK_MODELS_DIR, KWK_CACHE, XDG_CACHE_HOME, HOME is set");
         let dir = models.join("SmolLM2-135M-Instruct");
         assert!(
             dir.join("SmolLM2-135M-Instruct.Q4_1.gguf").is_file()
                 && dir.join("SmolLM2-135M-Instruct-F32.gguf").is_file(),
             "SmolLM2-135M-Instruct GGUFs not found in {}: run scripts/setup-model.sh \
-             (or set KWK_MODELS_DIR)",
+             (with the same KWK_MODELS_DIR / KWK_CACHE, docs/paths.md)",
             dir.display()
         );
         dir

@@ -1,6 +1,7 @@
 //! This machine's peaks, the ceilings of a roofline: float32 FMA, int8 dot and bf16 dot
 //! throughput with the instructions the active kernel tier uses, and the read bandwidth
-//! of a buffer larger than the last-level cache, all with a given number of threads, in
+//! of a buffer larger than the last-level cache and of one that fits in it (the ceiling of
+//! a model whose bytes per token the cache holds), all with a given number of threads, in
 //! about a second. The SIMD loops live in `x86_64/peaks.rs` (on x86-64 the scalar tier's
 //! are SSE2 loops: its kernels are SSE2 code there); the `scalar_*` twins below are plain
 //! Rust, the scalar tier's loops elsewhere.
@@ -45,6 +46,14 @@ pub struct Peaks {
     pub read_gbps_probes: Vec<f64>,
     /// Bytes of the buffer the bandwidth was read from.
     pub read_buffer_bytes: usize,
+    /// Size of the last-level cache (sysfs: the highest `level` of cpu0's caches), bytes;
+    /// `None` when the system does not say.
+    #[serde(default)]
+    pub llc_bytes: Option<u64>,
+    /// Read bandwidth of a buffer half the last-level cache's size (read again and again,
+    /// so from the cache), GB/s: the ceiling of a row whose bytes per token fit in it.
+    #[serde(default)]
+    pub llc_read_gbps: Option<f64>,
     /// How many times the compute loops were measured: once with the read probe, then
     /// once per speed round when the harness measures again ([`Peaks::add_compute_probe`]);
     /// each compute ceiling is the best of them.
@@ -385,25 +394,48 @@ fn peak_rate(kernel: &Kernel, threads: usize, trial: Duration, trials: usize) ->
         .fold(0.0, f64::max)
 }
 
+/// A sysfs cache size (`32768K`, `32M`, `512`) in bytes.
+fn parse_cache_size(size: &str) -> Option<u64> {
+    let size = size.trim();
+    let (num, mult) = match size.strip_suffix('K') {
+        Some(n) => (n, 1u64 << 10),
+        None => match size.strip_suffix('M') {
+            Some(n) => (n, 1 << 20),
+            None => (size, 1),
+        },
+    };
+    num.parse::<u64>().ok().and_then(|n| n.checked_mul(mult))
+}
+
+/// The last-level cache among `(level, type, size)` entries of one CPU's caches: the
+/// largest data or unified cache of the highest level.
+fn last_level(caches: &[(u32, String, u64)]) -> Option<u64> {
+    caches
+        .iter()
+        .filter(|(_, ty, _)| ty != "Instruction")
+        .max_by_key(|(level, _, size)| (*level, *size))
+        .map(|c| c.2)
+}
+
+/// The last-level cache's size of cpu0 from `/sys/devices/system/cpu/cpu0/cache/index*/`
+/// (`level`, `type`, `size`); `None` when sysfs does not say.
+pub fn llc_bytes() -> Option<u64> {
+    let caches: Vec<(u32, String, u64)> = (0..16)
+        .filter_map(|i| {
+            let dir = format!("/sys/devices/system/cpu/cpu0/cache/index{i}");
+            let read = |f: &str| std::fs::read_to_string(format!("{dir}/{f}")).ok();
+            let level = read("level")?.trim().parse().ok()?;
+            let ty = read("type").unwrap_or_default().trim().to_string();
+            Some((level, ty, parse_cache_size(&read("size")?)?))
+        })
+        .collect();
+    last_level(&caches).filter(|&b| b > 0)
+}
+
 /// Bytes of the bandwidth buffer: at least 256 MiB and eight times the last-level cache
 /// this CPU reports (sysfs), so the reads come from memory.
 fn read_buffer_bytes() -> usize {
-    let llc = (0..8)
-        .filter_map(|i| {
-            let dir = format!("/sys/devices/system/cpu/cpu0/cache/index{i}");
-            let size = std::fs::read_to_string(format!("{dir}/size")).ok()?;
-            let size = size.trim();
-            let (num, mult) = match size.strip_suffix('K') {
-                Some(n) => (n, 1usize << 10),
-                None => match size.strip_suffix('M') {
-                    Some(n) => (n, 1 << 20),
-                    None => (size, 1),
-                },
-            };
-            num.parse::<usize>().ok().map(|n| n * mult)
-        })
-        .max()
-        .unwrap_or(0);
+    let llc = llc_bytes().unwrap_or(0) as usize;
     (256usize << 20).max(llc.saturating_mul(8)).min(4 << 30)
 }
 
@@ -469,6 +501,10 @@ pub fn measure(isa: Isa, threads: usize) -> Peaks {
     let (fp32_rate, int8_rate, bf16_rate) = compute_rates(isa, threads, 5);
     let probe = ReadProbe::for_this_machine(isa, threads);
     let read_gbps = probe.best_gbps(5);
+    let llc = llc_bytes();
+    // Half the cache, so the buffer stays in it beside the other threads' data; the first
+    // pass loads it, the best of the others reads from the cache.
+    let llc_read_gbps = llc.map(|b| ReadProbe::new(isa, threads, (b / 2) as usize).best_gbps(8));
     Peaks {
         threads,
         isa: isa.name().to_string(),
@@ -480,6 +516,8 @@ pub fn measure(isa: Isa, threads: usize) -> Peaks {
         read_gbps,
         read_gbps_probes: vec![read_gbps],
         read_buffer_bytes: probe.bytes(),
+        llc_bytes: llc,
+        llc_read_gbps,
         compute_probes: 1,
         seconds: started.elapsed().as_secs_f64(),
     }
@@ -489,6 +527,24 @@ pub fn measure(isa: Isa, threads: usize) -> Peaks {
 mod tests {
     use super::*;
     use crate::kernels::supported_isas;
+
+    #[test]
+    fn the_last_level_cache_is_the_highest_data_or_unified_level() {
+        let c = |l: u32, t: &str, s: &str| (l, t.to_string(), parse_cache_size(s).unwrap());
+        // A Zen 4: 32K L1d, 32K L1i, 1M L2, 32M L3.
+        let zen4 = [
+            c(1, "Data", "32K"),
+            c(1, "Instruction", "32K"),
+            c(2, "Unified", "1024K"),
+            c(3, "Unified", "32768K"),
+        ];
+        assert_eq!(last_level(&zen4), Some(32 << 20));
+        // No L3: the L2 is the last level.
+        assert_eq!(last_level(&zen4[..3]), Some(1 << 20));
+        assert_eq!(last_level(&[c(1, "Instruction", "64K")]), None);
+        assert_eq!(parse_cache_size("32M"), Some(32 << 20));
+        assert_eq!(parse_cache_size("x"), None);
+    }
 
     /// The read ceiling is the best probe seen; every probe is kept.
     #[test]

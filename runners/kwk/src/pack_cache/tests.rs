@@ -93,7 +93,7 @@ fn names_in(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| !n.ends_with(".lock"))
+        .filter(|n| !n.ends_with(".lock") && n != MARKER)
         .collect();
     v.sort();
     v
@@ -273,7 +273,10 @@ fn eviction_under_a_tiny_limit_keeps_the_most_recently_used() {
     assert!(paths[0].exists() && !paths[1].exists() && !paths[2].exists());
     // An orphan (model deleted) and a dead process's temporary file are swept.
     std::fs::remove_file(&src_a).unwrap();
-    let tmp = cache.join(".x.kwkpack.tmp.4000000000.0");
+    let tmp = cache.join(format!(
+        ".{PREFIX}{}.kwkpack.tmp.4000000000.0",
+        "0".repeat(24)
+    ));
     std::fs::write(&tmp, b"partial").unwrap();
     let report = prune(&cache, u64::MAX, None).unwrap();
     assert_eq!(report.orphaned, vec![paths[0].clone()]);
@@ -473,4 +476,206 @@ fn a_model_in_memory_is_keyed_by_its_contents() {
     let report = prune(&cache, u64::MAX, None).unwrap();
     assert!(report.orphaned.is_empty(), "{report:?}");
     assert!(path.exists());
+}
+
+/// Packs `ts` for `source` in a fresh session whose folder limit is `limit` bytes.
+fn pack_limited(
+    dir: &Path,
+    source: &Path,
+    ts: &[(&str, Tensor, TensorPlace)],
+    limit: u64,
+) -> PackOutcome {
+    pack_limited_as(dir, source, ts, limit, int4())
+}
+
+fn pack_limited_as(
+    dir: &Path,
+    source: &Path,
+    ts: &[(&str, Tensor, TensorPlace)],
+    limit: u64,
+    p: Precision,
+) -> PackOutcome {
+    let mut s = PackSession::open(dir, source, &p, None).unwrap();
+    s.set_limit(limit);
+    for (n, t, pl) in ts {
+        let packed = s.pack(n, t, *pl, None, None, &p).unwrap();
+        assert_eq!(packed.rows(), t.rows());
+    }
+    s.put_floats("norm", &[1.0, 2.0]);
+    s.finish()
+}
+
+fn folder_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum()
+}
+
+fn model(dir: &Path, name: &str) -> PathBuf {
+    let src = dir.join(format!("{name}.gguf"));
+    std::fs::write(&src, name.as_bytes()).unwrap();
+    src
+}
+
+#[test]
+fn the_limit_holds_after_every_pack_and_a_pack_over_it_is_used_not_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let ts = tensors();
+    let PackOutcome::Written(a) = pack_limited(&cache, &model(dir.path(), "a"), &ts, u64::MAX)
+    else {
+        panic!()
+    };
+    let one = std::fs::metadata(&a).unwrap().len();
+    // Room for one pack: writing "b" evicts "a" (least recently used).
+    let limit = one + one / 2;
+    let PackOutcome::Written(b) = pack_limited(&cache, &model(dir.path(), "b"), &ts, limit) else {
+        panic!()
+    };
+    assert!(!a.exists() && b.exists());
+    assert!(folder_bytes(&cache) <= limit, "{}", folder_bytes(&cache));
+    // A second format of "b" would make its one file pass the limit: not kept, and the
+    // file of the first format stays (loadable).
+    let int8 = Precision::Int8(crate::decoder::precision::Int8Options {
+        calibrate: false,
+        gptq: false,
+    });
+    let src_b = dir.path().join("b.gguf");
+    let o = pack_limited_as(&cache, &src_b, &ts, limit, int8);
+    assert!(
+        matches!(&o, PackOutcome::NotKept { path, .. } if *path == b),
+        "{o:?}"
+    );
+    assert!(folder_bytes(&cache) <= limit, "{}", folder_bytes(&cache));
+    assert!(try_load(&cache, &src_b, &int4(), None).unwrap().is_some());
+    // A pack larger than the whole limit: its tensors are returned, nothing of it is left
+    // (no file, no temporary), and the outcome names its size and the limit.
+    let small = one / 2;
+    let src_c = model(dir.path(), "c");
+    match pack_limited(&cache, &src_c, &ts, small) {
+        PackOutcome::NotKept { path, bytes, limit } => {
+            assert!(!path.exists());
+            assert_eq!(limit, small);
+            assert!(
+                bytes > small && bytes.abs_diff(one) < 64,
+                "{bytes} vs {one}"
+            );
+        }
+        o => panic!("{o:?}"),
+    }
+    // The folder is held to that limit too: "b" went.
+    assert!(names_in(&cache).is_empty(), "{:?}", names_in(&cache));
+    assert!(folder_bytes(&cache) <= small);
+    // The limit lowered below a cached pack: after the hit, the pack goes too (its mapping
+    // stays valid for the run).
+    assert!(matches!(
+        pack_limited(&cache, &src_b, &ts, u64::MAX),
+        PackOutcome::Written(p) if p == b
+    ));
+    assert_eq!(enforce_limit_after_hit(&b, small), Some((one, small)));
+    assert!(names_in(&cache).is_empty(), "{:?}", names_in(&cache));
+    assert!(folder_bytes(&cache) <= small);
+}
+
+#[test]
+fn clear_and_prune_touch_only_files_kwk_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let ts = tensors();
+    let PackOutcome::Written(a) = pack_all(&cache, &model(dir.path(), "a"), &int4(), &ts).0 else {
+        panic!()
+    };
+    let PackOutcome::Written(b) = pack_all(&cache, &model(dir.path(), "b"), &int4(), &ts).0 else {
+        panic!()
+    };
+    assert!(
+        cache.join(MARKER).is_file(),
+        "kwk created the folder: it has the marker"
+    );
+    // "b" under the older naming scheme (HEX.kwkpack), and a user's file of that pattern
+    // that is not a pack.
+    let old_b = cache.join(
+        b.file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .strip_prefix(PREFIX)
+            .unwrap(),
+    );
+    std::fs::rename(&b, &old_b).unwrap();
+    let hex = "0123456789abcdef01234567";
+    let foreign = [
+        "Cargo.lock".to_string(),
+        "poetry.lock".to_string(),
+        ".notes.tmp.999999".to_string(),
+        ".x.kwkpack.tmp.4000000000.0".to_string(),
+        format!("{hex}.kwkpack"),
+        format!(".{hex}.kwkpack.tmp.4000000000.0"),
+    ];
+    for f in &foreign {
+        std::fs::write(cache.join(f), b"the user's").unwrap();
+    }
+    let dead_new = cache.join(format!(".{PREFIX}{hex}.kwkpack.tmp.4000000000.7"));
+    let dead_old = cache.join(format!(".{hex}.kwkpack.tmp.4000000000.8"));
+    std::fs::write(&dead_new, b"partial").unwrap();
+    std::fs::write(&dead_old, MAGIC).unwrap();
+    let r = prune(&cache, u64::MAX, None).unwrap();
+    let mut swept = r.temporary.clone();
+    swept.sort();
+    assert_eq!(swept, vec![dead_old, dead_new], "{r:?}");
+    assert!(r.orphaned.is_empty() && r.evicted.is_empty(), "{r:?}");
+    // The old-named pack is listed (proven by its magic), the user's look-alike is not.
+    let listed: Vec<PathBuf> = list(&cache).unwrap().into_iter().map(|e| e.path).collect();
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    assert!(listed.contains(&a) && listed.contains(&old_b));
+    // Using "b" renames its old file to the new name.
+    assert!(matches!(
+        pack_all(&cache, &dir.path().join("b.gguf"), &int4(), &ts).0,
+        PackOutcome::Loaded(p) if p == b
+    ));
+    assert!(b.exists() && !old_b.exists());
+    std::fs::rename(&b, &old_b).unwrap();
+    // Clearing deletes both packs and their locks, and nothing else.
+    assert_eq!(clear(&cache).unwrap(), 2);
+    let mut left: Vec<String> = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n != MARKER)
+        .collect();
+    let mut want = foreign.to_vec();
+    want.sort();
+    left.sort();
+    assert_eq!(
+        left, want,
+        "the packs and their locks are gone, the rest is left"
+    );
+    for f in &foreign {
+        assert_eq!(std::fs::read(cache.join(f)).unwrap(), b"the user's", "{f}");
+    }
+}
+
+#[test]
+fn clear_refuses_a_folder_kwk_did_not_create() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("project");
+    std::fs::create_dir(&cache).unwrap();
+    std::fs::write(cache.join("Cargo.lock"), b"[[package]]").unwrap();
+    let PackOutcome::Written(a) = pack_all(&cache, &model(dir.path(), "a"), &int4(), &tensors()).0
+    else {
+        panic!()
+    };
+    assert!(!cache.join(MARKER).exists(), "not kwk's folder: no marker");
+    let e = clear(&cache).unwrap_err().to_string();
+    assert!(
+        e.contains("is not a folder kwk created (no KWK-PACK-CACHE file)")
+            && e.contains("Cargo.lock")
+            && e.contains("nothing deleted"),
+        "{e}"
+    );
+    assert!(a.exists() && cache.join("Cargo.lock").exists());
+    // A folder of kwk's files only (e.g. written by an older kwk) is cleared.
+    std::fs::remove_file(cache.join("Cargo.lock")).unwrap();
+    assert_eq!(clear(&cache).unwrap(), 1);
+    assert!(!a.exists());
 }

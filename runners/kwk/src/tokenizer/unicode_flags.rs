@@ -140,8 +140,9 @@ mod tests {
     fn every_code_point_matches_llama_cpp_unicode_data() {
         let bin = match std::env::var_os("KWK_LLAMA_CPP_DIR") {
             Some(d) => std::path::PathBuf::from(d),
-            None => std::path::PathBuf::from(std::env::var_os("HOME").expect("HOME"))
-                .join(".cache/kwk/llama.cpp-0.3.36/build/bin"),
+            None => crate::paths::cache_root(&crate::paths::CacheEnv::from_env())
+                .expect("none of KWK_CACHE, XDG_CACHE_HOME, HOME is set")
+                .join("llama.cpp-0.3.36/build/bin"),
         };
         let path = bin.join("../../src/src/unicode-data.cpp");
         let source = std::fs::read_to_string(&path).unwrap_or_else(|e| {

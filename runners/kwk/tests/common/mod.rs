@@ -15,13 +15,16 @@ pub fn gguf_tokenizer_metadata(path: &Path) -> kwk::tokenizer::GgufTokenizerMeta
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// Where scripts/setup-model.sh installs the models (`kwk::paths`, docs/paths.md).
 pub fn models_dir() -> PathBuf {
-    match std::env::var_os("KWK_MODELS_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => {
-            PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache/kwk/models")
-        }
-    }
+    kwk::paths::default_models_dir()
+        .expect("none of KWK_MODELS_DIR, KWK_CACHE, XDG_CACHE_HOME, HOME is set")
+}
+
+/// The kwk cache root (`kwk::paths::cache_root`), where llama.cpp's build lives.
+pub fn cache_root() -> PathBuf {
+    kwk::paths::cache_root(&kwk::paths::CacheEnv::from_env())
+        .expect("none of KWK_CACHE, XDG_CACHE_HOME, HOME is set")
 }
 
 /// The SmolLM2-135M-Instruct GGUF the protocol uses; panics naming the set-up script when
@@ -69,8 +72,7 @@ pub fn perplexity_text(path: &Path) -> String {
 pub fn llama_tokenize_bin() -> PathBuf {
     let dir = match std::env::var_os("KWK_LLAMA_CPP_DIR") {
         Some(d) => PathBuf::from(d),
-        None => PathBuf::from(std::env::var_os("HOME").expect("HOME is set"))
-            .join(".cache/kwk/llama.cpp-0.3.36/build/bin"),
+        None => cache_root().join("llama.cpp-0.3.36/build/bin"),
     };
     let bin = dir.join("llama-tokenize");
     assert!(
