@@ -75,6 +75,9 @@ impl<W: Write> Streamer<W> {
 
 /// Every flag checked before the model loads; the format parsed.
 fn check_flags(cfg: &GenerateConfig) -> Result<Precision> {
+    // A forced kernel tier this CPU cannot run (or a misspelt one) is refused as kwk-eval
+    // refuses it, not warned about and replaced by another tier.
+    kwk::kernels::check_isa_env().map_err(anyhow::Error::msg)?;
     crate::plan::check_threads(cfg.threads)?;
     crate::plan::check_range(
         "--max-new-tokens",

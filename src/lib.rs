@@ -33,8 +33,8 @@ use session::Outcome;
 
 /// Runs kwk-eval with `args` (the program name first, as `std::env::args_os`): parses,
 /// runs, prints as the binary does, and returns the exit status (0 ok, 1 the regression
-/// gate failed, 2 error, printed as one `error: ...` line; 130 or 143 when SIGINT or
-/// SIGTERM stopped an evaluation, [`interrupt`]).
+/// gate failed, 2 error, printed as one `error: ...` line; 130, 143 or 129 when SIGINT,
+/// SIGTERM or SIGHUP stopped an evaluation, [`interrupt`]).
 pub fn run<I, T>(args: I) -> u8
 where
     I: IntoIterator<Item = T>,

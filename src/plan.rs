@@ -303,8 +303,13 @@ fn check_gguf_path(path: &Path) -> Result<()> {
         "'{}' is a directory, not a GGUF file; pass the path of a .gguf model file",
         path.display()
     );
+    crate::text::regular_file(
+        path,
+        &format!("GGUF file '{}'", path.display()),
+        "pass a .gguf model file",
+    )?;
     let mut magic = Vec::with_capacity(4);
-    std::fs::File::open(path)
+    crate::text::open_input(path)
         .and_then(|f| f.take(4).read_to_end(&mut magic))
         .with_context(|| format!("reading GGUF file '{}'", path.display()))?;
     if magic != b"GGUF" {

@@ -99,7 +99,8 @@ pub fn model_sha256(path: &Path) -> Result<String> {
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default(),
         );
-        let mut r = std::fs::File::open(f).with_context(|| format!("hashing '{}'", f.display()))?;
+        let mut r =
+            crate::text::open_input(f).with_context(|| format!("hashing '{}'", f.display()))?;
         loop {
             let n = r
                 .read(&mut buf)
@@ -274,6 +275,14 @@ fn start_results(
                 .tools
                 .as_ref()
                 .map(|_| llamacpp::process::cleared_env_vars()),
+            llama_cpp_build: plan
+                .tools
+                .as_ref()
+                .map(|t| crate::protocol::results::LlamaCppBuild {
+                    number: t.build_number(),
+                    commit: t.build_commit().map(str::to_string),
+                    judged_by: t.judged_by(),
+                }),
         },
         protocol: Protocol {
             ctx: chunks.ctx,

@@ -40,20 +40,37 @@ pub const MAX_TEXT_BYTES: u64 = 1 << 30;
 
 /// What a non-regular file is, for the error message.
 fn file_kind(t: &std::fs::FileType) -> &'static str {
-    use std::os::unix::fs::FileTypeExt;
-    if t.is_dir() {
-        "directory"
-    } else if t.is_fifo() {
-        "named pipe"
-    } else if t.is_char_device() {
-        "character device"
-    } else if t.is_block_device() {
-        "block device"
-    } else if t.is_socket() {
-        "socket"
-    } else {
-        "special file"
+    kwk::files::kind(t)
+}
+
+/// `what` must be a regular file: `stat` (which never blocks, even on a named pipe) before
+/// anything opens it. Otherwise one line: `{what} is not a regular file (a named pipe);
+/// {fix}`. A missing file is the I/O error, with `reading {what}` as context.
+pub fn regular_file(path: &Path, what: &str, fix: &str) -> Result<std::fs::Metadata> {
+    let meta = std::fs::metadata(path).with_context(|| format!("reading {what}"))?;
+    if !meta.is_file() {
+        bail!(
+            "{what} is not a regular file (a {}); {fix}",
+            file_kind(&meta.file_type())
+        );
     }
+    Ok(meta)
+}
+
+/// Opens an input file for reading without ever blocking in `open` (`O_NONBLOCK`, which
+/// changes nothing for a regular file), then checks what was opened is a regular file: a
+/// file replaced by a named pipe after [`regular_file`] looked is refused, not waited on.
+pub fn open_input(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+        .open(path)?;
+    let t = file.metadata()?.file_type();
+    if !t.is_file() {
+        return Err(kwk::files::not_regular(&t));
+    }
+    Ok(file)
 }
 
 /// Reads `path` (the `flag` names where it came from in error messages).
@@ -81,7 +98,7 @@ pub fn read_text(path: &Path, flag: &str) -> Result<EvalText> {
         );
     }
     let mut bytes = Vec::new();
-    std::fs::File::open(path)
+    open_input(path)
         .and_then(|f| f.take(MAX_TEXT_BYTES + 1).read_to_end(&mut bytes))
         .with_context(reading)?;
     if bytes.len() as u64 > MAX_TEXT_BYTES {

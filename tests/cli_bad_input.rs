@@ -212,6 +212,223 @@ fn missing_gguf_and_not_gguf() {
     );
 }
 
+/// A named pipe at `path` (no writer: an `open` of it would block forever).
+fn fifo(path: &Path) {
+    let made = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(made.success(), "mkfifo {}", path.display());
+}
+
+/// Refused in well under the time limit (a blocking `open` would hang until it).
+fn quick(cmd: &mut assert_cmd::Command) -> &mut assert_cmd::Command {
+    cmd.timeout(std::time::Duration::from_secs(60))
+}
+
+/// Named pipes and devices where a file belongs are refused before anything opens them
+/// (an `open` of a pipe without a writer blocks forever): one line saying what they are.
+#[test]
+fn named_pipes_and_devices_are_refused_without_blocking() {
+    let dir = tempfile::tempdir().unwrap();
+    let pipe = dir.path().join("model.gguf");
+    fifo(&pipe);
+    let out = dir.path().join("run");
+    // --gguf (and gguf:PATH, the same check).
+    assert_error(
+        quick(
+            kwk_eval()
+                .args(["--formats", "none", "--llm"])
+                .arg(tiny_llama())
+                .arg("--text")
+                .arg(eval_txt())
+                .arg("--gguf")
+                .arg(&pipe)
+                .arg("--out")
+                .arg(&out),
+        ),
+        2,
+        &format!(
+            "GGUF file '{}' is not a regular file (a named pipe); pass a .gguf model file",
+            pipe.display()
+        ),
+    );
+    // --baseline and compare's inputs.
+    let results = dir.path().join("results.json");
+    fifo(&results);
+    assert_error(
+        quick(
+            kwk_eval()
+                .args(["--formats", "float32", "--llm"])
+                .arg(tiny_llama())
+                .arg("--text")
+                .arg(eval_txt())
+                .arg("--baseline")
+                .arg(&results)
+                .arg("--out")
+                .arg(&out),
+        ),
+        2,
+        &format!(
+            "reading --baseline: '{}' is not a regular file (a named pipe); pass a results.json written by kwk-eval",
+            results.display()
+        ),
+    );
+    for files in [[&results, &results], [&pipe, &results]] {
+        assert_error(
+            quick(kwk_eval().arg("compare").args(files)),
+            2,
+            &format!(
+                "'{}' is not a regular file (a named pipe); pass a results.json written by kwk-eval",
+                files[0].display()
+            ),
+        );
+    }
+    // --llm: a pipe, a device (each says what it is, not "does not exist").
+    for (llm, kind) in [
+        (pipe.display().to_string(), "a named pipe"),
+        ("/dev/zero".to_string(), "a character device"),
+    ] {
+        for generate in [false, true] {
+            let mut cmd = kwk_eval();
+            if generate {
+                cmd.args(["generate", "--prompt", "hi"]);
+            } else {
+                cmd.args(["--formats", "float32", "--text"])
+                    .arg(eval_txt())
+                    .arg("--out")
+                    .arg(&out);
+            }
+            assert_error(
+                quick(cmd.args(["--llm", &llm])),
+                2,
+                &format!(
+                    "loading --llm '{llm}': '{llm}' is not a regular file or folder ({kind}); pass a .gguf file or a Hugging Face model folder"
+                ),
+            );
+        }
+    }
+    // A model folder's tokenizer.json.
+    let model = dir.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(tiny_llama().join(f), model.join(f)).unwrap();
+    }
+    fifo(&model.join("tokenizer.json"));
+    assert_error(
+        quick(
+            kwk_eval()
+                .args(["--formats", "float32", "--llm"])
+                .arg(&model)
+                .arg("--text")
+                .arg(eval_txt())
+                .arg("--out")
+                .arg(&out),
+        ),
+        2,
+        &format!(
+            "loading --llm '{}': tokenizer: {}: cannot read (not a regular file (a named pipe))",
+            model.display(),
+            model.join("tokenizer.json").display()
+        ),
+    );
+    no_run_folder(&out);
+}
+
+/// A tokenizer with ids past the embedding's rows is refused when the model loads, naming
+/// both sizes, not accepted until some row meets such an id.
+#[test]
+fn a_tokenizer_of_another_model_is_refused_at_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    for f in ["config.json", "model.safetensors", "tokenizer.json"] {
+        std::fs::copy(tiny_llama().join(f), model.join(f)).unwrap();
+    }
+    let tok = model.join("tokenizer.json");
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&tok).unwrap()).unwrap();
+    let added = v["added_tokens"].as_array_mut().unwrap();
+    let mut extra = added[0].clone();
+    extra["id"] = 600.into();
+    extra["content"] = "<|another-model|>".into();
+    added.push(extra);
+    std::fs::write(&tok, serde_json::to_vec(&v).unwrap()).unwrap();
+    let out = dir.path().join("run");
+    let line = assert_error(
+        kwk_eval()
+            .args(["--formats", "float32", "--ctx", "64", "--no-speed", "--llm"])
+            .arg(&model)
+            .arg("--text")
+            .arg(eval_txt())
+            .arg("--out")
+            .arg(&out),
+        2,
+        &format!(
+            "loading --llm '{}': tokenizer: {}: has ids up to ",
+            model.display(),
+            tok.display()
+        ),
+    );
+    assert!(
+        line.ends_with(
+            "but the embedding has 512 rows (ids 0 to 511): the tokenizer does not belong to this model (use the model's own tokenizer.json)"
+        ),
+        "{line}"
+    );
+    no_run_folder(&out);
+}
+
+/// A shard the index lists but the folder lacks: one line naming the shard, the index and
+/// the fix, when the model loads (not the I/O error twice when a row reads weights).
+#[test]
+fn a_missing_shard_is_one_line_naming_it_and_the_index() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    for f in ["config.json", "tokenizer.json"] {
+        std::fs::copy(tiny_llama().join(f), model.join(f)).unwrap();
+    }
+    let first = model.join("model-00001-of-00002.safetensors");
+    std::fs::copy(tiny_llama().join("model.safetensors"), &first).unwrap();
+    let bytes = std::fs::read(&first).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let mut map = serde_json::Map::new();
+    for name in header.as_object().unwrap().keys() {
+        if name != "__metadata__" {
+            let shard = if name.contains("layers.1.") { 2 } else { 1 };
+            map.insert(
+                name.clone(),
+                format!("model-0000{shard}-of-00002.safetensors").into(),
+            );
+        }
+    }
+    let index = model.join("model.safetensors.index.json");
+    std::fs::write(
+        &index,
+        serde_json::to_vec(&serde_json::json!({"metadata": {}, "weight_map": map})).unwrap(),
+    )
+    .unwrap();
+    let out = dir.path().join("run");
+    let line = assert_error(
+        kwk_eval()
+            .args(["--formats", "float32", "--ctx", "64", "--no-speed", "--llm"])
+            .arg(&model)
+            .arg("--text")
+            .arg(eval_txt())
+            .arg("--out")
+            .arg(&out),
+        2,
+        &format!(
+            "loading --llm '{m}': {i}: lists shard 'model-00002-of-00002.safetensors', which is not in the folder (1 of 2 shards missing); download the missing shards into '{m}' again",
+            m = model.display(),
+            i = index.display()
+        ),
+    );
+    assert_eq!(line.matches("No such file").count(), 0, "{line}");
+    no_run_folder(&out);
+}
+
 #[test]
 fn baseline_missing_or_not_results() {
     let dir = tempfile::tempdir().unwrap();

@@ -70,6 +70,28 @@ fn generate_bad_input() {
     );
 }
 
+/// `KWK_ISA` naming no tier this CPU runs is refused by `generate` as by a run (exit 2),
+/// not warned about and replaced by another tier.
+#[test]
+fn generate_refuses_a_bogus_kwk_isa() {
+    let line = assert_error(
+        kwk_eval()
+            .env("KWK_ISA", "bogus")
+            .args([
+                "generate",
+                "--prompt",
+                "hi",
+                "--max-new-tokens",
+                "2",
+                "--llm",
+            ])
+            .arg(tiny_llama()),
+        2,
+        "KWK_ISA=bogus is not a kernel tier this CPU supports; set it to one of ",
+    );
+    assert!(line.ends_with(" or unset it"), "{line}");
+}
+
 #[test]
 fn generate_missing_model() {
     assert_error(

@@ -84,6 +84,23 @@ pub struct Versions {
     /// GGUF runner ran.
     #[serde(default)]
     pub llama_cpp_env_cleared: Option<Vec<String>>,
+    /// The llama.cpp build that ran and how it was judged new enough (null when no GGUF
+    /// runner ran).
+    #[serde(default)]
+    pub llama_cpp_build: Option<LlamaCppBuild>,
+}
+
+/// The llama.cpp build the GGUF rows ran with, as `--version` reported it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct LlamaCppBuild {
+    /// The build number as reported (null for `build 0`); it may be implausibly small
+    /// (a shallow clone reports `build 1`), which `judged_by` says.
+    pub number: Option<u64>,
+    /// The commit (null for `commit unknown`).
+    pub commit: Option<String>,
+    /// How it was judged new enough: `build number and --help flags`, or `--help flags
+    /// (build number 1 not plausible)`, or `--help flags (no build number)`.
+    pub judged_by: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -458,6 +475,11 @@ pub mod testdata {
                 llama_cpp: Some(1),
                 llama_cpp_version: Some("version: 1 (abc)".into()),
                 llama_cpp_env_cleared: Some(vec!["LLAMA_ARG_CTX_SIZE".into()]),
+                llama_cpp_build: Some(LlamaCppBuild {
+                    number: Some(1),
+                    commit: Some("abc".into()),
+                    judged_by: "--help flags (build number 1 not plausible)".into(),
+                }),
             },
             protocol: Protocol {
                 ctx: 64,

@@ -14,8 +14,14 @@ pub fn write(path: &Path, results: &Results) -> Result<()> {
 
 /// Reads a results.json, checking its schema version.
 pub fn read(path: &Path) -> Result<Results> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading '{}'", path.display()))?;
+    let what = format!("'{}'", path.display());
+    crate::text::regular_file(path, &what, "pass a results.json written by kwk-eval")?;
+    let mut text = String::new();
+    std::io::Read::read_to_string(
+        &mut crate::text::open_input(path).with_context(|| format!("reading {what}"))?,
+        &mut text,
+    )
+    .with_context(|| format!("reading {what}"))?;
     let value: serde_json::Value = serde_json::from_str(&text).with_context(|| {
         format!(
             "'{}' is not JSON; pass a results.json written by kwk-eval",

@@ -72,6 +72,23 @@ fn warnings(r: &Results) -> String {
     s
 }
 
+/// The llama.cpp build, with its commit and how it was judged new enough when known.
+fn llama_cpp_version(v: &crate::protocol::results::Versions) -> String {
+    let build = match (&v.llama_cpp, &v.llama_cpp_version) {
+        (Some(b), _) => format!("build {b}"),
+        (None, Some(v)) => format!("'{v}'"),
+        (None, None) => return "-".into(),
+    };
+    match &v.llama_cpp_build {
+        Some(b) => format!(
+            "{build} (commit {}; judged new enough by {})",
+            b.commit.as_deref().unwrap_or("unknown"),
+            b.judged_by
+        ),
+        None => build,
+    }
+}
+
 /// The machine and versions, in one sentence.
 fn machine_line(r: &Results) -> String {
     let mut s = String::new();
@@ -84,11 +101,7 @@ fn machine_line(r: &Results) -> String {
         if r.machine.isa.is_empty() { "-".into() } else { r.machine.isa.join(", ") },
         r.versions.kwk.as_deref().unwrap_or("unknown"),
         r.versions.kwk_eval,
-        match (&r.versions.llama_cpp, &r.versions.llama_cpp_version) {
-            (Some(b), _) => format!("build {b}"),
-            (None, Some(v)) => format!("'{v}'"),
-            (None, None) => "-".into(),
-        },
+        llama_cpp_version(&r.versions),
         r.started_utc
     );
     // Every GGUF row runs the same tools, so one build; its features, as it reports them.

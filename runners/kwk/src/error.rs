@@ -7,11 +7,12 @@ pub type Result<T, E = KwkError> = std::result::Result<T, E>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum KwkError {
-    #[error("{path}: {source}")]
+    /// The message holds the I/O error's text; the error is not also given as the `source`
+    /// (a printer of the whole chain, such as anyhow's `{:#}`, would print it twice).
+    #[error("{path}: {error}")]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// A model file is malformed (bad header, truncated data, shape that does not match
     /// the config, missing tensor or key). `what` names the tensor or key.
@@ -36,7 +37,7 @@ impl KwkError {
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         KwkError::Io {
             path: path.into(),
-            source,
+            error: source,
         }
     }
     pub fn bad_model(path: impl Into<PathBuf>, what: impl Into<String>) -> Self {

@@ -35,7 +35,8 @@ use std::path::{Path, PathBuf};
 /// Maps `path` read-only. Model files are mapped rather than read so that a multi-gigabyte
 /// checkpoint costs no heap copy: tensors are converted straight from the page cache.
 pub(crate) fn map_file(path: &Path) -> Result<memmap2::Mmap> {
-    let file = std::fs::File::open(path).map_err(|e| KwkError::io(path, e))?;
+    // A named pipe would block `open` (and a device has no length): regular files only.
+    let file = crate::files::open_regular(path).map_err(|e| KwkError::io(path, e))?;
     // SAFETY: the map is read-only and private to this process; the loaders only read
     // bytes through bounds-checked slices. A concurrent writer truncating the file
     // would be undefined behaviour, as for every mmap-based model loader (llama.cpp,

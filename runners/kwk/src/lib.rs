@@ -16,6 +16,7 @@
 
 pub mod decoder;
 pub mod error;
+pub mod files;
 pub mod format;
 pub mod gguf;
 pub mod interrupt;

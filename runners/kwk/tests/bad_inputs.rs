@@ -62,6 +62,16 @@ fn patch_gguf_int(bytes: &mut [u8], key: &str, value: u64) {
     bytes[at + 4..at + 4 + width].copy_from_slice(&value.to_le_bytes()[..width]);
 }
 
+/// Replaces `path` with a named pipe (no writer: opening it would block).
+fn make_fifo(path: &Path) {
+    let _ = std::fs::remove_file(path);
+    let made = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(made.success(), "mkfifo {}", path.display());
+}
+
 fn edit_json(path: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
     let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
     edit(&mut v);
@@ -85,6 +95,15 @@ fn build(id: &str, tmp: &Path) -> (PathBuf, PathBuf, PathBuf) {
     match id {
         "missing-path" => {
             let p = tmp.join("no-such-model.gguf");
+            (p.clone(), p, dir.clone())
+        }
+        "llm-named-pipe" => {
+            let p = tmp.join("pipe.gguf");
+            make_fifo(&p);
+            (p.clone(), p, dir.clone())
+        }
+        "llm-device" => {
+            let p = PathBuf::from("/dev/zero");
             (p.clone(), p, dir.clone())
         }
         "gguf-not-gguf" => write_gguf(b"hello, this is text\n"),
@@ -189,9 +208,40 @@ fn build(id: &str, tmp: &Path) -> (PathBuf, PathBuf, PathBuf) {
             f.set_len((16 << 20) + 1).unwrap();
             folder(&config)
         }
+        "config-named-pipe" => {
+            make_fifo(&config);
+            folder(&config)
+        }
         "safetensors-missing" => {
             std::fs::remove_file(&st).unwrap();
             folder(&dir)
+        }
+        "safetensors-shard-missing" => {
+            // Two shards in the index; the second was never downloaded.
+            let first = dir.join("model-00001-of-00002.safetensors");
+            std::fs::rename(&st, &first).unwrap();
+            let index = dir.join("model.safetensors.index.json");
+            let header = {
+                let b = std::fs::read(&first).unwrap();
+                let n = u64::from_le_bytes(b[..8].try_into().unwrap()) as usize;
+                serde_json::from_slice::<serde_json::Value>(&b[8..8 + n]).unwrap()
+            };
+            let mut names: Vec<&String> = header
+                .as_object()
+                .unwrap()
+                .keys()
+                .filter(|k| *k != "__metadata__")
+                .collect();
+            names.sort();
+            let last = names.pop().unwrap();
+            let mut map = serde_json::Map::new();
+            for n in names {
+                map.insert(n.clone(), "model-00001-of-00002.safetensors".into());
+            }
+            map.insert(last.clone(), "model-00002-of-00002.safetensors".into());
+            let v = serde_json::json!({"metadata": {}, "weight_map": map});
+            std::fs::write(&index, serde_json::to_vec(&v).unwrap()).unwrap();
+            folder(&index)
         }
         "safetensors-bad-header" => {
             let mut b = std::fs::read(&st).unwrap();
@@ -212,6 +262,21 @@ fn build(id: &str, tmp: &Path) -> (PathBuf, PathBuf, PathBuf) {
             std::fs::remove_file(&tok).unwrap();
             folder(&tok)
         }
+        "tokenizer-json-named-pipe" => {
+            make_fifo(&tok);
+            folder(&tok)
+        }
+        "tokenizer-beyond-embedding" => {
+            // Another model's tokenizer: one id more than the 512 embedding rows.
+            edit_json(&tok, |v| {
+                let added = v["added_tokens"].as_array_mut().unwrap();
+                let mut extra = added[0].clone();
+                extra["id"] = 512.into();
+                extra["content"] = "<|another-model|>".into();
+                added.push(extra);
+            });
+            folder(&tok)
+        }
         "tokenizer-json-not-json" => {
             std::fs::write(&tok, "{\"model\": ").unwrap();
             folder(&tok)
@@ -222,6 +287,8 @@ fn build(id: &str, tmp: &Path) -> (PathBuf, PathBuf, PathBuf) {
 
 const BUILDERS: &[&str] = &[
     "missing-path",
+    "llm-named-pipe",
+    "llm-device",
     "gguf-not-gguf",
     "gguf-empty",
     "gguf-version-1",
@@ -244,11 +311,15 @@ const BUILDERS: &[&str] = &[
     "config-max-positions-0",
     "config-size-huge",
     "config-too-big",
+    "config-named-pipe",
     "safetensors-missing",
+    "safetensors-shard-missing",
     "safetensors-bad-header",
     "safetensors-truncated",
     "safetensors-wrong-shape",
     "tokenizer-json-missing",
+    "tokenizer-json-named-pipe",
+    "tokenizer-beyond-embedding",
     "tokenizer-json-not-json",
 ];
 

@@ -8,7 +8,8 @@
 //! - [`process`]: one subprocess with a clean environment, drained pipes and a timeout.
 //! - [`settings`]: threads, KV cache type and flash attention, pinned on every run.
 //! - [`perplexity`], [`kld`], [`bench`], [`tokenize`]: the commands and their parsers.
-#![forbid(unsafe_code)]
+// One `unsafe` block: the parent-death hook between fork and exec (`process`).
+#![deny(unsafe_code)]
 
 pub mod bench;
 pub mod error;

@@ -6,6 +6,11 @@
 //! an interrupt ([`interrupt_flag`]) kills whole (a `killpg` system call, no `kill`
 //! binary), errors that carry the stderr tail, and the tool's peak resident memory (its
 //! `VmHWM`, read while it runs).
+//!
+//! No tool outlives the program that started it: on Linux every tool gets a parent-death
+//! signal (`PR_SET_PDEATHSIG` = SIGKILL, set between fork and exec), so even a SIGKILL of
+//! the caller takes the tool down; and [`kill_running`] kills the process group of every
+//! tool still running, for a program that must exit at once (a second Ctrl-C).
 
 use crate::error::{Error, Result};
 use std::ffi::{OsStr, OsString};
@@ -202,7 +207,74 @@ impl ToolCommand {
             // Own process group, so a timeout can kill the tool and anything it started.
             cmd.process_group(0);
         }
+        #[cfg(target_os = "linux")]
+        die_with_parent(&mut cmd);
         cmd
+    }
+}
+
+/// Makes the child get SIGKILL when this process dies, however it dies (`prctl(
+/// PR_SET_PDEATHSIG)`, kept across `exec`). The signal fires when the *thread* that forked
+/// the child ends; [`run`] waits for its tool on the thread that spawned it, so that thread
+/// outlives the tool. If this process died between `fork` and the `prctl` call, the child
+/// has already been re-parented and no signal would ever come: it then checks its parent
+/// is still the process that started it, and otherwise fails before `exec` (the tool never
+/// runs).
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+fn die_with_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    let parent = rustix::process::getpid();
+    let hook = move || -> std::io::Result<()> {
+        rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
+        if rustix::process::getppid() != Some(parent) {
+            // The parent is gone: no such process (ESRCH), without allocating.
+            return Err(rustix::io::Errno::SRCH.into());
+        }
+        Ok(())
+    };
+    // SAFETY: the hook runs in the forked child before `exec`, where only async-signal-safe
+    // work is allowed: it makes two raw system calls through rustix (`prctl`, `getppid`),
+    // and its errors are raw OS error codes; it allocates nothing and takes no lock, and
+    // it touches no memory shared with the parent (`parent` is a copied integer).
+    unsafe {
+        cmd.pre_exec(hook);
+    }
+}
+
+/// Process groups of the tools running now (each tool leads its own), for [`kill_running`].
+static RUNNING: Mutex<Vec<i32>> = Mutex::new(Vec::new());
+
+fn running() -> std::sync::MutexGuard<'static, Vec<i32>> {
+    RUNNING.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Kills (SIGKILL) the process group of every tool [`run`] is running now. For a program
+/// about to exit at once (a second interrupt): the groups die with it instead of running on
+/// under PID 1. Safe to call from any thread; `run` itself then sees its tool killed.
+pub fn kill_running() {
+    #[cfg(unix)]
+    for &pgid in running().iter() {
+        if let Some(pid) = rustix::process::Pid::from_raw(pgid) {
+            let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+        }
+    }
+}
+
+/// Removes the tool's group from [`RUNNING`] once it has been reaped, however `run` ends.
+struct Registered(i32);
+
+impl Registered {
+    fn new(child: &Child) -> Registered {
+        let pgid = i32::try_from(child.id()).unwrap_or(0);
+        running().push(pgid);
+        Registered(pgid)
+    }
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        running().retain(|&p| p != self.0);
     }
 }
 
@@ -313,6 +385,8 @@ pub fn run(cmd: &ToolCommand, mut on_output: impl FnMut(&str, &str)) -> Result<T
         path: cmd.program.clone(),
         source,
     })?;
+    // Unregistered when `run` returns, or once the loop below has reaped the child.
+    let registered = Registered::new(&child);
     let out_buf: SharedBuf = Arc::default();
     let err_buf: SharedBuf = Arc::default();
     let mut drains = Vec::new();
@@ -376,6 +450,7 @@ pub fn run(cmd: &ToolCommand, mut on_output: impl FnMut(&str, &str)) -> Result<T
         }
         std::thread::sleep(POLL);
     };
+    drop(registered);
     let elapsed = start.elapsed();
     if !wait_for_drains(&drains, PIPE_GRACE) {
         // Something still holds the pipes (a grandchild); take what we have.

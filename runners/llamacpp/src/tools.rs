@@ -14,7 +14,13 @@
 //! llama-perplexity's `-fa on|off|auto` (before it `-fa` was a bare switch); llama.cpp
 //! switched between b6300 and b6343 (WasmEdge's bump to b6343 notes "the type of flash
 //! attention is changed from bool to string"), so [`MIN_BUILD_NUMBER`] is b6343; when a
-//! build does report its number, one below that is rejected too.
+//! build reports a plausible number, one below that is rejected too.
+//!
+//! A build number is the count of commits in the checkout it was built from, so a shallow
+//! clone (`git clone --depth 1`) reports `build 1` however new it is. A number below
+//! [`PLAUSIBLE_BUILD_FLOOR`] (llama.cpp passed 1000 commits in August 2023, long before
+//! any build whose flags kwk could use) is therefore not evidence of age: such a build is
+//! judged by its `--help` alone ([`LlamaCppTools::judged_by`] says which way it was).
 
 use crate::error::{Error, Result};
 use crate::process::{self, ToolCommand};
@@ -25,6 +31,10 @@ use std::time::Duration;
 /// The oldest llama.cpp build whose tools accept every flag this crate passes (see the
 /// module docs for how it was chosen).
 pub const MIN_BUILD_NUMBER: u64 = 6343;
+
+/// Build numbers below this come from shallow clones, not from old trees (see the module
+/// docs): they neither date a build nor refuse it.
+pub const PLAUSIBLE_BUILD_FLOOR: u64 = 1000;
 
 pub const PERPLEXITY: &str = "llama-perplexity";
 pub const BENCH: &str = "llama-bench";
@@ -106,6 +116,22 @@ impl BuildInfo {
             });
         }
         None
+    }
+
+    /// The build number when it can date the build: reported, and at least
+    /// [`PLAUSIBLE_BUILD_FLOOR`].
+    pub fn plausible_build_number(&self) -> Option<u64> {
+        self.build_number.filter(|&n| n >= PLAUSIBLE_BUILD_FLOOR)
+    }
+
+    /// How a build that passed was judged new enough: `build number and --help flags`, or
+    /// `--help flags (build number 1 not plausible)` / `--help flags (no build number)`.
+    pub fn judged_by(&self) -> String {
+        match (self.build_number, self.plausible_build_number()) {
+            (_, Some(_)) => "build number and --help flags".to_string(),
+            (Some(n), None) => format!("--help flags (build number {n} not plausible)"),
+            (None, _) => "--help flags (no build number)".to_string(),
+        }
     }
 }
 
@@ -293,7 +319,7 @@ impl LlamaCppTools {
     fn check(found: Found) -> Result<LlamaCppTools> {
         let build = probe_version(&found.perplexity)?;
         let mut notes = Vec::new();
-        if let Some(n) = build.build_number {
+        if let Some(n) = build.plausible_build_number() {
             if n < MIN_BUILD_NUMBER {
                 return Err(Error::ToolTooOld {
                     path: found.perplexity.clone(),
@@ -352,9 +378,15 @@ impl LlamaCppTools {
         self.tokenize.as_deref()
     }
     /// The build number llama-perplexity reports; `None` when it reports `build 0`
-    /// (a build outside a git checkout, such as the sdist build of the setup script).
+    /// (a build outside a git checkout, such as the sdist build of the setup script). It
+    /// may be implausibly small (a shallow clone's `build 1`): see
+    /// [`BuildInfo::plausible_build_number`].
     pub fn build_number(&self) -> Option<u64> {
         self.build.build_number
+    }
+    /// How the tools were judged new enough ([`BuildInfo::judged_by`]).
+    pub fn judged_by(&self) -> String {
+        self.build.judged_by()
     }
     /// The commit llama-perplexity reports; `None` for `commit unknown`.
     pub fn build_commit(&self) -> Option<&str> {

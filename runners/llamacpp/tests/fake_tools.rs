@@ -20,13 +20,20 @@ fn script(path: &Path, body: &str) {
 /// A fake tool that answers `--version` and `--help` like the real one (help text captured
 /// from the real binary, optionally edited) and otherwise runs `body`.
 fn fake_tool(dir: &Path, name: &str, help: &str, body: &str) {
+    fake_tool_of_version(dir, name, &data("llama-perplexity-version.txt"), help, body);
+}
+
+/// [`fake_tool`] printing the captured `--version` output in `version` (on stderr, as the
+/// real tools do).
+fn fake_tool_of_version(dir: &Path, name: &str, version: &Path, help: &str, body: &str) {
     let help_file = dir.join(format!("{name}.help"));
     std::fs::write(&help_file, help).unwrap();
     script(
         &dir.join(name),
         &format!(
-            "case \"$1\" in\n--version) echo 'version: 0.5.0-dev (build 0, commit unknown)' >&2; exit 0;;\n\
+            "case \"$1\" in\n--version) cat '{}' >&2; exit 0;;\n\
              --help) cat '{}'; exit 0;;\nesac\n{body}\n",
+            version.display(),
             help_file.display()
         ),
     );
@@ -187,6 +194,46 @@ fn missing_tools_name_what_was_searched_and_the_fix() {
         ),
         "{e}"
     );
+}
+
+/// A build from a shallow clone (`git clone --depth 1`) reports `build 1` (captured output
+/// of the real tools, the version line as such a build prints it): the number cannot date
+/// the build, so its `--help` alone decides, and the tools say how they were judged.
+#[test]
+fn a_shallow_clone_build_is_judged_by_its_help_not_its_build_number() {
+    let tmp = tempfile::tempdir().unwrap();
+    let shallow = data("llama-perplexity-version-shallow-clone.txt");
+    fake_set(tmp.path(), "exit 0");
+    let help = real_help("llama-perplexity");
+    fake_tool_of_version(tmp.path(), "llama-perplexity", &shallow, &help, "exit 0");
+    let t = LlamaCppTools::locate_in(&search_dir(tmp.path())).unwrap();
+    assert_eq!(t.build_number(), Some(1));
+    assert_eq!(t.build_commit(), Some("abcdef0"));
+    assert_eq!(t.build().plausible_build_number(), None);
+    assert_eq!(t.judged_by(), "--help flags (build number 1 not plausible)");
+
+    // The same build number with a --help that lacks a flag: too old for the flag only.
+    let old_help = help.replace("--flash-attn [on|off|auto]", "--flash-attn");
+    fake_tool_of_version(
+        tmp.path(),
+        "llama-perplexity",
+        &shallow,
+        &old_help,
+        "exit 0",
+    );
+    let msg = LlamaCppTools::locate_in(&search_dir(tmp.path()))
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("`-fa on|off`"), "{msg}");
+    assert!(!msg.contains("build number"), "{msg}");
+
+    // A build outside a git checkout (build 0), and a plausible build number.
+    fake_set(tmp.path(), "exit 0");
+    let t = LlamaCppTools::locate_in(&search_dir(tmp.path())).unwrap();
+    assert_eq!(t.judged_by(), "--help flags (no build number)");
+    let b = llamacpp::tools::BuildInfo::parse("version: 7001 (0c1e570)\n").unwrap();
+    assert_eq!(b.plausible_build_number(), Some(7001));
+    assert_eq!(b.judged_by(), "build number and --help flags");
 }
 
 #[test]

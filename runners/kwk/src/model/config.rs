@@ -293,7 +293,7 @@ impl ModelConfig {
     /// qwen3_moe). Missing required keys and wrongly typed values are `BadModel` errors
     /// naming the file and key; an unknown `model_type` is `Unsupported`.
     pub fn from_hf_config_json(path: &Path) -> Result<ModelConfig> {
-        let len = std::fs::metadata(path)
+        let len = crate::files::regular_metadata(path)
             .map_err(|e| KwkError::io(path, e))?
             .len();
         if len > MAX_CONFIG_JSON_BYTES {
@@ -306,7 +306,7 @@ impl ModelConfig {
                 ),
             ));
         }
-        let text = std::fs::read_to_string(path).map_err(|e| KwkError::io(path, e))?;
+        let text = crate::files::read_regular_to_string(path).map_err(|e| KwkError::io(path, e))?;
         Self::from_hf_config_str(&text, path)
     }
 

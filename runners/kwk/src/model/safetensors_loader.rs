@@ -482,7 +482,8 @@ impl WeightSource for SafetensorsSource {
 /// The shard file names `model.safetensors.index.json` lists (its `weight_map` values),
 /// sorted and deduplicated; each must be a plain file name inside the folder.
 pub(crate) fn index_shards(index_path: &Path) -> Result<Vec<String>> {
-    let text = std::fs::read_to_string(index_path).map_err(|e| KwkError::io(index_path, e))?;
+    let text = crate::files::read_regular_to_string(index_path)
+        .map_err(|e| KwkError::io(index_path, e))?;
     let value: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| KwkError::bad_model(index_path, format!("not valid JSON: {e}")))?;
     let map = value
@@ -529,13 +530,31 @@ pub(crate) fn unindexed_weight_files(names: &[String]) -> Vec<String> {
 
 /// The safetensors files of a folder: those named by `model.safetensors.index.json` when
 /// it exists, else [`unindexed_weight_files`].
-fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
+pub(crate) fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let index_path = dir.join("model.safetensors.index.json");
     if index_path.is_file() {
-        return Ok(index_shards(&index_path)?
-            .into_iter()
-            .map(|n| dir.join(n))
-            .collect());
+        let shards = index_shards(&index_path)?;
+        let missing: Vec<&String> = shards
+            .iter()
+            .filter(|n| {
+                // Followed: a hub cache's shard is a link to a blob that may be missing.
+                matches!(std::fs::metadata(dir.join(n)),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound)
+            })
+            .collect();
+        if let Some(first) = missing.first() {
+            return Err(KwkError::bad_model(
+                &index_path,
+                format!(
+                    "lists shard '{first}', which is not in the folder ({} of {} shards \
+                     missing); download the missing shards into '{}' again",
+                    missing.len(),
+                    shards.len(),
+                    dir.display()
+                ),
+            ));
+        }
+        return Ok(shards.into_iter().map(|n| dir.join(n)).collect());
     }
     let entries = std::fs::read_dir(dir).map_err(|e| KwkError::io(dir, e))?;
     let mut names = Vec::new();

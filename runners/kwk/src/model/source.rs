@@ -179,7 +179,9 @@ fn is_hub_id(s: &str) -> bool {
 pub fn resolve_spec(spec: &str) -> Result<ModelSource> {
     let path = Path::new(spec);
     if path.is_dir() {
-        if !path.join("config.json").is_file() {
+        // `exists`, not `is_file`: a config.json that is a pipe or a device is refused by
+        // the loader as what it is, not as missing.
+        if !path.join("config.json").exists() {
             return Err(KwkError::NotFound(format!(
                 "'{spec}' is a folder without config.json; a model folder needs config.json, \
                  tokenizer.json and the *.safetensors weights (Hugging Face layout)"
@@ -199,6 +201,14 @@ pub fn resolve_spec(spec: &str) -> Result<ModelSource> {
         return Err(KwkError::NotFound(format!(
             "'{spec}' is a file but not a GGUF model; pass a .gguf file, a Hugging Face \
              model folder, a hub id (org/name) or a short name such as SmolLM2-135M-Instruct"
+        )));
+    }
+    if let Ok(meta) = std::fs::metadata(path) {
+        // It exists, but is neither: a named pipe, a device, a socket.
+        return Err(KwkError::InvalidArgument(format!(
+            "'{spec}' is not a regular file or folder (a {}); pass a .gguf file or a Hugging \
+             Face model folder",
+            crate::files::kind(&meta.file_type())
         )));
     }
     if spec.ends_with(".gguf") {
@@ -447,6 +457,7 @@ pub fn load_model_with(spec: &str, settings: &HubSettings) -> Result<Model> {
             (config, weights, Tokenizer::from_hf_folder(&path)?, info)
         }
     };
+    check_tokenizer_fits(&tokenizer, &config, &source, &path)?;
     info.requested = spec.to_string();
     info.resolved_path = path;
     info.read_s = start.elapsed().as_secs_f64();
@@ -456,6 +467,35 @@ pub fn load_model_with(spec: &str, settings: &HubSettings) -> Result<Model> {
         tokenizer,
         info,
     })
+}
+
+/// A tokenizer with ids past the embedding's rows belongs to another model: refused at load,
+/// naming both sizes, rather than when the first such id is looked up.
+fn check_tokenizer_fits(
+    tokenizer: &Tokenizer,
+    config: &ModelConfig,
+    source: &ModelSource,
+    path: &Path,
+) -> Result<()> {
+    let ids = tokenizer.vocab_size();
+    if ids <= config.vocab_size {
+        return Ok(());
+    }
+    let (file, what) = match source {
+        ModelSource::Gguf(_) => (path.to_path_buf(), "re-convert the model"),
+        _ => (
+            path.join("tokenizer.json"),
+            "use the model's own tokenizer.json",
+        ),
+    };
+    Err(KwkError::Tokenizer(format!(
+        "{}: has ids up to {} but the embedding has {} rows (ids 0 to {}): the tokenizer does \
+         not belong to this model ({what})",
+        file.display(),
+        ids - 1,
+        config.vocab_size,
+        config.vocab_size.saturating_sub(1)
+    )))
 }
 
 /// A model's config, tokenizer and load figures without its weights: what a warm start
@@ -492,6 +532,8 @@ pub fn load_model_header_with(spec: &str, settings: &HubSettings) -> Result<Mode
         }
         ModelSource::HfFolder(_) | ModelSource::Hub { .. } => {
             let config = ModelConfig::from_hf_config_json(&path.join("config.json"))?;
+            // A shard missing from the index is refused now, not when a row reads weights.
+            super::safetensors_loader::safetensors_files(&path)?;
             let mut bytes = 0;
             for entry in std::fs::read_dir(&path).map_err(|e| KwkError::io(&path, e))? {
                 let entry = entry.map_err(|e| KwkError::io(&path, e))?;
@@ -511,6 +553,7 @@ pub fn load_model_header_with(spec: &str, settings: &HubSettings) -> Result<Mode
             )
         }
     };
+    check_tokenizer_fits(&tokenizer, &config, &source, &path)?;
     Ok(ModelHeader {
         config,
         tokenizer,

@@ -48,7 +48,7 @@ fn tok_err(path: &Path, what: impl std::fmt::Display) -> KwkError {
 /// Reads an optional JSON file: `Ok(None)` when it does not exist, an error naming it when
 /// it cannot be read or parsed.
 fn read_optional_json(path: &Path) -> Result<Option<Value>> {
-    match std::fs::read(path) {
+    match crate::files::read_regular(path) {
         Ok(bytes) => serde_json::from_slice(&bytes)
             .map(Some)
             .map_err(|e| tok_err(path, format!("not valid JSON: {e}"))),
@@ -114,7 +114,7 @@ fn component_has(component: &Value, kind: &str) -> bool {
 impl HfBackend {
     pub fn load(dir: &Path) -> Result<(Self, HfSpecials)> {
         let tokenizer_path: PathBuf = dir.join("tokenizer.json");
-        let bytes = std::fs::read(&tokenizer_path).map_err(|e| {
+        let bytes = crate::files::read_regular(&tokenizer_path).map_err(|e| {
             tok_err(
                 &tokenizer_path,
                 format!("cannot read ({e}); a Hugging Face model folder needs its tokenizer.json"),
