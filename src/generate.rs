@@ -161,6 +161,18 @@ pub fn generate(cfg: &GenerateConfig) -> Result<()> {
         calibration_tokens: None,
         pack_cache_dir: cfg.pack_cache_dir.clone(),
     };
+    {
+        use kwk::decoder::resident::{available_memory, check_fits, resident_need, Build};
+        let need = resident_need(&header.config, &precision, max_cache_len, Build::FromHeader);
+        check_fits(
+            &crate::prepare::row_label(&cfg.format, &cfg.llm),
+            &need,
+            0,
+            available_memory(),
+            "use a smaller model, another --format or fewer --max-new-tokens (KWK_MEMORY_CHECK=0 skips this check)",
+        )
+        .map_err(|e| anyhow::anyhow!(e))?;
+    }
     let packing = || format!("packing '{}' as {}", cfg.llm, cfg.format);
     let mut decoder = KwkDecoder::from_header(&header, options).with_context(packing)?;
     let tokenizer = header.tokenizer;

@@ -122,6 +122,22 @@ fn build_kwk(plan: &RunPlan, prep: &Prepared, spec: &FormatSpec) -> Result<Box<d
         calibration_tokens: prep.calibration_tokens.clone(),
         pack_cache_dir: plan.pack_cache_dir.clone(),
     };
+    // Checked again as the row is built: what earlier rows keep is resident by now, and
+    // the machine may have less than at the start.
+    let need = kwk::decoder::resident::resident_need(
+        &prep.model.config,
+        precision,
+        prep.max_cache_len,
+        kwk::decoder::resident::Build::FromHeader,
+    );
+    kwk::decoder::resident::check_fits(
+        &crate::prepare::row_label(name, &plan.llm),
+        &need,
+        0,
+        kwk::decoder::resident::available_memory(),
+        crate::prepare::MEMORY_HINT,
+    )
+    .map_err(|e| anyhow::anyhow!(e))?;
     let r = KwkRunner::new(Rc::clone(&prep.model), name, *precision, &options, role)?;
     Ok(Box::new(r))
 }

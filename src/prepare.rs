@@ -1,7 +1,7 @@
 //! After the plan, before any runner: read the model's header (config and tokenizer; no
 //! weights: each kwk row reads or streams them itself), hash its files, tokenize the
 //! text once, fix the chunk plan, decide on the KL-divergence reference, check the
-//! decoder's limits and the baseline's identity, tokenize the calibration text (refused
+//! decoder's limits, the memory the kwk rows need, and the baseline's identity, tokenize the calibration text (refused
 //! when it shares a run of tokens with the scored windows, unless `--calib-on-eval`), and
 //! start the results file. Everything
 //! here is shared by every runner of the run; nothing here measures.
@@ -311,12 +311,66 @@ fn start_results(
     }
 }
 
+/// What the memory refusal suggests.
+pub const MEMORY_HINT: &str =
+    "use a smaller model or fewer formats (KWK_MEMORY_CHECK=0 skips this check)";
+
+/// The label of row `name` of the model in a memory refusal: `int4 of model.gguf`.
+pub fn row_label(name: &str, llm: &str) -> String {
+    let file = Path::new(llm)
+        .file_name()
+        .map_or_else(|| llm.to_string(), |f| f.to_string_lossy().into_owned());
+    format!("{name} of {file}")
+}
+
+/// Refuses the run, before any row is loaded, when a kwk row's estimated resident need
+/// (`kwk::decoder::resident`) exceeds the memory available. With speed every built row is
+/// kept until the speed rounds end, so each row's need adds what the rows before it keep.
+fn check_memory(
+    plan: &RunPlan,
+    model: &kwk::model::ModelHeader,
+    max_cache_len: usize,
+) -> Result<()> {
+    use kwk::decoder::resident::{available_memory, check_fits, resident_need, Build};
+    let available = available_memory();
+    if available.is_none() {
+        return Ok(());
+    }
+    let mut held = 0;
+    for spec in &plan.formats {
+        let crate::protocol::FormatSpec::Kwk { name, precision } = spec else {
+            continue;
+        };
+        let need = resident_need(&model.config, precision, max_cache_len, Build::FromHeader);
+        check_fits(
+            &row_label(name, &plan.llm),
+            &need,
+            held,
+            available,
+            MEMORY_HINT,
+        )
+        .map_err(|e| anyhow!(e))?;
+        if plan.speed.is_some() {
+            held += need.kept();
+        }
+    }
+    Ok(())
+}
+
 /// Reads the header, hashes and tokenizes; checks the decoder's limits (from the config;
 /// the weights' shapes are checked when a row reads them) and the baseline's identity.
 pub fn prepare(plan: &RunPlan) -> Result<Prepared> {
     eprintln!("loading model '{}'", plan.llm);
     let model = kwk::model::load_model_header(&plan.llm)
         .with_context(|| format!("loading --llm '{}'", plan.llm))?;
+    let max_cache_len = plan
+        .speed
+        .as_ref()
+        .map_or(plan.ctx, |s| plan.ctx.max(s.pp + s.tg));
+    // Before the model's files are hashed or any row reads a weight.
+    if plan.has_kwk() {
+        check_memory(plan, &model, max_cache_len)?;
+    }
     let model_sha = model_sha256(&model.info.resolved_path)?;
     let (stream, chunks) = tokenize(plan, &model)?;
     eprintln!(
@@ -327,10 +381,6 @@ pub fn prepare(plan: &RunPlan) -> Result<Prepared> {
         chunks.ctx,
         chunks.scored_tokens()
     );
-    let max_cache_len = plan
-        .speed
-        .as_ref()
-        .map_or(plan.ctx, |s| plan.ctx.max(s.pp + s.tg));
     if plan.has_kwk() {
         if let Some(why) = kwk::decoder::config_unsupported(&model.config, max_cache_len) {
             bail!(

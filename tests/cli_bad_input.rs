@@ -758,3 +758,123 @@ fn calibration_on_the_scored_text_or_too_short() {
     assert!(line.ends_with("pass a longer text"), "{line}");
     no_run_folder(&out);
 }
+
+/// A GGUF whose tensor table has Llama-2-7B's shape (`layers` of 32 layers of 4096, FFN
+/// 11008; the fixtures' tokenizer and vocabulary) with float32 data, sparse on disk: 26 GB
+/// with 32 layers, never read.
+fn sparse_7b_gguf(dir: &Path, layers: usize) -> std::path::PathBuf {
+    use kwk_fixtures::models::{specs, VOCAB};
+    let texts = kwk_fixtures::text::read();
+    let bpe = kwk_fixtures::bpe::train(&texts.training, VOCAB);
+    let spec = kwk_fixtures::models::Spec {
+        name: "big",
+        hidden: 4096,
+        intermediate: 11008,
+        layers,
+        heads: 32,
+        kv_heads: 32,
+        ..specs()[0].clone()
+    };
+    let (d, f) = (spec.hidden, spec.intermediate);
+    let mut tensors = vec![("token_embd.weight".to_string(), vec![d, VOCAB])];
+    for l in 0..spec.layers {
+        for (name, dims) in [
+            ("attn_norm", vec![d]),
+            ("attn_q", vec![d, d]),
+            ("attn_k", vec![d, d]),
+            ("attn_v", vec![d, d]),
+            ("attn_output", vec![d, d]),
+            ("ffn_norm", vec![d]),
+            ("ffn_gate", vec![d, f]),
+            ("ffn_up", vec![d, f]),
+            ("ffn_down", vec![f, d]),
+        ] {
+            tensors.push((format!("blk.{l}.{name}.weight"), dims));
+        }
+    }
+    tensors.push(("output_norm.weight".to_string(), vec![d]));
+    let (header, data) = kwk_fixtures::gguf::header_bytes(&spec.gguf_metadata(&bpe), &tensors);
+    let path = dir.join(format!("big-{layers}.gguf"));
+    std::fs::write(&path, &header).unwrap();
+    let file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap();
+    file.set_len(header.len() as u64 + data).unwrap();
+    path
+}
+
+/// A row that cannot fit in memory is refused before anything is loaded, naming the need
+/// and what is available (issue 42 item 8: a 7B F32 GGUF was packed towards the OOM
+/// killer). The available memory is the testing override, so the result does not depend
+/// on this machine; the check reads no weight (the file is sparse) and hashes nothing.
+#[test]
+fn rows_that_cannot_fit_in_memory_are_refused_before_loading() {
+    let dir = tempfile::tempdir().unwrap();
+    let big = sparse_7b_gguf(dir.path(), 32);
+    let out = dir.path().join("run");
+    let started = std::time::Instant::now();
+    assert_error(
+        kwk_eval()
+            .env("KWK_TEST_MEM_AVAILABLE_BYTES", "20000000000")
+            .env_remove("KWK_MEMORY_CHECK")
+            .args(["--formats", "int4,float32", "--ctx", "64", "--no-speed", "--llm"])
+            .arg(&big)
+            .arg("--text")
+            .arg(eval_txt())
+            .arg("--out")
+            .arg(&out),
+        2,
+        "float32 of big-32.gguf needs about 51.9 GB resident (weights 51.8 GB as float32 while packing, KV cache 0.1 GB); \
+         this machine has 20.0 GB available (KWK_TEST_MEM_AVAILABLE_BYTES) — use a smaller model or fewer formats \
+         (KWK_MEMORY_CHECK=0 skips this check)",
+    );
+    assert!(
+        started.elapsed().as_secs() < 60,
+        "took {:?}",
+        started.elapsed()
+    );
+    no_run_folder(&out);
+    // `generate` checks the same before it reads a weight.
+    assert_error(
+        kwk_eval()
+            .env("KWK_TEST_MEM_AVAILABLE_BYTES", "20000000000")
+            .env_remove("KWK_MEMORY_CHECK")
+            .args(["generate", "--format", "float32", "--prompt", "the", "--llm"])
+            .arg(&big),
+        2,
+        "float32 of big-32.gguf needs about 52.0 GB resident (weights 51.8 GB as float32 while packing, KV cache 0.2 GB); \
+         this machine has 20.0 GB available (KWK_TEST_MEM_AVAILABLE_BYTES) — use a smaller model, another --format or \
+         fewer --max-new-tokens (KWK_MEMORY_CHECK=0 skips this check)",
+    );
+
+    // With speed every row is kept until the speed rounds end. Two of the 7B's layers
+    // (0.4 G parameters, 1.6 GB sparse): float32 alone needs 3.3 GB (masters and panels)
+    // and fits in 3.6 GB; bf16 needs 2.5 GB plus the 1.6 GB float32 keeps.
+    let small = sparse_7b_gguf(dir.path(), 2);
+    let line = assert_error(
+        kwk_eval()
+            .env("KWK_TEST_MEM_AVAILABLE_BYTES", "3600000000")
+            .env_remove("KWK_MEMORY_CHECK")
+            .args([
+                "--formats",
+                "float32,bf16",
+                "--ctx",
+                "64",
+                "--pp",
+                "64",
+                "--tg",
+                "16",
+                "--llm",
+            ])
+            .arg(&small)
+            .arg("--text")
+            .arg(eval_txt())
+            .arg("--out")
+            .arg(&out),
+        2,
+        "bf16 of big-2.gguf needs about ",
+    );
+    assert!(line.contains("1.6 GB kept by the rows before it"), "{line}");
+    no_run_folder(&out);
+}

@@ -9,6 +9,7 @@ released while the decoder computes, and Ctrl-C stops a ``generate`` between tok
 """
 
 import json
+import math
 import os
 import random
 from pathlib import Path
@@ -298,11 +299,16 @@ class KwkDecoder:
             model object is keyed by the SHA-256 of its config and tensors (hashed on every
             start, about 1 s per GB of weights on two threads; a changed weight is a new
             entry, and the old one is evicted by the cache's size limit).
-        threads: worker threads (default: all available cores).
+        threads: worker threads (default: all available cores; at most 4 x the cores, as
+            ``kwk-eval --threads``).
 
     Errors from the Rust side are raised with its message: ``NotImplementedError`` for what
     kwk does not implement, ``FileNotFoundError`` for a missing model, ``OSError`` for read
-    failures, ``ValueError`` for bad input, ``RuntimeError`` for an internal error.
+    failures, ``ValueError`` for bad input (also a non-finite weight), ``MemoryError`` when the
+    estimated memory the decoder needs (float32 weights while packing, packed weights, the KV
+    cache of ``max_cache_len``) exceeds what the machine has available (Linux's
+    ``MemAvailable``; ``KWK_MEMORY_CHECK=0`` skips the check), ``RuntimeError`` for an
+    internal error.
     """
 
     def __init__(
@@ -457,13 +463,17 @@ class KwkDecoder:
             eos = [int(eos_token_id)]
         else:
             eos = [int(e) for e in eos_token_id]
+        # Checked whether or not sampling uses them: NaN compares false with everything,
+        # so `temperature <= 0` let temperature=nan through.
+        if not _is_number(temperature) or not math.isfinite(temperature) or temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+        if not _is_number(top_p) or not math.isfinite(top_p) or not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be a number in (0, 1], got {top_p!r}")
+        if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0, got {top_k!r}")
         if do_sample:
             if temperature <= 0:
                 raise ValueError("temperature must be positive when do_sample=True")
-            if not 0 < top_p <= 1:
-                raise ValueError("top_p must be in (0, 1]")
-            if top_k < 0:
-                raise ValueError("top_k must be >= 0")
             if seed is None:
                 seed = random.SystemRandom().getrandbits(63)
             sampling = dict(temperature=float(temperature), top_k=int(top_k), top_p=float(top_p))
@@ -564,6 +574,10 @@ class KwkDecoder:
             f"KwkDecoder(precision={self.precision!r}, max_cache_len={self.max_cache_len}, "
             f"vocab_size={self.vocab_size}, weight_bytes={self.weight_bytes})"
         )
+
+
+def _is_number(x: Any) -> bool:
+    return not isinstance(x, bool) and isinstance(x, (int, float, np.integer, np.floating))
 
 
 def _check_cache_len(max_cache_len: Any) -> None:

@@ -10,9 +10,10 @@ use kwk::decoder::{Precision, Sampling};
 use kwk::model::memory::{weights_from_hf_tensors, NamedTensor, NamedTensors, TensorData};
 use kwk::tokenizer::Tokenizer;
 use kwk::{KwkError, ModelConfig};
-use numpy::{PyArray1, PyReadonlyArrayDyn, PyUntypedArrayMethods};
+use numpy::{PyArray1, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMethods};
 use pyo3::exceptions::{
-    PyFileNotFoundError, PyNotImplementedError, PyOSError, PyRuntimeError, PyValueError,
+    PyFileNotFoundError, PyMemoryError, PyNotImplementedError, PyOSError, PyRuntimeError,
+    PyValueError,
 };
 use pyo3::prelude::*;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -79,8 +80,17 @@ fn options(
     cache_dir: Option<PathBuf>,
 ) -> PyResult<DecoderOptions> {
     let precision = Precision::parse(precision).map_err(to_py)?;
+    // The CLI's bound (`--threads`): more threads than that only make spinning workers
+    // wait on each other, and a huge count failed to spawn inside the thread pool.
+    let max = kwk_eval::plan::max_threads();
     let threads = match threads {
-        Some(0) => return Err(PyValueError::new_err("threads must be at least 1")),
+        Some(n) if n == 0 || n > max => {
+            return Err(PyValueError::new_err(format!(
+            "threads={n} is out of range: pass 1 to {max} (at most {} x the {} cores available)",
+            kwk_eval::plan::THREADS_PER_CORE,
+            kwk_eval::machine::available_threads()
+        )))
+        }
         Some(n) => n,
         None => std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
@@ -91,6 +101,31 @@ fn options(
         calibration_tokens: calib,
         pack_cache_dir: cache_dir,
     })
+}
+
+/// Refuses a decoder of `config` whose estimated resident need (float32 masters while
+/// packing, packed weights, KV cache of `max_cache_len`, calibration) exceeds the memory
+/// available, with `MemoryError` naming both (`kwk::decoder::resident`).
+fn check_memory(config: &ModelConfig, opts: &DecoderOptions, origin: &str) -> PyResult<()> {
+    use kwk::decoder::resident::{available_memory, check_fits, resident_need, Build};
+    let need = resident_need(
+        config,
+        &opts.precision,
+        opts.max_cache_len,
+        Build::FromWeights,
+    );
+    check_fits(
+        &format!(
+            "KwkDecoder({origin}, max_cache_len={}, precision={:?})",
+            opts.max_cache_len,
+            opts.precision.name()
+        ),
+        &need,
+        0,
+        available_memory(),
+        "use a smaller max_cache_len, a smaller precision or a smaller model (KWK_MEMORY_CHECK=0 skips this check)",
+    )
+    .map_err(PyMemoryError::new_err)
 }
 
 /// A borrowed array of the state dict: float32 elements, or bf16/f16 bits as uint16.
@@ -170,6 +205,7 @@ impl Decoder {
         let config = ModelConfig::from_hf_config_str(config_json, &origin).map_err(to_py)?;
         let use_cache = cache_dir.is_some();
         let opts = options(max_cache_len, precision, threads, calib, cache_dir)?;
+        check_memory(&config, &opts, &origin.display().to_string())?;
         let mut arrays = Vec::with_capacity(tensors.len());
         for (name, dtype, array) in &tensors {
             let b = match dtype.as_str() {
@@ -259,6 +295,11 @@ impl Decoder {
     ) -> PyResult<Decoder> {
         let mut opts = options(max_cache_len, precision, threads, calib, cache_dir)?;
         let (dec, model) = compute(py, || {
+            // The header first (config and tokenizer, no weights), so a build that cannot
+            // fit is refused before the weights are read.
+            let header = kwk::model::load_model_header(spec).map_err(to_py)?;
+            check_memory(&header.config, &opts, spec)?;
+            drop(header);
             let model = kwk::load_model(spec).map_err(to_py)?;
             if let Some(text) = &calib_text {
                 opts.calibration_tokens = Some(model.tokenizer.encode(text, true).map_err(to_py)?);
@@ -291,6 +332,9 @@ impl Decoder {
         tokens: Vec<u32>,
     ) -> PyResult<Bound<'py, PyArray1<f32>>> {
         let logits = self.with(py, |d| d.forward(&tokens, 0).map_err(to_py))?;
+        // A Ctrl-C that arrived while the GIL was released is KeyboardInterrupt here,
+        // before any NumPy call could run Python code with it pending.
+        py.check_signals()?;
         Ok(PyArray1::from_vec(py, logits))
     }
 
@@ -311,6 +355,7 @@ impl Decoder {
         seed: u64,
         eos: Vec<u32>,
     ) -> PyResult<Vec<u32>> {
+        check_sampling(temperature, top_p)?;
         if max_new_tokens == 0 {
             return Ok(Vec::new());
         }
@@ -446,6 +491,23 @@ impl Decoder {
     }
 }
 
+/// `temperature` 0 (greedy) to the CLI's largest, finite; `top_p` in (0, 1]. (`top_k` is
+/// unsigned: a negative one is refused by the conversion.)
+fn check_sampling(temperature: f32, top_p: f32) -> PyResult<()> {
+    let max = kwk_eval::generate::MAX_TEMPERATURE;
+    if !(temperature.is_finite() && (0.0..=max).contains(&temperature)) {
+        return Err(PyValueError::new_err(format!(
+            "temperature={temperature} is out of range: pass 0 (greedy) to {max}"
+        )));
+    }
+    if !(top_p.is_finite() && top_p > 0.0 && top_p <= 1.0) {
+        return Err(PyValueError::new_err(format!(
+            "top_p={top_p} is out of range: pass a number in (0, 1]"
+        )));
+    }
+    Ok(())
+}
+
 impl Decoder {
     fn tokenizer(&self) -> PyResult<&Tokenizer> {
         self.tokenizer.as_ref().ok_or_else(|| {
@@ -498,6 +560,11 @@ fn panic_for_test(py: Python<'_>, message: String) -> PyResult<()> {
 
 #[pymodule]
 fn _kwk(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // NumPy's C API and borrow-checking capsules, fetched now: fetched lazily by the first
+    // `forward`, their import ran Python code that a pending Ctrl-C interrupted, and the
+    // numpy crate turned that into a panic (PanicException, not KeyboardInterrupt).
+    let probe = numpy::PyArray1::<f32>::zeros(m.py(), 0, false);
+    drop(probe.readonly());
     m.add_class::<Decoder>()?;
     m.add_function(wrap_pyfunction!(config_unsupported, m)?)?;
     m.add_function(wrap_pyfunction!(decoder_unavailable, m)?)?;

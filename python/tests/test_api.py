@@ -255,10 +255,14 @@ def test_model_object_pack_cache_is_keyed_by_contents(llama, tmp_path):
 def test_ctrl_c_interrupts_generate_and_the_gil_is_released():
     # In a child process. The GIL: with a 10 s switch interval a thread holding the GIL is
     # never preempted, so the main thread can count while the worker's forward computes only
-    # if forward released it (held, the count stays 0). Ctrl-C: an interrupt during a long
-    # generate raises KeyboardInterrupt between tokens.
+    # if forward released it (held, the count stays 0). Ctrl-C: SIGINT is sent once the main
+    # thread is demonstrably inside the native generate call (its frame stopped at the
+    # `self._dec.generate(..., **sampling)` instruction, the GIL released), and generation
+    # cannot end first: 2**18 - 8 new tokens with EOS disabled take minutes on any machine
+    # (attention over a growing cache). So the interrupt always lands between tokens, however
+    # fast or loaded the machine (a timer raced generation and lost on a loaded machine).
     code = r"""
-import _thread, threading, time, sys
+import dis, os, signal, threading, time, sys
 sys.path.insert(0, %r)
 from conftest import tiny_model, prompt
 from kwk.decode import KwkDecoder
@@ -282,10 +286,23 @@ while not done:
 t.join()
 sys.setswitchinterval(0.005)
 print("counted", n)
-dec.reset()
-threading.Timer(0.5, _thread.interrupt_main).start()
+long = 2**18
+dec = KwkDecoder(tiny_model("llama", max_position_embeddings=long), max_cache_len=long,
+                 precision="float32", threads=1)
+gen = KwkDecoder.generate.__code__
+native_call = [i.offset for i in dis.get_instructions(gen) if i.opname == "CALL_FUNCTION_EX"]
+assert len(native_call) == 1, native_call
+main = threading.main_thread().ident
+def interrupter():
+    while True:
+        f = sys._current_frames().get(main)
+        if f is not None and f.f_code is gen and f.f_lasti in native_call:
+            os.kill(os.getpid(), signal.SIGINT)
+            return
+        time.sleep(0.001)
+threading.Thread(target=interrupter, daemon=True).start()
 try:
-    out = dec.generate(prompt(8), max_new_tokens=4000, eos_token_id=[])
+    out = dec.generate(prompt(8), max_new_tokens=long - 8, eos_token_id=[])
     print("finished", out.shape)
 except KeyboardInterrupt:
     print("interrupted")

@@ -139,6 +139,21 @@ pub fn score_chunks(
             n_rows_returned
         );
         let vocab = logits.len() / n_rows_returned;
+        // Any NaN or ±Inf logit fails the row, scored position or not, whatever the NLL
+        // would be (a -Inf logit gives a finite NLL; a kernel that hides NaN does not).
+        if let Some((r, row)) = logits
+            .chunks_exact(vocab)
+            .enumerate()
+            .find(|(_, row)| row.iter().any(|v| !v.is_finite()))
+        {
+            let bad = row.iter().filter(|v| !v.is_finite()).count();
+            bail!(
+                "non-finite logits at chunk {} token {}: {bad} of its {vocab} logits are NaN or \
+                 infinite; the runner produced NaN or infinite logits",
+                k + 1,
+                plan.first + r
+            );
+        }
         let targets = plan.targets(tokens, k);
         for (i, &t) in targets.iter().enumerate() {
             ensure!(
@@ -271,6 +286,44 @@ mod tests {
         assert_eq!(s.ppl, s.running[1]);
     }
 
+    /// One -Inf logit in an unscored row (its NLL would be finite) fails the row, naming
+    /// chunk and token.
+    #[test]
+    fn any_non_finite_logit_fails_the_row() {
+        let plan = ChunkPlan {
+            ctx: 8,
+            first: 4,
+            chunks: 2,
+        };
+        let tokens: Vec<u32> = (0..16).map(|i| i % 2).collect();
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let mut calls = 0;
+            let mut logits = |w: &[u32], f: usize| {
+                calls += 1;
+                let mut l = [0.5f32, 0.25].repeat(w.len() - f);
+                if calls == 2 {
+                    // Chunk 2, the row of token 7 (rows start at `first` = 4).
+                    l[2 * 3 + 1] = bad;
+                }
+                Ok(l)
+            };
+            let e = score_chunks(
+                &tokens,
+                &plan,
+                None,
+                &mut logits,
+                &mut |_| Ok(()),
+                &NoProgress,
+            )
+            .unwrap_err();
+            assert!(
+                format!("{e:#}")
+                    .contains("non-finite logits at chunk 2 token 7: 1 of its 2 logits"),
+                "{bad}: {e:#}"
+            );
+        }
+    }
+
     #[test]
     fn nan_logits_and_zero_variance_are_errors_not_numbers() {
         let tokens: Vec<u32> = (0..16).map(|i| i % 2).collect();
@@ -282,7 +335,8 @@ mod tests {
         // Every target certain (NLL exactly 0): no variance, no estimate (llama.cpp prints
         // "Unexpected negative standard deviation" instead of a value).
         let zeros = vec![0u32; 16];
-        let mut certain = |w: &[u32], f: usize| Ok([0.0f32, f32::NEG_INFINITY].repeat(w.len() - f));
+        // (A finite logit whose exp underflows: -Inf logits fail the row.)
+        let mut certain = |w: &[u32], f: usize| Ok([0.0f32, -1e30].repeat(w.len() - f));
         let e = score_chunks(
             &zeros,
             &plan,

@@ -634,6 +634,14 @@ fn attention(
                 let valid = pos0 + t0 + r / group + 1;
                 let row = &mut scores[r * len..(r + 1) * len];
                 let max = kernels::scale_max_f32(isa, &mut row[..valid], scale);
+                if !max.is_finite() {
+                    // A NaN or +Inf score (or none above -Inf): the softmax is undefined,
+                    // and the vector `exp` would clamp it to finite weights. NaN weights
+                    // carry it to the output instead of hiding it.
+                    row[..valid].fill(f32::NAN);
+                    row[valid..].fill(0.0);
+                    continue;
+                }
                 let sum = kernels::exp_shifted_sum(isa, &mut row[..valid], max);
                 let inv = 1.0 / sum;
                 // The scaling pass of `scale_max_f32` (exact per element; its maximum is

@@ -16,6 +16,7 @@
 
 mod layers;
 pub mod precision;
+pub mod resident;
 pub mod rope;
 pub mod sampling;
 mod stream;

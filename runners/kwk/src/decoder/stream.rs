@@ -49,7 +49,10 @@ impl KwkDecoder {
         {
             return Ok(d);
         }
-        let streams = options.precision.is_quantized() && !options.precision.needs_calibration();
+        let streams = !super::resident::holds_float32_masters(
+            &options.precision,
+            super::resident::Build::FromHeader,
+        );
         let lazy = LazyWeights::open(header)?;
         if !streams {
             let weights = lazy.all()?;
@@ -425,6 +428,36 @@ mod tests {
             threads: 2,
             calibration_tokens: None,
             pack_cache_dir: cache.map(Path::to_path_buf),
+        }
+    }
+
+    /// Inf in `ffn_down` is refused while int8 and int4 stream-pack (their scales made
+    /// finite codes of it), and when the whole model is read for float32.
+    #[test]
+    fn packing_refuses_inf_in_ffn_down() {
+        let inf = [
+            (3, f32::INFINITY),
+            (40, f32::NEG_INFINITY),
+            (41, f32::INFINITY),
+        ];
+        let (_d, path) = crate::model::gguf_loader::tests::gguf_with_values(
+            "tiny-llama",
+            &[("blk.1.ffn_down.weight", &inf)],
+        );
+        let header = load_model_header(path.to_str().unwrap()).unwrap();
+        for precision in [
+            Precision::INT8,
+            Precision::parse("int4").unwrap(),
+            Precision::parse("float32").unwrap(),
+        ] {
+            let msg = match KwkDecoder::from_header(&header, options(precision, None)) {
+                Ok(_) => panic!("{precision:?}: packed a model with Inf weights"),
+                Err(e) => e.to_string(),
+            };
+            assert!(
+                msg.contains("tensor 'blk.1.ffn_down.weight' has 3 non-finite values (NaN/Inf)"),
+                "{precision:?}: {msg}"
+            );
         }
     }
 

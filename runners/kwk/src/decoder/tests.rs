@@ -284,6 +284,32 @@ fn cache_overflow_and_bad_arguments_are_errors() {
     assert_eq!(dec.position(), 0);
 }
 
+/// One NaN weight in a layer's q makes that head's attention scores NaN; the softmax must
+/// carry them to the logits (it dropped them: `max` ignored NaN and the vector `exp`
+/// clamped it, so the logits stayed finite), on the float32 and bf16 paths and across
+/// threads. (The loaders refuse such weights; `from_weights` takes them as given.)
+#[test]
+fn attention_softmax_propagates_nan_scores() {
+    let mut f = load_fixture("tiny-llama");
+    let cols = f.weights.layers[1].q.cols();
+    // Head 0, dimension 3 of layer 1.
+    f.weights.layers[1].q.data[3 * cols + 5] = f32::NAN;
+    let tokens = [1u32, 50, 200, 7, 300, 42, 9, 17];
+    for precision in [Precision::Float32, Precision::parse("bf16").unwrap()] {
+        for threads in [1, 2] {
+            let mut dec = decoder(&f, precision, threads, 32);
+            let logits = dec.forward(&tokens, 0).unwrap();
+            let vocab = f.config.vocab_size;
+            for (t, row) in logits.chunks_exact(vocab).enumerate() {
+                assert!(
+                    row.iter().any(|v| v.is_nan()),
+                    "{precision:?} {threads} threads: position {t} has finite logits"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn generate_is_greedy_at_zero_temperature_and_reproducible_when_sampling() {
     let f = load_fixture("tiny-qwen2");

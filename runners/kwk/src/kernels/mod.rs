@@ -499,8 +499,9 @@ fn gemm_f32_unchecked(
     }
 }
 
-/// `x[i] *= scale` for every value; returns the largest result (`-inf` for none). Exact
-/// per element, so every tier returns the same values.
+/// `x[i] *= scale` for every value; returns the largest result (`-inf` for none), NaN when
+/// any result is NaN (a softmax over it must not drop it). Exact per element, so every
+/// tier returns the same values.
 pub fn scale_max_f32(isa: Isa, x: &mut [f32], scale: f32) -> f32 {
     match isa {
         #[cfg(target_arch = "x86_64")]

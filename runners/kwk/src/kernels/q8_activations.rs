@@ -16,8 +16,32 @@ pub const Q8_BLOCK: usize = 32;
 
 /// Quantizes `x` (`n_rows` rows of `dim` values, `dim % 32 == 0`) into `quants`, one
 /// `scales` entry per block (`amax / 127`) and `block_sums` (sum of the block's int8 values).
-/// Rounding is to nearest, ties away from zero.
+/// Rounding is to nearest, ties away from zero. A block holding NaN or ±Inf gets a NaN
+/// scale ([`poison_non_finite_blocks`]), so the matmul gives NaN rather than a number.
 pub fn quantize_rows_q8(
+    x: &[f32],
+    dim: usize,
+    quants: &mut [i8],
+    scales: &mut [f32],
+    block_sums: &mut [i32],
+) {
+    quantize_rows_q8_codes(x, dim, quants, scales, block_sums);
+    poison_non_finite_blocks(x, scales);
+}
+
+/// Sets the scale of every 32-value block of `x` holding NaN or ±Inf to NaN. Rounding made
+/// finite codes of them (NaN becomes 0, Inf saturates to ±127), which would hide the
+/// fault; a NaN scale carries it into every product of the block. One branch-free pass
+/// over the activations (a matmul reads each of them `rows` times).
+pub fn poison_non_finite_blocks(x: &[f32], scales: &mut [f32]) {
+    for (xs, s) in x.chunks_exact(Q8_BLOCK).zip(scales.iter_mut()) {
+        if xs.iter().fold(false, |bad, v| bad | !v.is_finite()) {
+            *s = f32::NAN;
+        }
+    }
+}
+
+fn quantize_rows_q8_codes(
     x: &[f32],
     dim: usize,
     quants: &mut [i8],
@@ -365,6 +389,20 @@ mod avx2 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// NaN rounds to code 0 and Inf saturates: the block's scale must carry the fault.
+    #[test]
+    fn non_finite_activations_give_nan_scales() {
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let mut x: Vec<f32> = (0..128).map(|i| (i as f32 - 60.0) * 0.01).collect();
+            x[40] = bad;
+            x[127] = bad;
+            let (mut q, mut s, mut b) = (vec![0i8; 128], vec![0f32; 4], vec![0i32; 4]);
+            quantize_rows_q8(&x, 64, &mut q, &mut s, &mut b);
+            assert!(s[0].is_finite() && s[2].is_finite(), "{bad}: {s:?}");
+            assert!(s[1].is_nan() && s[3].is_nan(), "{bad}: {s:?}");
+        }
+    }
 
     #[test]
     fn round_trip_error_is_within_half_a_step() {

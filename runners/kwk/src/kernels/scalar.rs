@@ -195,11 +195,18 @@ pub fn axpy_f32(y: &mut [f32], alpha: f32, x: &[f32]) {
 /// See [`super::scale_max_f32`].
 pub fn scale_max_f32(x: &mut [f32], scale: f32) -> f32 {
     let mut max = f32::NEG_INFINITY;
+    let mut nan = false;
     for v in x.iter_mut() {
         *v *= scale;
+        // `f32::max` ignores a NaN operand; it is tracked apart and returned.
         max = max.max(*v);
+        nan |= v.is_nan();
     }
-    max
+    if nan {
+        f32::NAN
+    } else {
+        max
+    }
 }
 
 /// See [`super::exp_shifted_sum`].

@@ -357,6 +357,24 @@ fn scale_max_matches_scalar_exactly() {
     }
 }
 
+/// A NaN anywhere (body or tail of the vector loop) makes the maximum NaN on every tier:
+/// `max` instructions drop a NaN operand, and a softmax shifted by a NaN-free maximum
+/// hid NaN scores (issue 42, item 1).
+#[test]
+fn scale_max_propagates_nan() {
+    for n in [1, 7, 8, 9, 16, 17, 33, 100] {
+        for at in [0, n / 2, n - 1] {
+            let mut base: Vec<f32> = values(n, 7 + n as u64);
+            base[at] = f32::NAN;
+            for isa in supported_isas() {
+                let mut got = base.clone();
+                let m = scale_max_f32(isa, &mut got, 0.5);
+                assert!(m.is_nan(), "{isa:?} n={n} NaN at {at}: max {m}");
+            }
+        }
+    }
+}
+
 #[test]
 fn exp_and_silu_match_scalar_within_two_ulp() {
     for n in [0, 1, 15, 16, 17, 100] {

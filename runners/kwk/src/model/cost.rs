@@ -58,6 +58,28 @@ pub fn matmul_params_per_token(c: &ModelConfig) -> u64 {
     c.n_layers as u64 * (attention_params(c) + ffn_used) + (c.vocab_size * c.hidden_size) as u64
 }
 
+/// Parameters the model stores: every layer's projections, FFN (all experts), norms and
+/// biases, the embedding, and `lm_head` when it is not tied to the embedding.
+pub fn stored_params(c: &ModelConfig) -> u64 {
+    let (_, ffn_stored) = ffn_used_and_stored(c);
+    let d = c.hidden_size as u64;
+    let (q, kv) = (
+        (c.n_heads * c.head_dim) as u64,
+        (c.n_kv_heads * c.head_dim) as u64,
+    );
+    // Norms (attention, FFN), q/k/v biases and q/k norms: at most this many per layer.
+    let small = 2 * d + q + 2 * kv + 2 * c.head_dim as u64;
+    let embed = (c.vocab_size * c.hidden_size) as u64;
+    let head = if c.tie_word_embeddings { 0 } else { embed };
+    c.n_layers as u64 * (attention_params(c) + ffn_stored + small) + embed + head + d
+}
+
+/// Parameters of the largest layer (as [`stored_params`] counts them).
+pub fn layer_params(c: &ModelConfig) -> u64 {
+    let (_, ffn_stored) = ffn_used_and_stored(c);
+    attention_params(c) + ffn_stored
+}
+
 /// Operations (2 per multiply-add) of one token of a `pp`-token prompt, on average.
 pub fn prompt_ops_per_token(c: &ModelConfig, pp: usize) -> f64 {
     let avg_positions = (pp as f64 + 1.0) / 2.0;
@@ -148,6 +170,20 @@ mod tests {
     }
 
     /// MoE: 4 experts of 384 parameters, 2 used per token, router 4 x 8 = 32.
+    /// Stored: two layers of 192 + 384 and at most 36 small parameters (norms 2d = 16,
+    /// biases q + 2kv = 16, q/k norms 2hd = 4), the embedding 80 (and its untied copy),
+    /// the final norm 8.
+    #[test]
+    fn stored_params_by_hand() {
+        assert_eq!(stored_params(&config(0, true)), 2 * (576 + 36) + 80 + 8);
+        assert_eq!(stored_params(&config(0, false)), 2 * (576 + 36) + 160 + 8);
+        // MoE stores every expert: 4 x 384 + router 32.
+        assert_eq!(
+            stored_params(&config(4, true)),
+            2 * (192 + 32 + 4 * 384 + 36) + 80 + 8
+        );
+    }
+
     #[test]
     fn moe_counts_only_routed_experts() {
         let c = config(4, true);

@@ -471,6 +471,14 @@ impl WeightSource for GgufSource<'_> {
             .join("' or '")
     }
 
+    fn found_name(&self, name: WeightName) -> String {
+        match self.locate(name) {
+            Some((n, GgufLocation::Expert(_, e))) => format!("{n} (expert {e})"),
+            Some((n, GgufLocation::Whole(_))) => n,
+            None => self.name_of(name),
+        }
+    }
+
     fn load(&self, name: WeightName, shape: &[usize]) -> Result<Option<Tensor>> {
         let Some((tensor_name, loc)) = self.locate(name) else {
             return Ok(None);
@@ -919,6 +927,86 @@ pub(crate) mod tests {
         });
         let c = config_from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
         assert!(matches!(c.rope_scaling, RopeScaling::Other(_)));
+    }
+
+    /// A copy of the fixture GGUF `model` with `values[i] = v` written into the named
+    /// tensors (stored as F32 from then on), for tests of damaged weights.
+    pub(crate) fn gguf_with_values(
+        model: &str,
+        edits: &[(&str, &[(usize, f32)])],
+    ) -> (tempfile::TempDir, std::path::PathBuf) {
+        let src = fixture_dir(model).join("model.gguf");
+        rewritten(&src, |_, mut tensors| {
+            for (name, values) in edits {
+                let t = tensors.iter_mut().find(|t| t.name == *name).unwrap();
+                let n: u64 = t.dims.iter().product();
+                let mut data = vec![0f32; n as usize];
+                dequantize(t.ggml_type, &t.data, &mut data).unwrap();
+                for &(i, v) in *values {
+                    data[i] = v;
+                }
+                t.ggml_type = crate::format::ggml_blocks::GgmlType::F32;
+                t.data = data.iter().flat_map(|x| x.to_le_bytes()).collect();
+            }
+            tensors
+        })
+    }
+
+    /// NaN or Inf in a weight is an error at load naming the file, the tensor and how many
+    /// values are not finite (item 1 of issue 42: they were hidden, giving a normal PPL).
+    #[test]
+    fn non_finite_weights_are_refused_naming_tensor_and_count() {
+        let nan: Vec<(usize, f32)> = (0..10).map(|i| (7 * i + 3, f32::NAN)).collect();
+        let inf = [
+            (5, f32::INFINITY),
+            (6, f32::NEG_INFINITY),
+            (100, f32::INFINITY),
+        ];
+        let (_d, path) = gguf_with_values("tiny-llama", &[("blk.1.attn_q.weight", &nan)]);
+        let msg = load_gguf(&path).unwrap_err().to_string();
+        assert!(
+            msg.contains(
+                "edited.gguf: tensor 'blk.1.attn_q.weight' has 10 non-finite values (NaN/Inf)"
+            ) && msg.contains("re-convert"),
+            "{msg}"
+        );
+        let (_d, path) = gguf_with_values("tiny-llama", &[("blk.0.ffn_down.weight", &inf)]);
+        let msg = load_gguf(&path).unwrap_err().to_string();
+        assert!(
+            msg.contains("tensor 'blk.0.ffn_down.weight' has 3 non-finite values"),
+            "{msg}"
+        );
+        // Both at once: the first in layer order is named, and so is the NaN in a norm.
+        let (_d, path) = gguf_with_values(
+            "tiny-llama",
+            &[
+                ("blk.1.attn_q.weight", &nan),
+                ("blk.0.ffn_down.weight", &inf),
+            ],
+        );
+        let msg = load_gguf(&path).unwrap_err().to_string();
+        assert!(msg.contains("'blk.0.ffn_down.weight' has 3"), "{msg}");
+        let (_d, path) =
+            gguf_with_values("tiny-llama", &[("output_norm.weight", &[(0, f32::NAN)])]);
+        let msg = load_gguf(&path).unwrap_err().to_string();
+        assert!(
+            msg.contains("'output_norm.weight' has 1 non-finite value (NaN/Inf)"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn non_finite_count_counts_every_kind() {
+        use crate::model::safetensors_loader::non_finite_count;
+        let mut v = vec![1.0f32; 37];
+        assert_eq!(non_finite_count(&v), 0);
+        v[0] = f32::NAN;
+        v[16] = f32::INFINITY;
+        v[36] = f32::NEG_INFINITY;
+        v[20] = f32::MAX;
+        v[21] = f32::MIN_POSITIVE / 2.0;
+        assert_eq!(non_finite_count(&v), 3);
+        assert_eq!(non_finite_count(&[]), 0);
     }
 
     #[test]

@@ -67,10 +67,61 @@ pub(crate) trait WeightSource: Sync {
     /// rope order, or `None` when the source does not hold it. `shape` is what the config
     /// implies; a tensor of another shape is a `BadModel` error naming file and tensor.
     fn load(&self, name: WeightName, shape: &[usize]) -> Result<Option<Tensor>>;
+    /// The name of the tensor [`WeightSource::load`] found for `name` (where a source has
+    /// several spellings, the one present), for errors about its values.
+    fn found_name(&self, name: WeightName) -> String {
+        self.name_of(name)
+    }
+}
+
+/// How many of `data` are NaN or ±Inf. Branch-free over fixed-size chunks, so it
+/// vectorises: a scan costs far less than the conversion that produced the data.
+pub(crate) fn non_finite_count(data: &[f32]) -> usize {
+    const LANES: usize = 16;
+    let mut counts = [0u32; LANES];
+    let chunks = data.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (n, v) in counts.iter_mut().zip(c) {
+            *n += u32::from(!v.is_finite());
+        }
+    }
+    // Each lane counts at most len / 16 < 2^32 values for any slice up to 2^36 elements;
+    // summed in usize.
+    let mut total: usize = counts.iter().map(|&n| n as usize).sum();
+    total += tail.iter().filter(|v| !v.is_finite()).count();
+    total
+}
+
+/// `src.load`, refusing a tensor holding NaN or ±Inf: every weight the decoder, the
+/// packers and the quantizers see passes through here, so a damaged or overflowed model
+/// is an error naming the tensor and the count instead of numbers that hide it (a
+/// softmax or a quantizer's scale can turn a non-finite weight into finite output).
+fn load_finite(
+    src: &dyn WeightSource,
+    name: WeightName,
+    shape: &[usize],
+) -> Result<Option<Tensor>> {
+    let t = src.load(name, shape)?;
+    if let Some(t) = &t {
+        let bad = non_finite_count(&t.data);
+        if bad > 0 {
+            return Err(KwkError::bad_model(
+                src.path(),
+                format!(
+                    "tensor '{}' has {bad} non-finite value{} (NaN/Inf); the model is damaged \
+                     or was converted with overflow — re-convert it",
+                    src.found_name(name),
+                    if bad == 1 { "" } else { "s" }
+                ),
+            ));
+        }
+    }
+    Ok(t)
 }
 
 pub(crate) fn require(src: &dyn WeightSource, name: WeightName, shape: &[usize]) -> Result<Tensor> {
-    src.load(name, shape)?.ok_or_else(|| {
+    load_finite(src, name, shape)?.ok_or_else(|| {
         KwkError::bad_model(
             src.path(),
             format!(
@@ -90,7 +141,7 @@ pub(crate) fn require_vec(
 }
 
 fn optional_vec(src: &dyn WeightSource, name: WeightName, len: usize) -> Result<Option<Vec<f32>>> {
-    Ok(src.load(name, &[len])?.map(|t| t.data))
+    Ok(load_finite(src, name, &[len])?.map(|t| t.data))
 }
 
 fn load_mlp(

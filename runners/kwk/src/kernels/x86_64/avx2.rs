@@ -581,6 +581,9 @@ unsafe fn scale_max_f32_impl(x: &mut [f32], scale: f32) -> f32 {
     let n = x.len();
     let s = _mm256_set1_ps(scale);
     let mut vmax = _mm256_set1_ps(f32::NEG_INFINITY);
+    // `max_ps` drops a NaN operand (it returns the second one), so NaN lanes are
+    // collected apart (unordered compare) and make the result NaN.
+    let mut vnan = _mm256_setzero_ps();
     let mut i = 0;
     while i + 8 <= n {
         // SAFETY: i..i+8 lies inside `x`.
@@ -589,6 +592,7 @@ unsafe fn scale_max_f32_impl(x: &mut [f32], scale: f32) -> f32 {
             let v = _mm256_mul_ps(_mm256_loadu_ps(p), s);
             _mm256_storeu_ps(p, v);
             vmax = _mm256_max_ps(vmax, v);
+            vnan = _mm256_or_ps(vnan, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
         }
         i += 8;
     }
@@ -596,9 +600,15 @@ unsafe fn scale_max_f32_impl(x: &mut [f32], scale: f32) -> f32 {
     // SAFETY: `lanes` holds 8 f32.
     unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), vmax) };
     let mut max = lanes.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let mut nan = _mm256_movemask_ps(vnan) != 0;
     for v in &mut x[i..] {
         *v *= scale;
         max = max.max(*v);
+        nan |= v.is_nan();
     }
-    max
+    if nan {
+        f32::NAN
+    } else {
+        max
+    }
 }

@@ -532,6 +532,9 @@ unsafe fn scale_max_f32_impl(x: &mut [f32], scale: f32) -> f32 {
     let p = x.as_mut_ptr();
     let s = _mm512_set1_ps(scale);
     let mut vmax = _mm512_set1_ps(f32::NEG_INFINITY);
+    // `max_ps` drops a NaN operand, so NaN lanes are collected apart (unordered compare)
+    // and make the result NaN.
+    let mut nan: __mmask16 = 0;
     let mut i = 0;
     // SAFETY: every access covers i..i + 16 <= n, or (masked) the tail lanes below n.
     unsafe {
@@ -539,6 +542,7 @@ unsafe fn scale_max_f32_impl(x: &mut [f32], scale: f32) -> f32 {
             let v = _mm512_mul_ps(_mm512_loadu_ps(p.add(i)), s);
             _mm512_storeu_ps(p.add(i), v);
             vmax = _mm512_max_ps(vmax, v);
+            nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
             i += 16;
         }
         if i < n {
@@ -546,8 +550,13 @@ unsafe fn scale_max_f32_impl(x: &mut [f32], scale: f32) -> f32 {
             let v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, p.add(i)), s);
             _mm512_mask_storeu_ps(p.add(i), m, v);
             vmax = _mm512_mask_max_ps(vmax, m, vmax, v);
+            nan |= _mm512_mask_cmp_ps_mask::<_CMP_UNORD_Q>(m, v, v);
         }
-        _mm512_reduce_max_ps(vmax)
+        if nan != 0 {
+            f32::NAN
+        } else {
+            _mm512_reduce_max_ps(vmax)
+        }
     }
 }
 
