@@ -210,6 +210,41 @@ mod tests {
         assert!(w.contains("varied 7.0x"), "{w}");
     }
 
+    /// Two runs recorded on this project's 2-core Zen 5 (2026-12-05, `--chunks 2 --reps 2`,
+    /// float32, int8 and llama.cpp's Q8_0 with llama-bench): the read probes as the runs
+    /// took them, and counter deltas with the shares /proc gave (the first beside two
+    /// busy loops: others 55.3 %, load 3.1; the second quiet: 0.35 %, load 2.72). Under
+    /// load the probes halved but stayed as steady as a quiet run's, so the CPU share is
+    /// what tells the two apart.
+    #[test]
+    fn recorded_runs_busy_and_quiet() {
+        let busy_probes = [
+            29.5, 30.8, 60.8, 21.6, 32.4, 31.7, 29.3, 29.2, 30.5, 31.7, 32.6, 31.9, 30.5, 29.3,
+            29.5,
+        ];
+        let quiet_probes = [
+            58.3, 37.2, 37.1, 36.7, 65.5, 63.0, 65.4, 60.5, 59.7, 63.4, 64.7, 64.0, 58.0, 61.5,
+            62.4,
+        ];
+        let busy = Steadiness::judge(
+            &snap(0, 0, 0, 0, 2.0),
+            &snap(10_000, 0, 2, 4_472, 3.1),
+            &busy_probes,
+            2,
+        );
+        assert!(busy.noisy, "{busy:?}");
+        assert_eq!(busy.reasons.len(), 1, "{busy:?}");
+        assert!(busy.reasons[0].starts_with("other processes used 55 %"));
+        let quiet = Steadiness::judge(
+            &snap(0, 0, 0, 0, 2.0),
+            &snap(10_000, 300, 3, 9_665, 2.72),
+            &quiet_probes,
+            2,
+        );
+        assert!(!quiet.noisy, "{quiet:?}");
+        assert!(quiet.read_probe_spread.unwrap() < MAX_READ_SPREAD);
+    }
+
     #[test]
     fn stolen_time_is_flagged() {
         let a = snap(0, 0, 0, 0, 2.0);
