@@ -50,8 +50,6 @@ const KNOWN_CYCLES: &[&str] = &[
     "kwk: kernels::int4_matmul <-> kernels::int8_matmul <-> kernels::quant_portable <-> kernels::x86_64::amx <-> kernels::x86_64::baseline <-> kernels::x86_64::quant256 <-> kernels::x86_64::quant512bw",
     // issue 36 (3)
     "kwk: kernels::peaks <-> kernels::x86_64::peaks",
-    // issue 36 (5): `MIN_BUILD_NUMBER`.
-    "llamacpp: error <-> process <-> tools",
 ];
 
 /// Non-test source files over [`MAX_LINES`] when this test was written, with
