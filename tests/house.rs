@@ -39,8 +39,6 @@ const MAX_LINES: usize = 900;
 const KNOWN_CYCLES: &[&str] = &[
     // issue 36 (6): the harness's commands call each other.
     "kwk-eval: cache <-> cli <-> generate <-> measure <-> plan <-> prepare <-> runner::kwk <-> session",
-    // issue 36 (7)
-    "kwk-eval: protocol::results <-> protocol::speed_ratios",
     "kwk-eval: scratch <-> text",
     // issue 36 (1): `Precision` lives in the decoder.
     "kwk: decoder <-> format <-> format::quantized <-> pack_cache <-> quantize::equalize <-> quantize::mix",
