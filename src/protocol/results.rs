@@ -2,7 +2,6 @@
 //! every exporter, the gate and `compare` read. Every row has the same fields; a figure that
 //! was not measured is `null`, never a made-up value. Units are in the field names.
 
-use super::speed_ratios::SpeedRatio;
 use super::{PerplexityResult, RunnerInfo, SpeedSample};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -39,6 +38,20 @@ pub struct Results {
     /// round by round (`speed_ratios::paired_speed_ratios`; empty without speed).
     #[serde(default)]
     pub speed_ratios: Vec<SpeedRatio>,
+}
+
+/// One paired speed ratio ([`super::speed_ratios`] computes them): `row`'s tokens/s over
+/// `vs`'s in the rounds where both ran, for one test (`pp`/`tg`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SpeedRatio {
+    pub test: String,
+    pub row: String,
+    pub vs: String,
+    /// Rounds in which both rows produced a sample (the ratios summarized).
+    pub rounds: usize,
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -8,21 +8,10 @@
 //! Compared: every kwk row except the reference, against the reference row (kwk
 //! `float32`: what a format buys over the model's own weights) and every llama.cpp row.
 
+/// The record this module computes; it is part of results.json's shape, so it is defined
+/// there (results.rs does not depend on this module).
+pub use super::results::SpeedRatio;
 use super::results::{Results, RunnerRecord};
-use serde::{Deserialize, Serialize};
-
-/// `row`'s tokens/s over `vs`'s in the rounds where both ran, for one test (`pp`/`tg`).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct SpeedRatio {
-    pub test: String,
-    pub row: String,
-    pub vs: String,
-    /// Rounds in which both rows produced a sample (the ratios summarized).
-    pub rounds: usize,
-    pub median: f64,
-    pub min: f64,
-    pub max: f64,
-}
 
 /// `pp` or `tg` samples of a row.
 fn samples<'a>(r: &'a RunnerRecord, test: &str) -> &'a [f64] {

@@ -9,6 +9,11 @@ use std::time::Duration;
 pub const SETUP_HINT: &str = "build them with `scripts/setup-llama-cpp.sh` (it prints the bin \
 directory) and pass that directory with `--llama-cpp-dir DIR` or set KWK_LLAMA_CPP_DIR=DIR";
 
+/// The oldest llama.cpp build whose tools accept every flag this crate passes (see the
+/// [`crate::tools`] module docs for how it was chosen). It lives here, beside
+/// [`SETUP_HINT`], because the "too old" error names it; `tools` re-exports it.
+pub const MIN_BUILD_NUMBER: u64 = 6343;
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A required tool was not in any of the places searched.
@@ -22,7 +27,7 @@ pub enum Error {
     #[error(
         "llama.cpp tool {} is too old: its --help lacks {} (needs llama.cpp b{min_build} or newer, \
          September 2025; found {version}). Fix: {SETUP_HINT}",
-        path.display(), missing.join(", "), min_build = crate::tools::MIN_BUILD_NUMBER
+        path.display(), missing.join(", "), min_build = MIN_BUILD_NUMBER
     )]
     ToolTooOld {
         path: PathBuf,

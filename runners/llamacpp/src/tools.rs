@@ -29,8 +29,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// The oldest llama.cpp build whose tools accept every flag this crate passes (see the
-/// module docs for how it was chosen).
-pub const MIN_BUILD_NUMBER: u64 = 6343;
+/// module docs for how it was chosen); defined beside the error that names it.
+pub use crate::error::MIN_BUILD_NUMBER;
 
 /// Build numbers below this come from shallow clones, not from old trees (see the module
 /// docs): they neither date a build nor refuse it.
