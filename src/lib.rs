@@ -12,6 +12,7 @@
 
 pub mod cache;
 pub mod cli;
+pub mod digest;
 pub mod eval;
 pub mod generate;
 pub mod interrupt;

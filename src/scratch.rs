@@ -26,7 +26,7 @@ pub fn bounded_name(name: &str, max: usize) -> String {
     if name.len() <= max {
         return name.to_string();
     }
-    let hash = &crate::text::sha256_hex(name.as_bytes())[..12];
+    let hash = &crate::digest::sha256_hex(name.as_bytes())[..12];
     let mut end = max.saturating_sub(hash.len() + 1);
     while !name.is_char_boundary(end) {
         end -= 1;

@@ -7,9 +7,9 @@
 //! so a file replaced during the run cannot be scored under the first file's hash; the copy
 //! is checked against the hash again before each use ([`check_copy`]).
 
+pub use crate::digest::{file_sha256, sha256_hex};
 use crate::scratch::Scratch;
 use anyhow::{bail, ensure, Context, Result};
-use sha2::{Digest, Sha256};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -24,14 +24,6 @@ pub struct EvalText {
     /// Whether the file ended in the `\n` removed from `text` (so the bytes hashed are
     /// `text` plus it).
     pub trailing_newline: bool,
-}
-
-/// Hex SHA-256 of `bytes`.
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }
 
 /// Largest text file read (`--text`, `--calib-text`): 1 GiB, some 250 million tokens, far
@@ -143,21 +135,6 @@ pub fn read_text(path: &Path, flag: &str) -> Result<EvalText> {
         text,
         trailing_newline,
     })
-}
-
-/// SHA-256 of the file at `path`, streamed.
-pub fn file_sha256(path: &Path) -> std::io::Result<String> {
-    let mut f = std::fs::File::open(path)?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// Writes the bytes of `text` that were hashed (its text and the trailing `\n` removed

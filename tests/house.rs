@@ -39,9 +39,6 @@ const MAX_LINES: usize = 900;
 const KNOWN_CYCLES: &[&str] = &[
     // issue 36 (6): the harness's commands call each other.
     "kwk-eval: cache <-> cli <-> generate <-> measure <-> plan <-> prepare <-> runner::kwk <-> session",
-    // Not in issue 36: text makes Scratch copies; scratch names its files with
-    // text::sha256_hex.
-    "kwk-eval: scratch <-> text",
     // issue 36 (1): `Precision` lives in the decoder.
     "kwk: decoder <-> format <-> format::quantized <-> pack_cache <-> quantize::equalize <-> quantize::mix",
     // issue 36 (4)
