@@ -9,10 +9,10 @@
 //! evaluation harness; it exposes weights, tokenizer, forward passes and generation.
 //!
 //! Layout: `gguf` (the GGUF container), `model/` (configs, sources, architectures),
-//! `tokenizer` (HF tokenizer.json and GGUF-metadata tokenizers), `format/` (weight formats and
-//! GGUF block types), `kernels/` (`scalar.rs` is the specification, `x86_64/` the only
-//! `unsafe`), `quantize/` (rounding, calibration, GPTQ), `decoder` (forward, KV cache,
-//! generate), `threads` (the persistent worker pool).
+//! `tokenizer` (HF tokenizer.json and GGUF-metadata tokenizers), `format/` (weight formats,
+//! their names and options, [`Precision`], and GGUF block types), `kernels/` (`scalar.rs`
+//! is the specification, `x86_64/` the only `unsafe`), `quantize/` (rounding, calibration,
+//! GPTQ), `decoder` (forward, KV cache, generate), `threads` (the persistent worker pool).
 
 pub mod decoder;
 pub mod error;
@@ -28,6 +28,7 @@ pub mod quantize;
 pub mod threads;
 pub mod tokenizer;
 
-pub use decoder::{DecoderOptions, KwkDecoder, Precision, Sampling};
+pub use decoder::{DecoderOptions, KwkDecoder, Sampling};
 pub use error::{KwkError, Result};
+pub use format::Precision;
 pub use model::{load_model, Model, ModelConfig};
