@@ -1,6 +1,6 @@
 //! What one token costs a model, from its shapes alone: the operations of a prompt token
 //! and the bytes a generated token reads, the numerators of a roofline (with the machine
-//! peaks of `kernels::peaks` as denominators). The same rule serves every engine, so kwk's
+//! peaks of `roofline` as denominators). The same rule serves every engine, so kwk's
 //! rows and llama.cpp's are put against one ceiling:
 //!
 //! - **prompt**: 2 operations per multiply-add of every matmul a token passes through
