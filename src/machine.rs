@@ -36,13 +36,9 @@ pub fn kernels_in_use() -> String {
 
 /// This machine's peaks on `threads` threads for the tier kwk runs (about a second), and
 /// for the best tier too when `KWK_ISA` forced a lower one.
-pub fn measure_peaks(
-    threads: usize,
-) -> (
-    kwk::kernels::peaks::Peaks,
-    Option<kwk::kernels::peaks::Peaks>,
-) {
-    use kwk::kernels::{active_isa, best_isa, peaks};
+pub fn measure_peaks(threads: usize) -> (kwk::roofline::Peaks, Option<kwk::roofline::Peaks>) {
+    use kwk::kernels::{active_isa, best_isa};
+    use kwk::roofline as peaks;
     let active = peaks::measure(active_isa(), threads);
     let best = (best_isa() != active_isa()).then(|| peaks::measure(best_isa(), threads));
     (active, best)

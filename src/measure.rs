@@ -43,8 +43,8 @@ struct Live {
 /// `KWK_ISA` forced a lower one (llama.cpp picks its own kernels, so its rows are put
 /// against the best tier's ceilings).
 struct ReadProbes {
-    active: kwk::kernels::peaks::ReadProbe,
-    best: Option<kwk::kernels::peaks::ReadProbe>,
+    active: kwk::roofline::ReadProbe,
+    best: Option<kwk::roofline::ReadProbe>,
 }
 
 impl ReadProbes {
@@ -54,7 +54,7 @@ impl ReadProbes {
 
     /// The probe of the tier `runner`'s ceiling is on, and whether that is the best tier's
     /// (`machine.peaks_best_tier`) rather than the active one's (`machine.peaks`).
-    fn for_runner(&self, runner: &dyn Runner) -> (&kwk::kernels::peaks::ReadProbe, bool) {
+    fn for_runner(&self, runner: &dyn Runner) -> (&kwk::roofline::ReadProbe, bool) {
         let best_kernels = runner
             .info()
             .roofline
@@ -70,7 +70,7 @@ impl ReadProbes {
     /// ceiling it belongs to (each read ceiling is the best probe of the run).
     fn probe_into(
         machine: &mut Machine,
-        (probe, best_tier): (&kwk::kernels::peaks::ReadProbe, bool),
+        (probe, best_tier): (&kwk::roofline::ReadProbe, bool),
     ) -> f64 {
         let gbps = probe.best_gbps(Self::AROUND_PASSES);
         let peaks = match best_tier {
@@ -403,11 +403,11 @@ fn speed_pass(
         return Ok(());
     }
     // The read ceiling is probed again before every round, so it sees the same drift as
-    // the generation rates it divides (see `kwk::kernels::peaks::ReadProbe`), and around
+    // the generation rates it divides (see `kwk::roofline::ReadProbe`), and around
     // every repetition, so each generation rate also has the bandwidth of its own moment
     // (`tg_roofline_paired_pct`).
     let probes = results.machine.peaks.is_some().then(|| {
-        let probe = |isa| kwk::kernels::peaks::ReadProbe::for_this_machine(isa, plan.threads);
+        let probe = |isa| kwk::roofline::ReadProbe::for_this_machine(isa, plan.threads);
         ReadProbes {
             active: probe(kwk::kernels::active_isa()),
             best: (results.machine.peaks_best_tier.is_some())
@@ -505,7 +505,7 @@ fn speed_pass(
 /// The read ceiling of a row that reads `bytes` per generated token: the last-level
 /// cache's read bandwidth (`llc`) where they fit in that cache and it was measured, else
 /// memory's (`dram`, the best probe of the run); its name and GB/s.
-pub fn tg_ceiling(bytes: f64, peaks: &kwk::kernels::peaks::Peaks) -> (&'static str, f64) {
+pub fn tg_ceiling(bytes: f64, peaks: &kwk::roofline::Peaks) -> (&'static str, f64) {
     match (peaks.llc_bytes, peaks.llc_read_gbps) {
         (Some(llc), Some(gbps)) if bytes <= llc as f64 && gbps > 0.0 => ("llc", gbps),
         _ => ("dram", peaks.read_gbps),
@@ -581,7 +581,7 @@ pub fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kwk::kernels::peaks::Peaks;
+    use kwk::roofline::Peaks;
 
     fn peaks(isa: &str, fp32: f64, int8: f64, read: f64) -> Peaks {
         Peaks {

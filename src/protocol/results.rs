@@ -67,13 +67,13 @@ pub struct Machine {
     pub kernels: Option<String>,
     pub threads: usize,
     /// This machine's measured peaks with `threads` threads for the kernel tier kwk ran
-    /// (`kwk::kernels::peaks`; null with `--no-speed`): the roofline's ceilings.
+    /// (`kwk::roofline`; null with `--no-speed`): the roofline's ceilings.
     #[serde(default)]
-    pub peaks: Option<kwk::kernels::peaks::Peaks>,
+    pub peaks: Option<kwk::roofline::Peaks>,
     /// The best tier's peaks when `KWK_ISA` forced a lower one (llama.cpp rows, which
     /// always use their best kernels, are put against these); null otherwise.
     #[serde(default)]
-    pub peaks_best_tier: Option<kwk::kernels::peaks::Peaks>,
+    pub peaks_best_tier: Option<kwk::roofline::Peaks>,
     /// How quiet the machine was during the speed rounds (`noisy`: the speed figures are
     /// unreliable); null without speed rounds or where /proc cannot be read.
     #[serde(default)]

@@ -516,8 +516,8 @@ mod tests {
         assert_eq!(spread(&[1.0, 2.0, 3.0]), "2.0 [1.0–3.0]");
     }
 
-    fn peaks(llc: Option<u64>) -> kwk::kernels::peaks::Peaks {
-        kwk::kernels::peaks::Peaks {
+    fn peaks(llc: Option<u64>) -> kwk::roofline::Peaks {
+        kwk::roofline::Peaks {
             threads: 2,
             isa: "avx2".into(),
             fp32_gflops: 100.0,

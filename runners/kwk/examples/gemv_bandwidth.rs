@@ -2,7 +2,7 @@
 //! bandwidth (issue 8 item 3): one matrix per format, each about `MIB` of packed bytes
 //! (scales included) so it streams from memory, multiplied by one token on `THREADS`
 //! threads of kwk's own worker pool, in interleaved rounds with the roofline's read probe
-//! (`kernels::peaks::ReadProbe`, same threads, same buffer size) so drift hits both alike.
+//! (`roofline::ReadProbe`, same threads, same buffer size) so drift hits both alike.
 //! The layouts are the ones the decoder packs: float32 and bf16 panels, int8 (8-bit codes,
 //! groups of 64), int4's 4-bit g32 layers, and int4's lm_head (symmetric 8-bit).
 //!
@@ -11,10 +11,10 @@
 
 use kwk::decoder::Int4Options;
 use kwk::format::{pack_linear, InputKind, PackedLinear, PreparedInput, TensorPlace, TensorRole};
-use kwk::kernels::peaks::ReadProbe;
 use kwk::kernels::q8_activations::quantize_rows_q8;
 use kwk::kernels::{self, OutputMatrix};
 use kwk::model::Tensor;
+use kwk::roofline::ReadProbe;
 use kwk::threads::{split_range, ThreadPool};
 use kwk::Precision;
 use std::time::Instant;

@@ -1,4 +1,4 @@
-//! Prints this machine's roofline peaks as kwk measures them (`kernels::peaks`), for the
+//! Prints this machine's roofline peaks as kwk measures them (`roofline`), for the
 //! active tier (`KWK_ISA` respected): compare with `scripts/peaks-microbench.sh`, the
 //! standalone C twin.
 //!
@@ -15,7 +15,7 @@ fn main() {
             }
         },
     };
-    let p = kwk::kernels::peaks::measure(kwk::kernels::active_isa(), threads);
+    let p = kwk::roofline::measure(kwk::kernels::active_isa(), threads);
     println!("tier {} threads {} ({:.2} s)", p.isa, p.threads, p.seconds);
     println!("fp32 {:.1} GFLOP/s ({})", p.fp32_gflops, p.fp32_instruction);
     println!("int8 {:.1} GOP/s ({})", p.int8_gops, p.int8_instruction);

@@ -5,7 +5,7 @@
 //! `cargo run --release -p kwk --example speed -- MODEL.gguf [--precision float32]
 //!  [--threads 2] [--pp 512] [--tg 128] [--reps 3]`
 //!
-//! Each rate is also given as a share of this machine's roofline (`kernels::peaks`, the
+//! Each rate is also given as a share of this machine's roofline (`roofline`, the
 //! active tier's instructions, measured first with the same threads; `model::cost` for
 //! the operations and bytes per token): pp against the fp32 / bf16 / int8 peak of the
 //! format's kernels, tg against the read bandwidth.
@@ -48,7 +48,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let tg: usize = opt("--tg", "128").parse()?;
     let reps: usize = opt("--reps", "3").parse()?;
 
-    let peaks = kwk::kernels::peaks::measure(kwk::kernels::active_isa(), threads);
+    let peaks = kwk::roofline::measure(kwk::kernels::active_isa(), threads);
     println!(
         "peaks ({} threads, tier {}): fp32 {:.1} GFLOP/s, int8 {:.1} GOP/s, bf16 {}, read {:.1} GB/s",
         peaks.threads,

@@ -1,4 +1,6 @@
-//! The GGUF container: header, metadata, tensor directory, memory-mapped tensor data.
+//! The GGUF container: header, metadata, tensor directory, memory-mapped tensor data, and
+//! the weight bytes a token reads from that directory ([`gguf_weight_bytes_per_token`],
+//! re-exported by `model::cost`; `gguf` reads nothing of `model`).
 //!
 //! [`GgufFile::open`] maps the file and parses everything but the tensor data: the header
 //! (magic `GGUF`, version 2 or 3, tensor and key counts), every metadata key-value pair
@@ -990,7 +992,7 @@ impl GgufFile {
     }
 
     /// The tensor directory in file order.
-    /// Weight bytes one generated token reads (`model::cost::gguf_weight_bytes_per_token`),
+    /// Weight bytes one generated token reads ([`gguf_weight_bytes_per_token`]),
     /// experts counted at `{arch}.expert_used_count / {arch}.expert_count` when present.
     pub fn weight_bytes_read_per_token(&self) -> f64 {
         let arch = self
@@ -1003,7 +1005,7 @@ impl GgufFile {
             (Some(used), Some(n)) if n > 0 && used <= n => used as f64 / n as f64,
             _ => 1.0,
         };
-        crate::model::cost::gguf_weight_bytes_per_token(&self.tensors, share)
+        gguf_weight_bytes_per_token(&self.tensors, share)
     }
 
     /// Drops the mapped pages read so far from the resident set ([`release_pages`]).
@@ -1077,6 +1079,27 @@ impl std::fmt::Debug for GgufFile {
             .field("tensors", &self.tensors.len())
             .finish()
     }
+}
+
+/// Weight bytes a generated token reads from a GGUF file's tensors (llama.cpp's names):
+/// expert tensors (`*_exps`) at `expert_share` (experts used per token / experts; 1 for a
+/// dense model), `token_embd` one row when an `output` tensor exists (else it is the
+/// output too, read whole), the rest whole.
+pub fn gguf_weight_bytes_per_token(tensors: &[GgufTensorInfo], expert_share: f64) -> f64 {
+    let has_output = tensors.iter().any(|t| t.name == "output.weight");
+    tensors
+        .iter()
+        .map(|t| {
+            let bytes = t.n_bytes as f64;
+            if t.name == "token_embd.weight" && has_output {
+                bytes / t.dims.get(1).copied().unwrap_or(1).max(1) as f64
+            } else if t.name.contains("_exps") {
+                bytes * expert_share
+            } else {
+                bytes
+            }
+        })
+        .sum()
 }
 
 /// A minimal GGUF writer for tests (here and in the loader's tests): metadata and tensors
@@ -1576,5 +1599,32 @@ mod tests {
                     == 512
             );
         }
+    }
+
+    fn info(name: &str, dims: &[u64], n_bytes: u64) -> GgufTensorInfo {
+        GgufTensorInfo {
+            name: name.into(),
+            dims: dims.to_vec(),
+            ggml_type: crate::format::ggml_blocks::GgmlType::F32,
+            offset: 0,
+            n_bytes,
+        }
+    }
+
+    #[test]
+    fn gguf_bytes_read_per_token() {
+        let tensors = [
+            info("token_embd.weight", &[8, 10], 320),
+            info("output.weight", &[8, 10], 320),
+            info("blk.0.attn_q.weight", &[8, 8], 256),
+            info("blk.0.ffn_up_exps.weight", &[8, 16, 4], 2048),
+        ];
+        // One embedding row (32), the output, q, and half of the experts.
+        assert_eq!(
+            gguf_weight_bytes_per_token(&tensors, 0.5),
+            32.0 + 320.0 + 256.0 + 1024.0
+        );
+        // Without an output tensor the embedding is read whole (it is the output).
+        assert_eq!(gguf_weight_bytes_per_token(&tensors[..1], 0.5), 320.0);
     }
 }

@@ -9,10 +9,15 @@
 //! evaluation harness; it exposes weights, tokenizer, forward passes and generation.
 //!
 //! Layout: `gguf` (the GGUF container), `model/` (configs, sources, architectures),
-//! `tokenizer` (HF tokenizer.json and GGUF-metadata tokenizers), `format/` (weight formats and
-//! GGUF block types), `kernels/` (`scalar.rs` is the specification, `x86_64/` the only
-//! `unsafe`), `quantize/` (rounding, calibration, GPTQ), `decoder` (forward, KV cache,
-//! generate), `threads` (the persistent worker pool).
+//! `tokenizer` (HF tokenizer.json and GGUF-metadata tokenizers), `format/` (weight formats,
+//! their names and options, [`Precision`], and GGUF block types), `kernels/` (`scalar.rs`
+//! is the specification, `x86_64/` the SIMD twins), `roofline/` (this machine's peaks: the
+//! roofline's ceilings), `quantize/` (rounding, calibration, GPTQ), `decoder` (forward, KV
+//! cache, generate), `threads` (the persistent worker pool).
+//!
+//! `unsafe` lives in `kernels/` (the SIMD code in `x86_64/`; the dispatch to it and the
+//! output pointers in `kernels/*.rs`), in `roofline/` (its SIMD loops in `x86_64.rs` and
+//! their safe wrappers in `mod.rs`) and in the file maps of `gguf` and `pack_cache`.
 
 pub mod decoder;
 pub mod error;
@@ -25,9 +30,11 @@ pub mod model;
 pub mod pack_cache;
 pub mod paths;
 pub mod quantize;
+pub mod roofline;
 pub mod threads;
 pub mod tokenizer;
 
-pub use decoder::{DecoderOptions, KwkDecoder, Precision, Sampling};
+pub use decoder::{DecoderOptions, KwkDecoder, Sampling};
 pub use error::{KwkError, Result};
+pub use format::Precision;
 pub use model::{load_model, Model, ModelConfig};

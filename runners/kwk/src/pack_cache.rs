@@ -60,12 +60,12 @@
 //! this; the caller reports the outcome. [`list`], [`prune`] and [`clear`] back
 //! `kwk-eval cache`.
 
-use crate::decoder::Precision;
 use crate::error::{KwkError, Result};
 use crate::format::int4::LowBitWeights;
 use crate::format::int8::Int8Weights;
 use crate::format::quantized::{quantize_on, Grid, QuantizedTensor};
 use crate::format::storage::Store;
+use crate::format::Precision;
 use crate::format::{PackedLinear, TensorPlace};
 use crate::model::Tensor;
 use half::f16;

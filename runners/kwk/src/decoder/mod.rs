@@ -11,17 +11,17 @@
 //! residual; the final norm and `lm_head` run only on the rows whose logits are asked for.
 //! Norms, RoPE, softmax, routing and the KV cache are float32 in every format.
 //!
-//! Submodules: `precision` (format names), `rope`, `sampling`, `layers` (attention, MLP,
-//! MoE and the per-row helpers).
+//! Submodules: `rope`, `sampling`, `layers` (attention, MLP, MoE and the per-row helpers).
+//! The format names ([`Precision`] and its options) live in `format::precision`; they are
+//! re-exported here under their old paths.
 
 mod layers;
-pub mod precision;
 pub mod resident;
 pub mod rope;
 pub mod sampling;
 mod stream;
 
-pub use precision::{Int4Options, Precision, DEFAULT_INT4_GROUP};
+pub use crate::format::precision::{self, Int4Options, Precision, DEFAULT_INT4_GROUP};
 
 use crate::error::{KwkError, Result};
 use crate::format::quantized::default_mix_bits;

@@ -24,7 +24,7 @@
 //! elsewhere there is no check. `KWK_MEMORY_CHECK=0` turns the check off;
 //! `KWK_TEST_MEM_AVAILABLE_BYTES` (a testing override) replaces `MemAvailable`.
 
-use super::precision::Precision;
+use crate::format::Precision;
 use crate::kernels::PANEL_ROWS;
 use crate::model::cost::{layer_params, stored_params};
 use crate::model::ModelConfig;

@@ -1,6 +1,7 @@
 //! Weight formats: the GGUF block types kwk can read (`ggml_blocks`, dequantized to float32
 //! master weights on load) and the packed formats the decoder runs in (float32, bf16,
-//! int8, int4), all behind [`PackedLinear`].
+//! int8, int4), all behind [`PackedLinear`], with their names and options ([`Precision`],
+//! `precision`). Everything below the decoder reads the format choice from here.
 //!
 //! A matmul is `y[t][r] = W[r] · x[t]` for the tokens `t` of a batch and the rows `r` of W
 //! (`[out_features, in_features]`). The caller (the decoder) prepares the activations once
@@ -14,10 +15,12 @@ pub mod float32;
 pub mod ggml_blocks;
 pub mod int4;
 pub mod int8;
+pub mod precision;
 pub mod quantized;
 pub mod storage;
 
-use crate::decoder::Precision;
+pub use precision::{Int4Options, Int8Options, Precision, DEFAULT_INT4_GROUP};
+
 use crate::error::Result;
 use crate::kernels::int4_matmul::InputMemo;
 use crate::kernels::OutputMatrix;

@@ -16,10 +16,10 @@
 //! `mix_bits` defaults to 6 for models of 1e9 parameters and more, 8 below (a small model's
 //! embedding is a large share of its weights and of its error).
 
-use crate::decoder::Precision;
 use crate::error::{KwkError, Result};
 use crate::format::int4::LowBitWeights;
 use crate::format::int8::Int8Weights;
+use crate::format::Precision;
 use crate::format::{PackedLinear, TensorPlace, TensorRole};
 use crate::model::Tensor;
 
@@ -238,7 +238,7 @@ pub fn grid_for(precision: &Precision, place: &TensorPlace) -> Result<Option<Gri
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::decoder::Int4Options;
+    use crate::format::Int4Options;
 
     #[test]
     fn use_more_bits_matches_llama_cpp_for_30_layers() {

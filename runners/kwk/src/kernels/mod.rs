@@ -1,7 +1,8 @@
 //! Compute kernels. `scalar.rs` is the specification; `x86_64/` holds the AVX2 and AVX-512
-//! versions (with `broadcast.rs`, the quantized kernels' files and `q8_activations.rs`, the
-//! only `unsafe` in the crate), chosen once at run time per CPU feature tier ([`Isa`];
-//! `KWK_ISA=amx|vnni|avx512bw|avxvnni|avx2|scalar` forces one the CPU supports).
+//! versions (with `broadcast.rs`, the quantized kernels' files, `q8_activations.rs` and the
+//! output pointers here, the kernels' only `unsafe`), chosen once at run time per CPU
+//! feature tier ([`Isa`]; `KWK_ISA=amx|vnni|avx512bw|avxvnni|avx2|scalar` forces one the
+//! CPU supports).
 //!
 //! Weight layout shared by the float32 and bf16 kernels ("panels"): the rows of a weight
 //! matrix are grouped by [`PANEL_ROWS`] (16, one zmm of f32). Panel `p` holds rows
@@ -16,7 +17,6 @@
 pub mod broadcast;
 pub mod int4_matmul;
 pub mod int8_matmul;
-pub mod peaks;
 pub mod q8_activations;
 pub(crate) mod quant_portable;
 pub mod scalar;

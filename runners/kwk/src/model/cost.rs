@@ -1,6 +1,6 @@
 //! What one token costs a model, from its shapes alone: the operations of a prompt token
 //! and the bytes a generated token reads, the numerators of a roofline (with the machine
-//! peaks of `kernels::peaks` as denominators). The same rule serves every engine, so kwk's
+//! peaks of `roofline` as denominators). The same rule serves every engine, so kwk's
 //! rows and llama.cpp's are put against one ceiling:
 //!
 //! - **prompt**: 2 operations per multiply-add of every matmul a token passes through
@@ -14,10 +14,11 @@
 //!   position (on average `start + (tg - 1) / 2` earlier positions for `tg` tokens
 //!   generated after `start`). kwk counts its packed tensors
 //!   (`KwkDecoder::weight_bytes_read_per_token`), a GGUF file its tensor directory
-//!   ([`gguf_weight_bytes_per_token`]).
+//!   ([`gguf_weight_bytes_per_token`], which lives with the tensor directory in `gguf` and
+//!   is re-exported here, so `gguf` does not read `model`).
 
 use super::ModelConfig;
-use crate::gguf::GgufTensorInfo;
+pub use crate::gguf::gguf_weight_bytes_per_token;
 
 /// Parameters of one layer's attention projections (q, k, v, o).
 fn attention_params(c: &ModelConfig) -> u64 {
@@ -99,27 +100,6 @@ pub fn kv_bytes_per_token(
     2.0 * (c.n_layers * c.n_kv_heads * c.head_dim) as f64 * kv_bytes_per_value * avg_positions
 }
 
-/// Weight bytes a generated token reads from a GGUF file's tensors (llama.cpp's names):
-/// expert tensors (`*_exps`) at `expert_share` (experts used per token / experts; 1 for a
-/// dense model), `token_embd` one row when an `output` tensor exists (else it is the
-/// output too, read whole), the rest whole.
-pub fn gguf_weight_bytes_per_token(tensors: &[GgufTensorInfo], expert_share: f64) -> f64 {
-    let has_output = tensors.iter().any(|t| t.name == "output.weight");
-    tensors
-        .iter()
-        .map(|t| {
-            let bytes = t.n_bytes as f64;
-            if t.name == "token_embd.weight" && has_output {
-                bytes / t.dims.get(1).copied().unwrap_or(1).max(1) as f64
-            } else if t.name.contains("_exps") {
-                bytes * expert_share
-            } else {
-                bytes
-            }
-        })
-        .sum()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -188,32 +168,5 @@ mod tests {
     fn moe_counts_only_routed_experts() {
         let c = config(4, true);
         assert_eq!(matmul_params_per_token(&c), 2 * (192 + 32 + 2 * 384) + 80);
-    }
-
-    fn info(name: &str, dims: &[u64], n_bytes: u64) -> GgufTensorInfo {
-        GgufTensorInfo {
-            name: name.into(),
-            dims: dims.to_vec(),
-            ggml_type: crate::format::ggml_blocks::GgmlType::F32,
-            offset: 0,
-            n_bytes,
-        }
-    }
-
-    #[test]
-    fn gguf_bytes_read_per_token() {
-        let tensors = [
-            info("token_embd.weight", &[8, 10], 320),
-            info("output.weight", &[8, 10], 320),
-            info("blk.0.attn_q.weight", &[8, 8], 256),
-            info("blk.0.ffn_up_exps.weight", &[8, 16, 4], 2048),
-        ];
-        // One embedding row (32), the output, q, and half of the experts.
-        assert_eq!(
-            gguf_weight_bytes_per_token(&tensors, 0.5),
-            32.0 + 320.0 + 256.0 + 1024.0
-        );
-        // Without an output tensor the embedding is read whole (it is the output).
-        assert_eq!(gguf_weight_bytes_per_token(&tensors[..1], 0.5), 320.0);
     }
 }

@@ -1,7 +1,7 @@
 //! Tests of the pack cache file, identity, folder management and failure handling.
 
 use super::*;
-use crate::decoder::Int4Options;
+use crate::format::Int4Options;
 use crate::format::TensorRole;
 
 fn int4() -> Precision {
@@ -537,7 +537,7 @@ fn the_limit_holds_after_every_pack_and_a_pack_over_it_is_used_not_kept() {
     assert!(folder_bytes(&cache) <= limit, "{}", folder_bytes(&cache));
     // A second format of "b" would make its one file pass the limit: not kept, and the
     // file of the first format stays (loadable).
-    let int8 = Precision::Int8(crate::decoder::precision::Int8Options {
+    let int8 = Precision::Int8(crate::format::Int8Options {
         calibrate: false,
         gptq: false,
     });

@@ -38,9 +38,9 @@
 //! ([`apply_head`]; a tied head is also the embedding and is left alone), whose input
 //! carries the residual stream's outlier channels straight into the logits.
 
-use crate::decoder::Precision;
 use crate::error::Result;
 use crate::format::quantized::{grid_for, Grid};
+use crate::format::Precision;
 use crate::format::{TensorPlace, TensorRole};
 use crate::model::{FeedForward, LayerWeights, Mlp, ModelConfig, ModelWeights, Tensor};
 use crate::quantize::rounding::{round_asymmetric, round_symmetric_int8};

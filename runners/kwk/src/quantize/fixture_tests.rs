@@ -4,7 +4,8 @@
 //! error relative to the largest |logit|, KL divergence of the next-token distributions at
 //! the probe positions, and perplexity over 8 chunks of 64 tokens.
 
-use crate::decoder::{DecoderOptions, Int4Options, KwkDecoder, Precision};
+use crate::decoder::{DecoderOptions, KwkDecoder};
+use crate::format::{Int4Options, Precision};
 use crate::model::safetensors_loader::load_hf_weights;
 use crate::model::{ModelConfig, ModelWeights};
 use kwk_fixtures::model_dir as fixture_dir;

@@ -651,7 +651,7 @@ pub unsafe fn tile_2x2<const SYM: bool>(
 /// The roofline's int8 loop on the `amx` tier: `iters` × 12 `tdpbssd` of full tiles
 /// (16 × 64 bytes by 16 × 64, 16,384 multiply-adds each) into four accumulator tiles, A
 /// tiles of 3s and B tiles of 5s; returns the sum of the accumulators, `iters · 12 · 4096
-/// · 60` (as `peaks::expected_sum` counts: each of a tile's 4,096 (element, quad) pairs adds
+/// · 60` (as `roofline::expected_sum` counts: each of a tile's 4,096 (element, quad) pairs adds
 /// four products 3·5 per instruction). The i32 accumulators wrap past about 700,000
 /// iterations, which only the checksum notices.
 ///

@@ -4,8 +4,8 @@
 //! `quant512bw`: AVX-512BW), twins of `int8_tile_scalar` / `lowbit_tile_scalar` and reached
 //! through `int8_matmul` / `int4_matmul`; `baseline`, the scalar tier's quantized block
 //! dots with SSE2 (every x86-64 CPU has it; twin `quant_portable::F32Dots`); `amx`, the
-//! `amx` tier's int8 prompt tiles on AMX (twin `int8_tile_scalar`); and `peaks`,
-//! the roofline loops of `kernels/peaks.rs` (twins `peaks::scalar_*`). The dispatchers
+//! `amx` tier's int8 prompt tiles on AMX (twin `int8_tile_scalar`; with the roofline's
+//! `tdpbssd` loop, `tdpbssd_peak`). The roofline's other loops live in `roofline/`. The dispatchers
 //! check the CPU features ([`super::active_isa`], `QuantIsa::is_available`) and the slice
 //! bounds.
 
@@ -13,7 +13,6 @@ pub mod amx;
 pub mod avx2;
 pub mod avx512;
 pub mod baseline;
-pub mod peaks;
 pub mod quant256;
 pub mod quant512bw;
 

@@ -1,11 +1,12 @@
-//! The loops behind the machine peaks of `kernels/peaks.rs`: streams of independent
+//! The roofline's SIMD loops (this module's `unsafe`), behind the machine peaks of
+//! `roofline/mod.rs`: streams of independent
 //! arithmetic instructions (one per accumulator, [`CHAINS`] accumulators, so the
 //! instruction latency is hidden and only the issue rate counts) and a vector read of a
 //! buffer. Written as inline assembly so the compiler cannot hoist or fold the
-//! loop-invariant operands; each function's scalar twin is `peaks::scalar_*`. The callers
-//! check the CPU features ([`super::super::isa_supported`]) before calling.
+//! loop-invariant operands; each function's scalar twin is `roofline::scalar_*`. The
+//! callers check the CPU features ([`crate::kernels::isa_supported`]) before calling.
 
-use crate::kernels::peaks::{read_part_len, READ_STREAMS};
+use super::read_streams::{read_part_len, READ_STREAMS};
 use std::arch::asm;
 use std::arch::x86_64::*;
 
@@ -26,7 +27,7 @@ unsafe fn lane_sum<T, L: Copy + Into<f64>>(a: &[T]) -> f64 {
 macro_rules! stream_loop {
     ($name:ident, $features:literal, $reg:ident, $ty:ty, $lane:ty, $zero:expr, $x:expr, $y:expr, $body:literal) => {
         /// Runs `iters` iterations of [`CHAINS`] independent instructions `a += f(x, y)`
-        /// (x, y as in `peaks::scalar_expected`) and returns the sum of every
+        /// (x, y as in `roofline::scalar_expected`) and returns the sum of every
         /// accumulator lane (so the work cannot be dropped, and tests can check it).
         ///
         /// # Safety
@@ -260,7 +261,7 @@ sse2_loop!(
 );
 
 /// Reads `data` once with 512-bit loads into four accumulators, as
-/// `kernels::peaks::READ_STREAMS` lock-step streams of `read_part_len` values (the
+/// `roofline::READ_STREAMS` lock-step streams of `read_part_len` values (the
 /// scalar twin's walk); returns a value depending on every byte read.
 ///
 /// # Safety

@@ -2,16 +2,26 @@
 //! throughput with the instructions the active kernel tier uses, and the read bandwidth
 //! of a buffer larger than the last-level cache and of one that fits in it (the ceiling of
 //! a model whose bytes per token the cache holds), all with a given number of threads, in
-//! about a second. The SIMD loops live in `x86_64/peaks.rs` (on x86-64 the scalar tier's
-//! are SSE2 loops: its kernels are SSE2 code there); the `scalar_*` twins below are plain
-//! Rust, the scalar tier's loops elsewhere.
+//! about a second. The SIMD loops live in `roofline/x86_64.rs` (on x86-64 the scalar
+//! tier's are SSE2 loops: its kernels are SSE2 code there); the `scalar_*` twins below are
+//! plain Rust, the scalar tier's loops elsewhere. How the read loops walk a buffer is a
+//! leaf both files read (`read_streams`), so the edges go one way: `mod.rs` -> `x86_64`,
+//! both -> `read_streams`. The AMX `tdpbssd` loop stays with the AMX tiles
+//! (`kernels::x86_64::amx::tdpbssd_peak`): this module reads the kernels, the kernels know
+//! nothing of it.
 //!
 //! Counting: one fused multiply-add is 2 operations; one byte product added into an
 //! accumulator is 2 (so `vpdpbusd` zmm is 128 and `vpmaddubsw`+`vpmaddwd`+`vpaddd` zmm
 //! is 128 for three instructions); one `vdpbf16ps` zmm lane does two products and two
 //! adds (64 per instruction). Each figure is the best of several timed trials: a peak.
 
-use super::Isa;
+mod read_streams;
+#[cfg(target_arch = "x86_64")]
+pub mod x86_64;
+
+pub use read_streams::{read_part_len, READ_STREAMS};
+
+use crate::kernels::Isa;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
@@ -138,19 +148,6 @@ pub fn scalar_dot(iters: u64) -> f64 {
     a.iter().map(|&v| v as f64).sum()
 }
 
-/// Concurrent sequential streams each read loop walks its slice as: the slice is cut
-/// into this many equal parts, read in lock step. One stream per thread under-reads the
-/// memory system of some CPUs: on an AMD Zen 3 (2 threads) a single stream read 11.6-18
-/// GB/s where 4 read 15.4-19.4 in the same minute, and kwk's own float32 GEMV (two
-/// panels in lock step) streamed 22 GB/s past a single-stream probe's 15.
-pub const READ_STREAMS: usize = 4;
-
-/// u64 values of each of the [`READ_STREAMS`] parts a read loop walks in `len` values:
-/// a multiple of 32 (the widest loop's block); what is left over is not read.
-pub fn read_part_len(len: usize) -> usize {
-    len / (READ_STREAMS * 32) * 32
-}
-
 /// Reads `data` with scalar loads as [`READ_STREAMS`] streams (`4 *
 /// read_part_len(len)` values); returns the xor of everything read.
 pub fn scalar_read(data: &[u64]) -> u64 {
@@ -177,7 +174,7 @@ pub fn expected_sum(iters: u64, lanes: usize, per_lane: f64) -> f64 {
 mod simd {
     //! Safe wrappers: each is only handed out by [`super::kernels_for`] for a tier whose
     //! features [`crate::kernels::isa_supported`] confirmed.
-    use crate::kernels::x86_64::peaks as p;
+    use super::x86_64 as p;
     macro_rules! wrap {
         ($($name:ident),*) => {$(
             pub fn $name(iters: u64) -> f64 {
