@@ -39,14 +39,8 @@ const MAX_LINES: usize = 900;
 const KNOWN_CYCLES: &[&str] = &[
     // issue 36 (6): the harness's commands call each other.
     "kwk-eval: cache <-> cli <-> generate <-> measure <-> plan <-> prepare <-> runner::kwk <-> session",
-    // issue 36 (1): `Precision` lives in the decoder.
-    "kwk: decoder <-> format <-> format::quantized <-> pack_cache <-> quantize::equalize <-> quantize::mix",
-    // issue 36 (4)
-    "kwk: gguf <-> model::cost",
     // issue 36 (2): shared quant kernel pieces live in one format's file or the other.
     "kwk: kernels::int4_matmul <-> kernels::int8_matmul <-> kernels::quant_portable <-> kernels::x86_64::amx <-> kernels::x86_64::baseline <-> kernels::x86_64::quant256 <-> kernels::x86_64::quant512bw",
-    // issue 36 (3)
-    "kwk: kernels::peaks <-> kernels::x86_64::peaks",
 ];
 
 /// Non-test source files over [`MAX_LINES`] when this test was written, with
@@ -55,7 +49,7 @@ const KNOWN_CYCLES: &[&str] = &[
 const OVERSIZED: &[(&str, usize)] = &[
     ("runners/kwk/src/decoder/layers.rs", 1093),
     ("runners/kwk/src/decoder/mod.rs", 1752),
-    ("runners/kwk/src/gguf.rs", 1580),
+    ("runners/kwk/src/gguf.rs", 1630), // + gguf_weight_bytes_per_token, moved in from model/cost.rs to break a cycle
     ("runners/kwk/src/kernels/int4_matmul.rs", 1047),
     ("runners/kwk/src/kernels/int8_matmul.rs", 1094),
     ("runners/kwk/src/kernels/x86_64/quant256.rs", 1077),
