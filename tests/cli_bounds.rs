@@ -283,26 +283,6 @@ fn a_closed_stdout_does_not_panic() {
     }
 }
 
-/// The set-up script's llama.cpp build folder, or `KWK_LLAMA_CPP_DIR`.
-fn llama_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("KWK_LLAMA_CPP_DIR") {
-        return PathBuf::from(d);
-    }
-    let root = kwk::paths::cache_root(&kwk::paths::CacheEnv::from_env())
-        .expect("none of KWK_CACHE, XDG_CACHE_HOME, HOME is set");
-    let mut bins: Vec<_> = std::fs::read_dir(&root)
-        .into_iter()
-        .flatten()
-        .filter_map(|e| e.ok())
-        .map(|e| e.path().join("build/bin"))
-        .filter(|p| p.join("llama-perplexity").exists())
-        .collect();
-    bins.sort();
-    bins.pop().expect(
-        "llama.cpp tools not found: run scripts/setup-llama-cpp.sh or set KWK_LLAMA_CPP_DIR",
-    )
-}
-
 /// The same for a llama.cpp row: the first of two GGUF rows panics, the second is scored.
 #[test]
 fn a_panicking_llama_cpp_runner_fails_only_its_row() {

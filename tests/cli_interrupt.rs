@@ -15,28 +15,8 @@
 
 mod common;
 use common::*;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
-
-/// llama.cpp's tools: `KWK_LLAMA_CPP_DIR`, else the set-up script's build folder.
-fn llama_dir() -> PathBuf {
-    std::env::var_os("KWK_LLAMA_CPP_DIR")
-        .map(PathBuf::from)
-        .or_else(|| {
-            let root = kwk::paths::cache_root(&kwk::paths::CacheEnv::from_env())?;
-            let mut bins: Vec<_> = std::fs::read_dir(&root)
-                .ok()?
-                .filter_map(|e| e.ok())
-                .map(|e| e.path().join("build/bin"))
-                .filter(|p| p.join("llama-perplexity").exists())
-                .collect();
-            bins.sort();
-            bins.pop()
-        })
-        .unwrap_or_else(|| {
-            panic!("llama.cpp tools not found: run scripts/setup-llama-cpp.sh or set KWK_LLAMA_CPP_DIR")
-        })
-}
 
 /// Wrappers of every `llama-*` tool of `real` in `dir`; llama-perplexity's also holds on
 /// (see the module doc) and writes the pids of its group to `pids`.

@@ -6,27 +6,7 @@
 
 mod common;
 use common::*;
-use std::path::{Path, PathBuf};
-
-/// llama.cpp's tools: `KWK_LLAMA_CPP_DIR`, else the set-up script's build folder.
-fn llama_dir() -> PathBuf {
-    std::env::var_os("KWK_LLAMA_CPP_DIR")
-        .map(PathBuf::from)
-        .or_else(|| {
-            let root = PathBuf::from(std::env::var_os("HOME")?).join(".cache/kwk");
-            let mut bins: Vec<_> = std::fs::read_dir(&root)
-                .ok()?
-                .filter_map(|e| e.ok())
-                .map(|e| e.path().join("build/bin"))
-                .filter(|p| p.join("llama-perplexity").exists())
-                .collect();
-            bins.sort();
-            bins.pop()
-        })
-        .unwrap_or_else(|| {
-            panic!("llama.cpp tools not found: run scripts/setup-llama-cpp.sh or set KWK_LLAMA_CPP_DIR")
-        })
-}
+use std::path::Path;
 
 /// Wrappers of every `llama-*` tool of `real` in `dir`, answering `--version` with the
 /// text of `version`.

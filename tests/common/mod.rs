@@ -80,3 +80,24 @@ pub fn lifetime_rows() -> Vec<(String, i32, String)> {
         })
         .collect()
 }
+
+/// llama.cpp's tools: `KWK_LLAMA_CPP_DIR`, else the build scripts/setup-llama-cpp.sh leaves
+/// under the cache root (`kwk::paths`, docs/paths.md).
+pub fn llama_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("KWK_LLAMA_CPP_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d);
+    }
+    let root = kwk::paths::cache_root(&kwk::paths::CacheEnv::from_env())
+        .expect("none of KWK_CACHE, XDG_CACHE_HOME, HOME is set");
+    let mut bins: Vec<_> = std::fs::read_dir(&root)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().join("build/bin"))
+        .filter(|p| p.join("llama-perplexity").exists())
+        .collect();
+    bins.sort();
+    bins.pop().expect(
+        "llama.cpp tools not found: run scripts/setup-llama-cpp.sh or set KWK_LLAMA_CPP_DIR",
+    )
+}
