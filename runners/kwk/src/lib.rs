@@ -27,6 +27,7 @@ pub mod gguf;
 pub mod interrupt;
 pub mod kernels;
 pub mod model;
+pub mod notices;
 pub mod pack_cache;
 pub mod paths;
 pub mod quantize;
