@@ -2,10 +2,10 @@
 //! the model instead of holding all of it in float32 ([`LazyWeights`]). Tensors come out
 //! exactly as [`super::load_model`] gives them (the same loaders convert them).
 
+use super::assemble::{assemble_layer, require, require_vec, WeightSource};
 use super::gguf_loader::GgufSource;
-use super::safetensors_loader::{
-    assemble_layer, require, require_vec, SafetensorsSource, WeightName, WeightSource,
-};
+use super::names::WeightName;
+use super::safetensors_loader::SafetensorsSource;
 use super::{LayerWeights, ModelConfig, ModelHeader, ModelSource, Tensor};
 use crate::error::Result;
 use crate::gguf::GgufFile;
@@ -79,7 +79,7 @@ impl LazyWeights {
 
     /// One matrix of dense layer `i` (`[out, in]`, the shape the config implies).
     pub fn dense_part(&self, i: usize, part: DensePart) -> Result<Tensor> {
-        use super::safetensors_loader::LayerTensor as T;
+        use super::names::LayerTensor as T;
         let c = &self.config;
         let (d, ffn) = (c.hidden_size, c.intermediate_size);
         let (q, kv) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
@@ -102,7 +102,7 @@ impl LazyWeights {
 
     /// Every weight (the whole model in float32).
     pub fn all(&self) -> Result<super::ModelWeights> {
-        self.with(|s| super::safetensors_loader::assemble_weights(s, &self.config))
+        self.with(|s| super::assemble::assemble_weights(s, &self.config))
     }
 
     /// Drops the source pages read so far from the resident set (the page cache keeps

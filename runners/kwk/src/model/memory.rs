@@ -11,10 +11,9 @@
 //! `[experts, d, ffn]`) where checkpoints have one tensor per expert; both spellings are
 //! read here, the fused one by slicing out expert `e`'s rows.
 
+use super::assemble::{assemble_weights, WeightSource};
 use super::config::{Architecture, ModelConfig};
-use super::safetensors_loader::{
-    assemble_weights, hf_tensor_name, LayerTensor, WeightName, WeightSource,
-};
+use super::names::{hf_tensor_name, LayerTensor, WeightName};
 use super::{ModelWeights, Tensor};
 use crate::error::{KwkError, Result};
 use std::collections::HashMap;

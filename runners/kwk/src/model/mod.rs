@@ -7,11 +7,14 @@
 //! Conventions: a linear weight is row-major `[out_features, in_features]` (Hugging Face's
 //! layout: `y = W x`); q/k rows are in Hugging Face's rotate-half (NeoX) rope order.
 
+mod assemble;
 pub mod config;
 pub mod cost;
 pub mod gguf_loader;
+pub mod hub;
 pub mod lazy;
 pub mod memory;
+mod names;
 pub mod safetensors_loader;
 pub mod source;
 

@@ -1,292 +1,24 @@
-//! Loading a Hugging Face folder (config.json + safetensors) into float32 master weights,
-//! and the source-independent assembly of [`ModelWeights`] that the GGUF loader shares.
-//!
-//! The assembly ([`assemble_weights`]) asks a [`WeightSource`] for each tensor by its role
-//! in the model ([`WeightName`]) and the shape the config implies, so both sources check
-//! every shape against the config the same way and name the file and tensor when one is
-//! missing or wrong. Layers are assembled in parallel (rayon); each source converts its
-//! storage type (F32/F16/BF16 here, GGML blocks in GGUF) straight from the memory-mapped
-//! file into the final `Vec<f32>`, with no intermediate copy.
+//! Loading a Hugging Face folder (config.json + safetensors) into float32 master weights:
+//! the safetensors files as a [`WeightSource`] for the shared assembly
+//! (`model/assemble.rs`), with tensor names from [`hf_tensor_name`] (`model/names.rs`).
+//! Each source converts its storage type (F32/F16/BF16 here, GGML blocks in GGUF)
+//! straight from the memory-mapped file into the final `Vec<f32>`, with no intermediate
+//! copy.
 //!
 //! Safetensors files are mapped with memmap2 and their headers parsed and validated by the
 //! `safetensors` crate (offsets contiguous, sizes matching dtype × shape, file length equal
 //! to header + data); a sharded checkpoint is found through `model.safetensors.index.json`.
 
+use super::assemble::{assemble_weights, WeightSource};
 use super::config::{Architecture, ModelConfig};
-use super::{FeedForward, LayerWeights, LoadInfo, Mlp, ModelWeights, MoeBlock, Tensor};
+use super::names::{hf_tensor_name, WeightName};
+use super::{LoadInfo, ModelWeights, Tensor};
 use crate::error::{KwkError, Result};
 use rayon::prelude::*;
 use safetensors::tensor::{Dtype, TensorInfo};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-
-/// A tensor of one layer, by its role.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum LayerTensor {
-    AttnNorm,
-    Q,
-    K,
-    V,
-    O,
-    QBias,
-    KBias,
-    VBias,
-    QNorm,
-    KNorm,
-    FfnNorm,
-    Gate,
-    Up,
-    Down,
-    Router,
-    ExpertGate(usize),
-    ExpertUp(usize),
-    ExpertDown(usize),
-    SharedGate,
-    SharedUp,
-    SharedDown,
-    SharedExpertGate,
-}
-
-/// A tensor of the model, by its role.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum WeightName {
-    Embed,
-    FinalNorm,
-    LmHead,
-    Layer(usize, LayerTensor),
-}
-
-/// A file format the master weights can be read from.
-pub(crate) trait WeightSource: Sync {
-    /// The file (or folder) errors about missing tensors should name.
-    fn path(&self) -> &Path;
-    /// The name the tensor has in this source, for error messages.
-    fn name_of(&self, name: WeightName) -> String;
-    /// The tensor converted to float32, row-major with Hugging Face's `[out, in]` layout and
-    /// rope order, or `None` when the source does not hold it. `shape` is what the config
-    /// implies; a tensor of another shape is a `BadModel` error naming file and tensor.
-    fn load(&self, name: WeightName, shape: &[usize]) -> Result<Option<Tensor>>;
-    /// The name of the tensor [`WeightSource::load`] found for `name` (where a source has
-    /// several spellings, the one present), for errors about its values.
-    fn found_name(&self, name: WeightName) -> String {
-        self.name_of(name)
-    }
-}
-
-/// How many of `data` are NaN or ±Inf. Branch-free over fixed-size chunks, so it
-/// vectorises: a scan costs far less than the conversion that produced the data.
-pub(crate) fn non_finite_count(data: &[f32]) -> usize {
-    const LANES: usize = 16;
-    let mut counts = [0u32; LANES];
-    let chunks = data.chunks_exact(LANES);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for (n, v) in counts.iter_mut().zip(c) {
-            *n += u32::from(!v.is_finite());
-        }
-    }
-    // Each lane counts at most len / 16 < 2^32 values for any slice up to 2^36 elements;
-    // summed in usize.
-    let mut total: usize = counts.iter().map(|&n| n as usize).sum();
-    total += tail.iter().filter(|v| !v.is_finite()).count();
-    total
-}
-
-/// `src.load`, refusing a tensor holding NaN or ±Inf: every weight the decoder, the
-/// packers and the quantizers see passes through here, so a damaged or overflowed model
-/// is an error naming the tensor and the count instead of numbers that hide it (a
-/// softmax or a quantizer's scale can turn a non-finite weight into finite output).
-fn load_finite(
-    src: &dyn WeightSource,
-    name: WeightName,
-    shape: &[usize],
-) -> Result<Option<Tensor>> {
-    let t = src.load(name, shape)?;
-    if let Some(t) = &t {
-        let bad = non_finite_count(&t.data);
-        if bad > 0 {
-            return Err(KwkError::bad_model(
-                src.path(),
-                format!(
-                    "tensor '{}' has {bad} non-finite value{} (NaN/Inf); the model is damaged \
-                     or was converted with overflow — re-convert it",
-                    src.found_name(name),
-                    if bad == 1 { "" } else { "s" }
-                ),
-            ));
-        }
-    }
-    Ok(t)
-}
-
-pub(crate) fn require(src: &dyn WeightSource, name: WeightName, shape: &[usize]) -> Result<Tensor> {
-    load_finite(src, name, shape)?.ok_or_else(|| {
-        KwkError::bad_model(
-            src.path(),
-            format!(
-                "tensor '{}' is missing (expected shape {shape:?})",
-                src.name_of(name)
-            ),
-        )
-    })
-}
-
-pub(crate) fn require_vec(
-    src: &dyn WeightSource,
-    name: WeightName,
-    len: usize,
-) -> Result<Vec<f32>> {
-    Ok(require(src, name, &[len])?.data)
-}
-
-fn optional_vec(src: &dyn WeightSource, name: WeightName, len: usize) -> Result<Option<Vec<f32>>> {
-    Ok(load_finite(src, name, &[len])?.map(|t| t.data))
-}
-
-fn load_mlp(
-    src: &dyn WeightSource,
-    layer: usize,
-    names: [LayerTensor; 3],
-    d: usize,
-    ffn: usize,
-) -> Result<Mlp> {
-    let [g, u, dn] = names;
-    Ok(Mlp {
-        gate: require(src, WeightName::Layer(layer, g), &[ffn, d])?,
-        up: require(src, WeightName::Layer(layer, u), &[ffn, d])?,
-        down: require(src, WeightName::Layer(layer, dn), &[d, ffn])?,
-    })
-}
-
-pub(crate) fn assemble_layer(
-    src: &dyn WeightSource,
-    c: &ModelConfig,
-    l: usize,
-) -> Result<LayerWeights> {
-    use LayerTensor as T;
-    let d = c.hidden_size;
-    let q_dim = c.n_heads * c.head_dim;
-    let kv_dim = c.n_kv_heads * c.head_dim;
-    let name = |t| WeightName::Layer(l, t);
-
-    // qwen2 (and qwen2_moe) always have q/k/v biases; other architectures may (llama's
-    // `attention_bias`), so there they are read when present.
-    let needs_bias = matches!(c.architecture, Architecture::Qwen2 | Architecture::Qwen2Moe);
-    let bias = |t, len| -> Result<Option<Vec<f32>>> {
-        if needs_bias {
-            require_vec(src, name(t), len).map(Some)
-        } else {
-            optional_vec(src, name(t), len)
-        }
-    };
-    // qwen3 (and qwen3_moe) normalise each q/k head.
-    let needs_qk_norm = matches!(c.architecture, Architecture::Qwen3 | Architecture::Qwen3Moe);
-    let qk_norm = |t| -> Result<Option<Vec<f32>>> {
-        if needs_qk_norm {
-            require_vec(src, name(t), c.head_dim).map(Some)
-        } else {
-            optional_vec(src, name(t), c.head_dim)
-        }
-    };
-
-    let ffn = if c.architecture.is_moe() {
-        let ffn = c.moe_intermediate_size;
-        let experts = (0..c.n_experts)
-            .map(|e| {
-                load_mlp(
-                    src,
-                    l,
-                    [T::ExpertGate(e), T::ExpertUp(e), T::ExpertDown(e)],
-                    d,
-                    ffn,
-                )
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let (shared_expert, shared_expert_gate) = if c.shared_expert_intermediate_size > 0 {
-            let s = c.shared_expert_intermediate_size;
-            (
-                Some(load_mlp(
-                    src,
-                    l,
-                    [T::SharedGate, T::SharedUp, T::SharedDown],
-                    d,
-                    s,
-                )?),
-                Some(require(src, name(T::SharedExpertGate), &[1, d])?),
-            )
-        } else {
-            (None, None)
-        };
-        FeedForward::Moe(MoeBlock {
-            router: require(src, name(T::Router), &[c.n_experts, d])?,
-            experts,
-            shared_expert,
-            shared_expert_gate,
-        })
-    } else {
-        FeedForward::Dense(load_mlp(
-            src,
-            l,
-            [T::Gate, T::Up, T::Down],
-            d,
-            c.intermediate_size,
-        )?)
-    };
-
-    Ok(LayerWeights {
-        attn_norm: require_vec(src, name(T::AttnNorm), d)?,
-        q: require(src, name(T::Q), &[q_dim, d])?,
-        k: require(src, name(T::K), &[kv_dim, d])?,
-        v: require(src, name(T::V), &[kv_dim, d])?,
-        o: require(src, name(T::O), &[d, q_dim])?,
-        q_bias: bias(T::QBias, q_dim)?,
-        k_bias: bias(T::KBias, kv_dim)?,
-        v_bias: bias(T::VBias, kv_dim)?,
-        q_norm: qk_norm(T::QNorm)?,
-        k_norm: qk_norm(T::KNorm)?,
-        ffn_norm: require_vec(src, name(T::FfnNorm), d)?,
-        ffn,
-    })
-}
-
-/// Builds [`ModelWeights`] from `src`, checking every tensor's shape against `config`.
-/// Layers load in parallel; the first error (in layer order) is returned.
-pub(crate) fn assemble_weights(
-    src: &dyn WeightSource,
-    config: &ModelConfig,
-) -> Result<ModelWeights> {
-    let d = config.hidden_size;
-    let (embed, rest) = rayon::join(
-        || require(src, WeightName::Embed, &[config.vocab_size, d]),
-        || -> Result<_> {
-            // Every layer's result is kept and the first error taken in layer order: a
-            // parallel `collect` into `Result` returns whichever error a thread met first,
-            // so the message named layer 0 or layer 1 from run to run.
-            let layers = (0..config.n_layers)
-                .into_par_iter()
-                .map(|l| assemble_layer(src, config, l))
-                .collect::<Vec<Result<_>>>()
-                .into_iter()
-                .collect::<Result<Vec<_>>>()?;
-            let final_norm = require_vec(src, WeightName::FinalNorm, d)?;
-            let lm_head = if config.tie_word_embeddings {
-                None
-            } else {
-                Some(require(src, WeightName::LmHead, &[config.vocab_size, d])?)
-            };
-            Ok((layers, final_norm, lm_head))
-        },
-    );
-    let embed = embed?;
-    let (layers, final_norm, lm_head) = rest?;
-    Ok(ModelWeights {
-        embed,
-        layers,
-        final_norm,
-        lm_head,
-    })
-}
 
 /// Converts little-endian storage of `dtype` to float32, in parallel chunks for big tensors.
 fn convert_to_f32(bytes: &[u8], dtype: Dtype, out: &mut [f32]) {
@@ -320,51 +52,6 @@ fn convert_to_f32(bytes: &[u8], dtype: Dtype, out: &mut [f32]) {
     }
 }
 
-/// The name a tensor has in a Hugging Face checkpoint of `architecture` (what
-/// `transformers` writes and `state_dict()` returns).
-pub(crate) fn hf_tensor_name(architecture: Architecture, name: WeightName) -> String {
-    use LayerTensor as T;
-    let l = match name {
-        WeightName::Embed => return "model.embed_tokens.weight".into(),
-        WeightName::FinalNorm => return "model.norm.weight".into(),
-        WeightName::LmHead => return "lm_head.weight".into(),
-        WeightName::Layer(l, t) => (l, t),
-    };
-    let (layer, t) = l;
-    let mixtral = architecture == Architecture::Mixtral;
-    let suffix = match t {
-        T::AttnNorm => "input_layernorm.weight".to_string(),
-        T::Q => "self_attn.q_proj.weight".into(),
-        T::K => "self_attn.k_proj.weight".into(),
-        T::V => "self_attn.v_proj.weight".into(),
-        T::O => "self_attn.o_proj.weight".into(),
-        T::QBias => "self_attn.q_proj.bias".into(),
-        T::KBias => "self_attn.k_proj.bias".into(),
-        T::VBias => "self_attn.v_proj.bias".into(),
-        T::QNorm => "self_attn.q_norm.weight".into(),
-        T::KNorm => "self_attn.k_norm.weight".into(),
-        T::FfnNorm => "post_attention_layernorm.weight".into(),
-        T::Gate => "mlp.gate_proj.weight".into(),
-        T::Up => "mlp.up_proj.weight".into(),
-        T::Down => "mlp.down_proj.weight".into(),
-        T::Router if mixtral => "block_sparse_moe.gate.weight".into(),
-        T::Router => "mlp.gate.weight".into(),
-        // Mixtral's experts: w1 = gate, w3 = up, w2 = down.
-        T::ExpertGate(e) if mixtral => format!("block_sparse_moe.experts.{e}.w1.weight"),
-        T::ExpertUp(e) if mixtral => format!("block_sparse_moe.experts.{e}.w3.weight"),
-        T::ExpertDown(e) if mixtral => format!("block_sparse_moe.experts.{e}.w2.weight"),
-        T::ExpertGate(e) => format!("mlp.experts.{e}.gate_proj.weight"),
-        T::ExpertUp(e) => format!("mlp.experts.{e}.up_proj.weight"),
-        T::ExpertDown(e) => format!("mlp.experts.{e}.down_proj.weight"),
-        T::SharedGate => "mlp.shared_expert.gate_proj.weight".into(),
-        T::SharedUp => "mlp.shared_expert.up_proj.weight".into(),
-        T::SharedDown => "mlp.shared_expert.down_proj.weight".into(),
-        T::SharedExpertGate => "mlp.shared_expert_gate.weight".into(),
-    };
-    format!("model.layers.{layer}.{suffix}")
-}
-
-/// One mapped `.safetensors` file and its validated header.
 struct SafetensorsFile {
     path: PathBuf,
     map: memmap2::Mmap,
@@ -646,6 +333,7 @@ pub fn load_hf_weights(dir: &Path, config: &ModelConfig) -> Result<(ModelWeights
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::model::FeedForward;
     use safetensors::tensor::TensorView;
 
     use kwk_fixtures::model_dir as fixture_dir;
