@@ -4,8 +4,8 @@
 //! same way, refuses non-finite weights, and names the file and tensor in errors.
 //! Layers are assembled in parallel (rayon).
 
-use super::config::{Architecture, ModelConfig};
-use super::names::{LayerTensor, WeightName};
+use super::config::ModelConfig;
+use super::names::{requires_qk_norm, requires_qkv_bias, LayerTensor, WeightName};
 use super::{FeedForward, LayerWeights, Mlp, ModelWeights, MoeBlock, Tensor};
 use crate::error::{KwkError, Result};
 use rayon::prelude::*;
@@ -124,9 +124,7 @@ pub(crate) fn assemble_layer(
     let kv_dim = c.n_kv_heads * c.head_dim;
     let name = |t| WeightName::Layer(l, t);
 
-    // qwen2 (and qwen2_moe) always have q/k/v biases; other architectures may (llama's
-    // `attention_bias`), so there they are read when present.
-    let needs_bias = matches!(c.architecture, Architecture::Qwen2 | Architecture::Qwen2Moe);
+    let needs_bias = requires_qkv_bias(c.architecture);
     let bias = |t, len| -> Result<Option<Vec<f32>>> {
         if needs_bias {
             require_vec(src, name(t), len).map(Some)
@@ -134,8 +132,7 @@ pub(crate) fn assemble_layer(
             optional_vec(src, name(t), len)
         }
     };
-    // qwen3 (and qwen3_moe) normalise each q/k head.
-    let needs_qk_norm = matches!(c.architecture, Architecture::Qwen3 | Architecture::Qwen3Moe);
+    let needs_qk_norm = requires_qk_norm(c.architecture);
     let qk_norm = |t| -> Result<Option<Vec<f32>>> {
         if needs_qk_norm {
             require_vec(src, name(t), c.head_dim).map(Some)

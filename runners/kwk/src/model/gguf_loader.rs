@@ -26,7 +26,7 @@
 use super::assemble::{assemble_weights, WeightSource};
 pub use super::config::config_from_gguf;
 use super::config::ModelConfig;
-use super::names::{gguf_tensor_names, LayerTensor, WeightName};
+use super::names::{gguf_qk_permuted, gguf_tensor_names, LayerTensor, WeightName};
 use super::{LoadInfo, ModelWeights, Tensor};
 use crate::error::{KwkError, Result};
 use crate::format::ggml_blocks::{dequantize, dequantize_parallel};
@@ -234,7 +234,7 @@ pub fn load_gguf(
     let tokenizer = tokenizer_metadata_from_gguf(&file)?;
     let source = GgufSource {
         file: &file,
-        unpermute_qk: file.get_str("general.architecture")? == Some("llama"),
+        unpermute_qk: gguf_qk_permuted(file.get_str("general.architecture")?),
         n_heads: config.n_heads,
         n_kv_heads: config.n_kv_heads,
     };

@@ -4,7 +4,7 @@
 
 use super::assemble::{assemble_layer, require, require_vec, WeightSource};
 use super::gguf_loader::GgufSource;
-use super::names::WeightName;
+use super::names::{gguf_qk_permuted, WeightName};
 use super::safetensors_loader::SafetensorsSource;
 use super::{LayerWeights, ModelConfig, ModelHeader, ModelSource, Tensor};
 use crate::error::Result;
@@ -29,7 +29,7 @@ impl LazyWeights {
         let src = match &header.source {
             ModelSource::Gguf(_) => {
                 let file = GgufFile::open(path)?;
-                let unpermute_qk = file.get_str("general.architecture")? == Some("llama");
+                let unpermute_qk = gguf_qk_permuted(file.get_str("general.architecture")?);
                 Src::Gguf { file, unpermute_qk }
             }
             ModelSource::HfFolder(_) | ModelSource::Hub { .. } => {

@@ -1,7 +1,9 @@
 //! Tensor names: each weight by its role in the model ([`WeightName`], [`LayerTensor`]),
-//! and what each source calls it: a Hugging Face checkpoint ([`hf_tensor_name`], per
-//! architecture) and a GGUF file ([`gguf_tensor_names`], llama.cpp's names). The one place
-//! a new architecture's tensor-name mapping goes.
+//! what each source calls it (a Hugging Face checkpoint: [`hf_tensor_name`], per
+//! architecture; a GGUF file: [`gguf_tensor_names`], llama.cpp's names), and the per-
+//! architecture rules on which tensors a layer must have ([`requires_qkv_bias`],
+//! [`requires_qk_norm`]) and how GGUF stores q/k ([`gguf_qk_permuted`]). The one place a
+//! new architecture's tensor-name mapping goes.
 
 use super::config::Architecture;
 
@@ -39,6 +41,26 @@ pub(crate) enum WeightName {
     FinalNorm,
     LmHead,
     Layer(usize, LayerTensor),
+}
+
+/// Whether every layer of `architecture` has q/k/v biases: qwen2 (and qwen2_moe) always
+/// do; other architectures may (llama's `attention_bias`), so there they are read when
+/// present.
+pub(crate) fn requires_qkv_bias(architecture: Architecture) -> bool {
+    matches!(architecture, Architecture::Qwen2 | Architecture::Qwen2Moe)
+}
+
+/// Whether every layer of `architecture` normalises each q/k head (qwen3, qwen3_moe);
+/// other architectures read the norms when present.
+pub(crate) fn requires_qk_norm(architecture: Architecture) -> bool {
+    matches!(architecture, Architecture::Qwen3 | Architecture::Qwen3Moe)
+}
+
+/// Whether a GGUF of llama.cpp architecture `gguf_arch` has its q/k rows reordered by the
+/// converter (`LlamaModel.permute`: `llama`, which covers Mistral and Mixtral); qwen2/qwen3
+/// use ggml's NeoX rope and are stored unpermuted.
+pub(crate) fn gguf_qk_permuted(gguf_arch: Option<&str>) -> bool {
+    gguf_arch == Some("llama")
 }
 
 /// The Hugging Face names of a layer's two norms (after `model.layers.{l}.`), per
