@@ -15,13 +15,16 @@
 //! `vdpbf16ps`. Rows past the end of the matrix are zero padding.
 
 pub mod broadcast;
-pub mod int4_matmul;
-pub mod int8_matmul;
 pub mod q8_activations;
-pub(crate) mod quant_portable;
+pub mod quant;
 pub mod scalar;
 #[cfg(target_arch = "x86_64")]
 pub mod x86_64;
+
+/// The quantized kernels' former paths, which code outside `kernels/` still names.
+pub use quant as int8_matmul;
+/// The quantized kernels' former paths, which code outside `kernels/` still names.
+pub use quant as int4_matmul;
 
 use std::ops::Range;
 use std::sync::OnceLock;
@@ -101,7 +104,7 @@ impl Isa {
                 _ if self.is_avx2_class() => "avx2 (convert)",
                 _ => "scalar",
             },
-            WeightKernels::Quantized => int8_matmul::QuantIsa::from_isa(self).label(),
+            WeightKernels::Quantized => quant::QuantIsa::from_isa(self).label(),
         }
     }
 
@@ -131,12 +134,12 @@ pub enum Arithmetic {
 
 impl Isa {
     /// What `kind`'s matmuls compute with on this tier: the scalar tier off x86-64 takes
-    /// the quantized block dots in f32 (`quant_portable`).
+    /// the quantized block dots in f32 (`quant/scalar/`).
     pub fn arithmetic(self, kind: WeightKernels) -> Arithmetic {
         match kind {
             WeightKernels::Float32 => Arithmetic::Fp32,
             WeightKernels::Bf16 => Arithmetic::Bf16,
-            WeightKernels::Quantized if int8_matmul::QuantIsa::from_isa(self).dots_in_f32() => {
+            WeightKernels::Quantized if quant::QuantIsa::from_isa(self).dots_in_f32() => {
                 Arithmetic::Fp32
             }
             WeightKernels::Quantized => Arithmetic::Int8,
@@ -195,7 +198,7 @@ pub fn isa_supported(isa: Isa) -> bool {
                 avx512
                     && has!("avx512vnni")
                     && (!bf16 || has!("avx512bf16"))
-                    && (!amx || x86_64::amx::available())
+                    && (!amx || quant::amx::available())
             }
         }
     }
@@ -248,7 +251,7 @@ fn vnni_tier(amx: bool) -> Isa {
 /// The best tier this CPU has: `amx` (the `vnni` tier with AMX-INT8 prompt tiles, when the
 /// CPU and the OS grant AMX) over `vnni` (with `vdpbf16ps` when present) over `avx512bw`
 /// over `avxvnni` over `avx2` over `scalar`. `amx` computes the same bits as `vnni`; its
-/// prompts measured 8-9 % faster on an Intel Xeon with AMX (see `x86_64/amx.rs`).
+/// prompts measured 8-9 % faster on an Intel Xeon with AMX (see `quant/amx/tiles.rs`).
 pub fn best_isa() -> Isa {
     [
         vnni_tier(true),
@@ -694,7 +697,7 @@ mod tests;
 /// packed codes 42-56 -> 80-83 (1 KiB ahead), 86 (2 KiB), 85 (4 KiB), int4 54-56 -> 64.
 /// Prompts, which read each panel once per token from the caches, lost 13 % with it on
 /// the scalar tier and do without. The quantized SIMD GEMVs ask for their tiles the same
-/// distance ahead (`x86_64::prefetch_ahead`).
+/// distance ahead (`quant::driver::prefetch_ahead`).
 pub(crate) const GEMV_PREFETCH_BYTES: usize = 2048;
 
 /// Asks the caches for the `bytes` bytes at `at` (which need not be valid to read); a

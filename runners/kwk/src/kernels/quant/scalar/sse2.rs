@@ -1,5 +1,5 @@
 //! The scalar tier's quantized block dots on x86-64 with SSE2, which every x86-64 CPU has
-//! (`quant_portable::BlockDots`; its twin there is `F32Dots`, and the scalar
+//! (`scalar/mod.rs`'s `BlockDots`; its twin there is `F32Dots`, and the scalar
 //! specifications `int8_tile_scalar` / `lowbit_tile_scalar` hold both to the bit).
 //!
 //! Codes are widened once per row group to i16 pairs: per 32-column block, 16 column pairs
@@ -11,8 +11,8 @@
 //! SSE2 is part of every x86-64 CPU (and enabled in every x86-64 build), so the intrinsic
 //! calls need no feature check; the panel is a slice of vectors, so no pointer is read.
 
-use crate::kernels::int8_matmul::{BLOCK, ROW_GROUP};
-use crate::kernels::quant_portable::BlockDots;
+use super::BlockDots;
+use crate::kernels::quant::layout::{BLOCK, ROW_GROUP};
 use std::arch::x86_64::*;
 
 /// Eight i16 lanes: two codes of each of 4 rows.

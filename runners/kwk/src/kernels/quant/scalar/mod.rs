@@ -7,7 +7,7 @@
 //! each 32-column block's 16 row dots then reuse every panel load for up to [`TOKENS`]
 //! tokens ([`BlockDots`]). Generation (one token, each code used once) reads the packed
 //! tiles directly instead, asking for the codes [`GEMV_PREFETCH_BYTES`] ahead. On x86-64
-//! the panel holds i16 code pairs for SSE2's `pmaddwd` (`x86_64/baseline.rs`: SSE2 is in
+//! the panel holds i16 code pairs for SSE2's `pmaddwd` (`sse2.rs`: SSE2 is in
 //! every x86-64 CPU); elsewhere ([`F32Dots`]) it is
 //! `[column][16 rows]` f32, the float32 panel layout, and the dots are f32 multiply-adds
 //! the compiler vectorizes (NEON on aarch64). Both are exact: a block dot `Σ q·a` has
@@ -24,11 +24,15 @@
 //! twice instead (a multiply and an add per 4 rows) took the prompts past float32 on a Zen 5
 //! (see [`Rounding`] for the figures).
 
-use super::int4_matmul::{code_tile_bytes, tile_code, LowBitTiles, HIGH_BITS_TILE_BYTES};
-use super::int8_matmul::{
-    Int8Tiles, Q8Rows, QuantIsa, Rounding, BLOCK, INT8_TILE_BYTES, ROW_GROUP, TOKEN_TILE,
+#[cfg(target_arch = "x86_64")]
+mod sse2;
+
+use super::driver::{Q8Rows, QuantIsa, Rounding, TOKEN_TILE};
+use super::layout::{
+    code_tile_bytes, tile_code, Int8Tiles, LowBitTiles, BLOCK, HIGH_BITS_TILE_BYTES,
+    INT8_TILE_BYTES, ROW_GROUP,
 };
-use super::GEMV_PREFETCH_BYTES;
+use crate::kernels::{prefetch_hint, GEMV_PREFETCH_BYTES};
 
 /// Tokens that share each load of the weight panel.
 const TOKENS: usize = 2;
@@ -48,7 +52,7 @@ pub(crate) trait BlockDots {
     /// The activations `[token][column]` as `[token][block][ACTS_PER_BLOCK]`.
     fn widen_acts(quants: &[i8]) -> Vec<Self::Act>;
     /// One block's code tile (and, for 6-bit codes, its high-bit tile; layouts as
-    /// `int4_matmul::tile_code` reads them) into its panel lanes as `code - offset`.
+    /// `layout::tile_code` reads them) into its panel lanes as `code - offset`.
     fn widen_block(bits: u32, tile: &[u8], high_bits: &[u8], offset: i16, lanes: &mut [Self::Lane]);
     /// The 16 rows' dots of one block with `N` tokens' activations of that block.
     fn block_dots<const N: usize>(
@@ -71,7 +75,7 @@ pub(crate) trait BlockDots {
 /// The block dots of the target's scalar tier: SSE2's `pmaddwd` on x86-64 (part of its
 /// baseline), f32 multiply-adds elsewhere.
 #[cfg(target_arch = "x86_64")]
-pub(crate) type BaselineDots = super::x86_64::baseline::PairDots;
+pub(crate) type BaselineDots = sse2::PairDots;
 #[cfg(not(target_arch = "x86_64"))]
 pub(crate) type BaselineDots = F32Dots;
 
@@ -313,11 +317,11 @@ impl<D: BlockDots> WidenedDots<D> {
                         block_tiles(codes.tiles, codes.tile_bytes, codes.high_bits, b);
                     // A group's tiles follow each other, the next group's the last.
                     let ahead = tile.as_ptr().wrapping_add(GEMV_PREFETCH_BYTES);
-                    super::prefetch_hint(ahead, codes.tile_bytes);
+                    prefetch_hint(ahead, codes.tile_bytes);
                     if !high.is_empty() {
                         // 6-bit codes' high bits are a stream of their own.
                         let ahead = high.as_ptr().wrapping_add(GEMV_PREFETCH_BYTES);
-                        super::prefetch_hint(ahead, HIGH_BITS_TILE_BYTES);
+                        prefetch_hint(ahead, HIGH_BITS_TILE_BYTES);
                     }
                     let at = run.tok * nb + b;
                     let acts = &x.quants[at * BLOCK..][..BLOCK];

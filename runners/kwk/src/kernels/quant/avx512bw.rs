@@ -4,7 +4,7 @@
 //! `vpmaddubsw` (u8 × i8, i16 pair sums) + `vpmaddwd` (widening to i32) in place of
 //! `vpdpbusd`.
 //!
-//! Exactness (see `quant256.rs` for the same rules on ymm):
+//! Exactness (see `ymm.rs` for the same rules on ymm):
 //! - int8 tiles and 8-bit codes (bytes `u` in 0..=255) would saturate `vpmaddubsw`'s pair
 //!   sums (`255 · 127 · 2 > 32767`), so the weights become `q = u - 128` and the product is
 //!   `|q| · sign(a, q)` (pairs at most `128 · 127 · 2 = 32512`). AVX-512 has no `vpsignb`:
@@ -21,7 +21,7 @@
 //! `vfmadd` for the same 512 multiply-adds in float32; plus 3 per block for the scale.
 //!
 //! Register blocking does not change that for the sign trick as it does for `vpdpbusd`
-//! (two row groups × 6 tokens in `int4_matmul`'s VNNI tiles): the sign fix is made per
+//! (two row groups × 6 tokens in `avx512vnni.rs`'s byte tiles): the sign fix is made per
 //! weight register and token, so a broadcast activation shared by two groups still costs 4
 //! operations per group. Measured on a Xeon (Sapphire Rapids class; a C loop of the 8-bit
 //! block step on L1-resident data, multiply-adds per TSC tick): 1 group × 8 tokens 33.8,
@@ -34,14 +34,12 @@
 //! 68-77; `speed` pp512 int8 908-976 -> 990-1061 t/s with float32 at 892-945. The
 //! single-token and short-batch paths keep the byte tiles (no widening to amortize).
 
-use super::prefetch_ahead;
-use crate::kernels::int4_matmul::{
-    acts_i16_all, x86::code_tiles_zmm, x86::unpack_zmm, LowBitTiles, BYTE_TILE_BYTES,
-    HIGH_BITS_TILE_BYTES, NIBBLE_TILE_BYTES,
+use super::driver::{acts_i16_all, drive_row_group_pairs, prefetch_ahead, Q8Rows, TOKEN_TILE};
+use super::layout::{
+    Int8Tiles, LowBitTiles, BLOCK, BYTE_TILE_BYTES, HIGH_BITS_TILE_BYTES, INT8_TILE_BYTES,
+    NIBBLE_TILE_BYTES, ROW_GROUP,
 };
-use crate::kernels::int8_matmul::{
-    drive_row_group_pairs, Int8Tiles, Q8Rows, BLOCK, INT8_TILE_BYTES, ROW_GROUP, TOKEN_TILE,
-};
+use super::zmm::{code_tiles_zmm, unpack_zmm};
 use std::arch::x86_64::*;
 
 /// One int8 tile: rows of group `g`, tokens `t0..t0 + n`, into `out[..n]`.
@@ -271,7 +269,7 @@ unsafe fn lowbit_n<const N: usize, const BITS: u32>(
 /// `vpaddd` (`u · a` exact in i16 × i16 products, pair sums up to `2 · 255 · 127` in
 /// i32), with no sign fix, no per-quad weight preparation and no offset correction (the
 /// codes are taken as the unsigned values they are, so the block dot is `Σ u·a`, the
-/// specification's, directly). Row groups two at a time × [`PAIR_TOKENS`](crate::kernels::int8_matmul::PAIR_TOKENS) tokens, as the
+/// specification's, directly). Row groups two at a time × [`PAIR_TOKENS`](super::PAIR_TOKENS) tokens, as the
 /// VNNI tiles (`drive_row_group_pairs`). Measured on a Xeon (a C loop of the block step on
 /// L1-resident data, multiply-adds per TSC tick): the sign trick 1 × 8 31-32, i16 pairs
 /// 1 × 8 34.7, 2 × 4 37.1, 2 × 6 35.8-36.9, float32 FMA tiles 35-38.

@@ -12,7 +12,7 @@
 //! (`quad * 64 + row * 4 + k`, AMX's "VNNI" layout of B: rows are column quads, each row
 //! 16 weight rows × 4 bytes), into a 16 × 16 tile of i32 block dots (token × weight row).
 //! So the packed format is used as it is, with no repacking; 8-bit codes share that layout,
-//! and 4- and 6-bit codes are widened to it once per row group (`int4_matmul`'s
+//! and 4- and 6-bit codes are widened to it once per row group (`zmm.rs`'s
 //! `widen_group_codes`) before
 //! the group's token tiles run, so each widening serves the whole prompt. The dots go
 //! through memory (`tilestored`) to the same float step as every other tier: for
@@ -64,8 +64,8 @@
 //! reports AMX absent when the CPU, the OS or the request says no. Each thread loads the
 //! tile configuration ([`TileScope`]) before its tiles and releases it after.
 
-use crate::kernels::int4_matmul::LowBitTiles;
-use crate::kernels::int8_matmul::{Int8Tiles, Q8Rows, BLOCK, INT8_TILE_BYTES, ROW_GROUP};
+use crate::kernels::quant::driver::Q8Rows;
+use crate::kernels::quant::layout::{Int8Tiles, LowBitTiles, BLOCK, INT8_TILE_BYTES, ROW_GROUP};
 use std::arch::asm;
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
