@@ -36,7 +36,7 @@
 
 use super::driver::{acts_i16_all, drive_row_group_pairs, prefetch_ahead, Q8Rows, TOKEN_TILE};
 use super::layout::{
-    Int8Tiles, LowBitTiles, BLOCK, BYTE_TILE_BYTES, HIGH_BITS_TILE_BYTES, INT8_TILE_BYTES,
+    Bits, Int8Tiles, LowBitTiles, BLOCK, BYTE_TILE_BYTES, HIGH_BITS_TILE_BYTES, INT8_TILE_BYTES,
     NIBBLE_TILE_BYTES, ROW_GROUP,
 };
 use super::zmm::{code_tiles_zmm, unpack_zmm};
@@ -143,22 +143,44 @@ pub unsafe fn lowbit_tile(
     n: usize,
     out: &mut [[f32; ROW_GROUP]; TOKEN_TILE],
 ) {
-    macro_rules! go {
-        ($($n:literal)*) => {
-            // SAFETY: forwarded contract.
-            unsafe {
-                match (w.bits, n) {
-                    $(
-                        (4, $n) => lowbit_n::<$n, 4>(w, x, s, g, t0, out),
-                        (6, $n) => lowbit_n::<$n, 6>(w, x, s, g, t0, out),
-                        (8, $n) => lowbit_n::<$n, 8>(w, x, s, g, t0, out),
-                    )*
-                    _ => unreachable!("bits {} token tile {n}", w.bits),
-                }
-            }
-        };
+    // SAFETY: forwarded contract.
+    unsafe {
+        match w.bits {
+            Bits::B4 => lowbit_tokens::<4>(w, x, s, g, t0, n, out),
+            Bits::B6 => lowbit_tokens::<6>(w, x, s, g, t0, n, out),
+            Bits::B8 => lowbit_tokens::<8>(w, x, s, g, t0, n, out),
+        }
     }
-    go!(1 2 3 4 5 6 7 8)
+}
+
+/// [`lowbit_tile`] for `BITS`-bit codes: the kernel for `n` tokens.
+///
+/// # Safety
+/// As [`lowbit_tile`], and `w.bits` is `BITS`.
+#[inline(always)]
+unsafe fn lowbit_tokens<const BITS: u32>(
+    w: &LowBitTiles,
+    x: &Q8Rows,
+    s: &[f32],
+    g: usize,
+    t0: usize,
+    n: usize,
+    out: &mut [[f32; ROW_GROUP]; TOKEN_TILE],
+) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        match n {
+            1 => lowbit_n::<1, BITS>(w, x, s, g, t0, out),
+            2 => lowbit_n::<2, BITS>(w, x, s, g, t0, out),
+            3 => lowbit_n::<3, BITS>(w, x, s, g, t0, out),
+            4 => lowbit_n::<4, BITS>(w, x, s, g, t0, out),
+            5 => lowbit_n::<5, BITS>(w, x, s, g, t0, out),
+            6 => lowbit_n::<6, BITS>(w, x, s, g, t0, out),
+            7 => lowbit_n::<7, BITS>(w, x, s, g, t0, out),
+            8 => lowbit_n::<8, BITS>(w, x, s, g, t0, out),
+            _ => unreachable!("token tile of {n}"),
+        }
+    }
 }
 
 #[target_feature(enable = "avx512f,avx512bw")]
@@ -285,7 +307,7 @@ pub unsafe fn code8_matmul_i16(
     rows: std::ops::Range<usize>,
     y: &crate::kernels::OutputMatrix,
 ) {
-    assert_eq!(w.bits, 8);
+    assert_eq!(w.bits, Bits::B8);
     let nb = w.n_blocks();
     let ncg = w.n_col_groups();
     let acts = acts_i16_all(x);

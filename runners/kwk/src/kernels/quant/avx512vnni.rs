@@ -7,7 +7,7 @@
 
 use super::driver::{drive_row_group_pairs, Q8Rows, TOKEN_TILE};
 use super::layout::{
-    Int8Tiles, LowBitTiles, BLOCK, BYTE_TILE_BYTES, HIGH_BITS_TILE_BYTES, INT8_TILE_BYTES,
+    Bits, Int8Tiles, LowBitTiles, BLOCK, BYTE_TILE_BYTES, HIGH_BITS_TILE_BYTES, INT8_TILE_BYTES,
     NIBBLE_TILE_BYTES, ROW_GROUP,
 };
 use super::zmm::{code_tiles_zmm, unpack_zmm, WidenedGroup};
@@ -102,7 +102,10 @@ pub unsafe fn lowbit_matmul_pairs(
 ) {
     let nb = w.n_blocks();
     let ncg = w.n_col_groups();
-    let mut widened = (w.bits != 8).then(|| [WidenedGroup::new(w), WidenedGroup::new(w)]);
+    let mut widened = match w.bits {
+        Bits::B4 | Bits::B6 => Some([WidenedGroup::new(w), WidenedGroup::new(w)]),
+        Bits::B8 => None,
+    };
     drive_row_group_pairs(rows, x.n_tokens, y, |g, count, t0, n, out| {
         let s = &s_all[t0 * ncg..(t0 + n) * ncg];
         let mut codes = [std::ptr::null(); 2];
@@ -157,36 +160,57 @@ pub unsafe fn lowbit_tile(
     out: &mut [[f32; ROW_GROUP]; TOKEN_TILE],
 ) {
     let nb = w.n_blocks();
-    let bytes = (w.bits == 8).then(|| w.nibbles[g * nb * BYTE_TILE_BYTES..].as_ptr());
-    // SAFETY: forwarded contract; `bytes` covers the group's byte tiles (the 8-bit
-    // codes `check` validated).
+    // SAFETY (every arm): forwarded contract; for 8-bit codes the group's byte tiles
+    // (which `check` validated) start at `c`.
+    match w.bits {
+        Bits::B8 => {
+            let c = w.nibbles[g * nb * BYTE_TILE_BYTES..].as_ptr();
+            let one = from_mut(out);
+            unsafe {
+                match n {
+                    1 => byte_tiles_vnni::<1, 1>(w, [c], x, s, [g], t0, one),
+                    2 => byte_tiles_vnni::<1, 2>(w, [c], x, s, [g], t0, one),
+                    3 => byte_tiles_vnni::<1, 3>(w, [c], x, s, [g], t0, one),
+                    4 => byte_tiles_vnni::<1, 4>(w, [c], x, s, [g], t0, one),
+                    5 => byte_tiles_vnni::<1, 5>(w, [c], x, s, [g], t0, one),
+                    6 => byte_tiles_vnni::<1, 6>(w, [c], x, s, [g], t0, one),
+                    7 => byte_tiles_vnni::<1, 7>(w, [c], x, s, [g], t0, one),
+                    8 => byte_tiles_vnni::<1, 8>(w, [c], x, s, [g], t0, one),
+                    _ => unreachable!("token tile of {n}"),
+                }
+            }
+        }
+        Bits::B4 => unsafe { nibble_tile_vnni::<false>(w, x, s, g, t0, n, out) },
+        Bits::B6 => unsafe { nibble_tile_vnni::<true>(w, x, s, g, t0, n, out) },
+    }
+}
+
+/// [`lowbit_tile`] for 4-bit (6-bit when `SIX`) codes: the kernel for `n` tokens.
+///
+/// # Safety
+/// As [`lowbit_tile`], and `w.bits` is 4 (6 when `SIX`).
+#[inline(always)]
+unsafe fn nibble_tile_vnni<const SIX: bool>(
+    w: &LowBitTiles,
+    x: &Q8Rows,
+    s: &[f32],
+    g: usize,
+    t0: usize,
+    n: usize,
+    out: &mut [[f32; ROW_GROUP]; TOKEN_TILE],
+) {
+    // SAFETY: forwarded contract.
     unsafe {
-        match (bytes, w.bits, n) {
-            (Some(c), _, 1) => byte_tiles_vnni::<1, 1>(w, [c], x, s, [g], t0, from_mut(out)),
-            (Some(c), _, 2) => byte_tiles_vnni::<1, 2>(w, [c], x, s, [g], t0, from_mut(out)),
-            (Some(c), _, 3) => byte_tiles_vnni::<1, 3>(w, [c], x, s, [g], t0, from_mut(out)),
-            (Some(c), _, 4) => byte_tiles_vnni::<1, 4>(w, [c], x, s, [g], t0, from_mut(out)),
-            (Some(c), _, 5) => byte_tiles_vnni::<1, 5>(w, [c], x, s, [g], t0, from_mut(out)),
-            (Some(c), _, 6) => byte_tiles_vnni::<1, 6>(w, [c], x, s, [g], t0, from_mut(out)),
-            (Some(c), _, 7) => byte_tiles_vnni::<1, 7>(w, [c], x, s, [g], t0, from_mut(out)),
-            (Some(c), _, 8) => byte_tiles_vnni::<1, 8>(w, [c], x, s, [g], t0, from_mut(out)),
-            (None, 4, 1) => lowbit_tile_vnni::<1, false>(w, x, s, g, t0, out),
-            (None, 4, 2) => lowbit_tile_vnni::<2, false>(w, x, s, g, t0, out),
-            (None, 4, 3) => lowbit_tile_vnni::<3, false>(w, x, s, g, t0, out),
-            (None, 4, 4) => lowbit_tile_vnni::<4, false>(w, x, s, g, t0, out),
-            (None, 4, 5) => lowbit_tile_vnni::<5, false>(w, x, s, g, t0, out),
-            (None, 4, 6) => lowbit_tile_vnni::<6, false>(w, x, s, g, t0, out),
-            (None, 4, 7) => lowbit_tile_vnni::<7, false>(w, x, s, g, t0, out),
-            (None, 4, 8) => lowbit_tile_vnni::<8, false>(w, x, s, g, t0, out),
-            (None, 6, 1) => lowbit_tile_vnni::<1, true>(w, x, s, g, t0, out),
-            (None, 6, 2) => lowbit_tile_vnni::<2, true>(w, x, s, g, t0, out),
-            (None, 6, 3) => lowbit_tile_vnni::<3, true>(w, x, s, g, t0, out),
-            (None, 6, 4) => lowbit_tile_vnni::<4, true>(w, x, s, g, t0, out),
-            (None, 6, 5) => lowbit_tile_vnni::<5, true>(w, x, s, g, t0, out),
-            (None, 6, 6) => lowbit_tile_vnni::<6, true>(w, x, s, g, t0, out),
-            (None, 6, 7) => lowbit_tile_vnni::<7, true>(w, x, s, g, t0, out),
-            (None, 6, 8) => lowbit_tile_vnni::<8, true>(w, x, s, g, t0, out),
-            _ => unreachable!("bits {} token tile {n}", w.bits),
+        match n {
+            1 => lowbit_tile_vnni::<1, SIX>(w, x, s, g, t0, out),
+            2 => lowbit_tile_vnni::<2, SIX>(w, x, s, g, t0, out),
+            3 => lowbit_tile_vnni::<3, SIX>(w, x, s, g, t0, out),
+            4 => lowbit_tile_vnni::<4, SIX>(w, x, s, g, t0, out),
+            5 => lowbit_tile_vnni::<5, SIX>(w, x, s, g, t0, out),
+            6 => lowbit_tile_vnni::<6, SIX>(w, x, s, g, t0, out),
+            7 => lowbit_tile_vnni::<7, SIX>(w, x, s, g, t0, out),
+            8 => lowbit_tile_vnni::<8, SIX>(w, x, s, g, t0, out),
+            _ => unreachable!("token tile of {n}"),
         }
     }
 }

@@ -46,20 +46,65 @@ pub const HIGH_BITS_TILE_BYTES: usize = ROW_GROUP * BLOCK / 4;
 /// Bytes of an 8-bit code tile.
 pub const BYTE_TILE_BYTES: usize = ROW_GROUP * BLOCK;
 
-/// Bytes of the code tile (nibbles, or bytes for 8-bit) of one row group × block.
-pub fn code_tile_bytes(bits: u32) -> usize {
-    if bits == 8 {
-        BYTE_TILE_BYTES
-    } else {
-        NIBBLE_TILE_BYTES
+/// The width of a matrix's codes. Every tier matches it exhaustively where it picks a
+/// kernel (most kernels take it on as a const generic), so a new width fails to compile
+/// at each tier that has no kernel for it yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Bits {
+    /// 4-bit codes in nibble tiles.
+    B4,
+    /// 6-bit codes: nibble tiles and high-bit-pair tiles.
+    B6,
+    /// 8-bit codes in byte tiles (the int8 tile layout).
+    B8,
+}
+
+impl Bits {
+    /// The width of `bits`-bit codes, if it is one.
+    pub const fn from_u32(bits: u32) -> Option<Bits> {
+        match bits {
+            4 => Some(Bits::B4),
+            6 => Some(Bits::B6),
+            8 => Some(Bits::B8),
+            _ => None,
+        }
     }
+
+    /// Bits per code.
+    pub const fn get(self) -> u32 {
+        match self {
+            Bits::B4 => 4,
+            Bits::B6 => 6,
+            Bits::B8 => 8,
+        }
+    }
+
+    /// Bytes of the code tile (nibbles, or bytes for 8-bit) of one row group × block.
+    pub const fn code_tile_bytes(self) -> usize {
+        match self {
+            Bits::B4 | Bits::B6 => NIBBLE_TILE_BYTES,
+            Bits::B8 => BYTE_TILE_BYTES,
+        }
+    }
+
+    /// Whether the codes have a high-bit-pair tile per block (6-bit codes).
+    pub const fn has_high_bits(self) -> bool {
+        match self {
+            Bits::B6 => true,
+            Bits::B4 | Bits::B8 => false,
+        }
+    }
+}
+
+/// Bytes of the code tile (nibbles, or bytes for 8-bit) of one row group × block.
+pub fn code_tile_bytes(bits: Bits) -> usize {
+    bits.code_tile_bytes()
 }
 
 /// A 4-, 6- or 8-bit matrix in the packed layout described in the module doc.
 #[derive(Debug, Clone, Copy)]
 pub struct LowBitTiles<'a> {
-    /// 4, 6 or 8.
-    pub bits: u32,
+    pub bits: Bits,
     /// Code tiles: nibbles (4/6-bit) or bytes (8-bit).
     pub nibbles: &'a [u8],
     /// Empty for 4-bit.
@@ -83,7 +128,6 @@ impl LowBitTiles<'_> {
         self.cols.div_ceil(self.group_size)
     }
     pub(crate) fn check(&self) {
-        assert!(self.bits == 4 || self.bits == 6 || self.bits == 8);
         assert!(
             self.cols.is_multiple_of(BLOCK)
                 && self.group_size.is_multiple_of(BLOCK)
@@ -91,7 +135,7 @@ impl LowBitTiles<'_> {
         );
         let tiles = self.n_groups() * self.n_blocks();
         assert!(self.nibbles.len() >= tiles * code_tile_bytes(self.bits));
-        if self.bits == 6 {
+        if self.bits.has_high_bits() {
             assert!(self.high_bits.len() >= tiles * HIGH_BITS_TILE_BYTES);
         }
         let ng = self.n_groups() * self.n_col_groups() * ROW_GROUP;
@@ -104,7 +148,7 @@ impl LowBitTiles<'_> {
         let (b, cc) = (c / BLOCK, c % BLOCK);
         let tile = g * self.n_blocks() + b;
         let bytes = code_tile_bytes(self.bits);
-        let high_bits = if self.bits == 6 {
+        let high_bits = if self.bits.has_high_bits() {
             &self.high_bits[tile * HIGH_BITS_TILE_BYTES..][..HIGH_BITS_TILE_BYTES]
         } else {
             &[]
@@ -125,23 +169,29 @@ impl LowBitTiles<'_> {
 /// 8-bit layout).
 #[inline(always)]
 pub(crate) fn tile_code(
-    bits: u32,
+    bits: Bits,
     tile: &[u8],
     high_bits: &[u8],
     quad: usize,
     r: usize,
     k: usize,
 ) -> u8 {
-    if bits == 8 {
-        return tile[quad * 64 + r * 4 + k];
+    let nibble = || {
+        let byte = tile[(quad % 4) * 64 + r * 4 + k];
+        if quad < 4 {
+            byte & 0x0F
+        } else {
+            byte >> 4
+        }
+    };
+    match bits {
+        Bits::B8 => tile[quad * 64 + r * 4 + k],
+        Bits::B4 => nibble(),
+        Bits::B6 => {
+            let hb = high_bits[(quad / 4) * 64 + r * 4 + k];
+            nibble() | (((hb >> (2 * (quad % 4))) & 3) << 4)
+        }
     }
-    let byte = tile[(quad % 4) * 64 + r * 4 + k];
-    let mut q = if quad < 4 { byte & 0x0F } else { byte >> 4 };
-    if bits == 6 {
-        let hb = high_bits[(quad / 4) * 64 + r * 4 + k];
-        q |= ((hb >> (2 * (quad % 4))) & 3) << 4;
-    }
-    q
 }
 
 /// An int8 matrix in the packed layout described in the module doc.

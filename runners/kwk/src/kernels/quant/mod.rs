@@ -111,7 +111,7 @@ pub use driver::{
     PAIR_TOKENS, TOKEN_TILE,
 };
 pub use layout::{
-    code_tile_bytes, Int8Tiles, LowBitTiles, BLOCK, BYTE_TILE_BYTES, HIGH_BITS_TILE_BYTES,
+    code_tile_bytes, Bits, Int8Tiles, LowBitTiles, BLOCK, BYTE_TILE_BYTES, HIGH_BITS_TILE_BYTES,
     INT8_TILE_BYTES, NIBBLE_TILE_BYTES, ROW_GROUP,
 };
 pub use spec::{int8_matmul_spec, int8_tile_scalar, lowbit_matmul_spec, lowbit_tile_scalar};
@@ -212,13 +212,13 @@ pub fn lowbit_matmul(
         return amx::lowbit_matmul(w, x, &s_all, rows, y, vnni);
     }
     #[cfg(target_arch = "x86_64")]
-    if isa == QuantIsa::Avx512Bw && w.bits == 8 && x.n_tokens > TOKEN_TILE {
+    if isa == QuantIsa::Avx512Bw && w.bits == Bits::B8 && x.n_tokens > TOKEN_TILE {
         // SAFETY: the tier has AVX-512 F/BW (checked above); `w` and `x` were checked.
         unsafe { avx512bw::code8_matmul_i16(w, x, &s_all, rows, y) };
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if isa == QuantIsa::Avx2 && w.bits == 8 && x.n_tokens > TOKEN_TILE {
+    if isa == QuantIsa::Avx2 && w.bits == Bits::B8 && x.n_tokens > TOKEN_TILE {
         // SAFETY: the tier has AVX2/FMA/F16C (checked above); `w` and `x` were checked.
         unsafe { avx2::code8_matmul_i16(w, x, &s_all, rows, y) };
         return;

@@ -68,7 +68,7 @@
 //! for 4, 5 and 6 tokens alike and 44-46 for 7 (spills; the Xeon's C loop).
 
 use super::driver::Q8Rows;
-use super::layout::{code_tile_bytes, LowBitTiles, BLOCK, HIGH_BITS_TILE_BYTES, ROW_GROUP};
+use super::layout::{LowBitTiles, BLOCK, HIGH_BITS_TILE_BYTES, ROW_GROUP};
 
 /// i16 values of one widened block of 16 rows × 32 columns (`code8_matmul_i16`).
 pub(crate) const I16_BLOCK: usize = ROW_GROUP * BLOCK;
@@ -193,12 +193,12 @@ impl LowBitGroup {
     /// every pointer is inside its slice.
     pub(crate) unsafe fn new(w: &LowBitTiles, x: &Q8Rows, g: usize, tok: usize) -> Self {
         let (nb, ncg, dim) = (w.n_blocks(), w.n_col_groups(), x.dim);
-        let tile_bytes = code_tile_bytes(w.bits);
+        let tile_bytes = w.bits.code_tile_bytes();
         // SAFETY: forwarded contract.
         unsafe {
             LowBitGroup {
                 codes: w.nibbles.as_ptr().add(g * nb * tile_bytes),
-                hbits: if w.bits == 6 {
+                hbits: if w.bits.has_high_bits() {
                     w.high_bits.as_ptr().add(g * nb * HIGH_BITS_TILE_BYTES)
                 } else {
                     std::ptr::null()

@@ -23,7 +23,11 @@ macro_rules! ymm_lowbit {
             let nb = w.n_blocks();
             let ncg = w.n_col_groups();
             let bpg = w.group_size / BLOCK;
-            let tile_bytes = code_tile_bytes(BITS);
+            let tile_bytes = if BITS == 8 {
+                BYTE_TILE_BYTES
+            } else {
+                NIBBLE_TILE_BYTES
+            };
             // SAFETY: as `lowbit_sub` with N = 1, for each group.
             unsafe {
                 let codes = groups.map(|g| w.nibbles.as_ptr().add(g * nb * tile_bytes));
@@ -93,10 +97,9 @@ macro_rules! ymm_lowbit {
             // SAFETY: forwarded contract.
             unsafe {
                 match w.bits {
-                    4 => lowbit_gemv::<4, 2>(w, x, smin, [ga, gb], tok, [oa, ob]),
-                    6 => lowbit_gemv::<6, 2>(w, x, smin, [ga, gb], tok, [oa, ob]),
-                    8 => lowbit_gemv::<8, 2>(w, x, smin, [ga, gb], tok, [oa, ob]),
-                    bits => unreachable!("{bits}-bit codes"),
+                    Bits::B4 => lowbit_gemv::<4, 2>(w, x, smin, [ga, gb], tok, [oa, ob]),
+                    Bits::B6 => lowbit_gemv::<6, 2>(w, x, smin, [ga, gb], tok, [oa, ob]),
+                    Bits::B8 => lowbit_gemv::<8, 2>(w, x, smin, [ga, gb], tok, [oa, ob]),
                 }
             }
         }
@@ -124,19 +127,18 @@ macro_rules! ymm_lowbit {
                 // SAFETY: forwarded contract.
                 unsafe {
                     match (w.bits, m) {
-                        (4, 1) => lowbit_gemv::<4, 1>(w, x, st, [g], t0 + t, [&mut o[0]]),
-                        (4, 2) => nibble_sub_both::<2>(w, x, st, g, t0 + t, o),
-                        (4, 3) => nibble_sub_both::<3>(w, x, st, g, t0 + t, o),
-                        (4, _) => nibble_sub_both::<4>(w, x, st, g, t0 + t, o),
-                        (6, 1) => lowbit_gemv::<6, 1>(w, x, st, [g], t0 + t, [&mut o[0]]),
-                        (6, 2) => lowbit_sub::<2, 6>(w, x, st, g, t0 + t, o),
-                        (6, 3) => lowbit_sub::<3, 6>(w, x, st, g, t0 + t, o),
-                        (6, _) => lowbit_sub::<4, 6>(w, x, st, g, t0 + t, o),
-                        (8, 1) => lowbit_gemv::<8, 1>(w, x, st, [g], t0 + t, [&mut o[0]]),
-                        (8, 2) => full8_sub_both::<2>(w, x, st, g, t0 + t, o),
-                        (8, 3) => full8_sub_both::<3>(w, x, st, g, t0 + t, o),
-                        (8, _) => full8_sub_both::<4>(w, x, st, g, t0 + t, o),
-                        (bits, _) => unreachable!("{bits}-bit codes"),
+                        (Bits::B4, 1) => lowbit_gemv::<4, 1>(w, x, st, [g], t0 + t, [&mut o[0]]),
+                        (Bits::B4, 2) => nibble_sub_both::<2>(w, x, st, g, t0 + t, o),
+                        (Bits::B4, 3) => nibble_sub_both::<3>(w, x, st, g, t0 + t, o),
+                        (Bits::B4, _) => nibble_sub_both::<4>(w, x, st, g, t0 + t, o),
+                        (Bits::B6, 1) => lowbit_gemv::<6, 1>(w, x, st, [g], t0 + t, [&mut o[0]]),
+                        (Bits::B6, 2) => lowbit_sub::<2, 6>(w, x, st, g, t0 + t, o),
+                        (Bits::B6, 3) => lowbit_sub::<3, 6>(w, x, st, g, t0 + t, o),
+                        (Bits::B6, _) => lowbit_sub::<4, 6>(w, x, st, g, t0 + t, o),
+                        (Bits::B8, 1) => lowbit_gemv::<8, 1>(w, x, st, [g], t0 + t, [&mut o[0]]),
+                        (Bits::B8, 2) => full8_sub_both::<2>(w, x, st, g, t0 + t, o),
+                        (Bits::B8, 3) => full8_sub_both::<3>(w, x, st, g, t0 + t, o),
+                        (Bits::B8, _) => full8_sub_both::<4>(w, x, st, g, t0 + t, o),
                     }
                 }
                 t += m;
@@ -220,7 +222,7 @@ macro_rules! ymm_lowbit {
             rows: std::ops::Range<usize>,
             y: &crate::kernels::OutputMatrix,
         ) {
-            assert_eq!(w.bits, 8);
+            assert_eq!(w.bits, Bits::B8);
             let nb = w.n_blocks();
             let ncg = w.n_col_groups();
             let acts = acts_i16_all(x);

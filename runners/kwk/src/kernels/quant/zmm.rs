@@ -7,7 +7,7 @@
 
 use super::driver::{Q8Rows, TOKEN_TILE};
 use super::layout::{
-    LowBitTiles, BLOCK, BYTE_TILE_BYTES, HIGH_BITS_TILE_BYTES, NIBBLE_TILE_BYTES, ROW_GROUP,
+    Bits, LowBitTiles, BLOCK, BYTE_TILE_BYTES, HIGH_BITS_TILE_BYTES, NIBBLE_TILE_BYTES, ROW_GROUP,
 };
 use std::arch::x86_64::*;
 
@@ -50,14 +50,14 @@ impl WidenedGroup {
 #[target_feature(enable = "avx512f,avx512bw")]
 pub unsafe fn widen_group_codes(w: &LowBitTiles, g: usize, dst: &mut [u8]) {
     let nb = w.n_blocks();
-    assert!(dst.len() >= nb * BYTE_TILE_BYTES && (w.bits == 4 || w.bits == 6));
+    assert!(dst.len() >= nb * BYTE_TILE_BYTES && w.bits != Bits::B8);
     // SAFETY: group g's tiles lie inside the slices `check` validated; `dst` was
     // asserted long enough.
     unsafe {
         for b in 0..nb {
             let tile = g * nb + b;
             let nib = w.nibbles.as_ptr().add(tile * NIBBLE_TILE_BYTES);
-            let wv = if w.bits == 6 {
+            let wv = if w.bits.has_high_bits() {
                 let hb = w.high_bits.as_ptr().add(tile * HIGH_BITS_TILE_BYTES);
                 unpack_zmm::<true>(nib, hb)
             } else {

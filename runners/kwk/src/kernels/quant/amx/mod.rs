@@ -11,7 +11,9 @@ pub use tiles::{available, tdpbssd_peak, TileOut, TileScope, AMX_TOKENS, AMX_TOK
 use tiles::GroupPair;
 
 use super::driver::{write_group_row, Q8Rows, QuantIsa, TOKEN_TILE};
-use super::layout::{Int8Tiles, LowBitTiles, BLOCK, BYTE_TILE_BYTES, INT8_TILE_BYTES, ROW_GROUP};
+use super::layout::{
+    Bits, Int8Tiles, LowBitTiles, BLOCK, BYTE_TILE_BYTES, INT8_TILE_BYTES, ROW_GROUP,
+};
 use super::zmm::widen_group_codes;
 use crate::kernels::OutputMatrix;
 use half::f16;
@@ -186,8 +188,8 @@ pub fn lowbit_matmul(
         fn codes(&self, g: usize, j: usize) -> &[u8] {
             let nb = self.w.n_blocks();
             match self.w.bits {
-                8 => &self.w.nibbles[g * nb * BYTE_TILE_BYTES..][..nb * BYTE_TILE_BYTES],
-                _ => &self.widened[j],
+                Bits::B8 => &self.w.nibbles[g * nb * BYTE_TILE_BYTES..][..nb * BYTE_TILE_BYTES],
+                Bits::B4 | Bits::B6 => &self.widened[j],
             }
         }
         fn s(&self, t0: usize, n: usize) -> &[f32] {
@@ -201,7 +203,7 @@ pub fn lowbit_matmul(
     // readies each step's groups before their tiles.
     impl<V: FnMut(usize, usize, usize, &[f32], &mut Out8)> AmxKernels for LowBitAmx<'_, V> {
         fn prepare(&mut self, g: usize, groups: usize) {
-            if self.w.bits != 8 {
+            if self.w.bits != Bits::B8 {
                 for j in 0..groups {
                     // SAFETY: see the impl.
                     unsafe { widen_group_codes(self.w, g + j, &mut self.widened[j]) };
@@ -231,10 +233,9 @@ pub fn lowbit_matmul(
             (self.vnni)(g, t0, n, &self.s_all[t0 * ncg..(t0 + n) * ncg], out);
         }
     }
-    let len = if w.bits == 8 {
-        0
-    } else {
-        w.n_blocks() * BYTE_TILE_BYTES
+    let len = match w.bits {
+        Bits::B8 => 0,
+        Bits::B4 | Bits::B6 => w.n_blocks() * BYTE_TILE_BYTES,
     };
     let widened = [vec![0u8; len], vec![0u8; len]];
     drive_amx(

@@ -29,7 +29,7 @@ mod sse2;
 
 use super::driver::{Q8Rows, QuantIsa, Rounding, TOKEN_TILE};
 use super::layout::{
-    code_tile_bytes, tile_code, Int8Tiles, LowBitTiles, BLOCK, HIGH_BITS_TILE_BYTES,
+    code_tile_bytes, tile_code, Bits, Int8Tiles, LowBitTiles, BLOCK, HIGH_BITS_TILE_BYTES,
     INT8_TILE_BYTES, ROW_GROUP,
 };
 use crate::kernels::{prefetch_hint, GEMV_PREFETCH_BYTES};
@@ -53,7 +53,13 @@ pub(crate) trait BlockDots {
     fn widen_acts(quants: &[i8]) -> Vec<Self::Act>;
     /// One block's code tile (and, for 6-bit codes, its high-bit tile; layouts as
     /// `layout::tile_code` reads them) into its panel lanes as `code - offset`.
-    fn widen_block(bits: u32, tile: &[u8], high_bits: &[u8], offset: i16, lanes: &mut [Self::Lane]);
+    fn widen_block(
+        bits: Bits,
+        tile: &[u8],
+        high_bits: &[u8],
+        offset: i16,
+        lanes: &mut [Self::Lane],
+    );
     /// The 16 rows' dots of one block with `N` tokens' activations of that block.
     fn block_dots<const N: usize>(
         lanes: &[Self::Lane],
@@ -63,7 +69,7 @@ pub(crate) trait BlockDots {
     /// `offset`) with one token's 32 activations `acts` (`block_sum` their sum): for calls
     /// of too few tokens to repay widening the group (generation).
     fn packed_block_dots(
-        bits: u32,
+        bits: Bits,
         tile: &[u8],
         high_bits: &[u8],
         offset: i16,
@@ -95,7 +101,7 @@ impl BlockDots for F32Dots {
         quants.iter().map(|&q| q as f32).collect()
     }
 
-    fn widen_block(bits: u32, tile: &[u8], high_bits: &[u8], offset: i16, lanes: &mut [f32]) {
+    fn widen_block(bits: Bits, tile: &[u8], high_bits: &[u8], offset: i16, lanes: &mut [f32]) {
         for c in 0..BLOCK {
             for r in 0..ROW_GROUP {
                 let q = tile_code(bits, tile, high_bits, c / 4, r, c % 4);
@@ -105,7 +111,7 @@ impl BlockDots for F32Dots {
     }
 
     fn packed_block_dots(
-        bits: u32,
+        bits: Bits,
         tile: &[u8],
         high_bits: &[u8],
         offset: i16,
@@ -167,7 +173,7 @@ pub(crate) struct WidenedDots<D: BlockDots = BaselineDots> {
 /// One row group's packed code tiles, for [`BlockDots::packed_block_dots`].
 #[derive(Clone, Copy)]
 struct PackedCodes<'a> {
-    bits: u32,
+    bits: Bits,
     /// The group's code tiles, `tile_bytes` each.
     tiles: &'a [u8],
     tile_bytes: usize,
@@ -213,7 +219,7 @@ impl<D: BlockDots> WidenedDots<D> {
                     .resize(nb * D::LANES_PER_BLOCK, D::Lane::default());
                 for (b, tile) in tiles.chunks_exact(INT8_TILE_BYTES).enumerate() {
                     let lanes = &mut self.panel[b * D::LANES_PER_BLOCK..][..D::LANES_PER_BLOCK];
-                    D::widen_block(8, tile, &[], 128, lanes);
+                    D::widen_block(Bits::B8, tile, &[], 128, lanes);
                 }
             }
             let scales = &w.scales[g * nb * ROW_GROUP..][..nb * ROW_GROUP];
@@ -225,7 +231,7 @@ impl<D: BlockDots> WidenedDots<D> {
             n_groups: nb,
         };
         let codes = PackedCodes {
-            bits: 8,
+            bits: Bits::B8,
             tiles,
             tile_bytes: INT8_TILE_BYTES,
             high_bits: &[],
@@ -251,7 +257,7 @@ impl<D: BlockDots> WidenedDots<D> {
         let ncg = w.n_col_groups();
         let tile_bytes = code_tile_bytes(w.bits);
         let tiles = &w.nibbles[g * nb * tile_bytes..][..nb * tile_bytes];
-        let high_bits = if w.bits == 6 {
+        let high_bits = if w.bits.has_high_bits() {
             &w.high_bits[g * nb * HIGH_BITS_TILE_BYTES..][..nb * HIGH_BITS_TILE_BYTES]
         } else {
             &[]
@@ -465,7 +471,12 @@ mod tests {
             s ^= s << 17;
             s
         };
-        for (bits, offset) in [(4u32, 0i16), (6, 0), (8, 0), (8, 128)] {
+        for (bits, offset) in [
+            (Bits::B4, 0i16),
+            (Bits::B6, 0),
+            (Bits::B8, 0),
+            (Bits::B8, 128),
+        ] {
             for trial in 0..20 {
                 let mut byte = |extreme: bool| match (extreme, next() % 3) {
                     (true, 0) => 0u8,
@@ -483,7 +494,7 @@ mod tests {
                         _ => next() as i8,
                     })
                     .collect();
-                let high_bits: &[u8] = if bits == 6 { &high } else { &[] };
+                let high_bits: &[u8] = if bits.has_high_bits() { &high } else { &[] };
                 let want: [[f32; ROW_GROUP]; 2] = std::array::from_fn(|t| {
                     std::array::from_fn(|r| {
                         (0..BLOCK)
@@ -495,7 +506,7 @@ mod tests {
                     })
                 });
                 fn dots<D: BlockDots>(
-                    bits: u32,
+                    bits: Bits,
                     tile: &[u8],
                     high_bits: &[u8],
                     offset: i16,
@@ -514,7 +525,7 @@ mod tests {
                     }
                     two
                 }
-                let what = format!("{bits}-bit codes, offset {offset}, trial {trial}");
+                let what = format!("{bits:?} codes, offset {offset}, trial {trial}");
                 assert_eq!(
                     dots::<F32Dots>(bits, &tile, high_bits, offset, &quants),
                     want,
