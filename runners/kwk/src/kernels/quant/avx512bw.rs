@@ -326,26 +326,33 @@ pub unsafe fn code8_matmul_i16(
             ptrs[j] = codes[j].as_ptr();
         }
         let a = acts[t0 * x.dim..].as_ptr();
+        let two = WidenedI16 {
+            codes: ptrs,
+            acts: a,
+        };
+        let one_g = WidenedI16 {
+            codes: [ptrs[0]],
+            acts: a,
+        };
         // SAFETY: forwarded contract; `ptrs[..count]` hold the groups' widened codes,
         // `a` tokens t0..t0 + n of the widened activations.
         unsafe {
             match (count, n) {
-                (2, 1) => code8_i16::<2, 1>(w, ptrs, a, x, s, [g, g + 1], t0, out),
-                (2, 2) => code8_i16::<2, 2>(w, ptrs, a, x, s, [g, g + 1], t0, out),
-                (2, 3) => code8_i16::<2, 3>(w, ptrs, a, x, s, [g, g + 1], t0, out),
-                (2, 4) => code8_i16::<2, 4>(w, ptrs, a, x, s, [g, g + 1], t0, out),
-                (2, 5) => code8_i16::<2, 5>(w, ptrs, a, x, s, [g, g + 1], t0, out),
-                (2, 6) => code8_i16::<2, 6>(w, ptrs, a, x, s, [g, g + 1], t0, out),
+                (2, 1) => code8_i16::<2, 1>(w, two, x, s, [g, g + 1], t0, out),
+                (2, 2) => code8_i16::<2, 2>(w, two, x, s, [g, g + 1], t0, out),
+                (2, 3) => code8_i16::<2, 3>(w, two, x, s, [g, g + 1], t0, out),
+                (2, 4) => code8_i16::<2, 4>(w, two, x, s, [g, g + 1], t0, out),
+                (2, 5) => code8_i16::<2, 5>(w, two, x, s, [g, g + 1], t0, out),
+                (2, 6) => code8_i16::<2, 6>(w, two, x, s, [g, g + 1], t0, out),
                 (1, n) => {
                     let one = std::array::from_mut(&mut out[0]);
-                    let p = [ptrs[0]];
                     match n {
-                        1 => code8_i16::<1, 1>(w, p, a, x, s, [g], t0, one),
-                        2 => code8_i16::<1, 2>(w, p, a, x, s, [g], t0, one),
-                        3 => code8_i16::<1, 3>(w, p, a, x, s, [g], t0, one),
-                        4 => code8_i16::<1, 4>(w, p, a, x, s, [g], t0, one),
-                        5 => code8_i16::<1, 5>(w, p, a, x, s, [g], t0, one),
-                        _ => code8_i16::<1, 6>(w, p, a, x, s, [g], t0, one),
+                        1 => code8_i16::<1, 1>(w, one_g, x, s, [g], t0, one),
+                        2 => code8_i16::<1, 2>(w, one_g, x, s, [g], t0, one),
+                        3 => code8_i16::<1, 3>(w, one_g, x, s, [g], t0, one),
+                        4 => code8_i16::<1, 4>(w, one_g, x, s, [g], t0, one),
+                        5 => code8_i16::<1, 5>(w, one_g, x, s, [g], t0, one),
+                        _ => code8_i16::<1, 6>(w, one_g, x, s, [g], t0, one),
                     }
                 }
                 _ => unreachable!("{count} groups × {n} tokens"),
@@ -390,6 +397,14 @@ unsafe fn widen_codes_i16(tiles: &[u8], out: &mut [i16]) {
     }
 }
 
+/// The operands of [`code8_i16`]: `G` row groups' codes widened to i16 and the call's
+/// tokens' widened activations.
+#[derive(Clone, Copy)]
+struct WidenedI16<const G: usize> {
+    codes: [*const i16; G],
+    acts: *const i16,
+}
+
 /// `G` row groups' i16 codes (`codes[j]`, [`widen_codes_i16`]) × tokens `t0..t0 + N`
 /// (`acts`: their widened activations, rows of `x.dim`) into `out[j][..N]`: exact block
 /// dots, then the specification's float steps in its order (`code_tiles_zmm`).
@@ -397,18 +412,18 @@ unsafe fn widen_codes_i16(tiles: &[u8], out: &mut [i16]) {
 /// # Safety
 /// AVX-512 F/BW; as [`code8_matmul_i16`], each `codes[j]` holds `n_blocks` widened blocks
 /// of group `groups[j]`, `acts` `N` rows, `s` `N` tokens' minimum terms.
-#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+#[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn code8_i16<const G: usize, const N: usize>(
     w: &LowBitTiles,
-    codes: [*const i16; G],
-    acts: *const i16,
+    wide: WidenedI16<G>,
     x: &Q8Rows,
     s: &[f32],
     groups: [usize; G],
     t0: usize,
     out: &mut [[[f32; ROW_GROUP]; TOKEN_TILE]; G],
 ) {
+    let WidenedI16 { codes, acts } = wide;
     let dim = x.dim;
     // SAFETY: the reads stay in the caller's buffers (`N` activation rows, `n_blocks`
     // widened blocks per group); the rest is `code_tiles_zmm`'s contract.

@@ -276,6 +276,15 @@ impl Q8Rows<'_> {
     }
 }
 
+/// Where one tile call works: row group `g`, tokens `t0..t0 + n` (`1 <= n <=
+/// TOKEN_TILE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TileAt {
+    pub g: usize,
+    pub t0: usize,
+    pub n: usize,
+}
+
 /// A single-token kernel for two row groups read in lock step:
 /// `pair(group_a, group_b, out)` fills `out[0]` with group a's rows, `out[1]` with b's.
 pub(crate) type GemvPair<'a> = &'a mut dyn FnMut(usize, usize, &mut [[f32; ROW_GROUP]; 2]);

@@ -107,8 +107,8 @@ mod zmm;
 pub(crate) mod tests;
 
 pub use driver::{
-    avx_vnni_vex, selected_isa, InputMemo, PairedGemv, Q8Rows, QuantIsa, Rounding, AMX_MIN_TOKENS,
-    PAIR_TOKENS, TOKEN_TILE,
+    avx_vnni_vex, selected_isa, InputMemo, PairedGemv, Q8Rows, QuantIsa, Rounding, TileAt,
+    AMX_MIN_TOKENS, PAIR_TOKENS, TOKEN_TILE,
 };
 pub use layout::{
     code_tile_bytes, Bits, Int8Tiles, LowBitTiles, BLOCK, BYTE_TILE_BYTES, HIGH_BITS_TILE_BYTES,
@@ -163,7 +163,7 @@ pub fn int8_matmul(isa: QuantIsa, w: &Int8Tiles, x: &Q8Rows, rows: Range<usize>,
         y,
         |g, t0, n, out| match isa {
             QuantIsa::Scalar => match widened_dots.as_mut() {
-                Some(f) => f.int8_tile(w, x, g, t0, n, out),
+                Some(f) => f.int8_tile(w, x, TileAt { g, t0, n }, out),
                 None => unreachable!("the scalar tier's state is made above"),
             },
             #[cfg(target_arch = "x86_64")]
@@ -262,7 +262,7 @@ pub fn lowbit_matmul(
             let s = &s_all[t0 * ncg..(t0 + n) * ncg];
             match isa {
                 QuantIsa::Scalar => match widened_dots.as_mut() {
-                    Some(f) => f.lowbit_tile(w, x, s, g, t0, n, out),
+                    Some(f) => f.lowbit_tile(w, x, s, TileAt { g, t0, n }, out),
                     None => unreachable!("the scalar tier's state is made above"),
                 },
                 #[cfg(target_arch = "x86_64")]

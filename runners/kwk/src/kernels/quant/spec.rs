@@ -4,7 +4,9 @@
 //! [`Rounding`] says. Every tier agrees with it to the bit (the tests run every tier
 //! the CPU has against it); no tier runs it.
 
-use super::driver::{check_operands, drive_row_groups, min_terms, Q8Rows, Rounding, TOKEN_TILE};
+use super::driver::{
+    check_operands, drive_row_groups, min_terms, Q8Rows, Rounding, TileAt, TOKEN_TILE,
+};
 use super::layout::{Int8Tiles, LowBitTiles, BLOCK, INT8_TILE_BYTES, ROW_GROUP};
 use crate::kernels::OutputMatrix;
 use std::ops::Range;
@@ -24,7 +26,7 @@ pub fn int8_matmul_spec(
         rows,
         x.n_tokens,
         y,
-        |g, t0, n, out| int8_tile_scalar(rounding, w, x, g, t0, n, out),
+        |g, t0, n, out| int8_tile_scalar(rounding, w, x, TileAt { g, t0, n }, out),
         None,
     );
 }
@@ -35,11 +37,10 @@ pub fn int8_tile_scalar(
     rounding: Rounding,
     w: &Int8Tiles,
     x: &Q8Rows,
-    g: usize,
-    t0: usize,
-    n: usize,
+    at: TileAt,
     out: &mut [[f32; ROW_GROUP]; TOKEN_TILE],
 ) {
+    let TileAt { g, t0, n } = at;
     let nb = w.n_blocks();
     for (t, out_t) in out.iter_mut().take(n).enumerate() {
         let tok = t0 + t;
@@ -83,25 +84,24 @@ pub fn lowbit_matmul_spec(
         y,
         |g, t0, n, out| {
             let s = &s_all[t0 * ncg..(t0 + n) * ncg];
-            lowbit_tile_scalar(rounding, w, x, s, g, t0, n, out)
+            lowbit_tile_scalar(rounding, w, x, s, TileAt { g, t0, n }, out)
         },
         None,
     );
 }
 
 /// The specification (see the module doc for the order of operations), its float steps
-/// rounded as `rounding` says.
-#[allow(clippy::too_many_arguments)]
+/// rounded as `rounding` says; `s` holds the tokens' minimum terms `[t * n_col_groups +
+/// cg]`.
 pub fn lowbit_tile_scalar(
     rounding: Rounding,
     w: &LowBitTiles,
     x: &Q8Rows,
     s: &[f32],
-    g: usize,
-    t0: usize,
-    n: usize,
+    at: TileAt,
     out: &mut [[f32; ROW_GROUP]; TOKEN_TILE],
 ) {
+    let TileAt { g, t0, n } = at;
     let nb = w.n_blocks();
     let ncg = w.n_col_groups();
     let bpg = w.group_size / BLOCK;

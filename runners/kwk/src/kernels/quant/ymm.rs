@@ -218,6 +218,14 @@ impl LowBitGroup {
     }
 }
 
+/// The operands of a prompt of 8-bit codes widened to i16 (`code8_matmul_i16`): a row
+/// group's codes and every token's activations.
+#[derive(Clone, Copy)]
+pub(crate) struct WidenedI16 {
+    pub(crate) codes: *const i16,
+    pub(crate) acts: *const i16,
+}
+
 /// A column group's minimum step for the prompt walks: the group's 16 row minimums (f16)
 /// at `mn`, token 0's term `S` at `smin` (token `t`'s at `smin + t * ncg`).
 #[derive(Clone, Copy)]
@@ -310,8 +318,14 @@ macro_rules! ymm_tier {
                         prefetch_ahead(tile, INT8_TILE_BYTES);
                     }
                     // int8 wants Σ (u - 128)·a.
-                    let block = Full8Block { xq: xq.add(b * BLOCK), xbs: xbs.add(b), xs: xs.add(b) };
-                    full8_block_both::<N>(&mut acc, tile, block, dim, nb, -128 - FULL8_BIAS, sc.add(b * ROW_GROUP), None);
+                    let block = Full8Block {
+                    xq: xq.add(b * BLOCK),
+                    xbs: xbs.add(b),
+                    xs: xs.add(b),
+                    dim,
+                    nb,
+                };
+                    full8_block_both::<N>(&mut acc, tile, block, -128 - FULL8_BIAS, sc.add(b * ROW_GROUP), None);
                 }
                 store_tokens(&acc, out);
             }
@@ -325,6 +339,8 @@ macro_rules! ymm_tier {
             xq: *const i8,
             xbs: *const i32,
             xs: *const f32,
+            dim: usize,
+            nb: usize,
         }
 
         /// One block of full-byte dots (16 rows × 32 columns at `tile`, quads 64 bytes
@@ -337,17 +353,15 @@ macro_rules! ymm_tier {
         /// block sum and scale, the 16 scales and `min`'s operands are readable.
         #[inline]
         #[target_feature(enable = $features)]
-        #[allow(clippy::too_many_arguments)]
         unsafe fn full8_block_both<const N: usize>(
             acc: &mut [[__m256; N]; 2],
             tile: *const u8,
             block: Full8Block,
-            dim: usize,
-            nb: usize,
             bias: i32,
             dw: *const u16,
             min: Option<MinStep>,
         ) {
+            let Full8Block { dim, nb, .. } = block;
             // SAFETY: forwarded contract.
             unsafe {
                 let mut s = [[_mm256_setzero_si256(); N]; 2];

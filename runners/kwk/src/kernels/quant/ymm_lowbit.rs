@@ -187,14 +187,14 @@ macro_rules! ymm_lowbit {
                             xq: xq.add(b * BLOCK),
                             xbs: xbs.add(b),
                             xs: xs.add(b),
+                            dim,
+                            nb,
                         };
                         let min = (b + 1 == end).then(|| MinStep::new(mn, smin, ncg, cg));
                         full8_block_both::<N>(
                             &mut acc,
                             tile,
                             block,
-                            dim,
-                            nb,
                             -FULL8_BIAS,
                             sc.add(cg * ROW_GROUP),
                             min,
@@ -244,15 +244,18 @@ macro_rules! ymm_lowbit {
                         let m = (n - t).min(SUB_TOKENS);
                         let o = &mut out[t..t + m];
                         let st = &s_all[(t0 + t) * ncg..(t0 + t + m) * ncg];
-                        let (c, a) = (codes.as_ptr(), acts.as_ptr());
+                        let wide = WidenedI16 {
+                            codes: codes.as_ptr(),
+                            acts: acts.as_ptr(),
+                        };
                         // SAFETY: forwarded contract; `codes` holds group g widened, `acts`
                         // every token, tokens t0 + t..t0 + t + m are in range.
                         unsafe {
                             match m {
-                                1 => code8_i16::<1>(w, c, a, x, st, g, t0 + t, o),
-                                2 => code8_i16::<2>(w, c, a, x, st, g, t0 + t, o),
-                                3 => code8_i16::<3>(w, c, a, x, st, g, t0 + t, o),
-                                _ => code8_i16::<4>(w, c, a, x, st, g, t0 + t, o),
+                                1 => code8_i16::<1>(w, wide, x, st, g, t0 + t, o),
+                                2 => code8_i16::<2>(w, wide, x, st, g, t0 + t, o),
+                                3 => code8_i16::<3>(w, wide, x, st, g, t0 + t, o),
+                                _ => code8_i16::<4>(w, wide, x, st, g, t0 + t, o),
                             }
                         }
                         t += m;
@@ -310,20 +313,19 @@ macro_rules! ymm_lowbit {
         /// specification's order.
         ///
         /// # Safety
-        /// As [`code8_matmul_i16`]; `codes` holds group `g`'s `n_blocks` widened blocks,
+        /// As [`code8_matmul_i16`]; `wide.codes` holds group `g`'s `n_blocks` widened blocks,
         /// `smin` the `N` tokens' minimum terms.
-        #[allow(clippy::too_many_arguments)]
         #[target_feature(enable = $features)]
         unsafe fn code8_i16<const N: usize>(
             w: &LowBitTiles,
-            codes: *const i16,
-            acts: *const i16,
+            wide: WidenedI16,
             x: &Q8Rows,
             smin: &[f32],
             g: usize,
             tok: usize,
             out: &mut [[f32; ROW_GROUP]],
         ) {
+            let WidenedI16 { codes, acts } = wide;
             // SAFETY: the reads stay in the group's widened codes, the `N` tokens'
             // activation rows, and `LowBitGroup`'s slices.
             unsafe {

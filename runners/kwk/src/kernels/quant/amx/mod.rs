@@ -147,10 +147,13 @@ pub fn int8_matmul(
                 codes: [codes(0), codes(1)],
                 scales: [scales(0), scales(1)],
                 mins: [scales(0), scales(1)],
+                nb,
+                ncg: nb,
+                bpg: 1,
             };
             // SAFETY: see the impl and the caller's contract for `out`; per-block scales,
             // so ncg = nb and one block a group.
-            unsafe { tiles::tile_2x2::<true>(&gp, nb, nb, 1, self.x, &[], t0, out) };
+            unsafe { tiles::tile_2x2::<true>(&gp, self.x, &[], t0, out) };
         }
         fn tile16(&mut self, g: usize, _j: usize, t0: usize, out: &mut Out16) {
             // SAFETY: see the impl.
@@ -218,10 +221,13 @@ pub fn lowbit_matmul(
                 codes: [self.codes(g, 0).as_ptr(), self.codes(g + 1, 1).as_ptr()],
                 scales: [at(w.scales, 0), at(w.scales, 1)],
                 mins: [at(w.mins, 0), at(w.mins, 1)],
+                nb: w.n_blocks(),
+                ncg,
+                bpg,
             };
             let s = self.s(t0, AMX_TOKENS_2X2);
             // SAFETY: see the impl, and the caller's contract for `out`.
-            unsafe { tiles::tile_2x2::<false>(&gp, w.n_blocks(), ncg, bpg, self.x, s, t0, out) };
+            unsafe { tiles::tile_2x2::<false>(&gp, self.x, s, t0, out) };
         }
         fn tile16(&mut self, g: usize, j: usize, t0: usize, out: &mut Out16) {
             let (codes, s) = (self.codes(g, j), self.s(t0, AMX_TOKENS));

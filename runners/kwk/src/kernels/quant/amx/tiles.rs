@@ -465,12 +465,16 @@ pub struct TileOut {
 }
 
 /// Two row groups of one matrix as the 2 × 2 kernel reads them: per group, its codes in B
-/// layout (`n_blocks` tiles of 512 bytes), its scales and (low-bit codes) minimums as f16
-/// bits, 16 per scale group (per block for `Int8Tiles`).
+/// layout (`nb` tiles of 512 bytes), its scales and (low-bit codes) minimums as f16
+/// bits, 16 per scale group (per block for `Int8Tiles`); `ncg` scale groups of `bpg`
+/// blocks.
 pub struct GroupPair {
     pub codes: [*const u8; 2],
     pub scales: [*const u16; 2],
     pub mins: [*const u16; 2],
+    pub nb: usize,
+    pub ncg: usize,
+    pub bpg: usize,
 }
 
 /// Row groups `pair` × tokens `t0..t0+32` into `out` ([`TileOut`]): for symmetric
@@ -486,17 +490,14 @@ pub struct GroupPair {
 /// unless `SYM`; `out`'s 2 × 32 rows of 16 floats are writable and no other thread
 /// accesses them during the call.
 #[target_feature(enable = "avx512f,avx512bw,f16c")]
-#[allow(clippy::too_many_arguments)]
 pub unsafe fn tile_2x2<const SYM: bool>(
     pair: &GroupPair,
-    nb: usize,
-    ncg: usize,
-    bpg: usize,
     x: &Q8Rows,
     s: &[f32],
     t0: usize,
     out: &TileOut,
 ) {
+    let (nb, ncg, bpg) = (pair.nb, pair.ncg, pair.bpg);
     let dim = x.dim;
     // Two blocks' dots (current and next), each four 16 × 16 tiles; every tile is stored
     // by `tilestored` before the float step reads it.

@@ -27,7 +27,7 @@
 #[cfg(target_arch = "x86_64")]
 mod sse2;
 
-use super::driver::{Q8Rows, QuantIsa, Rounding, TOKEN_TILE};
+use super::driver::{Q8Rows, QuantIsa, Rounding, TileAt, TOKEN_TILE};
 use super::layout::{
     code_tile_bytes, tile_code, Bits, Int8Tiles, LowBitTiles, BLOCK, HIGH_BITS_TILE_BYTES,
     INT8_TILE_BYTES, ROW_GROUP,
@@ -201,16 +201,15 @@ impl<D: BlockDots> WidenedDots<D> {
         }
     }
 
-    /// `int8_tile_scalar`'s result for group `g`, tokens `t0..t0 + n`.
+    /// `int8_tile_scalar`'s result for the tile `at`.
     pub(crate) fn int8_tile(
         &mut self,
         w: &Int8Tiles,
         x: &Q8Rows,
-        g: usize,
-        t0: usize,
-        n: usize,
+        at: TileAt,
         out: &mut [[f32; ROW_GROUP]; TOKEN_TILE],
     ) {
+        let TileAt { g, t0, n } = at;
         let nb = w.n_blocks();
         let tiles = &w.qs[g * nb * INT8_TILE_BYTES..][..nb * INT8_TILE_BYTES];
         if self.group != Some(g) {
@@ -229,6 +228,7 @@ impl<D: BlockDots> WidenedDots<D> {
         let groups = Groups {
             blocks_per_group: 1,
             n_groups: nb,
+            min_terms: None,
         };
         let codes = PackedCodes {
             bits: Bits::B8,
@@ -237,22 +237,20 @@ impl<D: BlockDots> WidenedDots<D> {
             high_bits: &[],
             offset: 128,
         };
-        self.tokens(x, groups, None, codes, t0, n, out);
+        self.tokens(x, groups, codes, t0, n, out);
     }
 
-    /// `lowbit_tile_scalar`'s result for group `g`, tokens `t0..t0 + n`; `s` holds the
-    /// tokens' minimum terms `[t * n_col_groups + cg]`.
-    #[allow(clippy::too_many_arguments)]
+    /// `lowbit_tile_scalar`'s result for the tile `at`; `s` holds the tokens' minimum
+    /// terms `[t * n_col_groups + cg]`.
     pub(crate) fn lowbit_tile(
         &mut self,
         w: &LowBitTiles,
         x: &Q8Rows,
         s: &[f32],
-        g: usize,
-        t0: usize,
-        n: usize,
+        at: TileAt,
         out: &mut [[f32; ROW_GROUP]; TOKEN_TILE],
     ) {
+        let TileAt { g, t0, n } = at;
         let nb = w.n_blocks();
         let ncg = w.n_col_groups();
         let tile_bytes = code_tile_bytes(w.bits);
@@ -280,6 +278,7 @@ impl<D: BlockDots> WidenedDots<D> {
         let groups = Groups {
             blocks_per_group: w.group_size / BLOCK,
             n_groups: ncg,
+            min_terms: Some(s),
         };
         let codes = PackedCodes {
             bits: w.bits,
@@ -288,17 +287,15 @@ impl<D: BlockDots> WidenedDots<D> {
             high_bits,
             offset: 0,
         };
-        self.tokens(x, groups, Some(s), codes, t0, n, out);
+        self.tokens(x, groups, codes, t0, n, out);
     }
 
     /// Runs tokens `t0..t0 + n` on the widened group, [`TOKENS`] at a time, or one by one
     /// on the packed `codes`.
-    #[allow(clippy::too_many_arguments)]
     fn tokens(
         &self,
         x: &Q8Rows,
         groups: Groups,
-        min_terms: Option<&[f32]>,
         codes: PackedCodes,
         t0: usize,
         n: usize,
@@ -312,7 +309,6 @@ impl<D: BlockDots> WidenedDots<D> {
             let run = TokenRun {
                 x,
                 groups,
-                min_terms,
                 first: t,
                 tok: t0 + t,
             };
@@ -386,7 +382,7 @@ impl<D: BlockDots> WidenedDots<D> {
                     step_rows(acc_t, dot_t, &std::array::from_fn(|r| ds[r] * da));
                 }
             }
-            if let Some(s) = run.min_terms {
+            if let Some(s) = run.groups.min_terms {
                 let ms = self.mins[cg * ROW_GROUP..][..ROW_GROUP].try_into().unwrap();
                 for (t, acc_t) in acc.iter_mut().enumerate() {
                     let st = s[(run.first + t) * ncg + cg];
@@ -438,11 +434,13 @@ fn step_rows(acc: &mut [f32; ROW_GROUP], a: &[f32; ROW_GROUP], b: &[f32; ROW_GRO
 }
 
 /// How blocks share scales: int8 tiles have a scale per block, low-bit codes per column
-/// group of `blocks_per_group` blocks.
+/// group of `blocks_per_group` blocks, and a minimum whose terms `min_terms` holds
+/// (`[t * n_groups + cg]` for the call's token `t`).
 #[derive(Clone, Copy)]
-struct Groups {
+struct Groups<'a> {
     blocks_per_group: usize,
     n_groups: usize,
+    min_terms: Option<&'a [f32]>,
 }
 
 /// The tokens of one [`WidenedDots::token_run`]: the first at `tok` in `x`, at `first` in
@@ -450,8 +448,7 @@ struct Groups {
 #[derive(Clone, Copy)]
 struct TokenRun<'a> {
     x: &'a Q8Rows<'a>,
-    groups: Groups,
-    min_terms: Option<&'a [f32]>,
+    groups: Groups<'a>,
     first: usize,
     tok: usize,
 }
