@@ -1,8 +1,21 @@
-//! Compute kernels. `scalar.rs` is the specification; `x86_64/` holds the AVX2 and AVX-512
-//! versions (with `broadcast.rs`, the quantized kernels' files, `q8_activations.rs` and the
-//! output pointers here, the kernels' only `unsafe`), chosen once at run time per CPU
-//! feature tier ([`Isa`]; `KWK_ISA=amx|vnni|avx512bw|avxvnni|avx2|scalar` forces one the
-//! CPU supports).
+//! Compute kernels, chosen once per process by CPU feature tier ([`Isa`];
+//! `KWK_ISA=amx|vnni|avx512bw|avxvnni|avx2|scalar` forces one the CPU supports). Where
+//! each tier lives:
+//!
+//! - float32 and bf16 panels (below) and the vector helpers (softmax, SwiGLU, dots): the
+//!   specification and `scalar` tier in `scalar.rs`; `avx2` and `avxvnni` in
+//!   `x86_64/avx2.rs`; `avx512bw`, `vnni` and `amx` in `x86_64/avx512.rs`. This file
+//!   dispatches.
+//! - int8 and 4-/6-/8-bit codes: [`quant`], one file per tier (`quant/spec.rs` the
+//!   specification; `scalar/`, `avx2.rs`, `avxvnni.rs`, `avx512bw.rs`, `avx512vnni.rs`,
+//!   `amx/`) under one driver (`quant/driver.rs`) over one packed layout
+//!   (`quant/layout.rs`); their q8 activations from `q8_activations.rs` (scalar, AVX2 and
+//!   AVX-512 versions in that file).
+//! - `broadcast.rs`: the worker pool's hand-off of a borrowed job.
+//!
+//! The kernels' `unsafe`: the SIMD tier files (`x86_64/`, `quant/`'s tier files, the
+//! SIMD halves of `q8_activations.rs`), each with its scalar twin and tests; the output
+//! pointers here ([`OutputMatrix`]); the job hand-off in `broadcast.rs`.
 //!
 //! Weight layout shared by the float32 and bf16 kernels ("panels"): the rows of a weight
 //! matrix are grouped by [`PANEL_ROWS`] (16, one zmm of f32). Panel `p` holds rows
@@ -312,8 +325,8 @@ pub fn check_isa_env() -> Result<(), String> {
 }
 
 /// The tier chosen once per process: `KWK_ISA` when set and supported, else the best.
-/// An unknown or unsupported `KWK_ISA` value falls back to the best tier with a warning on
-/// stderr naming the supported values (kwk-eval refuses such a value instead, see
+/// An unknown or unsupported `KWK_ISA` value falls back to the best tier with a warning
+/// ([`crate::notices::warn`]) naming the supported values (kwk-eval refuses such a value instead, see
 /// [`check_isa_env`]; every report records the tier that actually ran).
 pub fn active_isa() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();
@@ -323,7 +336,7 @@ pub fn active_isa() -> Isa {
             Ok(None) => best_isa(),
             Err(e) => {
                 let best = best_isa();
-                eprintln!("warning: {e}; using {}", best.name());
+                crate::notices::warn(format!("{e}; using {}", best.name()));
                 best
             }
         },
