@@ -453,7 +453,15 @@ pub fn gemm_f32_panels(
     y: &OutputMatrix,
 ) {
     check_panel_args(w.len(), n_rows, cols, x.len(), n_tokens, &rows, y);
-    gemm_f32_unchecked(isa, w, cols * PANEL_ROWS, cols, x, cols, n_tokens, rows, y);
+    let op = PanelOperands {
+        w,
+        panel_stride: cols * PANEL_ROWS,
+        cols,
+        x,
+        ldx: cols,
+        n_tokens,
+    };
+    gemm_f32_unchecked(isa, &op, rows, y);
 }
 
 /// [`gemm_f32_panels`] with explicit strides, for panels that are not packed back to back
@@ -487,31 +495,38 @@ pub fn gemm_f32_panels_strided(
         x.len() >= (n_tokens - 1) * ldx + cols,
         "activation buffer too small"
     );
-    gemm_f32_unchecked(isa, w, panel_stride, cols, x, ldx, n_tokens, rows, y);
+    let op = PanelOperands {
+        w,
+        panel_stride,
+        cols,
+        x,
+        ldx,
+        n_tokens,
+    };
+    gemm_f32_unchecked(isa, &op, rows, y);
 }
 
-#[allow(clippy::too_many_arguments)]
-fn gemm_f32_unchecked(
-    isa: Isa,
-    w: &[f32],
-    panel_stride: usize,
-    cols: usize,
-    x: &[f32],
-    ldx: usize,
-    n_tokens: usize,
-    rows: Range<usize>,
-    y: &OutputMatrix,
-) {
+/// A panel matmul's operands, as the float kernels read them: the weight panels `w`
+/// (panel `p` at `w[p * panel_stride]`, `cols` columns of 16 rows) and `n_tokens`
+/// activation rows of `x` (token `t` at `x[t * ldx]`, `cols` values). The dispatchers
+/// check the bounds before a kernel reads them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PanelOperands<'a, T> {
+    pub w: &'a [T],
+    pub panel_stride: usize,
+    pub cols: usize,
+    pub x: &'a [T],
+    pub ldx: usize,
+    pub n_tokens: usize,
+}
+
+fn gemm_f32_unchecked(isa: Isa, op: &PanelOperands<f32>, rows: Range<usize>, y: &OutputMatrix) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        _ if isa.has_avx512() => {
-            x86_64::avx512::gemm_f32_panels(w, panel_stride, cols, x, ldx, n_tokens, rows, y)
-        }
+        _ if isa.has_avx512() => x86_64::avx512::gemm_f32_panels(op, rows, y),
         #[cfg(target_arch = "x86_64")]
-        _ if isa.is_avx2_class() => {
-            x86_64::avx2::gemm_f32_panels(w, panel_stride, cols, x, ldx, n_tokens, rows, y)
-        }
-        _ => scalar::gemm_f32_panels(w, panel_stride, cols, x, ldx, n_tokens, rows, y),
+        _ if isa.is_avx2_class() => x86_64::avx2::gemm_f32_panels(op, rows, y),
+        _ => scalar::gemm_f32_panels(op, rows, y),
     }
 }
 

@@ -94,7 +94,6 @@ pub(crate) mod support {
     /// must be within the sum of the per-product quantization errors
     /// `Σ_i |ŵ_i â_i - w_i x_i|` (plus 1e-5 relative float slack) of `W · x` in f64,
     /// and within 1e-5 relative of `Ŵ · x̂` (the dequantized operands) in f64.
-    #[allow(clippy::too_many_arguments)]
     pub fn check_paths(
         packed: &dyn PackedLinear,
         matmul: &MatmulFn,
