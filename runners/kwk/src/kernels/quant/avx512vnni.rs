@@ -1,5 +1,5 @@
 //! The `vnni` tier's quantized tiles (AVX-512 F/BW + VNNI, `vpdpbusd` on zmm): int8 tiles
-//! ([`int8_tile`]), 4-/6-bit codes unpacked block by block ([`lowbit_tile_vnni`]), and the
+//! ([`int8_tile`]), 4-/6-bit codes unpacked block by block (`lowbit_tile_vnni`), and the
 //! byte tiles of 8-bit codes (or 4-/6-bit codes widened once per row group, `zmm.rs`) two
 //! row groups × [`PAIR_TOKENS`](super::PAIR_TOKENS) tokens per call for prompts ([`lowbit_matmul_pairs`]).
 //! Twins: `spec.rs`'s `int8_tile_scalar` and `lowbit_tile_scalar` (the tests hold every
@@ -86,7 +86,7 @@ unsafe fn int8_tile_vnni<const N: usize>(
 }
 
 /// [`lowbit_matmul`](super::lowbit_matmul) for prompts on the VNNI tiles: row groups two at a time
-/// ([`drive_row_group_pairs`], [`byte_tiles_vnni`]), each group's 4- or 6-bit codes
+/// (`drive_row_group_pairs`, `byte_tiles_vnni`), each group's 4- or 6-bit codes
 /// widened to bytes once (8-bit codes are bytes already). `s_all` holds every token's
 /// minimum terms.
 ///

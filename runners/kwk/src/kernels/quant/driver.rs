@@ -2,7 +2,7 @@
 //! [`selected_isa`]) and how each rounds ([`Rounding`]), the view of q8 activation blocks
 //! ([`Q8Rows`]) and what is derived from them once per prepared input ([`InputMemo`]: the
 //! low-bit minimum terms, i16 activations), the blocking (row group × token tile,
-//! [`drive_row_groups`]; two row groups × [`PAIR_TOKENS`], [`drive_row_group_pairs`]; the
+//! `drive_row_groups`; two row groups × [`PAIR_TOKENS`], `drive_row_group_pairs`; the
 //! single-token paired GEMV) and the operand checks. Tiers call into this; it calls no
 //! tier (`quant/mod.rs` dispatches).
 

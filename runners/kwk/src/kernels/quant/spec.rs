@@ -11,7 +11,7 @@ use super::layout::{Int8Tiles, LowBitTiles, BLOCK, INT8_TILE_BYTES, ROW_GROUP};
 use crate::kernels::OutputMatrix;
 use std::ops::Range;
 
-/// [`int8_matmul`] on the specification ([`int8_tile_scalar`], one code at a time) with
+/// [`int8_matmul`](super::int8_matmul) on the specification ([`int8_tile_scalar`], one code at a time) with
 /// `rounding`: the reference the tests hold every path to, the scalar tier's included.
 pub fn int8_matmul_spec(
     rounding: Rounding,
@@ -65,7 +65,7 @@ pub fn int8_tile_scalar(
     }
 }
 
-/// [`lowbit_matmul`] on the specification ([`lowbit_tile_scalar`], one code at a time)
+/// [`lowbit_matmul`](super::lowbit_matmul) on the specification ([`lowbit_tile_scalar`], one code at a time)
 /// with `rounding`: the reference the tests hold every path to, the scalar tier's included.
 pub fn lowbit_matmul_spec(
     rounding: Rounding,

@@ -31,7 +31,7 @@ pub trait AmxKernels {
     /// Groups `g`, `g + 1` × tokens `t0..t0 + 32` (2 × 2 AMX kernel).
     ///
     /// # Safety
-    /// As [`tiles::tile_2x2`] for `out`: its
+    /// As `tiles::tile_2x2` for `out`: its
     /// 2 × 32 rows of 16 floats are writable and this thread's alone during the call.
     unsafe fn tile_2x2(&mut self, g: usize, t0: usize, out: &TileOut);
     /// Group `g` (`j`-th of its step) × tokens `t0..t0 + 16` (16 × 16 AMX kernel).
