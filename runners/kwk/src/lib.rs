@@ -10,13 +10,15 @@
 //!
 //! Layout: `gguf` (the GGUF container), `model/` (configs, sources, architectures),
 //! `tokenizer` (HF tokenizer.json and GGUF-metadata tokenizers), `format/` (weight formats,
-//! their names and options, [`Precision`], and GGUF block types), `kernels/` (`scalar.rs`
-//! is the specification, `x86_64/` the SIMD twins), `roofline/` (this machine's peaks: the
+//! their names and options, [`Precision`], and GGUF block types), `kernels/` (the float
+//! kernels' specification in `scalar.rs`, their SIMD twins in `x86_64/`; the quantized
+//! kernels by tier in `quant/`), `roofline/` (this machine's peaks: the
 //! roofline's ceilings), `quantize/` (rounding, calibration, GPTQ), `decoder` (forward, KV
 //! cache, generate), `threads` (the persistent worker pool).
 //!
-//! `unsafe` lives in `kernels/` (the SIMD code in `x86_64/`; the dispatch to it and the
-//! output pointers in `kernels/*.rs`), in `roofline/` (its SIMD loops in `x86_64.rs` and
+//! `unsafe` lives in `kernels/` (the SIMD tier files: `x86_64/`, `quant/`'s tier files and
+//! the SIMD halves of `q8_activations.rs`; the output pointers in `mod.rs`, the worker
+//! pool's job hand-off in `broadcast.rs`), in `roofline/` (its SIMD loops in `x86_64.rs` and
 //! their safe wrappers in `mod.rs`) and in the file maps of `gguf` and `pack_cache`.
 
 pub mod decoder;

@@ -2,7 +2,7 @@
 //! `int4:mix6`/`int4:mix8`, and the `int8` format (8 bits, groups of 64). Unsigned
 //! codes of 4, 6 or 8 bits with an f16 scale and f16 minimum per group of 32, 64 or 128 columns
 //! (`w = d · q + m`, llama.cpp Q4_1's form, which this project's test model is stored in),
-//! rows interleaved in groups of 16 (`kernels::int4_matmul` documents the layout).
+//! rows interleaved in groups of 16 (`kernels::quant::layout` documents the layout).
 //!
 //! Bits per weight: `bits + 32 / group_size` (4-bit: g32 5.0, g64 4.5, g128 4.25; 6-bit
 //! g64 6.5; 8-bit g64 8.5, g32 9.0).
@@ -11,10 +11,10 @@ use crate::error::{KwkError, Result};
 use crate::format::int8::{check_importance, check_shape, q8_rows};
 use crate::format::storage::Store;
 use crate::format::{InputKind, PackedLinear, PreparedInput};
-use crate::kernels::int4_matmul::{
-    code_tile_bytes, lowbit_matmul, LowBitTiles, HIGH_BITS_TILE_BYTES, NIBBLE_TILE_BYTES,
+use crate::kernels::quant::{
+    code_tile_bytes, lowbit_matmul, selected_isa, Bits, LowBitTiles, QuantIsa, BLOCK,
+    HIGH_BITS_TILE_BYTES, NIBBLE_TILE_BYTES, ROW_GROUP,
 };
-use crate::kernels::int8_matmul::{selected_isa, QuantIsa, BLOCK, ROW_GROUP};
 use crate::kernels::OutputMatrix;
 use crate::model::Tensor;
 use crate::quantize::rounding::round_asymmetric;
@@ -25,7 +25,7 @@ use std::ops::Range;
 /// A 4- or 6-bit packed weight matrix.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LowBitWeights {
-    bits: u32,
+    bits: Bits,
     group_size: usize,
     rows: usize,
     cols: usize,
@@ -49,7 +49,7 @@ impl LowBitWeights {
         what: &str,
     ) -> Result<Self> {
         check_shape(tensor, what)?;
-        if bits != 4 && bits != 6 && bits != 8 {
+        if Bits::from_u32(bits).is_none() {
             return Err(KwkError::InvalidArgument(format!(
                 "{what}: {bits}-bit groups are not a format; use 4, 6 or 8"
             )));
@@ -88,6 +88,7 @@ impl LowBitWeights {
         cols: usize,
         row_fn: impl Fn(usize, &mut [u8], &mut [f16], &mut [f16]) + Sync,
     ) -> Self {
+        let bits = Bits::from_u32(bits).expect("from_rows' callers check the bit width");
         let nb = cols / BLOCK;
         let ng = rows.div_ceil(ROW_GROUP);
         let ncg = cols.div_ceil(group_size);
@@ -95,7 +96,7 @@ impl LowBitWeights {
         let mut nibbles = vec![0u8; ng * nb * tile_bytes];
         let mut high_bits = vec![
             0u8;
-            if bits == 6 {
+            if bits.has_high_bits() {
                 ng * nb * HIGH_BITS_TILE_BYTES
             } else {
                 0
@@ -103,12 +104,12 @@ impl LowBitWeights {
         ];
         let mut scales = vec![f16::ZERO; ng * ncg * ROW_GROUP];
         let mut mins = vec![f16::ZERO; ng * ncg * ROW_GROUP];
-        let hb_chunk = if bits == 6 {
+        let hb_chunk = if bits.has_high_bits() {
             nb * HIGH_BITS_TILE_BYTES
         } else {
             0
         };
-        let mut hb_parts: Vec<&mut [u8]> = if bits == 6 {
+        let mut hb_parts: Vec<&mut [u8]> = if bits.has_high_bits() {
             high_bits.chunks_mut(hb_chunk).collect()
         } else {
             (0..ng).map(|_| &mut [][..]).collect()
@@ -132,14 +133,14 @@ impl LowBitWeights {
                     for (c, &code) in codes.iter().enumerate() {
                         let (b, cc) = (c / BLOCK, c % BLOCK);
                         let (quad, k) = (cc / 4, cc % 4);
-                        if bits == 8 {
+                        if bits == Bits::B8 {
                             ng_nib[b * tile_bytes + quad * 64 + r * 4 + k] = code;
                             continue;
                         }
                         let at = b * NIBBLE_TILE_BYTES + (quad % 4) * 64 + r * 4 + k;
                         let shift = if quad < 4 { 0 } else { 4 };
                         ng_nib[at] |= (code & 0x0F) << shift;
-                        if bits == 6 {
+                        if bits.has_high_bits() {
                             let at = b * HIGH_BITS_TILE_BYTES + (quad / 4) * 64 + r * 4 + k;
                             ng_hb[at] |= ((code >> 4) & 3) << (2 * (quad % 4));
                         }
@@ -172,16 +173,14 @@ impl LowBitWeights {
         mins: Store<f16>,
     ) -> Option<Self> {
         // Checked: the sizes come from a file (a corrupt index must not overflow).
-        if !(bits == 4 || bits == 6 || bits == 8) {
-            return None;
-        }
+        let bits = Bits::from_u32(bits)?;
         let row_groups = rows.div_ceil(ROW_GROUP);
         let tiles = row_groups.checked_mul(cols / BLOCK)?;
         let ncg_total = row_groups
             .checked_mul(cols.div_ceil(group_size.max(1)))?
             .checked_mul(ROW_GROUP)?;
         let code_bytes = tiles.checked_mul(code_tile_bytes(bits))?;
-        let high_bytes = if bits == 6 {
+        let high_bytes = if bits.has_high_bits() {
             tiles.checked_mul(HIGH_BITS_TILE_BYTES)?
         } else {
             0
@@ -205,7 +204,7 @@ impl LowBitWeights {
     }
 
     pub fn bits(&self) -> u32 {
-        self.bits
+        self.bits.get()
     }
     pub fn group_size(&self) -> usize {
         self.group_size
@@ -248,7 +247,7 @@ impl LowBitWeights {
 
 impl PackedLinear for LowBitWeights {
     fn layout_name(&self) -> String {
-        format!("{}-bit g{}", self.bits, self.group_size)
+        format!("{}-bit g{}", self.bits.get(), self.group_size)
     }
     fn rows(&self) -> usize {
         self.rows

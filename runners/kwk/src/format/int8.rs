@@ -1,6 +1,6 @@
 //! Symmetric 8-bit weights: codes in -127..=127 in blocks of 32 columns with one f16 scale
 //! per row and block (8.5 bits per weight, llama.cpp Q8_0's layout), rows interleaved in
-//! groups of 16 for the VNNI/AVX2 kernels (`kernels::int8_matmul` documents the layout).
+//! groups of 16 for the VNNI/AVX2 kernels (`kernels::quant::layout` documents the layout).
 //! Used for the embedding/`lm_head` of `int4:mix8`; the `int8` format itself is the
 //! asymmetric 8-bit groups of 64 in `format::int4` (same size, measured slightly better:
 //! see `format::quantized::INT8_GROUP`).
@@ -8,7 +8,7 @@
 use crate::error::{KwkError, Result};
 use crate::format::storage::Store;
 use crate::format::{InputKind, PackedLinear, PreparedInput};
-use crate::kernels::int8_matmul::{
+use crate::kernels::quant::{
     int8_matmul, selected_isa, Int8Tiles, Q8Rows, QuantIsa, BLOCK, INT8_TILE_BYTES, ROW_GROUP,
 };
 use crate::kernels::OutputMatrix;

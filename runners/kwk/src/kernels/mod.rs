@@ -1,8 +1,21 @@
-//! Compute kernels. `scalar.rs` is the specification; `x86_64/` holds the AVX2 and AVX-512
-//! versions (with `broadcast.rs`, the quantized kernels' files, `q8_activations.rs` and the
-//! output pointers here, the kernels' only `unsafe`), chosen once at run time per CPU
-//! feature tier ([`Isa`]; `KWK_ISA=amx|vnni|avx512bw|avxvnni|avx2|scalar` forces one the
-//! CPU supports).
+//! Compute kernels, chosen once per process by CPU feature tier ([`Isa`];
+//! `KWK_ISA=amx|vnni|avx512bw|avxvnni|avx2|scalar` forces one the CPU supports). Where
+//! each tier lives:
+//!
+//! - float32 and bf16 panels (below) and the vector helpers (softmax, SwiGLU, dots): the
+//!   specification and `scalar` tier in `scalar.rs`; `avx2` and `avxvnni` in
+//!   `x86_64/avx2.rs`; `avx512bw`, `vnni` and `amx` in `x86_64/avx512.rs`. This file
+//!   dispatches.
+//! - int8 and 4-/6-/8-bit codes: [`quant`], one file per tier (`quant/spec.rs` the
+//!   specification; `scalar/`, `avx2.rs`, `avxvnni.rs`, `avx512bw.rs`, `avx512vnni.rs`,
+//!   `amx/`) under one driver (`quant/driver.rs`) over one packed layout
+//!   (`quant/layout.rs`); their q8 activations from `q8_activations.rs` (scalar, AVX2 and
+//!   AVX-512 versions in that file).
+//! - `broadcast.rs`: the worker pool's hand-off of a borrowed job.
+//!
+//! The kernels' `unsafe`: the SIMD tier files (`x86_64/`, `quant/`'s tier files, the
+//! SIMD halves of `q8_activations.rs`), each with its scalar twin and tests; the output
+//! pointers here ([`OutputMatrix`]); the job hand-off in `broadcast.rs`.
 //!
 //! Weight layout shared by the float32 and bf16 kernels ("panels"): the rows of a weight
 //! matrix are grouped by [`PANEL_ROWS`] (16, one zmm of f32). Panel `p` holds rows
@@ -15,13 +28,16 @@
 //! `vdpbf16ps`. Rows past the end of the matrix are zero padding.
 
 pub mod broadcast;
-pub mod int4_matmul;
-pub mod int8_matmul;
 pub mod q8_activations;
-pub(crate) mod quant_portable;
+pub mod quant;
 pub mod scalar;
 #[cfg(target_arch = "x86_64")]
 pub mod x86_64;
+
+/// The quantized kernels' former paths, which code outside `kernels/` still names.
+pub use quant as int8_matmul;
+/// The quantized kernels' former paths, which code outside `kernels/` still names.
+pub use quant as int4_matmul;
 
 use std::ops::Range;
 use std::sync::OnceLock;
@@ -101,7 +117,7 @@ impl Isa {
                 _ if self.is_avx2_class() => "avx2 (convert)",
                 _ => "scalar",
             },
-            WeightKernels::Quantized => int8_matmul::QuantIsa::from_isa(self).label(),
+            WeightKernels::Quantized => quant::QuantIsa::from_isa(self).label(),
         }
     }
 
@@ -131,12 +147,12 @@ pub enum Arithmetic {
 
 impl Isa {
     /// What `kind`'s matmuls compute with on this tier: the scalar tier off x86-64 takes
-    /// the quantized block dots in f32 (`quant_portable`).
+    /// the quantized block dots in f32 (`quant/scalar/`).
     pub fn arithmetic(self, kind: WeightKernels) -> Arithmetic {
         match kind {
             WeightKernels::Float32 => Arithmetic::Fp32,
             WeightKernels::Bf16 => Arithmetic::Bf16,
-            WeightKernels::Quantized if int8_matmul::QuantIsa::from_isa(self).dots_in_f32() => {
+            WeightKernels::Quantized if quant::QuantIsa::from_isa(self).dots_in_f32() => {
                 Arithmetic::Fp32
             }
             WeightKernels::Quantized => Arithmetic::Int8,
@@ -195,7 +211,7 @@ pub fn isa_supported(isa: Isa) -> bool {
                 avx512
                     && has!("avx512vnni")
                     && (!bf16 || has!("avx512bf16"))
-                    && (!amx || x86_64::amx::available())
+                    && (!amx || quant::amx::available())
             }
         }
     }
@@ -248,7 +264,7 @@ fn vnni_tier(amx: bool) -> Isa {
 /// The best tier this CPU has: `amx` (the `vnni` tier with AMX-INT8 prompt tiles, when the
 /// CPU and the OS grant AMX) over `vnni` (with `vdpbf16ps` when present) over `avx512bw`
 /// over `avxvnni` over `avx2` over `scalar`. `amx` computes the same bits as `vnni`; its
-/// prompts measured 8-9 % faster on an Intel Xeon with AMX (see `x86_64/amx.rs`).
+/// prompts measured 8-9 % faster on an Intel Xeon with AMX (see `quant/amx/tiles.rs`).
 pub fn best_isa() -> Isa {
     [
         vnni_tier(true),
@@ -309,8 +325,8 @@ pub fn check_isa_env() -> Result<(), String> {
 }
 
 /// The tier chosen once per process: `KWK_ISA` when set and supported, else the best.
-/// An unknown or unsupported `KWK_ISA` value falls back to the best tier with a warning on
-/// stderr naming the supported values (kwk-eval refuses such a value instead, see
+/// An unknown or unsupported `KWK_ISA` value falls back to the best tier with a warning
+/// ([`crate::notices::warn`]) naming the supported values (kwk-eval refuses such a value instead, see
 /// [`check_isa_env`]; every report records the tier that actually ran).
 pub fn active_isa() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();
@@ -320,7 +336,7 @@ pub fn active_isa() -> Isa {
             Ok(None) => best_isa(),
             Err(e) => {
                 let best = best_isa();
-                eprintln!("warning: {e}; using {}", best.name());
+                crate::notices::warn(format!("{e}; using {}", best.name()));
                 best
             }
         },
@@ -437,7 +453,15 @@ pub fn gemm_f32_panels(
     y: &OutputMatrix,
 ) {
     check_panel_args(w.len(), n_rows, cols, x.len(), n_tokens, &rows, y);
-    gemm_f32_unchecked(isa, w, cols * PANEL_ROWS, cols, x, cols, n_tokens, rows, y);
+    let op = PanelOperands {
+        w,
+        panel_stride: cols * PANEL_ROWS,
+        cols,
+        x,
+        ldx: cols,
+        n_tokens,
+    };
+    gemm_f32_unchecked(isa, &op, rows, y);
 }
 
 /// [`gemm_f32_panels`] with explicit strides, for panels that are not packed back to back
@@ -471,31 +495,38 @@ pub fn gemm_f32_panels_strided(
         x.len() >= (n_tokens - 1) * ldx + cols,
         "activation buffer too small"
     );
-    gemm_f32_unchecked(isa, w, panel_stride, cols, x, ldx, n_tokens, rows, y);
+    let op = PanelOperands {
+        w,
+        panel_stride,
+        cols,
+        x,
+        ldx,
+        n_tokens,
+    };
+    gemm_f32_unchecked(isa, &op, rows, y);
 }
 
-#[allow(clippy::too_many_arguments)]
-fn gemm_f32_unchecked(
-    isa: Isa,
-    w: &[f32],
-    panel_stride: usize,
-    cols: usize,
-    x: &[f32],
-    ldx: usize,
-    n_tokens: usize,
-    rows: Range<usize>,
-    y: &OutputMatrix,
-) {
+/// A panel matmul's operands, as the float kernels read them: the weight panels `w`
+/// (panel `p` at `w[p * panel_stride]`, `cols` columns of 16 rows) and `n_tokens`
+/// activation rows of `x` (token `t` at `x[t * ldx]`, `cols` values). The dispatchers
+/// check the bounds before a kernel reads them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PanelOperands<'a, T> {
+    pub w: &'a [T],
+    pub panel_stride: usize,
+    pub cols: usize,
+    pub x: &'a [T],
+    pub ldx: usize,
+    pub n_tokens: usize,
+}
+
+fn gemm_f32_unchecked(isa: Isa, op: &PanelOperands<f32>, rows: Range<usize>, y: &OutputMatrix) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        _ if isa.has_avx512() => {
-            x86_64::avx512::gemm_f32_panels(w, panel_stride, cols, x, ldx, n_tokens, rows, y)
-        }
+        _ if isa.has_avx512() => x86_64::avx512::gemm_f32_panels(op, rows, y),
         #[cfg(target_arch = "x86_64")]
-        _ if isa.is_avx2_class() => {
-            x86_64::avx2::gemm_f32_panels(w, panel_stride, cols, x, ldx, n_tokens, rows, y)
-        }
-        _ => scalar::gemm_f32_panels(w, panel_stride, cols, x, ldx, n_tokens, rows, y),
+        _ if isa.is_avx2_class() => x86_64::avx2::gemm_f32_panels(op, rows, y),
+        _ => scalar::gemm_f32_panels(op, rows, y),
     }
 }
 
@@ -694,7 +725,7 @@ mod tests;
 /// packed codes 42-56 -> 80-83 (1 KiB ahead), 86 (2 KiB), 85 (4 KiB), int4 54-56 -> 64.
 /// Prompts, which read each panel once per token from the caches, lost 13 % with it on
 /// the scalar tier and do without. The quantized SIMD GEMVs ask for their tiles the same
-/// distance ahead (`x86_64::prefetch_ahead`).
+/// distance ahead (`quant::driver::prefetch_ahead`).
 pub(crate) const GEMV_PREFETCH_BYTES: usize = 2048;
 
 /// Asks the caches for the `bytes` bytes at `at` (which need not be valid to read); a

@@ -1,7 +1,7 @@
 //! Activations quantized to int8 blocks of 32 (one f32 scale per block, like llama.cpp's
 //! Q8_0 `vec_dot_type`), once per matmul input, for the int8/int4 kernels.
 //! `quantize_rows_q8_scalar` is the specification; [`quantize_rows_q8`] runs the AVX-512
-//! version when the quantized kernels' path (`int8_matmul::selected_isa`) is an AVX-512
+//! version when the quantized kernels' path (`quant::selected_isa`) is an AVX-512
 //! tier (`vnni` or `avx512bw`) and the AVX2 version on the 256-bit tiers; both match it
 //! exactly for finite inputs (same division, multiply and rounding; the
 //! half-away-from-zero rounding is built from truncation, whose remainder is exact).
@@ -50,10 +50,10 @@ fn quantize_rows_q8_codes(
 ) {
     #[cfg(target_arch = "x86_64")]
     if matches!(
-        super::int8_matmul::selected_isa(),
-        super::int8_matmul::QuantIsa::Avx512Vnni
-            | super::int8_matmul::QuantIsa::Amx
-            | super::int8_matmul::QuantIsa::Avx512Bw
+        super::quant::selected_isa(),
+        super::quant::QuantIsa::Avx512Vnni
+            | super::quant::QuantIsa::Amx
+            | super::quant::QuantIsa::Avx512Bw
     ) {
         check_lengths(x, dim, quants, scales, block_sums);
         // SAFETY: AVX-512 F/BW are present (the path was selected on them) and the
@@ -63,8 +63,8 @@ fn quantize_rows_q8_codes(
     }
     #[cfg(target_arch = "x86_64")]
     if matches!(
-        super::int8_matmul::selected_isa(),
-        super::int8_matmul::QuantIsa::Avx2 | super::int8_matmul::QuantIsa::AvxVnni
+        super::quant::selected_isa(),
+        super::quant::QuantIsa::Avx2 | super::quant::QuantIsa::AvxVnni
     ) {
         check_lengths(x, dim, quants, scales, block_sums);
         // SAFETY: AVX2 is present (the path was selected on it) and the lengths were

@@ -2,37 +2,25 @@
 //! agree with these within the limits their tests state (they differ only in the order and
 //! fusion of float additions).
 
-use super::{OutputMatrix, GEMV_PREFETCH_BYTES, PANEL_ROWS};
+use super::{OutputMatrix, PanelOperands, GEMV_PREFETCH_BYTES, PANEL_ROWS};
 use std::ops::Range;
 
 /// See [`super::gemm_f32_panels_strided`].
-#[allow(clippy::too_many_arguments)]
-pub fn gemm_f32_panels(
-    w: &[f32],
-    panel_stride: usize,
-    cols: usize,
-    x: &[f32],
-    ldx: usize,
-    n_tokens: usize,
-    rows: Range<usize>,
-    y: &OutputMatrix,
-) {
-    drive_panels::<F32Panels>(w, panel_stride, cols, x, ldx, n_tokens, rows, y);
+pub(crate) fn gemm_f32_panels(op: &PanelOperands<f32>, rows: Range<usize>, y: &OutputMatrix) {
+    drive_panels::<F32Panels>(op, rows, y);
 }
 
 /// The panel matmul of either element type: up to [`PANELS_AT_ONCE`] panels per token,
 /// and for generation (one token) the weights asked for ahead of the reads.
-#[allow(clippy::too_many_arguments)]
-fn drive_panels<S: PanelSums>(
-    w: &[S::Elem],
-    panel_stride: usize,
-    cols: usize,
-    x: &[S::Elem],
-    ldx: usize,
-    n_tokens: usize,
-    rows: Range<usize>,
-    y: &OutputMatrix,
-) {
+fn drive_panels<S: PanelSums>(op: &PanelOperands<S::Elem>, rows: Range<usize>, y: &OutputMatrix) {
+    let PanelOperands {
+        w,
+        panel_stride,
+        cols,
+        x,
+        ldx,
+        n_tokens,
+    } = *op;
     let mut r0 = rows.start;
     while r0 < rows.end {
         let first = r0 / PANEL_ROWS;
@@ -140,7 +128,15 @@ pub fn gemm_bf16_panels(
     rows: Range<usize>,
     y: &OutputMatrix,
 ) {
-    drive_panels::<Bf16Panels>(w, cols * PANEL_ROWS, cols, x, cols, n_tokens, rows, y);
+    let op = PanelOperands {
+        w,
+        panel_stride: cols * PANEL_ROWS,
+        cols,
+        x,
+        ldx: cols,
+        n_tokens,
+    };
+    drive_panels::<Bf16Panels>(&op, rows, y);
 }
 
 /// bf16 panels: column pairs, the odd column's product first.

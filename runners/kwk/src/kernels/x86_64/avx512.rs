@@ -6,8 +6,8 @@
 //! the CPU features ([`crate::kernels::active_isa`]) and the buffer bounds; each one asserts
 //! the features again in debug builds.
 
-use super::{EXP_LN2_HI, EXP_LN2_LO, EXP_MAX, EXP_MIN, EXP_POLY};
-use crate::kernels::{prefetch_hint, OutputMatrix, GEMV_PREFETCH_BYTES, PANEL_ROWS};
+use super::{RawPanels, TileSpot, EXP_LN2_HI, EXP_LN2_LO, EXP_MAX, EXP_MIN, EXP_POLY};
+use crate::kernels::{prefetch_hint, OutputMatrix, PanelOperands, GEMV_PREFETCH_BYTES, PANEL_ROWS};
 use std::arch::x86_64::*;
 use std::ops::Range;
 
@@ -48,20 +48,21 @@ macro_rules! define_tiles {
             /// `rows` (`cols * 16` values each) and `x` holds `n_tokens * cols` values, as
             /// `kernels::check_panel_args` asserted.
             #[target_feature(enable = $features)]
-            #[allow(clippy::too_many_arguments)]
             pub(super) unsafe fn gemm_panels(
                 kind: Kind,
-                w: *const u8,
-                panel_stride: usize,
-                cols: usize,
-                x: *const u8,
-                ldx: usize,
+                m: RawPanels,
                 n_tokens: usize,
                 rows: Range<usize>,
                 y: &OutputMatrix,
             ) {
                 let elem = if kind == Kind::F32 { 4 } else { 2 };
-                let panel_bytes = panel_stride * elem;
+                let RawPanels {
+                    w,
+                    panel_bytes,
+                    x,
+                    ldx,
+                    ..
+                } = m;
                 let n_panels = (rows.end - rows.start).div_ceil(PANEL_ROWS);
                 let first = rows.start / PANEL_ROWS;
                 let mut p = 0;
@@ -81,50 +82,27 @@ macro_rules! define_tiles {
                         // SAFETY: tokens t..t+tt lie inside `x`.
                         let xp = unsafe { x.add(t * ldx * elem) };
                         // SAFETY: forwarded from this function's contract.
-                        unsafe {
-                            tile_dispatch(
-                                kind,
-                                take,
-                                tt,
-                                wp,
-                                panel_bytes,
-                                cols,
-                                ldx,
-                                xp,
-                                t,
-                                r0,
-                                valid,
-                                y,
-                            )
-                        };
+                        let spot = TileSpot { t0: t, r0, valid };
+                        unsafe { tile_dispatch(kind, take, tt, m.at(wp, xp), spot, y) };
                         t += tt;
                     }
                     p += take;
                 }
             }
 
-            #[allow(clippy::too_many_arguments)]
             #[target_feature(enable = $features)]
             unsafe fn tile_dispatch(
                 kind: Kind,
                 panels: usize,
                 tokens: usize,
-                w: *const u8,
-                panel_bytes: usize,
-                cols: usize,
-                ldx: usize,
-                x: *const u8,
-                t0: usize,
-                r0: usize,
-                valid: usize,
+                m: RawPanels,
+                spot: TileSpot,
                 y: &OutputMatrix,
             ) {
                 macro_rules! go {
                     ($p:literal, $t:literal) => {
                         // SAFETY: forwarded from the caller's contract.
-                        unsafe {
-                            tile::<$p, $t>(kind, w, panel_bytes, cols, ldx, x, t0, r0, valid, y)
-                        }
+                        unsafe { tile::<$p, $t>(kind, m, spot, y) }
                     };
                 }
                 match (panels, tokens) {
@@ -165,20 +143,21 @@ macro_rules! define_tiles {
             /// # Safety
             /// As [`gemm_panels`]; `w` points at the first of `P` panels, `x` at the first of `T`
             /// token rows.
-            #[allow(clippy::too_many_arguments)]
             #[target_feature(enable = $features)]
             unsafe fn tile<const P: usize, const T: usize>(
                 kind: Kind,
-                w: *const u8,
-                panel_bytes: usize,
-                cols: usize,
-                ldx: usize,
-                x: *const u8,
-                t0: usize,
-                r0: usize,
-                valid: usize,
+                m: RawPanels,
+                spot: TileSpot,
                 y: &OutputMatrix,
             ) {
+                let RawPanels {
+                    w,
+                    panel_bytes,
+                    cols,
+                    x,
+                    ldx,
+                } = m;
+                let TileSpot { t0, r0, valid } = spot;
                 let mut acc = [[_mm512_setzero_ps(); P]; T];
                 // SAFETY (whole block): every load reads inside panel p (`cols*16` elements) or token
                 // row t (`cols` elements) for k < cols, as the caller guarantees.
@@ -300,32 +279,23 @@ define_tiles!(tiles_f32, "avx512f,avx512bw,avx512vl,fma");
 define_tiles!(tiles_bf16, "avx512f,avx512bw,avx512vl,fma,avx512bf16");
 
 /// See [`crate::kernels::gemm_f32_panels_strided`].
-#[allow(clippy::too_many_arguments)]
-pub fn gemm_f32_panels(
-    w: &[f32],
-    panel_stride: usize,
-    cols: usize,
-    x: &[f32],
-    ldx: usize,
-    n_tokens: usize,
-    rows: Range<usize>,
-    y: &OutputMatrix,
-) {
+pub(crate) fn gemm_f32_panels(op: &PanelOperands<f32>, rows: Range<usize>, y: &OutputMatrix) {
     assert_features(false);
     // SAFETY: the dispatcher checked AVX-512 support and the bounds of `w` and `x`.
-    unsafe {
-        tiles_f32::gemm_panels(
-            Kind::F32,
-            w.as_ptr() as *const u8,
-            panel_stride,
-            cols,
-            x.as_ptr() as *const u8,
-            ldx,
-            n_tokens,
-            rows,
-            y,
-        )
-    }
+    unsafe { tiles_f32::gemm_panels(Kind::F32, RawPanels::new(op, 4), op.n_tokens, rows, y) }
+}
+
+/// bf16 panels of `cols` columns (back to back) and `n_tokens` rows of `cols` values.
+fn bf16_operands(w: &[u16], cols: usize, x: &[u16], n_tokens: usize) -> RawPanels {
+    let op = PanelOperands {
+        w,
+        panel_stride: cols * PANEL_ROWS,
+        cols,
+        x,
+        ldx: cols,
+        n_tokens,
+    };
+    RawPanels::new(&op, 2)
 }
 
 /// See [`crate::kernels::gemm_bf16_panels`]; needs AVX512_BF16.
@@ -342,11 +312,7 @@ pub fn gemm_bf16_panels_dpbf16(
     unsafe {
         tiles_bf16::gemm_panels(
             Kind::Bf16Dp,
-            w.as_ptr() as *const u8,
-            cols * PANEL_ROWS,
-            cols,
-            x.as_ptr() as *const u8,
-            cols,
+            bf16_operands(w, cols, x, n_tokens),
             n_tokens,
             rows,
             y,
@@ -369,11 +335,7 @@ pub fn gemm_bf16_panels_fma(
     unsafe {
         tiles_f32::gemm_panels(
             Kind::Bf16Fma,
-            w.as_ptr() as *const u8,
-            cols * PANEL_ROWS,
-            cols,
-            x.as_ptr() as *const u8,
-            cols,
+            bf16_operands(w, cols, x, n_tokens),
             n_tokens,
             rows,
             y,

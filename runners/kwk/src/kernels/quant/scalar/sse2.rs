@@ -1,5 +1,5 @@
 //! The scalar tier's quantized block dots on x86-64 with SSE2, which every x86-64 CPU has
-//! (`quant_portable::BlockDots`; its twin there is `F32Dots`, and the scalar
+//! (`scalar/mod.rs`'s `BlockDots`; its twin there is `F32Dots`, and the scalar
 //! specifications `int8_tile_scalar` / `lowbit_tile_scalar` hold both to the bit).
 //!
 //! Codes are widened once per row group to i16 pairs: per 32-column block, 16 column pairs
@@ -11,8 +11,8 @@
 //! SSE2 is part of every x86-64 CPU (and enabled in every x86-64 build), so the intrinsic
 //! calls need no feature check; the panel is a slice of vectors, so no pointer is read.
 
-use crate::kernels::int8_matmul::{BLOCK, ROW_GROUP};
-use crate::kernels::quant_portable::BlockDots;
+use super::BlockDots;
+use crate::kernels::quant::layout::{Bits, BLOCK, ROW_GROUP};
 use std::arch::x86_64::*;
 
 /// Eight i16 lanes: two codes of each of 4 rows.
@@ -51,7 +51,7 @@ impl BlockDots for PairDots {
     /// A quad of columns (`4j..4j + 4`) of 4 rows is 16 bytes of the packed tile; widened
     /// to i16 that is 2 registers of 2 rows each, whose i32 lanes hold the pairs `2j` and
     /// `2j + 1` in turn, so one shuffle per pair regroups them by pair.
-    fn widen_block(bits: u32, tile: &[u8], high_bits: &[u8], offset: i16, lanes: &mut [I16x8]) {
+    fn widen_block(bits: Bits, tile: &[u8], high_bits: &[u8], offset: i16, lanes: &mut [I16x8]) {
         let lanes = &mut lanes[..Self::LANES_PER_BLOCK];
         // SAFETY: SSE2 is in the x86-64 baseline (the loads are `quad_codes`', checked).
         unsafe {
@@ -79,7 +79,7 @@ impl BlockDots for PairDots {
     /// rows. The offset comes off once per row as `offset · Σ a` (`block_sum`), all exact
     /// in i32 (below `32 · 255 · 128` before it, `2^23` after).
     fn packed_block_dots(
-        bits: u32,
+        bits: Bits,
         tile: &[u8],
         high_bits: &[u8],
         offset: i16,
@@ -157,25 +157,27 @@ impl BlockDots for PairDots {
 /// byte `j * 64 + row * 4 + k`); 4- and 6-bit tiles hold quads `j` and `j + 4` in the low
 /// and high nibbles of the same bytes, 6-bit ones their high bits in a second tile.
 #[inline(always)]
-fn quad_codes(bits: u32, tile: &[u8], high_bits: &[u8], j: usize, q: usize) -> __m128i {
+fn quad_codes(bits: Bits, tile: &[u8], high_bits: &[u8], j: usize, q: usize) -> __m128i {
     // SAFETY: SSE2 is in the x86-64 baseline; every load reads 16 bytes of a slice whose
     // bounds were checked by indexing.
     unsafe {
         let load = |bytes: &[u8], at: usize| {
             _mm_loadu_si128(bytes[at..at + 16].as_ptr() as *const __m128i)
         };
-        if bits == 8 {
-            return load(tile, j * 64 + q * 16);
+        let nibbles = || {
+            let v = load(tile, (j % 4) * 64 + q * 16);
+            let v = if j < 4 { v } else { _mm_srli_epi16(v, 4) };
+            _mm_and_si128(v, _mm_set1_epi8(0x0F))
+        };
+        match bits {
+            Bits::B8 => load(tile, j * 64 + q * 16),
+            Bits::B4 => nibbles(),
+            Bits::B6 => {
+                let hb = load(high_bits, (j / 4) * 64 + q * 16);
+                let shift = _mm_cvtsi32_si128(2 * (j % 4) as i32);
+                let pair = _mm_and_si128(_mm_srl_epi16(hb, shift), _mm_set1_epi8(3));
+                _mm_or_si128(nibbles(), _mm_slli_epi16(pair, 4))
+            }
         }
-        let v = load(tile, (j % 4) * 64 + q * 16);
-        let v = if j < 4 { v } else { _mm_srli_epi16(v, 4) };
-        let mut c = _mm_and_si128(v, _mm_set1_epi8(0x0F));
-        if bits == 6 {
-            let hb = load(high_bits, (j / 4) * 64 + q * 16);
-            let shift = _mm_cvtsi32_si128(2 * (j % 4) as i32);
-            let pair = _mm_and_si128(_mm_srl_epi16(hb, shift), _mm_set1_epi8(3));
-            c = _mm_or_si128(c, _mm_slli_epi16(pair, 4));
-        }
-        c
     }
 }

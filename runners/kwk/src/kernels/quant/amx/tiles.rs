@@ -12,7 +12,7 @@
 //! (`quad * 64 + row * 4 + k`, AMX's "VNNI" layout of B: rows are column quads, each row
 //! 16 weight rows × 4 bytes), into a 16 × 16 tile of i32 block dots (token × weight row).
 //! So the packed format is used as it is, with no repacking; 8-bit codes share that layout,
-//! and 4- and 6-bit codes are widened to it once per row group (`int4_matmul`'s
+//! and 4- and 6-bit codes are widened to it once per row group (`zmm.rs`'s
 //! `widen_group_codes`) before
 //! the group's token tiles run, so each widening serves the whole prompt. The dots go
 //! through memory (`tilestored`) to the same float step as every other tier: for
@@ -64,8 +64,8 @@
 //! reports AMX absent when the CPU, the OS or the request says no. Each thread loads the
 //! tile configuration ([`TileScope`]) before its tiles and releases it after.
 
-use crate::kernels::int4_matmul::LowBitTiles;
-use crate::kernels::int8_matmul::{Int8Tiles, Q8Rows, BLOCK, INT8_TILE_BYTES, ROW_GROUP};
+use crate::kernels::quant::driver::Q8Rows;
+use crate::kernels::quant::layout::{Int8Tiles, LowBitTiles, BLOCK, INT8_TILE_BYTES, ROW_GROUP};
 use std::arch::asm;
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
@@ -465,12 +465,16 @@ pub struct TileOut {
 }
 
 /// Two row groups of one matrix as the 2 × 2 kernel reads them: per group, its codes in B
-/// layout (`n_blocks` tiles of 512 bytes), its scales and (low-bit codes) minimums as f16
-/// bits, 16 per scale group (per block for `Int8Tiles`).
+/// layout (`nb` tiles of 512 bytes), its scales and (low-bit codes) minimums as f16
+/// bits, 16 per scale group (per block for `Int8Tiles`); `ncg` scale groups of `bpg`
+/// blocks.
 pub struct GroupPair {
     pub codes: [*const u8; 2],
     pub scales: [*const u16; 2],
     pub mins: [*const u16; 2],
+    pub nb: usize,
+    pub ncg: usize,
+    pub bpg: usize,
 }
 
 /// Row groups `pair` × tokens `t0..t0+32` into `out` ([`TileOut`]): for symmetric
@@ -486,17 +490,14 @@ pub struct GroupPair {
 /// unless `SYM`; `out`'s 2 × 32 rows of 16 floats are writable and no other thread
 /// accesses them during the call.
 #[target_feature(enable = "avx512f,avx512bw,f16c")]
-#[allow(clippy::too_many_arguments)]
 pub unsafe fn tile_2x2<const SYM: bool>(
     pair: &GroupPair,
-    nb: usize,
-    ncg: usize,
-    bpg: usize,
     x: &Q8Rows,
     s: &[f32],
     t0: usize,
     out: &TileOut,
 ) {
+    let (nb, ncg, bpg) = (pair.nb, pair.ncg, pair.bpg);
     let dim = x.dim;
     // Two blocks' dots (current and next), each four 16 × 16 tiles; every tile is stored
     // by `tilestored` before the float step reads it.

@@ -7,7 +7,7 @@
 //! each 32-column block's 16 row dots then reuse every panel load for up to [`TOKENS`]
 //! tokens ([`BlockDots`]). Generation (one token, each code used once) reads the packed
 //! tiles directly instead, asking for the codes [`GEMV_PREFETCH_BYTES`] ahead. On x86-64
-//! the panel holds i16 code pairs for SSE2's `pmaddwd` (`x86_64/baseline.rs`: SSE2 is in
+//! the panel holds i16 code pairs for SSE2's `pmaddwd` (`sse2.rs`: SSE2 is in
 //! every x86-64 CPU); elsewhere ([`F32Dots`]) it is
 //! `[column][16 rows]` f32, the float32 panel layout, and the dots are f32 multiply-adds
 //! the compiler vectorizes (NEON on aarch64). Both are exact: a block dot `Σ q·a` has
@@ -24,11 +24,15 @@
 //! twice instead (a multiply and an add per 4 rows) took the prompts past float32 on a Zen 5
 //! (see [`Rounding`] for the figures).
 
-use super::int4_matmul::{code_tile_bytes, tile_code, LowBitTiles, HIGH_BITS_TILE_BYTES};
-use super::int8_matmul::{
-    Int8Tiles, Q8Rows, QuantIsa, Rounding, BLOCK, INT8_TILE_BYTES, ROW_GROUP, TOKEN_TILE,
+#[cfg(target_arch = "x86_64")]
+mod sse2;
+
+use super::driver::{Q8Rows, QuantIsa, Rounding, TileAt, TOKEN_TILE};
+use super::layout::{
+    code_tile_bytes, tile_code, Bits, Int8Tiles, LowBitTiles, BLOCK, HIGH_BITS_TILE_BYTES,
+    INT8_TILE_BYTES, ROW_GROUP,
 };
-use super::GEMV_PREFETCH_BYTES;
+use crate::kernels::{prefetch_hint, GEMV_PREFETCH_BYTES};
 
 /// Tokens that share each load of the weight panel.
 const TOKENS: usize = 2;
@@ -48,8 +52,14 @@ pub(crate) trait BlockDots {
     /// The activations `[token][column]` as `[token][block][ACTS_PER_BLOCK]`.
     fn widen_acts(quants: &[i8]) -> Vec<Self::Act>;
     /// One block's code tile (and, for 6-bit codes, its high-bit tile; layouts as
-    /// `int4_matmul::tile_code` reads them) into its panel lanes as `code - offset`.
-    fn widen_block(bits: u32, tile: &[u8], high_bits: &[u8], offset: i16, lanes: &mut [Self::Lane]);
+    /// `layout::tile_code` reads them) into its panel lanes as `code - offset`.
+    fn widen_block(
+        bits: Bits,
+        tile: &[u8],
+        high_bits: &[u8],
+        offset: i16,
+        lanes: &mut [Self::Lane],
+    );
     /// The 16 rows' dots of one block with `N` tokens' activations of that block.
     fn block_dots<const N: usize>(
         lanes: &[Self::Lane],
@@ -59,7 +69,7 @@ pub(crate) trait BlockDots {
     /// `offset`) with one token's 32 activations `acts` (`block_sum` their sum): for calls
     /// of too few tokens to repay widening the group (generation).
     fn packed_block_dots(
-        bits: u32,
+        bits: Bits,
         tile: &[u8],
         high_bits: &[u8],
         offset: i16,
@@ -71,7 +81,7 @@ pub(crate) trait BlockDots {
 /// The block dots of the target's scalar tier: SSE2's `pmaddwd` on x86-64 (part of its
 /// baseline), f32 multiply-adds elsewhere.
 #[cfg(target_arch = "x86_64")]
-pub(crate) type BaselineDots = super::x86_64::baseline::PairDots;
+pub(crate) type BaselineDots = sse2::PairDots;
 #[cfg(not(target_arch = "x86_64"))]
 pub(crate) type BaselineDots = F32Dots;
 
@@ -91,7 +101,7 @@ impl BlockDots for F32Dots {
         quants.iter().map(|&q| q as f32).collect()
     }
 
-    fn widen_block(bits: u32, tile: &[u8], high_bits: &[u8], offset: i16, lanes: &mut [f32]) {
+    fn widen_block(bits: Bits, tile: &[u8], high_bits: &[u8], offset: i16, lanes: &mut [f32]) {
         for c in 0..BLOCK {
             for r in 0..ROW_GROUP {
                 let q = tile_code(bits, tile, high_bits, c / 4, r, c % 4);
@@ -101,7 +111,7 @@ impl BlockDots for F32Dots {
     }
 
     fn packed_block_dots(
-        bits: u32,
+        bits: Bits,
         tile: &[u8],
         high_bits: &[u8],
         offset: i16,
@@ -163,7 +173,7 @@ pub(crate) struct WidenedDots<D: BlockDots = BaselineDots> {
 /// One row group's packed code tiles, for [`BlockDots::packed_block_dots`].
 #[derive(Clone, Copy)]
 struct PackedCodes<'a> {
-    bits: u32,
+    bits: Bits,
     /// The group's code tiles, `tile_bytes` each.
     tiles: &'a [u8],
     tile_bytes: usize,
@@ -191,16 +201,15 @@ impl<D: BlockDots> WidenedDots<D> {
         }
     }
 
-    /// `int8_tile_scalar`'s result for group `g`, tokens `t0..t0 + n`.
+    /// `int8_tile_scalar`'s result for the tile `at`.
     pub(crate) fn int8_tile(
         &mut self,
         w: &Int8Tiles,
         x: &Q8Rows,
-        g: usize,
-        t0: usize,
-        n: usize,
+        at: TileAt,
         out: &mut [[f32; ROW_GROUP]; TOKEN_TILE],
     ) {
+        let TileAt { g, t0, n } = at;
         let nb = w.n_blocks();
         let tiles = &w.qs[g * nb * INT8_TILE_BYTES..][..nb * INT8_TILE_BYTES];
         if self.group != Some(g) {
@@ -209,7 +218,7 @@ impl<D: BlockDots> WidenedDots<D> {
                     .resize(nb * D::LANES_PER_BLOCK, D::Lane::default());
                 for (b, tile) in tiles.chunks_exact(INT8_TILE_BYTES).enumerate() {
                     let lanes = &mut self.panel[b * D::LANES_PER_BLOCK..][..D::LANES_PER_BLOCK];
-                    D::widen_block(8, tile, &[], 128, lanes);
+                    D::widen_block(Bits::B8, tile, &[], 128, lanes);
                 }
             }
             let scales = &w.scales[g * nb * ROW_GROUP..][..nb * ROW_GROUP];
@@ -219,35 +228,34 @@ impl<D: BlockDots> WidenedDots<D> {
         let groups = Groups {
             blocks_per_group: 1,
             n_groups: nb,
+            min_terms: None,
         };
         let codes = PackedCodes {
-            bits: 8,
+            bits: Bits::B8,
             tiles,
             tile_bytes: INT8_TILE_BYTES,
             high_bits: &[],
             offset: 128,
         };
-        self.tokens(x, groups, None, codes, t0, n, out);
+        self.tokens(x, groups, codes, t0, n, out);
     }
 
-    /// `lowbit_tile_scalar`'s result for group `g`, tokens `t0..t0 + n`; `s` holds the
-    /// tokens' minimum terms `[t * n_col_groups + cg]`.
-    #[allow(clippy::too_many_arguments)]
+    /// `lowbit_tile_scalar`'s result for the tile `at`; `s` holds the tokens' minimum
+    /// terms `[t * n_col_groups + cg]`.
     pub(crate) fn lowbit_tile(
         &mut self,
         w: &LowBitTiles,
         x: &Q8Rows,
         s: &[f32],
-        g: usize,
-        t0: usize,
-        n: usize,
+        at: TileAt,
         out: &mut [[f32; ROW_GROUP]; TOKEN_TILE],
     ) {
+        let TileAt { g, t0, n } = at;
         let nb = w.n_blocks();
         let ncg = w.n_col_groups();
         let tile_bytes = code_tile_bytes(w.bits);
         let tiles = &w.nibbles[g * nb * tile_bytes..][..nb * tile_bytes];
-        let high_bits = if w.bits == 6 {
+        let high_bits = if w.bits.has_high_bits() {
             &w.high_bits[g * nb * HIGH_BITS_TILE_BYTES..][..nb * HIGH_BITS_TILE_BYTES]
         } else {
             &[]
@@ -270,6 +278,7 @@ impl<D: BlockDots> WidenedDots<D> {
         let groups = Groups {
             blocks_per_group: w.group_size / BLOCK,
             n_groups: ncg,
+            min_terms: Some(s),
         };
         let codes = PackedCodes {
             bits: w.bits,
@@ -278,17 +287,15 @@ impl<D: BlockDots> WidenedDots<D> {
             high_bits,
             offset: 0,
         };
-        self.tokens(x, groups, Some(s), codes, t0, n, out);
+        self.tokens(x, groups, codes, t0, n, out);
     }
 
     /// Runs tokens `t0..t0 + n` on the widened group, [`TOKENS`] at a time, or one by one
     /// on the packed `codes`.
-    #[allow(clippy::too_many_arguments)]
     fn tokens(
         &self,
         x: &Q8Rows,
         groups: Groups,
-        min_terms: Option<&[f32]>,
         codes: PackedCodes,
         t0: usize,
         n: usize,
@@ -302,7 +309,6 @@ impl<D: BlockDots> WidenedDots<D> {
             let run = TokenRun {
                 x,
                 groups,
-                min_terms,
                 first: t,
                 tok: t0 + t,
             };
@@ -313,11 +319,11 @@ impl<D: BlockDots> WidenedDots<D> {
                         block_tiles(codes.tiles, codes.tile_bytes, codes.high_bits, b);
                     // A group's tiles follow each other, the next group's the last.
                     let ahead = tile.as_ptr().wrapping_add(GEMV_PREFETCH_BYTES);
-                    super::prefetch_hint(ahead, codes.tile_bytes);
+                    prefetch_hint(ahead, codes.tile_bytes);
                     if !high.is_empty() {
                         // 6-bit codes' high bits are a stream of their own.
                         let ahead = high.as_ptr().wrapping_add(GEMV_PREFETCH_BYTES);
-                        super::prefetch_hint(ahead, HIGH_BITS_TILE_BYTES);
+                        prefetch_hint(ahead, HIGH_BITS_TILE_BYTES);
                     }
                     let at = run.tok * nb + b;
                     let acts = &x.quants[at * BLOCK..][..BLOCK];
@@ -376,7 +382,7 @@ impl<D: BlockDots> WidenedDots<D> {
                     step_rows(acc_t, dot_t, &std::array::from_fn(|r| ds[r] * da));
                 }
             }
-            if let Some(s) = run.min_terms {
+            if let Some(s) = run.groups.min_terms {
                 let ms = self.mins[cg * ROW_GROUP..][..ROW_GROUP].try_into().unwrap();
                 for (t, acc_t) in acc.iter_mut().enumerate() {
                     let st = s[(run.first + t) * ncg + cg];
@@ -428,11 +434,13 @@ fn step_rows(acc: &mut [f32; ROW_GROUP], a: &[f32; ROW_GROUP], b: &[f32; ROW_GRO
 }
 
 /// How blocks share scales: int8 tiles have a scale per block, low-bit codes per column
-/// group of `blocks_per_group` blocks.
+/// group of `blocks_per_group` blocks, and a minimum whose terms `min_terms` holds
+/// (`[t * n_groups + cg]` for the call's token `t`).
 #[derive(Clone, Copy)]
-struct Groups {
+struct Groups<'a> {
     blocks_per_group: usize,
     n_groups: usize,
+    min_terms: Option<&'a [f32]>,
 }
 
 /// The tokens of one [`WidenedDots::token_run`]: the first at `tok` in `x`, at `first` in
@@ -440,8 +448,7 @@ struct Groups {
 #[derive(Clone, Copy)]
 struct TokenRun<'a> {
     x: &'a Q8Rows<'a>,
-    groups: Groups,
-    min_terms: Option<&'a [f32]>,
+    groups: Groups<'a>,
     first: usize,
     tok: usize,
 }
@@ -461,7 +468,12 @@ mod tests {
             s ^= s << 17;
             s
         };
-        for (bits, offset) in [(4u32, 0i16), (6, 0), (8, 0), (8, 128)] {
+        for (bits, offset) in [
+            (Bits::B4, 0i16),
+            (Bits::B6, 0),
+            (Bits::B8, 0),
+            (Bits::B8, 128),
+        ] {
             for trial in 0..20 {
                 let mut byte = |extreme: bool| match (extreme, next() % 3) {
                     (true, 0) => 0u8,
@@ -479,7 +491,7 @@ mod tests {
                         _ => next() as i8,
                     })
                     .collect();
-                let high_bits: &[u8] = if bits == 6 { &high } else { &[] };
+                let high_bits: &[u8] = if bits.has_high_bits() { &high } else { &[] };
                 let want: [[f32; ROW_GROUP]; 2] = std::array::from_fn(|t| {
                     std::array::from_fn(|r| {
                         (0..BLOCK)
@@ -491,7 +503,7 @@ mod tests {
                     })
                 });
                 fn dots<D: BlockDots>(
-                    bits: u32,
+                    bits: Bits,
                     tile: &[u8],
                     high_bits: &[u8],
                     offset: i16,
@@ -510,7 +522,7 @@ mod tests {
                     }
                     two
                 }
-                let what = format!("{bits}-bit codes, offset {offset}, trial {trial}");
+                let what = format!("{bits:?} codes, offset {offset}, trial {trial}");
                 assert_eq!(
                     dots::<F32Dots>(bits, &tile, high_bits, offset, &quants),
                     want,

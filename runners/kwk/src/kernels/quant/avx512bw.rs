@@ -4,7 +4,7 @@
 //! `vpmaddubsw` (u8 × i8, i16 pair sums) + `vpmaddwd` (widening to i32) in place of
 //! `vpdpbusd`.
 //!
-//! Exactness (see `quant256.rs` for the same rules on ymm):
+//! Exactness (see `ymm.rs` for the same rules on ymm):
 //! - int8 tiles and 8-bit codes (bytes `u` in 0..=255) would saturate `vpmaddubsw`'s pair
 //!   sums (`255 · 127 · 2 > 32767`), so the weights become `q = u - 128` and the product is
 //!   `|q| · sign(a, q)` (pairs at most `128 · 127 · 2 = 32512`). AVX-512 has no `vpsignb`:
@@ -21,7 +21,7 @@
 //! `vfmadd` for the same 512 multiply-adds in float32; plus 3 per block for the scale.
 //!
 //! Register blocking does not change that for the sign trick as it does for `vpdpbusd`
-//! (two row groups × 6 tokens in `int4_matmul`'s VNNI tiles): the sign fix is made per
+//! (two row groups × 6 tokens in `avx512vnni.rs`'s byte tiles): the sign fix is made per
 //! weight register and token, so a broadcast activation shared by two groups still costs 4
 //! operations per group. Measured on a Xeon (Sapphire Rapids class; a C loop of the 8-bit
 //! block step on L1-resident data, multiply-adds per TSC tick): 1 group × 8 tokens 33.8,
@@ -34,14 +34,12 @@
 //! 68-77; `speed` pp512 int8 908-976 -> 990-1061 t/s with float32 at 892-945. The
 //! single-token and short-batch paths keep the byte tiles (no widening to amortize).
 
-use super::prefetch_ahead;
-use crate::kernels::int4_matmul::{
-    acts_i16_all, x86::code_tiles_zmm, x86::unpack_zmm, LowBitTiles, BYTE_TILE_BYTES,
-    HIGH_BITS_TILE_BYTES, NIBBLE_TILE_BYTES,
+use super::driver::{acts_i16_all, drive_row_group_pairs, prefetch_ahead, Q8Rows, TOKEN_TILE};
+use super::layout::{
+    Bits, Int8Tiles, LowBitTiles, BLOCK, BYTE_TILE_BYTES, HIGH_BITS_TILE_BYTES, INT8_TILE_BYTES,
+    NIBBLE_TILE_BYTES, ROW_GROUP,
 };
-use crate::kernels::int8_matmul::{
-    drive_row_group_pairs, Int8Tiles, Q8Rows, BLOCK, INT8_TILE_BYTES, ROW_GROUP, TOKEN_TILE,
-};
+use super::zmm::{code_tiles_zmm, unpack_zmm};
 use std::arch::x86_64::*;
 
 /// One int8 tile: rows of group `g`, tokens `t0..t0 + n`, into `out[..n]`.
@@ -145,22 +143,44 @@ pub unsafe fn lowbit_tile(
     n: usize,
     out: &mut [[f32; ROW_GROUP]; TOKEN_TILE],
 ) {
-    macro_rules! go {
-        ($($n:literal)*) => {
-            // SAFETY: forwarded contract.
-            unsafe {
-                match (w.bits, n) {
-                    $(
-                        (4, $n) => lowbit_n::<$n, 4>(w, x, s, g, t0, out),
-                        (6, $n) => lowbit_n::<$n, 6>(w, x, s, g, t0, out),
-                        (8, $n) => lowbit_n::<$n, 8>(w, x, s, g, t0, out),
-                    )*
-                    _ => unreachable!("bits {} token tile {n}", w.bits),
-                }
-            }
-        };
+    // SAFETY: forwarded contract.
+    unsafe {
+        match w.bits {
+            Bits::B4 => lowbit_tokens::<4>(w, x, s, g, t0, n, out),
+            Bits::B6 => lowbit_tokens::<6>(w, x, s, g, t0, n, out),
+            Bits::B8 => lowbit_tokens::<8>(w, x, s, g, t0, n, out),
+        }
     }
-    go!(1 2 3 4 5 6 7 8)
+}
+
+/// [`lowbit_tile`] for `BITS`-bit codes: the kernel for `n` tokens.
+///
+/// # Safety
+/// As [`lowbit_tile`], and `w.bits` is `BITS`.
+#[inline(always)]
+unsafe fn lowbit_tokens<const BITS: u32>(
+    w: &LowBitTiles,
+    x: &Q8Rows,
+    s: &[f32],
+    g: usize,
+    t0: usize,
+    n: usize,
+    out: &mut [[f32; ROW_GROUP]; TOKEN_TILE],
+) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        match n {
+            1 => lowbit_n::<1, BITS>(w, x, s, g, t0, out),
+            2 => lowbit_n::<2, BITS>(w, x, s, g, t0, out),
+            3 => lowbit_n::<3, BITS>(w, x, s, g, t0, out),
+            4 => lowbit_n::<4, BITS>(w, x, s, g, t0, out),
+            5 => lowbit_n::<5, BITS>(w, x, s, g, t0, out),
+            6 => lowbit_n::<6, BITS>(w, x, s, g, t0, out),
+            7 => lowbit_n::<7, BITS>(w, x, s, g, t0, out),
+            8 => lowbit_n::<8, BITS>(w, x, s, g, t0, out),
+            _ => unreachable!("token tile of {n}"),
+        }
+    }
 }
 
 #[target_feature(enable = "avx512f,avx512bw")]
@@ -271,7 +291,7 @@ unsafe fn lowbit_n<const N: usize, const BITS: u32>(
 /// `vpaddd` (`u · a` exact in i16 × i16 products, pair sums up to `2 · 255 · 127` in
 /// i32), with no sign fix, no per-quad weight preparation and no offset correction (the
 /// codes are taken as the unsigned values they are, so the block dot is `Σ u·a`, the
-/// specification's, directly). Row groups two at a time × [`PAIR_TOKENS`](crate::kernels::int8_matmul::PAIR_TOKENS) tokens, as the
+/// specification's, directly). Row groups two at a time × [`PAIR_TOKENS`](super::PAIR_TOKENS) tokens, as the
 /// VNNI tiles (`drive_row_group_pairs`). Measured on a Xeon (a C loop of the block step on
 /// L1-resident data, multiply-adds per TSC tick): the sign trick 1 × 8 31-32, i16 pairs
 /// 1 × 8 34.7, 2 × 4 37.1, 2 × 6 35.8-36.9, float32 FMA tiles 35-38.
@@ -287,7 +307,7 @@ pub unsafe fn code8_matmul_i16(
     rows: std::ops::Range<usize>,
     y: &crate::kernels::OutputMatrix,
 ) {
-    assert_eq!(w.bits, 8);
+    assert_eq!(w.bits, Bits::B8);
     let nb = w.n_blocks();
     let ncg = w.n_col_groups();
     let acts = acts_i16_all(x);
@@ -306,26 +326,33 @@ pub unsafe fn code8_matmul_i16(
             ptrs[j] = codes[j].as_ptr();
         }
         let a = acts[t0 * x.dim..].as_ptr();
+        let two = WidenedI16 {
+            codes: ptrs,
+            acts: a,
+        };
+        let one_g = WidenedI16 {
+            codes: [ptrs[0]],
+            acts: a,
+        };
         // SAFETY: forwarded contract; `ptrs[..count]` hold the groups' widened codes,
         // `a` tokens t0..t0 + n of the widened activations.
         unsafe {
             match (count, n) {
-                (2, 1) => code8_i16::<2, 1>(w, ptrs, a, x, s, [g, g + 1], t0, out),
-                (2, 2) => code8_i16::<2, 2>(w, ptrs, a, x, s, [g, g + 1], t0, out),
-                (2, 3) => code8_i16::<2, 3>(w, ptrs, a, x, s, [g, g + 1], t0, out),
-                (2, 4) => code8_i16::<2, 4>(w, ptrs, a, x, s, [g, g + 1], t0, out),
-                (2, 5) => code8_i16::<2, 5>(w, ptrs, a, x, s, [g, g + 1], t0, out),
-                (2, 6) => code8_i16::<2, 6>(w, ptrs, a, x, s, [g, g + 1], t0, out),
+                (2, 1) => code8_i16::<2, 1>(w, two, x, s, [g, g + 1], t0, out),
+                (2, 2) => code8_i16::<2, 2>(w, two, x, s, [g, g + 1], t0, out),
+                (2, 3) => code8_i16::<2, 3>(w, two, x, s, [g, g + 1], t0, out),
+                (2, 4) => code8_i16::<2, 4>(w, two, x, s, [g, g + 1], t0, out),
+                (2, 5) => code8_i16::<2, 5>(w, two, x, s, [g, g + 1], t0, out),
+                (2, 6) => code8_i16::<2, 6>(w, two, x, s, [g, g + 1], t0, out),
                 (1, n) => {
                     let one = std::array::from_mut(&mut out[0]);
-                    let p = [ptrs[0]];
                     match n {
-                        1 => code8_i16::<1, 1>(w, p, a, x, s, [g], t0, one),
-                        2 => code8_i16::<1, 2>(w, p, a, x, s, [g], t0, one),
-                        3 => code8_i16::<1, 3>(w, p, a, x, s, [g], t0, one),
-                        4 => code8_i16::<1, 4>(w, p, a, x, s, [g], t0, one),
-                        5 => code8_i16::<1, 5>(w, p, a, x, s, [g], t0, one),
-                        _ => code8_i16::<1, 6>(w, p, a, x, s, [g], t0, one),
+                        1 => code8_i16::<1, 1>(w, one_g, x, s, [g], t0, one),
+                        2 => code8_i16::<1, 2>(w, one_g, x, s, [g], t0, one),
+                        3 => code8_i16::<1, 3>(w, one_g, x, s, [g], t0, one),
+                        4 => code8_i16::<1, 4>(w, one_g, x, s, [g], t0, one),
+                        5 => code8_i16::<1, 5>(w, one_g, x, s, [g], t0, one),
+                        _ => code8_i16::<1, 6>(w, one_g, x, s, [g], t0, one),
                     }
                 }
                 _ => unreachable!("{count} groups × {n} tokens"),
@@ -370,6 +397,14 @@ unsafe fn widen_codes_i16(tiles: &[u8], out: &mut [i16]) {
     }
 }
 
+/// The operands of [`code8_i16`]: `G` row groups' codes widened to i16 and the call's
+/// tokens' widened activations.
+#[derive(Clone, Copy)]
+struct WidenedI16<const G: usize> {
+    codes: [*const i16; G],
+    acts: *const i16,
+}
+
 /// `G` row groups' i16 codes (`codes[j]`, [`widen_codes_i16`]) × tokens `t0..t0 + N`
 /// (`acts`: their widened activations, rows of `x.dim`) into `out[j][..N]`: exact block
 /// dots, then the specification's float steps in its order (`code_tiles_zmm`).
@@ -377,18 +412,18 @@ unsafe fn widen_codes_i16(tiles: &[u8], out: &mut [i16]) {
 /// # Safety
 /// AVX-512 F/BW; as [`code8_matmul_i16`], each `codes[j]` holds `n_blocks` widened blocks
 /// of group `groups[j]`, `acts` `N` rows, `s` `N` tokens' minimum terms.
-#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+#[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn code8_i16<const G: usize, const N: usize>(
     w: &LowBitTiles,
-    codes: [*const i16; G],
-    acts: *const i16,
+    wide: WidenedI16<G>,
     x: &Q8Rows,
     s: &[f32],
     groups: [usize; G],
     t0: usize,
     out: &mut [[[f32; ROW_GROUP]; TOKEN_TILE]; G],
 ) {
+    let WidenedI16 { codes, acts } = wide;
     let dim = x.dim;
     // SAFETY: the reads stay in the caller's buffers (`N` activation rows, `n_blocks`
     // widened blocks per group); the rest is `code_tiles_zmm`'s contract.

@@ -1,0 +1,180 @@
+//! What the 512-bit tiers (`avx512bw`, `vnni`, `amx`) share, all on AVX-512 F/BW: 4-/6-bit
+//! codes unpacked to byte operands ([`unpack_zmm`]) and widened once per row group to byte
+//! tiles ([`widen_group_codes`], [`WidenedGroup`]: the 8-bit codes' layout, which is also
+//! AMX's B layout), and the float steps around a block's integer dots for `G` row groups ×
+//! `N` tokens ([`code_tiles_zmm`]). Their scalar twins are `layout.rs`'s `tile_code` and
+//! `spec.rs`'s float steps.
+
+use super::driver::{Q8Rows, TOKEN_TILE};
+use super::layout::{
+    Bits, LowBitTiles, BLOCK, BYTE_TILE_BYTES, HIGH_BITS_TILE_BYTES, NIBBLE_TILE_BYTES, ROW_GROUP,
+};
+use std::arch::x86_64::*;
+
+/// One row group's 4-/6-bit codes widened to byte tiles, kept while a prompt's token
+/// tiles of that group run (the driver walks a group's tokens before the next group).
+pub(crate) struct WidenedGroup {
+    group: Option<usize>,
+    codes: Vec<u8>,
+}
+
+impl WidenedGroup {
+    pub(crate) fn new(w: &LowBitTiles) -> WidenedGroup {
+        WidenedGroup {
+            group: None,
+            codes: vec![0; w.n_blocks() * BYTE_TILE_BYTES],
+        }
+    }
+
+    /// Group `g`'s widened codes (widened now unless they already are).
+    ///
+    /// # Safety
+    /// AVX512F/BW present; `w` checked, `g < w.n_groups()`, and `w` the matrix this was
+    /// made for.
+    pub(crate) unsafe fn group(&mut self, w: &LowBitTiles, g: usize) -> &[u8] {
+        if self.group != Some(g) {
+            // SAFETY: forwarded contract (the buffer holds `n_blocks` byte tiles of `w`).
+            unsafe { widen_group_codes(w, g, &mut self.codes) };
+            self.group = Some(g);
+        }
+        &self.codes
+    }
+}
+
+/// Widens row group `g`'s 4- or 6-bit codes into `dst` as byte tiles (the 8-bit codes'
+/// layout, which is also AMX's B layout: byte `quad * 64 + row * 4 + k` of each block's
+/// 512), so a prompt decodes each code once instead of once per token tile.
+///
+/// # Safety
+/// AVX512F/BW present; `w` checked (`LowBitTiles::check`), `g < w.n_groups()`.
+#[target_feature(enable = "avx512f,avx512bw")]
+pub unsafe fn widen_group_codes(w: &LowBitTiles, g: usize, dst: &mut [u8]) {
+    let nb = w.n_blocks();
+    assert!(dst.len() >= nb * BYTE_TILE_BYTES && w.bits != Bits::B8);
+    // SAFETY: group g's tiles lie inside the slices `check` validated; `dst` was
+    // asserted long enough.
+    unsafe {
+        for b in 0..nb {
+            let tile = g * nb + b;
+            let nib = w.nibbles.as_ptr().add(tile * NIBBLE_TILE_BYTES);
+            let wv = if w.bits.has_high_bits() {
+                let hb = w.high_bits.as_ptr().add(tile * HIGH_BITS_TILE_BYTES);
+                unpack_zmm::<true>(nib, hb)
+            } else {
+                unpack_zmm::<false>(nib, std::ptr::null())
+            };
+            let out = dst.as_mut_ptr().add(b * BYTE_TILE_BYTES);
+            for (quad, v) in wv.iter().enumerate() {
+                _mm512_storeu_si512(out.add(quad * 64) as *mut _, *v);
+            }
+        }
+    }
+}
+
+/// Unpacks one block's codes into 8 operands of 16 rows × 4 columns (quad order).
+///
+/// # Safety
+/// AVX512F/BW; `nib` points at a nibble tile, `hb` (6-bit only) at its high-bit tile.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+pub(crate) unsafe fn unpack_zmm<const SIX: bool>(nib: *const u8, hb: *const u8) -> [__m512i; 8] {
+    let low4 = _mm512_set1_epi8(0x0F);
+    let bits45 = _mm512_set1_epi8(0x30);
+    let mut wv = [_mm512_setzero_si512(); 8];
+    // SAFETY: the caller's contract covers 256 bytes at `nib` and 128 at `hb`.
+    unsafe {
+        let h = if SIX {
+            [
+                _mm512_loadu_si512(hb as *const _),
+                _mm512_loadu_si512(hb.add(64) as *const _),
+            ]
+        } else {
+            [_mm512_setzero_si512(); 2]
+        };
+        for j in 0..4 {
+            let v = _mm512_loadu_si512(nib.add(j * 64) as *const _);
+            let mut lo = _mm512_and_si512(v, low4);
+            let mut hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+            if SIX {
+                // Bits 2j..2j+1 of each byte to bits 4..5 (16-bit shifts: the bits
+                // that cross a byte boundary are masked off by 0x30).
+                let place = |x: __m512i| match j {
+                    0 => _mm512_and_si512(_mm512_slli_epi16(x, 4), bits45),
+                    1 => _mm512_and_si512(_mm512_slli_epi16(x, 2), bits45),
+                    2 => _mm512_and_si512(x, bits45),
+                    _ => _mm512_and_si512(_mm512_srli_epi16(x, 2), bits45),
+                };
+                lo = _mm512_or_si512(lo, place(h[0]));
+                hi = _mm512_or_si512(hi, place(h[1]));
+            }
+            wv[j] = lo;
+            wv[j + 4] = hi;
+        }
+    }
+    wv
+}
+
+/// The float steps shared by the zmm prompt tiles of codes (`G` row groups × `N`
+/// tokens): per block `acc = fma(float(dot), d_w · d_a, acc)` and per column group
+/// `acc = fma(m, S, acc)`, the specification's order, around `block_dots(b)`, block
+/// `b`'s exact integer dots `[group][token]`; results into `out[j][..N]`. Inlined into
+/// each kernel, whose target features it then runs with.
+///
+/// # Safety
+/// AVX-512 F/BW present; `w`, `x` checked, each `groups[j] < w.n_groups()`, `t0 + N <=
+/// x.n_tokens`, `s` holds `N` tokens' minimum terms, `N <= TOKEN_TILE`.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+pub(crate) unsafe fn code_tiles_zmm<const G: usize, const N: usize>(
+    w: &LowBitTiles,
+    x: &Q8Rows,
+    s: &[f32],
+    groups: [usize; G],
+    t0: usize,
+    out: &mut [[[f32; ROW_GROUP]; TOKEN_TILE]; G],
+    mut block_dots: impl FnMut(usize) -> [[__m512i; N]; G],
+) {
+    let nb = w.n_blocks();
+    let ncg = w.n_col_groups();
+    let bpg = w.group_size / BLOCK;
+    // SAFETY: every pointer stays inside the slices `check` validated: scales and
+    // minimums of each group's column groups < ncg, activation scales of tokens
+    // t0..t0+N; the intrinsics need AVX-512 F (the caller's contract).
+    unsafe {
+        let mut sc = [std::ptr::null::<u16>(); G];
+        let mut mn = [std::ptr::null::<u16>(); G];
+        for j in 0..G {
+            sc[j] = w.scales.as_ptr().add(groups[j] * ncg * ROW_GROUP) as *const u16;
+            mn[j] = w.mins.as_ptr().add(groups[j] * ncg * ROW_GROUP) as *const u16;
+        }
+        let xs = x.scales.as_ptr().add(t0 * nb);
+        let mut acc = [[_mm512_setzero_ps(); N]; G];
+        for cg in 0..ncg {
+            let mut dw = [_mm512_setzero_ps(); G];
+            for j in 0..G {
+                dw[j] = _mm512_cvtph_ps(_mm256_loadu_si256(sc[j].add(cg * ROW_GROUP) as *const _));
+            }
+            for b in cg * bpg..((cg + 1) * bpg).min(nb) {
+                let d = block_dots(b);
+                for t in 0..N {
+                    let da = _mm512_set1_ps(*xs.add(t * nb + b));
+                    for j in 0..G {
+                        let scale = _mm512_mul_ps(dw[j], da);
+                        acc[j][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d[j][t]), scale, acc[j][t]);
+                    }
+                }
+            }
+            for j in 0..G {
+                let mw = _mm512_cvtph_ps(_mm256_loadu_si256(mn[j].add(cg * ROW_GROUP) as *const _));
+                for t in 0..N {
+                    acc[j][t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(s[t * ncg + cg]), acc[j][t]);
+                }
+            }
+        }
+        for j in 0..G {
+            for t in 0..N {
+                _mm512_storeu_ps(out[j][t].as_mut_ptr(), acc[j][t]);
+            }
+        }
+    }
+}
