@@ -13,7 +13,10 @@ pub struct GenerateConfig {
     pub format: String,
     pub threads: usize,
     pub sampling: Sampling,
-    pub pack_cache_dir: Option<std::path::PathBuf>,
+    /// `--pack-cache` as given (the default folder when `None`).
+    pub pack_cache: Option<std::path::PathBuf>,
+    /// `--no-pack-cache`.
+    pub no_pack_cache: bool,
 }
 
 /// Largest `--temperature` (higher only flattens the distribution further).
@@ -78,12 +81,12 @@ fn check_flags(cfg: &GenerateConfig) -> Result<Precision> {
     // A forced kernel tier this CPU cannot run (or a misspelt one) is refused as kwk-eval
     // refuses it, not warned about and replaced by another tier.
     kwk::kernels::check_isa_env().map_err(anyhow::Error::msg)?;
-    crate::plan::check_threads(cfg.threads)?;
-    crate::plan::check_range(
+    crate::limits::check_threads(cfg.threads)?;
+    crate::limits::check_range(
         "--max-new-tokens",
         cfg.max_new_tokens,
         1,
-        crate::plan::MAX_TOKENS,
+        crate::limits::MAX_TOKENS,
         "new tokens",
     )?;
     let s = &cfg.sampling;
@@ -133,6 +136,7 @@ fn pack_outcome_line(o: &kwk::pack_cache::PackOutcome) -> String {
 /// streams the prompt and each new token to stdout, with the speeds on stderr.
 pub fn generate(cfg: &GenerateConfig) -> Result<()> {
     let started = std::time::Instant::now();
+    let pack_cache_dir = crate::cache_dir::pack_cache(cfg.pack_cache.clone(), cfg.no_pack_cache);
     let precision = check_flags(cfg)?;
     // A warm start reads only the model's header and the pack cache; otherwise int8/int4
     // stream the weights one layer at a time (`KwkDecoder::from_header`).
@@ -145,13 +149,13 @@ pub fn generate(cfg: &GenerateConfig) -> Result<()> {
     let max_cache_len = prompt
         .len()
         .checked_add(cfg.max_new_tokens)
-        .filter(|&n| n <= crate::plan::MAX_TOKENS)
+        .filter(|&n| n <= crate::limits::MAX_TOKENS)
         .ok_or_else(|| {
             anyhow::anyhow!(
                 "--prompt ({} tokens) + --max-new-tokens {} is more than {} tokens; pass a shorter prompt or fewer new tokens",
                 prompt.len(),
                 cfg.max_new_tokens,
-                crate::plan::MAX_TOKENS
+                crate::limits::MAX_TOKENS
             )
         })?;
     let options = DecoderOptions {
@@ -159,13 +163,13 @@ pub fn generate(cfg: &GenerateConfig) -> Result<()> {
         precision,
         threads: cfg.threads,
         calibration_tokens: None,
-        pack_cache_dir: cfg.pack_cache_dir.clone(),
+        pack_cache_dir: pack_cache_dir.clone(),
     };
     {
         use kwk::decoder::resident::{available_memory, check_fits, resident_need, Build};
         let need = resident_need(&header.config, &precision, max_cache_len, Build::FromHeader);
         check_fits(
-            &crate::prepare::row_label(&cfg.format, &cfg.llm),
+            &crate::limits::row_label(&cfg.format, &cfg.llm),
             &need,
             0,
             available_memory(),
@@ -178,9 +182,9 @@ pub fn generate(cfg: &GenerateConfig) -> Result<()> {
     let tokenizer = header.tokenizer;
     if let Some(o) = decoder.pack_cache_outcome() {
         eprintln!("pack cache: {}", pack_outcome_line(o));
-        if let Some(dir) = &cfg.pack_cache_dir {
-            if let Some(w) = crate::cache::outcome_warning(dir, &cfg.format, o) {
-                crate::cache::warn_once(w);
+        if let Some(dir) = &pack_cache_dir {
+            if let Some(w) = crate::cache_dir::outcome_warning(dir, &cfg.format, o) {
+                crate::ui::warn_once(w);
             }
         }
     }

@@ -1,21 +1,37 @@
 //! kwk-eval: what a weight format costs in quality and buys in speed, measured on the same
 //! tokens for kwk's in-tree decoder and for llama.cpp.
 //!
-//! Data flows one way: `cli` (clap: flags into typed values) → `plan` (an immutable,
-//! checked run plan, nothing loaded) → `prepare` (model, tokens, chunk plan, identity) →
-//! `measure` (runners from `runner`, measurements from `eval`) → `report` (exporters,
-//! `compare`, the gate). `protocol` holds the types they pass along and imports nothing
-//! from the crate. `session` drives a run; `generate` streams a completion; `cache` lists and
-//! prunes the pack cache. [`run`] is the whole command line (the binary and the Python
-//! package's `python -m kwk.bench` call it) and maps the outcome to an exit code.
+//! Data flows one way: each layer uses only the layers below it (`tests/house.rs` fails on
+//! a module cycle).
+//! 1. `cli`: the flags parsed into plain options defined below it; it prints and runs
+//!    nothing.
+//! 2. The commands, none calling another: `session` (an evaluation run), `compare`,
+//!    `generate`, `cache`.
+//! 3. The evaluation's stages, each using the next (a run meets them the other way round):
+//!    `measure` (the runners' quality, then interleaved speed) → `prepare` (model header,
+//!    tokens, chunk plan, identity) → `plan` (the options checked into an immutable run
+//!    plan, nothing loaded); and `run_folder` (the folder a run claims).
+//! 4. `runner` (kwk's decoder and llama.cpp behind one trait) → `eval` (the measurements
+//!    every runner shares).
+//! 5. `report`: the exporters, `compare` and the `--baseline` gate.
+//! 6. The leaves any layer may use: `protocol` (the types the stages pass along),
+//!    `limits` (the bounds of every number), `cache_dir` (the pack
+//!    cache folder), `ui` (printing shared by the commands), `machine`, `text`, `scratch`,
+//!    `stats`, `digest`, `interrupt`, `progress`.
+//!
+//! [`run`] is the whole command line (the binary and the Python package's
+//! `python -m kwk.bench` call it) and maps the outcome to an exit code.
 #![forbid(unsafe_code)]
 
 pub mod cache;
+pub mod cache_dir;
 pub mod cli;
+pub mod compare;
 pub mod digest;
 pub mod eval;
 pub mod generate;
 pub mod interrupt;
+pub mod limits;
 pub mod machine;
 pub mod measure;
 pub mod plan;
@@ -29,6 +45,7 @@ pub mod scratch;
 pub mod session;
 pub mod stats;
 pub mod text;
+pub mod ui;
 
 use session::Outcome;
 
@@ -58,7 +75,7 @@ where
             interrupt::reset();
             interrupt::install().and_then(|()| session::evaluate(&args))
         }
-        cli::Invocation::Compare(args) => session::compare(&args).map(|()| Outcome::Passed),
+        cli::Invocation::Compare(args) => compare::run(&args).map(|()| Outcome::Passed),
         cli::Invocation::Generate(cfg) => generate::generate(&cfg).map(|()| Outcome::Passed),
         cli::Invocation::Cache(cfg) => cache::run(&cfg).map(|()| Outcome::Passed),
     };

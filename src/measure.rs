@@ -131,11 +131,11 @@ fn build_kwk(plan: &RunPlan, prep: &Prepared, spec: &FormatSpec) -> Result<Box<d
         kwk::decoder::resident::Build::FromHeader,
     );
     kwk::decoder::resident::check_fits(
-        &crate::prepare::row_label(name, &plan.llm),
+        &crate::limits::row_label(name, &plan.llm),
         &need,
         0,
         kwk::decoder::resident::available_memory(),
-        crate::prepare::MEMORY_HINT,
+        crate::limits::MEMORY_HINT,
     )
     .map_err(|e| anyhow::anyhow!(e))?;
     let r = KwkRunner::new(Rc::clone(&prep.model), name, *precision, &options, role)?;

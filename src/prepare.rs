@@ -7,6 +7,7 @@
 //! here is shared by every runner of the run; nothing here measures.
 
 use crate::eval::reference::base_file_bytes;
+use crate::limits::{row_label, MEMORY_HINT};
 use crate::machine;
 use crate::plan::{KldMode, RunPlan, KLD_AUTO_LIMIT_BYTES};
 use crate::protocol::results::{Calibration, Machine, Protocol, Results, Versions, SCHEMA_VERSION};
@@ -309,18 +310,6 @@ fn start_results(
         speed_rounds: Vec::new(),
         speed_ratios: Vec::new(),
     }
-}
-
-/// What the memory refusal suggests.
-pub const MEMORY_HINT: &str =
-    "use a smaller model or fewer formats (KWK_MEMORY_CHECK=0 skips this check)";
-
-/// The label of row `name` of the model in a memory refusal: `int4 of model.gguf`.
-pub fn row_label(name: &str, llm: &str) -> String {
-    let file = Path::new(llm)
-        .file_name()
-        .map_or_else(|| llm.to_string(), |f| f.to_string_lossy().into_owned());
-    format!("{name} of {file}")
 }
 
 /// Refuses the run, before any row is loaded, when a kwk row's estimated resident need

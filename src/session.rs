@@ -19,11 +19,12 @@
 //! `--text` llama.cpp reads, the reports' temporaries); nothing else in the folder is
 //! touched.
 
-use crate::cli::EvalArgs;
 use crate::interrupt::{self, Interrupted};
+use crate::plan::EvalOptions;
 use crate::protocol::results::{Results, RowStatus, RunnerRecord};
 use crate::run_folder::{RunFolder, REFERENCE_LOGITS};
 use crate::scratch::Scratch;
+use crate::ui::print_stdout;
 use crate::{measure, plan, prepare, report, text};
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -87,7 +88,7 @@ impl<'a> Reports<'a> {
 }
 
 /// Runs the evaluation `args` describe.
-pub fn evaluate(args: &EvalArgs) -> Result<Outcome> {
+pub fn evaluate(args: &EvalOptions) -> Result<Outcome> {
     let mut plan = plan::make(args)?;
     // GGUF headers are read before the model loads, so a bad file fails first.
     measure::build_llamacpp(&plan)?;
@@ -225,20 +226,8 @@ pub fn evaluate(args: &EvalArgs) -> Result<Outcome> {
     Ok(outcome)
 }
 
-/// Writes `text` to stdout. A closed stdout (`kwk-eval ... | head -1`) ends the output
-/// quietly: the reports are on disk already and the run's outcome stands. Any other write
-/// error is an error naming stdout.
-pub fn print_stdout(text: &str) -> Result<()> {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        r => r.context("writing the table to stdout"),
-    }
-}
-
 /// `--out` locked as given, or the default `runs/<stamp>` under a fresh name.
-fn claim_folder(args: &EvalArgs, planned: &Path) -> Result<RunFolder> {
+fn claim_folder(args: &EvalOptions, planned: &Path) -> Result<RunFolder> {
     if args.out.is_some() {
         return RunFolder::claim(planned);
     }
@@ -248,40 +237,6 @@ fn claim_folder(args: &EvalArgs, planned: &Path) -> Result<RunFolder> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     RunFolder::fresh(parent, &stamp)
-}
-
-/// `kwk-eval compare`: each later results.json against the first, printed in `args.format`.
-/// The limits and every file are checked first (as `--baseline` is): limits finite and
-/// non-negative, every file of the same model, text and protocol as the first and sharing
-/// a row with it; otherwise an error naming what differs, and nothing is printed.
-pub fn compare(args: &crate::cli::CompareArgs) -> Result<()> {
-    let limits = args.gate.limits();
-    limits.check()?;
-    let old = report::json::read(&args.files[0])?;
-    let mut news = Vec::new();
-    for path in &args.files[1..] {
-        let new = report::json::read(path)?;
-        report::gate::check_comparable(&old, &new).with_context(|| {
-            format!(
-                "'{}' cannot be compared with '{}'",
-                path.display(),
-                args.files[0].display()
-            )
-        })?;
-        news.push((path, new));
-    }
-    for (path, new) in news {
-        if args.files.len() > 2 {
-            print_stdout(&format!(
-                "{} → {}\n",
-                args.files[0].display(),
-                path.display()
-            ))?;
-        }
-        let c = report::compare::compare(&old, &new, &limits);
-        print_stdout(&report::compare::render(&c, args.format))?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

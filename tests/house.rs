@@ -37,8 +37,6 @@ const MAX_LINES: usize = 900;
 /// One line per strongly connected component, its modules sorted. Remove a
 /// line when the cycle is broken (the test insists).
 const KNOWN_CYCLES: &[&str] = &[
-    // issue 36 (6): the harness's commands call each other.
-    "kwk-eval: cache <-> cli <-> generate <-> measure <-> plan <-> prepare <-> runner::kwk <-> session",
     // issue 36 (2): shared quant kernel pieces live in one format's file or the other.
     "kwk: kernels::int4_matmul <-> kernels::int8_matmul <-> kernels::quant_portable <-> kernels::x86_64::amx <-> kernels::x86_64::baseline <-> kernels::x86_64::quant256 <-> kernels::x86_64::quant512bw",
 ];

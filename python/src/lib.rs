@@ -82,12 +82,12 @@ fn options(
     let precision = Precision::parse(precision).map_err(to_py)?;
     // The CLI's bound (`--threads`): more threads than that only make spinning workers
     // wait on each other, and a huge count failed to spawn inside the thread pool.
-    let max = kwk_eval::plan::max_threads();
+    let max = kwk_eval::limits::max_threads();
     let threads = match threads {
         Some(n) if n == 0 || n > max => {
             return Err(PyValueError::new_err(format!(
             "threads={n} is out of range: pass 1 to {max} (at most {} x the {} cores available)",
-            kwk_eval::plan::THREADS_PER_CORE,
+            kwk_eval::limits::THREADS_PER_CORE,
             kwk_eval::machine::available_threads()
         )))
         }

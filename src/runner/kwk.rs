@@ -87,8 +87,8 @@ impl KwkRunner {
         )
         .with_context(|| format!("packing '{}' as {name}", model.info.requested))?;
         if let (Some(dir), Some(o)) = (&options.pack_cache_dir, decoder.pack_cache_outcome()) {
-            if let Some(w) = crate::cache::outcome_warning(dir, name, o) {
-                crate::cache::warn_once(w);
+            if let Some(w) = crate::cache_dir::outcome_warning(dir, name, o) {
+                crate::ui::warn_once(w);
             }
         }
         // Reading the header, plus the build's time outside packing (the whole model read
