@@ -20,7 +20,9 @@ use crate::prepare::Prepared;
 use crate::progress::Bar;
 use crate::protocol::results::{Machine, Results, RunnerRecord};
 use crate::protocol::steadiness::Steadiness;
-use crate::protocol::{ComputeKind, FormatSpec, RooflineCost, SpeedRep, SpeedSpec, TokenScores};
+use crate::protocol::{
+    ComputeKind, Engine, FormatSpec, RooflineCost, SpeedRep, SpeedSpec, TokenScores,
+};
 use crate::runner::kwk::{KwkRunner, KwkRunnerOptions, ReferenceRole};
 use crate::runner::llamacpp::{LlamaCppRunner, LlamaCppRunnerOptions};
 use crate::runner::Runner;
@@ -198,7 +200,7 @@ fn quality_pass(
         }
         let step = format!("[{}/{total}]", i + 1);
         // kwk rows: this process's peak RSS from here to the end of the row's perplexity.
-        let rss_reset = engine_of(spec) == "kwk" && crate::machine::reset_peak_rss();
+        let rss_reset = spec.engine() == Engine::Kwk && crate::machine::reset_peak_rss();
         let prebuilt = gguf[i].take();
         // A panic while building or scoring this row fails the row only.
         let row = contain(|| {
@@ -216,7 +218,7 @@ fn quality_pass(
                     (rec, tokens, Some(runner))
                 }
                 Err(e) => (
-                    RunnerRecord::failed(&spec.name(), engine_of(spec), format!("{e:#}")),
+                    RunnerRecord::failed(&spec.name(), spec.engine(), format!("{e:#}")),
                     None,
                     None,
                 ),
@@ -238,7 +240,7 @@ fn quality_pass(
                 (rec, tokens)
             }
             Err(panic) => (
-                RunnerRecord::failed(&spec.name(), engine_of(spec), panic),
+                RunnerRecord::failed(&spec.name(), spec.engine(), panic),
                 None,
             ),
         };
@@ -300,13 +302,6 @@ fn test_hook_panic(row: &str, phase: Phase) {
     if name == row && at == phase {
         eprintln!("note: {TEST_PANIC_ROW_ENV}={v} is set: row {row} panics now (a test hook)");
         panic!("{TEST_PANIC_ROW_ENV} asked row '{row}' to panic");
-    }
-}
-
-fn engine_of(spec: &FormatSpec) -> &'static str {
-    match spec {
-        FormatSpec::Kwk { .. } => "kwk",
-        FormatSpec::Gguf { .. } => "llama.cpp",
     }
 }
 

@@ -149,13 +149,11 @@ pub fn evaluate(args: &EvalOptions) -> Result<Outcome> {
     for spec in &plan.formats {
         let name = spec.name();
         if !results.runners.iter().any(|r| r.name == name) {
-            let engine = match spec {
-                crate::protocol::FormatSpec::Kwk { .. } => "kwk",
-                crate::protocol::FormatSpec::Gguf { .. } => "llama.cpp",
-            };
-            results
-                .runners
-                .push(RunnerRecord::skipped(&name, engine, why_skipped.clone()));
+            results.runners.push(RunnerRecord::skipped(
+                &name,
+                spec.engine(),
+                why_skipped.clone(),
+            ));
         }
     }
     results.complete = measured.is_ok() && !stopped && results.all_rows_ok();

@@ -77,7 +77,7 @@ fn cells(r: &RunnerRecord, noisy: Option<bool>) -> Vec<String> {
     let has_speed = r.pp_tokens_per_s.is_some() || r.tg_tokens_per_s.is_some();
     vec![
         r.name.clone(),
-        r.engine.clone(),
+        r.engine.to_string(),
         opt(&r.tensor_bytes),
         opt(&r.file_bytes),
         opt(&r.bits_per_weight),

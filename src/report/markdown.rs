@@ -6,7 +6,7 @@ use super::plot::PlotFiles;
 use super::table::{
     calibration_line, distinct, notes, one_line, protocol_line, ratio_cell, table_rows,
 };
-use crate::protocol::results::Results;
+use crate::protocol::results::{Engine, Results};
 use anyhow::Result;
 use std::fmt::Write as _;
 use std::path::Path;
@@ -50,7 +50,7 @@ fn warnings(r: &Results) -> String {
             "> **WARNING: TOKENS DIFFER.** {} ({}) tokenized the text to other ids than \
              kwk-eval; its perplexity is not comparable with the other rows.\n",
             md_text(&row.name),
-            md_text(&row.engine)
+            md_text(row.engine.as_str())
         );
     }
     for row in r.failures() {
@@ -108,7 +108,7 @@ fn machine_line(r: &Results) -> String {
     let mut builds: Vec<&str> = r
         .runners
         .iter()
-        .filter(|row| row.engine == "llama.cpp")
+        .filter(|row| row.engine == Engine::LlamaCpp)
         .filter_map(|row| row.kernels.as_deref())
         .collect();
     builds.dedup();

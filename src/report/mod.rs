@@ -23,7 +23,7 @@ pub mod terminal;
 mod unicode_tests;
 
 pub use crate::protocol::results::{
-    Machine, PairedChange, Protocol, Results, RunnerRecord, Versions, SCHEMA_VERSION,
+    Engine, Machine, PairedChange, Protocol, Results, RunnerRecord, Versions, SCHEMA_VERSION,
 };
 use anyhow::Result;
 use std::path::Path;

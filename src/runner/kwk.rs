@@ -19,7 +19,7 @@ use crate::eval::perplexity::{score_chunks, ChunkLogits};
 use crate::eval::reference::{LogitsBaseWriter, ReferenceComparer};
 use crate::eval::speed::{SpeedSession, SpeedTarget};
 use crate::protocol::{
-    ComputeKind, PerplexityProtocol, PerplexityResult, Progress, RooflineCost, RunnerInfo,
+    ComputeKind, Engine, PerplexityProtocol, PerplexityResult, Progress, RooflineCost, RunnerInfo,
     SpeedRep, SpeedSpec, TokenStream,
 };
 use anyhow::{anyhow, bail, Context, Result};
@@ -97,7 +97,7 @@ impl KwkRunner {
         let read_s = model.info.read_s + (started.elapsed().as_secs_f64() - pack_s).max(0.0);
         let info = RunnerInfo {
             name: name.to_string(),
-            engine: "kwk".into(),
+            engine: Engine::Kwk,
             tensor_bytes: decoder.weight_bytes(),
             file_bytes: None,
             bits_per_weight: decoder.bits_per_weight(),

@@ -16,7 +16,7 @@
 
 use crate::eval::reference::{compare_files, LogitsBaseReader};
 use crate::protocol::{
-    ComputeKind, PerplexityProtocol, PerplexityResult, Progress, RooflineCost, RunnerInfo,
+    ComputeKind, Engine, PerplexityProtocol, PerplexityResult, Progress, RooflineCost, RunnerInfo,
     SpeedRep, SpeedSpec, TokenStream,
 };
 use crate::runner::Runner;
@@ -171,7 +171,7 @@ impl LlamaCppRunner {
             .unwrap_or_else(|| gguf_path.display().to_string());
         let info = RunnerInfo {
             name: format!("gguf:{file_name}"),
-            engine: "llama.cpp".to_string(),
+            engine: Engine::LlamaCpp,
             tensor_bytes: summary.tensor_bytes,
             file_bytes: Some(summary.file_bytes),
             bits_per_weight: summary.bits_per_weight,
@@ -578,7 +578,7 @@ mod tests {
         let r = LlamaCppRunner::new(&path, &tools, LlamaCppRunnerOptions::default()).unwrap();
         let info = r.info();
         assert_eq!(info.name, "gguf:model.gguf");
-        assert_eq!(info.engine, "llama.cpp");
+        assert_eq!(info.engine, Engine::LlamaCpp);
         assert_eq!(
             info.file_bytes,
             Some(std::fs::metadata(&path).unwrap().len())
