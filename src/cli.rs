@@ -18,6 +18,17 @@ pub use crate::report::output::StdoutFormat;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 
+/// The help's last lines: an example, the files a run writes (from the exporter list,
+/// `report::export::REPORTS`), the exit status.
+fn after_help() -> String {
+    format!(
+        "Example:\n  kwk-eval --llm HuggingFaceTB/SmolLM2-135M --text wiki.test.raw --gguf model-Q8_0.gguf --llama-bench\n\n\
+Writes {} and plots (PNG + SVG) to the run folder and prints the table (--output for other forms).\n\
+Exit status: 0 ok, 1 the --baseline regression gate failed, 2 error (a baseline measured on other tokens, model or protocol included).",
+        crate::report::export::data_file_names().join(", ")
+    )
+}
+
 #[derive(Debug, Parser)]
 #[command(
     name = "kwk-eval",
@@ -26,9 +37,7 @@ use std::path::PathBuf;
     long_about = None,
     args_conflicts_with_subcommands = true,
     subcommand_negates_reqs = true,
-    after_help = "Example:\n  kwk-eval --llm HuggingFaceTB/SmolLM2-135M --text wiki.test.raw --gguf model-Q8_0.gguf --llama-bench\n\n\
-Writes results.json, results.csv, speed_ratios.csv, report.md and plots (PNG + SVG) to the run folder and prints the table (--output for other forms).\n\
-Exit status: 0 ok, 1 the --baseline regression gate failed, 2 error (a baseline measured on other tokens, model or protocol included)."
+    after_help = after_help()
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -479,6 +488,15 @@ mod tests {
     #[test]
     fn cli_is_well_formed() {
         Cli::command().debug_assert();
+    }
+
+    /// The help names the files the exporters write, as it always has.
+    #[test]
+    fn the_help_lists_the_report_files() {
+        assert!(after_help().contains(
+            "\n\nWrites results.json, results.csv, speed_ratios.csv, report.md and plots (PNG + SVG) \
+             to the run folder and prints the table (--output for other forms).\nExit status: 0 ok"
+        ));
     }
 
     #[test]

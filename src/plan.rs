@@ -329,7 +329,7 @@ fn check_gguf_path(path: &Path) -> Result<()> {
 fn run_folder(out: Option<&Path>, stamp: &str) -> Result<PathBuf> {
     let dir = out.map_or_else(|| PathBuf::from("runs").join(stamp), Path::to_path_buf);
     ensure!(
-        !dir.join("results.json").exists(),
+        !dir.join(json::FILE_NAME).exists(),
         "--out '{}' already holds a results.json; pass a new folder (or remove the old run)",
         dir.display()
     );

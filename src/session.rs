@@ -168,7 +168,7 @@ pub fn evaluate(args: &EvalOptions) -> Result<Outcome> {
         // Not every report was written: the run is not complete. Say so in results.json
         // if it can still be written (best effort: the error below names the failure).
         results.complete = false;
-        let _ = report::json::write(&plan.out_dir.join("results.json"), &results);
+        let _ = report::json::write(&plan.out_dir.join(report::json::FILE_NAME), &results);
     }
     if stopped {
         if let Err(e) = written {
@@ -182,7 +182,7 @@ pub fn evaluate(args: &EvalOptions) -> Result<Outcome> {
                     .iter()
                     .filter(|r| r.status != RowStatus::Skipped)
                     .count(),
-                plan.out_dir.join("results.json").display()
+                plan.out_dir.join(report::json::FILE_NAME).display()
             ),
         }
         .into());

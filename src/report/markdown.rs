@@ -1,7 +1,7 @@
 //! report.md: the table, the protocol and the calibration in one line each, loud warnings (incomplete run, tokens
 //! that differ between kwk-eval and llama.cpp, failed runners), and the plots.
 
-use super::files::write_atomically;
+use super::exporter::{Exporter, Run};
 use super::plot::PlotFiles;
 use super::table::{
     calibration_line, distinct, notes, one_line, protocol_line, ratio_cell, table_rows,
@@ -9,7 +9,6 @@ use super::table::{
 use crate::protocol::results::{Engine, Results};
 use anyhow::Result;
 use std::fmt::Write as _;
-use std::path::Path;
 
 /// `s` as Markdown text that renders as itself on one line: `\`, `|`, `` ` ``, `*`, `[`,
 /// `]` escaped, `<`, `>`, `&` as entities (no HTML), line breaks and other control
@@ -241,8 +240,16 @@ pub fn render(r: &Results, plots: &PlotFiles) -> String {
     s
 }
 
-pub fn write(path: &Path, r: &Results, plots: &PlotFiles) -> Result<()> {
-    write_atomically(path, render(r, plots).as_bytes())
+/// report.md as an [`Exporter`]: [`render`], with the plots drawn beside it.
+pub struct Markdown;
+
+impl Exporter for Markdown {
+    fn file_name(&self) -> &'static str {
+        "report.md"
+    }
+    fn serialize(&self, run: &Run<'_>) -> Result<Vec<u8>> {
+        Ok(render(run.results, run.plots).into_bytes())
+    }
 }
 
 #[cfg(test)]

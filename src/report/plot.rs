@@ -590,6 +590,16 @@ fn publish(dir: &Path, drawn: Vec<(Scratch, &str)>) -> Result<()> {
     Ok(())
 }
 
+/// Every file [`write_plots`] may draw.
+pub const PLOT_FILES: &[&str] = &[
+    "quality_vs_bpw.png",
+    "quality_vs_bpw.svg",
+    "quality_vs_speed.png",
+    "quality_vs_speed.svg",
+    "speed.png",
+    "speed.svg",
+];
+
 /// Draws both plots into `dir` (PNG and SVG each); returns the SVG names for report.md.
 pub fn write_plots(dir: &Path, results: &Results) -> Result<PlotFiles> {
     register_font();
