@@ -3,7 +3,7 @@
 //! files and applies the size limit (`KWK_PACK_CACHE_GB`, default 16); clearing deletes
 //! every cache file kwk wrote.
 
-use crate::ui::print_stdout;
+use crate::ui::{print_stdout, Reporter};
 use anyhow::{Context, Result};
 use kwk::pack_cache;
 use std::path::PathBuf;
@@ -44,38 +44,44 @@ fn age(unix: u64) -> String {
 }
 
 /// Runs the action and prints its result on stdout.
-pub fn run(cfg: &CacheConfig) -> Result<()> {
+pub fn run(cfg: &CacheConfig, ui: &dyn Reporter) -> Result<()> {
     let dir = &cfg.dir;
     match &cfg.action {
         CacheAction::List => {
             let entries = pack_cache::list(dir)
                 .with_context(|| format!("listing the pack cache '{}'", dir.display()))?;
             let total: u64 = entries.iter().map(|e| e.bytes).sum();
-            print_stdout(&format!(
-                "pack cache {}: {} files, {} (limit {})\n",
-                dir.display(),
-                entries.len(),
-                gb(total),
-                gb(pack_cache::limit_bytes())
-            ))?;
+            print_stdout(
+                ui,
+                &format!(
+                    "pack cache {}: {} files, {} (limit {})\n",
+                    dir.display(),
+                    entries.len(),
+                    gb(total),
+                    gb(pack_cache::limit_bytes())
+                ),
+            )?;
             for e in entries {
-                print_stdout(&format!(
-                    "{}  {}  last used {}\n  model: {}\n  formats: {}\n",
-                    e.path
-                        .file_name()
-                        .map(|n| n.to_string_lossy().into_owned())
-                        .unwrap_or_default(),
-                    gb(e.bytes),
-                    age(e.last_use_unix),
-                    e.model
-                        .as_deref()
-                        .unwrap_or("(unreadable or older layout; `cache prune` removes it)"),
-                    if e.formats.is_empty() {
-                        "-".to_string()
-                    } else {
-                        e.formats.join(" | ")
-                    }
-                ))?;
+                print_stdout(
+                    ui,
+                    &format!(
+                        "{}  {}  last used {}\n  model: {}\n  formats: {}\n",
+                        e.path
+                            .file_name()
+                            .map(|n| n.to_string_lossy().into_owned())
+                            .unwrap_or_default(),
+                        gb(e.bytes),
+                        age(e.last_use_unix),
+                        e.model
+                            .as_deref()
+                            .unwrap_or("(unreadable or older layout; `cache prune` removes it)"),
+                        if e.formats.is_empty() {
+                            "-".to_string()
+                        } else {
+                            e.formats.join(" | ")
+                        }
+                    ),
+                )?;
             }
         }
         CacheAction::Prune { limit_gb } => {
@@ -91,7 +97,7 @@ pub fn run(cfg: &CacheConfig) -> Result<()> {
             };
             let r = pack_cache::prune(dir, limit, None)
                 .with_context(|| format!("pruning the pack cache '{}'", dir.display()))?;
-            print_stdout(&format!(
+            print_stdout(ui, &format!(
                 "pack cache {}: removed {} temporary, {} orphaned, {} least recently used; {} left (limit {})\n",
                 dir.display(),
                 r.temporary.len(),
@@ -104,10 +110,10 @@ pub fn run(cfg: &CacheConfig) -> Result<()> {
         CacheAction::Clear => {
             let n = pack_cache::clear(dir)
                 .with_context(|| format!("clearing the pack cache '{}'", dir.display()))?;
-            print_stdout(&format!(
-                "pack cache {}: deleted {n} files\n",
-                dir.display()
-            ))?;
+            print_stdout(
+                ui,
+                &format!("pack cache {}: deleted {n} files\n", dir.display()),
+            )?;
         }
     }
     Ok(())

@@ -5,7 +5,7 @@
 use crate::report;
 use crate::report::compare::TableFormat;
 use crate::report::gate::GateLimits;
-use crate::ui::print_stdout;
+use crate::ui::{print_stdout, Reporter};
 use anyhow::{Context, Result};
 use std::path::PathBuf;
 
@@ -22,7 +22,7 @@ pub struct CompareOptions {
 /// The limits and every file are checked first (as `--baseline` is): limits finite and
 /// non-negative, every file of the same model, text and protocol as the first and sharing
 /// a row with it; otherwise an error naming what differs, and nothing is printed.
-pub fn run(args: &CompareOptions) -> Result<()> {
+pub fn run(args: &CompareOptions, ui: &dyn Reporter) -> Result<()> {
     let limits = args.limits;
     limits.check()?;
     let old = report::json::read(&args.files[0])?;
@@ -40,14 +40,13 @@ pub fn run(args: &CompareOptions) -> Result<()> {
     }
     for (path, new) in news {
         if args.files.len() > 2 {
-            print_stdout(&format!(
-                "{} → {}\n",
-                args.files[0].display(),
-                path.display()
-            ))?;
+            print_stdout(
+                ui,
+                &format!("{} → {}\n", args.files[0].display(), path.display()),
+            )?;
         }
         let c = report::compare::compare(&old, &new, &limits);
-        print_stdout(&report::compare::render(&c, args.format))?;
+        print_stdout(ui, &report::compare::render(&c, args.format))?;
     }
     Ok(())
 }

@@ -14,6 +14,7 @@ use crate::report::gate::{self, GateLimits};
 use crate::report::json;
 use crate::report::output::StdoutFormat;
 use crate::text::{read_text, EvalText};
+use crate::ui::Reporter;
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -366,7 +367,7 @@ fn calibration_text(a: &EvalOptions, needed: bool, text: &EvalText) -> Result<Op
 
 /// Checks `args` and resolves them into a plan. Reads the texts, the baseline and the
 /// GGUF headers' magic; loads no model and creates no folder.
-pub fn make(a: &EvalOptions) -> Result<RunPlan> {
+pub fn make(a: &EvalOptions, ui: &dyn Reporter) -> Result<RunPlan> {
     check_flags(a)?;
     let formats = order_formats(&a.formats, &a.gguf)?;
     let kld = a.kld;
@@ -392,7 +393,7 @@ pub fn make(a: &EvalOptions) -> Result<RunPlan> {
         speed: None,
         kld,
         keep_logits: a.keep_logits,
-        pack_cache_dir: pack_cache(a.pack_cache.clone(), a.no_pack_cache),
+        pack_cache_dir: pack_cache(a.pack_cache.clone(), a.no_pack_cache, ui),
         out_dir: run_folder(a.out.as_deref(), &stamp)?,
         started_utc,
         baseline: None,

@@ -24,7 +24,7 @@ use crate::plan::EvalOptions;
 use crate::protocol::results::{Results, RowStatus, RunnerRecord};
 use crate::run_folder::{RunFolder, REFERENCE_LOGITS};
 use crate::scratch::Scratch;
-use crate::ui::print_stdout;
+use crate::ui::{print_stdout, Reporter};
 use crate::{measure, plan, prepare, report, text};
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -45,14 +45,20 @@ pub struct Reports<'a> {
     dir: PathBuf,
     write: WriteReports<'a>,
     failed: Option<anyhow::Error>,
+    ui: &'a dyn Reporter,
 }
 
 impl<'a> Reports<'a> {
-    pub fn new(dir: &Path, write: impl FnMut(&Path, &Results) -> Result<()> + 'a) -> Self {
+    pub fn new(
+        dir: &Path,
+        write: impl FnMut(&Path, &Results) -> Result<()> + 'a,
+        ui: &'a dyn Reporter,
+    ) -> Self {
         Reports {
             dir: dir.to_path_buf(),
             write: Box::new(write),
             failed: None,
+            ui,
         }
     }
 
@@ -62,17 +68,17 @@ impl<'a> Reports<'a> {
         match (self.write)(&self.dir, results) {
             Ok(()) => {
                 if self.failed.take().is_some() {
-                    eprintln!(
-                        "note: the reports in '{}' are written again",
+                    self.ui.note(&format!(
+                        "the reports in '{}' are written again",
                         self.dir.display()
-                    );
+                    ));
                 }
             }
             Err(e) => {
                 if self.failed.is_none() {
-                    eprintln!(
-                        "warning: {e:#}; measuring goes on, the reports are written again after the next row and at the end"
-                    );
+                    self.ui.warn(&format!(
+                        "{e:#}; measuring goes on, the reports are written again after the next row and at the end"
+                    ));
                 }
                 self.failed = Some(e);
             }
@@ -88,11 +94,11 @@ impl<'a> Reports<'a> {
 }
 
 /// Runs the evaluation `args` describe.
-pub fn evaluate(args: &EvalOptions) -> Result<Outcome> {
-    let mut plan = plan::make(args)?;
+pub fn evaluate(args: &EvalOptions, ui: &dyn Reporter) -> Result<Outcome> {
+    let mut plan = plan::make(args, ui)?;
     // GGUF headers are read before the model loads, so a bad file fails first.
     measure::build_llamacpp(&plan)?;
-    let mut prep = match prepare::prepare(&plan) {
+    let mut prep = match prepare::prepare(&plan, ui) {
         Err(_) if interrupt::requested() => {
             return Err(Interrupted {
                 kept: "stopped before measuring; no run folder was made".into(),
@@ -133,11 +139,11 @@ pub fn evaluate(args: &EvalOptions) -> Result<Outcome> {
     } else {
         None
     };
-    eprintln!("run folder: {}", plan.out_dir.display());
+    ui.line(&format!("run folder: {}", plan.out_dir.display()));
     let mut results = prep.results.clone();
-    let mut reports = Reports::new(&plan.out_dir, report::write_all);
+    let mut reports = Reports::new(&plan.out_dir, report::write_all, ui);
     reports.save(&results);
-    let measured = measure::run(&plan, &prep, &mut results, &mut |r| reports.save(r));
+    let measured = measure::run(&plan, &prep, &mut results, &mut |r| reports.save(r), ui);
     drop(text_copy);
     let stopped = interrupt::requested();
     // Every planned row has a row: those never measured are `skipped`, with why.
@@ -172,7 +178,7 @@ pub fn evaluate(args: &EvalOptions) -> Result<Outcome> {
     }
     if stopped {
         if let Err(e) = written {
-            eprintln!("warning: {e:#}");
+            ui.warn(&format!("{e:#}"));
         }
         return Err(Interrupted {
             kept: format!(
@@ -193,13 +199,13 @@ pub fn evaluate(args: &EvalOptions) -> Result<Outcome> {
     let people = args.output.for_people();
     let aside = |text: &str| -> Result<()> {
         if people {
-            print_stdout(text)
+            print_stdout(ui, text)
         } else {
-            eprint!("{text}");
+            ui.stderr(text);
             Ok(())
         }
     };
-    print_stdout(&report::output::render(&results, args.output)?)?;
+    print_stdout(ui, &report::output::render(&results, args.output)?)?;
     aside(&format!("reports: {}\n", plan.out_dir.display()))?;
     written?;
     let mut outcome = Outcome::Passed;
@@ -260,7 +266,7 @@ mod tests {
             }
             report::write_all(d, r)
         };
-        let mut reports = Reports::new(dir.path(), write);
+        let mut reports = Reports::new(dir.path(), write, &crate::ui::Silent);
         let r = sample_results();
         reports.save(&r);
         assert!(reports.failed.is_some());
@@ -276,7 +282,7 @@ mod tests {
 
         // A disk that stays full: finish fails, naming the file.
         fail_until.set(usize::MAX);
-        let mut reports = Reports::new(dir.path(), write);
+        let mut reports = Reports::new(dir.path(), write, &crate::ui::Silent);
         reports.save(&r);
         let e = format!("{:#}", reports.finish(&r).unwrap_err());
         assert!(e.contains("could not be written"), "{e}");

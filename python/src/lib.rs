@@ -564,6 +564,10 @@ fn _kwk(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // `forward`, their import ran Python code that a pending Ctrl-C interrupted, and the
     // numpy crate turned that into a panic (PanicException, not KeyboardInterrupt).
     let probe = numpy::PyArray1::<f32>::zeros(m.py(), 0, false);
+    // The decoder crate never prints: its warnings (a damaged pack cache file, an unusable
+    // KWK_ISA) reach stderr through the sink kwk-eval's program installs, for decoders
+    // built here as for `run_eval`.
+    kwk_eval::console::install_notice_sink();
     drop(probe.readonly());
     m.add_class::<Decoder>()?;
     m.add_function(wrap_pyfunction!(config_unsupported, m)?)?;

@@ -226,18 +226,24 @@ pub struct SpeedSample {
     pub samples_tokens_per_s: Vec<f64>,
 }
 
-/// Progress of a long step: `done` of `total` units (chunks, repetitions).
+/// Progress of a long step: `done` of `total` units (chunks, repetitions), and the lines
+/// a step has for whoever watches it (a warning about its tokens, a note about a retry),
+/// shown above the bar.
 pub trait Progress {
     fn set_total(&self, total: u64, what: &str);
     fn advance(&self, done: u64);
+    /// One whole line (its `warning: `/`note: ` prefix included).
+    fn message(&self, line: &str);
 }
 
-/// A [`Progress`] that shows nothing (tests, and steps too short to show).
+/// A [`Progress`] that shows nothing, its messages included (tests, and steps too short
+/// to show).
 pub struct NoProgress;
 
 impl Progress for NoProgress {
     fn set_total(&self, _total: u64, _what: &str) {}
     fn advance(&self, _done: u64) {}
+    fn message(&self, _line: &str) {}
 }
 
 /// One row a user asked for: an in-tree format or a GGUF file for an external engine.

@@ -86,11 +86,6 @@ impl KwkRunner {
             },
         )
         .with_context(|| format!("packing '{}' as {name}", model.info.requested))?;
-        if let (Some(dir), Some(o)) = (&options.pack_cache_dir, decoder.pack_cache_outcome()) {
-            if let Some(w) = crate::cache_dir::outcome_warning(dir, name, o) {
-                crate::ui::warn_once(w);
-            }
-        }
         // Reading the header, plus the build's time outside packing (the whole model read
         // for float formats and calibrated int4); int8/int4 streaming read while packing.
         let pack_s = decoder.pack_s();
@@ -130,6 +125,13 @@ impl KwkRunner {
             role,
             speed: SpeedSession::default(),
         })
+    }
+}
+
+impl KwkRunner {
+    /// What the pack cache did when this runner was built (`None` without a cache).
+    pub fn pack_cache_outcome(&self) -> Option<&kwk::pack_cache::PackOutcome> {
+        self.decoder.pack_cache_outcome()
     }
 }
 
