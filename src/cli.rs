@@ -1,15 +1,33 @@
 //! The command line (clap derive): every flag, every default, and the parsing of values into
 //! types (formats into [`FormatSpec`]s, KV types and output formats into enums), so nothing
-//! later parses a string. The plan step (`plan.rs`) turns [`EvalArgs`] into a checked run plan.
+//! later parses a string. It only parses: each command gets plain options defined below it
+//! ([`EvalOptions`] in `plan`, [`CompareOptions`], [`GenerateConfig`],
+//! [`CacheConfig`]), and the plan step (`plan.rs`) turns [`EvalOptions`] into a checked run
+//! plan. It prints nothing and runs nothing.
 
 use crate::cache::{CacheAction, CacheConfig};
+use crate::cache_dir::default_pack_cache;
+use crate::compare::CompareOptions;
 use crate::generate::GenerateConfig;
+pub use crate::plan::Chunks;
+use crate::plan::{EvalOptions, KldMode};
 use crate::protocol::{parse_format, FormatSpec};
 pub use crate::report::compare::TableFormat;
 use crate::report::gate::GateLimits;
 pub use crate::report::output::StdoutFormat;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
+
+/// The help's last lines: an example, the files a run writes (from the exporter list,
+/// `report::export::REPORTS`), the exit status.
+fn after_help() -> String {
+    format!(
+        "Example:\n  kwk-eval --llm HuggingFaceTB/SmolLM2-135M --text wiki.test.raw --gguf model-Q8_0.gguf --llama-bench\n\n\
+Writes {} and plots (PNG + SVG) to the run folder and prints the table (--output for other forms).\n\
+Exit status: 0 ok, 1 the --baseline regression gate failed, 2 error (a baseline measured on other tokens, model or protocol included).",
+        crate::report::export::data_file_names().join(", ")
+    )
+}
 
 #[derive(Debug, Parser)]
 #[command(
@@ -19,9 +37,7 @@ use std::path::PathBuf;
     long_about = None,
     args_conflicts_with_subcommands = true,
     subcommand_negates_reqs = true,
-    after_help = "Example:\n  kwk-eval --llm HuggingFaceTB/SmolLM2-135M --text wiki.test.raw --gguf model-Q8_0.gguf --llama-bench\n\n\
-Writes results.json, results.csv, speed_ratios.csv, report.md and plots (PNG + SVG) to the run folder and prints the table (--output for other forms).\n\
-Exit status: 0 ok, 1 the --baseline regression gate failed, 2 error (a baseline measured on other tokens, model or protocol included)."
+    after_help = after_help()
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -311,13 +327,6 @@ pub struct GenerateArgs {
     pub no_pack_cache: bool,
 }
 
-/// `--chunks`: a count, or every whole chunk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Chunks {
-    All,
-    AtMost(usize),
-}
-
 fn parse_chunks(s: &str) -> Result<Chunks, String> {
     if s == "all" {
         return Ok(Chunks::All);
@@ -329,11 +338,11 @@ fn parse_chunks(s: &str) -> Result<Chunks, String> {
     }
 }
 
-/// What to run.
+/// What to run: a command and its options.
 pub enum Invocation {
-    Evaluate(Box<EvalArgs>),
+    Evaluate(Box<EvalOptions>),
     Generate(GenerateConfig),
-    Compare(CompareArgs),
+    Compare(CompareOptions),
     Cache(CacheConfig),
 }
 
@@ -354,29 +363,51 @@ fn parse_token_range(s: &str) -> Result<(usize, usize), String> {
     Ok((a, b))
 }
 
-/// `ROOT/pack`, ROOT being `$KWK_CACHE`, else `${XDG_CACHE_HOME:-$HOME/.cache}/kwk`
-/// (`kwk::paths`, docs/paths.md); `None` when none of them is set.
-pub fn default_pack_cache() -> Option<PathBuf> {
-    kwk::paths::pack_cache_dir(&kwk::paths::CacheEnv::from_env())
-}
-
-/// The pack cache folder a run uses: `--pack-cache`, the default, or none (with one
-/// warning line when no default can be named).
-pub fn pack_cache(dir: Option<PathBuf>, disabled: bool) -> Option<PathBuf> {
-    if disabled {
-        return None;
+impl EvalArgs {
+    /// The options these flags set.
+    pub fn into_options(self) -> EvalOptions {
+        EvalOptions {
+            llm: self.llm.unwrap_or_default(),
+            text: self.text.unwrap_or_default(),
+            formats: self
+                .formats
+                .into_iter()
+                .filter_map(|f| match f {
+                    FormatArg::Format(s) => Some(s),
+                    FormatArg::None => None,
+                })
+                .collect(),
+            gguf: self.gguf,
+            llama_bench: self.llama_bench,
+            llama_cpp_dir: self.llama_cpp_dir,
+            tool_timeout: self.tool_timeout,
+            llama_kv: self.llama_kv.kv_type(),
+            ctx: self.ctx,
+            chunks: self.chunks,
+            threads: self.threads,
+            pp: self.pp,
+            tg: self.tg,
+            reps: self.reps,
+            out: self.out,
+            baseline: self.baseline,
+            limits: self.gate.limits(),
+            compare_to: self.compare_to,
+            no_speed: self.no_speed,
+            output: self.output,
+            kld: match (self.kld, self.no_kld) {
+                (true, _) => KldMode::On,
+                (_, true) => KldMode::Off,
+                _ => KldMode::Auto,
+            },
+            keep_logits: self.keep_logits,
+            calib_text: self.calib_text,
+            calib_range: self.calib_range,
+            calib_on_eval: self.calib_on_eval,
+            pack_cache: self.pack_cache,
+            no_pack_cache: self.no_pack_cache,
+        }
     }
-    let dir = dir.or_else(default_pack_cache);
-    if dir.is_none() {
-        crate::cache::warn_once(format!(
-            "warning: pack cache: {NO_PACK_CACHE_FOLDER}; packing without it (pass --pack-cache DIR)"
-        ));
-    }
-    dir
 }
-
-/// Why there is no default pack cache folder.
-pub const NO_PACK_CACHE_FOLDER: &str = "no folder (none of KWK_CACHE, XDG_CACHE_HOME, HOME is set)";
 
 impl Cli {
     pub fn into_invocation(self) -> Invocation {
@@ -393,9 +424,14 @@ impl Cli {
                     top_p: g.top_p,
                     seed: g.seed,
                 },
-                pack_cache_dir: pack_cache(g.pack_cache, g.no_pack_cache),
+                pack_cache: g.pack_cache,
+                no_pack_cache: g.no_pack_cache,
             }),
-            Some(Command::Compare(c)) => Invocation::Compare(c),
+            Some(Command::Compare(c)) => Invocation::Compare(CompareOptions {
+                files: c.files,
+                format: c.format,
+                limits: c.gate.limits(),
+            }),
             Some(Command::Cache(c)) => Invocation::Cache(CacheConfig {
                 action: match c.action {
                     CacheCommand::List => CacheAction::List,
@@ -408,7 +444,7 @@ impl Cli {
                     .or_else(default_pack_cache)
                     .unwrap_or_else(|| PathBuf::from(".cache/kwk/pack")),
             }),
-            None => Invocation::Evaluate(Box::new(self.eval)),
+            None => Invocation::Evaluate(Box::new(self.eval.into_options())),
         }
     }
 }
@@ -454,6 +490,15 @@ mod tests {
         Cli::command().debug_assert();
     }
 
+    /// The help names the files the exporters write, as it always has.
+    #[test]
+    fn the_help_lists_the_report_files() {
+        assert!(after_help().contains(
+            "\n\nWrites results.json, results.csv, speed_ratios.csv, report.md and plots (PNG + SVG) \
+             to the run folder and prints the table (--output for other forms).\nExit status: 0 ok"
+        ));
+    }
+
     #[test]
     fn defaults_and_subcommand() {
         let cli = Cli::try_parse_from(["kwk-eval", "--llm", "m", "--text", "t.txt"]).unwrap();
@@ -462,16 +507,9 @@ mod tests {
         };
         assert_eq!((c.ctx, c.pp, c.tg, c.reps), (512, 512, 128, 3));
         assert_eq!(c.chunks, Chunks::AtMost(20));
-        let names: Vec<String> = c
-            .formats
-            .iter()
-            .map(|f| match f {
-                FormatArg::Format(f) => f.name(),
-                FormatArg::None => "none".into(),
-            })
-            .collect();
+        let names: Vec<String> = c.formats.iter().map(FormatSpec::name).collect();
         assert_eq!(names, ["float32", "bf16", "int8", "int4"]);
-        assert_eq!(c.llama_kv, KvArg::F16);
+        assert_eq!(c.llama_kv, llamacpp::KvType::F16);
         let cli = Cli::try_parse_from([
             "kwk-eval",
             "--llm",

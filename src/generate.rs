@@ -1,6 +1,7 @@
 //! `kwk-eval generate`: load a model, pack it in one format, and stream a completion of a
 //! prompt to stdout, then print prompt and generation speed (tokens/s) on stderr.
 
+use crate::ui::Reporter;
 use anyhow::{Context, Result};
 use kwk::{DecoderOptions, KwkDecoder, Precision, Sampling};
 use std::io::Write;
@@ -13,7 +14,10 @@ pub struct GenerateConfig {
     pub format: String,
     pub threads: usize,
     pub sampling: Sampling,
-    pub pack_cache_dir: Option<std::path::PathBuf>,
+    /// `--pack-cache` as given (the default folder when `None`).
+    pub pack_cache: Option<std::path::PathBuf>,
+    /// `--no-pack-cache`.
+    pub no_pack_cache: bool,
 }
 
 /// Largest `--temperature` (higher only flattens the distribution further).
@@ -78,12 +82,12 @@ fn check_flags(cfg: &GenerateConfig) -> Result<Precision> {
     // A forced kernel tier this CPU cannot run (or a misspelt one) is refused as kwk-eval
     // refuses it, not warned about and replaced by another tier.
     kwk::kernels::check_isa_env().map_err(anyhow::Error::msg)?;
-    crate::plan::check_threads(cfg.threads)?;
-    crate::plan::check_range(
+    crate::limits::check_threads(cfg.threads)?;
+    crate::limits::check_range(
         "--max-new-tokens",
         cfg.max_new_tokens,
         1,
-        crate::plan::MAX_TOKENS,
+        crate::limits::MAX_TOKENS,
         "new tokens",
     )?;
     let s = &cfg.sampling;
@@ -131,8 +135,10 @@ fn pack_outcome_line(o: &kwk::pack_cache::PackOutcome) -> String {
 
 /// `kwk-eval generate`: loads (or maps from the pack cache) the model in `--format`, then
 /// streams the prompt and each new token to stdout, with the speeds on stderr.
-pub fn generate(cfg: &GenerateConfig) -> Result<()> {
+pub fn generate(cfg: &GenerateConfig, ui: &dyn Reporter) -> Result<()> {
     let started = std::time::Instant::now();
+    let pack_cache_dir =
+        crate::cache_dir::pack_cache(cfg.pack_cache.clone(), cfg.no_pack_cache, ui);
     let precision = check_flags(cfg)?;
     // A warm start reads only the model's header and the pack cache; otherwise int8/int4
     // stream the weights one layer at a time (`KwkDecoder::from_header`).
@@ -145,13 +151,13 @@ pub fn generate(cfg: &GenerateConfig) -> Result<()> {
     let max_cache_len = prompt
         .len()
         .checked_add(cfg.max_new_tokens)
-        .filter(|&n| n <= crate::plan::MAX_TOKENS)
+        .filter(|&n| n <= crate::limits::MAX_TOKENS)
         .ok_or_else(|| {
             anyhow::anyhow!(
                 "--prompt ({} tokens) + --max-new-tokens {} is more than {} tokens; pass a shorter prompt or fewer new tokens",
                 prompt.len(),
                 cfg.max_new_tokens,
-                crate::plan::MAX_TOKENS
+                crate::limits::MAX_TOKENS
             )
         })?;
     let options = DecoderOptions {
@@ -159,13 +165,13 @@ pub fn generate(cfg: &GenerateConfig) -> Result<()> {
         precision,
         threads: cfg.threads,
         calibration_tokens: None,
-        pack_cache_dir: cfg.pack_cache_dir.clone(),
+        pack_cache_dir: pack_cache_dir.clone(),
     };
     {
         use kwk::decoder::resident::{available_memory, check_fits, resident_need, Build};
         let need = resident_need(&header.config, &precision, max_cache_len, Build::FromHeader);
         check_fits(
-            &crate::prepare::row_label(&cfg.format, &cfg.llm),
+            &crate::limits::row_label(&cfg.format, &cfg.llm),
             &need,
             0,
             available_memory(),
@@ -177,19 +183,19 @@ pub fn generate(cfg: &GenerateConfig) -> Result<()> {
     let mut decoder = KwkDecoder::from_header(&header, options).with_context(packing)?;
     let tokenizer = header.tokenizer;
     if let Some(o) = decoder.pack_cache_outcome() {
-        eprintln!("pack cache: {}", pack_outcome_line(o));
-        if let Some(dir) = &cfg.pack_cache_dir {
-            if let Some(w) = crate::cache::outcome_warning(dir, &cfg.format, o) {
-                crate::cache::warn_once(w);
+        ui.line(&format!("pack cache: {}", pack_outcome_line(o)));
+        if let Some(dir) = &pack_cache_dir {
+            if let Some(w) = crate::cache_dir::outcome_warning(dir, &cfg.format, o) {
+                ui.warn_once(&w);
             }
         }
     }
-    eprintln!(
+    ui.line(&format!(
         "ready after {:.3} s (packing or mapping {:.3} s)",
         started.elapsed().as_secs_f64(),
         decoder.pack_s()
-    );
-    let mut out = Streamer::new(std::io::stdout().lock());
+    ));
+    let mut out = Streamer::new(crate::ui::Stdout(ui));
     out.write(&cfg.prompt)?;
     let mut failure: Option<anyhow::Error> = None;
     let mut first_token_s = None;
@@ -208,7 +214,7 @@ pub fn generate(cfg: &GenerateConfig) -> Result<()> {
     out.finish()?;
     out.write("\n")?;
     let rate = |n: usize, s: f64| if s > 0.0 { n as f64 / s } else { f64::NAN };
-    eprintln!(
+    ui.line(&format!(
         "prompt: {} tokens in {:.3} s ({:.1} tokens/s); generation: {} tokens in {:.3} s ({:.1} tokens/s); format {}, {} threads",
         stats.prompt_tokens,
         stats.prompt_s,
@@ -218,9 +224,9 @@ pub fn generate(cfg: &GenerateConfig) -> Result<()> {
         rate(stats.generated_tokens, stats.generate_s),
         cfg.format,
         cfg.threads
-    );
+    ));
     if let Some(t) = first_token_s {
-        eprintln!("first token {t:.3} s after start");
+        ui.line(&format!("first token {t:.3} s after start"));
     }
     Ok(())
 }

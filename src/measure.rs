@@ -17,14 +17,16 @@ use crate::eval::paired::paired_change;
 use crate::interrupt;
 use crate::plan::RunPlan;
 use crate::prepare::Prepared;
-use crate::progress::Bar;
 use crate::protocol::results::{Machine, Results, RunnerRecord};
 use crate::protocol::steadiness::Steadiness;
-use crate::protocol::{ComputeKind, FormatSpec, RooflineCost, SpeedRep, SpeedSpec, TokenScores};
+use crate::protocol::{
+    ComputeKind, Engine, FormatSpec, RooflineCost, SpeedRep, SpeedSpec, TokenScores,
+};
 use crate::runner::kwk::{KwkRunner, KwkRunnerOptions, ReferenceRole};
 use crate::runner::llamacpp::{LlamaCppRunner, LlamaCppRunnerOptions};
 use crate::runner::Runner;
 use crate::stats::{finite, speed_sample};
+use crate::ui::Reporter;
 use anyhow::{Context, Result};
 use std::rc::Rc;
 
@@ -108,7 +110,12 @@ pub fn build_llamacpp(plan: &RunPlan) -> Result<Vec<Option<Box<dyn Runner>>>> {
 }
 
 /// The in-tree runner of `spec` (packed now).
-fn build_kwk(plan: &RunPlan, prep: &Prepared, spec: &FormatSpec) -> Result<Box<dyn Runner>> {
+fn build_kwk(
+    plan: &RunPlan,
+    prep: &Prepared,
+    spec: &FormatSpec,
+    ui: &dyn Reporter,
+) -> Result<Box<dyn Runner>> {
     let FormatSpec::Kwk { name, precision } = spec else {
         anyhow::bail!("'{}' is not an in-tree format", spec.name());
     };
@@ -131,14 +138,19 @@ fn build_kwk(plan: &RunPlan, prep: &Prepared, spec: &FormatSpec) -> Result<Box<d
         kwk::decoder::resident::Build::FromHeader,
     );
     kwk::decoder::resident::check_fits(
-        &crate::prepare::row_label(name, &plan.llm),
+        &crate::limits::row_label(name, &plan.llm),
         &need,
         0,
         kwk::decoder::resident::available_memory(),
-        crate::prepare::MEMORY_HINT,
+        crate::limits::MEMORY_HINT,
     )
     .map_err(|e| anyhow::anyhow!(e))?;
     let r = KwkRunner::new(Rc::clone(&prep.model), name, *precision, &options, role)?;
+    if let (Some(dir), Some(o)) = (&plan.pack_cache_dir, r.pack_cache_outcome()) {
+        if let Some(w) = crate::cache_dir::outcome_warning(dir, name, o) {
+            ui.warn_once(&w);
+        }
+    }
     Ok(Box::new(r))
 }
 
@@ -148,6 +160,7 @@ fn quality(
     step: &str,
     prep: &Prepared,
     reference_ready: bool,
+    ui: &dyn Reporter,
 ) -> (RunnerRecord, Option<TokenScores>) {
     let mut rec = RunnerRecord::from_info(runner.info());
     let name = rec.name.clone();
@@ -157,10 +170,10 @@ fn quality(
     if !reference_ready {
         protocol.reference_logits = None;
     }
-    eprintln!("{step} {name}: perplexity");
-    let bar = Bar::new(&format!("{name} perplexity"));
-    let ppl = runner.perplexity(&protocol, &prep.stream, &bar);
-    bar.finish();
+    ui.line(&format!("{step} {name}: perplexity"));
+    let bar = ui.progress(&format!("{name} perplexity"));
+    let ppl = runner.perplexity(&protocol, &prep.stream, bar.as_ref());
+    drop(bar);
     let p = match ppl.and_then(|p| {
         finite("perplexity", p.ppl)?;
         finite("perplexity error", p.ppl_err)?;
@@ -172,7 +185,10 @@ fn quality(
             return (rec, None);
         }
     };
-    eprintln!("{step} {name}: PPL {:.4} ± {:.5}", p.ppl, p.ppl_err);
+    ui.line(&format!(
+        "{step} {name}: PPL {:.4} ± {:.5}",
+        p.ppl, p.ppl_err
+    ));
     rec.set_perplexity(&p);
     // llama.cpp names the features its build was compiled with as it starts.
     if rec.kernels.is_none() {
@@ -187,6 +203,7 @@ fn quality_pass(
     prep: &Prepared,
     results: &mut Results,
     save: &mut dyn FnMut(&Results),
+    ui: &dyn Reporter,
 ) -> Result<(Vec<Live>, Vec<Option<TokenScores>>)> {
     let mut gguf = build_llamacpp(plan)?;
     let (mut live, mut scores) = (Vec::new(), Vec::new());
@@ -198,25 +215,25 @@ fn quality_pass(
         }
         let step = format!("[{}/{total}]", i + 1);
         // kwk rows: this process's peak RSS from here to the end of the row's perplexity.
-        let rss_reset = engine_of(spec) == "kwk" && crate::machine::reset_peak_rss();
+        let rss_reset = spec.engine() == Engine::Kwk && crate::machine::reset_peak_rss();
         let prebuilt = gguf[i].take();
         // A panic while building or scoring this row fails the row only.
         let row = contain(|| {
             let built = match prebuilt {
                 Some(r) => Ok(r),
                 None => {
-                    eprintln!("{step} {}: packing", spec.name());
-                    build_kwk(plan, prep, spec)
+                    ui.line(&format!("{step} {}: packing", spec.name()));
+                    build_kwk(plan, prep, spec, ui)
                 }
             };
             match built {
                 Ok(mut runner) => {
-                    test_hook_panic(&spec.name(), Phase::Quality);
-                    let (rec, tokens) = quality(runner.as_mut(), &step, prep, reference_ready);
+                    test_hook_panic(&spec.name(), Phase::Quality, ui);
+                    let (rec, tokens) = quality(runner.as_mut(), &step, prep, reference_ready, ui);
                     (rec, tokens, Some(runner))
                 }
                 Err(e) => (
-                    RunnerRecord::failed(&spec.name(), engine_of(spec), format!("{e:#}")),
+                    RunnerRecord::failed(&spec.name(), spec.engine(), format!("{e:#}")),
                     None,
                     None,
                 ),
@@ -238,7 +255,7 @@ fn quality_pass(
                 (rec, tokens)
             }
             Err(panic) => (
-                RunnerRecord::failed(&spec.name(), engine_of(spec), panic),
+                RunnerRecord::failed(&spec.name(), spec.engine(), panic),
                 None,
             ),
         };
@@ -247,11 +264,11 @@ fn quality_pass(
         }
         if record.error.is_some() && interrupt::requested() {
             // Cut short by the interrupt, not finished: not a row.
-            eprintln!("{step} {}: stopped (interrupted)", record.name);
+            ui.line(&format!("{step} {}: stopped (interrupted)", record.name));
             break;
         }
         if let Some(e) = &record.error {
-            eprintln!("{step} {}: FAILED: {e}", record.name);
+            ui.line(&format!("{step} {}: FAILED: {e}", record.name));
         }
         results.runners.push(record);
         scores.push(tokens);
@@ -288,7 +305,7 @@ enum Phase {
 /// row's error names the variable.
 pub const TEST_PANIC_ROW_ENV: &str = "KWK_TEST_PANIC_ROW";
 
-fn test_hook_panic(row: &str, phase: Phase) {
+fn test_hook_panic(row: &str, phase: Phase, ui: &dyn Reporter) {
     let Some(v) = std::env::var_os(TEST_PANIC_ROW_ENV) else {
         return;
     };
@@ -298,15 +315,10 @@ fn test_hook_panic(row: &str, phase: Phase) {
         None => (&*v, Phase::Quality),
     };
     if name == row && at == phase {
-        eprintln!("note: {TEST_PANIC_ROW_ENV}={v} is set: row {row} panics now (a test hook)");
+        ui.note(&format!(
+            "{TEST_PANIC_ROW_ENV}={v} is set: row {row} panics now (a test hook)"
+        ));
         panic!("{TEST_PANIC_ROW_ENV} asked row '{row}' to panic");
-    }
-}
-
-fn engine_of(spec: &FormatSpec) -> &'static str {
-    match spec {
-        FormatSpec::Kwk { .. } => "kwk",
-        FormatSpec::Gguf { .. } => "llama.cpp",
     }
 }
 
@@ -315,6 +327,7 @@ fn compare_rows(
     plan: &RunPlan,
     results: &mut Results,
     scores: &[Option<TokenScores>],
+    ui: &dyn Reporter,
 ) -> Result<()> {
     let Some(name) = &plan.compare_to else {
         return Ok(());
@@ -323,7 +336,9 @@ fn compare_rows(
         return Ok(());
     };
     let Some(other) = &scores[i] else {
-        eprintln!("note: --compare-to '{name}' has no per-token figures (it failed); no paired comparison");
+        ui.note(&format!(
+            "--compare-to '{name}' has no per-token figures (it failed); no paired comparison"
+        ));
         return Ok(());
     };
     for (row, s) in results.runners.iter_mut().zip(scores) {
@@ -344,6 +359,7 @@ fn speed_round(
     round: usize,
     probes: Option<&ReadProbes>,
     results: &mut Results,
+    ui: &dyn Reporter,
 ) -> Vec<String> {
     let n = live.len();
     let mut order = Vec::with_capacity(n);
@@ -354,16 +370,16 @@ fn speed_round(
             continue;
         }
         let name = row.name.clone();
-        eprintln!(
+        ui.line(&format!(
             "  speed round {}/{}, row {}/{n}: {name}",
             round + 1,
             spec.reps,
             k + 1
-        );
+        ));
         let probe = probes.map(|p| p.for_runner(l.runner.as_ref()));
         let before = probe.map(|p| ReadProbes::probe_into(&mut results.machine, p));
         let rep = contain(|| {
-            test_hook_panic(&name, Phase::Speed);
+            test_hook_panic(&name, Phase::Speed, ui);
             l.runner.speed_rep(spec)
         })
         .unwrap_or_else(|panic| Err(anyhow::anyhow!(panic)));
@@ -395,6 +411,7 @@ fn speed_pass(
     live: &mut [Live],
     results: &mut Results,
     save: &mut dyn FnMut(&Results),
+    ui: &dyn Reporter,
 ) -> Result<()> {
     let Some(spec) = &plan.speed else {
         return Ok(());
@@ -429,13 +446,13 @@ fn speed_pass(
             // Speed from some of the rounds only would not be the protocol's figure.
             return Ok(());
         }
-        eprintln!(
+        ui.line(&format!(
             "speed round {}/{}: pp{} tg{}",
             round + 1,
             spec.reps,
             spec.pp,
             spec.tg
-        );
+        ));
         if let Some(probes) = &probes {
             let gbps = probes.active.best_gbps(3);
             let m = &mut results.machine;
@@ -452,7 +469,7 @@ fn speed_pass(
                 p.add_compute_probe(kwk::kernels::best_isa());
             }
         }
-        let order = speed_round(live, spec, round, probes.as_ref(), results);
+        let order = speed_round(live, spec, round, probes.as_ref(), results, ui);
         results.speed_rounds.push(order);
     }
     if interrupt::requested() {
@@ -465,7 +482,7 @@ fn speed_pass(
         let cores = crate::machine::available_threads();
         let steadiness = Steadiness::judge(&start, &end, probes, cores);
         if let Some(w) = steadiness.warning() {
-            eprintln!("warning: {w}");
+            ui.warn(&w);
         }
         results.machine.steadiness = Some(steadiness);
     }
@@ -571,11 +588,12 @@ pub fn run(
     prep: &Prepared,
     results: &mut Results,
     save: &mut dyn FnMut(&Results),
+    ui: &dyn Reporter,
 ) -> Result<()> {
-    let (mut live, scores) = quality_pass(plan, prep, results, save)?;
-    compare_rows(plan, results, &scores)?;
+    let (mut live, scores) = quality_pass(plan, prep, results, save, ui)?;
+    compare_rows(plan, results, &scores, ui)?;
     drop(scores);
-    speed_pass(plan, &prep.model.config, &mut live, results, save)
+    speed_pass(plan, &prep.model.config, &mut live, results, save, ui)
 }
 
 #[cfg(test)]

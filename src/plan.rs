@@ -1,16 +1,20 @@
-//! The plan step: turns the parsed command line ([`EvalArgs`]) into an immutable, fully
+//! The plan step: turns the evaluation's options ([`EvalOptions`], which `cli` parses the
+//! flags into) into an immutable, fully
 //! checked [`RunPlan`] before anything is loaded. Every check that needs no model happens
 //! here (flags, formats, GGUF magic, texts, llama.cpp's tools, the run folder, the baseline
 //! and its identity as far as it is known before loading), so bad input fails with one
 //! clear line and never leaves a run folder behind.
 
-use crate::cli::{pack_cache, Chunks, EvalArgs, FormatArg};
+use crate::cache_dir::pack_cache;
+use crate::limits::{check_range, check_threads, MAX_CHUNKS, MAX_REPS, MAX_TOKENS};
 use crate::machine;
 use crate::protocol::results::Results;
 use crate::protocol::{check_ctx, parse_gguf_arg, FormatSpec, SpeedSpec};
 use crate::report::gate::{self, GateLimits};
 use crate::report::json;
+use crate::report::output::StdoutFormat;
 use crate::text::{read_text, EvalText};
+use crate::ui::Reporter;
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -27,6 +31,55 @@ pub enum KldMode {
 
 /// Largest KL-divergence base file `--kld` auto mode writes (larger needs an explicit `--kld`).
 pub const KLD_AUTO_LIMIT_BYTES: u64 = 4 << 30;
+
+/// `--chunks`: a count, or every whole chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Chunks {
+    All,
+    AtMost(usize),
+}
+
+/// What an evaluation was asked for: the flags as plain values (`cli` parses them), not
+/// checked yet; [`make`] checks them and resolves the run.
+#[derive(Debug, Clone)]
+pub struct EvalOptions {
+    /// `--llm`: a Hugging Face folder, a .gguf file, a hub id or a known short name.
+    pub llm: String,
+    /// `--text`: the text to score.
+    pub text: PathBuf,
+    /// `--formats`, as given (`none` dropped).
+    pub formats: Vec<FormatSpec>,
+    /// `--gguf`: `PATH` or `LABEL=PATH`, as given.
+    pub gguf: Vec<PathBuf>,
+    pub llama_bench: bool,
+    pub llama_cpp_dir: Option<PathBuf>,
+    /// `--tool-timeout` in seconds.
+    pub tool_timeout: Option<u64>,
+    pub llama_kv: llamacpp::KvType,
+    pub ctx: usize,
+    pub chunks: Chunks,
+    pub threads: Option<usize>,
+    pub pp: usize,
+    pub tg: usize,
+    pub reps: usize,
+    /// `--out`; `None` is `runs/<UTC timestamp>` under a fresh name.
+    pub out: Option<PathBuf>,
+    pub baseline: Option<PathBuf>,
+    /// The regression limits of `--baseline`.
+    pub limits: GateLimits,
+    pub compare_to: Option<String>,
+    pub no_speed: bool,
+    /// `--output`: what the run prints on stdout.
+    pub output: StdoutFormat,
+    /// `--kld` / `--no-kld` / neither.
+    pub kld: KldMode,
+    pub keep_logits: bool,
+    pub calib_text: Option<PathBuf>,
+    pub calib_range: Option<(usize, usize)>,
+    pub calib_on_eval: bool,
+    pub pack_cache: Option<PathBuf>,
+    pub no_pack_cache: bool,
+}
 
 /// A baseline results.json and where it came from.
 #[derive(Debug, Clone)]
@@ -88,52 +141,8 @@ impl RunPlan {
     }
 }
 
-/// Largest `--ctx`, and the longest sequence (`--pp` + `--tg`) a speed test runs: 2^20
-/// tokens, far past what the in-tree decoder or llama.cpp's tools are run with here and small
-/// enough that every size derived from it (`chunks × ctx`, the KV cache length) stays well
-/// inside `usize`. The model's own context length bounds these again once it is loaded.
-pub const MAX_TOKENS: usize = 1 << 20;
-
-/// Largest `--chunks` count (2^20; the count is also capped by the text's whole chunks).
-pub const MAX_CHUNKS: usize = 1 << 20;
-
-/// Largest `--reps` (timed repetitions of each speed test).
-pub const MAX_REPS: usize = 1000;
-
-/// `--threads` may be at most this many times the cores available to the process
-/// (`std::thread::available_parallelism`): more only makes spinning workers wait on each other.
-pub const THREADS_PER_CORE: usize = 4;
-
-/// Largest `--threads` on this machine: [`THREADS_PER_CORE`] × the available cores.
-pub fn max_threads() -> usize {
-    machine::available_threads().saturating_mul(THREADS_PER_CORE)
-}
-
-/// `flag value` must lie in `min..=max`; otherwise one line naming the flag and the range.
-pub fn check_range(flag: &str, value: usize, min: usize, max: usize, what: &str) -> Result<()> {
-    ensure!(
-        (min..=max).contains(&value),
-        "{flag} {value} is out of range: pass {min} to {max} ({what})"
-    );
-    Ok(())
-}
-
-/// `--threads`: 1 to [`max_threads`].
-pub fn check_threads(threads: usize) -> Result<()> {
-    check_range(
-        "--threads",
-        threads,
-        1,
-        max_threads(),
-        &format!(
-            "at most {THREADS_PER_CORE} × the {} cores available",
-            machine::available_threads()
-        ),
-    )
-}
-
 /// Checks the flags that need no file.
-fn check_flags(a: &EvalArgs) -> Result<()> {
+fn check_flags(a: &EvalOptions) -> Result<()> {
     check_ctx(a.ctx).map_err(|e| anyhow!("{e}"))?;
     check_range("--ctx", a.ctx, 8, MAX_TOKENS, "tokens per chunk, even")?;
     if let Chunks::AtMost(n) = a.chunks {
@@ -169,20 +178,14 @@ fn check_flags(a: &EvalArgs) -> Result<()> {
         a.pp,
         a.tg
     );
-    a.gate.limits().check()
+    a.limits.check()
 }
 
 /// The runner list in run order, every GGUF checked ([`check_gguf_path`]) and labelled
 /// ([`label_ggufs`]); a format, a GGUF file (by canonical path) or a row name given twice is
 /// an error.
-fn order_formats(formats: &[FormatArg], ggufs: &[PathBuf]) -> Result<Vec<FormatSpec>> {
-    let mut specs: Vec<FormatSpec> = formats
-        .iter()
-        .filter_map(|f| match f {
-            FormatArg::Format(s) => Some(s.clone()),
-            FormatArg::None => None,
-        })
-        .collect();
+fn order_formats(formats: &[FormatSpec], ggufs: &[PathBuf]) -> Result<Vec<FormatSpec>> {
+    let mut specs: Vec<FormatSpec> = formats.to_vec();
     for p in ggufs {
         specs.push(match p.to_str() {
             Some(arg) => parse_gguf_arg(arg).map_err(|e| anyhow!("--gguf: {e}"))?,
@@ -327,7 +330,7 @@ fn check_gguf_path(path: &Path) -> Result<()> {
 fn run_folder(out: Option<&Path>, stamp: &str) -> Result<PathBuf> {
     let dir = out.map_or_else(|| PathBuf::from("runs").join(stamp), Path::to_path_buf);
     ensure!(
-        !dir.join("results.json").exists(),
+        !dir.join(json::FILE_NAME).exists(),
         "--out '{}' already holds a results.json; pass a new folder (or remove the old run)",
         dir.display()
     );
@@ -342,7 +345,7 @@ fn run_folder(out: Option<&Path>, stamp: &str) -> Result<PathBuf> {
 /// The calibration text, when a format needs one; never the scored text itself unless a
 /// `--calib-range` slices it (checked against the scored tokens after tokenizing) or
 /// `--calib-on-eval` allows it.
-fn calibration_text(a: &EvalArgs, needed: bool, text: &EvalText) -> Result<Option<EvalText>> {
+fn calibration_text(a: &EvalOptions, needed: bool, text: &EvalText) -> Result<Option<EvalText>> {
     let calib = match (&a.calib_text, needed) {
         (Some(p), true) => read_text(p, "--calib-text")?,
         (None, true) => bail!(
@@ -364,25 +367,21 @@ fn calibration_text(a: &EvalArgs, needed: bool, text: &EvalText) -> Result<Optio
 
 /// Checks `args` and resolves them into a plan. Reads the texts, the baseline and the
 /// GGUF headers' magic; loads no model and creates no folder.
-pub fn make(a: &EvalArgs) -> Result<RunPlan> {
+pub fn make(a: &EvalOptions, ui: &dyn Reporter) -> Result<RunPlan> {
     check_flags(a)?;
     let formats = order_formats(&a.formats, &a.gguf)?;
-    let kld = match (a.kld, a.no_kld) {
-        (true, _) => KldMode::On,
-        (_, true) => KldMode::Off,
-        _ => KldMode::Auto,
-    };
+    let kld = a.kld;
     check_runners(&formats, kld, a.compare_to.as_deref())?;
     let (started_utc, stamp) = machine::utc_now();
     let mut plan = RunPlan {
-        llm: a.llm.clone().unwrap_or_default(),
-        text: read_text(a.text.as_deref().unwrap_or(Path::new("")), "--text")?,
+        llm: a.llm.clone(),
+        text: read_text(&a.text, "--text")?,
         calib_text: None,
         calib_range: a.calib_range,
         calib_on_eval: a.calib_on_eval,
         formats,
         tools: None,
-        llama_kv: a.llama_kv.kv_type(),
+        llama_kv: a.llama_kv,
         llama_bench: a.llama_bench,
         tool_timeout: a.tool_timeout.map(std::time::Duration::from_secs),
         ctx: a.ctx,
@@ -394,11 +393,11 @@ pub fn make(a: &EvalArgs) -> Result<RunPlan> {
         speed: None,
         kld,
         keep_logits: a.keep_logits,
-        pack_cache_dir: pack_cache(a.pack_cache.clone(), a.no_pack_cache),
+        pack_cache_dir: pack_cache(a.pack_cache.clone(), a.no_pack_cache, ui),
         out_dir: run_folder(a.out.as_deref(), &stamp)?,
         started_utc,
         baseline: None,
-        limits: a.gate.limits(),
+        limits: a.limits,
         compare_to: a.compare_to.clone(),
     };
     plan.speed = (!a.no_speed).then_some(SpeedSpec {

@@ -7,12 +7,14 @@
 //! here is shared by every runner of the run; nothing here measures.
 
 use crate::eval::reference::base_file_bytes;
+use crate::limits::{row_label, MEMORY_HINT};
 use crate::machine;
 use crate::plan::{KldMode, RunPlan, KLD_AUTO_LIMIT_BYTES};
 use crate::protocol::results::{Calibration, Machine, Protocol, Results, Versions, SCHEMA_VERSION};
 use crate::protocol::{ChunkPlan, PerplexityProtocol, PlanError, TokenStream};
 use crate::report::gate;
 use crate::text::sha256_hex;
+use crate::ui::Reporter;
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use sha2::{Digest, Sha256};
 use std::io::Read;
@@ -147,18 +149,23 @@ fn tokenize(plan: &RunPlan, model: &kwk::model::ModelHeader) -> Result<(TokenStr
 }
 
 /// Whether the run compares against the float32 reference (and so pairs rows per token).
-fn use_reference(plan: &RunPlan, chunks: &ChunkPlan, n_vocab: usize) -> Result<bool> {
+fn use_reference(
+    plan: &RunPlan,
+    chunks: &ChunkPlan,
+    n_vocab: usize,
+    ui: &dyn Reporter,
+) -> Result<bool> {
     let bytes = base_file_bytes(chunks.ctx, n_vocab, chunks.chunks);
     let on = match plan.kld {
         KldMode::Off => false,
         KldMode::On => true,
         KldMode::Auto if !plan.has_reference() => false,
         KldMode::Auto if bytes > KLD_AUTO_LIMIT_BYTES => {
-            eprintln!(
-                "note: KL divergence skipped: its reference file would take {:.1} GiB for {} chunks; pass --kld to write it anyway, or fewer --chunks",
+            ui.note(&format!(
+                "KL divergence skipped: its reference file would take {:.1} GiB for {} chunks; pass --kld to write it anyway, or fewer --chunks",
                 bytes as f64 / (1u64 << 30) as f64,
                 chunks.chunks
-            );
+            ));
             false
         }
         KldMode::Auto => true,
@@ -241,12 +248,13 @@ fn start_results(
     kld: bool,
     model_sha: String,
     calibration: Option<Calibration>,
+    ui: &dyn Reporter,
 ) -> Results {
     let tokens_bytes: Vec<u8> = stream.tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
     let speed = plan.speed.as_ref();
     let (peaks, peaks_best_tier) = match speed {
         Some(_) => {
-            eprintln!("measuring this machine's peaks (roofline, about a second)");
+            ui.line("measuring this machine's peaks (roofline, about a second)");
             let (p, b) = machine::measure_peaks(plan.threads);
             (Some(p), b)
         }
@@ -311,18 +319,6 @@ fn start_results(
     }
 }
 
-/// What the memory refusal suggests.
-pub const MEMORY_HINT: &str =
-    "use a smaller model or fewer formats (KWK_MEMORY_CHECK=0 skips this check)";
-
-/// The label of row `name` of the model in a memory refusal: `int4 of model.gguf`.
-pub fn row_label(name: &str, llm: &str) -> String {
-    let file = Path::new(llm)
-        .file_name()
-        .map_or_else(|| llm.to_string(), |f| f.to_string_lossy().into_owned());
-    format!("{name} of {file}")
-}
-
 /// Refuses the run, before any row is loaded, when a kwk row's estimated resident need
 /// (`kwk::decoder::resident`) exceeds the memory available. With speed every built row is
 /// kept until the speed rounds end, so each row's need adds what the rows before it keep.
@@ -359,8 +355,8 @@ fn check_memory(
 
 /// Reads the header, hashes and tokenizes; checks the decoder's limits (from the config;
 /// the weights' shapes are checked when a row reads them) and the baseline's identity.
-pub fn prepare(plan: &RunPlan) -> Result<Prepared> {
-    eprintln!("loading model '{}'", plan.llm);
+pub fn prepare(plan: &RunPlan, ui: &dyn Reporter) -> Result<Prepared> {
+    ui.line(&format!("loading model '{}'", plan.llm));
     let model = kwk::model::load_model_header(&plan.llm)
         .with_context(|| format!("loading --llm '{}'", plan.llm))?;
     let max_cache_len = plan
@@ -373,14 +369,14 @@ pub fn prepare(plan: &RunPlan) -> Result<Prepared> {
     }
     let model_sha = model_sha256(&model.info.resolved_path)?;
     let (stream, chunks) = tokenize(plan, &model)?;
-    eprintln!(
+    ui.line(&format!(
         "'{}': {} tokens; scoring {} chunks of {} ({} tokens)",
         plan.text.name,
         stream.tokens.len(),
         chunks.chunks,
         chunks.ctx,
         chunks.scored_tokens()
-    );
+    ));
     if plan.has_kwk() {
         if let Some(why) = kwk::decoder::config_unsupported(&model.config, max_cache_len) {
             bail!(
@@ -392,13 +388,13 @@ pub fn prepare(plan: &RunPlan) -> Result<Prepared> {
             );
         }
     }
-    let kld = use_reference(plan, &chunks, model.config.vocab_size)?;
+    let kld = use_reference(plan, &chunks, model.config.vocab_size, ui)?;
     let (calibration_tokens, calibration) =
         match calibration_tokens(plan, &model, &stream, &chunks)? {
             Some((ids, record)) => (Some(ids), Some(record)),
             None => (None, None),
         };
-    let results = start_results(plan, &stream, &chunks, kld, model_sha, calibration);
+    let results = start_results(plan, &stream, &chunks, kld, model_sha, calibration, ui);
     if let Some(b) = &plan.baseline {
         gate::check_after_load(&b.results, &results.protocol)
             .with_context(|| format!("--baseline '{}'", b.path.display()))?;

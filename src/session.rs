@@ -19,11 +19,12 @@
 //! `--text` llama.cpp reads, the reports' temporaries); nothing else in the folder is
 //! touched.
 
-use crate::cli::EvalArgs;
 use crate::interrupt::{self, Interrupted};
+use crate::plan::EvalOptions;
 use crate::protocol::results::{Results, RowStatus, RunnerRecord};
 use crate::run_folder::{RunFolder, REFERENCE_LOGITS};
 use crate::scratch::Scratch;
+use crate::ui::{print_stdout, Reporter};
 use crate::{measure, plan, prepare, report, text};
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -44,14 +45,20 @@ pub struct Reports<'a> {
     dir: PathBuf,
     write: WriteReports<'a>,
     failed: Option<anyhow::Error>,
+    ui: &'a dyn Reporter,
 }
 
 impl<'a> Reports<'a> {
-    pub fn new(dir: &Path, write: impl FnMut(&Path, &Results) -> Result<()> + 'a) -> Self {
+    pub fn new(
+        dir: &Path,
+        write: impl FnMut(&Path, &Results) -> Result<()> + 'a,
+        ui: &'a dyn Reporter,
+    ) -> Self {
         Reports {
             dir: dir.to_path_buf(),
             write: Box::new(write),
             failed: None,
+            ui,
         }
     }
 
@@ -61,17 +68,17 @@ impl<'a> Reports<'a> {
         match (self.write)(&self.dir, results) {
             Ok(()) => {
                 if self.failed.take().is_some() {
-                    eprintln!(
-                        "note: the reports in '{}' are written again",
+                    self.ui.note(&format!(
+                        "the reports in '{}' are written again",
                         self.dir.display()
-                    );
+                    ));
                 }
             }
             Err(e) => {
                 if self.failed.is_none() {
-                    eprintln!(
-                        "warning: {e:#}; measuring goes on, the reports are written again after the next row and at the end"
-                    );
+                    self.ui.warn(&format!(
+                        "{e:#}; measuring goes on, the reports are written again after the next row and at the end"
+                    ));
                 }
                 self.failed = Some(e);
             }
@@ -87,11 +94,11 @@ impl<'a> Reports<'a> {
 }
 
 /// Runs the evaluation `args` describe.
-pub fn evaluate(args: &EvalArgs) -> Result<Outcome> {
-    let mut plan = plan::make(args)?;
+pub fn evaluate(args: &EvalOptions, ui: &dyn Reporter) -> Result<Outcome> {
+    let mut plan = plan::make(args, ui)?;
     // GGUF headers are read before the model loads, so a bad file fails first.
     measure::build_llamacpp(&plan)?;
-    let mut prep = match prepare::prepare(&plan) {
+    let mut prep = match prepare::prepare(&plan, ui) {
         Err(_) if interrupt::requested() => {
             return Err(Interrupted {
                 kept: "stopped before measuring; no run folder was made".into(),
@@ -132,11 +139,11 @@ pub fn evaluate(args: &EvalArgs) -> Result<Outcome> {
     } else {
         None
     };
-    eprintln!("run folder: {}", plan.out_dir.display());
+    ui.line(&format!("run folder: {}", plan.out_dir.display()));
     let mut results = prep.results.clone();
-    let mut reports = Reports::new(&plan.out_dir, report::write_all);
+    let mut reports = Reports::new(&plan.out_dir, report::write_all, ui);
     reports.save(&results);
-    let measured = measure::run(&plan, &prep, &mut results, &mut |r| reports.save(r));
+    let measured = measure::run(&plan, &prep, &mut results, &mut |r| reports.save(r), ui);
     drop(text_copy);
     let stopped = interrupt::requested();
     // Every planned row has a row: those never measured are `skipped`, with why.
@@ -148,13 +155,11 @@ pub fn evaluate(args: &EvalArgs) -> Result<Outcome> {
     for spec in &plan.formats {
         let name = spec.name();
         if !results.runners.iter().any(|r| r.name == name) {
-            let engine = match spec {
-                crate::protocol::FormatSpec::Kwk { .. } => "kwk",
-                crate::protocol::FormatSpec::Gguf { .. } => "llama.cpp",
-            };
-            results
-                .runners
-                .push(RunnerRecord::skipped(&name, engine, why_skipped.clone()));
+            results.runners.push(RunnerRecord::skipped(
+                &name,
+                spec.engine(),
+                why_skipped.clone(),
+            ));
         }
     }
     results.complete = measured.is_ok() && !stopped && results.all_rows_ok();
@@ -169,11 +174,11 @@ pub fn evaluate(args: &EvalArgs) -> Result<Outcome> {
         // Not every report was written: the run is not complete. Say so in results.json
         // if it can still be written (best effort: the error below names the failure).
         results.complete = false;
-        let _ = report::json::write(&plan.out_dir.join("results.json"), &results);
+        let _ = report::json::write(&plan.out_dir.join(report::json::FILE_NAME), &results);
     }
     if stopped {
         if let Err(e) = written {
-            eprintln!("warning: {e:#}");
+            ui.warn(&format!("{e:#}"));
         }
         return Err(Interrupted {
             kept: format!(
@@ -183,7 +188,7 @@ pub fn evaluate(args: &EvalArgs) -> Result<Outcome> {
                     .iter()
                     .filter(|r| r.status != RowStatus::Skipped)
                     .count(),
-                plan.out_dir.join("results.json").display()
+                plan.out_dir.join(report::json::FILE_NAME).display()
             ),
         }
         .into());
@@ -194,13 +199,13 @@ pub fn evaluate(args: &EvalArgs) -> Result<Outcome> {
     let people = args.output.for_people();
     let aside = |text: &str| -> Result<()> {
         if people {
-            print_stdout(text)
+            print_stdout(ui, text)
         } else {
-            eprint!("{text}");
+            ui.stderr(text);
             Ok(())
         }
     };
-    print_stdout(&report::output::render(&results, args.output)?)?;
+    print_stdout(ui, &report::output::render(&results, args.output)?)?;
     aside(&format!("reports: {}\n", plan.out_dir.display()))?;
     written?;
     let mut outcome = Outcome::Passed;
@@ -225,20 +230,8 @@ pub fn evaluate(args: &EvalArgs) -> Result<Outcome> {
     Ok(outcome)
 }
 
-/// Writes `text` to stdout. A closed stdout (`kwk-eval ... | head -1`) ends the output
-/// quietly: the reports are on disk already and the run's outcome stands. Any other write
-/// error is an error naming stdout.
-pub fn print_stdout(text: &str) -> Result<()> {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        r => r.context("writing the table to stdout"),
-    }
-}
-
 /// `--out` locked as given, or the default `runs/<stamp>` under a fresh name.
-fn claim_folder(args: &EvalArgs, planned: &Path) -> Result<RunFolder> {
+fn claim_folder(args: &EvalOptions, planned: &Path) -> Result<RunFolder> {
     if args.out.is_some() {
         return RunFolder::claim(planned);
     }
@@ -248,40 +241,6 @@ fn claim_folder(args: &EvalArgs, planned: &Path) -> Result<RunFolder> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     RunFolder::fresh(parent, &stamp)
-}
-
-/// `kwk-eval compare`: each later results.json against the first, printed in `args.format`.
-/// The limits and every file are checked first (as `--baseline` is): limits finite and
-/// non-negative, every file of the same model, text and protocol as the first and sharing
-/// a row with it; otherwise an error naming what differs, and nothing is printed.
-pub fn compare(args: &crate::cli::CompareArgs) -> Result<()> {
-    let limits = args.gate.limits();
-    limits.check()?;
-    let old = report::json::read(&args.files[0])?;
-    let mut news = Vec::new();
-    for path in &args.files[1..] {
-        let new = report::json::read(path)?;
-        report::gate::check_comparable(&old, &new).with_context(|| {
-            format!(
-                "'{}' cannot be compared with '{}'",
-                path.display(),
-                args.files[0].display()
-            )
-        })?;
-        news.push((path, new));
-    }
-    for (path, new) in news {
-        if args.files.len() > 2 {
-            print_stdout(&format!(
-                "{} → {}\n",
-                args.files[0].display(),
-                path.display()
-            ))?;
-        }
-        let c = report::compare::compare(&old, &new, &limits);
-        print_stdout(&report::compare::render(&c, args.format))?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -307,7 +266,7 @@ mod tests {
             }
             report::write_all(d, r)
         };
-        let mut reports = Reports::new(dir.path(), write);
+        let mut reports = Reports::new(dir.path(), write, &crate::ui::Silent);
         let r = sample_results();
         reports.save(&r);
         assert!(reports.failed.is_some());
@@ -323,7 +282,7 @@ mod tests {
 
         // A disk that stays full: finish fails, naming the file.
         fail_until.set(usize::MAX);
-        let mut reports = Reports::new(dir.path(), write);
+        let mut reports = Reports::new(dir.path(), write, &crate::ui::Silent);
         reports.save(&r);
         let e = format!("{:#}", reports.finish(&r).unwrap_err());
         assert!(e.contains("could not be written"), "{e}");

@@ -1,6 +1,6 @@
 //! A test that keeps the house (issue 36, item 6).
 //!
-//! Two rules, checked over the production sources of the three crates
+//! Three rules, checked over the production sources of the three crates
 //! (`src/`, `runners/kwk/src/`, `runners/llamacpp/src/`):
 //!
 //! 1. **No module cycles.** Each source file is a module (`a/b.rs` and
@@ -15,9 +15,12 @@
 //!    item after each `#[cfg(test)]` line. Comments and string literals are
 //!    skipped. The crate root (`lib.rs`, `main.rs`) is not a node.
 //! 2. **No source file over [`MAX_LINES`] lines.**
+//! 3. **Libraries never print**: no `println!`, `eprintln!`, `print!` or `eprint!` in
+//!    non-test code, but in the program side of kwk-eval ([`MAY_PRINT`]: its binary and
+//!    the console that renders the reporting interface), which no other module refers to.
 //!
-//! Both rules are ratchets over today's debt. [`KNOWN_CYCLES`] and
-//! [`OVERSIZED`] list what existed when the test was written. The test fails
+//! The rules are ratchets over today's debt. [`KNOWN_CYCLES`], [`OVERSIZED`] and
+//! [`KNOWN_PRINTS`] list what existed when the test was written. The test fails
 //! when a cycle appears that is not listed, when a listed cycle no longer
 //! exists (delete its line: the list must stay true), when a file passes
 //! [`MAX_LINES`] without being listed, when a listed file grows past its
@@ -37,8 +40,6 @@ const MAX_LINES: usize = 900;
 /// One line per strongly connected component, its modules sorted. Remove a
 /// line when the cycle is broken (the test insists).
 const KNOWN_CYCLES: &[&str] = &[
-    // issue 36 (6): the harness's commands call each other.
-    "kwk-eval: cache <-> cli <-> generate <-> measure <-> plan <-> prepare <-> runner::kwk <-> session",
 ];
 
 /// Non-test source files over [`MAX_LINES`] when this test was written, with
@@ -522,6 +523,97 @@ fn no_new_oversized_files() {
     );
 }
 
+/// Library source files that may print: the program side of kwk-eval, its binary and the
+/// console that renders the reporting interface (`kwk_eval::ui::Reporter`) for the binary
+/// and for the Python package, which must print the same bytes (python/tests/test_bench.py).
+/// No other module of the library may refer to the console.
+const MAY_PRINT: &[&str] = &["src/main.rs", "src/console.rs"];
+
+/// Print macros left in non-test library code when this rule was written, with their
+/// counts then: debt to pay. A file's count may drop, never grow; remove its line when
+/// the file prints no more.
+const KNOWN_PRINTS: &[(&str, usize)] = &[
+    // issue 36 (5): the decoder crate's warnings move to kwk::notices.
+    ("runners/kwk/src/decoder/mod.rs", 1),
+    ("runners/kwk/src/pack_cache.rs", 4),
+];
+
+/// The print macros (`println!`, `eprintln!`, `print!`, `eprint!`) called in `code`.
+fn print_calls(code: &str) -> usize {
+    let bytes = code.as_bytes();
+    ["println!", "eprintln!", "print!", "eprint!"]
+        .iter()
+        .map(|m| {
+            code.match_indices(m)
+                .filter(|(at, _)| {
+                    let before = at.checked_sub(1).map(|b| bytes[b]);
+                    !before.is_some_and(|b| b.is_ascii_alphanumeric() || b == b'_')
+                })
+                .count()
+        })
+        .sum()
+}
+
+#[test]
+fn libraries_never_print() {
+    let mut now = BTreeMap::new();
+    for (krate, dir) in CRATES {
+        for (rel, src) in read_tree(&root().join(dir)) {
+            let file = format!("{dir}/{rel}");
+            if is_test_file(&rel) || MAY_PRINT.contains(&file.as_str()) {
+                continue;
+            }
+            let n = print_calls(&without_test_items(&strip_comments_and_strings(&src)));
+            if n > 0 {
+                now.insert(file, n);
+            }
+        }
+        // The console is the program's: no library module may print through it.
+        if *krate == "kwk-eval" {
+            let graph = module_graph(&read_tree(&root().join(dir)));
+            let users: Vec<_> = graph
+                .iter()
+                .filter(|(_, to)| to.contains("console"))
+                .map(|(m, _)| m.clone())
+                .collect();
+            assert!(
+                users.is_empty(),
+                "library modules use the console (the program's renderer): {users:?}; \
+                 report through kwk_eval::ui::Reporter instead"
+            );
+        }
+    }
+    let mut faults = Vec::new();
+    for (file, &n) in &now {
+        match KNOWN_PRINTS.iter().find(|(f, _)| f == file) {
+            None => faults.push(format!(
+                "{file}: {n} print macro(s) in library code; report through the program's \
+                 sink instead (kwk: kwk::notices; kwk-eval: kwk_eval::ui::Reporter)"
+            )),
+            Some(&(_, allowed)) if n > allowed => faults.push(format!(
+                "{file}: {n} print macros, more than its allowlisted {allowed}"
+            )),
+            Some(_) => {}
+        }
+    }
+    for (file, _) in KNOWN_PRINTS {
+        if !now.contains_key(*file) {
+            faults.push(format!(
+                "{file}: prints no more; delete its line from KNOWN_PRINTS"
+            ));
+        }
+    }
+    let listing: String = now
+        .iter()
+        .map(|(f, n)| format!("    (\"{f}\", {n}),\n"))
+        .collect();
+    assert!(
+        faults.is_empty(),
+        "{}\nthe library files that print today:\n{listing}",
+        faults.join("\n")
+    );
+}
+
 #[cfg(test)]
 mod detector {
     use super::*;
@@ -577,6 +669,18 @@ mod detector {
         ]));
         assert!(graph["a"].is_empty(), "{graph:?}");
         assert!(cycles(&graph).is_empty());
+    }
+
+    #[test]
+    fn counts_print_macros_in_code_only() {
+        let code = without_test_items(&strip_comments_and_strings(
+            "fn f() { println!(\"a\"); eprint!(\"b\"); eprintln!(); print!(\"c\"); }\n\
+             // println!(\"in a comment\")\n\
+             const S: &str = \"eprintln!(x)\";\n\
+             fn g() { writeln!(w, \"x\"); my_println!(); }\n\
+             #[cfg(test)]\nmod tests { fn t() { println!(); } }\n",
+        ));
+        assert_eq!(print_calls(&code), 4);
     }
 
     #[test]

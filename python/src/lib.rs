@@ -82,12 +82,12 @@ fn options(
     let precision = Precision::parse(precision).map_err(to_py)?;
     // The CLI's bound (`--threads`): more threads than that only make spinning workers
     // wait on each other, and a huge count failed to spawn inside the thread pool.
-    let max = kwk_eval::plan::max_threads();
+    let max = kwk_eval::limits::max_threads();
     let threads = match threads {
         Some(n) if n == 0 || n > max => {
             return Err(PyValueError::new_err(format!(
             "threads={n} is out of range: pass 1 to {max} (at most {} x the {} cores available)",
-            kwk_eval::plan::THREADS_PER_CORE,
+            kwk_eval::limits::THREADS_PER_CORE,
             kwk_eval::machine::available_threads()
         )))
         }
@@ -564,6 +564,10 @@ fn _kwk(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // `forward`, their import ran Python code that a pending Ctrl-C interrupted, and the
     // numpy crate turned that into a panic (PanicException, not KeyboardInterrupt).
     let probe = numpy::PyArray1::<f32>::zeros(m.py(), 0, false);
+    // The decoder crate never prints: its warnings (a damaged pack cache file, an unusable
+    // KWK_ISA) reach stderr through the sink kwk-eval's program installs, for decoders
+    // built here as for `run_eval`.
+    kwk_eval::console::install_notice_sink();
     drop(probe.readonly());
     m.add_class::<Decoder>()?;
     m.add_function(wrap_pyfunction!(config_unsupported, m)?)?;

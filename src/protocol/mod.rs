@@ -14,13 +14,50 @@ pub use chunks::{check_ctx, ChunkPlan, PlanError};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
+/// The engine that runs a row: kwk's in-tree decoder, or an external program on a GGUF file.
+/// results.json writes it as its name (`"kwk"`, `"llama.cpp"`), the strings it held before
+/// it was a type, so older files and baselines read as they did. A fork with its own tools
+/// and dialect (issue 40's ik_llama.cpp) is one more variant here, with its runner beside
+/// `runner/llamacpp.rs`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub enum Engine {
+    /// kwk's in-tree decoder (the default of a row read without one).
+    #[default]
+    #[serde(rename = "kwk")]
+    Kwk,
+    /// llama.cpp's tools: llama-perplexity, llama-bench, llama-tokenize.
+    #[serde(rename = "llama.cpp")]
+    LlamaCpp,
+}
+
+impl Engine {
+    /// The name reports show and results.json holds.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Engine::Kwk => "kwk",
+            Engine::LlamaCpp => "llama.cpp",
+        }
+    }
+
+    /// Whether the engine is an external program on a GGUF file (it picks its own kernels;
+    /// plots draw it in its own colour) rather than the in-tree decoder.
+    pub fn is_external(self) -> bool {
+        !matches!(self, Engine::Kwk)
+    }
+}
+
+impl std::fmt::Display for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// What a runner is, for the report. Units are in the field names.
 #[derive(Debug, Clone, Serialize)]
 pub struct RunnerInfo {
     /// The format name as typed (`int4`, `int4:g128`) or `gguf:<file name>`.
     pub name: String,
-    /// `kwk` or `llama.cpp`.
-    pub engine: String,
+    pub engine: Engine,
     /// Bytes of weight data: the packed tensors a kwk format holds, or the sum of the
     /// GGUF's tensor data sizes (llama.cpp's "model size"), so both engines count the same.
     pub tensor_bytes: u64,
@@ -189,21 +226,27 @@ pub struct SpeedSample {
     pub samples_tokens_per_s: Vec<f64>,
 }
 
-/// Progress of a long step: `done` of `total` units (chunks, repetitions).
+/// Progress of a long step: `done` of `total` units (chunks, repetitions), and the lines
+/// a step has for whoever watches it (a warning about its tokens, a note about a retry),
+/// shown above the bar.
 pub trait Progress {
     fn set_total(&self, total: u64, what: &str);
     fn advance(&self, done: u64);
+    /// One whole line (its `warning: `/`note: ` prefix included).
+    fn message(&self, line: &str);
 }
 
-/// A [`Progress`] that shows nothing (tests, and steps too short to show).
+/// A [`Progress`] that shows nothing, its messages included (tests, and steps too short
+/// to show).
 pub struct NoProgress;
 
 impl Progress for NoProgress {
     fn set_total(&self, _total: u64, _what: &str) {}
     fn advance(&self, _done: u64) {}
+    fn message(&self, _line: &str) {}
 }
 
-/// One row a user asked for: an in-tree format or a GGUF file for llama.cpp.
+/// One row a user asked for: an in-tree format or a GGUF file for an external engine.
 #[derive(Debug, Clone, PartialEq)]
 pub enum FormatSpec {
     /// An in-tree format, with the name as typed (`int4:mix8`).
@@ -218,6 +261,8 @@ pub enum FormatSpec {
         path: PathBuf,
         label: String,
         explicit: bool,
+        /// The program that runs it (llama.cpp today).
+        engine: Engine,
     },
 }
 
@@ -241,12 +286,21 @@ impl FormatSpec {
         }
     }
 
-    /// A GGUF row named after its file.
+    /// The engine that runs this row.
+    pub fn engine(&self) -> Engine {
+        match self {
+            FormatSpec::Kwk { .. } => Engine::Kwk,
+            FormatSpec::Gguf { engine, .. } => *engine,
+        }
+    }
+
+    /// A GGUF row for llama.cpp, named after its file.
     pub fn gguf(path: PathBuf) -> FormatSpec {
         FormatSpec::Gguf {
             label: file_label(&path),
             path,
             explicit: false,
+            engine: Engine::LlamaCpp,
         }
     }
 }
@@ -296,6 +350,7 @@ pub fn parse_gguf_arg(arg: &str) -> Result<FormatSpec, String> {
         path: PathBuf::from(path),
         label: label.to_string(),
         explicit: true,
+        engine: Engine::LlamaCpp,
     })
 }
 

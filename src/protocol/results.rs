@@ -2,6 +2,7 @@
 //! every exporter, the gate and `compare` read. Every row has the same fields; a figure that
 //! was not measured is `null`, never a made-up value. Units are in the field names.
 
+pub use super::Engine;
 use super::{PerplexityResult, RunnerInfo, SpeedSample};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -223,7 +224,7 @@ pub struct RunnerRecord {
     /// name; with its parent folder when two GGUFs share a file name; or the LABEL of
     /// `--gguf LABEL=PATH`).
     pub name: String,
-    pub engine: String,
+    pub engine: Engine,
     /// `ok`, `failed` or `skipped` (a file written before the field existed reads as `ok`
     /// unless its row has an `error`).
     #[serde(default)]
@@ -324,10 +325,10 @@ pub struct RunnerRecord {
 
 impl RunnerRecord {
     /// A row for a runner that could not be built (no info).
-    pub fn failed(name: &str, engine: &str, error: String) -> Self {
+    pub fn failed(name: &str, engine: Engine, error: String) -> Self {
         let mut r = RunnerRecord {
             name: name.into(),
-            engine: engine.into(),
+            engine,
             ..Default::default()
         };
         r.fail(error);
@@ -335,10 +336,10 @@ impl RunnerRecord {
     }
 
     /// A planned row that was not measured, and why.
-    pub fn skipped(name: &str, engine: &str, reason: String) -> Self {
+    pub fn skipped(name: &str, engine: Engine, reason: String) -> Self {
         RunnerRecord {
             name: name.into(),
-            engine: engine.into(),
+            engine,
             status: RowStatus::Skipped,
             status_reason: Some(reason),
             ..Default::default()
@@ -364,7 +365,7 @@ impl RunnerRecord {
     pub fn from_info(info: &RunnerInfo) -> Self {
         RunnerRecord {
             name: info.name.clone(),
-            engine: info.engine.clone(),
+            engine: info.engine,
             tensor_bytes: Some(info.tensor_bytes),
             file_bytes: info.file_bytes,
             bits_per_weight: Some(info.bits_per_weight).filter(|b| b.is_finite() && *b > 0.0),
@@ -431,7 +432,7 @@ impl Results {
         let reference = self
             .runners
             .iter()
-            .find(|r| r.engine == "kwk" && r.name == "float32" && r.ppl.is_some())
+            .find(|r| r.engine == Engine::Kwk && r.name == "float32" && r.ppl.is_some())
             .or_else(|| self.runners.iter().find(|r| r.ppl.is_some()))
             .map(|r| (r.name.clone(), r.ppl.unwrap_or(f64::NAN)));
         self.ppl_delta_reference = reference.as_ref().map(|r| r.0.clone());
@@ -523,7 +524,7 @@ pub mod testdata {
             runners: vec![
                 RunnerRecord {
                     name: "float32".into(),
-                    engine: "kwk".into(),
+                    engine: Engine::Kwk,
                     tensor_bytes: Some(4_000_000),
                     bits_per_weight: Some(32.0),
                     params: Some(1_000_000),
@@ -540,7 +541,7 @@ pub mod testdata {
                 },
                 RunnerRecord {
                     name: "int4".into(),
-                    engine: "kwk".into(),
+                    engine: Engine::Kwk,
                     tensor_bytes: Some(600_000),
                     bits_per_weight: Some(4.8),
                     params: Some(1_000_000),

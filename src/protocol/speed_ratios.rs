@@ -11,7 +11,7 @@
 /// The record this module computes; it is part of results.json's shape, so it is defined
 /// there (results.rs does not depend on this module).
 pub use super::results::SpeedRatio;
-use super::results::{Results, RunnerRecord};
+use super::results::{Engine, Results, RunnerRecord};
 
 /// `pp` or `tg` samples of a row.
 fn samples<'a>(r: &'a RunnerRecord, test: &str) -> &'a [f64] {
@@ -43,18 +43,18 @@ fn per_round(results: &Results, r: &RunnerRecord, test: &str) -> Option<Vec<Opti
 /// pp before tg; pairs with no common round are left out.
 pub fn paired_speed_ratios(results: &Results) -> Vec<SpeedRatio> {
     let reference = results.ppl_delta_reference.as_deref().unwrap_or("float32");
-    let is_reference = |r: &RunnerRecord| r.engine == "kwk" && r.name == reference;
+    let is_reference = |r: &RunnerRecord| r.engine == Engine::Kwk && r.name == reference;
     let columns: Vec<&RunnerRecord> = results
         .runners
         .iter()
-        .filter(|r| is_reference(r) || r.engine != "kwk")
+        .filter(|r| is_reference(r) || r.engine.is_external())
         .collect();
     let mut out = Vec::new();
     for test in ["pp", "tg"] {
         for row in results
             .runners
             .iter()
-            .filter(|r| r.engine == "kwk" && !is_reference(r))
+            .filter(|r| r.engine == Engine::Kwk && !is_reference(r))
         {
             let Some(a) = per_round(results, row, test) else {
                 continue;
@@ -93,10 +93,10 @@ mod tests {
     use super::*;
     use crate::protocol::results::testdata::sample_results;
 
-    fn row(name: &str, engine: &str, pp: &[f64], tg: &[f64]) -> RunnerRecord {
+    fn row(name: &str, engine: Engine, pp: &[f64], tg: &[f64]) -> RunnerRecord {
         RunnerRecord {
             name: name.into(),
-            engine: engine.into(),
+            engine,
             pp_samples_tokens_per_s: pp.to_vec(),
             tg_samples_tokens_per_s: tg.to_vec(),
             ..Default::default()
@@ -119,11 +119,16 @@ mod tests {
         // int8 failed its first round (no sample there): its samples are rounds 2 and 3.
         let r = results(
             vec![
-                row("float32", "kwk", &[100.0, 50.0, 80.0], &[10.0, 5.0, 8.0]),
-                row("int8", "kwk", &[60.0, 120.0], &[]),
+                row(
+                    "float32",
+                    Engine::Kwk,
+                    &[100.0, 50.0, 80.0],
+                    &[10.0, 5.0, 8.0],
+                ),
+                row("int8", Engine::Kwk, &[60.0, 120.0], &[]),
                 row(
                     "gguf:q8.gguf",
-                    "llama.cpp",
+                    Engine::LlamaCpp,
                     &[40.0, 20.0, 30.0],
                     &[4.0, 2.0, 4.0],
                 ),
@@ -157,8 +162,8 @@ mod tests {
         // Three samples but only two rounds list the row: no ratios for it.
         let r = results(
             vec![
-                row("float32", "kwk", &[100.0, 100.0], &[10.0, 10.0]),
-                row("int4", "kwk", &[1.0, 2.0, 3.0], &[20.0, 20.0]),
+                row("float32", Engine::Kwk, &[100.0, 100.0], &[10.0, 10.0]),
+                row("int4", Engine::Kwk, &[1.0, 2.0, 3.0], &[20.0, 20.0]),
             ],
             &[&["float32", "int4"], &["int4", "float32"]],
         );

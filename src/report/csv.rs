@@ -3,11 +3,10 @@
 //! `type:count` pairs; llama-bench's raw objects stay in results.json only. And
 //! speed_ratios.csv: the paired per-round speed ratios, one line per pair.
 
-use super::files::write_atomically;
+use super::exporter::{Exporter, Run};
 use super::table::spread;
 use crate::protocol::results::{Results, RunnerRecord};
 use anyhow::{Context, Result};
-use std::path::Path;
 
 const HEADER: &[&str] = &[
     "name",
@@ -77,7 +76,7 @@ fn cells(r: &RunnerRecord, noisy: Option<bool>) -> Vec<String> {
     let has_speed = r.pp_tokens_per_s.is_some() || r.tg_tokens_per_s.is_some();
     vec![
         r.name.clone(),
-        r.engine.clone(),
+        r.engine.to_string(),
         opt(&r.tensor_bytes),
         opt(&r.file_bytes),
         opt(&r.bits_per_weight),
@@ -145,8 +144,28 @@ pub fn to_bytes(results: &Results) -> Result<Vec<u8>> {
     w.into_inner().context("finishing results.csv")
 }
 
-pub fn write(path: &Path, results: &Results) -> Result<()> {
-    write_atomically(path, &to_bytes(results)?)
+/// results.csv as an [`Exporter`]: one line per row.
+pub struct ResultsCsv;
+
+impl Exporter for ResultsCsv {
+    fn file_name(&self) -> &'static str {
+        "results.csv"
+    }
+    fn serialize(&self, run: &Run<'_>) -> Result<Vec<u8>> {
+        to_bytes(run.results)
+    }
+}
+
+/// speed_ratios.csv as an [`Exporter`]: [`ratios_to_bytes`].
+pub struct SpeedRatiosCsv;
+
+impl Exporter for SpeedRatiosCsv {
+    fn file_name(&self) -> &'static str {
+        "speed_ratios.csv"
+    }
+    fn serialize(&self, run: &Run<'_>) -> Result<Vec<u8>> {
+        ratios_to_bytes(run.results)
+    }
 }
 
 /// speed_ratios.csv: `results.speed_ratios`, one line per (test, row, compared row).
@@ -165,10 +184,6 @@ pub fn ratios_to_bytes(results: &Results) -> Result<Vec<u8>> {
         ])?;
     }
     w.into_inner().context("finishing speed_ratios.csv")
-}
-
-pub fn write_ratios(path: &Path, results: &Results) -> Result<()> {
-    write_atomically(path, &ratios_to_bytes(results)?)
 }
 
 #[cfg(test)]

@@ -1,15 +1,37 @@
 //! results.json: [`Results`] as pretty JSON (the contract other programs read), and
 //! reading one back for the regression gate.
 
+use super::exporter::{Exporter, Run};
 use super::files::write_atomically;
 use crate::protocol::results::{Results, RunnerRecord, SCHEMA_VERSION};
 use anyhow::{bail, Context, Result};
 use std::path::Path;
 
-pub fn write(path: &Path, results: &Results) -> Result<()> {
+/// results.json's name in a run folder.
+pub const FILE_NAME: &str = "results.json";
+
+/// results.json as an [`Exporter`].
+pub struct Json;
+
+impl Exporter for Json {
+    fn file_name(&self) -> &'static str {
+        FILE_NAME
+    }
+    fn serialize(&self, run: &Run<'_>) -> Result<Vec<u8>> {
+        to_bytes(run.results)
+    }
+}
+
+/// `results` as pretty JSON with a final newline.
+pub fn to_bytes(results: &Results) -> Result<Vec<u8>> {
     let mut bytes = serde_json::to_vec_pretty(results).context("serializing results")?;
     bytes.push(b'\n');
-    write_atomically(path, &bytes)
+    Ok(bytes)
+}
+
+/// Writes results.json to `path` alone (atomically).
+pub fn write(path: &Path, results: &Results) -> Result<()> {
+    write_atomically(path, &to_bytes(results)?)
 }
 
 /// Reads a results.json, checking its schema version.

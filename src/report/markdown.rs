@@ -1,15 +1,14 @@
 //! report.md: the table, the protocol and the calibration in one line each, loud warnings (incomplete run, tokens
 //! that differ between kwk-eval and llama.cpp, failed runners), and the plots.
 
-use super::files::write_atomically;
+use super::exporter::{Exporter, Run};
 use super::plot::PlotFiles;
 use super::table::{
     calibration_line, distinct, notes, one_line, protocol_line, ratio_cell, table_rows,
 };
-use crate::protocol::results::Results;
+use crate::protocol::results::{Engine, Results};
 use anyhow::Result;
 use std::fmt::Write as _;
-use std::path::Path;
 
 /// `s` as Markdown text that renders as itself on one line: `\`, `|`, `` ` ``, `*`, `[`,
 /// `]` escaped, `<`, `>`, `&` as entities (no HTML), line breaks and other control
@@ -50,7 +49,7 @@ fn warnings(r: &Results) -> String {
             "> **WARNING: TOKENS DIFFER.** {} ({}) tokenized the text to other ids than \
              kwk-eval; its perplexity is not comparable with the other rows.\n",
             md_text(&row.name),
-            md_text(&row.engine)
+            md_text(row.engine.as_str())
         );
     }
     for row in r.failures() {
@@ -108,7 +107,7 @@ fn machine_line(r: &Results) -> String {
     let mut builds: Vec<&str> = r
         .runners
         .iter()
-        .filter(|row| row.engine == "llama.cpp")
+        .filter(|row| row.engine == Engine::LlamaCpp)
         .filter_map(|row| row.kernels.as_deref())
         .collect();
     builds.dedup();
@@ -241,8 +240,16 @@ pub fn render(r: &Results, plots: &PlotFiles) -> String {
     s
 }
 
-pub fn write(path: &Path, r: &Results, plots: &PlotFiles) -> Result<()> {
-    write_atomically(path, render(r, plots).as_bytes())
+/// report.md as an [`Exporter`]: [`render`], with the plots drawn beside it.
+pub struct Markdown;
+
+impl Exporter for Markdown {
+    fn file_name(&self) -> &'static str {
+        "report.md"
+    }
+    fn serialize(&self, run: &Run<'_>) -> Result<Vec<u8>> {
+        Ok(render(run.results, run.plots).into_bytes())
+    }
 }
 
 #[cfg(test)]

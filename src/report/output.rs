@@ -3,8 +3,9 @@
 //! Markdown, CSV, JSON or JSON Lines (one runner per line) for another program. The data
 //! formats are the run folder's files, byte for byte where there is one.
 
+use super::exporter::{Exporter, Run};
 use super::plot::PlotFiles;
-use super::{csv, markdown, summary, terminal};
+use super::{csv, json, markdown, summary, terminal};
 use crate::protocol::results::Results;
 use anyhow::{Context, Result};
 
@@ -34,18 +35,23 @@ impl StdoutFormat {
     }
 }
 
+/// The run folder's file of `exporter`, without plots.
+fn file(exporter: &dyn Exporter, results: &Results) -> Result<String> {
+    let run = Run {
+        results,
+        plots: &PlotFiles::default(),
+    };
+    String::from_utf8(exporter.serialize(&run)?).context(exporter.file_name())
+}
+
 /// `results` in `format`.
 pub fn render(results: &Results, format: StdoutFormat) -> Result<String> {
     Ok(match format {
         StdoutFormat::Table => summary::render(results),
         StdoutFormat::Wide => terminal::render(results),
-        StdoutFormat::Md => markdown::render(results, &PlotFiles::default()),
-        StdoutFormat::Csv => String::from_utf8(csv::to_bytes(results)?).context("results.csv")?,
-        StdoutFormat::Json => {
-            let mut s = serde_json::to_string_pretty(results).context("serializing results")?;
-            s.push('\n');
-            s
-        }
+        StdoutFormat::Md => file(&markdown::Markdown, results)?,
+        StdoutFormat::Csv => file(&csv::ResultsCsv, results)?,
+        StdoutFormat::Json => file(&json::Json, results)?,
         StdoutFormat::Jsonl => {
             let mut s = String::new();
             for r in &results.runners {

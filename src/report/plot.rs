@@ -6,7 +6,7 @@
 //! gets labelled plots.
 
 use super::summary::{fit, type_label};
-use crate::protocol::results::{Results, RunnerRecord};
+use crate::protocol::results::{Engine, Results, RunnerRecord};
 use crate::scratch::Scratch;
 use anyhow::{anyhow, Context, Result};
 use plotters::coord::Shift;
@@ -59,7 +59,7 @@ fn points(results: &Results) -> Vec<Point> {
         .filter(|r| r.error.is_none())
         .map(|r| Point {
             label: fit(&type_label(r), 28),
-            llama_cpp: r.engine != "kwk",
+            llama_cpp: r.engine.is_external(),
             bpw: r.bits_per_weight,
             delta_pct: r.ppl_delta_pct,
             kld: r.kld_mean.filter(|k| *k > 0.0),
@@ -86,7 +86,7 @@ fn model_short_name(model: &str) -> String {
         .next()
         .unwrap_or(model);
     let stem = last.strip_suffix(".gguf").unwrap_or(last);
-    let probe = RunnerRecord::failed(&format!("gguf:{stem}"), "llama.cpp", String::new());
+    let probe = RunnerRecord::failed(&format!("gguf:{stem}"), Engine::LlamaCpp, String::new());
     let ty = type_label(&probe);
     let cut = if ty != stem && stem.ends_with(&ty) {
         stem[..stem.len() - ty.len()].trim_end_matches(['-', '.', '_'])
@@ -124,9 +124,9 @@ const LLAMA_COLOR: RGBColor = RGBColor(210, 50, 40);
 /// An engine's colour and legend name.
 fn engine_style(llama_cpp: bool) -> (RGBColor, &'static str) {
     if llama_cpp {
-        (LLAMA_COLOR, "llama.cpp")
+        (LLAMA_COLOR, Engine::LlamaCpp.as_str())
     } else {
-        (KWK_COLOR, "kwk")
+        (KWK_COLOR, Engine::Kwk.as_str())
     }
 }
 
@@ -398,7 +398,7 @@ fn speed_bars(
                         label: fit(&type_label(r), 16),
                         mean,
                         std,
-                        llama_cpp: r.engine != "kwk",
+                        llama_cpp: r.engine.is_external(),
                         roofline_pct,
                     },
                 )
@@ -590,6 +590,16 @@ fn publish(dir: &Path, drawn: Vec<(Scratch, &str)>) -> Result<()> {
     Ok(())
 }
 
+/// Every file [`write_plots`] may draw.
+pub const PLOT_FILES: &[&str] = &[
+    "quality_vs_bpw.png",
+    "quality_vs_bpw.svg",
+    "quality_vs_speed.png",
+    "quality_vs_speed.svg",
+    "speed.png",
+    "speed.svg",
+];
+
 /// Draws both plots into `dir` (PNG and SVG each); returns the SVG names for report.md.
 pub fn write_plots(dir: &Path, results: &Results) -> Result<PlotFiles> {
     register_font();
@@ -708,12 +718,12 @@ mod tests {
         r.runners[0].tg_tokens_per_s = Some(79.8);
         r.runners[0].pp_tokens_per_s = Some(1446.0);
         let rows = [
-            ("bf16", "kwk", 16.0, -0.02, 0.00015, 2593.0, 162.2),
-            ("int8", "kwk", 8.51, 0.46, 0.00399, 3166.0, 283.8),
-            ("int4", "kwk", 5.74, 0.37, 0.00294, 2965.0, 383.1),
+            ("bf16", Engine::Kwk, 16.0, -0.02, 0.00015, 2593.0, 162.2),
+            ("int8", Engine::Kwk, 8.51, 0.46, 0.00399, 3166.0, 283.8),
+            ("int4", Engine::Kwk, 5.74, 0.37, 0.00294, 2965.0, 383.1),
             (
                 "gguf:M-F32.gguf",
-                "llama.cpp",
+                Engine::LlamaCpp,
                 32.0,
                 -0.0,
                 0.000001,
@@ -722,7 +732,7 @@ mod tests {
             ),
             (
                 "gguf:M-BF16.gguf",
-                "llama.cpp",
+                Engine::LlamaCpp,
                 16.0,
                 0.01,
                 0.00016,
@@ -731,7 +741,7 @@ mod tests {
             ),
             (
                 "gguf:M-Q8_0.gguf",
-                "llama.cpp",
+                Engine::LlamaCpp,
                 8.51,
                 0.42,
                 0.00424,
@@ -740,7 +750,7 @@ mod tests {
             ),
             (
                 "gguf:M-Q4_K_M.gguf",
-                "llama.cpp",
+                Engine::LlamaCpp,
                 6.17,
                 5.59,
                 0.0589,
@@ -749,7 +759,7 @@ mod tests {
             ),
             (
                 "gguf:M-Q4_1.gguf",
-                "llama.cpp",
+                Engine::LlamaCpp,
                 5.74,
                 0.50,
                 0.00294,
@@ -758,7 +768,7 @@ mod tests {
             ),
             (
                 "gguf:M-Q4_0.gguf",
-                "llama.cpp",
+                Engine::LlamaCpp,
                 5.35,
                 25.8,
                 0.311,
@@ -769,7 +779,7 @@ mod tests {
         for (name, engine, bpw, dp, kld, pp, tg) in rows {
             let mut x = base.clone();
             x.name = name.into();
-            x.engine = engine.into();
+            x.engine = engine;
             x.bits_per_weight = Some(bpw);
             x.ppl_delta_pct = Some(dp);
             x.kld_mean = Some(kld);
@@ -852,7 +862,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut r = sample_results();
         for row in &mut r.runners {
-            *row = crate::report::RunnerRecord::failed(&row.name, "kwk", "x".into());
+            *row = crate::report::RunnerRecord::failed(&row.name, Engine::Kwk, "x".into());
         }
         r.update_deltas();
         assert_eq!(write_plots(dir.path(), &r).unwrap(), PlotFiles::default());

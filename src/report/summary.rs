@@ -6,7 +6,7 @@
 //! [`Results`] and writes strings.
 
 use super::table::notes;
-use crate::protocol::results::{Results, RowStatus, RunnerRecord};
+use crate::protocol::results::{Engine, Results, RowStatus, RunnerRecord};
 use unicode_width::{UnicodeWidthChar, UnicodeWidthStr};
 
 /// The width the compact table keeps to.
@@ -96,7 +96,7 @@ fn nearest_peer<'a>(results: &'a Results, r: &RunnerRecord) -> Option<&'a Runner
     results
         .runners
         .iter()
-        .filter(|x| x.engine != "kwk" && x.error.is_none())
+        .filter(|x| x.engine.is_external() && x.error.is_none())
         .filter(|x| {
             results
                 .speed_ratios
@@ -145,7 +145,7 @@ fn cells(r: &Results) -> (Vec<String>, Vec<Vec<String>>) {
         .runners
         .iter()
         .map(|x| {
-            let engine = fit(&x.engine, 9);
+            let engine = fit(x.engine.as_str(), 9);
             let ty = fit(&type_label(x), TYPE_WIDTH);
             if x.status != RowStatus::Ok || x.error.is_some() {
                 let why = x.status_reason.as_deref().or(x.error.as_deref());
@@ -159,7 +159,7 @@ fn cells(r: &Results) -> (Vec<String>, Vec<Vec<String>>) {
                 return c;
             }
             let (vs, pp, tg) = match nearest_peer(r, x) {
-                Some(p) if x.engine == "kwk" => (
+                Some(p) if x.engine == Engine::Kwk => (
                     fit(&type_label(p), 14),
                     ratio(r, &x.name, &p.name, "pp"),
                     ratio(r, &x.name, &p.name, "tg"),
@@ -330,7 +330,7 @@ mod tests {
     fn gguf(name: &str, bpw: f64, dppl: f64, tg: f64) -> RunnerRecord {
         let mut r = sample_results().runners[1].clone();
         r.name = format!("gguf:{name}");
-        r.engine = "llama.cpp".into();
+        r.engine = Engine::LlamaCpp;
         r.bits_per_weight = Some(bpw);
         r.ppl_delta_pct = Some(dppl);
         r.tg_tokens_per_s = Some(tg);

@@ -146,13 +146,13 @@ pub fn table_rows(results: &Results) -> (Vec<&'static str>, Vec<Vec<String>>) {
                     RowStatus::Skipped => "SKIPPED",
                     _ => "FAILED",
                 };
-                let mut cells = vec![r.name.clone(), r.engine.clone(), status.to_string()];
+                let mut cells = vec![r.name.clone(), r.engine.to_string(), status.to_string()];
                 cells.resize(header.len(), "-".to_string());
                 return cells;
             }
             vec![
                 r.name.clone(),
-                r.engine.clone(),
+                r.engine.to_string(),
                 r.status.as_str().to_string(),
                 fmt_opt(r.tensor_bytes.map(|b| b as f64 / (1024.0 * 1024.0)), 1),
                 fmt_opt(r.bits_per_weight, 2),

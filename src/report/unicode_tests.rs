@@ -81,7 +81,7 @@ fn results_named(names: &[String]) -> Results {
             let mut row = rows[i % 2].clone();
             row.name = n.clone();
             if n.starts_with("gguf:") {
-                row.engine = "llama.cpp".into();
+                row.engine = Engine::LlamaCpp;
             }
             if i == 3 {
                 row.error = Some(format!("{n} failed\nsecond line <b>"));

@@ -19,7 +19,7 @@ use crate::eval::perplexity::{score_chunks, ChunkLogits};
 use crate::eval::reference::{LogitsBaseWriter, ReferenceComparer};
 use crate::eval::speed::{SpeedSession, SpeedTarget};
 use crate::protocol::{
-    ComputeKind, PerplexityProtocol, PerplexityResult, Progress, RooflineCost, RunnerInfo,
+    ComputeKind, Engine, PerplexityProtocol, PerplexityResult, Progress, RooflineCost, RunnerInfo,
     SpeedRep, SpeedSpec, TokenStream,
 };
 use anyhow::{anyhow, bail, Context, Result};
@@ -86,18 +86,13 @@ impl KwkRunner {
             },
         )
         .with_context(|| format!("packing '{}' as {name}", model.info.requested))?;
-        if let (Some(dir), Some(o)) = (&options.pack_cache_dir, decoder.pack_cache_outcome()) {
-            if let Some(w) = crate::cache::outcome_warning(dir, name, o) {
-                crate::cache::warn_once(w);
-            }
-        }
         // Reading the header, plus the build's time outside packing (the whole model read
         // for float formats and calibrated int4); int8/int4 streaming read while packing.
         let pack_s = decoder.pack_s();
         let read_s = model.info.read_s + (started.elapsed().as_secs_f64() - pack_s).max(0.0);
         let info = RunnerInfo {
             name: name.to_string(),
-            engine: "kwk".into(),
+            engine: Engine::Kwk,
             tensor_bytes: decoder.weight_bytes(),
             file_bytes: None,
             bits_per_weight: decoder.bits_per_weight(),
@@ -130,6 +125,13 @@ impl KwkRunner {
             role,
             speed: SpeedSession::default(),
         })
+    }
+}
+
+impl KwkRunner {
+    /// What the pack cache did when this runner was built (`None` without a cache).
+    pub fn pack_cache_outcome(&self) -> Option<&kwk::pack_cache::PackOutcome> {
+        self.decoder.pack_cache_outcome()
     }
 }
 

@@ -16,7 +16,7 @@
 
 use crate::eval::reference::{compare_files, LogitsBaseReader};
 use crate::protocol::{
-    ComputeKind, PerplexityProtocol, PerplexityResult, Progress, RooflineCost, RunnerInfo,
+    ComputeKind, Engine, PerplexityProtocol, PerplexityResult, Progress, RooflineCost, RunnerInfo,
     SpeedRep, SpeedSpec, TokenStream,
 };
 use crate::runner::Runner;
@@ -171,7 +171,7 @@ impl LlamaCppRunner {
             .unwrap_or_else(|| gguf_path.display().to_string());
         let info = RunnerInfo {
             name: format!("gguf:{file_name}"),
-            engine: "llama.cpp".to_string(),
+            engine: Engine::LlamaCpp,
             tensor_bytes: summary.tensor_bytes,
             file_bytes: Some(summary.file_bytes),
             bits_per_weight: summary.bits_per_weight,
@@ -243,7 +243,11 @@ impl LlamaCppRunner {
     }
 
     /// Whether llama-tokenize gives the harness's ids; `None` when llama-tokenize is absent.
-    fn check_tokens(&mut self, tokens: &TokenStream) -> anyhow::Result<Option<bool>> {
+    fn check_tokens(
+        &mut self,
+        tokens: &TokenStream,
+        progress: &dyn Progress,
+    ) -> anyhow::Result<Option<bool>> {
         if self.tools.tokenize_path().is_none() {
             return Ok(None);
         }
@@ -264,14 +268,14 @@ impl LlamaCppRunner {
                 .zip(&tokens.tokens)
                 .position(|(a, b)| a != b)
                 .unwrap_or(run.ids.len().min(tokens.tokens.len()));
-            eprintln!(
+            progress.message(&format!(
                 "warning: {}: llama.cpp tokenizes {} to {} tokens, kwk-eval to {}; first \
                  difference at position {first}. Its perplexity is not over the same tokens.",
                 self.info.name,
                 tokens.text_path.display(),
                 run.ids.len(),
                 tokens.tokens.len()
-            );
+            ));
         }
         Ok(Some(same))
     }
@@ -295,7 +299,7 @@ impl Runner for LlamaCppRunner {
         if let Some(sha) = &tokens.text_sha256 {
             crate::text::check_copy(&tokens.text_path, sha)?;
         }
-        let tokens_match = self.check_tokens(tokens)?;
+        let tokens_match = self.check_tokens(tokens, progress)?;
         let compute = self.compute(self.threads(protocol.threads));
         let mut req = PerplexityRequest::new(
             self.gguf.clone(),
@@ -324,12 +328,12 @@ impl Runner for LlamaCppRunner {
             llamacpp::run_perplexity(&self.tools, &req, |done| progress.advance(done as u64))?;
         self.commands.push(run.command.clone());
         if run.attempts > 1 {
-            eprintln!(
+            progress.message(&format!(
                 "note: {}: llama-perplexity's output was cut short {} time(s) (its logger loses \
                  the last lines at exit on a busy machine); the result is from a complete run",
                 self.info.name,
                 run.attempts - 1
-            );
+            ));
         }
         if let Some(sha) = &tokens.text_sha256 {
             crate::text::check_copy(&tokens.text_path, sha)
@@ -488,6 +492,7 @@ mod tests {
         fn advance(&self, done: u64) {
             self.done.set(done);
         }
+        fn message(&self, _line: &str) {}
     }
     fn counter() -> Counter {
         Counter {
@@ -578,7 +583,7 @@ mod tests {
         let r = LlamaCppRunner::new(&path, &tools, LlamaCppRunnerOptions::default()).unwrap();
         let info = r.info();
         assert_eq!(info.name, "gguf:model.gguf");
-        assert_eq!(info.engine, "llama.cpp");
+        assert_eq!(info.engine, Engine::LlamaCpp);
         assert_eq!(
             info.file_bytes,
             Some(std::fs::metadata(&path).unwrap().len())
