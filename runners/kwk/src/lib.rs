@@ -28,7 +28,7 @@ pub mod interrupt;
 pub mod kernels;
 pub mod model;
 pub mod notices;
-pub mod pack_cache;
+pub mod pack;
 pub mod paths;
 pub mod quantize;
 pub mod roofline;
@@ -39,3 +39,5 @@ pub use decoder::{DecoderOptions, KwkDecoder, Sampling};
 pub use error::{KwkError, Result};
 pub use format::Precision;
 pub use model::{load_model, Model, ModelConfig};
+/// The pack cache's old path (it lives in [`pack::cache`]).
+pub use pack::cache as pack_cache;

@@ -29,7 +29,7 @@ use crate::format::quantized::{grid_for, quantize_on, Grid, QuantizedTensor};
 use crate::format::{self, PackedLinear, TensorPlace, TensorRole};
 use crate::kernels::{self, OutputMatrix};
 use crate::model::{Architecture, FeedForward, Mlp, Model, ModelConfig, ModelWeights, RopeScaling};
-use crate::pack_cache::{self, CachedModel, PackOutcome, PackSession};
+use crate::pack::cache::{self as pack_cache, CachedModel, PackOutcome, PackSession};
 use crate::quantize::equalize::{
     equalize, ActivationStats, ChannelScales, EqualizeOptions, Equalized, LayerImportance,
     LayerStats,
@@ -764,7 +764,7 @@ impl KwkDecoder {
                     return Self::from_cached(config, eos, cached, source, options, started)
                 }
                 Ok(None) => {}
-                Err(e) => eprintln!("warning: pack cache: {e}; packing without it"),
+                Err(e) => crate::notices::warn(format!("pack cache: {e}; packing without it")),
             }
             match PackSession::open(dir, source, &precision, calibration) {
                 Ok(mut s) => {

@@ -1,8 +1,15 @@
 //! Tests of the pack cache file, identity, folder management and failure handling.
 
-use super::*;
+use super::{dir::*, file::*, key::*, session::*, *};
+use crate::format::quantized::{quantize_on, Grid, QuantizedTensor};
 use crate::format::Int4Options;
 use crate::format::TensorRole;
+use crate::format::{PackedLinear, Precision, TensorPlace};
+use crate::model::Tensor;
+use sha2::{Digest, Sha256};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
 
 fn int4() -> Precision {
     Precision::Int4(Int4Options {
