@@ -12,12 +12,16 @@
 //! `tokenizer` (HF tokenizer.json and GGUF-metadata tokenizers), `format/` (weight formats,
 //! their names and options, [`Precision`], and GGUF block types), `kernels/` (`scalar.rs`
 //! is the specification, `x86_64/` the SIMD twins), `roofline/` (this machine's peaks: the
-//! roofline's ceilings), `quantize/` (rounding, calibration, GPTQ), `decoder` (forward, KV
-//! cache, generate), `threads` (the persistent worker pool).
+//! roofline's ceilings), `quantize/` (rounding, equalization, the int4 mix search, GPTQ's
+//! rounding), `pack/` (the one packing pipeline: a layer source, whole model in memory,
+//! streamed file or pack cache, through calibration, equalization and rounding into the
+//! packed parts; `pack/cache/` the pack cache), `decoder/` (the runtime: forward, KV cache,
+//! generate, and the activation sink calibration runs on), `threads` (the persistent
+//! worker pool).
 //!
 //! `unsafe` lives in `kernels/` (the SIMD code in `x86_64/`; the dispatch to it and the
 //! output pointers in `kernels/*.rs`), in `roofline/` (its SIMD loops in `x86_64.rs` and
-//! their safe wrappers in `mod.rs`) and in the file maps of `gguf` and `pack_cache`.
+//! their safe wrappers in `mod.rs`) and in the file maps of `gguf` and `pack/cache/file.rs`.
 
 pub mod decoder;
 pub mod error;

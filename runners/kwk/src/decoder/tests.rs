@@ -5,6 +5,10 @@
 
 use super::*;
 use crate::model::safetensors_loader::load_hf_weights;
+use crate::pack::build::count_params;
+use crate::pack::calibrate::{KeptGrams, LayerGrams, KEPT_HESSIAN_LIMIT};
+use crate::quantize::equalize::ActivationStats;
+use crate::quantize::gptq::{Hessian, KEPT_HESSIAN_BYTES};
 use kwk_fixtures::reference;
 use std::path::PathBuf;
 
@@ -1037,7 +1041,7 @@ fn layer_hessians_match_references_and_follow_the_equalization() {
             let s = &scales.layers[li];
             // What the single-pass GPTQ calibration does: keep the original Hessians, then
             // rescale them by the factors.
-            let restored = layers::KeptGrams::keep(g).restore(&s.input_factors(&config));
+            let restored = KeptGrams::keep(g).restore(&s.input_factors(&config));
             close(&m.attn_in, &restored.attn_in, "kept attn_in");
             close(&m.o_in, &restored.o_in, "kept o_in");
             close(&m.ffn_in, &restored.ffn_in, "kept ffn_in");

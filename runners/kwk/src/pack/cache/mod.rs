@@ -70,7 +70,7 @@ pub use key::{
     cache_file, memory_source, recipe_key, source_identity, FileStat, SourceIdentity,
     MEMORY_SOURCE_PREFIX,
 };
-pub use session::{try_load, CachedModel, PackOutcome, PackSession};
+pub use session::{try_load, CachedModel, PackOutcome, PackSession, TensorToPack};
 
 /// Version of the packed layouts, the rounding and this file format; part of every key.
 pub const PACK_VERSION: u32 = 3;

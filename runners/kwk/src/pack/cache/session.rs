@@ -211,6 +211,17 @@ pub fn try_load(
 // ---------------------------------------------------------------------------------------
 // Packing (cold start)
 
+/// One tensor for [`PackSession::pack_with`]: stored as `name`, quantized for `place` on
+/// `grid` (or the mix rule's) in `precision`, its rounding weighted by `importance`.
+pub struct TensorToPack<'a> {
+    pub name: &'a str,
+    pub tensor: &'a Tensor,
+    pub place: TensorPlace,
+    pub grid: Option<Grid>,
+    pub importance: Option<&'a [f32]>,
+    pub precision: &'a Precision,
+}
+
 /// Packs a decoder's quantized weights and writes them to the cache (see the module doc).
 /// Holds the model's lock from `open` to `finish`.
 pub struct PackSession {
@@ -350,23 +361,33 @@ impl PackSession {
         importance: Option<&[f32]>,
         precision: &Precision,
     ) -> Result<Box<dyn PackedLinear>> {
-        self.pack_with(name, tensor, place, grid, importance, precision, None)
+        let t = TensorToPack {
+            name,
+            tensor,
+            place,
+            grid,
+            importance,
+            precision,
+        };
+        self.pack_with(t, None)
     }
 
     /// [`PackSession::pack`], or, when `made` is given (a tensor the caller quantized,
     /// e.g. with GPTQ, whose bytes depend on more than its key holds: the Hessian of its
     /// input), that tensor, written as is and never reused from an older file.
-    #[allow(clippy::too_many_arguments)]
     pub fn pack_with(
         &mut self,
-        name: &str,
-        tensor: &Tensor,
-        place: TensorPlace,
-        grid: Option<Grid>,
-        importance: Option<&[f32]>,
-        precision: &Precision,
+        t: TensorToPack<'_>,
         made: Option<QuantizedTensor>,
     ) -> Result<Box<dyn PackedLinear>> {
+        let TensorToPack {
+            name,
+            tensor,
+            place,
+            grid,
+            importance,
+            precision,
+        } = t;
         // Between tensors: a stop request abandons the pack (the session's drop removes
         // its temporary file).
         crate::interrupt::check()?;

@@ -412,16 +412,36 @@ fn a_tensor_made_by_the_caller_is_written_and_never_reused() {
     let k = tensor(32, 64, 3);
     let kp = place(TensorRole::AttnK, Some(0));
     let mut s = PackSession::open(&cache, &src, &p, None).unwrap();
-    s.pack_with("q", &t, pl, None, None, &p, Some(made()))
-        .unwrap();
+    s.pack_with(
+        TensorToPack {
+            name: "q",
+            tensor: &t,
+            place: pl,
+            grid: None,
+            importance: None,
+            precision: &p,
+        },
+        Some(made()),
+    )
+    .unwrap();
     s.pack("k", &k, kp, None, None, &p).unwrap();
     assert!(matches!(s.finish(), PackOutcome::Written(_)));
     // The source changes: the plain tensor with an unchanged key is reused, the made one
     // is written again.
     std::fs::write(&src, b"weights v2").unwrap();
     let mut s = PackSession::open(&cache, &src, &p, None).unwrap();
-    s.pack_with("q", &t, pl, None, None, &p, Some(made()))
-        .unwrap();
+    s.pack_with(
+        TensorToPack {
+            name: "q",
+            tensor: &t,
+            place: pl,
+            grid: None,
+            importance: None,
+            precision: &p,
+        },
+        Some(made()),
+    )
+    .unwrap();
     s.pack("k", &k, kp, None, None, &p).unwrap();
     let o = s.finish();
     let PackOutcome::Updated {
