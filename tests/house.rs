@@ -55,7 +55,6 @@ const OVERSIZED: &[(&str, usize)] = &[
     ("runners/kwk/src/model/gguf_loader.rs", 1042),
     ("runners/kwk/src/model/safetensors_loader.rs", 983),
     ("runners/kwk/src/model/source.rs", 901),
-    ("runners/kwk/src/quantize/equalize.rs", 1269),
 ];
 
 /// The crates checked: a short name for messages, and the source root.
