@@ -12,14 +12,19 @@
 //! `tokenizer` (HF tokenizer.json and GGUF-metadata tokenizers), `format/` (weight formats,
 //! their names and options, [`Precision`], and GGUF block types), `kernels/` (the float
 //! kernels' specification in `scalar.rs`, their SIMD twins in `x86_64/`; the quantized
-//! kernels by tier in `quant/`), `roofline/` (this machine's peaks: the
-//! roofline's ceilings), `quantize/` (rounding, calibration, GPTQ), `decoder` (forward, KV
-//! cache, generate), `threads` (the persistent worker pool).
+//! kernels by tier in `quant/`), `roofline/` (this machine's peaks: the roofline's
+//! ceilings), `quantize/` (rounding, equalization, the int4 mix search, GPTQ's rounding),
+//! `pack/` (the one packing pipeline: a layer source, whole model in memory, streamed file
+//! or pack cache, through calibration, equalization and rounding into the packed parts;
+//! `pack/cache/` the pack cache), `decoder/` (the runtime: forward, KV cache, generate, and
+//! the activation sink calibration runs on), `threads` (the persistent worker pool),
+//! `notices` (warnings handed to the program, never printed).
 //!
 //! `unsafe` lives in `kernels/` (the SIMD tier files: `x86_64/`, `quant/`'s tier files and
 //! the SIMD halves of `q8_activations.rs`; the output pointers in `mod.rs`, the worker
 //! pool's job hand-off in `broadcast.rs`), in `roofline/` (its SIMD loops in `x86_64.rs` and
-//! their safe wrappers in `mod.rs`) and in the file maps of `gguf` and `pack_cache`.
+//! their safe wrappers in `mod.rs`) and in the file maps (`gguf/map.rs`,
+//! `pack/cache/file.rs`).
 
 pub mod decoder;
 pub mod error;
@@ -30,7 +35,7 @@ pub mod interrupt;
 pub mod kernels;
 pub mod model;
 pub mod notices;
-pub mod pack_cache;
+pub mod pack;
 pub mod paths;
 pub mod quantize;
 pub mod roofline;
@@ -41,3 +46,5 @@ pub use decoder::{DecoderOptions, KwkDecoder, Sampling};
 pub use error::{KwkError, Result};
 pub use format::Precision;
 pub use model::{load_model, Model, ModelConfig};
+/// The pack cache's old path (it lives in [`pack::cache`]).
+pub use pack::cache as pack_cache;

@@ -5,133 +5,47 @@
 use crate::format::{InputKind, PackedLinear, PreparedInput};
 use crate::kernels::int4_matmul::InputMemo;
 use crate::kernels::{self, OutputMatrix, PANEL_ROWS};
-use crate::model::{ModelConfig, Tensor};
-use crate::quantize::equalize::InputFactors;
-use crate::quantize::gptq::{Hessian, KeptHessian};
+use crate::model::ModelConfig;
+use crate::quantize::gptq::Hessian;
 use crate::threads::{split_range, ThreadPool};
 use half::slice::HalfBitsSliceExt;
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
+use super::kv_cache::KvCache;
 use super::rope::Rope;
+use crate::pack::calibrate::{DownRecord, LayerRecord};
+use crate::pack::model::{Layer, PackedFfn, PackedMlp, PackedMoe};
 
-pub(super) struct PackedMlp {
-    pub gate: Box<dyn PackedLinear>,
-    pub up: Box<dyn PackedLinear>,
-    pub down: Box<dyn PackedLinear>,
+/// What every layer's forward pass reads besides its weights: the model's shape, the
+/// thread pool, RoPE's tables.
+pub(super) struct Runtime<'a> {
+    pub cfg: &'a ModelConfig,
+    pub pool: &'a ThreadPool,
+    pub rope: &'a Rope,
 }
 
-pub(super) struct PackedMoe {
-    /// `[n_experts, d]`, float32 in every format.
-    pub router: Tensor,
-    pub experts: Vec<PackedMlp>,
-    pub shared: Option<PackedMlp>,
-    /// `[d]`: the shared expert's output is scaled by `sigmoid(shared_gate · x)`.
-    pub shared_gate: Option<Vec<f32>>,
-    pub top_k: usize,
-    /// Divide the chosen experts' probabilities by their sum.
-    pub renormalize: bool,
-}
-
-pub(super) enum PackedFfn {
-    Dense(PackedMlp),
-    Moe(PackedMoe),
-}
-
-pub(super) struct Layer {
-    pub attn_norm: Vec<f32>,
-    pub q: Box<dyn PackedLinear>,
-    pub k: Box<dyn PackedLinear>,
-    pub v: Box<dyn PackedLinear>,
-    pub o: Box<dyn PackedLinear>,
-    pub q_bias: Option<Vec<f32>>,
-    pub k_bias: Option<Vec<f32>>,
-    pub v_bias: Option<Vec<f32>>,
-    pub q_norm: Option<Vec<f32>>,
-    pub k_norm: Option<Vec<f32>>,
-    pub ffn_norm: Vec<f32>,
-    pub ffn: PackedFfn,
-}
-
-impl PackedMlp {
-    fn bytes(&self) -> u64 {
-        (self.gate.bytes() + self.up.bytes() + self.down.bytes()) as u64
-    }
-}
-
-impl PackedMlp {
-    fn linears(&self) -> [&dyn PackedLinear; 3] {
-        [self.gate.as_ref(), self.up.as_ref(), self.down.as_ref()]
-    }
+/// The buffers a feed-forward block reuses: prepared activations, gate and up outputs.
+struct FfnBufs<'a> {
+    acts: &'a mut Activations,
+    g: &'a mut Vec<f32>,
+    u: &'a mut Vec<f32>,
 }
 
 impl Layer {
-    /// Every packed linear of the layer (experts included).
-    pub fn linears(&self) -> Vec<&dyn PackedLinear> {
-        let mut v: Vec<&dyn PackedLinear> = vec![
-            self.q.as_ref(),
-            self.k.as_ref(),
-            self.v.as_ref(),
-            self.o.as_ref(),
-        ];
-        match &self.ffn {
-            PackedFfn::Dense(m) => v.extend(m.linears()),
-            PackedFfn::Moe(m) => {
-                for e in m.experts.iter().chain(m.shared.iter()) {
-                    v.extend(e.linears());
-                }
-            }
-        }
-        v
-    }
-
-    /// Packed bytes of the layer (float32 vectors at 4 bytes each).
-    pub fn bytes(&self) -> u64 {
-        let vec = |v: &Option<Vec<f32>>| 4 * v.as_ref().map(|v| v.len()).unwrap_or(0) as u64;
-        let mut b = (self.q.bytes() + self.k.bytes() + self.v.bytes() + self.o.bytes()) as u64;
-        b += 4 * (self.attn_norm.len() + self.ffn_norm.len()) as u64;
-        b += vec(&self.q_bias) + vec(&self.k_bias) + vec(&self.v_bias);
-        b += vec(&self.q_norm) + vec(&self.k_norm);
-        b += match &self.ffn {
-            PackedFfn::Dense(m) => m.bytes(),
-            PackedFfn::Moe(m) => {
-                4 * m.router.data.len() as u64
-                    + m.experts.iter().map(PackedMlp::bytes).sum::<u64>()
-                    + m.shared.as_ref().map(PackedMlp::bytes).unwrap_or(0)
-                    + vec(&m.shared_gate)
-            }
-        };
-        b
-    }
-
-    /// Bytes one token reads from this layer: all of it but the experts it is not routed
-    /// to (the routed ones counted as `top_k / n_experts` of all experts).
-    pub fn bytes_read_per_token(&self) -> f64 {
-        match &self.ffn {
-            PackedFfn::Dense(_) => self.bytes() as f64,
-            PackedFfn::Moe(m) => {
-                let experts: u64 = m.experts.iter().map(PackedMlp::bytes).sum();
-                let share = m.top_k as f64 / m.experts.len().max(1) as f64;
-                (self.bytes() - experts) as f64 + experts as f64 * share
-            }
-        }
-    }
-
     /// Runs the layer on the `n` rows of `x` (`[n][d]`, updated in place), tokens at
     /// positions `pos0..pos0+n`, storing their keys and values in the cache.
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward(
+    pub(super) fn forward(
         &self,
-        cfg: &ModelConfig,
-        pool: &ThreadPool,
-        rope: &Rope,
+        rt: &Runtime<'_>,
         kv: &mut KvCache,
         layer: usize,
         pos0: usize,
         x: &mut [f32],
         scratch: &mut Scratch,
     ) {
+        let (cfg, pool, rope) = (rt.cfg, rt.pool, rt.rope);
         let d = cfg.hidden_size;
         let n = x.len() / d;
         let hd = cfg.head_dim;
@@ -228,9 +142,13 @@ impl Layer {
         match &self.ffn {
             PackedFfn::Dense(m) => {
                 let down = rec.map(|r| r.down(0));
-                mlp_forward(m, pool, xn, d, acts, g, u, ffn_out, down)
+                let mut bufs = FfnBufs { acts, g, u };
+                mlp_forward(m, pool, xn, d, &mut bufs, ffn_out, down)
             }
-            PackedFfn::Moe(m) => moe_forward(m, pool, xn, d, acts, g, u, ffn_out, rec),
+            PackedFfn::Moe(m) => {
+                let mut bufs = FfnBufs { acts, g, u };
+                moe_forward(m, pool, xn, d, &mut bufs, ffn_out, rec)
+            }
         }
         let ffn_out: &[f32] = ffn_out;
         par_rows(pool, x, d, |t, row| {
@@ -259,98 +177,6 @@ pub(super) struct Scratch {
     /// Sums of squares of the final norm's output per channel and the tokens summed
     /// (`lm_head`'s input), when calibration statistics are being gathered.
     pub head_record: Option<(Vec<f64>, u64)>,
-}
-
-/// Sums of squares of every linear's input per channel, gathered during calibration
-/// (`KwkDecoder::activation_stats`).
-#[derive(Debug, Default, Clone)]
-pub(super) struct LayerRecord {
-    pub tokens: u64,
-    pub attn_in: Vec<f64>,
-    pub o_in: Vec<f64>,
-    pub ffn_in: Vec<f64>,
-    /// Per MLP (dense; or experts then the shared expert): sums and the tokens routed to it.
-    pub down_in: Vec<(Vec<f64>, u64)>,
-    /// When set, the Hessians `Σ x xᵀ` of the same inputs too (GPTQ; one layer at a time).
-    pub gram: Option<LayerGrams>,
-}
-
-/// `Σ x xᵀ` of each linear input of one layer (`KwkDecoder::layer_hessians`).
-#[derive(Debug, Clone)]
-pub struct LayerGrams {
-    pub attn_in: Hessian,
-    pub o_in: Hessian,
-    pub ffn_in: Hessian,
-    /// Per MLP, as [`LayerRecord::down_in`] (an expert no token reached has none, or an
-    /// empty one).
-    pub down_in: Vec<Hessian>,
-}
-
-impl Default for LayerGrams {
-    fn default() -> Self {
-        LayerGrams {
-            attn_in: Hessian::zeros(0),
-            o_in: Hessian::zeros(0),
-            ffn_in: Hessian::zeros(0),
-            down_in: Vec::new(),
-        }
-    }
-}
-
-/// One layer's Hessians kept for GPTQ after the calibration pass that measured them
-/// ([`KeptHessian`]: half the size), until the layer's equalization is known.
-#[derive(Debug, Clone)]
-pub struct KeptGrams {
-    attn_in: KeptHessian,
-    o_in: KeptHessian,
-    ffn_in: KeptHessian,
-    down_in: Vec<KeptHessian>,
-}
-
-impl KeptGrams {
-    pub fn keep(g: &LayerGrams) -> Self {
-        KeptGrams {
-            attn_in: KeptHessian::keep(&g.attn_in),
-            o_in: KeptHessian::keep(&g.o_in),
-            ffn_in: KeptHessian::keep(&g.ffn_in),
-            down_in: g.down_in.iter().map(KeptHessian::keep).collect(),
-        }
-    }
-
-    /// The Hessians of the inputs the equalized layer's linears see (each input divided by
-    /// its factor, [`InputFactors`]).
-    pub fn restore(&self, f: &InputFactors) -> LayerGrams {
-        LayerGrams {
-            attn_in: self.attn_in.restore(f.attn_in.as_deref()),
-            o_in: self.o_in.restore(f.o_in.as_deref()),
-            ffn_in: self.ffn_in.restore(f.ffn_in.as_deref()),
-            down_in: self
-                .down_in
-                .iter()
-                .enumerate()
-                .map(|(j, h)| h.restore(f.down_in.get(j).and_then(|a| a.as_deref())))
-                .collect(),
-        }
-    }
-}
-
-/// The statistics of one MLP's `down` input: the sums of squares with their token count,
-/// and the Hessian when it is gathered.
-type DownRecord<'a> = (&'a mut (Vec<f64>, u64), Option<&'a mut Hessian>);
-
-impl LayerRecord {
-    fn down(&mut self, which: usize) -> DownRecord<'_> {
-        if self.down_in.len() <= which {
-            self.down_in.resize(which + 1, (Vec::new(), 0));
-        }
-        let gram = self.gram.as_mut().map(|g| {
-            if g.down_in.len() <= which {
-                g.down_in.resize_with(which + 1, || Hessian::zeros(0));
-            }
-            &mut g.down_in[which]
-        });
-        (&mut self.down_in[which], gram)
-    }
 }
 
 /// Rows of the Gram matrix per task of [`accumulate_gram`] (a multiple of [`PANEL_ROWS`]).
@@ -493,80 +319,6 @@ fn finish_projection(
     }
 }
 
-/// The float32 KV cache, per layer and KV head in the panel layout of
-/// `kernels::gemm_f32_panels_strided`, so attention runs on the matmul kernels:
-/// keys as panels of 16 positions (`[cap/16][head_dim][16]`: scores = K·q is a matmul with
-/// positions as rows) and values as panels of 16 head dimensions (`[ceil(hd/16)][cap][16]`:
-/// the output P·V is a matmul with head dimensions as rows and positions as columns).
-/// `cap` is the cache length rounded up to 16.
-pub(super) struct KvCache {
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
-    n_kv: usize,
-    hd: usize,
-    cap: usize,
-    hd_panels: usize,
-}
-
-impl KvCache {
-    pub fn new(n_layers: usize, n_kv: usize, hd: usize, max_len: usize) -> Self {
-        let cap = max_len.div_ceil(PANEL_ROWS) * PANEL_ROWS;
-        let hd_panels = hd.div_ceil(PANEL_ROWS);
-        KvCache {
-            k: (0..n_layers).map(|_| vec![0f32; n_kv * cap * hd]).collect(),
-            v: (0..n_layers)
-                .map(|_| vec![0f32; n_kv * hd_panels * PANEL_ROWS * cap])
-                .collect(),
-            n_kv,
-            hd,
-            cap,
-            hd_panels,
-        }
-    }
-
-    /// Stores rows `k`, `v` (`[n][n_kv*hd]`) at positions `pos0..pos0+n`.
-    fn store(&mut self, layer: usize, pos0: usize, k: &[f32], v: &[f32]) {
-        let (hd, kvd, cap) = (self.hd, self.n_kv * self.hd, self.cap);
-        let v_head = self.hd_panels * PANEL_ROWS * cap;
-        // Slices and fixed-size chunks instead of one indexed store per value (that loop,
-        // bounds-checked and single-threaded, had 1.4 % of an int8 pp512 profile).
-        let (keys, values) = (&mut self.k[layer], &mut self.v[layer]);
-        for (t, (kr, vr)) in k.chunks_exact(kvd).zip(v.chunks_exact(kvd)).enumerate() {
-            let pos = pos0 + t;
-            let (pp, lane) = (pos / PANEL_ROWS, pos % PANEL_ROWS);
-            for g in 0..self.n_kv {
-                // Key panel `pp`: `[hd][16]`, this position in lane `lane` of every row.
-                let panel = &mut keys[g * cap * hd + pp * hd * PANEL_ROWS..][..hd * PANEL_ROWS];
-                for (row, &val) in panel.chunks_exact_mut(PANEL_ROWS).zip(&kr[g * hd..][..hd]) {
-                    row[lane] = val;
-                }
-                // Value panels: 16 head dimensions of this position side by side in each.
-                let head = &mut values[g * v_head..][..v_head];
-                for (p, src) in vr[g * hd..][..hd].chunks(PANEL_ROWS).enumerate() {
-                    let at = (p * cap + pos) * PANEL_ROWS;
-                    match <&[f32; PANEL_ROWS]>::try_from(src) {
-                        // A whole panel row: a fixed-size move, not a `memcpy` call.
-                        Ok(row) => head[at..at + PANEL_ROWS].copy_from_slice(row),
-                        Err(_) => head[at..at + src.len()].copy_from_slice(src),
-                    }
-                }
-            }
-        }
-    }
-
-    /// Key panels of KV head `g` of `layer`.
-    fn keys(&self, layer: usize, g: usize) -> &[f32] {
-        let size = self.cap * self.hd;
-        &self.k[layer][g * size..(g + 1) * size]
-    }
-
-    /// Value panels of KV head `g` of `layer`.
-    fn values(&self, layer: usize, g: usize) -> &[f32] {
-        let size = self.hd_panels * PANEL_ROWS * self.cap;
-        &self.v[layer][g * size..(g + 1) * size]
-    }
-}
-
 /// Query tokens per attention block (each block runs the group's heads together).
 const QUERY_BLOCK: usize = 16;
 
@@ -673,18 +425,16 @@ fn attention(
 }
 
 /// SwiGLU MLP on the rows of `xn` (`[n][d]`) into `out` (`[n][d]`).
-#[allow(clippy::too_many_arguments)]
 fn mlp_forward(
     m: &PackedMlp,
     pool: &ThreadPool,
     xn: &[f32],
     d: usize,
-    acts: &mut Activations,
-    g: &mut Vec<f32>,
-    u: &mut Vec<f32>,
+    bufs: &mut FfnBufs<'_>,
     out: &mut [f32],
     record: Option<DownRecord>,
 ) {
+    let FfnBufs { acts, g, u } = bufs;
     let n = xn.len() / d;
     let f = m.gate.rows();
     let (gate, up, down) = (m.gate.as_ref(), m.up.as_ref(), m.down.as_ref());
@@ -722,15 +472,12 @@ fn mlp_forward(
 /// Mixture of experts: softmax over all router logits, the `top_k` largest probabilities
 /// (renormalised to sum 1 when `renormalize`), tokens grouped by expert so each expert runs
 /// once on all its tokens; plus the gated shared expert (qwen2_moe).
-#[allow(clippy::too_many_arguments)]
 fn moe_forward(
     m: &PackedMoe,
     pool: &ThreadPool,
     xn: &[f32],
     d: usize,
-    acts: &mut Activations,
-    g: &mut Vec<f32>,
-    u: &mut Vec<f32>,
+    bufs: &mut FfnBufs<'_>,
     out: &mut [f32],
     mut record: Option<&mut LayerRecord>,
 ) {
@@ -777,7 +524,7 @@ fn moe_forward(
         }
         let mut ye = vec![0f32; tokens.len() * d];
         let down = record.as_deref_mut().map(|r| r.down(e));
-        mlp_forward(&m.experts[e], pool, &xe, d, acts, g, u, &mut ye, down);
+        mlp_forward(&m.experts[e], pool, &xe, d, bufs, &mut ye, down);
         for (row, &(t, w)) in ye.chunks_exact(d).zip(tokens) {
             kernels::axpy_f32(isa, &mut out[t * d..(t + 1) * d], w, row);
         }
@@ -785,7 +532,7 @@ fn moe_forward(
     if let Some(shared) = &m.shared {
         let mut ys = vec![0f32; n * d];
         let down = record.map(|r| r.down(n_experts));
-        mlp_forward(shared, pool, xn, d, acts, g, u, &mut ys, down);
+        mlp_forward(shared, pool, xn, d, bufs, &mut ys, down);
         for t in 0..n {
             let gate = match &m.shared_gate {
                 Some(g) => {

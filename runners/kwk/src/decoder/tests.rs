@@ -5,6 +5,10 @@
 
 use super::*;
 use crate::model::safetensors_loader::load_hf_weights;
+use crate::pack::build::count_params;
+use crate::pack::calibrate::{KeptGrams, LayerGrams, KEPT_HESSIAN_LIMIT};
+use crate::quantize::equalize::ActivationStats;
+use crate::quantize::gptq::{Hessian, KEPT_HESSIAN_BYTES};
 use kwk_fixtures::reference;
 use std::path::PathBuf;
 
@@ -653,7 +657,7 @@ fn every_architecture_matches_a_float64_reference() {
 /// reads it back and gives bit-identical logits; a corrupted file is not trusted.
 #[test]
 fn pack_cache_round_trips_through_the_decoder() {
-    use crate::pack_cache::PackOutcome;
+    use crate::pack::cache::PackOutcome;
     let f = load_fixture("tiny-mixtral");
     for precision in [Precision::INT8, Precision::parse("int4").unwrap()] {
         // One folder per format: a flipped byte then lies in this format's section.
@@ -818,12 +822,12 @@ fn int4_calib_builds_deterministically_and_round_trips_the_pack_cache() {
     let cold = build(Some(calib.clone()), dir.clone()).unwrap();
     assert!(matches!(
         cold.pack_cache_outcome(),
-        Some(crate::pack_cache::PackOutcome::Written(_))
+        Some(crate::pack::cache::PackOutcome::Written(_))
     ));
     let mut warm = build(Some(calib), dir).unwrap();
     assert!(matches!(
         warm.pack_cache_outcome(),
-        Some(crate::pack_cache::PackOutcome::Loaded(_))
+        Some(crate::pack::cache::PackOutcome::Loaded(_))
     ));
     assert_eq!(logits(&mut warm), a, "warm start differs from a cold one");
 }
@@ -1037,7 +1041,7 @@ fn layer_hessians_match_references_and_follow_the_equalization() {
             let s = &scales.layers[li];
             // What the single-pass GPTQ calibration does: keep the original Hessians, then
             // rescale them by the factors.
-            let restored = layers::KeptGrams::keep(g).restore(&s.input_factors(&config));
+            let restored = KeptGrams::keep(g).restore(&s.input_factors(&config));
             close(&m.attn_in, &restored.attn_in, "kept attn_in");
             close(&m.o_in, &restored.o_in, "kept o_in");
             close(&m.ffn_in, &restored.ffn_in, "kept ffn_in");
@@ -1170,14 +1174,14 @@ fn int4_gptq_builds_deterministically_and_round_trips_the_pack_cache() {
         );
         let dir = Some(cache.path().to_path_buf());
         let cold = build(precision, Some(calib.clone()), dir.clone()).unwrap();
-        let Some(crate::pack_cache::PackOutcome::Written(path)) = cold.pack_cache_outcome() else {
+        let Some(crate::pack::cache::PackOutcome::Written(path)) = cold.pack_cache_outcome() else {
             panic!("{name}: cold start did not write the cache");
         };
         let path = path.clone();
         let mut warm = build(precision, Some(calib.clone()), dir.clone()).unwrap();
         assert_eq!(
             warm.pack_cache_outcome(),
-            Some(&crate::pack_cache::PackOutcome::Loaded(path.clone()))
+            Some(&crate::pack::cache::PackOutcome::Loaded(path.clone()))
         );
         assert_eq!(warm.calibration_s(), 0.0);
         assert_eq!(logits(&mut warm), a, "{name}: warm start differs");
@@ -1187,20 +1191,20 @@ fn int4_gptq_builds_deterministically_and_round_trips_the_pack_cache() {
         let other = build(calib_p, Some(calib.clone()), dir.clone()).unwrap();
         assert!(matches!(
             other.pack_cache_outcome(),
-            Some(crate::pack_cache::PackOutcome::Written(p)) if *p == path
+            Some(crate::pack::cache::PackOutcome::Written(p)) if *p == path
         ));
         let mut shifted = calib.clone();
         shifted[0] += 1;
         let other = build(precision, Some(shifted), dir.clone()).unwrap();
         assert!(matches!(
             other.pack_cache_outcome(),
-            Some(crate::pack_cache::PackOutcome::Written(p)) if *p == path
+            Some(crate::pack::cache::PackOutcome::Written(p)) if *p == path
         ));
         // The first recipe's section was kept: still a warm start with the same logits.
         let mut again = build(precision, Some(calib.clone()), dir).unwrap();
         assert_eq!(
             again.pack_cache_outcome(),
-            Some(&crate::pack_cache::PackOutcome::Loaded(path.clone()))
+            Some(&crate::pack::cache::PackOutcome::Loaded(path.clone()))
         );
         assert_eq!(
             logits(&mut again),
@@ -1218,7 +1222,7 @@ fn int4_gptq_builds_deterministically_and_round_trips_the_pack_cache() {
 /// ignores calibration tokens (the same pack with or without them).
 #[test]
 fn int8_calib_and_gptq_build_deterministically_and_round_trip_the_pack_cache() {
-    use crate::pack_cache::{recipe_key, PackOutcome};
+    use crate::pack::cache::{recipe_key, PackOutcome};
     for name in ["tiny-llama", "tiny-qwen2"] {
         let f = load_fixture(name);
         let probe = ids(&f.golden["probe_tokens"]);

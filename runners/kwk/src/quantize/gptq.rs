@@ -348,8 +348,14 @@ pub fn inverse_factor(h: &Hessian, what: &str) -> Result<InverseFactor> {
     )))
 }
 
+/// Where [`gptq_rows`] writes one batch of rows: codes, and scales and minimums per group.
+struct RowsOut<'a> {
+    codes: &'a mut [u8],
+    scales: &'a mut [f16],
+    mins: &'a mut [f16],
+}
+
 /// GPTQ on one batch of rows (`w`, `nr × cols`): codes, scales and minimums per row.
-#[allow(clippy::too_many_arguments)]
 fn gptq_rows(
     w: &mut [f32],
     cols: usize,
@@ -357,10 +363,13 @@ fn gptq_rows(
     bits: u32,
     group: usize,
     importance: Option<&[f32]>,
-    codes: &mut [u8],
-    scales: &mut [f16],
-    mins: &mut [f16],
+    out: RowsOut<'_>,
 ) {
+    let RowsOut {
+        codes,
+        scales,
+        mins,
+    } = out;
     let nr = w.len() / cols;
     let ncg = cols.div_ceil(group);
     let nmax = ((1u32 << bits) - 1) as f32;
@@ -488,7 +497,12 @@ pub fn gptq_lowbit(
             let r0 = b * ROW_BATCH;
             let nr = c.len() / cols;
             let mut w = data[r0 * cols..(r0 + nr) * cols].to_vec();
-            gptq_rows(&mut w, cols, f, bits, group, importance, c, s, m);
+            let out = RowsOut {
+                codes: c,
+                scales: s,
+                mins: m,
+            };
+            gptq_rows(&mut w, cols, f, bits, group, importance, out);
         });
     if let Some(order) = order {
         // Back to the natural order: column order[k] holds code k; the group run starting

@@ -1,8 +1,15 @@
 //! Tests of the pack cache file, identity, folder management and failure handling.
 
-use super::*;
+use super::{dir::*, file::*, key::*, session::*, *};
+use crate::format::quantized::{quantize_on, Grid, QuantizedTensor};
 use crate::format::Int4Options;
 use crate::format::TensorRole;
+use crate::format::{PackedLinear, Precision, TensorPlace};
+use crate::model::Tensor;
+use sha2::{Digest, Sha256};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
 
 fn int4() -> Precision {
     Precision::Int4(Int4Options {
@@ -405,16 +412,36 @@ fn a_tensor_made_by_the_caller_is_written_and_never_reused() {
     let k = tensor(32, 64, 3);
     let kp = place(TensorRole::AttnK, Some(0));
     let mut s = PackSession::open(&cache, &src, &p, None).unwrap();
-    s.pack_with("q", &t, pl, None, None, &p, Some(made()))
-        .unwrap();
+    s.pack_with(
+        TensorToPack {
+            name: "q",
+            tensor: &t,
+            place: pl,
+            grid: None,
+            importance: None,
+            precision: &p,
+        },
+        Some(made()),
+    )
+    .unwrap();
     s.pack("k", &k, kp, None, None, &p).unwrap();
     assert!(matches!(s.finish(), PackOutcome::Written(_)));
     // The source changes: the plain tensor with an unchanged key is reused, the made one
     // is written again.
     std::fs::write(&src, b"weights v2").unwrap();
     let mut s = PackSession::open(&cache, &src, &p, None).unwrap();
-    s.pack_with("q", &t, pl, None, None, &p, Some(made()))
-        .unwrap();
+    s.pack_with(
+        TensorToPack {
+            name: "q",
+            tensor: &t,
+            place: pl,
+            grid: None,
+            importance: None,
+            precision: &p,
+        },
+        Some(made()),
+    )
+    .unwrap();
     s.pack("k", &k, kp, None, None, &p).unwrap();
     let o = s.finish();
     let PackOutcome::Updated {
