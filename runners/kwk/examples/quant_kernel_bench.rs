@@ -91,7 +91,13 @@ fn main() {
                         unreachable!()
                     };
                     let n = data.len() / dim;
-                    kernels::gemm_f32_panels(tier(i), &panels, rows, cols, data, n, r, y)
+                    let w = kernels::PanelWeights {
+                        data: &panels,
+                        n_rows: rows,
+                        cols,
+                    };
+                    let x = kernels::TokenRows { data, n_tokens: n };
+                    kernels::gemm_f32_panels(tier(i), w, x, r, y)
                 })
             }
             f => {

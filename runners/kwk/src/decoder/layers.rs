@@ -247,16 +247,16 @@ pub(super) fn accumulate_gram(pool: &ThreadPool, h: &mut Hessian, x: &[f32], dim
             }
             let r0 = b * GRAM_BLOCK;
             let rows = r0..(r0 + GRAM_BLOCK).min(dim);
-            kernels::gemm_f32_panels(
-                isa,
-                panels,
-                dim,
-                n,
-                &xt[r0 * n..],
-                dim - r0,
-                rows,
-                &out.from_token(r0),
-            );
+            let w = kernels::PanelWeights {
+                data: panels,
+                n_rows: dim,
+                cols: n,
+            };
+            let x = kernels::TokenRows {
+                data: &xt[r0 * n..],
+                n_tokens: dim - r0,
+            };
+            kernels::gemm_f32_panels(isa, w, x, rows, &out.from_token(r0));
         });
         for j in 0..dim {
             let end = ((j / GRAM_BLOCK + 1) * GRAM_BLOCK).min(dim);
@@ -369,18 +369,20 @@ fn attention(
             }
             {
                 let s = OutputMatrix::new(&mut scores[..rows * len], rows, len);
-                kernels::gemm_f32_panels_strided(
-                    isa,
-                    kv.keys(layer, g),
-                    hd * PANEL_ROWS,
-                    len,
-                    hd,
-                    &qbuf,
-                    hd,
-                    rows,
-                    0..len,
-                    &s,
-                );
+                let w = kernels::PanelWeights {
+                    data: kv.keys(layer, g),
+                    n_rows: len,
+                    cols: hd,
+                };
+                let x = kernels::TokenRows {
+                    data: &qbuf,
+                    n_tokens: rows,
+                };
+                let strides = kernels::PanelStrides {
+                    panel: hd * PANEL_ROWS,
+                    token: hd,
+                };
+                kernels::gemm_f32_panels_strided(isa, w, x, strides, 0..len, &s);
             }
             for r in 0..rows {
                 let valid = pos0 + t0 + r / group + 1;
@@ -403,18 +405,20 @@ fn attention(
             }
             {
                 let o = OutputMatrix::new(&mut obuf[..rows * hd], rows, hd);
-                kernels::gemm_f32_panels_strided(
-                    isa,
-                    kv.values(layer, g),
-                    kv.cap * PANEL_ROWS,
-                    hd,
-                    len,
-                    &scores[..rows * len],
-                    len,
-                    rows,
-                    0..hd,
-                    &o,
-                );
+                let w = kernels::PanelWeights {
+                    data: kv.values(layer, g),
+                    n_rows: hd,
+                    cols: len,
+                };
+                let x = kernels::TokenRows {
+                    data: &scores[..rows * len],
+                    n_tokens: rows,
+                };
+                let strides = kernels::PanelStrides {
+                    panel: kv.cap * PANEL_ROWS,
+                    token: len,
+                };
+                kernels::gemm_f32_panels_strided(isa, w, x, strides, 0..hd, &o);
             }
             for r in 0..rows {
                 let (t, h) = (t0 + r / group, g * group + r % group);

@@ -58,16 +58,16 @@ impl PackedLinear for Bf16Panels {
         );
         let n_tokens = data.len() / dim;
         let bits: &[u16] = data.reinterpret_cast();
-        kernels::gemm_bf16_panels(
-            kernels::active_isa(),
-            &self.panels,
-            self.rows,
-            self.cols_padded,
-            bits,
+        let w = kernels::PanelWeights {
+            data: &self.panels,
+            n_rows: self.rows,
+            cols: self.cols_padded,
+        };
+        let x = kernels::TokenRows {
+            data: bits,
             n_tokens,
-            rows,
-            y,
-        );
+        };
+        kernels::gemm_bf16_panels(kernels::active_isa(), w, x, rows, y);
     }
     fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         kernels::unpack_bf16_panel_row(&self.panels, self.cols_padded, r, &mut out[..self.cols]);

@@ -50,16 +50,13 @@ impl PackedLinear for F32Panels {
         };
         assert_eq!(*dim, self.cols, "activation width");
         let n_tokens = data.len() / dim;
-        kernels::gemm_f32_panels(
-            kernels::active_isa(),
-            &self.panels,
-            self.rows,
-            self.cols,
-            data,
-            n_tokens,
-            rows,
-            y,
-        );
+        let w = kernels::PanelWeights {
+            data: &self.panels,
+            n_rows: self.rows,
+            cols: self.cols,
+        };
+        let x = kernels::TokenRows { data, n_tokens };
+        kernels::gemm_f32_panels(kernels::active_isa(), w, x, rows, y);
     }
     fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         kernels::unpack_f32_panel_row(&self.panels, self.cols, r, out);

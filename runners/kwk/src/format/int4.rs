@@ -35,6 +35,16 @@ pub struct LowBitWeights {
     mins: Store<f16>,
 }
 
+/// The packed arrays of a [`LowBitWeights`], as [`LowBitWeights::from_parts`] takes them
+/// back (the order of [`LowBitWeights::parts`]).
+#[derive(Debug, Clone)]
+pub struct LowBitParts {
+    pub nibbles: Store<u8>,
+    pub high_bits: Store<u8>,
+    pub scales: Store<f16>,
+    pub mins: Store<f16>,
+}
+
 /// Group sizes the format accepts.
 pub const GROUP_SIZES: [usize; 3] = [32, 64, 128];
 
@@ -161,17 +171,19 @@ impl LowBitWeights {
     }
 
     /// Rebuilds from packed parts (the pack cache); `None` if the lengths do not fit.
-    #[allow(clippy::too_many_arguments)]
     pub fn from_parts(
         bits: u32,
         group_size: usize,
         rows: usize,
         cols: usize,
-        nibbles: Store<u8>,
-        high_bits: Store<u8>,
-        scales: Store<f16>,
-        mins: Store<f16>,
+        parts: LowBitParts,
     ) -> Option<Self> {
+        let LowBitParts {
+            nibbles,
+            high_bits,
+            scales,
+            mins,
+        } = parts;
         // Checked: the sizes come from a file (a corrupt index must not overflow).
         let bits = Bits::from_u32(bits)?;
         let row_groups = rows.div_ceil(ROW_GROUP);

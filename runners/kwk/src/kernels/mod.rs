@@ -437,21 +437,49 @@ impl OutputMatrix {
     }
 }
 
-/// Float32 panel matmul: for every token `t < n_tokens` (activation rows of `x`, `cols`
+/// A weight matrix packed in panels (see the module docs): `n_rows` rows of `cols` values.
+/// By default the panels lie back to back (panel `p` at `data[p * cols * 16]`);
+/// [`gemm_f32_panels_strided`] takes their spacing explicitly.
+#[derive(Debug, Clone, Copy)]
+pub struct PanelWeights<'a, T> {
+    pub data: &'a [T],
+    pub n_rows: usize,
+    pub cols: usize,
+}
+
+/// `n_tokens` activation rows of `data`, one per token, as a panel matmul reads them
+/// (back to back, `cols` values each, unless strides say otherwise).
+#[derive(Debug, Clone, Copy)]
+pub struct TokenRows<'a, T> {
+    pub data: &'a [T],
+    pub n_tokens: usize,
+}
+
+/// The spacing of operands not packed back to back: panel `p` starts at
+/// `data[p * panel]` and token `t`'s activations at `data[t * token]`.
+#[derive(Debug, Clone, Copy)]
+pub struct PanelStrides {
+    pub panel: usize,
+    pub token: usize,
+}
+
+/// Float32 panel matmul: for every token `t < x.n_tokens` (activation rows of `x`, `w.cols`
 /// values each) and every weight row `r` in `rows`, `y[t][r] = W[r] · x[t]`, where `w` holds
-/// the panels of a matrix with `n_rows` rows (see the module docs). `rows.start` must be a
-/// multiple of [`PANEL_ROWS`]; rows at or past `n_rows` are not written.
-#[allow(clippy::too_many_arguments)]
+/// the panels of a matrix with `w.n_rows` rows (see the module docs). `rows.start` must be a
+/// multiple of [`PANEL_ROWS`]; rows at or past `w.n_rows` are not written.
 pub fn gemm_f32_panels(
     isa: Isa,
-    w: &[f32],
-    n_rows: usize,
-    cols: usize,
-    x: &[f32],
-    n_tokens: usize,
+    w: PanelWeights<f32>,
+    x: TokenRows<f32>,
     rows: Range<usize>,
     y: &OutputMatrix,
 ) {
+    let PanelWeights {
+        data: w,
+        n_rows,
+        cols,
+    } = w;
+    let TokenRows { data: x, n_tokens } = x;
     check_panel_args(w.len(), n_rows, cols, x.len(), n_tokens, &rows, y);
     let op = PanelOperands {
         w,
@@ -465,21 +493,27 @@ pub fn gemm_f32_panels(
 }
 
 /// [`gemm_f32_panels`] with explicit strides, for panels that are not packed back to back
-/// (the KV cache): panel `p` starts at `w[p * panel_stride]` (`panel_stride >= cols * 16`)
-/// and token `t`'s activations at `x[t * ldx]` (`ldx >= cols`).
-#[allow(clippy::too_many_arguments)]
+/// (the KV cache): panel `p` starts at `w.data[p * strides.panel]`
+/// (`strides.panel >= cols * 16`) and token `t`'s activations at `x.data[t * strides.token]`
+/// (`strides.token >= cols`).
 pub fn gemm_f32_panels_strided(
     isa: Isa,
-    w: &[f32],
-    panel_stride: usize,
-    n_rows: usize,
-    cols: usize,
-    x: &[f32],
-    ldx: usize,
-    n_tokens: usize,
+    w: PanelWeights<f32>,
+    x: TokenRows<f32>,
+    strides: PanelStrides,
     rows: Range<usize>,
     y: &OutputMatrix,
 ) {
+    let PanelWeights {
+        data: w,
+        n_rows,
+        cols,
+    } = w;
+    let TokenRows { data: x, n_tokens } = x;
+    let PanelStrides {
+        panel: panel_stride,
+        token: ldx,
+    } = strides;
     assert!(panel_stride >= cols * PANEL_ROWS && ldx >= cols);
     assert!(rows.start.is_multiple_of(PANEL_ROWS) && rows.start <= rows.end && rows.end <= n_rows);
     assert!(y.n_tokens() >= n_tokens && y.ld() >= n_rows);
@@ -568,19 +602,21 @@ pub fn silu_mul(isa: Isa, g: &mut [f32], u: &[f32]) {
 }
 
 /// bf16 panel matmul: as [`gemm_f32_panels`] with weights and activations in bf16 (raw
-/// `u16` bits). `cols` is even (formats pad odd widths with a zero column); `x` holds
-/// `n_tokens` rows of `cols` bf16 values. Products are exact in f32 and summed in f32.
-#[allow(clippy::too_many_arguments)]
+/// `u16` bits). `w.cols` is even (formats pad odd widths with a zero column); `x` holds
+/// `x.n_tokens` rows of `w.cols` bf16 values. Products are exact in f32 and summed in f32.
 pub fn gemm_bf16_panels(
     isa: Isa,
-    w: &[u16],
-    n_rows: usize,
-    cols: usize,
-    x: &[u16],
-    n_tokens: usize,
+    w: PanelWeights<u16>,
+    x: TokenRows<u16>,
     rows: Range<usize>,
     y: &OutputMatrix,
 ) {
+    let PanelWeights {
+        data: w,
+        n_rows,
+        cols,
+    } = w;
+    let TokenRows { data: x, n_tokens } = x;
     assert!(
         cols.is_multiple_of(2),
         "bf16 panels need an even column count"

@@ -29,7 +29,16 @@ fn run_f32(
     let panels = pack_f32_panels(w, n_rows, cols);
     let mut y = vec![f32::NAN; nt * n_rows];
     let out = OutputMatrix::new(&mut y, nt, n_rows);
-    gemm_f32_panels(isa, &panels, n_rows, cols, x, nt, rows, &out);
+    let w = PanelWeights {
+        data: &panels,
+        n_rows,
+        cols,
+    };
+    let x = TokenRows {
+        data: x,
+        n_tokens: nt,
+    };
+    gemm_f32_panels(isa, w, x, rows, &out);
     y
 }
 
@@ -49,7 +58,16 @@ fn run_bf16(
     }
     let mut y = vec![f32::NAN; nt * n_rows];
     let out = OutputMatrix::new(&mut y, nt, n_rows);
-    gemm_bf16_panels(isa, &panels, n_rows, cp, &xb, nt, rows, &out);
+    let w = PanelWeights {
+        data: &panels,
+        n_rows,
+        cols: cp,
+    };
+    let x = TokenRows {
+        data: &xb,
+        n_tokens: nt,
+    };
+    gemm_bf16_panels(isa, w, x, rows, &out);
     y
 }
 
@@ -288,19 +306,30 @@ fn strided_panels_match_packed_panels() {
         let mut b = vec![0f32; nt * n_rows];
         let ya = OutputMatrix::new(&mut a, nt, n_rows);
         let yb = OutputMatrix::new(&mut b, nt, n_rows);
-        gemm_f32_panels(isa, &packed, n_rows, cols, &xd, nt, 0..n_rows, &ya);
-        gemm_f32_panels_strided(
-            isa,
-            &spaced,
-            stride,
+        let w = PanelWeights {
+            data: &packed,
             n_rows,
             cols,
-            &x,
-            ldx,
-            nt,
-            0..n_rows,
-            &yb,
-        );
+        };
+        let xt = TokenRows {
+            data: &xd,
+            n_tokens: nt,
+        };
+        gemm_f32_panels(isa, w, xt, 0..n_rows, &ya);
+        let w = PanelWeights {
+            data: &spaced,
+            n_rows,
+            cols,
+        };
+        let xt = TokenRows {
+            data: &x,
+            n_tokens: nt,
+        };
+        let strides = PanelStrides {
+            panel: stride,
+            token: ldx,
+        };
+        gemm_f32_panels_strided(isa, w, xt, strides, 0..n_rows, &yb);
         assert_eq!(a, b, "{isa:?}");
     }
 }

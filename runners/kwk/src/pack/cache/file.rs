@@ -4,7 +4,7 @@
 
 use super::key::SourceIdentity;
 use super::PACK_VERSION;
-use crate::format::int4::LowBitWeights;
+use crate::format::int4::{LowBitParts, LowBitWeights};
 use crate::format::int8::Int8Weights;
 use crate::format::quantized::QuantizedTensor;
 use crate::format::storage::Store;
@@ -174,17 +174,16 @@ impl PackFile {
         let t = match (e.kind, e.arrays.len()) {
             (0, 2) => Int8Weights::from_parts(e.rows, e.cols, u8s(0)?, f16s(1)?)
                 .map(QuantizedTensor::Int8),
-            (1, 4) => LowBitWeights::from_parts(
-                e.bits,
-                e.group_size,
-                e.rows,
-                e.cols,
-                u8s(0)?,
-                u8s(1)?,
-                f16s(2)?,
-                f16s(3)?,
-            )
-            .map(QuantizedTensor::LowBit),
+            (1, 4) => {
+                let parts = LowBitParts {
+                    nibbles: u8s(0)?,
+                    high_bits: u8s(1)?,
+                    scales: f16s(2)?,
+                    mins: f16s(3)?,
+                };
+                LowBitWeights::from_parts(e.bits, e.group_size, e.rows, e.cols, parts)
+                    .map(QuantizedTensor::LowBit)
+            }
             _ => None,
         };
         t.ok_or_else(bad)
