@@ -5,7 +5,7 @@
 //! file, which this tier otherwise took from libm one value at a time). Reached only
 //! through `kernels/mod.rs`, which checked the features and the buffer bounds.
 
-use super::{RawPanels, TileSpot, EXP_LN2_HI, EXP_LN2_LO, EXP_MAX, EXP_MIN, EXP_POLY};
+use super::{EXP_LN2_HI, EXP_LN2_LO, EXP_MAX, EXP_MIN, EXP_POLY};
 use crate::kernels::{prefetch_hint, OutputMatrix, PanelOperands, GEMV_PREFETCH_BYTES, PANEL_ROWS};
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -18,26 +18,25 @@ fn assert_features() {
 /// AVX2+FMA; `w` holds the panels covering `rows` (`cols*16` elements each, 4 bytes for
 /// f32 or 2 for bf16) and `x` holds `n_tokens*cols` elements.
 #[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
 unsafe fn gemm_panels(
     bf16: bool,
-    m: RawPanels,
+    w: *const u8,
+    panel_stride: usize,
+    cols: usize,
+    x: *const u8,
+    ldx: usize,
     n_tokens: usize,
     rows: Range<usize>,
     y: &OutputMatrix,
 ) {
     let elem = if bf16 { 2 } else { 4 };
-    let RawPanels {
-        w,
-        panel_bytes,
-        x,
-        ldx,
-        ..
-    } = m;
+    let panel_bytes = panel_stride * elem;
     let n_panels = (rows.end - rows.start).div_ceil(PANEL_ROWS);
     let first = rows.start / PANEL_ROWS;
     if !bf16 && n_tokens >= 3 {
         // SAFETY: as this function's contract.
-        unsafe { gemm_f32_tall(m, n_tokens, rows, y) };
+        unsafe { gemm_f32_tall(w, panel_bytes, cols, x, ldx, n_tokens, rows, y) };
         return;
     }
     // bf16 generation (one token) takes four panels at a time, so eight accumulator
@@ -58,18 +57,37 @@ unsafe fn gemm_panels(
             while t < n_tokens {
                 let tt = (n_tokens - t).min(2);
                 let xp = x.add(t * ldx * elem);
-                let spot = TileSpot { t0: t, r0, valid };
                 match (take, tt, bf16) {
-                    (2, 2, false) => tile_f32::<2, 2>(m.at(wp, xp), spot, y),
-                    (2, 1, false) => tile_f32::<2, 1>(m.at(wp, xp), spot, y),
-                    (1, 2, false) => tile_f32::<1, 2>(m.at(wp, xp), spot, y),
-                    (1, 1, false) => tile_f32::<1, 1>(m.at(wp, xp), spot, y),
-                    (2, 2, true) => tile_bf16::<2, 2>(m.at(wp, xp), spot, y),
-                    (2, 1, true) => tile_bf16::<2, 1>(m.at(wp, xp), spot, y),
-                    (1, 2, true) => tile_bf16::<1, 2>(m.at(wp, xp), spot, y),
-                    (1, 1, true) => tile_bf16::<1, 1>(m.at(wp, xp), spot, y),
-                    (4, 1, true) => tile_bf16::<4, 1>(m.at(wp, xp), spot, y),
-                    (3, 1, true) => tile_bf16::<3, 1>(m.at(wp, xp), spot, y),
+                    (2, 2, false) => {
+                        tile_f32::<2, 2>(wp, panel_bytes, cols, ldx, xp, t, r0, valid, y)
+                    }
+                    (2, 1, false) => {
+                        tile_f32::<2, 1>(wp, panel_bytes, cols, ldx, xp, t, r0, valid, y)
+                    }
+                    (1, 2, false) => {
+                        tile_f32::<1, 2>(wp, panel_bytes, cols, ldx, xp, t, r0, valid, y)
+                    }
+                    (1, 1, false) => {
+                        tile_f32::<1, 1>(wp, panel_bytes, cols, ldx, xp, t, r0, valid, y)
+                    }
+                    (2, 2, true) => {
+                        tile_bf16::<2, 2>(wp, panel_bytes, cols, ldx, xp, t, r0, valid, y)
+                    }
+                    (2, 1, true) => {
+                        tile_bf16::<2, 1>(wp, panel_bytes, cols, ldx, xp, t, r0, valid, y)
+                    }
+                    (1, 2, true) => {
+                        tile_bf16::<1, 2>(wp, panel_bytes, cols, ldx, xp, t, r0, valid, y)
+                    }
+                    (1, 1, true) => {
+                        tile_bf16::<1, 1>(wp, panel_bytes, cols, ldx, xp, t, r0, valid, y)
+                    }
+                    (4, 1, true) => {
+                        tile_bf16::<4, 1>(wp, panel_bytes, cols, ldx, xp, t, r0, valid, y)
+                    }
+                    (3, 1, true) => {
+                        tile_bf16::<3, 1>(wp, panel_bytes, cols, ldx, xp, t, r0, valid, y)
+                    }
                     _ => unreachable!(),
                 }
                 t += tt;
@@ -88,14 +106,17 @@ unsafe fn gemm_panels(
 /// # Safety
 /// As [`gemm_panels`] (float32).
 #[target_feature(enable = "avx2,fma")]
-unsafe fn gemm_f32_tall(m: RawPanels, n_tokens: usize, rows: Range<usize>, y: &OutputMatrix) {
-    let RawPanels {
-        w,
-        panel_bytes,
-        x,
-        ldx,
-        ..
-    } = m;
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_f32_tall(
+    w: *const u8,
+    panel_bytes: usize,
+    cols: usize,
+    x: *const u8,
+    ldx: usize,
+    n_tokens: usize,
+    rows: Range<usize>,
+    y: &OutputMatrix,
+) {
     let n_panels = (rows.end - rows.start).div_ceil(PANEL_ROWS);
     let first = rows.start / PANEL_ROWS;
     for p in 0..n_panels {
@@ -108,14 +129,13 @@ unsafe fn gemm_f32_tall(m: RawPanels, n_tokens: usize, rows: Range<usize>, y: &O
             while t < n_tokens {
                 let tt = (n_tokens - t).min(6);
                 let xp = x.add(t * ldx * 4);
-                let spot = TileSpot { t0: t, r0, valid };
                 match tt {
-                    6 => tile_f32::<1, 6>(m.at(wp, xp), spot, y),
-                    5 => tile_f32::<1, 5>(m.at(wp, xp), spot, y),
-                    4 => tile_f32::<1, 4>(m.at(wp, xp), spot, y),
-                    3 => tile_f32::<1, 3>(m.at(wp, xp), spot, y),
-                    2 => tile_f32::<1, 2>(m.at(wp, xp), spot, y),
-                    _ => tile_f32::<1, 1>(m.at(wp, xp), spot, y),
+                    6 => tile_f32::<1, 6>(wp, panel_bytes, cols, ldx, xp, t, r0, valid, y),
+                    5 => tile_f32::<1, 5>(wp, panel_bytes, cols, ldx, xp, t, r0, valid, y),
+                    4 => tile_f32::<1, 4>(wp, panel_bytes, cols, ldx, xp, t, r0, valid, y),
+                    3 => tile_f32::<1, 3>(wp, panel_bytes, cols, ldx, xp, t, r0, valid, y),
+                    2 => tile_f32::<1, 2>(wp, panel_bytes, cols, ldx, xp, t, r0, valid, y),
+                    _ => tile_f32::<1, 1>(wp, panel_bytes, cols, ldx, xp, t, r0, valid, y),
                 }
                 t += tt;
             }
@@ -153,16 +173,19 @@ fn store_tile<const P: usize, const T: usize>(
 
 /// # Safety
 /// As [`gemm_panels`]; `w` points at the first of `P` f32 panels, `x` at `T` token rows.
+#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn tile_f32<const P: usize, const T: usize>(m: RawPanels, spot: TileSpot, y: &OutputMatrix) {
-    let RawPanels {
-        w,
-        panel_bytes,
-        cols,
-        x,
-        ldx,
-    } = m;
-    let TileSpot { t0, r0, valid } = spot;
+unsafe fn tile_f32<const P: usize, const T: usize>(
+    w: *const u8,
+    panel_bytes: usize,
+    cols: usize,
+    ldx: usize,
+    x: *const u8,
+    t0: usize,
+    r0: usize,
+    valid: usize,
+    y: &OutputMatrix,
+) {
     let w = w as *const f32;
     let x = x as *const f32;
     let ps = panel_bytes / 4;
@@ -190,20 +213,19 @@ unsafe fn tile_f32<const P: usize, const T: usize>(m: RawPanels, spot: TileSpot,
 
 /// # Safety
 /// As [`gemm_panels`]; `w` points at the first of `P` bf16 panels, `x` at `T` bf16 rows.
+#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn tile_bf16<const P: usize, const T: usize>(
-    m: RawPanels,
-    spot: TileSpot,
+    w: *const u8,
+    panel_bytes: usize,
+    cols: usize,
+    ldx: usize,
+    x: *const u8,
+    t0: usize,
+    r0: usize,
+    valid: usize,
     y: &OutputMatrix,
 ) {
-    let RawPanels {
-        w,
-        panel_bytes,
-        cols,
-        x,
-        ldx,
-    } = m;
-    let TileSpot { t0, r0, valid } = spot;
     let w = w as *const u16;
     let x = x as *const u16;
     let ps = panel_bytes / 2;
@@ -246,9 +268,29 @@ unsafe fn tile_bf16<const P: usize, const T: usize>(
 
 /// See [`crate::kernels::gemm_f32_panels_strided`].
 pub(crate) fn gemm_f32_panels(op: &PanelOperands<f32>, rows: Range<usize>, y: &OutputMatrix) {
+    let PanelOperands {
+        w,
+        panel_stride,
+        cols,
+        x,
+        ldx,
+        n_tokens,
+    } = *op;
     assert_features();
     // SAFETY: the dispatcher checked AVX2+FMA and the bounds of `w` and `x`.
-    unsafe { gemm_panels(false, RawPanels::new(op, 4), op.n_tokens, rows, y) }
+    unsafe {
+        gemm_panels(
+            false,
+            w.as_ptr() as *const u8,
+            panel_stride,
+            cols,
+            x.as_ptr() as *const u8,
+            ldx,
+            n_tokens,
+            rows,
+            y,
+        )
+    }
 }
 
 /// See [`crate::kernels::gemm_bf16_panels`].
@@ -261,16 +303,20 @@ pub fn gemm_bf16_panels(
     y: &OutputMatrix,
 ) {
     assert_features();
-    let op = PanelOperands {
-        w,
-        panel_stride: cols * PANEL_ROWS,
-        cols,
-        x,
-        ldx: cols,
-        n_tokens,
-    };
     // SAFETY: the dispatcher checked AVX2+FMA and the bounds of `w` and `x`.
-    unsafe { gemm_panels(true, RawPanels::new(&op, 2), n_tokens, rows, y) }
+    unsafe {
+        gemm_panels(
+            true,
+            w.as_ptr() as *const u8,
+            cols * PANEL_ROWS,
+            cols,
+            x.as_ptr() as *const u8,
+            cols,
+            n_tokens,
+            rows,
+            y,
+        )
+    }
 }
 
 /// See [`crate::kernels::dot_f32`] (equal lengths).

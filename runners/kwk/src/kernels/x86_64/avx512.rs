@@ -6,7 +6,7 @@
 //! the CPU features ([`crate::kernels::active_isa`]) and the buffer bounds; each one asserts
 //! the features again in debug builds.
 
-use super::{RawPanels, TileSpot, EXP_LN2_HI, EXP_LN2_LO, EXP_MAX, EXP_MIN, EXP_POLY};
+use super::{EXP_LN2_HI, EXP_LN2_LO, EXP_MAX, EXP_MIN, EXP_POLY};
 use crate::kernels::{prefetch_hint, OutputMatrix, PanelOperands, GEMV_PREFETCH_BYTES, PANEL_ROWS};
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -48,21 +48,20 @@ macro_rules! define_tiles {
             /// `rows` (`cols * 16` values each) and `x` holds `n_tokens * cols` values, as
             /// `kernels::check_panel_args` asserted.
             #[target_feature(enable = $features)]
+            #[allow(clippy::too_many_arguments)]
             pub(super) unsafe fn gemm_panels(
                 kind: Kind,
-                m: RawPanels,
+                w: *const u8,
+                panel_stride: usize,
+                cols: usize,
+                x: *const u8,
+                ldx: usize,
                 n_tokens: usize,
                 rows: Range<usize>,
                 y: &OutputMatrix,
             ) {
                 let elem = if kind == Kind::F32 { 4 } else { 2 };
-                let RawPanels {
-                    w,
-                    panel_bytes,
-                    x,
-                    ldx,
-                    ..
-                } = m;
+                let panel_bytes = panel_stride * elem;
                 let n_panels = (rows.end - rows.start).div_ceil(PANEL_ROWS);
                 let first = rows.start / PANEL_ROWS;
                 let mut p = 0;
@@ -82,27 +81,50 @@ macro_rules! define_tiles {
                         // SAFETY: tokens t..t+tt lie inside `x`.
                         let xp = unsafe { x.add(t * ldx * elem) };
                         // SAFETY: forwarded from this function's contract.
-                        let spot = TileSpot { t0: t, r0, valid };
-                        unsafe { tile_dispatch(kind, take, tt, m.at(wp, xp), spot, y) };
+                        unsafe {
+                            tile_dispatch(
+                                kind,
+                                take,
+                                tt,
+                                wp,
+                                panel_bytes,
+                                cols,
+                                ldx,
+                                xp,
+                                t,
+                                r0,
+                                valid,
+                                y,
+                            )
+                        };
                         t += tt;
                     }
                     p += take;
                 }
             }
 
+            #[allow(clippy::too_many_arguments)]
             #[target_feature(enable = $features)]
             unsafe fn tile_dispatch(
                 kind: Kind,
                 panels: usize,
                 tokens: usize,
-                m: RawPanels,
-                spot: TileSpot,
+                w: *const u8,
+                panel_bytes: usize,
+                cols: usize,
+                ldx: usize,
+                x: *const u8,
+                t0: usize,
+                r0: usize,
+                valid: usize,
                 y: &OutputMatrix,
             ) {
                 macro_rules! go {
                     ($p:literal, $t:literal) => {
                         // SAFETY: forwarded from the caller's contract.
-                        unsafe { tile::<$p, $t>(kind, m, spot, y) }
+                        unsafe {
+                            tile::<$p, $t>(kind, w, panel_bytes, cols, ldx, x, t0, r0, valid, y)
+                        }
                     };
                 }
                 match (panels, tokens) {
@@ -143,21 +165,20 @@ macro_rules! define_tiles {
             /// # Safety
             /// As [`gemm_panels`]; `w` points at the first of `P` panels, `x` at the first of `T`
             /// token rows.
+            #[allow(clippy::too_many_arguments)]
             #[target_feature(enable = $features)]
             unsafe fn tile<const P: usize, const T: usize>(
                 kind: Kind,
-                m: RawPanels,
-                spot: TileSpot,
+                w: *const u8,
+                panel_bytes: usize,
+                cols: usize,
+                ldx: usize,
+                x: *const u8,
+                t0: usize,
+                r0: usize,
+                valid: usize,
                 y: &OutputMatrix,
             ) {
-                let RawPanels {
-                    w,
-                    panel_bytes,
-                    cols,
-                    x,
-                    ldx,
-                } = m;
-                let TileSpot { t0, r0, valid } = spot;
                 let mut acc = [[_mm512_setzero_ps(); P]; T];
                 // SAFETY (whole block): every load reads inside panel p (`cols*16` elements) or token
                 // row t (`cols` elements) for k < cols, as the caller guarantees.
@@ -280,22 +301,29 @@ define_tiles!(tiles_bf16, "avx512f,avx512bw,avx512vl,fma,avx512bf16");
 
 /// See [`crate::kernels::gemm_f32_panels_strided`].
 pub(crate) fn gemm_f32_panels(op: &PanelOperands<f32>, rows: Range<usize>, y: &OutputMatrix) {
-    assert_features(false);
-    // SAFETY: the dispatcher checked AVX-512 support and the bounds of `w` and `x`.
-    unsafe { tiles_f32::gemm_panels(Kind::F32, RawPanels::new(op, 4), op.n_tokens, rows, y) }
-}
-
-/// bf16 panels of `cols` columns (back to back) and `n_tokens` rows of `cols` values.
-fn bf16_operands(w: &[u16], cols: usize, x: &[u16], n_tokens: usize) -> RawPanels {
-    let op = PanelOperands {
+    let PanelOperands {
         w,
-        panel_stride: cols * PANEL_ROWS,
+        panel_stride,
         cols,
         x,
-        ldx: cols,
+        ldx,
         n_tokens,
-    };
-    RawPanels::new(&op, 2)
+    } = *op;
+    assert_features(false);
+    // SAFETY: the dispatcher checked AVX-512 support and the bounds of `w` and `x`.
+    unsafe {
+        tiles_f32::gemm_panels(
+            Kind::F32,
+            w.as_ptr() as *const u8,
+            panel_stride,
+            cols,
+            x.as_ptr() as *const u8,
+            ldx,
+            n_tokens,
+            rows,
+            y,
+        )
+    }
 }
 
 /// See [`crate::kernels::gemm_bf16_panels`]; needs AVX512_BF16.
@@ -312,7 +340,11 @@ pub fn gemm_bf16_panels_dpbf16(
     unsafe {
         tiles_bf16::gemm_panels(
             Kind::Bf16Dp,
-            bf16_operands(w, cols, x, n_tokens),
+            w.as_ptr() as *const u8,
+            cols * PANEL_ROWS,
+            cols,
+            x.as_ptr() as *const u8,
+            cols,
             n_tokens,
             rows,
             y,
@@ -335,7 +367,11 @@ pub fn gemm_bf16_panels_fma(
     unsafe {
         tiles_f32::gemm_panels(
             Kind::Bf16Fma,
-            bf16_operands(w, cols, x, n_tokens),
+            w.as_ptr() as *const u8,
+            cols * PANEL_ROWS,
+            cols,
+            x.as_ptr() as *const u8,
+            cols,
             n_tokens,
             rows,
             y,
