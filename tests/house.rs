@@ -478,6 +478,32 @@ fn no_new_module_cycles() {
     );
 }
 
+/// The faults of a ratchet: `now` (file -> count) against its `allowed` list. A file not
+/// listed is `new(file, n)`, one over its listed count is `grown(file, n, allowed)`, and a
+/// listed file no longer in `now` is `paid(file)` (its line must go).
+fn ratchet_faults(
+    now: &BTreeMap<String, usize>,
+    allowed: &[(&str, usize)],
+    new: impl Fn(&str, usize) -> String,
+    grown: impl Fn(&str, usize, usize) -> String,
+    paid: impl Fn(&str) -> String,
+) -> Vec<String> {
+    let mut faults = Vec::new();
+    for (file, &n) in now {
+        match allowed.iter().find(|(f, _)| f == file) {
+            None => faults.push(new(file, n)),
+            Some(&(_, max)) if n > max => faults.push(grown(file, n, max)),
+            Some(_) => {}
+        }
+    }
+    for (file, _) in allowed {
+        if !now.contains_key(*file) {
+            faults.push(paid(file));
+        }
+    }
+    faults
+}
+
 #[test]
 fn no_new_oversized_files() {
     let mut now = BTreeMap::new();
@@ -489,23 +515,17 @@ fn no_new_oversized_files() {
             }
         }
     }
-    let mut faults = Vec::new();
-    for (file, &lines) in &now {
-        match OVERSIZED.iter().find(|(f, _)| f == file) {
-            None => faults.push(format!("{file}: {lines} lines, over {MAX_LINES}; split it")),
-            Some(&(_, allowed)) if lines > allowed => faults.push(format!(
-                "{file}: {lines} lines, grown past its allowlisted {allowed}"
-            )),
-            Some(_) => {}
-        }
-    }
-    for (file, _) in OVERSIZED {
-        if !now.contains_key(*file) {
-            faults.push(format!(
-                "{file}: gone or now under {MAX_LINES} lines; delete its line from OVERSIZED"
-            ));
-        }
-    }
+    let faults = ratchet_faults(
+        &now,
+        OVERSIZED,
+        |file, lines| format!("{file}: {lines} lines, over {MAX_LINES}; split it"),
+        |file, lines, allowed| {
+            format!("{file}: {lines} lines, grown past its allowlisted {allowed}")
+        },
+        |file| {
+            format!("{file}: gone or now under {MAX_LINES} lines; delete its line from OVERSIZED")
+        },
+    );
     let listing: String = now
         .iter()
         .map(|(f, n)| format!("    (\"{f}\", {n}),\n"))
@@ -573,26 +593,18 @@ fn libraries_never_print() {
             );
         }
     }
-    let mut faults = Vec::new();
-    for (file, &n) in &now {
-        match KNOWN_PRINTS.iter().find(|(f, _)| f == file) {
-            None => faults.push(format!(
+    let faults = ratchet_faults(
+        &now,
+        KNOWN_PRINTS,
+        |file, n| {
+            format!(
                 "{file}: {n} print macro(s) in library code; report through the program's \
                  sink instead (kwk: kwk::notices; kwk-eval: kwk_eval::ui::Reporter)"
-            )),
-            Some(&(_, allowed)) if n > allowed => faults.push(format!(
-                "{file}: {n} print macros, more than its allowlisted {allowed}"
-            )),
-            Some(_) => {}
-        }
-    }
-    for (file, _) in KNOWN_PRINTS {
-        if !now.contains_key(*file) {
-            faults.push(format!(
-                "{file}: prints no more; delete its line from KNOWN_PRINTS"
-            ));
-        }
-    }
+            )
+        },
+        |file, n, allowed| format!("{file}: {n} print macros, more than its allowlisted {allowed}"),
+        |file| format!("{file}: prints no more; delete its line from KNOWN_PRINTS"),
+    );
     let listing: String = now
         .iter()
         .map(|(f, n)| format!("    (\"{f}\", {n}),\n"))

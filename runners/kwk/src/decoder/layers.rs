@@ -3,7 +3,7 @@
 //! (RMSNorm, activation preparation, multi-matmul hand-offs) they share.
 
 use crate::format::{InputKind, PackedLinear, PreparedInput};
-use crate::kernels::int4_matmul::InputMemo;
+use crate::kernels::quant::InputMemo;
 use crate::kernels::{self, OutputMatrix, PANEL_ROWS};
 use crate::model::ModelConfig;
 use crate::quantize::gptq::Hessian;

@@ -22,7 +22,7 @@ pub mod storage;
 pub use precision::{Int4Options, Int8Options, Precision, DEFAULT_INT4_GROUP};
 
 use crate::error::Result;
-use crate::kernels::int4_matmul::InputMemo;
+use crate::kernels::quant::InputMemo;
 use crate::kernels::OutputMatrix;
 use crate::model::Tensor;
 use std::ops::Range;

@@ -34,11 +34,6 @@ pub mod scalar;
 #[cfg(target_arch = "x86_64")]
 pub mod x86_64;
 
-/// The quantized kernels' former paths, which code outside `kernels/` still names.
-pub use quant as int8_matmul;
-/// The quantized kernels' former paths, which code outside `kernels/` still names.
-pub use quant as int4_matmul;
-
 use std::ops::Range;
 use std::sync::OnceLock;
 

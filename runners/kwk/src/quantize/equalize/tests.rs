@@ -117,7 +117,7 @@ fn a_pair_with_a_folded_row_scale_is_equalized() {
 }
 
 /// Quantizes each token's values to int8 blocks of [`ACT_BLOCK`] with a per-block
-/// absmax scale, as the kernels do (`kernels::int8_matmul`'s `Q8Rows`).
+/// absmax scale, as the kernels do (`kernels::quant`'s `Q8Rows`).
 fn fake_quant_activations(x: &mut [f32]) {
     for block in x.chunks_mut(ACT_BLOCK) {
         let amax = block.iter().fold(0f32, |m, v| m.max(v.abs()));
