@@ -1,5 +1,5 @@
 //! llamacpp: finds llama.cpp's command-line tools (llama-perplexity, llama-bench,
-//! llama-quantize, llama-tokenize), runs them defensively (pinned flags, cleared
+//! llama-quantize, llama-imatrix, llama-tokenize, and the converter script), runs them defensively (pinned flags, cleared
 //! `LLAMA_ARG_*`, timeouts, stderr tail kept) and parses what they print. Knows nothing of
 //! the harness.
 //!
@@ -8,24 +8,31 @@
 //! - [`process`]: one subprocess with a clean environment, drained pipes and a timeout.
 //! - [`settings`]: threads, KV cache type and flash attention, pinned on every run.
 //! - [`perplexity`], [`kld`], [`bench`], [`tokenize`]: the commands and their parsers.
+//! - [`convert`], [`imatrix`], [`quantize`]: making GGUFs from a checkpoint (the ladder).
 // One `unsafe` block: the parent-death hook between fork and exec (`process`).
 #![deny(unsafe_code)]
 
 pub mod bench;
+pub mod convert;
 pub mod error;
+pub mod imatrix;
 pub mod kld;
 pub mod perplexity;
 pub mod process;
+pub mod quantize;
 pub mod settings;
 pub mod tokenize;
 pub mod tools;
 
 pub use bench::{run_bench, BenchOutput, BenchRequest, BenchRun, BenchTest};
+pub use convert::{run_convert, ConvertRequest, ConvertRun, Converter, ConverterSearch};
 pub use error::{Error, Result, SETUP_HINT};
+pub use imatrix::{run_imatrix, ImatrixRequest, ImatrixRun};
 pub use kld::{
     run_kl_divergence, KlDivergenceRequest, KlDivergenceRun, KlDivergenceStats, ValueErr,
 };
 pub use perplexity::{run_perplexity, PerplexityOutput, PerplexityRequest, PerplexityRun};
+pub use quantize::{run_quantize, Fallback, QuantizeLog, QuantizeRequest, QuantizeRun};
 pub use settings::{ComputeSettings, KvType};
 pub use tokenize::{run_tokenize, TokenizeRequest, TokenizeRun};
 pub use tools::{BuildInfo, LlamaCppTools, Search};

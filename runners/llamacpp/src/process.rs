@@ -141,6 +141,8 @@ pub struct ToolCommand {
     pub timeout: Duration,
     /// What to tell the user when the tool fails.
     pub hint: String,
+    /// Variables set for the tool (after the cleaning).
+    pub env: Vec<(OsString, OsString)>,
 }
 
 impl ToolCommand {
@@ -151,6 +153,7 @@ impl ToolCommand {
             args: Vec::new(),
             timeout,
             hint: hint.to_string(),
+            env: Vec::new(),
         }
     }
 
@@ -197,6 +200,9 @@ impl ToolCommand {
             if let Ok(joined) = std::env::join_paths(paths) {
                 cmd.env("LD_LIBRARY_PATH", joined);
             }
+        }
+        for (k, v) in &self.env {
+            cmd.env(k, v);
         }
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -40,6 +40,7 @@ pub const PERPLEXITY: &str = "llama-perplexity";
 pub const BENCH: &str = "llama-bench";
 pub const QUANTIZE: &str = "llama-quantize";
 pub const TOKENIZE: &str = "llama-tokenize";
+pub const IMATRIX: &str = "llama-imatrix";
 
 /// The environment variable naming the directory of llama.cpp's tools.
 pub const DIR_ENV: &str = "KWK_LLAMA_CPP_DIR";
@@ -176,6 +177,7 @@ pub struct LlamaCppTools {
     bench: PathBuf,
     quantize: Option<PathBuf>,
     tokenize: Option<PathBuf>,
+    imatrix: Option<PathBuf>,
     build: BuildInfo,
     source: String,
     notes: Vec<String>,
@@ -204,6 +206,7 @@ struct Found {
     bench: PathBuf,
     quantize: Option<PathBuf>,
     tokenize: Option<PathBuf>,
+    imatrix: Option<PathBuf>,
     source: String,
 }
 
@@ -223,6 +226,7 @@ fn in_dir(dir: &Path, source: String, searched: &mut Vec<String>) -> Option<Foun
         bench: tool(BENCH)?,
         quantize: tool(QUANTIZE),
         tokenize: tool(TOKENIZE),
+        imatrix: tool(IMATRIX),
         source,
     })
 }
@@ -291,6 +295,7 @@ impl LlamaCppTools {
                     bench,
                     quantize: which(QUANTIZE),
                     tokenize: which(TOKENIZE),
+                    imatrix: which(IMATRIX),
                     source: "PATH".to_string(),
                 });
             }
@@ -359,6 +364,7 @@ impl LlamaCppTools {
             bench: found.bench,
             quantize: found.quantize,
             tokenize,
+            imatrix: found.imatrix,
             build,
             source: found.source,
             notes,
@@ -376,6 +382,13 @@ impl LlamaCppTools {
     }
     pub fn tokenize_path(&self) -> Option<&Path> {
         self.tokenize.as_deref()
+    }
+    pub fn imatrix_path(&self) -> Option<&Path> {
+        self.imatrix.as_deref()
+    }
+    /// The directory the tools were found in (llama-perplexity's).
+    pub fn bin_dir(&self) -> Option<&Path> {
+        self.perplexity.parent()
     }
     /// The build number llama-perplexity reports; `None` when it reports `build 0`
     /// (a build outside a git checkout, such as the sdist build of the setup script). It

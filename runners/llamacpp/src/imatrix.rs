@@ -1,0 +1,74 @@
+//! llama-imatrix: the importance matrix (per-column sums of squared activations of every
+//! linear's input) llama-quantize's `--imatrix` weighs rounding errors with, computed from a
+//! calibration text.
+//!
+//! Flags (llama-cpp-python 0.3.36 tree, `tools/imatrix`): `-m MODEL -f TEXT -o OUT
+//! -c CTX --chunks N -t THREADS`; the text is tokenized whole (BOS per chunk as the model
+//! says) and cut into `CTX`-token chunks from the start; the output is a GGUF file by
+//! default (`--output-format gguf`), which llama-quantize reads by its magic.
+
+use crate::error::{Error, Result};
+use crate::process::{self, ToolCommand};
+use crate::tools::{LlamaCppTools, IMATRIX};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Compute the importance matrix of `model` on the first `chunks` chunks of `text`.
+#[derive(Debug, Clone)]
+pub struct ImatrixRequest {
+    pub model: PathBuf,
+    pub text: PathBuf,
+    pub output: PathBuf,
+    pub ctx: usize,
+    pub chunks: usize,
+    pub threads: usize,
+    pub timeout: Duration,
+}
+
+/// A finished importance matrix.
+#[derive(Debug, Clone)]
+pub struct ImatrixRun {
+    /// stdout and stderr as printed.
+    pub text: String,
+    pub command: String,
+    pub elapsed: Duration,
+}
+
+/// Runs llama-imatrix; the output file exists when this returns `Ok`.
+pub fn run_imatrix(tools: &LlamaCppTools, req: &ImatrixRequest) -> Result<ImatrixRun> {
+    let tool = tools.imatrix_path().ok_or_else(|| Error::ToolNotFound {
+        tool: IMATRIX,
+        searched: vec![format!("beside {}", tools.perplexity_path().display())],
+    })?;
+    let mut cmd = ToolCommand::new(
+        IMATRIX,
+        tool,
+        req.timeout,
+        "check the calibration text has at least one chunk of --ctx tokens",
+    );
+    cmd.arg("-m")
+        .arg(&req.model)
+        .arg("-f")
+        .arg(&req.text)
+        .arg("-o")
+        .arg(&req.output)
+        .args(["-c", &req.ctx.to_string()])
+        .args(["--chunks", &req.chunks.max(1).to_string()])
+        .args(["-t", &req.threads.max(1).to_string()])
+        .args(["-ngl", "0"]);
+    let out = process::run(&cmd, |_, _| {})?;
+    if !req.output.is_file() {
+        return Err(Error::BadOutput {
+            tool: IMATRIX.to_string(),
+            what: format!("it exited 0 but wrote no '{}'", req.output.display()),
+            command: out.command.clone(),
+            stderr_tail: out.stderr_tail(),
+            hint: "check the llama.cpp build".to_string(),
+        });
+    }
+    Ok(ImatrixRun {
+        text: format!("{}\n{}", out.stdout, out.stderr),
+        command: out.command,
+        elapsed: out.elapsed,
+    })
+}
