@@ -182,9 +182,13 @@ pub struct EvalArgs {
     #[arg(long, value_name = "[LABEL=]PATH")]
     pub gguf: Vec<PathBuf>,
 
-    /// Measure the GGUF rows' speed with llama-bench (without it, llama.cpp rows get perplexity only).
+    /// Measure the GGUF rows' speed with llama-bench (without it, llama.cpp rows get perplexity only). Without --gguf it also makes llama.cpp's ladder from --llm (see --ladder).
     #[arg(long)]
     pub llama_bench: bool,
+
+    /// llama.cpp's side made from --llm: an F32 GGUF (convert_hf_to_gguf.py, or llama-quantize --allow-requantize for a GGUF) and these types of it, cached under $KWK_CACHE/gguf: "default" (Q8_0,Q6_K,Q5_K_M,Q4_K_M,Q4_0,IQ4_XS,Q3_K_M,IQ3_XXS,Q2_K; each +imatrix with --calib-text), "none", or types as llama-quantize names them, TYPE+imatrix for one made with llama-imatrix on --calib-text (default: the default ladder with --llama-bench and no --gguf, else none).
+    #[arg(long, value_name = "LIST", value_parser = crate::ladder::LadderChoice::parse)]
+    pub ladder: Option<crate::ladder::LadderChoice>,
 
     /// Folder with llama.cpp's tools (default: $KWK_LLAMA_CPP_DIR, then PATH, then the build scripts/setup-llama-cpp.sh leaves under $KWK_CACHE).
     #[arg(long, value_name = "DIR")]
@@ -211,15 +215,15 @@ pub struct EvalArgs {
     pub threads: Option<usize>,
 
     /// Prompt length of the prompt-speed test (llama-bench -p); 0 skips it; --pp + --tg at most 2^20.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = crate::plan::DEFAULT_PP)]
     pub pp: usize,
 
     /// Generated tokens of the generation-speed test (llama-bench -n); 0 skips it.
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = crate::plan::DEFAULT_TG)]
     pub tg: usize,
 
     /// Timed repetitions of each speed test (1 to 1000), after one warm-up; run in rounds, one repetition of every runner per round (llama-bench runs with -r 1 once per round).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = crate::plan::DEFAULT_REPS)]
     pub reps: usize,
 
     /// Run folder for the reports (default: runs/<UTC timestamp>); must not hold a results.json.
@@ -379,6 +383,7 @@ impl EvalArgs {
                 .collect(),
             gguf: self.gguf,
             llama_bench: self.llama_bench,
+            ladder: self.ladder.unwrap_or_default(),
             llama_cpp_dir: self.llama_cpp_dir,
             tool_timeout: self.tool_timeout,
             llama_kv: self.llama_kv.kv_type(),

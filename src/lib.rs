@@ -35,6 +35,7 @@ pub mod digest;
 pub mod eval;
 pub mod generate;
 pub mod interrupt;
+pub mod ladder;
 pub mod limits;
 pub mod machine;
 pub mod measure;

@@ -262,6 +262,9 @@ fn quality_pass(
         if rss_reset {
             record.peak_rss_bytes = crate::machine::peak_rss_bytes();
         }
+        if let Some((_, made)) = plan.made.iter().find(|(n, _)| *n == record.name) {
+            record.made = Some(made.clone());
+        }
         if record.error.is_some() && interrupt::requested() {
             // Cut short by the interrupt, not finished: not a row.
             ui.line(&format!("{step} {}: stopped (interrupted)", record.name));

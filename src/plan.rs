@@ -52,6 +52,8 @@ pub struct EvalOptions {
     /// `--gguf`: `PATH` or `LABEL=PATH`, as given.
     pub gguf: Vec<PathBuf>,
     pub llama_bench: bool,
+    /// `--ladder`.
+    pub ladder: crate::ladder::LadderChoice,
     pub llama_cpp_dir: Option<PathBuf>,
     /// `--tool-timeout` in seconds.
     pub tool_timeout: Option<u64>,
@@ -102,6 +104,15 @@ pub struct RunPlan {
     /// In run order: float32 first (the reference), other in-tree formats, then GGUFs.
     pub formats: Vec<FormatSpec>,
     pub tools: Option<llamacpp::LlamaCppTools>,
+    /// llama.cpp's ladder, made from `--llm` after the plan ([`crate::ladder::make`]); its
+    /// rows join `formats` then.
+    pub ladder: Option<crate::ladder::LadderPlan>,
+    /// How each made GGUF row was made, by row name (filled by the ladder step).
+    pub made: Vec<(String, crate::protocol::made::MadeGguf)>,
+    /// Ladder rows whose GGUF llama-quantize failed to make (failed rows).
+    pub unmade: Vec<crate::protocol::results::RunnerRecord>,
+    /// Ladder types not made for want of an importance matrix, one line each.
+    pub not_made: Vec<String>,
     pub llama_kv: llamacpp::KvType,
     pub llama_bench: bool,
     /// `--tool-timeout`; `None` scales each tool's timeout with its work.
@@ -381,6 +392,10 @@ pub fn make(a: &EvalOptions, ui: &dyn Reporter) -> Result<RunPlan> {
         calib_on_eval: a.calib_on_eval,
         formats,
         tools: None,
+        ladder: None,
+        made: Vec::new(),
+        unmade: Vec::new(),
+        not_made: Vec::new(),
         llama_kv: a.llama_kv,
         llama_bench: a.llama_bench,
         tool_timeout: a.tool_timeout.map(std::time::Duration::from_secs),
@@ -406,16 +421,38 @@ pub fn make(a: &EvalOptions, ui: &dyn Reporter) -> Result<RunPlan> {
         reps: a.reps,
         threads: plan.threads,
     });
-    plan.calib_text = calibration_text(a, plan.needs_calibration(), &plan.text)?;
-    if plan
-        .formats
-        .iter()
-        .any(|s| matches!(s, FormatSpec::Gguf { .. }))
+    let ask = |calib| crate::ladder::LadderAsk {
+        choice: &a.ladder,
+        llm: &a.llm,
+        llama_bench: a.llama_bench,
+        has_gguf: plan
+            .formats
+            .iter()
+            .any(|s| matches!(s, FormatSpec::Gguf { .. })),
+        calib,
+        cache_dir: kwk::paths::cache_root(&kwk::paths::CacheEnv::from_env())
+            .map(|r| r.join("gguf")),
+    };
+    let ladder_wanted = crate::ladder::wanted(&ask(None));
+    // The ladder's +imatrix rows read --calib-text too.
+    let calib_needed = plan.needs_calibration() || (ladder_wanted && a.calib_text.is_some());
+    plan.calib_text = calibration_text(a, calib_needed, &plan.text)?;
+    if ladder_wanted
+        || plan
+            .formats
+            .iter()
+            .any(|s| matches!(s, FormatSpec::Gguf { .. }))
     {
         plan.tools = Some(
             llamacpp::LlamaCppTools::locate(a.llama_cpp_dir.as_deref())
                 .map_err(|e| anyhow!("{e}"))?,
         );
+    }
+    if let (true, Some(tools)) = (ladder_wanted, &plan.tools) {
+        plan.ladder = crate::ladder::plan(&ask(plan.calib_text.as_ref()), tools)?;
+    }
+    for w in noop_warnings(a, &plan) {
+        ui.warn(&w);
     }
     if let Some(path) = &a.baseline {
         let results = json::read(path).context("reading --baseline")?;
@@ -460,15 +497,92 @@ fn check_runners(formats: &[FormatSpec], kld: KldMode, compare_to: Option<&str>)
 impl RunPlan {
     /// The identity fields a baseline can be checked against before the model is loaded.
     pub fn identity_known_before_load(&self) -> gate::PlannedIdentity {
+        let mut rows: Vec<String> = self.formats.iter().map(FormatSpec::name).collect();
+        if let Some(l) = &self.ladder {
+            rows.push("gguf:F32".to_string());
+            rows.extend(l.rungs.iter().map(|r| format!("gguf:{}", r.label())));
+        }
         gate::PlannedIdentity {
             text_sha256: self.text.sha256.clone(),
             ctx: self.ctx,
             max_chunks: self.max_chunks,
             llama_kv_type: self.llama_kv.as_str().to_string(),
-            rows: self.formats.iter().map(FormatSpec::name).collect(),
+            rows,
         }
     }
+
+    /// Whether any row runs on llama.cpp (a GGUF given or made).
+    pub fn has_llamacpp(&self) -> bool {
+        self.ladder.is_some()
+            || self
+                .formats
+                .iter()
+                .any(|s| matches!(s, FormatSpec::Gguf { .. }))
+    }
 }
+
+/// One line for each flag that changes nothing in this run, naming the flag and why
+/// (the run goes on).
+pub fn noop_warnings(a: &EvalOptions, plan: &RunPlan) -> Vec<String> {
+    let mut w = Vec::new();
+    let llama = plan.has_llamacpp();
+    let kwk = plan.has_kwk();
+    if a.llama_bench && !llama {
+        w.push(match a.ladder {
+            crate::ladder::LadderChoice::Off => "--llama-bench does nothing: there is no llama.cpp row (--ladder none and no --gguf); drop --ladder none or pass --gguf FILE".to_string(),
+            _ => "--llama-bench does nothing: there is no llama.cpp row; pass --gguf FILE or --ladder".to_string(),
+        });
+    }
+    if a.llama_bench && a.no_speed && llama {
+        w.push("--llama-bench does nothing with --no-speed: no speed test runs".to_string());
+    }
+    if !llama {
+        if a.llama_cpp_dir.is_some() {
+            w.push("--llama-cpp-dir does nothing: there is no llama.cpp row (pass --gguf FILE or --ladder)".to_string());
+        }
+        if a.tool_timeout.is_some() {
+            w.push("--tool-timeout does nothing: no llama.cpp tool runs (pass --gguf FILE or --ladder)".to_string());
+        }
+        if a.llama_kv != llamacpp::KvType::F16 {
+            w.push(
+                "--llama-kv does nothing: there is no llama.cpp row (pass --gguf FILE or --ladder)"
+                    .to_string(),
+            );
+        }
+    }
+    let ladder_imatrix = plan
+        .ladder
+        .as_ref()
+        .is_some_and(|l| l.rungs.iter().any(|r| r.imatrix));
+    if a.calib_text.is_some() && !plan.needs_calibration() && !ladder_imatrix {
+        w.push("--calib-text does nothing: no format calibrates (int8:calib, int4:calib, int4:gptq, ...) and no ladder row is +imatrix".to_string());
+    }
+    if a.calib_range.is_some() && ladder_imatrix {
+        w.push("--calib-range applies to kwk's calibration only: llama-imatrix reads the whole --calib-text (its first chunks)".to_string());
+    }
+    if !kwk && (a.pack_cache.is_some() || a.no_pack_cache) {
+        w.push(format!(
+            "{} does nothing: no in-tree format runs",
+            if a.no_pack_cache {
+                "--no-pack-cache"
+            } else {
+                "--pack-cache"
+            }
+        ));
+    }
+    if a.keep_logits && !plan.has_reference() {
+        w.push("--keep-logits does nothing: float32 is not in --formats, so there are no reference log-probs".to_string());
+    }
+    if a.no_speed && (a.reps != DEFAULT_REPS || a.pp != DEFAULT_PP || a.tg != DEFAULT_TG) {
+        w.push("--pp/--tg/--reps do nothing with --no-speed".to_string());
+    }
+    w
+}
+
+/// The speed flags' defaults (`cli`), to tell a flag given with --no-speed.
+pub const DEFAULT_PP: usize = 512;
+pub const DEFAULT_TG: usize = 128;
+pub const DEFAULT_REPS: usize = 3;
 
 #[cfg(test)]
 mod tests {

@@ -16,9 +16,7 @@ use crate::report::gate;
 use crate::text::sha256_hex;
 use crate::ui::Reporter;
 use anyhow::{anyhow, bail, ensure, Context, Result};
-use sha2::{Digest, Sha256};
-use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::rc::Rc;
 
 /// Calibration tokens passed to the calibrated formats (`int8:calib`, `int4:gptq`, ...; at most).
@@ -71,50 +69,7 @@ pub struct Prepared {
     pub results: Results,
 }
 
-/// SHA-256 over a model's content: the file itself, or the weight, config and tokenizer
-/// files of a folder (sorted by name, each name hashed before its bytes).
-pub fn model_sha256(path: &Path) -> Result<String> {
-    let mut files = Vec::new();
-    if path.is_dir() {
-        for e in std::fs::read_dir(path).with_context(|| format!("listing '{}'", path.display()))? {
-            let p = e?.path();
-            let name = p
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            let wanted = [".safetensors", ".json", ".gguf", ".model"]
-                .iter()
-                .any(|x| name.ends_with(x));
-            if p.is_file() && wanted && !name.starts_with('.') {
-                files.push(p);
-            }
-        }
-        files.sort();
-    } else {
-        files.push(path.to_path_buf());
-    }
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    for f in &files {
-        h.update(
-            f.file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default(),
-        );
-        let mut r =
-            crate::text::open_input(f).with_context(|| format!("hashing '{}'", f.display()))?;
-        loop {
-            let n = r
-                .read(&mut buf)
-                .with_context(|| format!("hashing '{}'", f.display()))?;
-            if n == 0 {
-                break;
-            }
-            h.update(&buf[..n]);
-        }
-    }
-    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
-}
+pub use crate::digest::model_sha256;
 
 /// Tokenizes the text and fixes the chunk plan.
 fn tokenize(plan: &RunPlan, model: &kwk::model::ModelHeader) -> Result<(TokenStream, ChunkPlan)> {
@@ -316,6 +271,7 @@ fn start_results(
         runners: Vec::new(),
         speed_rounds: Vec::new(),
         speed_ratios: Vec::new(),
+        not_made: Vec::new(),
     }
 }
 

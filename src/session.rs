@@ -25,7 +25,7 @@ use crate::protocol::results::{Results, RowStatus, RunnerRecord};
 use crate::run_folder::{RunFolder, REFERENCE_LOGITS};
 use crate::scratch::Scratch;
 use crate::ui::{print_stdout, Reporter};
-use crate::{measure, plan, prepare, report, text};
+use crate::{ladder, measure, plan, prepare, report, text};
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 
@@ -96,6 +96,27 @@ impl<'a> Reports<'a> {
 /// Runs the evaluation `args` describe.
 pub fn evaluate(args: &EvalOptions, ui: &dyn Reporter) -> Result<Outcome> {
     let mut plan = plan::make(args, ui)?;
+    if let (Some(ladder), Some(tools)) = (plan.ladder.clone(), plan.tools.clone()) {
+        let settings = ladder::MakeSettings {
+            llm: &plan.llm,
+            tools: &tools,
+            threads: plan.threads,
+            timeout: plan.tool_timeout,
+        };
+        let made = match ladder::make(&ladder, &settings, ui) {
+            Err(_) if interrupt::requested() => {
+                return Err(Interrupted {
+                    kept: "stopped while making the ladder's GGUFs; no run folder was made (finished GGUFs stay cached)".into(),
+                }
+                .into())
+            }
+            r => r.context("making llama.cpp's ladder")?,
+        };
+        plan.formats.extend(made.formats);
+        plan.made = made.made;
+        plan.unmade = made.unmade;
+        plan.not_made = made.not_made;
+    }
     // GGUF headers are read before the model loads, so a bad file fails first.
     measure::build_llamacpp(&plan)?;
     let mut prep = match prepare::prepare(&plan, ui) {
@@ -141,6 +162,7 @@ pub fn evaluate(args: &EvalOptions, ui: &dyn Reporter) -> Result<Outcome> {
     };
     ui.line(&format!("run folder: {}", plan.out_dir.display()));
     let mut results = prep.results.clone();
+    results.not_made = plan.not_made.clone();
     let mut reports = Reports::new(&plan.out_dir, report::write_all, ui);
     reports.save(&results);
     let measured = measure::run(&plan, &prep, &mut results, &mut |r| reports.save(r), ui);
@@ -152,6 +174,8 @@ pub fn evaluate(args: &EvalOptions, ui: &dyn Reporter) -> Result<Outcome> {
         (Err(e), false) => format!("not measured: the run stopped first ({e:#})"),
         (Ok(()), false) => "not measured".to_string(),
     };
+    // Ladder rows whose GGUF could not be made are failed rows, saying why.
+    results.runners.extend(plan.unmade.iter().cloned());
     for spec in &plan.formats {
         let name = spec.name();
         if !results.runners.iter().any(|r| r.name == name) {

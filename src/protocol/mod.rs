@@ -5,6 +5,7 @@
 //! runner/eval → measure → report) and every stage can name these types.
 
 pub mod chunks;
+pub mod made;
 pub mod results;
 pub mod speed_ratios;
 pub mod steadiness;

@@ -39,6 +39,10 @@ pub struct Results {
     /// round by round (`speed_ratios::paired_speed_ratios`; empty without speed).
     #[serde(default)]
     pub speed_ratios: Vec<SpeedRatio>,
+    /// Ladder types the run could not make and why (`gguf:IQ3_XXS: needs an importance
+    /// matrix ...`); not rows, since nothing that was made failed.
+    #[serde(default)]
+    pub not_made: Vec<String>,
 }
 
 /// One paired speed ratio ([`super::speed_ratios`] computes them): `row`'s tokens/s over
@@ -319,6 +323,9 @@ pub struct RunnerRecord {
     pub peak_rss_bytes: Option<u64>,
     /// llama-bench's own JSON objects, as it printed them.
     pub llama_bench: Option<serde_json::Value>,
+    /// How the run made this row's GGUF (the ladder); null for files the user passed.
+    #[serde(default)]
+    pub made: Option<super::made::MadeGguf>,
     /// Why the runner has no figures (its error), when it failed.
     pub error: Option<String>,
 }
@@ -521,6 +528,7 @@ pub mod testdata {
                 vec!["int4".into(), "float32".into()],
             ],
             speed_ratios: Vec::new(),
+            not_made: Vec::new(),
             runners: vec![
                 RunnerRecord {
                     name: "float32".into(),

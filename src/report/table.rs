@@ -479,6 +479,28 @@ pub fn notes(r: &Results) -> Vec<String> {
             row.status_reason.as_deref().unwrap_or_default()
         ));
     }
+    for line in &r.not_made {
+        out.push(format!("NOT MADE {line}"));
+    }
+    if let Some(from) = r
+        .runners
+        .iter()
+        .find_map(|x| x.made.as_ref())
+        .map(|m| &m.from)
+    {
+        out.push(format!("ladder: {from}"));
+    }
+    for row in &r.runners {
+        let Some(m) = &row.made else { continue };
+        if let Some(line) = m.fallback_line() {
+            out.push(format!(
+                "{}: {line}; {} bpw counted over every tensor",
+                row.name,
+                row.bits_per_weight
+                    .map_or("-".into(), |b| format!("{b:.2}"))
+            ));
+        }
+    }
     for row in r.runners.iter().filter(|x| x.tokens_match == Some(false)) {
         out.push(format!(
             "WARNING: {} tokenized the text to other ids than kwk-eval; its perplexity is not comparable",
