@@ -1,7 +1,9 @@
 //! `kwk-eval cache list | prune | clear`: the pack cache folder (`kwk::pack_cache`): one
-//! file per model, its formats, size and last use; pruning sweeps temporary and orphaned
-//! files and applies the size limit (`KWK_PACK_CACHE_GB`, default 16); clearing deletes
-//! every cache file kwk wrote.
+//! file per model, its formats, size and last use; and the GGUFs the ladder made
+//! (`crate::ladder::cache`, `ROOT/gguf` beside the pack cache's `ROOT/pack`). Pruning sweeps
+//! temporary and orphaned files and applies the size limit (`KWK_PACK_CACHE_GB`, default
+//! 16) to both together: the made GGUFs first (least recently used out), then the packs get
+//! what is left; clearing deletes every cache file kwk wrote in both.
 
 use crate::ui::{print_stdout, Reporter};
 use anyhow::{Context, Result};
@@ -43,9 +45,98 @@ fn age(unix: u64) -> String {
     }
 }
 
+/// The ladder's GGUF folder beside a pack cache folder (`ROOT/pack` → `ROOT/gguf`).
+pub fn gguf_dir(pack_dir: &std::path::Path) -> PathBuf {
+    pack_dir
+        .parent()
+        .map_or_else(|| PathBuf::from("gguf"), |p| p.join("gguf"))
+}
+
+/// Lists, prunes or clears the ladder's GGUF folder.
+fn run_gguf(cfg: &CacheConfig, limit: u64, ui: &dyn Reporter) -> Result<u64> {
+    let dir = gguf_dir(&cfg.dir);
+    match &cfg.action {
+        CacheAction::List => {
+            let entries = crate::ladder::cache::list(&dir)
+                .with_context(|| format!("listing '{}'", dir.display()))?;
+            let total: u64 = entries.iter().map(|e| e.bytes).sum();
+            print_stdout(
+                ui,
+                &format!(
+                    "made GGUFs {}: {} files, {} (counted in the limit)\n",
+                    dir.display(),
+                    entries.len(),
+                    gb(total)
+                ),
+            )?;
+            for e in entries {
+                let what = e.record.as_ref().map_or_else(
+                    || "(no record; `cache prune` removes it)".to_string(),
+                    |r| {
+                        let from = r
+                            .inputs
+                            .iter()
+                            .find(|(k, _)| k == "source" || k == "base")
+                            .map_or(String::new(), |(_, v)| format!(" from {v}"));
+                        format!("{} {}{from}", r.kind, r.what)
+                    },
+                );
+                print_stdout(
+                    ui,
+                    &format!(
+                        "{}  {}  last used {}\n  {what}\n",
+                        e.path
+                            .file_name()
+                            .map(|n| n.to_string_lossy().into_owned())
+                            .unwrap_or_default(),
+                        gb(e.bytes),
+                        age(e.last_use_unix)
+                    ),
+                )?;
+            }
+            Ok(total)
+        }
+        CacheAction::Prune { .. } => {
+            let r = crate::ladder::cache::prune(&dir, limit, &[])
+                .with_context(|| format!("pruning '{}'", dir.display()))?;
+            print_stdout(
+                ui,
+                &format!(
+                    "made GGUFs {}: removed {} temporary, {} incomplete or least recently used; {} left\n",
+                    dir.display(),
+                    r.temporary,
+                    r.evicted.len(),
+                    gb(r.bytes_left)
+                ),
+            )?;
+            Ok(r.bytes_left)
+        }
+        CacheAction::Clear => {
+            let n = crate::ladder::cache::clear(&dir)
+                .with_context(|| format!("clearing '{}'", dir.display()))?;
+            print_stdout(
+                ui,
+                &format!("made GGUFs {}: deleted {n} files\n", dir.display()),
+            )?;
+            Ok(0)
+        }
+    }
+}
+
 /// Runs the action and prints its result on stdout.
 pub fn run(cfg: &CacheConfig, ui: &dyn Reporter) -> Result<()> {
     let dir = &cfg.dir;
+    let limit_all = match &cfg.action {
+        CacheAction::Prune { limit_gb: Some(g) } => {
+            anyhow::ensure!(
+                g.is_finite() && *g >= 0.0,
+                "--limit-gb {g}: pass a size in GB of at least 0"
+            );
+            (g * 1e9) as u64
+        }
+        _ => pack_cache::limit_bytes(),
+    };
+    let gguf_bytes = run_gguf(cfg, limit_all, ui)?;
     match &cfg.action {
         CacheAction::List => {
             let entries = pack_cache::list(dir)
@@ -84,17 +175,9 @@ pub fn run(cfg: &CacheConfig, ui: &dyn Reporter) -> Result<()> {
                 )?;
             }
         }
-        CacheAction::Prune { limit_gb } => {
-            let limit = match limit_gb {
-                Some(g) => {
-                    anyhow::ensure!(
-                        g.is_finite() && *g >= 0.0,
-                        "--limit-gb {g}: pass a size in GB of at least 0"
-                    );
-                    (g * 1e9) as u64
-                }
-                None => pack_cache::limit_bytes(),
-            };
+        CacheAction::Prune { .. } => {
+            // The packs get what the made GGUFs leave of the limit.
+            let limit = limit_all.saturating_sub(gguf_bytes);
             let r = pack_cache::prune(dir, limit, None)
                 .with_context(|| format!("pruning the pack cache '{}'", dir.display()))?;
             print_stdout(ui, &format!(

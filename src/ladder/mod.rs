@@ -583,6 +583,23 @@ pub fn make(plan: &LadderPlan, settings: &MakeSettings, ui: &dyn Reporter) -> Re
         out.made.push((spec.name(), made));
         out.formats.push(spec);
     }
+    // The made files count towards the cache limit; what this run uses stays.
+    let mut keep: Vec<PathBuf> = out
+        .formats
+        .iter()
+        .filter_map(|f| match f {
+            FormatSpec::Gguf { path, .. } => Some(path.clone()),
+            FormatSpec::Kwk { .. } => None,
+        })
+        .collect();
+    keep.extend(imatrix.map(|(p, _)| p));
+    let pruned = cache::prune(cache.dir(), kwk::pack_cache::limit_bytes(), &keep)?;
+    if !pruned.evicted.is_empty() {
+        ui.line(&format!(
+            "ladder: {} older made GGUF(s) removed to keep the cache under its limit (KWK_PACK_CACHE_GB)",
+            pruned.evicted.len()
+        ));
+    }
     Ok(out)
 }
 

@@ -224,6 +224,7 @@ pub fn render(r: &Results, plots: &PlotFiles) -> String {
          range in results.csv); '-' = not measured.\n"
     );
     s.push_str(&ratio_tables(r));
+    s.push_str(&super::pareto::markdown(r));
     if let Some(q) = &plots.quality {
         let _ = writeln!(s, "![perplexity change vs bits per weight]({q})\n");
     }

@@ -18,6 +18,7 @@ pub mod gate;
 pub mod json;
 pub mod markdown;
 pub mod output;
+pub mod pareto;
 pub mod plot;
 pub mod summary;
 pub mod table;

@@ -37,7 +37,7 @@ pub fn type_label(r: &RunnerRecord) -> String {
         upper
             .as_bytes()
             .get(i)
-            .is_none_or(|b| matches!(b, b'-' | b'.' | b'_' | b' '))
+            .is_none_or(|b| matches!(b, b'-' | b'.' | b'_' | b' ' | b'+'))
     };
     let mut best: Option<(usize, usize)> = None;
     for t in GGML_TYPES {
@@ -305,6 +305,13 @@ pub fn render(r: &Results) -> String {
     for v in verdicts(r) {
         s.push_str(&v);
         s.push('\n');
+    }
+    // With llama.cpp's ladder, what each engine's best loses at each of its sizes.
+    if r.runners.iter().any(|x| x.made.is_some()) {
+        for l in super::pareto::size_lines(r) {
+            s.push_str(&l);
+            s.push('\n');
+        }
     }
     let speed = r.runners.iter().any(|x| x.tg_tokens_per_s.is_some());
     if speed {
