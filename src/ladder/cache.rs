@@ -285,7 +285,7 @@ pub fn prune(dir: &Path, limit: u64, keep: &[PathBuf]) -> Result<Pruned> {
             .unwrap_or_default();
         let complete = l.record.as_ref().is_some_and(|r| {
             std::fs::metadata(&l.path).is_ok_and(|m| m.len() == r.bytes)
-                && !l.path.extension().is_some_and(|x| x == "json")
+                && l.path.extension().is_none_or(|x| x != "json")
         });
         let kept = keep.iter().any(|k| k == &l.path);
         if kept {

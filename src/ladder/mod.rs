@@ -631,7 +631,7 @@ fn group_fallbacks(list: &[llamacpp::Fallback]) -> Vec<FallbackGroup> {
             }),
         }
     }
-    groups.sort_by(|a, b| b.tensors.cmp(&a.tensors));
+    groups.sort_by_key(|g| std::cmp::Reverse(g.tensors));
     groups
 }
 

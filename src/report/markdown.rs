@@ -224,7 +224,7 @@ pub fn render(r: &Results, plots: &PlotFiles) -> String {
          range in results.csv); '-' = not measured.\n"
     );
     s.push_str(&ratio_tables(r));
-    s.push_str(&super::pareto::markdown(r));
+    s.push_str(&pareto_section(r));
     if let Some(q) = &plots.quality {
         let _ = writeln!(s, "![perplexity change vs bits per weight]({q})\n");
     }
@@ -238,6 +238,42 @@ pub fn render(r: &Results, plots: &PlotFiles) -> String {
     if let Some(line) = super::table::peaks_line(r) {
         let _ = writeln!(s, "\n{line}");
     }
+    s
+}
+
+/// "Size against quality": the frontier table and one line per llama.cpp size
+/// ([`super::pareto`]); empty with fewer than two quantized rows.
+fn pareto_section(r: &Results) -> String {
+    let (header, rows) = super::pareto::table(r);
+    if rows.is_empty() {
+        return String::new();
+    }
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "## Size against quality\n\n★ on the frontier of all rows (nothing no larger loses less), ☆ on its own engine's; ΔPPL ± its paired uncertainty against {}.\n",
+        md_text(r.ppl_delta_reference.as_deref().unwrap_or("the reference"))
+    );
+    let _ = writeln!(s, "| {} |", header.join(" | "));
+    let _ = writeln!(
+        s,
+        "|{}|",
+        header
+            .iter()
+            .enumerate()
+            .map(|(i, _)| if i < 3 { "---" } else { "---:" })
+            .collect::<Vec<_>>()
+            .join("|")
+    );
+    for row in rows {
+        let cells: Vec<String> = row.iter().map(|c| md_text(c)).collect();
+        let _ = writeln!(s, "| {} |", cells.join(" | "));
+    }
+    s.push('\n');
+    for l in super::pareto::size_lines(r) {
+        let _ = writeln!(s, "- {}", md_text(&l));
+    }
+    s.push('\n');
     s
 }
 

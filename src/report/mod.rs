@@ -16,6 +16,7 @@ pub mod exporter;
 pub mod files;
 pub mod gate;
 pub mod json;
+pub mod labels;
 pub mod markdown;
 pub mod output;
 pub mod pareto;

@@ -9,9 +9,8 @@
 //! engine's own frontier is marked too, so "kwk's frontier lies below llama.cpp's" can be
 //! read off the table row by row.
 
-use super::summary::type_label;
+use super::labels::type_label;
 use crate::protocol::results::{Engine, Results, RowStatus, RunnerRecord};
-use std::fmt::Write;
 
 /// Rows quantized below this many bits per weight take part; the float references (16 and
 /// 32) are kept in the table but are not a choice the frontier is about.
@@ -121,53 +120,38 @@ fn delta(x: &RunnerRecord) -> String {
     }
 }
 
-/// The frontier table in Markdown (empty when fewer than two quantized rows were measured).
-pub fn markdown(r: &Results) -> String {
+/// The frontier table's header and cells (empty when fewer than two quantized rows were
+/// measured); report.md renders it under "Size against quality".
+pub fn table(r: &Results) -> (Vec<&'static str>, Vec<Vec<String>>) {
     let rows = frontier(r);
-    if rows
+    let header = vec![
+        "", "engine", "type", "bpw", "ΔPPL %", "KLD", "top-1 %", "pp t/s", "tg t/s", "peak MiB",
+    ];
+    let quantized = rows
         .iter()
         .filter(|(x, _)| x.bits_per_weight.unwrap_or(0.0) < QUANTIZED_BELOW)
-        .count()
-        < 2
-    {
-        return String::new();
+        .count();
+    if quantized < 2 {
+        return (header, Vec::new());
     }
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "## Size against quality\n\n★ on the frontier of all rows (nothing no larger loses less), ☆ on its own engine's; ΔPPL ± its paired uncertainty against {}.\n",
-        r.ppl_delta_reference.as_deref().unwrap_or("the reference")
-    );
-    let _ = writeln!(
-        s,
-        "| | engine | type | bpw | ΔPPL % | KLD | top-1 % | pp t/s | tg t/s | peak MiB |"
-    );
-    let _ = writeln!(s, "|---|---|---|---:|---:|---:|---:|---:|---:|---:|");
-    for (x, m) in &rows {
-        let _ = writeln!(
-            s,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-            m.symbol(),
-            x.engine,
-            super::markdown::md_text(&type_label(x)),
-            num(x.bits_per_weight, 2),
-            delta(x),
-            num(x.kld_mean, 4),
-            num(x.top1_agreement.map(|t| 100.0 * t), 1),
-            num(x.pp_tokens_per_s, 0),
-            num(x.tg_tokens_per_s, 1),
-            num(x.peak_rss_bytes.map(|b| b as f64 / (1u64 << 20) as f64), 0),
-        );
-    }
-    let lines = size_lines(r);
-    if !lines.is_empty() {
-        s.push('\n');
-        for l in lines {
-            let _ = writeln!(s, "- {l}");
-        }
-    }
-    s.push('\n');
-    s
+    let cells = rows
+        .iter()
+        .map(|(x, m)| {
+            vec![
+                m.symbol().to_string(),
+                x.engine.to_string(),
+                type_label(x),
+                num(x.bits_per_weight, 2),
+                delta(x),
+                num(x.kld_mean, 4),
+                num(x.top1_agreement.map(|t| 100.0 * t), 1),
+                num(x.pp_tokens_per_s, 0),
+                num(x.tg_tokens_per_s, 1),
+                num(x.peak_rss_bytes.map(|b| b as f64 / (1u64 << 20) as f64), 0),
+            ]
+        })
+        .collect();
+    (header, cells)
 }
 
 /// The row of `engine` that loses least within `size` bits per weight.
@@ -272,8 +256,8 @@ mod tests {
                 ("float32", Mark::None),
             ]
         );
-        let md = markdown(&r);
-        assert!(md.contains("| ★ | kwk | int4 | 5.00 |"), "{md}");
+        let (_, cells) = table(&r);
+        assert_eq!(cells[1][..4], ["★", "kwk", "int4", "5.00"]);
     }
 
     #[test]
@@ -293,6 +277,6 @@ mod tests {
         // One engine alone: no comparison lines.
         let r = results(vec![row("int4", Engine::Kwk, 5.0, 1.0)]);
         assert!(size_lines(&r).is_empty());
-        assert!(markdown(&r).is_empty());
+        assert!(table(&r).1.is_empty());
     }
 }

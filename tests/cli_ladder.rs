@@ -1,0 +1,193 @@
+//! The llama.cpp ladder end to end on the tiny fixture model (its GGUF: the
+//! `--allow-requantize` path), with llama.cpp's real tools: the rows it makes, how each was
+//! made (fallbacks for row length named, bits per weight), the cache (a second run reuses
+//! every file; a changed source or calibration text makes new ones) and the no-op warning.
+
+mod common;
+use common::*;
+use std::path::Path;
+
+fn results(dir: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(dir.join("results.json")).unwrap()).unwrap()
+}
+
+fn ladder_run(
+    cache: &Path,
+    model: &Path,
+    out: &Path,
+    extra: &[&str],
+) -> (serde_json::Value, String) {
+    let o = kwk_eval()
+        .env("KWK_CACHE", cache)
+        .arg("--llm")
+        .arg(model)
+        .arg("--text")
+        .arg(eval_txt())
+        .args([
+            "--formats",
+            "float32",
+            "--ctx",
+            "64",
+            "--chunks",
+            "2",
+            "--no-speed",
+        ])
+        .arg("--llama-cpp-dir")
+        .arg(llama_dir())
+        .args(extra)
+        .arg("--out")
+        .arg(out)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(o.status.success(), "stderr:\n{stderr}");
+    (results(out), stderr)
+}
+
+fn row<'a>(r: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    r["runners"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["name"] == name)
+        .unwrap_or_else(|| panic!("no row {name} in {r:#}"))
+}
+
+#[test]
+fn the_ladder_is_made_from_the_model_cached_and_reused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let model = tiny_llama().join("model.gguf");
+    let (r, stderr) = ladder_run(
+        &cache,
+        &model,
+        &tmp.path().join("a"),
+        &["--ladder", "Q8_0,Q4_K_M"],
+    );
+    for name in ["gguf:F32", "gguf:Q8_0", "gguf:Q4_K_M"] {
+        let x = row(&r, name);
+        assert_eq!(x["status"], "ok", "{x:#}");
+        assert_eq!(x["made"]["cached"], false, "{x:#}");
+        assert!(x["made"]["from"]
+            .as_str()
+            .unwrap()
+            .contains("--allow-requantize"));
+        assert!(x["ppl"].as_f64().unwrap() > 1.0);
+    }
+    // The F32 conversion computes what kwk's float32 computes.
+    let (kwk, f32) = (row(&r, "float32"), row(&r, "gguf:F32"));
+    let rel = (kwk["ppl"].as_f64().unwrap() / f32["ppl"].as_f64().unwrap() - 1.0).abs();
+    assert!(rel < 1e-3, "float32 {kwk:#} vs F32 {f32:#}");
+    // The fixture's rows (64 wide) are not multiples of 256: Q4_K_M falls back, and says so.
+    let q4 = &row(&r, "gguf:Q4_K_M")["made"];
+    assert!(q4["fallback_tensors"].as_u64().unwrap() > 0, "{q4:#}");
+    assert!(
+        q4["fallbacks"][0]["wanted"]
+            .as_str()
+            .unwrap()
+            .contains("_K"),
+        "{q4:#}"
+    );
+    let md = std::fs::read_to_string(tmp.path().join("a/report.md")).unwrap();
+    assert!(
+        md.contains("gguf:Q4_K_M: ") && md.contains("fell back for row length"),
+        "{md}"
+    );
+    assert!(md.contains("## Size against quality"), "{md}");
+    assert!(stderr.contains("ladder [2/2] Q4_K_M: made in"), "{stderr}");
+
+    // Again: every file from the cache, the same figures.
+    let (again, stderr) = ladder_run(
+        &cache,
+        &model,
+        &tmp.path().join("b"),
+        &["--ladder", "Q8_0,Q4_K_M"],
+    );
+    for name in ["gguf:F32", "gguf:Q8_0", "gguf:Q4_K_M"] {
+        assert_eq!(row(&again, name)["made"]["cached"], true, "{name}");
+        assert_eq!(row(&again, name)["ppl"], row(&r, name)["ppl"], "{name}");
+    }
+    assert!(stderr.contains("reused from the cache"), "{stderr}");
+
+    // A changed source (the lowest bit of its last weight byte) makes new files.
+    let changed = tmp.path().join("changed.gguf");
+    let mut bytes = std::fs::read(&model).unwrap();
+    let last = bytes.len() - 4; // the low byte of the last little-endian f32
+    bytes[last] ^= 1;
+    std::fs::write(&changed, &bytes).unwrap();
+    let (c, _) = ladder_run(
+        &cache,
+        &changed,
+        &tmp.path().join("c"),
+        &["--ladder", "Q8_0"],
+    );
+    assert_eq!(row(&c, "gguf:Q8_0")["made"]["cached"], false);
+
+    // With a calibration text: +imatrix rows, and another text makes another imatrix.
+    let calib = tmp.path().join("calib.txt");
+    let text = std::fs::read_to_string(eval_txt()).unwrap();
+    let reversed: String = text.chars().rev().collect();
+    std::fs::write(&calib, &reversed).unwrap();
+    let ask = [
+        "--ladder",
+        "Q4_K_M+imatrix",
+        "--calib-text",
+        calib.to_str().unwrap(),
+    ];
+    let (i1, _) = ladder_run(&cache, &model, &tmp.path().join("d"), &ask);
+    let m1 = &row(&i1, "gguf:Q4_K_M+imatrix")["made"];
+    assert!(m1["imatrix_sha256"].is_string(), "{m1:#}");
+    let half: String = reversed
+        .chars()
+        .take(reversed.chars().count() / 2)
+        .collect();
+    std::fs::write(&calib, format!("{reversed}\n{half}")).unwrap();
+    let (i2, _) = ladder_run(&cache, &model, &tmp.path().join("e"), &ask);
+    let m2 = &row(&i2, "gguf:Q4_K_M+imatrix")["made"];
+    assert_eq!(m2["cached"], false);
+    assert_ne!(m1["imatrix_sha256"], m2["imatrix_sha256"]);
+
+    // `cache list` shows them.
+    let list = kwk_eval()
+        .env("KWK_CACHE", &cache)
+        .args(["cache", "list"])
+        .output()
+        .unwrap();
+    let list = String::from_utf8_lossy(&list.stdout).to_string();
+    assert!(
+        list.contains("made GGUFs") && list.contains("gguf Q4_K_M"),
+        "{list}"
+    );
+}
+
+#[test]
+fn llama_bench_without_any_llama_cpp_row_warns_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = kwk_eval()
+        .env("KWK_CACHE", tmp.path().join("cache"))
+        .arg("--llm")
+        .arg(tiny_llama())
+        .arg("--text")
+        .arg(eval_txt())
+        .args([
+            "--formats",
+            "float32",
+            "--ctx",
+            "64",
+            "--chunks",
+            "1",
+            "--no-speed",
+        ])
+        .args(["--llama-bench", "--ladder", "none"])
+        .arg("--out")
+        .arg(tmp.path().join("r"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(o.status.success(), "{stderr}");
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("warning: --llama-bench does nothing"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+}
