@@ -1,5 +1,6 @@
 //! The plots, as PNG and SVG (plotters): perplexity change against bits per weight, every
-//! runner a labelled point (the size/quality trade-off at a glance), and prompt/generation
+//! runner a labelled point with its generation speed, each engine's frontier a line (the
+//! size/quality trade-off at a glance), and prompt/generation
 //! speed as bars with ±1 stddev error bars and a roofline marker (the rate at 100 % of the
 //! row's ceiling, labelled with the share reached). PNG text is drawn with DejaVu Sans, embedded
 //! in the binary (assets/fonts, Bitstream Vera licence), so a machine without fonts still
@@ -213,11 +214,40 @@ fn draw_quality<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, results: &Resu
             BLACK.mix(0.3),
         )))
         .map_err(err)?;
+    // Each engine's frontier (its rows that nothing of its own no larger beats) as a
+    // line, so whose frontier lies lower reads at a glance.
+    for llama_cpp in [false, true] {
+        let mine: Vec<&&Point> = shown.iter().filter(|p| p.llama_cpp == llama_cpp).collect();
+        let mut front: Vec<(f64, f64)> = mine
+            .iter()
+            .filter(|p| {
+                !mine.iter().any(|o| {
+                    (bpw(o) <= bpw(p) && dp(o) < dp(p)) || (bpw(o) < bpw(p) && dp(o) <= dp(p))
+                })
+            })
+            .map(|p| (bpw(p), clip.map_or(dp(p), |c| dp(p).min(c * 0.93))))
+            .collect();
+        front.sort_by(|a, b| a.0.total_cmp(&b.0));
+        if front.len() > 1 {
+            let (color, _) = engine_style(llama_cpp);
+            chart
+                .draw_series(std::iter::once(PathElement::new(
+                    front,
+                    color.mix(0.45).stroke_width(2),
+                )))
+                .map_err(err)?;
+        }
+    }
     for llama_cpp in [false, true] {
         let pts = shown.iter().filter(|p| p.llama_cpp == llama_cpp).map(|p| {
+            // Speed beside the name: generation tokens/s where measured.
+            let name = match p.tg {
+                Some(tg) => format!("{} · tg {tg:.0}", p.label),
+                None => p.label.clone(),
+            };
             let (y, label) = match clip {
-                Some(c) if dp(p) > c => (c * 0.93, format!("{} ↑ {:+.1} %", p.label, dp(p))),
-                _ => (dp(p), p.label.clone()),
+                Some(c) if dp(p) > c => (c * 0.93, format!("{name} ↑ {:+.1} %", dp(p))),
+                _ => (dp(p), name),
             };
             ((bpw(p), y), label)
         });
@@ -815,7 +845,8 @@ mod tests {
         let files = write_plots(dir.path(), &ladder()).unwrap();
         let svg = std::fs::read_to_string(dir.path().join(files.quality.unwrap())).unwrap();
         assert!(
-            svg.contains("Q4_0 ↑ +25.8 %"),
+            svg.contains("Q4_0 ↑ +25.8 %")
+                || svg.contains("Q4_0 · tg") && svg.contains("↑ +25.8 %"),
             "the clipped row says its value"
         );
         assert!(
