@@ -175,8 +175,8 @@ pub struct EvalArgs {
     pub text: Option<PathBuf>,
 
     /// In-tree formats to run, comma-separated (float32, bf16, int8[:calib|:gptq], int4[:g64|:mix8|:calib|:gptq], gguf:PATH; "none" for none).
-    #[arg(long, value_name = "LIST", default_value = "float32,bf16,int8,int4", value_delimiter = ',', value_parser = parse_format_arg)]
-    pub formats: Vec<FormatArg>,
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = parse_format_arg)]
+    pub formats: Option<Vec<FormatArg>>,
 
     /// A GGUF file to run with llama.cpp beside the in-tree formats (repeatable); LABEL=PATH names its row gguf:LABEL (two files of the same name in different folders are told apart by their folders).
     #[arg(long, value_name = "[LABEL=]PATH")]
@@ -375,12 +375,17 @@ impl EvalArgs {
             text: self.text.unwrap_or_default(),
             formats: self
                 .formats
-                .into_iter()
-                .filter_map(|f| match f {
-                    FormatArg::Format(s) => Some(s),
-                    FormatArg::None => None,
+                .as_ref()
+                .map(|list| {
+                    list.iter()
+                        .filter_map(|f| match f {
+                            FormatArg::Format(s) => Some(s.clone()),
+                            FormatArg::None => None,
+                        })
+                        .collect()
                 })
-                .collect(),
+                .unwrap_or_default(),
+            formats_given: self.formats.is_some(),
             gguf: self.gguf,
             llama_bench: self.llama_bench,
             ladder: self.ladder.unwrap_or_default(),

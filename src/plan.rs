@@ -47,8 +47,11 @@ pub struct EvalOptions {
     pub llm: String,
     /// `--text`: the text to score.
     pub text: PathBuf,
-    /// `--formats`, as given (`none` dropped).
+    /// `--formats`, as given (`none` dropped); empty when not given.
     pub formats: Vec<FormatSpec>,
+    /// Whether `--formats` was given: without it a run has [`DEFAULT_FORMATS`], or
+    /// [`LADDER_FORMATS`] when llama.cpp's ladder runs.
+    pub formats_given: bool,
     /// `--gguf`: `PATH` or `LABEL=PATH`, as given.
     pub gguf: Vec<PathBuf>,
     pub llama_bench: bool,
@@ -150,6 +153,23 @@ impl RunPlan {
             |s| matches!(s, FormatSpec::Kwk { precision, .. } if precision.needs_calibration()),
         )
     }
+}
+
+/// The in-tree formats of a run without `--formats`.
+pub const DEFAULT_FORMATS: &str = "float32,bf16,int8,int4";
+/// The in-tree formats of a run without `--formats` when llama.cpp's ladder runs: kwk's
+/// sizes across the ladder's range (float32 is the reference both are judged against).
+pub const LADDER_FORMATS: &str = "float32,int8,int4";
+
+fn default_formats(ladder: bool) -> Result<Vec<FormatSpec>> {
+    let list = if ladder {
+        LADDER_FORMATS
+    } else {
+        DEFAULT_FORMATS
+    };
+    list.split(',')
+        .map(|f| crate::protocol::parse_format(f).map_err(|e| anyhow!("default format '{f}': {e}")))
+        .collect()
 }
 
 /// Checks the flags that need no file.
@@ -380,7 +400,25 @@ fn calibration_text(a: &EvalOptions, needed: bool, text: &EvalText) -> Result<Op
 /// GGUF headers' magic; loads no model and creates no folder.
 pub fn make(a: &EvalOptions, ui: &dyn Reporter) -> Result<RunPlan> {
     check_flags(a)?;
-    let formats = order_formats(&a.formats, &a.gguf)?;
+    let ladder_asked = crate::ladder::wanted(&crate::ladder::LadderAsk {
+        choice: &a.ladder,
+        llm: &a.llm,
+        llama_bench: a.llama_bench,
+        has_gguf: !a.gguf.is_empty()
+            || a.formats
+                .iter()
+                .any(|s| matches!(s, FormatSpec::Gguf { .. })),
+        calib: None,
+        cache_dir: None,
+    });
+    let defaults;
+    let asked: &[FormatSpec] = if a.formats_given {
+        &a.formats
+    } else {
+        defaults = default_formats(ladder_asked)?;
+        &defaults
+    };
+    let formats = order_formats(asked, &a.gguf)?;
     let kld = a.kld;
     check_runners(&formats, kld, a.compare_to.as_deref())?;
     let (started_utc, stamp) = machine::utc_now();
