@@ -191,3 +191,29 @@ fn llama_bench_without_any_llama_cpp_row_warns_once() {
         .collect();
     assert_eq!(lines.len(), 1, "{stderr}");
 }
+
+#[test]
+fn a_missing_converter_python_is_one_error_naming_the_set_up() {
+    let tmp = tempfile::tempdir().unwrap();
+    let line = assert_error(
+        kwk_eval()
+            .env("KWK_CACHE", tmp.path().join("cache"))
+            .env("KWK_PYTHON", tmp.path().join("no-python"))
+            .arg("--llm")
+            .arg(tiny_llama())
+            .arg("--text")
+            .arg(eval_txt())
+            .args(["--ladder", "Q8_0", "--no-speed"])
+            .arg("--llama-cpp-dir")
+            .arg(llama_dir())
+            .arg("--out")
+            .arg(tmp.path().join("r")),
+        2,
+        "a Python not found for llama.cpp's convert_hf_to_gguf.py",
+    );
+    assert!(line.contains("scripts/setup-convert.sh"), "{line}");
+    assert!(
+        !tmp.path().join("r").exists(),
+        "no run folder for bad input"
+    );
+}

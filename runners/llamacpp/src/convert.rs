@@ -89,7 +89,10 @@ impl ConverterSearch {
     /// The Python: `KWK_PYTHON`, the set-up's virtualenv, or `python3` on PATH.
     fn python(&self) -> std::result::Result<PathBuf, String> {
         if let Some(p) = &self.python_env {
-            return Ok(p.clone());
+            if p.is_file() {
+                return Ok(p.clone());
+            }
+            return Err(format!("KWK_PYTHON={} (no such file)", p.display()));
         }
         let mut looked = Vec::new();
         if let Some(root) = &self.cache_root {
@@ -115,13 +118,13 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(120);
 impl Converter {
     /// Finds the script and a Python that imports what it needs.
     pub fn locate(search: &ConverterSearch) -> Result<Converter> {
-        let script = search.script().map_err(|looked| Error::ToolNotFound {
-            tool: CONVERT_SCRIPT,
-            searched: vec![format!("{looked} (fix: {CONVERT_SETUP_HINT})")],
+        let script = search.script().map_err(|looked| Error::ConverterNotFound {
+            what: format!("the script {CONVERT_SCRIPT}"),
+            searched: vec![looked],
         })?;
-        let python = search.python().map_err(|looked| Error::ToolNotFound {
-            tool: "python3",
-            searched: vec![format!("{looked} (fix: {CONVERT_SETUP_HINT})")],
+        let python = search.python().map_err(|looked| Error::ConverterNotFound {
+            what: "a Python".to_string(),
+            searched: vec![looked],
         })?;
         let src = script.parent().unwrap_or(Path::new("."));
         let mut paths = vec![src.join("gguf-py")];
@@ -172,13 +175,9 @@ impl Converter {
         if missing.is_empty() {
             return Ok(());
         }
-        Err(Error::ToolNotFound {
-            tool: CONVERT_SCRIPT,
-            searched: vec![format!(
-                "{} lacks the Python modules {} (fix: {CONVERT_SETUP_HINT})",
-                self.python.display(),
-                missing.join(", ")
-            )],
+        Err(Error::ConverterNotFound {
+            what: format!("the Python modules {}", missing.join(", ")),
+            searched: vec![format!("{} (it lacks them)", self.python.display())],
         })
     }
 
@@ -287,7 +286,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            msg.contains("lacks the Python modules kwk_no_such_module_x"),
+            msg.contains("the Python modules kwk_no_such_module_x not found"),
             "{msg}"
         );
         assert!(msg.contains("setup-convert.sh"), "{msg}");

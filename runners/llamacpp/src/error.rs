@@ -23,6 +23,10 @@ pub enum Error {
         searched: Vec<String>,
     },
 
+    /// llama.cpp's converter script, or a Python that can run it, was not found.
+    #[error("{what} not found for llama.cpp's convert_hf_to_gguf.py; looked at: {}. Fix: {}", searched.join("; "), crate::convert::CONVERT_SETUP_HINT)]
+    ConverterNotFound { what: String, searched: Vec<String> },
+
     /// The tool exists but lacks a flag this crate passes (the llama.cpp build is too old).
     #[error(
         "llama.cpp tool {} is too old: its --help lacks {} (needs llama.cpp b{min_build} or newer, \
