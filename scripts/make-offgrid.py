@@ -67,131 +67,17 @@ The path of the result is printed on the last line of stdout.
 import argparse
 import json
 import os
-import subprocess
 import sys
 
-try:
-    import numpy as np
-    import gguf
-except ImportError:
-    print("installing numpy and gguf from PyPI", file=sys.stderr)
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "numpy", "gguf==0.19.0"],
-        check=True,
-        stdout=sys.stderr,
-    )
-    import numpy as np
-    import gguf
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+import gguf_io  # noqa: E402  (scripts/lib: numpy-only GGUF reading and writing)
+from llama_ref import Model, fail, verify  # noqa: E402
 
 # Bumped when the transform changes, so that files made by an older script are remade.
 TRANSFORM_VERSION = 1
 DEFAULT_SEEDS = {"rot": 1, "rot-outlier": 2}
-
-PER_LAYER = (
-    "attn_norm",
-    "attn_q",
-    "attn_k",
-    "attn_v",
-    "attn_output",
-    "ffn_norm",
-    "ffn_gate",
-    "ffn_up",
-    "ffn_down",
-)
-GLOBAL = ("token_embd.weight", "output_norm.weight", "output.weight")
-
-
-def fail(msg):
-    print(f"error: {msg}", file=sys.stderr)
-    sys.exit(1)
-
-
-# ---------------------------------------------------------------- reading
-
-
-class Model:
-    """A llama-architecture GGUF: hyperparameters, raw metadata bytes and float32 tensors."""
-
-    def __init__(self, path):
-        self.path = path
-        try:
-            r = gguf.GGUFReader(path)
-        except (OSError, ValueError) as e:
-            fail(f"cannot read {path} as GGUF ({e}); give the float32 GGUF scripts/setup-model.sh makes")
-        self.reader = r
-        arch = self._str("general.architecture")
-        if arch != "llama":
-            fail(f"{path}: architecture '{arch}'; only 'llama' models are supported")
-        self.arch = arch
-        self.d = self._int(f"{arch}.embedding_length")
-        self.n_layer = self._int(f"{arch}.block_count")
-        self.n_head = self._int(f"{arch}.attention.head_count")
-        self.n_kv = self._int(f"{arch}.attention.head_count_kv", self.n_head)
-        self.eps = self._float(f"{arch}.attention.layer_norm_rms_epsilon")
-        self.rope_base = self._float(f"{arch}.rope.freq_base", 10000.0)
-        self.head_dim = self.d // self.n_head
-        self.rope_dim = self._int(f"{arch}.rope.dimension_count", self.head_dim)
-        if self.n_head % self.n_kv:
-            fail(f"{path}: head_count {self.n_head} is not a multiple of head_count_kv {self.n_kv}")
-        self.tensors = {}
-        self.order = []
-        for t in r.tensors:
-            if t.tensor_type != gguf.GGMLQuantizationType.F32:
-                fail(
-                    f"{path}: tensor {t.name} is {t.tensor_type.name}, not F32; give the F32 GGUF "
-                    "(scripts/setup-model.sh makes <model>-F32.gguf)"
-                )
-            self.tensors[t.name] = t.data
-            self.order.append(t.name)
-        expected = {f"blk.{i}.{n}.weight" for i in range(self.n_layer) for n in PER_LAYER}
-        expected |= {"token_embd.weight", "output_norm.weight"}
-        unknown = set(self.tensors) - expected - {"output.weight"}
-        missing = expected - set(self.tensors)
-        if unknown or missing:
-            fail(
-                f"{path}: unsupported tensor set (unknown {sorted(unknown)[:5]}, missing "
-                f"{sorted(missing)[:5]}); the transform covers plain llama blocks only"
-            )
-        self.tied = "output.weight" not in self.tensors
-        # The key/value section, copied verbatim into the output.
-        kv_start = r.fields["GGUF.kv_count"].offset + 8
-        kv_end = r.tensors[0].field.offset if r.tensors else r.data_offset
-        self.kv_bytes = bytes(r.data[kv_start:kv_end])
-        self.kv_count = int(r.fields["GGUF.kv_count"].parts[0][0])
-        self.version = int(r.fields["GGUF.version"].parts[0][0])
-        self.alignment = int(r.alignment)
-
-    def _field(self, key):
-        return self.reader.fields.get(key)
-
-    def _str(self, key):
-        f = self._field(key)
-        if f is None:
-            fail(f"{self.path}: metadata key {key} missing")
-        return f.contents()
-
-    def _int(self, key, default=None):
-        f = self._field(key)
-        if f is None:
-            if default is None:
-                fail(f"{self.path}: metadata key {key} missing")
-            return default
-        return int(f.contents())
-
-    def _float(self, key, default=None):
-        f = self._field(key)
-        if f is None:
-            if default is None:
-                fail(f"{self.path}: metadata key {key} missing")
-            return default
-        return float(f.contents())
-
-    def w(self, name):
-        return self.tensors[name]
-
-    def output_matrix(self):
-        return self.tensors["token_embd.weight" if self.tied else "output.weight"]
-
 
 # ---------------------------------------------------------------- the transform
 
@@ -280,141 +166,14 @@ def transform(m, variant, seed, frac, lo, hi, jitter):
 # ---------------------------------------------------------------- writing
 
 
-def gguf_string(s):
-    b = s.encode("utf-8")
-    return len(b).to_bytes(8, "little") + b
-
-
-def write_gguf(m, path, tensors):
-    """Writes a GGUF with m's metadata bytes and the given float32 tensors (name -> shape known
-    up front from m; data streamed from the iterator)."""
-    shapes = {n: tuple(m.w(n).shape) for n in m.order}
-    if m.tied:
-        shapes["output.weight"] = tuple(m.output_matrix().shape)
-    names = list(m.order) + (["output.weight"] if m.tied else [])
-    align = m.alignment
-
-    def pad(n):
-        return (align - n % align) % align
-
-    info = bytearray()
-    offset = 0
-    offsets = {}
-    for n in names:
-        shape = shapes[n]
-        info += gguf_string(n)
-        info += len(shape).to_bytes(4, "little")
-        for dim in reversed(shape):  # GGUF lists ne[0] (the contiguous dimension) first
-            info += int(dim).to_bytes(8, "little")
-        info += int(gguf.GGMLQuantizationType.F32).to_bytes(4, "little")
-        info += offset.to_bytes(8, "little")
-        offsets[n] = offset
-        nbytes = int(np.prod(shape)) * 4
-        offset += nbytes + pad(nbytes)
-    header = bytearray()
-    header += b"GGUF"
-    header += m.version.to_bytes(4, "little")
-    header += len(names).to_bytes(8, "little")
-    header += m.kv_count.to_bytes(8, "little")
-    header += m.kv_bytes
-    header += info
-    header += b"\0" * pad(len(header))
-    with open(path, "wb") as f:
-        f.write(header)
-        for n, a in tensors:
-            if a.shape != shapes[n]:
-                raise AssertionError(f"{n}: shape {a.shape}, expected {shapes[n]}")
-            if f.tell() != len(header) + offsets[n]:
-                raise AssertionError(f"{n}: written out of order")
-            a.tofile(f)
-            f.write(b"\0" * pad(a.nbytes))
-        f.flush()
-        os.fsync(f.fileno())
-
-
-# ---------------------------------------------------------------- the logits check
-
-
-def forward(m, tokens):
-    """Logits of a llama model for a token sequence (float64, causal, one sequence).
-    llama.cpp's NORM rope: adjacent pairs (2i, 2i+1) of each head, as stored in GGUF."""
-    hd, nh, nkv = m.head_dim, m.n_head, m.n_kv
-    t_len = len(tokens)
-
-    def w(name):
-        return np.asarray(m.w(name), dtype=np.float64)
-
-    def rms(x, g):
-        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + m.eps) * g
-
-    half = m.rope_dim // 2
-    inv = m.rope_base ** (-np.arange(half) * 2.0 / m.rope_dim)
-    ang = np.arange(t_len)[:, None] * inv[None, :]
-    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
-
-    def rope(x):  # x: [t][heads][hd]
-        x = x.copy()
-        a = x[..., 0 : m.rope_dim : 2].copy()
-        b = x[..., 1 : m.rope_dim : 2].copy()
-        x[..., 0 : m.rope_dim : 2] = a * cos - b * sin
-        x[..., 1 : m.rope_dim : 2] = a * sin + b * cos
-        return x
-
-    mask = np.triu(np.full((t_len, t_len), -np.inf), k=1)
-    h = w("token_embd.weight")[tokens]
-    for i in range(m.n_layer):
-        p = f"blk.{i}."
-        x = rms(h, w(p + "attn_norm.weight"))
-        qh = rope((x @ w(p + "attn_q.weight").T).reshape(t_len, nh, hd))
-        kh = rope((x @ w(p + "attn_k.weight").T).reshape(t_len, nkv, hd))
-        vh = (x @ w(p + "attn_v.weight").T).reshape(t_len, nkv, hd)
-        att = np.empty((t_len, nh, hd))
-        for head in range(nh):
-            kv = head // (nh // nkv)
-            sc = qh[:, head, :] @ kh[:, kv, :].T / np.sqrt(hd) + mask
-            sc = np.exp(sc - sc.max(axis=1, keepdims=True))
-            att[:, head, :] = (sc / sc.sum(axis=1, keepdims=True)) @ vh[:, kv, :]
-        h = h + att.reshape(t_len, nh * hd) @ w(p + "attn_output.weight").T
-        x = rms(h, w(p + "ffn_norm.weight"))
-        gate = x @ w(p + "ffn_gate.weight").T
-        up = x @ w(p + "ffn_up.weight").T
-        h = h + (gate / (1.0 + np.exp(-gate)) * up) @ w(p + "ffn_down.weight").T
-    x = rms(h, w("output_norm.weight"))
-    return x @ np.asarray(m.output_matrix(), dtype=np.float64).T
-
-
-# Logit differences allowed between the two models. Measured on SmolLM2-135M (logits spanning
-# about 39): the float32 rounding of the transformed weights moves them by at most 1.4e-5
-# (rot) and 8e-6 (rot-outlier), mean KLD about 3e-13. A wrong transform moves them by far
-# more (a wrong GQA head mapping on a toy model: 2.0; norm weights off by 0.1 %: 0.08).
-MAX_LOGIT_DIFF = 2e-3
-MAX_KLD = 1e-7
-
-
-def verify(src, new, label=None, n_tokens=32, seed=0):
-    rng = np.random.default_rng(seed)
-    vocab = src.output_matrix().shape[0]
-    tokens = rng.integers(0, vocab, size=n_tokens)
-    a = forward(src, tokens)
-    b = forward(new, tokens)
-    diff = float(np.max(np.abs(a - b)))
-    la = a - a.max(axis=1, keepdims=True)
-    la -= np.log(np.exp(la).sum(axis=1, keepdims=True))
-    lb = b - b.max(axis=1, keepdims=True)
-    lb -= np.log(np.exp(lb).sum(axis=1, keepdims=True))
-    kld = float(np.mean(np.sum(np.exp(la) * (la - lb), axis=1)))
-    top1 = float(np.mean(a.argmax(axis=1) == b.argmax(axis=1)))
-    spread = float(np.max(a) - np.min(a))
-    print(
-        f"logits check ({n_tokens} seeded tokens, float64 forward): max |diff| {diff:.3g} "
-        f"(logit range {spread:.3g}), mean KLD {kld:.3g}, top-1 agreement {top1:.3f}",
-        file=sys.stderr,
-    )
-    if not (diff <= MAX_LOGIT_DIFF and kld <= MAX_KLD):
-        fail(
-            f"{label or new.path} does not compute the same function as {src.path} (max |logit diff| "
-            f"{diff:.3g} > {MAX_LOGIT_DIFF} or KLD {kld:.3g} > {MAX_KLD})"
-        )
+def write_gguf(m, path, tensors, meta=None, shapes=None):
+    """Writes a GGUF with m's metadata (or `meta`) and the float32 tensors streamed from the
+    iterator, shaped as m's (or as `shapes`; output.weight appended when m is tied)."""
+    if shapes is None:
+        shapes = {n: tuple(m.w(n).shape) for n in m.order}
+        if m.tied:
+            shapes["output.weight"] = tuple(m.output_matrix().shape)
+    gguf_io.write(path, m.meta if meta is None else meta, shapes, tensors, m.version, m.alignment)
 
 
 # ---------------------------------------------------------------- main
