@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 CHUNKS="${1:-20}"
 TOL="1e-4"
 NAME="SmolLM2-135M-Instruct"
-VARIANTS=(rot rot-outlier)
+VARIANTS=(rot rot-outlier wide)
 TEXT="datasets/wikitext-2-raw/wiki.test.raw"
 PY="${PYTHON:-python3}"
 

@@ -37,6 +37,30 @@ any more while every output is unchanged (up to float32 rounding):
                  feed-forward        per layer: ffn_up row i times s_i, ffn_down column i
                                      divided by s_i (SwiGLU is linear in up)
 
+  wide         A copy whose every linear has rows (inputs) a multiple of 256, so that
+               llama.cpp's k-quant and IQ types (super-blocks of 256 weights) apply to
+               every tensor instead of falling back to 32-blocks (576-wide SmolLM2-135M:
+               180 of 272 tensors fall back). With D = d rounded up to --multiple (256):
+                 residual stream     padded with D - d zero channels, then rotated by a
+                                     random orthogonal D x D matrix as in rot (so the zero
+                                     channels are spread over all D and nothing is on a
+                                     grid); the embedding gets zero columns before Q, the
+                                     output-side matrices zero rows before Q^T
+                 RMSNorm             over D channels the mean square of a padded vector is
+                                     d/D of the one over d: eps is scaled by d/D in the
+                                     metadata (llama.attention.layer_norm_rms_epsilon) and
+                                     each norm weight g is folded into the linears reading
+                                     it as g * sqrt(d/D), so x / sqrt(ms_D + eps d/D) * g
+                                     sqrt(d/D) = x / sqrt(ms_d + eps) * g exactly
+                 attention           head_dim kept, heads padded to D / head_dim with
+                                     kv heads in the same GQA ratio (SmolLM2: 9/3 -> 12/4,
+                                     attn_output's input 768): the new q, k, v rows and
+                                     attn_output's new columns are zero, so the new heads
+                                     add nothing; heads are appended, so every original q
+                                     head keeps its kv head (h // group)
+                 feed-forward        unchanged width (SmolLM2: 1536 = 6 x 256)
+               The output matrix is stored untied, as in rot.
+
 Each variant draws Q and s from its own seed (numpy's PCG64 default_rng: stable across
 numpy versions; the QR itself goes through LAPACK, so the last bits of Q may differ between
 machines). The transform is computed in float64 and rounded to float32 once.
@@ -61,137 +85,27 @@ Usage:
   scripts/make-offgrid.py SRC-F32.gguf --variant rot [--seed N] [--name NAME]
   scripts/make-offgrid.py SRC-F32.gguf --variant rot-outlier [--seed N]
       [--outlier-frac F] [--outlier-spread LO:HI] [--outlier-jitter SIGMA]
+  scripts/make-offgrid.py SRC-F32.gguf --variant wide [--seed N] [--multiple 256]
   scripts/make-offgrid.py --verify SRC-F32.gguf OTHER.gguf   (the logits check alone)
 The path of the result is printed on the last line of stdout.
 """
 import argparse
 import json
 import os
-import subprocess
 import sys
 
-try:
-    import numpy as np
-    import gguf
-except ImportError:
-    print("installing numpy and gguf from PyPI", file=sys.stderr)
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "numpy", "gguf==0.19.0"],
-        check=True,
-        stdout=sys.stderr,
-    )
-    import numpy as np
-    import gguf
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+import gguf_io  # noqa: E402  (scripts/lib: numpy-only GGUF reading and writing)
+from llama_ref import Model, fail, verify  # noqa: E402
 
 # Bumped when the transform changes, so that files made by an older script are remade.
 TRANSFORM_VERSION = 1
-DEFAULT_SEEDS = {"rot": 1, "rot-outlier": 2}
-
-PER_LAYER = (
-    "attn_norm",
-    "attn_q",
-    "attn_k",
-    "attn_v",
-    "attn_output",
-    "ffn_norm",
-    "ffn_gate",
-    "ffn_up",
-    "ffn_down",
-)
-GLOBAL = ("token_embd.weight", "output_norm.weight", "output.weight")
-
-
-def fail(msg):
-    print(f"error: {msg}", file=sys.stderr)
-    sys.exit(1)
-
-
-# ---------------------------------------------------------------- reading
-
-
-class Model:
-    """A llama-architecture GGUF: hyperparameters, raw metadata bytes and float32 tensors."""
-
-    def __init__(self, path):
-        self.path = path
-        try:
-            r = gguf.GGUFReader(path)
-        except (OSError, ValueError) as e:
-            fail(f"cannot read {path} as GGUF ({e}); give the float32 GGUF scripts/setup-model.sh makes")
-        self.reader = r
-        arch = self._str("general.architecture")
-        if arch != "llama":
-            fail(f"{path}: architecture '{arch}'; only 'llama' models are supported")
-        self.arch = arch
-        self.d = self._int(f"{arch}.embedding_length")
-        self.n_layer = self._int(f"{arch}.block_count")
-        self.n_head = self._int(f"{arch}.attention.head_count")
-        self.n_kv = self._int(f"{arch}.attention.head_count_kv", self.n_head)
-        self.eps = self._float(f"{arch}.attention.layer_norm_rms_epsilon")
-        self.rope_base = self._float(f"{arch}.rope.freq_base", 10000.0)
-        self.head_dim = self.d // self.n_head
-        self.rope_dim = self._int(f"{arch}.rope.dimension_count", self.head_dim)
-        if self.n_head % self.n_kv:
-            fail(f"{path}: head_count {self.n_head} is not a multiple of head_count_kv {self.n_kv}")
-        self.tensors = {}
-        self.order = []
-        for t in r.tensors:
-            if t.tensor_type != gguf.GGMLQuantizationType.F32:
-                fail(
-                    f"{path}: tensor {t.name} is {t.tensor_type.name}, not F32; give the F32 GGUF "
-                    "(scripts/setup-model.sh makes <model>-F32.gguf)"
-                )
-            self.tensors[t.name] = t.data
-            self.order.append(t.name)
-        expected = {f"blk.{i}.{n}.weight" for i in range(self.n_layer) for n in PER_LAYER}
-        expected |= {"token_embd.weight", "output_norm.weight"}
-        unknown = set(self.tensors) - expected - {"output.weight"}
-        missing = expected - set(self.tensors)
-        if unknown or missing:
-            fail(
-                f"{path}: unsupported tensor set (unknown {sorted(unknown)[:5]}, missing "
-                f"{sorted(missing)[:5]}); the transform covers plain llama blocks only"
-            )
-        self.tied = "output.weight" not in self.tensors
-        # The key/value section, copied verbatim into the output.
-        kv_start = r.fields["GGUF.kv_count"].offset + 8
-        kv_end = r.tensors[0].field.offset if r.tensors else r.data_offset
-        self.kv_bytes = bytes(r.data[kv_start:kv_end])
-        self.kv_count = int(r.fields["GGUF.kv_count"].parts[0][0])
-        self.version = int(r.fields["GGUF.version"].parts[0][0])
-        self.alignment = int(r.alignment)
-
-    def _field(self, key):
-        return self.reader.fields.get(key)
-
-    def _str(self, key):
-        f = self._field(key)
-        if f is None:
-            fail(f"{self.path}: metadata key {key} missing")
-        return f.contents()
-
-    def _int(self, key, default=None):
-        f = self._field(key)
-        if f is None:
-            if default is None:
-                fail(f"{self.path}: metadata key {key} missing")
-            return default
-        return int(f.contents())
-
-    def _float(self, key, default=None):
-        f = self._field(key)
-        if f is None:
-            if default is None:
-                fail(f"{self.path}: metadata key {key} missing")
-            return default
-        return float(f.contents())
-
-    def w(self, name):
-        return self.tensors[name]
-
-    def output_matrix(self):
-        return self.tensors["token_embd.weight" if self.tied else "output.weight"]
-
+DEFAULT_SEEDS = {"rot": 1, "rot-outlier": 2, "wide": 3}
+# The wide variant pads the residual stream (and attention) to a multiple of this: llama.cpp's
+# k-quant and IQ types quantize rows in super-blocks of 256 weights (QK_K, ggml-common.h).
+WIDE_MULTIPLE = 256
 
 # ---------------------------------------------------------------- the transform
 
@@ -277,144 +191,114 @@ def transform(m, variant, seed, frac, lo, hi, jitter):
                 raise AssertionError(name)
 
 
+def wide_plan(m, multiple):
+    """(D, n_head', n_kv') of the widened copy, or an error message."""
+    width = -(-m.d // multiple) * multiple
+    group = m.n_head // m.n_kv
+    if m.n_head * m.head_dim != m.d or width % m.head_dim:
+        return f"width {width} is not a whole number of {m.head_dim}-wide heads"
+    n_head = width // m.head_dim
+    if n_head % group:
+        return f"{n_head} heads of {m.head_dim} do not keep the GQA ratio {group} (n_head / n_kv)"
+    return width, n_head, n_head // group
+
+
+def wide_meta(m, width, n_head, n_kv):
+    """m's metadata with the widened hyperparameters (value types kept) and eps scaled by d/D."""
+    meta = dict(m.meta)
+    a = m.arch
+    for key, value in (
+        (f"{a}.embedding_length", width),
+        (f"{a}.attention.head_count", n_head),
+        (f"{a}.attention.head_count_kv", n_kv),
+        (f"{a}.attention.layer_norm_rms_epsilon", float(np.float32(m.eps * m.d / width))),
+    ):
+        # head_count_kv may be absent (then it equals head_count): added as a u32.
+        vtype = meta[key][0] if key in meta else gguf_io.U32
+        meta[key] = (vtype, value)
+    return meta
+
+
+def wide_shapes(m, width, n_head, n_kv):
+    hd = m.head_dim
+    shapes = {}
+    for name in list(m.order) + (["output.weight"] if m.tied else []):
+        rows = m.output_matrix().shape[0] if name == "output.weight" else m.w(name).shape[0]
+        if name in ("token_embd.weight", "output.weight"):
+            shapes[name] = (rows, width)
+        elif name.endswith("norm.weight"):
+            shapes[name] = (width,)
+        else:
+            kind = name.split(".")[2]
+            shapes[name] = {
+                "attn_q": (n_head * hd, width),
+                "attn_k": (n_kv * hd, width),
+                "attn_v": (n_kv * hd, width),
+                "attn_output": (width, n_head * hd),
+                "ffn_gate": (rows, width),
+                "ffn_up": (rows, width),
+                "ffn_down": (width, m.w(name).shape[1]),
+            }[kind]
+    return shapes
+
+
+def transform_wide(m, seed, width, shapes):
+    """Yields the widened copy's tensors: the residual stream padded from d to D = width
+    with zero channels, then rotated by a random orthogonal D x D matrix; RMSNorm's mean
+    square over D channels is d/D of the one over d, so each norm weight g is folded into
+    the linears as g * sqrt(d/D) (and eps scaled by d/D in the metadata); attention padded
+    to D / head_dim heads with zero rows (q, k, v) and zero columns (attn_output)."""
+    rng = np.random.default_rng(seed)
+    q = random_orthogonal(rng, width)
+    d = m.d
+    fold = np.sqrt(d / width)
+
+    def f64(name):
+        return np.asarray(m.w(name), dtype=np.float64)
+
+    def input_side(w, g, rows):
+        # [W diag(g sqrt(d/D)), 0] Q, W's rows placed first among `rows`.
+        p = np.zeros((rows, width))
+        p[: w.shape[0], :d] = w * (g * fold)[None, :]
+        return p @ q
+
+    def out(a):
+        return np.ascontiguousarray(a, dtype=np.float32)
+
+    for name, shape in shapes.items():
+        if name == "token_embd.weight":
+            e = np.zeros(shape)
+            e[:, :d] = f64(name)
+            yield name, out(e @ q)
+        elif name == "output.weight":
+            w = np.asarray(m.output_matrix(), dtype=np.float64)
+            yield name, out(input_side(w, f64("output_norm.weight"), shape[0]))
+        elif name.endswith("norm.weight"):
+            yield name, out(np.ones(width))
+        else:
+            layer, kind = int(name.split(".")[1]), name.split(".")[2]
+            if kind in ("attn_q", "attn_k", "attn_v"):
+                yield name, out(input_side(f64(name), f64(f"blk.{layer}.attn_norm.weight"), shape[0]))
+            elif kind in ("ffn_gate", "ffn_up"):
+                yield name, out(input_side(f64(name), f64(f"blk.{layer}.ffn_norm.weight"), shape[0]))
+            else:  # attn_output, ffn_down: Q^T [W; 0] (attn_output's new head columns zero)
+                w = f64(name)
+                p = np.zeros(shape)
+                p[:d, : w.shape[1]] = w
+                yield name, out(q.T @ p)
+
+
 # ---------------------------------------------------------------- writing
 
 
-def gguf_string(s):
-    b = s.encode("utf-8")
-    return len(b).to_bytes(8, "little") + b
-
-
-def write_gguf(m, path, tensors):
-    """Writes a GGUF with m's metadata bytes and the given float32 tensors (name -> shape known
-    up front from m; data streamed from the iterator)."""
-    shapes = {n: tuple(m.w(n).shape) for n in m.order}
-    if m.tied:
-        shapes["output.weight"] = tuple(m.output_matrix().shape)
-    names = list(m.order) + (["output.weight"] if m.tied else [])
-    align = m.alignment
-
-    def pad(n):
-        return (align - n % align) % align
-
-    info = bytearray()
-    offset = 0
-    offsets = {}
-    for n in names:
-        shape = shapes[n]
-        info += gguf_string(n)
-        info += len(shape).to_bytes(4, "little")
-        for dim in reversed(shape):  # GGUF lists ne[0] (the contiguous dimension) first
-            info += int(dim).to_bytes(8, "little")
-        info += int(gguf.GGMLQuantizationType.F32).to_bytes(4, "little")
-        info += offset.to_bytes(8, "little")
-        offsets[n] = offset
-        nbytes = int(np.prod(shape)) * 4
-        offset += nbytes + pad(nbytes)
-    header = bytearray()
-    header += b"GGUF"
-    header += m.version.to_bytes(4, "little")
-    header += len(names).to_bytes(8, "little")
-    header += m.kv_count.to_bytes(8, "little")
-    header += m.kv_bytes
-    header += info
-    header += b"\0" * pad(len(header))
-    with open(path, "wb") as f:
-        f.write(header)
-        for n, a in tensors:
-            if a.shape != shapes[n]:
-                raise AssertionError(f"{n}: shape {a.shape}, expected {shapes[n]}")
-            if f.tell() != len(header) + offsets[n]:
-                raise AssertionError(f"{n}: written out of order")
-            a.tofile(f)
-            f.write(b"\0" * pad(a.nbytes))
-        f.flush()
-        os.fsync(f.fileno())
-
-
-# ---------------------------------------------------------------- the logits check
-
-
-def forward(m, tokens):
-    """Logits of a llama model for a token sequence (float64, causal, one sequence).
-    llama.cpp's NORM rope: adjacent pairs (2i, 2i+1) of each head, as stored in GGUF."""
-    hd, nh, nkv = m.head_dim, m.n_head, m.n_kv
-    t_len = len(tokens)
-
-    def w(name):
-        return np.asarray(m.w(name), dtype=np.float64)
-
-    def rms(x, g):
-        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + m.eps) * g
-
-    half = m.rope_dim // 2
-    inv = m.rope_base ** (-np.arange(half) * 2.0 / m.rope_dim)
-    ang = np.arange(t_len)[:, None] * inv[None, :]
-    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
-
-    def rope(x):  # x: [t][heads][hd]
-        x = x.copy()
-        a = x[..., 0 : m.rope_dim : 2].copy()
-        b = x[..., 1 : m.rope_dim : 2].copy()
-        x[..., 0 : m.rope_dim : 2] = a * cos - b * sin
-        x[..., 1 : m.rope_dim : 2] = a * sin + b * cos
-        return x
-
-    mask = np.triu(np.full((t_len, t_len), -np.inf), k=1)
-    h = w("token_embd.weight")[tokens]
-    for i in range(m.n_layer):
-        p = f"blk.{i}."
-        x = rms(h, w(p + "attn_norm.weight"))
-        qh = rope((x @ w(p + "attn_q.weight").T).reshape(t_len, nh, hd))
-        kh = rope((x @ w(p + "attn_k.weight").T).reshape(t_len, nkv, hd))
-        vh = (x @ w(p + "attn_v.weight").T).reshape(t_len, nkv, hd)
-        att = np.empty((t_len, nh, hd))
-        for head in range(nh):
-            kv = head // (nh // nkv)
-            sc = qh[:, head, :] @ kh[:, kv, :].T / np.sqrt(hd) + mask
-            sc = np.exp(sc - sc.max(axis=1, keepdims=True))
-            att[:, head, :] = (sc / sc.sum(axis=1, keepdims=True)) @ vh[:, kv, :]
-        h = h + att.reshape(t_len, nh * hd) @ w(p + "attn_output.weight").T
-        x = rms(h, w(p + "ffn_norm.weight"))
-        gate = x @ w(p + "ffn_gate.weight").T
-        up = x @ w(p + "ffn_up.weight").T
-        h = h + (gate / (1.0 + np.exp(-gate)) * up) @ w(p + "ffn_down.weight").T
-    x = rms(h, w("output_norm.weight"))
-    return x @ np.asarray(m.output_matrix(), dtype=np.float64).T
-
-
-# Logit differences allowed between the two models. Measured on SmolLM2-135M (logits spanning
-# about 39): the float32 rounding of the transformed weights moves them by at most 1.4e-5
-# (rot) and 8e-6 (rot-outlier), mean KLD about 3e-13. A wrong transform moves them by far
-# more (a wrong GQA head mapping on a toy model: 2.0; norm weights off by 0.1 %: 0.08).
-MAX_LOGIT_DIFF = 2e-3
-MAX_KLD = 1e-7
-
-
-def verify(src, new, label=None, n_tokens=32, seed=0):
-    rng = np.random.default_rng(seed)
-    vocab = src.output_matrix().shape[0]
-    tokens = rng.integers(0, vocab, size=n_tokens)
-    a = forward(src, tokens)
-    b = forward(new, tokens)
-    diff = float(np.max(np.abs(a - b)))
-    la = a - a.max(axis=1, keepdims=True)
-    la -= np.log(np.exp(la).sum(axis=1, keepdims=True))
-    lb = b - b.max(axis=1, keepdims=True)
-    lb -= np.log(np.exp(lb).sum(axis=1, keepdims=True))
-    kld = float(np.mean(np.sum(np.exp(la) * (la - lb), axis=1)))
-    top1 = float(np.mean(a.argmax(axis=1) == b.argmax(axis=1)))
-    spread = float(np.max(a) - np.min(a))
-    print(
-        f"logits check ({n_tokens} seeded tokens, float64 forward): max |diff| {diff:.3g} "
-        f"(logit range {spread:.3g}), mean KLD {kld:.3g}, top-1 agreement {top1:.3f}",
-        file=sys.stderr,
-    )
-    if not (diff <= MAX_LOGIT_DIFF and kld <= MAX_KLD):
-        fail(
-            f"{label or new.path} does not compute the same function as {src.path} (max |logit diff| "
-            f"{diff:.3g} > {MAX_LOGIT_DIFF} or KLD {kld:.3g} > {MAX_KLD})"
-        )
+def write_gguf(m, path, tensors, meta=None, shapes=None):
+    """Writes a GGUF with m's metadata (or `meta`) and the float32 tensors streamed from the
+    iterator, shaped as m's (or as `shapes`; output.weight appended when m is tied)."""
+    if shapes is None:
+        shapes = {n: tuple(m.w(n).shape) for n in m.order}
+        if m.tied:
+            shapes["output.weight"] = tuple(m.output_matrix().shape)
+    gguf_io.write(path, m.meta if meta is None else meta, shapes, tensors, m.version, m.alignment)
 
 
 # ---------------------------------------------------------------- main
@@ -435,11 +319,14 @@ def main():
     ap.add_argument("source", help="the float32 GGUF (e.g. SmolLM2-135M-Instruct-F32.gguf)")
     ap.add_argument("other", nargs="?", help="with --verify: the file to compare with the source")
     ap.add_argument("--variant", choices=sorted(DEFAULT_SEEDS), help="the transform")
-    ap.add_argument("--seed", type=int, help="seed of Q and the scales (default: rot 1, rot-outlier 2)")
+    ap.add_argument("--seed", type=int, help="seed of Q and the scales (default: rot 1, rot-outlier 2, wide 3)")
     ap.add_argument("--name", help="output name without -F32.gguf (default <source>-offgrid-<variant>)")
     ap.add_argument("--outlier-frac", type=float, default=0.03, help="fraction of outlier channels (0.03)")
     ap.add_argument("--outlier-spread", default="6:12", help="outlier scale range LO:HI, log-uniform (6:12)")
     ap.add_argument("--outlier-jitter", type=float, default=0.1, help="log-normal sigma of the other channels (0.1)")
+    ap.add_argument(
+        "--multiple", type=int, default=WIDE_MULTIPLE, help=f"wide: pad the width to a multiple of this ({WIDE_MULTIPLE})"
+    )
     ap.add_argument("--verify", action="store_true", help="only compare the logits of source and other")
     args = ap.parse_args()
 
@@ -451,7 +338,9 @@ def main():
     if args.other:
         fail(f"unexpected argument '{args.other}' (two files only with --verify)")
     if not args.variant:
-        fail("--variant rot or --variant rot-outlier is required")
+        fail("--variant rot, rot-outlier or wide is required")
+    if args.multiple < 1:
+        fail(f"--multiple {args.multiple}: need >= 1")
     if not os.path.isfile(args.source):
         fail(f"{args.source} not found; scripts/setup-model.sh makes the F32 GGUF")
     if not (0.0 <= args.outlier_frac < 1.0):
@@ -480,6 +369,8 @@ def main():
     }
     if args.variant == "rot-outlier":
         record.update(outlier_frac=args.outlier_frac, outlier_spread=[lo, hi], outlier_jitter=args.outlier_jitter)
+    if args.variant == "wide":
+        record.update(multiple=args.multiple)
 
     if os.path.isfile(out) and os.path.isfile(record_path):
         try:
@@ -494,15 +385,28 @@ def main():
         print(f"remaking {out}: its record {record_path} differs from this request", file=sys.stderr)
 
     m = Model(args.source)
+    if args.variant == "wide":
+        plan = wide_plan(m, args.multiple)
+        if isinstance(plan, str):
+            fail(f"{args.source}: cannot widen d={m.d} to a multiple of {args.multiple}: {plan}")
+        width, n_head, n_kv = plan
+        shapes = wide_shapes(m, width, n_head, n_kv)
+        meta = wide_meta(m, width, n_head, n_kv)
+        tensors = transform_wide(m, seed, width, shapes)
+        how = f"d {m.d} -> {width}, heads {m.n_head}/{m.n_kv} -> {n_head}/{n_kv}"
+    else:
+        shapes = meta = None
+        tensors = transform(m, args.variant, seed, args.outlier_frac, lo, hi, args.outlier_jitter)
+        how = f"d={m.d}"
     print(
-        f"making {out}: {args.variant}, seed {seed}, d={m.d}, {m.n_layer} layers, "
+        f"making {out}: {args.variant}, seed {seed}, {how}, {m.n_layer} layers, "
         f"{'tied' if m.tied else 'untied'} source",
         file=sys.stderr,
     )
     tmp = f"{out}.tmp.{os.getpid()}"
     tmp_record = f"{record_path}.tmp.{os.getpid()}"
     try:
-        write_gguf(m, tmp, transform(m, args.variant, seed, args.outlier_frac, lo, hi, args.outlier_jitter))
+        write_gguf(m, tmp, tensors, meta=meta, shapes=shapes)
         verify(m, Model(tmp), label=out)
         with open(tmp_record, "w") as f:
             json.dump(record, f, indent=1)

@@ -12,6 +12,10 @@ cd "$(dirname "$0")/.."
 
 LLAMA_BIN="$(bash scripts/setup-llama-cpp.sh | tail -n 1)"
 MODEL_DIR="$(bash scripts/setup-model.sh | tail -n 1)"
+# The python llama.cpp's convert_hf_to_gguf.py runs with (kwk-eval converts a Hugging Face
+# folder with it for the llama.cpp ladder; docs/setup.md).
+KWK_PYTHON="${KWK_PYTHON:-$(bash scripts/setup-convert.sh | tail -n 1)}"
+export KWK_PYTHON
 cargo build --release --bin kwk-eval
 
 M="$MODEL_DIR/SmolLM2-135M-Instruct"

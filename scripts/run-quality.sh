@@ -21,7 +21,7 @@ shift
 f32="$stem-F32.gguf"
 case "$(basename "$stem")" in
   # The two standard off-grid copies are made (once, then cached) when a run asks for them.
-  SmolLM2-135M-Instruct-offgrid-rot | SmolLM2-135M-Instruct-offgrid-rot-outlier)
+  SmolLM2-135M-Instruct-offgrid-rot | SmolLM2-135M-Instruct-offgrid-rot-outlier | SmolLM2-135M-Instruct-offgrid-wide)
     [ -f "$f32" ] || bash scripts/setup-offgrid.sh >/dev/null ;;
 esac
 [ -f "$f32" ] || { echo "error: $f32 not found; make it with scripts/setup-model.sh, scripts/setup-offgrid.sh or scripts/setup-offgrid.sh --heldout SEED" >&2; exit 2; }

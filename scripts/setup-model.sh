@@ -13,6 +13,12 @@
 #   SmolLM2-135M-Instruct-F32.gguf     --allow-requantize Q4_1 -> F32 (the dequantized
 #                                      weights: the reference every other format is cut from)
 #   SmolLM2-135M-Instruct-{BF16,Q8_0,Q4_K_M,Q4_1,Q4_0}.gguf   from the F32 file
+#   SmolLM2-135M-Instruct-hf/          the F32 file as a Hugging Face folder (config.json,
+#                                      model.safetensors, tokenizer.json, ...), by
+#                                      scripts/make-hf-folder.py (numpy only): the checkpoint
+#                                      kwk-eval's llama.cpp ladder converts with llama.cpp's
+#                                      convert_hf_to_gguf.py (scripts/check-hf-folder.py
+#                                      proves it is the same model)
 #   SmolLM2-135M-Instruct-offgrid-{rot,rot-outlier}-{F32,Q8_0,Q4_K_M,Q4_1,Q4_0}.gguf
 #                                      function-preserving copies with no weight on the
 #                                      Q4_1 grid, by scripts/setup-offgrid.sh: only with
@@ -41,6 +47,8 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 # shellcheck source=lib/step.sh
 . "$HERE/lib/step.sh"
+# shellcheck source=lib/numpy-python.sh
+. "$HERE/lib/numpy-python.sh"
 
 mkdir -p "$DIR"
 ORIG="$DIR/$NAME.Q4_1.gguf"
@@ -110,6 +118,10 @@ quantize "$ORIG" "$F32" F32 --allow-requantize
 for t in "${DERIVED_TYPES[@]}"; do
   quantize "$F32" "$DIR/$NAME-$t.gguf" "$t"
 done
+
+# 3. The Hugging Face folder of the F32 file (made once; remade when the F32 file changes).
+NPY="$(kwk_numpy_python)"
+"$NPY" "$HERE/make-hf-folder.py" "$F32" --out "$DIR/$NAME-hf" >/dev/null
 
 if [ "${KWK_OFFGRID:-0}" = "1" ]; then
   KWK_LLAMA_CPP_DIR="$BIN" bash "$HERE/setup-offgrid.sh" >/dev/null

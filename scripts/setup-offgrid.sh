@@ -19,8 +19,18 @@
 #                                                        plus heavy-tailed per-channel scales:
 #                                                        3% of the channels into every linear
 #                                                        carry 6-12x larger activations
-#   ...-offgrid-{rot,rot-outlier}-{Q8_0,Q4_K_M,Q4_1,Q4_0}.gguf   llama-quantize of each F32
-#   ...-offgrid-{rot,rot-outlier}-Q4_K_M-imatrix.gguf   Q4_K_M with llama-imatrix's importance
+#   SmolLM2-135M-Instruct-offgrid-wide-F32.gguf          widened so that llama.cpp's k-quant
+#                                                        and IQ types apply to every tensor
+#                                                        (their rows are super-blocks of 256;
+#                                                        576 is not a multiple): residual
+#                                                        stream zero-padded 576 -> 768, heads
+#                                                        9/3 -> 12/4 (new heads zero), norms
+#                                                        folded with their d/D mean-square
+#                                                        change, then rotated as rot (seed 3)
+#   SmolLM2-135M-Instruct-offgrid-wide-hf/               the wide copy as a Hugging Face
+#                                                        folder (scripts/make-hf-folder.py)
+#   ...-offgrid-{rot,rot-outlier,wide}-{Q8_0,Q4_K_M,Q4_1,Q4_0}.gguf   llama-quantize of each F32
+#   ...-offgrid-{rot,rot-outlier,wide}-Q4_K_M-imatrix.gguf   Q4_K_M with llama-imatrix's importance
 #                                                        matrix from the calibration text
 #   $KWK_CACHE/calib/wiki-test-tail-120k.txt             that text: the last 120,000 bytes of
 #                                                        wiki.test.raw, disjoint from the
@@ -29,19 +39,20 @@
 # A quantized file older than its F32 copy is remade.
 #
 # scripts/setup-model.sh runs this only with KWK_OFFGRID=1 (the main job and the tests do not
-# need the copies; about 20 minutes and 2.5 GB on 2 cores); run it directly, or through
+# need the copies; about 30 minutes and 3.5 GB on 2 busy cores); run it directly, or through
 # scripts/run-quality.sh and check-offgrid.sh, which need them. KWK_OFFGRID=0 skips it.
 set -euo pipefail
 
 NAME="SmolLM2-135M-Instruct"
-VARIANTS=(rot rot-outlier)
+VARIANTS=(rot rot-outlier wide)
 DERIVED_TYPES=(Q8_0 Q4_K_M Q4_1 Q4_0)
 
 CACHE="${KWK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kwk}"
 MODELS="${KWK_MODELS_DIR:-$CACHE/models}"
 DIR="$MODELS/$NAME"
-PY="${PYTHON:-python3}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=lib/numpy-python.sh
+. "$HERE/lib/numpy-python.sh"
 
 if [ "${KWK_OFFGRID:-1}" = "0" ]; then
   echo "KWK_OFFGRID=0: off-grid copies skipped" >&2
@@ -51,6 +62,7 @@ fi
 
 F32="$DIR/$NAME-F32.gguf"
 [ -f "$F32" ] || { echo "error: $F32 not found; run scripts/setup-model.sh first" >&2; exit 1; }
+PY="$(kwk_numpy_python)"
 
 if [ -n "${KWK_LLAMA_CPP_DIR:-}" ] && [ -x "$KWK_LLAMA_CPP_DIR/llama-quantize" ]; then
   BIN="$KWK_LLAMA_CPP_DIR"
@@ -131,6 +143,7 @@ else
   for variant in "${VARIANTS[@]}"; do
     make_copy --variant "$variant"
   done
+  "$PY" "$HERE/make-hf-folder.py" "$DIR/$NAME-offgrid-wide-F32.gguf" >/dev/null
 fi
 
 echo "$DIR"

@@ -19,7 +19,10 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install -q -r python/requirements-test.txt
-step "installing maturin, pytest, torch and transformers" "$t"
+# What llama.cpp's convert_hf_to_gguf.py needs besides (sentencepiece, ...): the model-folder
+# tests run it (tests/test_model_folders.py).
+KWK_PYTHON_VENV="$VENV" bash scripts/setup-convert.sh >/dev/null
+step "installing maturin, pytest, torch, transformers and the converter's packages" "$t"
 
 t=$SECONDS
 WHEELS="$(mktemp -d)"

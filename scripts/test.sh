@@ -9,6 +9,10 @@ LLAMA_BIN="$(bash scripts/setup-llama-cpp.sh | tail -n 1)"
 export KWK_LLAMA_CPP_DIR="$LLAMA_BIN"
 # The tests need the model, not its off-grid copies (scripts/setup-offgrid.sh).
 KWK_OFFGRID=0 bash scripts/setup-model.sh >/dev/null
+# The python for llama.cpp's convert_hf_to_gguf.py (torch, transformers, sentencepiece; the
+# venv test-python.sh uses too), which kwk-eval's ladder and the model-folder tests run.
+KWK_PYTHON="${KWK_PYTHON:-$(bash scripts/setup-convert.sh | tail -n 1)}"
+export KWK_PYTHON
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
