@@ -5,7 +5,8 @@
 //! Where it is found: the script in `KWK_LLAMA_CPP_SRC`, else in the source tree beside the
 //! tools' build (`<src>/build/bin/../../convert_hf_to_gguf.py`, the set-up's layout:
 //! `$KWK_CACHE/llama.cpp-VERSION/{src,build/bin}`). Its Python is `KWK_PYTHON`, else the
-//! set-up's virtualenv `$KWK_CACHE/python-venv/bin/python`, else `python3` on PATH; it needs
+//! set-up's virtualenv (`KWK_PYTHON_VENV`, default `$KWK_CACHE/python-venv`), else `python3`
+//! on PATH; it needs
 //! numpy, torch, transformers and safetensors, and reads the vendored `gguf-py` (put on
 //! `PYTHONPATH`), which [`Converter::locate`] checks before anything runs.
 
@@ -41,6 +42,8 @@ pub struct ConverterSearch {
     pub src_env: Option<PathBuf>,
     /// `KWK_PYTHON`.
     pub python_env: Option<PathBuf>,
+    /// `KWK_PYTHON_VENV` (the set-up's virtualenv when moved).
+    pub venv_env: Option<PathBuf>,
     /// The folder llama.cpp's tools were found in.
     pub bin_dir: Option<PathBuf>,
     /// The kwk cache root.
@@ -55,6 +58,7 @@ impl ConverterSearch {
         ConverterSearch {
             src_env: var("KWK_LLAMA_CPP_SRC").map(PathBuf::from),
             python_env: var("KWK_PYTHON").map(PathBuf::from),
+            venv_env: var("KWK_PYTHON_VENV").map(PathBuf::from),
             bin_dir: bin_dir.map(Path::to_path_buf),
             cache_root: crate::tools::Search::from_env(None).cache_root,
             path: var("PATH"),
@@ -95,8 +99,12 @@ impl ConverterSearch {
             return Err(format!("KWK_PYTHON={} (no such file)", p.display()));
         }
         let mut looked = Vec::new();
-        if let Some(root) = &self.cache_root {
-            let p = root.join("python-venv/bin/python");
+        let venv = self
+            .venv_env
+            .clone()
+            .or_else(|| self.cache_root.as_ref().map(|r| r.join("python-venv")));
+        if let Some(venv) = venv {
+            let p = venv.join("bin/python");
             if p.is_file() {
                 return Ok(p);
             }
