@@ -53,17 +53,12 @@ impl LowBitWeights {
     /// threads. `importance` (length cols) weights the rounding error per input column.
     pub fn quantize(
         tensor: &Tensor,
-        bits: u32,
+        bits: Bits,
         group_size: usize,
         importance: Option<&[f32]>,
         what: &str,
     ) -> Result<Self> {
         check_shape(tensor, what)?;
-        if Bits::from_u32(bits).is_none() {
-            return Err(KwkError::InvalidArgument(format!(
-                "{what}: {bits}-bit groups are not a format; use 4, 6 or 8"
-            )));
-        }
         if !GROUP_SIZES.contains(&group_size) {
             return Err(KwkError::InvalidArgument(format!(
                 "{what}: group size {group_size} is not one of 32, 64, 128"
@@ -90,15 +85,14 @@ impl LowBitWeights {
 
     /// Packs rows whose codes, scales and minimums `row_fn(r, codes, scales, mins)` writes
     /// (`codes` of length `cols`, `scales`/`mins` one per group), on all rayon threads.
-    /// `bits` and `group_size` must be valid (checked by the callers).
+    /// `group_size` must be valid (checked by the callers).
     pub(crate) fn from_rows(
-        bits: u32,
+        bits: Bits,
         group_size: usize,
         rows: usize,
         cols: usize,
         row_fn: impl Fn(usize, &mut [u8], &mut [f16], &mut [f16]) + Sync,
     ) -> Self {
-        let bits = Bits::from_u32(bits).expect("from_rows' callers check the bit width");
         let nb = cols / BLOCK;
         let ng = rows.div_ceil(ROW_GROUP);
         let ncg = cols.div_ceil(group_size);
@@ -172,7 +166,7 @@ impl LowBitWeights {
 
     /// Rebuilds from packed parts (the pack cache); `None` if the lengths do not fit.
     pub fn from_parts(
-        bits: u32,
+        bits: Bits,
         group_size: usize,
         rows: usize,
         cols: usize,
@@ -185,7 +179,6 @@ impl LowBitWeights {
             mins,
         } = parts;
         // Checked: the sizes come from a file (a corrupt index must not overflow).
-        let bits = Bits::from_u32(bits)?;
         let row_groups = rows.div_ceil(ROW_GROUP);
         let tiles = row_groups.checked_mul(cols / BLOCK)?;
         let ncg_total = row_groups
@@ -215,8 +208,8 @@ impl LowBitWeights {
         })
     }
 
-    pub fn bits(&self) -> u32 {
-        self.bits.get()
+    pub fn bits(&self) -> Bits {
+        self.bits
     }
     pub fn group_size(&self) -> usize {
         self.group_size

@@ -3,6 +3,7 @@
 //! `int4[:gG][:mixB][:calib][:gptq[:act]]`).
 
 use crate::error::{KwkError, Result};
+use crate::kernels::quant::Bits;
 
 /// Weights per int4 scale group when `int4` is given without `:gG`: 32. On SmolLM2-135M
 /// (distributed as Q4_1: 32-weight groups with scale and minimum) g32 reproduces the
@@ -18,7 +19,7 @@ pub struct Int4Options {
     pub group_size: usize,
     /// Bits of the sensitive tensors (6 or 8); `None` picks by model size
     /// (6 from 1e9 parameters, 8 below).
-    pub mix_bits: Option<u8>,
+    pub mix_bits: Option<Bits>,
     /// Fit scales to activations of the calibration text.
     pub calibrate: bool,
     /// GPTQ rounding on top of calibration.
@@ -192,7 +193,7 @@ impl Precision {
                                     "two mix options in '{spec}'; give one of :mix6, :mix8"
                                 )));
                             }
-                            o.mix_bits = Some(opt[3..].parse().expect("matched digit"));
+                            o.mix_bits = Some(if opt == "mix6" { Bits::B6 } else { Bits::B8 });
                         }
                         "calib" => o.calibrate = true,
                         "gptq" => o.gptq = true,
@@ -233,7 +234,7 @@ impl Precision {
                     s += &format!(":g{}", o.group_size);
                 }
                 if let Some(b) = o.mix_bits {
-                    s += &format!(":mix{b}");
+                    s += &format!(":mix{}", b.get());
                 }
                 if o.calibrate {
                     s += ":calib";
@@ -266,7 +267,7 @@ mod tests {
             p,
             Precision::Int4(Int4Options {
                 group_size: 64,
-                mix_bits: Some(6),
+                mix_bits: Some(Bits::B6),
                 calibrate: true,
                 gptq: true,
                 act_order: false,

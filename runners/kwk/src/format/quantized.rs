@@ -21,6 +21,7 @@ use crate::format::int4::LowBitWeights;
 use crate::format::int8::Int8Weights;
 use crate::format::Precision;
 use crate::format::{PackedLinear, TensorPlace, TensorRole};
+use crate::kernels::quant::Bits;
 use crate::model::Tensor;
 
 /// Columns per group of the `int8` format's asymmetric 8-bit codes (f16 scale and minimum
@@ -59,11 +60,11 @@ pub fn int4_keeps_high(place: &TensorPlace) -> bool {
 }
 
 /// `mix_bits` when the spec names none: 6 from 1e9 parameters, 8 below.
-pub fn default_mix_bits(model_params: u64) -> u8 {
+pub fn default_mix_bits(model_params: u64) -> Bits {
     if model_params >= 1_000_000_000 {
-        6
+        Bits::B6
     } else {
-        8
+        Bits::B8
     }
 }
 
@@ -164,7 +165,7 @@ pub fn quantize_on(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Grid {
     /// Asymmetric `bits`-bit codes with an f16 scale and minimum per `group` columns.
-    Asym { bits: u32, group: usize },
+    Asym { bits: Bits, group: usize },
     /// Symmetric int8 blocks of 32 with an f16 scale (the mix8 embedding/`lm_head`).
     Sym8,
 }
@@ -174,7 +175,7 @@ impl Grid {
     /// is a multiple of the group.
     pub fn bits_per_weight(self) -> f64 {
         match self {
-            Grid::Asym { bits, group } => bits as f64 + 32.0 / group as f64,
+            Grid::Asym { bits, group } => bits.get() as f64 + 32.0 / group as f64,
             Grid::Sym8 => 8.5,
         }
     }
@@ -183,7 +184,7 @@ impl Grid {
     /// scale and minimum: 576 columns in groups of 128 are 5 groups).
     pub fn tensor_bits(self, rows: usize, cols: usize) -> f64 {
         let (bits, group, per_group) = match self {
-            Grid::Asym { bits, group } => (bits, group, 32),
+            Grid::Asym { bits, group } => (bits.get(), group, 32),
             Grid::Sym8 => (8, 32, 16),
         };
         rows as f64 * (bits as f64 * cols as f64 + (per_group * cols.div_ceil(group)) as f64)
@@ -199,7 +200,7 @@ pub fn grid_for(precision: &Precision, place: &TensorPlace) -> Result<Option<Gri
     let opts = match precision {
         Precision::Int8(_) => {
             return Ok(Some(Grid::Asym {
-                bits: 8,
+                bits: Bits::B8,
                 group: INT8_GROUP,
             }))
         }
@@ -208,7 +209,7 @@ pub fn grid_for(precision: &Precision, place: &TensorPlace) -> Result<Option<Gri
     };
     if !int4_keeps_high(place) {
         return Ok(Some(Grid::Asym {
-            bits: 4,
+            bits: Bits::B4,
             group: opts.group_size,
         }));
     }
@@ -218,19 +219,20 @@ pub fn grid_for(precision: &Precision, place: &TensorPlace) -> Result<Option<Gri
     match bits {
         // The embedding/lm_head is a fifth of a small model: the 8.5-bit symmetric
         // layout. The few projections: asymmetric 8-bit groups of 32 (9 bits).
-        8 if matches!(place.role, TensorRole::Embedding | TensorRole::LmHead) => {
+        Bits::B8 if matches!(place.role, TensorRole::Embedding | TensorRole::LmHead) => {
             Ok(Some(Grid::Sym8))
         }
-        8 => Ok(Some(Grid::Asym {
-            bits: 8,
+        Bits::B8 => Ok(Some(Grid::Asym {
+            bits: Bits::B8,
             group: MIX8_GROUP,
         })),
-        6 => Ok(Some(Grid::Asym {
-            bits: 6,
+        Bits::B6 => Ok(Some(Grid::Asym {
+            bits: Bits::B6,
             group: MIX6_GROUP,
         })),
-        b => Err(KwkError::InvalidArgument(format!(
-            "int4:mix{b}: mix bits must be 6 or 8"
+        b @ Bits::B4 => Err(KwkError::InvalidArgument(format!(
+            "int4:mix{}: mix bits must be 6 or 8",
+            b.get()
         ))),
     }
 }

@@ -6,6 +6,7 @@
 
 use crate::decoder::{DecoderOptions, KwkDecoder};
 use crate::format::{Int4Options, Precision};
+use crate::kernels::quant::Bits;
 use crate::model::safetensors_loader::load_hf_weights;
 use crate::model::{ModelConfig, ModelWeights};
 use kwk_fixtures::model_dir as fixture_dir;
@@ -180,7 +181,7 @@ fn check(name: &str) {
         ("int8", Precision::INT8, 0.32, 0.021, 0.025),
         ("int4", int4(32, None), 0.78, 0.39, 0.15),
         ("int4:g128", int4(128, None), 0.82, 0.57, 0.25),
-        ("int4:mix6", int4(32, Some(6)), 0.88, 0.43, 0.15),
+        ("int4:mix6", int4(32, Some(Bits::B6)), 0.88, 0.43, 0.15),
     ] {
         let q = measure(&f, &reference, ref_ppl, p);
         klds.push(q.kld);

@@ -19,6 +19,7 @@
 
 use crate::format::quantized::Grid;
 use crate::format::TensorRole;
+use crate::kernels::quant::Bits;
 use crate::model::Tensor;
 use crate::quantize::equalize::relative_error;
 
@@ -44,15 +45,24 @@ impl MixUnit<'_> {
 /// The grids a unit may take under `int4:gG` with `mix_bits`, cheapest first: 4-bit groups
 /// of 128 down to `G` (the finest 4-bit group the user allows), then 6-bit groups of 64, and
 /// 8-bit groups of 32 under `mix8`.
-pub fn ladder(finest_group: usize, mix_bits: u8) -> Vec<Grid> {
+pub fn ladder(finest_group: usize, mix_bits: Bits) -> Vec<Grid> {
     let mut l: Vec<Grid> = [128, 64, 32]
         .into_iter()
         .filter(|&g| g >= finest_group)
-        .map(|group| Grid::Asym { bits: 4, group })
+        .map(|group| Grid::Asym {
+            bits: Bits::B4,
+            group,
+        })
         .collect();
-    l.push(Grid::Asym { bits: 6, group: 64 });
-    if mix_bits >= 8 {
-        l.push(Grid::Asym { bits: 8, group: 32 });
+    l.push(Grid::Asym {
+        bits: Bits::B6,
+        group: 64,
+    });
+    if mix_bits == Bits::B8 {
+        l.push(Grid::Asym {
+            bits: Bits::B8,
+            group: 32,
+        });
     }
     l
 }
@@ -184,7 +194,7 @@ mod tests {
     #[test]
     fn a_partial_last_group_costs_a_whole_scale_and_minimum() {
         let g128 = Grid::Asym {
-            bits: 4,
+            bits: Bits::B4,
             group: 128,
         };
         assert_eq!(g128.tensor_bits(2, 576), 2.0 * (4.0 * 576.0 + 5.0 * 32.0));
@@ -231,7 +241,7 @@ mod tests {
                 tensors: vec![(&b, &ones, None)],
             },
         ];
-        let ladder = ladder(32, 8);
+        let ladder = ladder(32, Bits::B8);
         let n = 64.0 * 64.0;
         // Enough for the cheapest grid only.
         let g = allocate(&units, &ladder, 2.0 * n * 4.25);
@@ -255,7 +265,7 @@ mod tests {
         for row in a.data.chunks_mut(64) {
             for g in row.chunks_mut(32) {
                 let mut q = [0u8; 32];
-                let (d, m) = crate::quantize::rounding::round_asymmetric(g, 4, None, &mut q);
+                let (d, m) = crate::quantize::rounding::round_asymmetric(g, Bits::B4, None, &mut q);
                 g.iter_mut()
                     .zip(q)
                     .for_each(|(v, c)| *v = c as f32 * d.to_f32() + m.to_f32());
@@ -266,7 +276,13 @@ mod tests {
             layer: Some(0),
             tensors: vec![(&a, &ones, None)],
         }];
-        let g = allocate(&units, &ladder(32, 8), 64.0 * 64.0 * 20.0);
-        assert_eq!(g, vec![Grid::Asym { bits: 4, group: 32 }]);
+        let g = allocate(&units, &ladder(32, Bits::B8), 64.0 * 64.0 * 20.0);
+        assert_eq!(
+            g,
+            vec![Grid::Asym {
+                bits: Bits::B4,
+                group: 32
+            }]
+        );
     }
 }

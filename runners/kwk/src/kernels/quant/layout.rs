@@ -48,8 +48,10 @@ pub const BYTE_TILE_BYTES: usize = ROW_GROUP * BLOCK;
 
 /// The width of a matrix's codes. Every tier matches it exhaustively where it picks a
 /// kernel (most kernels take it on as a const generic), so a new width fails to compile
-/// at each tier that has no kernel for it yet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// at each tier that has no kernel for it yet. Its debug form is the number (`4`): the
+/// pack cache's keys hold grids' debug forms, written when the width was a `u32`, and
+/// stay as they were.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Bits {
     /// 4-bit codes in nibble tiles.
     B4,
@@ -57,6 +59,12 @@ pub enum Bits {
     B6,
     /// 8-bit codes in byte tiles (the int8 tile layout).
     B8,
+}
+
+impl std::fmt::Debug for Bits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.get())
+    }
 }
 
 impl Bits {
@@ -77,6 +85,11 @@ impl Bits {
             Bits::B6 => 6,
             Bits::B8 => 8,
         }
+    }
+
+    /// The largest code, `2^bits - 1`.
+    pub const fn max_code(self) -> u32 {
+        (1 << self.get()) - 1
     }
 
     /// Bytes of the code tile (nibbles, or bytes for 8-bit) of one row group × block.

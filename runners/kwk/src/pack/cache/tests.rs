@@ -5,6 +5,7 @@ use crate::format::quantized::{quantize_on, Grid, QuantizedTensor};
 use crate::format::Int4Options;
 use crate::format::TensorRole;
 use crate::format::{PackedLinear, Precision, TensorPlace};
+use crate::kernels::quant::Bits;
 use crate::model::Tensor;
 use sha2::{Digest, Sha256};
 use std::fs::File;
@@ -359,8 +360,20 @@ fn layout_golden_hash_pins_pack_version() {
     let p = place(TensorRole::AttnQ, Some(0));
     for (prec, grid) in [
         (Precision::INT8, None),
-        (int4(), Some(Grid::Asym { bits: 4, group: 32 })),
-        (int4(), Some(Grid::Asym { bits: 6, group: 64 })),
+        (
+            int4(),
+            Some(Grid::Asym {
+                bits: Bits::B4,
+                group: 32,
+            }),
+        ),
+        (
+            int4(),
+            Some(Grid::Asym {
+                bits: Bits::B6,
+                group: 64,
+            }),
+        ),
         (int4(), Some(Grid::Sym8)),
     ] {
         let imp: Vec<f32> = (0..128).map(|i| 1.0 + (i % 7) as f32).collect();
