@@ -230,7 +230,7 @@ pub fn grid_for(precision: &Precision, place: &TensorPlace) -> Result<Option<Gri
             bits: Bits::B6,
             group: MIX6_GROUP,
         })),
-        b @ Bits::B4 => Err(KwkError::InvalidArgument(format!(
+        b @ (Bits::B3 | Bits::B4 | Bits::B5) => Err(KwkError::InvalidArgument(format!(
             "int4:mix{}: mix bits must be 6 or 8",
             b.get()
         ))),

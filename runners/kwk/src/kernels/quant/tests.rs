@@ -263,7 +263,7 @@ mod lowbit {
 
     #[test]
     fn lowbit_paths_agree_with_the_specification_and_float32_at_odd_sizes() {
-        for bits in [Bits::B4, Bits::B6, Bits::B8] {
+        for bits in [Bits::B3, Bits::B4, Bits::B5, Bits::B6, Bits::B8] {
             for gs in [32usize, 64, 128] {
                 for &(rows, cols, tokens) in &[
                     (1, 32, 1),
@@ -346,7 +346,7 @@ mod lowbit {
         // total error (`rounding` tests that the total never exceeds the min/max grid's).
         let (rows, cols) = (21, 160);
         let w = pseudo(rows * cols, 5, 0.1);
-        for bits in [Bits::B4, Bits::B6, Bits::B8] {
+        for bits in [Bits::B3, Bits::B4, Bits::B5, Bits::B6, Bits::B8] {
             for gs in [32usize, 64, 128] {
                 let packed = LowBitWeights::quantize(
                     &Tensor::new(vec![rows, cols], w.clone()),
@@ -384,9 +384,14 @@ mod lowbit {
         let (rows, cols) = (64, 1536);
         let t = Tensor::new(vec![rows, cols], pseudo(rows * cols, 1, 0.1));
         for (bits, gs, bpw) in [
+            (Bits::B3, 32, 4.0),
+            (Bits::B3, 64, 3.5),
+            (Bits::B3, 128, 3.25),
             (Bits::B4, 32, 5.0),
             (Bits::B4, 64, 4.5),
             (Bits::B4, 128, 4.25),
+            (Bits::B5, 64, 5.5),
+            (Bits::B5, 128, 5.25),
             (Bits::B6, 64, 6.5),
             (Bits::B8, 32, 9.0),
             (Bits::B8, 64, 8.5),
