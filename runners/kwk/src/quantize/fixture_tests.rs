@@ -5,7 +5,7 @@
 //! the probe positions, and perplexity over 8 chunks of 64 tokens.
 
 use crate::decoder::{DecoderOptions, KwkDecoder};
-use crate::format::{Int4Options, Precision};
+use crate::format::{LowBitOptions, Precision};
 use crate::kernels::quant::Bits;
 use crate::model::safetensors_loader::load_hf_weights;
 use crate::model::{ModelConfig, ModelWeights};
@@ -169,7 +169,8 @@ fn check(name: &str) {
     let ref_ppl = perplexity(&mut reference_dec, &eval_tokens(&f), vocab);
     let mut klds = Vec::new();
     let int4 = |group_size, mix_bits| {
-        Precision::Int4(Int4Options {
+        Precision::LowBit(LowBitOptions {
+            bits: Bits::B4,
             group_size,
             mix_bits,
             calibrate: false,

@@ -636,6 +636,8 @@ mod tests {
             (Bits::B4, 32),
             (Bits::B4, 64),
             (Bits::B4, 128),
+            (Bits::B3, 64),
+            (Bits::B5, 64),
             (Bits::B6, 64),
             (Bits::B8, 32),
         ] {
