@@ -28,9 +28,9 @@ fn odd_or_tiny_ctx() {
 #[test]
 fn unknown_format_name() {
     let line = assert_error(
-        kwk_eval().args(["--llm", "x", "--text", "x.txt", "--formats", "float32,int3"]),
+        kwk_eval().args(["--llm", "x", "--text", "x.txt", "--formats", "float32,int7"]),
         2,
-        "invalid value 'int3' for '--formats <LIST>': unknown weight format 'int3'; valid formats: float32 (f32), bf16,",
+        "invalid value 'int7' for '--formats <LIST>': unknown weight format 'int7'; valid formats: float32 (f32), bf16,",
     );
     // The formats are listed once, with the harness's own GGUF rows.
     assert_eq!(line.matches("bf16").count(), 1, "{line}");

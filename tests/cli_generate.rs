@@ -63,10 +63,10 @@ fn generate_bad_input() {
     );
     assert_error(
         kwk_eval().args([
-            "generate", "--llm", "x", "--prompt", "hi", "--format", "int3",
+            "generate", "--llm", "x", "--prompt", "hi", "--format", "int7",
         ]),
         2,
-        "--format: unknown weight format 'int3'; valid formats: float32",
+        "--format: unknown weight format 'int7'; valid formats: float32",
     );
 }
 

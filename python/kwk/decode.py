@@ -21,7 +21,8 @@ from kwk import _kwk
 
 __all__ = ["KwkDecoder", "runner_unsupported"]
 
-_FORMATS = ("float32", "f32", "bf16", "int8", "balanced", "int4")
+_LOW_BIT = ("int3", "int4", "int5", "int6")
+_FORMATS = ("float32", "f32", "bf16", "int8", "balanced") + _LOW_BIT
 _GROUP_SIZES = (32, 64, 128)
 _MIX_BITS = (6, 8)
 
@@ -38,14 +39,14 @@ def _precision_spec(
     if not isinstance(precision, str) or precision.lower() not in _FORMATS:
         raise ValueError(
             f"precision {precision!r} is not a kwk format; use one of "
-            "'float32', 'bf16', 'int8' ('balanced'), 'int4'"
+            "'float32', 'bf16', 'int8' ('balanced'), 'int4', 'int3', 'int5', 'int6'"
         )
     base = precision.lower()
     if base == "balanced":
         base = "int8"
     for names, applies, where in (
-        ((("mix_bits", mix_bits), ("group_size", group_size)), base == "int4", "precision='int4' only"),
-        ((("calib", calib), ("gptq", True if gptq else None)), base in ("int8", "int4"), "precision='int8' or 'int4'"),
+        ((("mix_bits", mix_bits), ("group_size", group_size)), base in _LOW_BIT, "precision='int4' (or int3, int5, int6) only"),
+        ((("calib", calib), ("gptq", True if gptq else None)), base == "int8" or base in _LOW_BIT, "precision='int8' or 'int4' (or int3, int5, int6)"),
     ):
         given = [n for n, v in names if v is not None]
         if given and not applies:
@@ -282,7 +283,8 @@ class KwkDecoder:
         model: a ``transformers`` ``PreTrainedModel`` (``...ForCausalLM``). Its config is read
             from ``model.config``, its weights from ``model.state_dict()``.
         max_cache_len: the longest sequence (prompt + new tokens) the KV cache holds.
-        precision: ``"float32"``, ``"bf16"``, ``"int8"`` (also ``"balanced"``) or ``"int4"``.
+        precision: ``"float32"``, ``"bf16"``, ``"int8"`` (also ``"balanced"``), ``"int4"``, or
+            the other low-bit widths ``"int3"``, ``"int5"``, ``"int6"`` (int4's options apply).
         mix_bits: int4 only: bits of the tensors the sensitivity mix keeps wider (6 or 8;
             ``None`` picks by model size).
         group_size: int4 only: weights per scale group (32, 64 or 128; ``None``: 32).

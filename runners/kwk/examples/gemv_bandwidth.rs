@@ -9,7 +9,7 @@
 //! `cargo run --release -p kwk --example gemv_bandwidth [-- MIB [THREADS [ROUNDS]]]`
 //! (defaults 128 MiB, 2 threads, 7 rounds; `KWK_ISA` picks the tier).
 
-use kwk::decoder::Int4Options;
+use kwk::decoder::LowBitOptions;
 use kwk::format::{pack_linear, InputKind, PackedLinear, PreparedInput, TensorPlace, TensorRole};
 use kwk::kernels::q8_activations::quantize_rows_q8;
 use kwk::kernels::{self, OutputMatrix};
@@ -77,7 +77,7 @@ fn main() {
             .unwrap_or(default)
     };
     let (mib, threads, rounds) = (arg(1, 128), arg(2, 2).max(1), arg(3, 7).max(1));
-    let int4 = Precision::Int4(Int4Options::default());
+    let int4 = Precision::LowBit(LowBitOptions::default());
     eprintln!("packing {mib} MiB per format ...");
     let cases = [
         pack("float32", Precision::Float32, TensorRole::AttnQ, mib),

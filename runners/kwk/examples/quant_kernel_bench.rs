@@ -17,7 +17,7 @@ use kwk::format::int8::Int8Weights;
 use kwk::format::quantized::INT8_GROUP;
 use kwk::format::{PackedLinear, PreparedInput};
 use kwk::kernels::q8_activations::quantize_rows_q8;
-use kwk::kernels::quant::QuantIsa;
+use kwk::kernels::quant::{Bits, QuantIsa};
 use kwk::kernels::{self, Isa, OutputMatrix};
 use kwk::model::Tensor;
 use std::time::Instant;
@@ -102,12 +102,12 @@ fn main() {
             }
             f => {
                 let (bits, gs) = match f {
-                    "int4" => (4, 32),
-                    "int4:g64" => (4, 64),
-                    "int4:g128" => (4, 128),
-                    "int6" => (6, 64),
-                    "int8" => (8, INT8_GROUP),
-                    "int8:g32" => (8, 32),
+                    "int4" => (Bits::B4, 32),
+                    "int4:g64" => (Bits::B4, 64),
+                    "int4:g128" => (Bits::B4, 128),
+                    "int6" => (Bits::B6, 64),
+                    "int8" => (Bits::B8, INT8_GROUP),
+                    "int8:g32" => (Bits::B8, 32),
                     _ => panic!("format {f}"),
                 };
                 let w = LowBitWeights::quantize(&t, bits, gs, None, "bench").unwrap();

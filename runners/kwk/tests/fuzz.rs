@@ -1319,7 +1319,7 @@ fn pack_index_sizes_near_2_64_are_refused_not_overflowed() {
         let t = n - PACK_TRAILER;
         let off = u64::from_le_bytes(seed.bytes[t + 8..t + 16].try_into().unwrap()) as usize;
         let index: serde_json::Value = serde_json::from_slice(&seed.bytes[off..t]).unwrap();
-        let edits: [(&str, &str, u64); 5] = [
+        let edits: [(&str, &str, u64); 6] = [
             ("tensors", "rows", u64::MAX),
             ("tensors", "cols", u64::MAX - 31),
             ("tensors", "rows", 1 << 62),
@@ -1328,6 +1328,9 @@ fn pack_index_sizes_near_2_64_are_refused_not_overflowed() {
             // offset before its tensor's bytes underflowed `a - e.offset` when a changed
             // source identity (same contents) made the cache copy the entry to a new file.
             ("arrays", "offset", 0),
+            // A code width no layout has (the file stores it as a number): refused by
+            // name at the file boundary.
+            ("tensors", "bits", 7),
         ];
         for (list, key, value) in edits {
             let mut v = index.clone();

@@ -25,7 +25,7 @@ pub mod rope;
 pub mod sampling;
 mod sink;
 
-pub use crate::format::precision::{self, Int4Options, Precision, DEFAULT_INT4_GROUP};
+pub use crate::format::precision::{self, LowBitOptions, Precision, DEFAULT_INT4_GROUP};
 pub use crate::pack::calibrate::{CALIBRATION_TOKENS, CALIBRATION_WINDOW};
 
 use crate::error::{KwkError, Result};

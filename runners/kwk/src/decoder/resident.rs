@@ -110,7 +110,7 @@ fn packed_bytes_per_param(precision: &Precision) -> f64 {
         Precision::Bf16 => 2.0,
         Precision::Int8(_) => 8.5 / 8.0,
         // Codes, a scale and minimum per group, the mix's wider tensors.
-        Precision::Int4(o) => (4.0 + 80.0 / o.group_size.max(1) as f64) / 8.0,
+        Precision::LowBit(o) => (o.bits.get() as f64 + 80.0 / o.group_size.max(1) as f64) / 8.0,
     }
 }
 

@@ -1,19 +1,19 @@
-//! Asymmetric low-bit weights: the `int4` format, the 6-/8-bit tensors of
-//! `int4:mix6`/`int4:mix8`, and the `int8` format (8 bits, groups of 64). Unsigned
-//! codes of 4, 6 or 8 bits with an f16 scale and f16 minimum per group of 32, 64 or 128 columns
-//! (`w = d · q + m`, llama.cpp Q4_1's form, which this project's test model is stored in),
-//! rows interleaved in groups of 16 (`kernels::quant::layout` documents the layout).
+//! Asymmetric low-bit weights: the `int3`, `int4`, `int5` and `int6` formats, the 6-/8-bit
+//! tensors of their mixes, and the `int8` format (8 bits, groups of 64). Unsigned codes of
+//! 3, 4, 5, 6 or 8 bits ([`Bits`]) with an f16 scale and f16 minimum per group of 32, 64 or
+//! 128 columns (`w = d · q + m`, llama.cpp Q4_1's form, which this project's test model is
+//! stored in), rows interleaved in groups of 16 (`kernels::quant::layout` documents the
+//! layout of each width).
 //!
-//! Bits per weight: `bits + 32 / group_size` (4-bit: g32 5.0, g64 4.5, g128 4.25; 6-bit
-//! g64 6.5; 8-bit g64 8.5, g32 9.0).
+//! Bits per weight: `bits + 32 / group_size` (3-bit g64 3.5; 4-bit: g32 5.0, g64 4.5,
+//! g128 4.25; 5-bit g64 5.5; 6-bit g64 6.5; 8-bit g64 8.5, g32 9.0).
 
 use crate::error::{KwkError, Result};
 use crate::format::int8::{check_importance, check_shape, q8_rows};
 use crate::format::storage::Store;
 use crate::format::{InputKind, PackedLinear, PreparedInput};
 use crate::kernels::quant::{
-    code_tile_bytes, lowbit_matmul, selected_isa, Bits, LowBitTiles, QuantIsa, BLOCK,
-    HIGH_BITS_TILE_BYTES, NIBBLE_TILE_BYTES, ROW_GROUP,
+    lowbit_matmul, put_tile_code, selected_isa, Bits, LowBitTiles, QuantIsa, BLOCK, ROW_GROUP,
 };
 use crate::kernels::OutputMatrix;
 use crate::model::Tensor;
@@ -22,7 +22,7 @@ use half::f16;
 use rayon::prelude::*;
 use std::ops::Range;
 
-/// A 4- or 6-bit packed weight matrix.
+/// A packed weight matrix of 3- to 8-bit codes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LowBitWeights {
     bits: Bits,
@@ -49,21 +49,16 @@ pub struct LowBitParts {
 pub const GROUP_SIZES: [usize; 3] = [32, 64, 128];
 
 impl LowBitWeights {
-    /// Quantizes `tensor` to `bits` (4 or 6) in groups of `group_size` columns on all rayon
+    /// Quantizes `tensor` to `bits`-bit codes in groups of `group_size` columns on all rayon
     /// threads. `importance` (length cols) weights the rounding error per input column.
     pub fn quantize(
         tensor: &Tensor,
-        bits: u32,
+        bits: Bits,
         group_size: usize,
         importance: Option<&[f32]>,
         what: &str,
     ) -> Result<Self> {
         check_shape(tensor, what)?;
-        if Bits::from_u32(bits).is_none() {
-            return Err(KwkError::InvalidArgument(format!(
-                "{what}: {bits}-bit groups are not a format; use 4, 6 or 8"
-            )));
-        }
         if !GROUP_SIZES.contains(&group_size) {
             return Err(KwkError::InvalidArgument(format!(
                 "{what}: group size {group_size} is not one of 32, 64, 128"
@@ -90,37 +85,24 @@ impl LowBitWeights {
 
     /// Packs rows whose codes, scales and minimums `row_fn(r, codes, scales, mins)` writes
     /// (`codes` of length `cols`, `scales`/`mins` one per group), on all rayon threads.
-    /// `bits` and `group_size` must be valid (checked by the callers).
+    /// `group_size` must be valid (checked by the callers).
     pub(crate) fn from_rows(
-        bits: u32,
+        bits: Bits,
         group_size: usize,
         rows: usize,
         cols: usize,
         row_fn: impl Fn(usize, &mut [u8], &mut [f16], &mut [f16]) + Sync,
     ) -> Self {
-        let bits = Bits::from_u32(bits).expect("from_rows' callers check the bit width");
         let nb = cols / BLOCK;
         let ng = rows.div_ceil(ROW_GROUP);
         let ncg = cols.div_ceil(group_size);
-        let tile_bytes = code_tile_bytes(bits);
+        let (tile_bytes, high_bytes) = (bits.code_tile_bytes(), bits.high_tile_bytes());
         let mut nibbles = vec![0u8; ng * nb * tile_bytes];
-        let mut high_bits = vec![
-            0u8;
-            if bits.has_high_bits() {
-                ng * nb * HIGH_BITS_TILE_BYTES
-            } else {
-                0
-            }
-        ];
+        let mut high_bits = vec![0u8; ng * nb * high_bytes];
         let mut scales = vec![f16::ZERO; ng * ncg * ROW_GROUP];
         let mut mins = vec![f16::ZERO; ng * ncg * ROW_GROUP];
-        let hb_chunk = if bits.has_high_bits() {
-            nb * HIGH_BITS_TILE_BYTES
-        } else {
-            0
-        };
-        let mut hb_parts: Vec<&mut [u8]> = if bits.has_high_bits() {
-            high_bits.chunks_mut(hb_chunk).collect()
+        let mut hb_parts: Vec<&mut [u8]> = if high_bytes > 0 {
+            high_bits.chunks_mut(nb * high_bytes).collect()
         } else {
             (0..ng).map(|_| &mut [][..]).collect()
         };
@@ -142,18 +124,13 @@ impl LowBitWeights {
                     }
                     for (c, &code) in codes.iter().enumerate() {
                         let (b, cc) = (c / BLOCK, c % BLOCK);
-                        let (quad, k) = (cc / 4, cc % 4);
-                        if bits == Bits::B8 {
-                            ng_nib[b * tile_bytes + quad * 64 + r * 4 + k] = code;
-                            continue;
-                        }
-                        let at = b * NIBBLE_TILE_BYTES + (quad % 4) * 64 + r * 4 + k;
-                        let shift = if quad < 4 { 0 } else { 4 };
-                        ng_nib[at] |= (code & 0x0F) << shift;
-                        if bits.has_high_bits() {
-                            let at = b * HIGH_BITS_TILE_BYTES + (quad / 4) * 64 + r * 4 + k;
-                            ng_hb[at] |= ((code >> 4) & 3) << (2 * (quad % 4));
-                        }
+                        put_tile_code(
+                            bits,
+                            &mut ng_nib[b * tile_bytes..][..tile_bytes],
+                            &mut ng_hb[b * high_bytes..][..high_bytes],
+                            (cc / 4, r, cc % 4),
+                            code,
+                        );
                     }
                 }
             });
@@ -172,7 +149,7 @@ impl LowBitWeights {
 
     /// Rebuilds from packed parts (the pack cache); `None` if the lengths do not fit.
     pub fn from_parts(
-        bits: u32,
+        bits: Bits,
         group_size: usize,
         rows: usize,
         cols: usize,
@@ -185,18 +162,13 @@ impl LowBitWeights {
             mins,
         } = parts;
         // Checked: the sizes come from a file (a corrupt index must not overflow).
-        let bits = Bits::from_u32(bits)?;
         let row_groups = rows.div_ceil(ROW_GROUP);
         let tiles = row_groups.checked_mul(cols / BLOCK)?;
         let ncg_total = row_groups
             .checked_mul(cols.div_ceil(group_size.max(1)))?
             .checked_mul(ROW_GROUP)?;
-        let code_bytes = tiles.checked_mul(code_tile_bytes(bits))?;
-        let high_bytes = if bits.has_high_bits() {
-            tiles.checked_mul(HIGH_BITS_TILE_BYTES)?
-        } else {
-            0
-        };
+        let code_bytes = tiles.checked_mul(bits.code_tile_bytes())?;
+        let high_bytes = tiles.checked_mul(bits.high_tile_bytes())?;
         let ok = GROUP_SIZES.contains(&group_size)
             && cols.is_multiple_of(BLOCK)
             && nibbles.len() == code_bytes
@@ -215,8 +187,8 @@ impl LowBitWeights {
         })
     }
 
-    pub fn bits(&self) -> u32 {
-        self.bits.get()
+    pub fn bits(&self) -> Bits {
+        self.bits
     }
     pub fn group_size(&self) -> usize {
         self.group_size

@@ -1,6 +1,6 @@
 //! Weight formats: the GGUF block types kwk can read (`ggml_blocks`, dequantized to float32
 //! master weights on load) and the packed formats the decoder runs in (float32, bf16,
-//! int8, int4), all behind [`PackedLinear`], with their names and options ([`Precision`],
+//! int8, int3..int6), all behind [`PackedLinear`], with their names and options ([`Precision`],
 //! `precision`). Everything below the decoder reads the format choice from here.
 //!
 //! A matmul is `y[t][r] = W[r] · x[t]` for the tokens `t` of a batch and the rows `r` of W
@@ -19,7 +19,7 @@ pub mod precision;
 pub mod quantized;
 pub mod storage;
 
-pub use precision::{Int4Options, Int8Options, Precision, DEFAULT_INT4_GROUP};
+pub use precision::{Int8Options, LowBitOptions, Precision, DEFAULT_INT4_GROUP};
 
 use crate::error::Result;
 use crate::kernels::quant::InputMemo;
@@ -115,7 +115,7 @@ pub struct TensorPlace {
 }
 
 /// Packs one linear weight (`[out_features, in_features]`) in `precision`: float32 and
-/// bf16 here, int8/int4 in [`quantized::pack_quantized`].
+/// bf16 here, int8 and int3..int6 in [`quantized::pack_quantized`].
 pub fn pack_linear(
     tensor: &Tensor,
     precision: &Precision,
@@ -124,7 +124,7 @@ pub fn pack_linear(
     match precision {
         Precision::Float32 => Ok(Box::new(float32::F32Panels::pack(tensor))),
         Precision::Bf16 => Ok(Box::new(bf16::Bf16Panels::pack(tensor))),
-        Precision::Int8(_) | Precision::Int4(_) => {
+        Precision::Int8(_) | Precision::LowBit(_) => {
             quantized::pack_quantized(tensor, precision, place)
         }
     }

@@ -1,24 +1,45 @@
 //! [`Precision`]: the weight format a decoder runs in, parsed from the names users type
-//! (`float32`, `bf16`, `int8`/`balanced` with `:calib` or `:gptq`,
-//! `int4[:gG][:mixB][:calib][:gptq[:act]]`).
+//! (`float32`, `bf16`, `int8`/`balanced` with `:calib` or `:gptq`, and the low-bit family
+//! `int3`, `int4`, `int5`, `int6`, each `[:gG][:mixB][:calib][:gptq[:act]]`).
 
 use crate::error::{KwkError, Result};
+use crate::kernels::quant::Bits;
 
-/// Weights per int4 scale group when `int4` is given without `:gG`: 32. On SmolLM2-135M
-/// (distributed as Q4_1: 32-weight groups with scale and minimum) g32 reproduces the
-/// weights and g64/g128 do not; the int4 kernels do one float step per 32-column block at
-/// any group size, so g32 costs 0.5-0.75 bits per weight and no speed (measured in the
-/// quantization work's report).
+/// Weights per scale group when a low-bit format is given without `:gG`: 32, the finest
+/// group the sensitivity mix may use (it also takes g64 and g128 where they lose less
+/// per bit saved; `quantize::mix`). On SmolLM2-135M (distributed as Q4_1: 32-weight
+/// groups with scale and minimum) int4 g32 reproduces the weights and g64/g128 do not; the
+/// low-bit kernels do one float step per 32-column block at any group size, so g32 costs
+/// 0.5-0.75 bits per weight and no speed (measured in the quantization work's report).
+/// The same default serves int3, int5 and int6: their size is set by the budget of the mix
+/// (see [`LowBitOptions`]), the group only bounds how fine the mix may go.
 pub const DEFAULT_INT4_GROUP: usize = 32;
 
-/// Options of the `int4` format: `int4[:gG][:mixB][:calib][:gptq[:act]]`.
+/// Options of the low-bit formats `int3`, `int4`, `int5` and `int6`:
+/// `intB[:gG][:mixB][:calib][:gptq[:act]]`. One type and one code path for every width:
+/// the width names the plain tensors' codes and which llama.cpp k-quant mix the size is
+/// matched to (`quantize::mix::k_quant_bits_per_weight`: Q3_K_M, Q4_K_M, Q5_K_M, Q6_K;
+/// bits per weight counted over every tensor, embeddings and output included, as
+/// llama.cpp counts them).
+///
+/// Defaults (chosen from bits per weight, not from a score):
+/// - group 32 for every width ([`DEFAULT_INT4_GROUP`]);
+/// - `mix_bits`: int4 keeps its rule, 8 below 1e9 parameters and 6 from there (int4's
+///   budget is Q4_K_M as llama.cpp makes it, whose `output` falls back to Q8_0 on rows
+///   that are not multiples of 256, as on the small models the rule serves); int3, int5
+///   and int6 keep `lm_head` at 6 bits (6-bit g64, 6.5 bits per weight) at every size,
+///   because the k-quant they are matched to puts `output` in Q6_K (6.5625): with 8.5
+///   bits on a small model's `lm_head` (a fifth of SmolLM2-135M's weights) the rest of
+///   the budget falls below the width's cheapest grid and the format overshoots its size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Int4Options {
-    /// Weights per scale group: 32, 64 or 128.
+pub struct LowBitOptions {
+    /// The width of the plain tensors' codes: 3, 4, 5 or 6 (`int3` .. `int6`).
+    pub bits: Bits,
+    /// Weights per scale group: 32, 64 or 128 (the finest the mix may use).
     pub group_size: usize,
-    /// Bits of the sensitive tensors (6 or 8); `None` picks by model size
-    /// (6 from 1e9 parameters, 8 below).
-    pub mix_bits: Option<u8>,
+    /// Bits of `lm_head` and the top of the mix's ladder (6 or 8); `None` picks the
+    /// width's default (see the type's doc).
+    pub mix_bits: Option<Bits>,
     /// Fit scales to activations of the calibration text.
     pub calibrate: bool,
     /// GPTQ rounding on top of calibration.
@@ -28,15 +49,32 @@ pub struct Int4Options {
     pub act_order: bool,
 }
 
-impl Default for Int4Options {
-    fn default() -> Self {
-        Int4Options {
+impl LowBitOptions {
+    /// The plain `intB` format of width `bits` (defaults, no calibration).
+    pub const fn new(bits: Bits) -> LowBitOptions {
+        LowBitOptions {
+            bits,
             group_size: DEFAULT_INT4_GROUP,
             mix_bits: None,
             calibrate: false,
             gptq: false,
             act_order: false,
         }
+    }
+
+    /// `mix_bits`, or the width's default for a model of `model_params` parameters.
+    pub fn mix_bits_for(&self, model_params: u64) -> Bits {
+        self.mix_bits.unwrap_or(match self.bits {
+            Bits::B4 if model_params < 1_000_000_000 => Bits::B8,
+            Bits::B3 | Bits::B4 | Bits::B5 | Bits::B6 | Bits::B8 => Bits::B6,
+        })
+    }
+}
+
+impl Default for LowBitOptions {
+    /// Plain `int4`.
+    fn default() -> Self {
+        LowBitOptions::new(Bits::B4)
     }
 }
 
@@ -59,11 +97,20 @@ pub enum Precision {
     Float32,
     Bf16,
     Int8(Int8Options),
-    Int4(Int4Options),
+    /// `int3`, `int4`, `int5`, `int6` (the width is `bits`).
+    LowBit(LowBitOptions),
 }
 
 const VALID: &str = "float32 (f32), bf16, int8 (balanced)[:calib|:gptq], \
-     int4[:g32|:g64|:g128][:mix6|:mix8][:calib][:gptq[:act]]";
+     int3|int4|int5|int6[:g32|:g64|:g128][:mix6|:mix8][:calib][:gptq[:act]]";
+
+/// The low-bit family's names and widths.
+const LOW_BIT: [(&str, Bits); 4] = [
+    ("int3", Bits::B3),
+    ("int4", Bits::B4),
+    ("int5", Bits::B5),
+    ("int6", Bits::B6),
+];
 
 impl Precision {
     /// Plain `int8` (no calibration).
@@ -72,28 +119,31 @@ impl Precision {
         gptq: false,
     });
 
+    /// Plain `int4`.
+    pub const INT4: Precision = Precision::LowBit(LowBitOptions::new(Bits::B4));
+
     /// Whether building this format needs calibration tokens (`int8:calib`, `int8:gptq`,
-    /// `int4:calib`, `int4:gptq`).
+    /// `intB:calib`, `intB:gptq`).
     pub fn needs_calibration(&self) -> bool {
         match self {
             Precision::Int8(o) => o.calibrate || o.gptq,
-            Precision::Int4(o) => o.calibrate || o.gptq,
+            Precision::LowBit(o) => o.calibrate || o.gptq,
             Precision::Float32 | Precision::Bf16 => false,
         }
     }
 
-    /// Whether the layers' linears are rounded by GPTQ (`int8:gptq`, `int4:gptq`).
+    /// Whether the layers' linears are rounded by GPTQ (`int8:gptq`, `intB:gptq`).
     pub fn gptq(&self) -> bool {
         match self {
             Precision::Int8(o) => o.gptq,
-            Precision::Int4(o) => o.gptq,
+            Precision::LowBit(o) => o.gptq,
             Precision::Float32 | Precision::Bf16 => false,
         }
     }
 
-    /// Whether the weights are quantized (`int8`, `int4` with any options).
+    /// Whether the weights are quantized (`int8`, `int3`..`int6` with any options).
     pub fn is_quantized(&self) -> bool {
-        matches!(self, Precision::Int8(_) | Precision::Int4(_))
+        matches!(self, Precision::Int8(_) | Precision::LowBit(_))
     }
 
     /// The kernels this format's weight matmuls run in this process (the active tier,
@@ -116,13 +166,14 @@ impl Precision {
         match self {
             Precision::Float32 => WeightKernels::Float32,
             Precision::Bf16 => WeightKernels::Bf16,
-            Precision::Int8(_) | Precision::Int4(_) => WeightKernels::Quantized,
+            Precision::Int8(_) | Precision::LowBit(_) => WeightKernels::Quantized,
         }
     }
 
     /// Parses a format name as users type it: `float32`, `bf16`, `int8` (`balanced`),
     /// `int8:calib`, `int8:gptq`, `int4`, `int4:g64`, `int4:mix8`, `int4:calib`,
-    /// `int4:gptq` (options combine, in any order, each at most once).
+    /// `int4:gptq`, and `int3`, `int5`, `int6` with the same options as `int4` (options
+    /// combine, in any order, each at most once).
     pub fn parse(spec: &str) -> Result<Precision> {
         let mut parts = spec.trim().split(':');
         let base = parts.next().unwrap_or("").to_ascii_lowercase();
@@ -169,8 +220,11 @@ impl Precision {
                 }
                 Ok(Precision::Int8(o))
             }
-            "int4" => {
-                let mut o = Int4Options::default();
+            name => {
+                let Some(&(_, bits)) = LOW_BIT.iter().find(|(n, _)| *n == name) else {
+                    return Err(unknown());
+                };
+                let mut o = LowBitOptions::new(bits);
                 let (mut group_set, mut seen) = (false, std::collections::HashSet::new());
                 for opt in &options {
                     if !seen.insert(opt.clone()) {
@@ -192,31 +246,30 @@ impl Precision {
                                     "two mix options in '{spec}'; give one of :mix6, :mix8"
                                 )));
                             }
-                            o.mix_bits = Some(opt[3..].parse().expect("matched digit"));
+                            o.mix_bits = Some(if opt == "mix6" { Bits::B6 } else { Bits::B8 });
                         }
                         "calib" => o.calibrate = true,
                         "gptq" => o.gptq = true,
                         "act" => o.act_order = true,
                         _ => {
                             return Err(KwkError::InvalidArgument(format!(
-                                "unknown int4 option ':{opt}' in '{spec}'; valid formats: {VALID}"
+                                "unknown {base} option ':{opt}' in '{spec}'; valid formats: {VALID}"
                             )))
                         }
                     }
                 }
                 if o.act_order && !o.gptq {
                     return Err(KwkError::InvalidArgument(format!(
-                        "':act' orders GPTQ's columns, so it needs ':gptq' too (e.g. int4:gptq:act), got '{spec}'"
+                        "':act' orders GPTQ's columns, so it needs ':gptq' too (e.g. {base}:gptq:act), got '{spec}'"
                     )));
                 }
-                Ok(Precision::Int4(o))
+                Ok(Precision::LowBit(o))
             }
-            _ => Err(unknown()),
         }
     }
 
     /// The canonical spelling (`parse(p.name()) == p`): `float32`, `bf16`, `int8`,
-    /// `int8:calib`, `int8:gptq`, and `int4` followed by the options that differ from the
+    /// `int8:calib`, `int8:gptq`, and `intB` followed by the options that differ from the
     /// defaults in a fixed order (`:gG`, `:mixB`, `:calib`, `:gptq`, `:act`).
     pub fn name(&self) -> String {
         match self {
@@ -227,13 +280,13 @@ impl Precision {
                 (true, false) => "int8:calib".into(),
                 (false, false) => "int8".into(),
             },
-            Precision::Int4(o) => {
-                let mut s = String::from("int4");
+            Precision::LowBit(o) => {
+                let mut s = format!("int{}", o.bits.get());
                 if o.group_size != DEFAULT_INT4_GROUP {
                     s += &format!(":g{}", o.group_size);
                 }
                 if let Some(b) = o.mix_bits {
-                    s += &format!(":mix{b}");
+                    s += &format!(":mix{}", b.get());
                 }
                 if o.calibrate {
                     s += ":calib";
@@ -264,9 +317,10 @@ mod tests {
         let p = Precision::parse("int4:gptq:g64:mix6:calib").unwrap();
         assert_eq!(
             p,
-            Precision::Int4(Int4Options {
+            Precision::LowBit(LowBitOptions {
+                bits: Bits::B4,
                 group_size: 64,
-                mix_bits: Some(6),
+                mix_bits: Some(Bits::B6),
                 calibrate: true,
                 gptq: true,
                 act_order: false,
@@ -293,8 +347,72 @@ mod tests {
         }
         assert_eq!(
             Precision::parse("int4").unwrap(),
-            Precision::Int4(Int4Options::default())
+            Precision::LowBit(LowBitOptions::default())
         );
+        assert_eq!(Precision::parse("int4").unwrap(), Precision::INT4);
+    }
+
+    #[test]
+    fn every_low_bit_width_takes_int4s_options() {
+        for (name, bits) in LOW_BIT {
+            let p = Precision::parse(name).unwrap();
+            assert_eq!(p, Precision::LowBit(LowBitOptions::new(bits)));
+            assert_eq!(p.name(), name);
+            assert!(p.is_quantized() && !p.needs_calibration());
+            let full = Precision::parse(&format!("{name}:act:g128:mix8:gptq:calib")).unwrap();
+            assert_eq!(
+                full,
+                Precision::LowBit(LowBitOptions {
+                    bits,
+                    group_size: 128,
+                    mix_bits: Some(Bits::B8),
+                    calibrate: true,
+                    gptq: true,
+                    act_order: true,
+                })
+            );
+            assert_eq!(full.name(), format!("{name}:g128:mix8:calib:gptq:act"));
+            assert_eq!(Precision::parse(&full.name()).unwrap(), full);
+            let e = Precision::parse(&format!("{name}:g48"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(&format!("unknown {name} option ':g48'")), "{e}");
+            let e = Precision::parse(&format!("{name}:act"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(&format!("e.g. {name}:gptq:act")), "{e}");
+        }
+        // Distinct widths are distinct formats (and pack cache keys).
+        let names: Vec<String> = LOW_BIT
+            .iter()
+            .map(|(n, _)| Precision::parse(n).unwrap().name())
+            .collect();
+        assert_eq!(names, ["int3", "int4", "int5", "int6"]);
+        for bad in ["int2", "int7", "int3x", "int16"] {
+            let e = Precision::parse(bad).unwrap_err().to_string();
+            assert!(
+                e.contains("unknown weight format") && e.contains("int3|int4"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn default_mix_bits_by_width_and_size() {
+        let small = 135_000_000;
+        let big = 2_000_000_000;
+        let mix = |b, params| LowBitOptions::new(b).mix_bits_for(params);
+        assert_eq!(mix(Bits::B4, small), Bits::B8);
+        assert_eq!(mix(Bits::B4, big), Bits::B6);
+        for b in [Bits::B3, Bits::B5, Bits::B6] {
+            assert_eq!(mix(b, small), Bits::B6);
+            assert_eq!(mix(b, big), Bits::B6);
+        }
+        let given = LowBitOptions {
+            mix_bits: Some(Bits::B8),
+            ..LowBitOptions::new(Bits::B3)
+        };
+        assert_eq!(given.mix_bits_for(big), Bits::B8);
     }
 
     #[test]
@@ -376,6 +494,6 @@ mod tests {
             ));
         }
         let e = Precision::parse("fp16").unwrap_err().to_string();
-        assert!(e.contains("float32") && e.contains("int4[:g32"), "{e}");
+        assert!(e.contains("float32") && e.contains("int6[:g32"), "{e}");
     }
 }

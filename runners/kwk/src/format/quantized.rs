@@ -1,26 +1,30 @@
-//! Packing a weight into the quantized formats (`int8`, `int4` with its mix rule): the one
-//! entry point the decoder calls for every linear weight, experts included.
+//! Packing a weight into the quantized formats (`int8`, and `int3`..`int6` with their mix
+//! rule): the one entry point the decoder calls for every linear weight, experts included.
 //!
-//! ## The int4 mix rule
-//! Under `int4`, these tensors are kept at `mix_bits`, the rest are 4-bit groups:
-//! `mix8` keeps the embedding/`lm_head` in symmetric 8-bit blocks of 32 with an f16 scale
-//! (8.5 bits per weight: it is a fifth of a small model's weights) and the projections in
-//! asymmetric 8-bit groups of 32 (scale and minimum, 9 bits per weight); `mix6` keeps all of
-//! them in asymmetric 6-bit groups of 64 (6.5 bits per weight). Which tensors:
-//! - `lm_head` (the embedding when they are tied; an untied input embedding is 4-bit);
+//! ## The low-bit mix rule
+//! Under `intB` (B = 3, 4, 5, 6), these tensors are kept at `mix_bits`, the rest are B-bit
+//! groups (the sensitivity mix of `quantize::mix` then moves the rest between grids; this
+//! rule places what it does not cover): `mix8` keeps the embedding/`lm_head` in symmetric
+//! 8-bit blocks of 32 with an f16 scale (8.5 bits per weight: it is a fifth of a small
+//! model's weights) and the projections in asymmetric 8-bit groups of 32 (scale and
+//! minimum, 9 bits per weight); `mix6` keeps all of them in asymmetric 6-bit groups of 64
+//! (6.5 bits per weight). Which tensors:
+//! - `lm_head` (the embedding when they are tied; an untied input embedding is B-bit);
 //! - `attn_v` and `ffn_down` (experts' included) of the layers llama.cpp's Q4_K_M gives
 //!   more bits, `use_more_bits(i, n) = i < n/8 || i >= 7n/8 || (i - n/8) % 3 == 2`
 //!   (llama.cpp `src/llama-quant.cpp`, `llama_tensor_get_type`, which puts those tensors
 //!   in Q6_K under Q4_K_M).
 //!
-//! `mix_bits` defaults to 6 for models of 1e9 parameters and more, 8 below (a small model's
-//! embedding is a large share of its weights and of its error).
+//! `mix_bits` defaults by width (`LowBitOptions::mix_bits_for`): for int4 6 for models of
+//! 1e9 parameters and more, 8 below (a small model's embedding is a large share of its
+//! weights and of its error); for int3, int5 and int6 6.
 
 use crate::error::{KwkError, Result};
 use crate::format::int4::LowBitWeights;
 use crate::format::int8::Int8Weights;
 use crate::format::Precision;
 use crate::format::{PackedLinear, TensorPlace, TensorRole};
+use crate::kernels::quant::Bits;
 use crate::model::Tensor;
 
 /// Columns per group of the `int8` format's asymmetric 8-bit codes (f16 scale and minimum
@@ -42,7 +46,7 @@ pub fn use_more_bits(layer: usize, n_layers: usize) -> bool {
     i < n / 8 || i >= 7 * n / 8 || (i - n / 8).rem_euclid(3) == 2
 }
 
-/// Whether the int4 mix keeps this tensor at `mix_bits`.
+/// Whether the low-bit mix rule keeps this tensor at `mix_bits`.
 pub fn int4_keeps_high(place: &TensorPlace) -> bool {
     match place.role {
         // An untied input embedding is only looked up: its rounding error enters the
@@ -55,15 +59,6 @@ pub fn int4_keeps_high(place: &TensorPlace) -> bool {
             None => false,
         },
         _ => false,
-    }
-}
-
-/// `mix_bits` when the spec names none: 6 from 1e9 parameters, 8 below.
-pub fn default_mix_bits(model_params: u64) -> u8 {
-    if model_params >= 1_000_000_000 {
-        6
-    } else {
-        8
     }
 }
 
@@ -103,7 +98,7 @@ impl QuantizedTensor {
     }
 }
 
-/// Packs one linear weight in `precision` (`Int8` or `Int4`).
+/// Packs one linear weight in `precision` (`Int8` or `LowBit`).
 pub fn pack_quantized(
     tensor: &Tensor,
     precision: &Precision,
@@ -112,7 +107,7 @@ pub fn pack_quantized(
     Ok(quantize_tensor(tensor, precision, place, None)?.into_packed())
 }
 
-/// Quantizes one linear weight in `precision` with the int4 mix rule for `place`;
+/// Quantizes one linear weight in `precision` with the low-bit mix rule for `place`;
 /// `importance` (per input column, from calibration) weights the rounding error, `None`
 /// rounds to plain least squared error.
 pub fn quantize_tensor(
@@ -125,7 +120,7 @@ pub fn quantize_tensor(
 }
 
 /// [`quantize_tensor`] on `grid` when given (a mix chosen by `quantize::mix`), else on the
-/// grid the mix rule gives `place`. This rounds each group on its own: under `int4:gptq`
+/// grid the mix rule gives `place`. This rounds each group on its own: under `intB:gptq`
 /// and `int8:gptq` the decoder rounds the layers' linears with `quantize::gptq` (it needs their inputs'
 /// Hessians) and only the embedding, `lm_head` and experts no calibration token reached
 /// come here.
@@ -146,7 +141,8 @@ pub fn quantize_on(
         Some(g) => g,
         None => grid_for(precision, &place)?.ok_or_else(|| {
             KwkError::InvalidArgument(format!(
-                "{what}: pack_quantized packs int8/int4, not {precision:?}"
+                "{what}: pack_quantized packs int8 and int3..int6, not {}",
+                precision.name()
             ))
         })?,
     };
@@ -164,7 +160,7 @@ pub fn quantize_on(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Grid {
     /// Asymmetric `bits`-bit codes with an f16 scale and minimum per `group` columns.
-    Asym { bits: u32, group: usize },
+    Asym { bits: Bits, group: usize },
     /// Symmetric int8 blocks of 32 with an f16 scale (the mix8 embedding/`lm_head`).
     Sym8,
 }
@@ -174,7 +170,7 @@ impl Grid {
     /// is a multiple of the group.
     pub fn bits_per_weight(self) -> f64 {
         match self {
-            Grid::Asym { bits, group } => bits as f64 + 32.0 / group as f64,
+            Grid::Asym { bits, group } => bits.get() as f64 + 32.0 / group as f64,
             Grid::Sym8 => 8.5,
         }
     }
@@ -183,14 +179,14 @@ impl Grid {
     /// scale and minimum: 576 columns in groups of 128 are 5 groups).
     pub fn tensor_bits(self, rows: usize, cols: usize) -> f64 {
         let (bits, group, per_group) = match self {
-            Grid::Asym { bits, group } => (bits, group, 32),
+            Grid::Asym { bits, group } => (bits.get(), group, 32),
             Grid::Sym8 => (8, 32, 16),
         };
         rows as f64 * (bits as f64 * cols as f64 + (per_group * cols.div_ceil(group)) as f64)
     }
 }
 
-/// The grid `precision` puts the weight at `place` on (the int4 mix rule included); `None`
+/// The grid `precision` puts the weight at `place` on (the low-bit mix rule included); `None`
 /// for formats that do not quantize and for MoE routers (always float32).
 pub fn grid_for(precision: &Precision, place: &TensorPlace) -> Result<Option<Grid>> {
     if place.role == TensorRole::Router {
@@ -199,38 +195,37 @@ pub fn grid_for(precision: &Precision, place: &TensorPlace) -> Result<Option<Gri
     let opts = match precision {
         Precision::Int8(_) => {
             return Ok(Some(Grid::Asym {
-                bits: 8,
+                bits: Bits::B8,
                 group: INT8_GROUP,
             }))
         }
-        Precision::Int4(opts) => opts,
+        Precision::LowBit(opts) => opts,
         Precision::Float32 | Precision::Bf16 => return Ok(None),
     };
     if !int4_keeps_high(place) {
         return Ok(Some(Grid::Asym {
-            bits: 4,
+            bits: opts.bits,
             group: opts.group_size,
         }));
     }
-    let bits = opts
-        .mix_bits
-        .unwrap_or_else(|| default_mix_bits(place.model_params));
-    match bits {
+    match opts.mix_bits_for(place.model_params) {
         // The embedding/lm_head is a fifth of a small model: the 8.5-bit symmetric
         // layout. The few projections: asymmetric 8-bit groups of 32 (9 bits).
-        8 if matches!(place.role, TensorRole::Embedding | TensorRole::LmHead) => {
+        Bits::B8 if matches!(place.role, TensorRole::Embedding | TensorRole::LmHead) => {
             Ok(Some(Grid::Sym8))
         }
-        8 => Ok(Some(Grid::Asym {
-            bits: 8,
+        Bits::B8 => Ok(Some(Grid::Asym {
+            bits: Bits::B8,
             group: MIX8_GROUP,
         })),
-        6 => Ok(Some(Grid::Asym {
-            bits: 6,
+        Bits::B6 => Ok(Some(Grid::Asym {
+            bits: Bits::B6,
             group: MIX6_GROUP,
         })),
-        b => Err(KwkError::InvalidArgument(format!(
-            "int4:mix{b}: mix bits must be 6 or 8"
+        b @ (Bits::B3 | Bits::B4 | Bits::B5) => Err(KwkError::InvalidArgument(format!(
+            "int{}:mix{}: mix bits must be 6 or 8",
+            opts.bits.get(),
+            b.get()
         ))),
     }
 }
@@ -238,7 +233,7 @@ pub fn grid_for(precision: &Precision, place: &TensorPlace) -> Result<Option<Gri
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::Int4Options;
+    use crate::format::LowBitOptions;
 
     #[test]
     fn use_more_bits_matches_llama_cpp_for_30_layers() {
@@ -274,7 +269,8 @@ mod tests {
             vec![32, 64],
             (0..2048).map(|i| (i % 17) as f32 * 0.01).collect(),
         );
-        let opts = Int4Options {
+        let opts = LowBitOptions {
+            bits: Bits::B4,
             group_size: 32,
             mix_bits: None,
             calibrate: false,
@@ -287,20 +283,20 @@ mod tests {
             n_layers: 30,
             model_params: 135_000_000,
         };
-        let p = pack_quantized(&t, &Precision::Int4(opts), small).unwrap();
+        let p = pack_quantized(&t, &Precision::LowBit(opts), small).unwrap();
         assert_eq!(p.bytes(), 32 * 64 + 2 * 32 * 2); // int8: 8.5 bits per weight
         let big = TensorPlace {
             model_params: 2_000_000_000,
             ..small
         };
-        let p = pack_quantized(&t, &Precision::Int4(opts), big).unwrap();
+        let p = pack_quantized(&t, &Precision::LowBit(opts), big).unwrap();
         assert_eq!(p.bytes(), 32 * 64 * 6 / 8 + 2 * 2 * 32); // 6-bit g64: 6.5 bits per weight
         let plain = TensorPlace {
             role: TensorRole::AttnQ,
             layer: Some(3),
             ..small
         };
-        let p = pack_quantized(&t, &Precision::Int4(opts), plain).unwrap();
+        let p = pack_quantized(&t, &Precision::LowBit(opts), plain).unwrap();
         assert_eq!(p.bytes(), 32 * 64 / 2 + 2 * 2 * 2 * 32); // 4-bit g32: 5 bits per weight
         let kept = TensorPlace {
             role: TensorRole::FfnDown,
@@ -308,12 +304,55 @@ mod tests {
             ..small
         };
         assert_eq!(
-            pack_quantized(&t, &Precision::Int4(opts), kept)
+            pack_quantized(&t, &Precision::LowBit(opts), kept)
                 .unwrap()
                 .bytes(),
             32 * 64 + 2 * 2 * 2 * 32 // asymmetric 8-bit g32: 9 bits per weight
         );
         let p = pack_quantized(&t, &Precision::INT8, plain).unwrap();
         assert_eq!(p.bytes(), 32 * 64 + 2 * 2 * 32); // int8: asymmetric g64, 8.5 bits per weight
+    }
+
+    #[test]
+    fn every_width_puts_plain_tensors_on_its_grid_and_lm_head_on_6_bits() {
+        let place = |role, layer| TensorPlace {
+            role,
+            layer,
+            n_layers: 30,
+            model_params: 135_000_000,
+        };
+        for (name, bits) in [("int3", Bits::B3), ("int5", Bits::B5), ("int6", Bits::B6)] {
+            let p = Precision::parse(name).unwrap();
+            let plain = grid_for(&p, &place(TensorRole::AttnQ, Some(3))).unwrap();
+            assert_eq!(plain, Some(Grid::Asym { bits, group: 32 }), "{name}");
+            let head = grid_for(&p, &place(TensorRole::LmHead, None)).unwrap();
+            let six = Grid::Asym {
+                bits: Bits::B6,
+                group: MIX6_GROUP,
+            };
+            assert_eq!(head, Some(six), "{name}");
+            let p8 = Precision::parse(&format!("{name}:mix8")).unwrap();
+            let head = grid_for(&p8, &place(TensorRole::LmHead, None)).unwrap();
+            assert_eq!(head, Some(Grid::Sym8), "{name}");
+        }
+        let bits_of = |g: Grid| match g {
+            Grid::Asym { bits, .. } => bits.get(),
+            Grid::Sym8 => 8,
+        };
+        let t = Tensor::new(
+            vec![17, 96],
+            (0..17 * 96).map(|i| (i % 23) as f32 * 0.01).collect(),
+        );
+        for name in ["int3", "int5"] {
+            let p = Precision::parse(name).unwrap();
+            let q = quantize_tensor(&t, &p, place(TensorRole::FfnUp, Some(4)), None).unwrap();
+            let QuantizedTensor::LowBit(w) = q else {
+                panic!("{name}: not a low-bit tensor")
+            };
+            let g = grid_for(&p, &place(TensorRole::FfnUp, Some(4)))
+                .unwrap()
+                .unwrap();
+            assert_eq!(w.bits().get(), bits_of(g), "{name}");
+        }
     }
 }

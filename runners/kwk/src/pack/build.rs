@@ -103,7 +103,7 @@ pub(crate) fn pack_weights(
     // Second moments of 1 for inputs without measured or estimated ones (the embedding).
     let unit_moments = vec![1f32; widest_input(weights)];
     let plan = match (&precision, &equalized) {
-        (Precision::Int4(opts), Some(eq)) => {
+        (Precision::LowBit(opts), Some(eq)) => {
             int4_plan(config, weights, eq, &unit_moments, opts, &place)?
         }
         _ => HashMap::new(),

@@ -226,7 +226,7 @@ pub(crate) fn gptq_layers(
             .collect::<Result<_>>()?;
         // One factor per input, or with act-order per input and group size (the column
         // order depends on the groups), each (input, group) factored once, in parallel.
-        let act = matches!(precision, Precision::Int4(o) if o.act_order);
+        let act = matches!(precision, Precision::LowBit(o) if o.act_order);
         let mut keys: Vec<(usize, usize)> = jobs
             .iter()
             .zip(&grids)

@@ -2,11 +2,11 @@
 //! (`quantize::mix`) within the bits llama.cpp's Q4_K_M would give the model.
 
 use crate::error::{KwkError, Result};
-use crate::format::quantized::{default_mix_bits, grid_for, Grid};
-use crate::format::{Int4Options, Precision, TensorPlace, TensorRole};
+use crate::format::quantized::{grid_for, Grid};
+use crate::format::{LowBitOptions, Precision, TensorPlace, TensorRole};
 use crate::model::{FeedForward, Mlp, ModelConfig, ModelWeights};
 use crate::quantize::equalize::{Equalized, LayerImportance};
-use crate::quantize::mix::{allocate, ladder, q4_k_m_bits_per_weight, MixUnit};
+use crate::quantize::mix::{allocate, k_quant_bits_per_weight, ladder, MixUnit};
 use std::collections::HashMap;
 
 /// The mix units of layer `i` (q, k, v, o, gate, up, down; an MoE layer's experts share a
@@ -81,16 +81,16 @@ pub(crate) fn int4_plan<'a>(
     weights: &'a ModelWeights,
     eq: &'a Equalized,
     ones: &'a [f32],
-    opts: &Int4Options,
+    opts: &LowBitOptions,
     place: &(dyn Fn(TensorRole, Option<usize>) -> TensorPlace + Sync),
 ) -> Result<HashMap<(TensorRole, Option<usize>), Grid>> {
     let n_layers = config.n_layers;
     use crate::model::Tensor;
     let q4km = |role, layer, t: &Tensor| {
-        t.data.len() as f64 * q4_k_m_bits_per_weight(role, layer, n_layers, t.cols())
+        t.data.len() as f64 * k_quant_bits_per_weight(opts.bits, role, layer, n_layers, t.cols())
     };
     let output = weights.output();
-    let head_grid = grid_for(&Precision::Int4(*opts), &place(TensorRole::LmHead, None))?
+    let head_grid = grid_for(&Precision::LowBit(*opts), &place(TensorRole::LmHead, None))?
         .ok_or_else(|| KwkError::InvalidArgument("lm_head has no int4 grid".into()))?;
     // Bits Q4_K_M would spend on the tensors the search covers: its whole size less
     // lm_head (kwk keeps that at mix_bits; the float vectors cost the same in both).
@@ -115,10 +115,12 @@ pub(crate) fn int4_plan<'a>(
             units.push(u);
         }
     }
-    let mix_bits = opts
-        .mix_bits
-        .unwrap_or_else(|| default_mix_bits(place(TensorRole::LmHead, None).model_params));
-    let grids = allocate(&units, &ladder(opts.group_size, mix_bits), budget);
+    let mix_bits = opts.mix_bits_for(place(TensorRole::LmHead, None).model_params);
+    let grids = allocate(
+        &units,
+        &ladder(opts.bits, opts.group_size, mix_bits),
+        budget,
+    );
     Ok(units
         .iter()
         .zip(grids)

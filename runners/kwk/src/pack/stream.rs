@@ -17,7 +17,7 @@ use super::model::{names, Built, PackedModel};
 use super::plan::layer_mix_units;
 use super::source::{build_layer, LayerFloats, LayerSource, LinearId, Packer};
 use crate::error::{KwkError, Result};
-use crate::format::quantized::{default_mix_bits, grid_for, Grid};
+use crate::format::quantized::{grid_for, Grid};
 use crate::format::{PackedLinear, Precision, TensorPlace, TensorRole};
 use crate::model::lazy::LazyWeights;
 use crate::model::{FeedForward, LayerWeights, Mlp, ModelConfig, Tensor};
@@ -96,13 +96,13 @@ pub(crate) fn pack_streamed(
     let mut saved: Vec<Saved> = Vec::with_capacity(n_layers);
     let mut plan: HashMap<(TensorRole, Option<usize>), Grid> = HashMap::new();
     let int4 = match &precision {
-        Precision::Int4(opts) => Some(*opts),
+        Precision::LowBit(opts) => Some(*opts),
         _ => None,
     };
     {
-        use crate::quantize::mix::{ladder, q4_k_m_bits_per_weight};
-        let q4km = |role, layer, t: &Tensor| {
-            t.data.len() as f64 * q4_k_m_bits_per_weight(role, layer, n_layers, t.cols())
+        use crate::quantize::mix::{k_quant_bits_per_weight, ladder};
+        let q4km = |bits, role, layer, t: &Tensor| {
+            t.data.len() as f64 * k_quant_bits_per_weight(bits, role, layer, n_layers, t.cols())
         };
         let mut steps = Vec::new();
         let mut budget = 0.0;
@@ -111,17 +111,15 @@ pub(crate) fn pack_streamed(
         if let Some(opts) = &int4 {
             let head_grid = grid_for(&precision, &place(TensorRole::LmHead, None))?
                 .ok_or_else(|| KwkError::InvalidArgument("lm_head has no int4 grid".into()))?;
-            let mix_bits = opts
-                .mix_bits
-                .unwrap_or_else(|| default_mix_bits(place(TensorRole::LmHead, None).model_params));
-            steps = ladder(opts.group_size, mix_bits);
+            let mix_bits = opts.mix_bits_for(place(TensorRole::LmHead, None).model_params);
+            steps = ladder(opts.bits, opts.group_size, mix_bits);
             // Q4_K_M's bits of the output projection, from its shape alone.
-            let out_bits =
-                (vocab * d) as f64 * q4_k_m_bits_per_weight(TensorRole::LmHead, None, n_layers, d);
+            let out_bits = (vocab * d) as f64
+                * k_quant_bits_per_weight(opts.bits, TensorRole::LmHead, None, n_layers, d);
             budget = out_bits - head_grid.tensor_bits(vocab, d);
             if !config.tie_word_embeddings {
                 let e = lazy.embed()?;
-                budget += q4km(TensorRole::Embedding, None, &e);
+                budget += q4km(opts.bits, TensorRole::Embedding, None, &e);
                 let ones = vec![1f32; e.cols()];
                 let unit = MixUnit {
                     role: TensorRole::Embedding,
@@ -136,12 +134,12 @@ pub(crate) fn pack_streamed(
         for i in 0..n_layers {
             let mut l = lazy.layer(i)?;
             let sv = equalize_one(&mut l, i)?;
-            if int4.is_some() {
+            if let Some(opts) = &int4 {
                 let ones = vec![1f32; layer_width(&l)];
                 let li = Some(&sv.imp).filter(|x| !x.attn_in.is_empty());
                 for u in layer_mix_units(i, &l, li, &ones) {
                     for (t, _, _) in &u.tensors {
-                        budget += q4km(u.role, Some(i), t);
+                        budget += q4km(opts.bits, u.role, Some(i), t);
                     }
                     curves.push(unit_curve(&u, &steps));
                     keys.push((u.role, u.layer));

@@ -5,7 +5,8 @@
 //! the probe positions, and perplexity over 8 chunks of 64 tokens.
 
 use crate::decoder::{DecoderOptions, KwkDecoder};
-use crate::format::{Int4Options, Precision};
+use crate::format::{LowBitOptions, Precision};
+use crate::kernels::quant::Bits;
 use crate::model::safetensors_loader::load_hf_weights;
 use crate::model::{ModelConfig, ModelWeights};
 use kwk_fixtures::model_dir as fixture_dir;
@@ -168,7 +169,8 @@ fn check(name: &str) {
     let ref_ppl = perplexity(&mut reference_dec, &eval_tokens(&f), vocab);
     let mut klds = Vec::new();
     let int4 = |group_size, mix_bits| {
-        Precision::Int4(Int4Options {
+        Precision::LowBit(LowBitOptions {
+            bits: Bits::B4,
             group_size,
             mix_bits,
             calibrate: false,
@@ -180,7 +182,7 @@ fn check(name: &str) {
         ("int8", Precision::INT8, 0.32, 0.021, 0.025),
         ("int4", int4(32, None), 0.78, 0.39, 0.15),
         ("int4:g128", int4(128, None), 0.82, 0.57, 0.25),
-        ("int4:mix6", int4(32, Some(6)), 0.88, 0.43, 0.15),
+        ("int4:mix6", int4(32, Some(Bits::B6)), 0.88, 0.43, 0.15),
     ] {
         let q = measure(&f, &reference, ref_ppl, p);
         klds.push(q.kld);

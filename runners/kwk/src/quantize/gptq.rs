@@ -42,6 +42,7 @@
 use crate::error::{KwkError, Result};
 use crate::format::int4::{LowBitWeights, GROUP_SIZES};
 use crate::format::int8::{check_importance, check_shape};
+use crate::kernels::quant::Bits;
 use crate::kernels::{active_isa, axpy_f32, dot_f64, Isa};
 use crate::model::Tensor;
 use crate::quantize::rounding::round_asymmetric;
@@ -360,7 +361,7 @@ fn gptq_rows(
     w: &mut [f32],
     cols: usize,
     f: &InverseFactor,
-    bits: u32,
+    bits: Bits,
     group: usize,
     importance: Option<&[f32]>,
     out: RowsOut<'_>,
@@ -372,7 +373,7 @@ fn gptq_rows(
     } = out;
     let nr = w.len() / cols;
     let ncg = cols.div_ceil(group);
-    let nmax = ((1u32 << bits) - 1) as f32;
+    let nmax = bits.max_code() as f32;
     let u = &f.u;
     let isa = active_isa();
     let mut err = vec![0f32; nr * BLOCK_COLS];
@@ -430,7 +431,7 @@ fn gptq_rows(
 pub fn gptq_lowbit(
     tensor: &Tensor,
     f: &InverseFactor,
-    bits: u32,
+    bits: Bits,
     group: usize,
     importance: Option<&[f32]>,
     order: Option<&[usize]>,
@@ -439,11 +440,6 @@ pub fn gptq_lowbit(
     check_shape(tensor, what)?;
     let (rows, cols) = (tensor.rows(), tensor.cols());
     check_importance(importance, cols, what)?;
-    if bits != 4 && bits != 6 && bits != 8 {
-        return Err(KwkError::InvalidArgument(format!(
-            "{what}: {bits}-bit groups are not a format; use 4, 6 or 8"
-        )));
-    }
     if !GROUP_SIZES.contains(&group) || !BLOCK_COLS.is_multiple_of(group) {
         return Err(KwkError::InvalidArgument(format!(
             "{what}: group size {group} is not one of 32, 64, 128"
@@ -636,14 +632,19 @@ mod tests {
         h.add_rows(&x);
         let f = inverse_factor(&h, "test").unwrap();
         let imp = h.moments();
-        for (bits, group) in [(4, 32), (4, 64), (4, 128), (6, 64), (8, 32)] {
+        for (bits, group) in [
+            (Bits::B4, 32),
+            (Bits::B4, 64),
+            (Bits::B4, 128),
+            (Bits::B3, 64),
+            (Bits::B5, 64),
+            (Bits::B6, 64),
+            (Bits::B8, 32),
+        ] {
             let plain = LowBitWeights::quantize(&w, bits, group, Some(&imp), "test").unwrap();
             let g = gptq_lowbit(&w, &f, bits, group, Some(&imp), None, "test").unwrap();
             let (ep, eg) = (output_error(&w, &plain, &x), output_error(&w, &g, &x));
-            assert!(
-                eg < 0.8 * ep,
-                "{bits}-bit g{group}: gptq {eg} vs plain {ep}"
-            );
+            assert!(eg < 0.8 * ep, "{bits:?} g{group}: gptq {eg} vs plain {ep}");
         }
     }
 
@@ -659,13 +660,13 @@ mod tests {
         h.add_rows(&x);
         let f = inverse_factor(&h, "test").unwrap();
         assert!(f.dead[7] && f.dead.iter().filter(|&&d| d).count() == 1);
-        let q = gptq_lowbit(&w, &f, 4, 32, None, None, "test").unwrap();
+        let q = gptq_lowbit(&w, &f, Bits::B4, 32, None, None, "test").unwrap();
         assert_eq!(q.rows(), rows);
         // A factor of another width is refused.
         let mut h2 = Hessian::zeros(32);
         h2.add_rows(&inputs(100, 32, 2));
         let f2 = inverse_factor(&h2, "test").unwrap();
-        assert!(gptq_lowbit(&w, &f2, 4, 32, None, None, "test").is_err());
+        assert!(gptq_lowbit(&w, &f2, Bits::B4, 32, None, None, "test").is_err());
         assert!(inverse_factor(&Hessian::zeros(8), "test").is_ok());
     }
 
@@ -681,7 +682,7 @@ mod tests {
                 .num_threads(threads)
                 .build()
                 .unwrap()
-                .install(|| gptq_lowbit(&w, &f, 4, 64, None, None, "test").unwrap())
+                .install(|| gptq_lowbit(&w, &f, Bits::B4, 64, None, None, "test").unwrap())
         };
         assert_eq!(run(1), run(3));
     }
@@ -718,10 +719,15 @@ mod tests {
         let f = inverse_factor(&h, "test").unwrap();
         let natural: Vec<usize> = (0..cols).collect();
         assert_eq!(
-            gptq_lowbit(&w, &f, 4, 32, Some(&imp), Some(&natural), "test").unwrap(),
-            gptq_lowbit(&w, &f, 4, 32, Some(&imp), None, "test").unwrap()
+            gptq_lowbit(&w, &f, Bits::B4, 32, Some(&imp), Some(&natural), "test").unwrap(),
+            gptq_lowbit(&w, &f, Bits::B4, 32, Some(&imp), None, "test").unwrap()
         );
-        for (bits, group) in [(4, 32), (4, 128), (6, 64), (8, 32)] {
+        for (bits, group) in [
+            (Bits::B4, 32),
+            (Bits::B4, 128),
+            (Bits::B6, 64),
+            (Bits::B8, 32),
+        ] {
             let order = act_order(&imp, group);
             assert_ne!(order, natural);
             let fa = inverse_factor(&h.permuted(&order), "test").unwrap();
@@ -730,13 +736,13 @@ mod tests {
             let (ep, ea) = (output_error(&w, &plain, &x), output_error(&w, &a, &x));
             assert!(
                 ea < 0.8 * ep,
-                "{bits}-bit g{group}: act-order {ea} vs plain {ep}"
+                "{bits:?} g{group}: act-order {ea} vs plain {ep}"
             );
         }
         let mut split = natural.clone();
         split.swap(0, 40);
-        assert!(gptq_lowbit(&w, &f, 4, 32, None, Some(&split), "test").is_err());
-        assert!(gptq_lowbit(&w, &f, 4, 32, None, Some(&natural[1..]), "test").is_err());
+        assert!(gptq_lowbit(&w, &f, Bits::B4, 32, None, Some(&split), "test").is_err());
+        assert!(gptq_lowbit(&w, &f, Bits::B4, 32, None, Some(&natural[1..]), "test").is_err());
     }
 
     /// Without coupling between channels (a diagonal Hessian) the order cannot matter: the
@@ -754,8 +760,8 @@ mod tests {
         let order = act_order(&imp, 32);
         let f = inverse_factor(&h, "test").unwrap();
         let fa = inverse_factor(&h.permuted(&order), "test").unwrap();
-        let n = gptq_lowbit(&w, &f, 4, 32, None, None, "test").unwrap();
-        let a = gptq_lowbit(&w, &fa, 4, 32, None, Some(&order), "test").unwrap();
+        let n = gptq_lowbit(&w, &f, Bits::B4, 32, None, None, "test").unwrap();
+        let a = gptq_lowbit(&w, &fa, Bits::B4, 32, None, Some(&order), "test").unwrap();
         let (mut rn, mut ra) = (vec![0f32; cols], vec![0f32; cols]);
         for r in 0..rows {
             n.dequantize_row(r, &mut rn);

@@ -1,10 +1,10 @@
-//! The `int4` mix chosen by sensitivity: which grid each tensor gets under a bits-per-weight
-//! budget.
+//! The low-bit mix chosen by sensitivity: which grid each tensor gets under a bits-per-weight
+//! budget, for every width of the family (`int3`, `int4`, `int5`, `int6`).
 //!
 //! Every tensor group (one role in one layer, all experts of that role together; the untied
-//! input embedding) starts on the cheapest grid of the ladder (4-bit groups of 128) and is
-//! moved up the ladder (4-bit g64, g32 — no finer than the `int4:gG` the user gave —, 6-bit
-//! g64, and 8-bit g32 under `mix8`) greedily,
+//! input embedding) starts on the cheapest grid of the width's ladder ([`ladder`]; for int4
+//! 4-bit groups of 128) and is moved up the ladder (for int4: 4-bit g64, g32 — no finer
+//! than the `int4:gG` the user gave —, 6-bit g64, and 8-bit g32 under `mix8`) greedily,
 //! always taking the step that lowers the estimated error most per bit spent, until the
 //! budget is used. The error of a grid is the relative output noise of the tensor,
 //! `Σ E[x_k²] ΔW_ik² / Σ E[x_k²] W_ik²` (sampled rows, second moments measured by calibration
@@ -12,13 +12,20 @@
 //! tensors: every linear's noise counts the same. `lm_head` is not part of the search: it
 //! stays at `mix_bits` (as llama.cpp always gives `output` more bits).
 //!
-//! The default budget is the size llama.cpp's Q4_K_M would give the same model
-//! ([`q4_k_m_bits_per_weight`]), so a kwk `int4` row is compared with Q4_K_M at equal size; a grid
-//! whose estimated error is not lower than the cheaper one (weights that already sit on a
-//! 4-bit g32 grid) is never bought.
+//! The default budget is the size llama.cpp's k-quant mix of the same width would give the
+//! same model ([`k_quant_bits_per_weight`]: Q3_K_M, Q4_K_M, Q5_K_M, Q6_K), so a kwk `intB`
+//! row is compared with that k-quant at equal size; a grid whose estimated error is not
+//! lower than the cheaper one (weights that already sit on a 4-bit g32 grid) is never
+//! bought. int4's budget is Q4_K_M as llama.cpp makes it on the model, row-length
+//! fallbacks included ([`q4_k_m_bits_per_weight`]); int3, int5 and int6 take their k-quant's
+//! own types on every tensor (no fallback: kwk's grids need only rows of 32, so a kwk row
+//! sits at its width on any model, where llama.cpp's k-quants on a 576-wide model fall back
+//! to 4.5-8.5-bit types; a model whose rows are multiples of 256 gets the same budget
+//! either way).
 
 use crate::format::quantized::Grid;
 use crate::format::TensorRole;
+use crate::kernels::quant::Bits;
 use crate::model::Tensor;
 use crate::quantize::equalize::relative_error;
 
@@ -41,25 +48,35 @@ impl MixUnit<'_> {
     }
 }
 
-/// The grids a unit may take under `int4:gG` with `mix_bits`, cheapest first: 4-bit groups
-/// of 128 down to `G` (the finest 4-bit group the user allows), then 6-bit groups of 64, and
-/// 8-bit groups of 32 under `mix8`.
-pub fn ladder(finest_group: usize, mix_bits: u8) -> Vec<Grid> {
+/// The grids a unit may take under `intB:gG` with `mix_bits` (`bits` = B), cheapest first:
+/// B-bit groups of 128 down to `G` (the finest group the user allows), then wider grids up
+/// to `mix_bits`: for int3 4-bit and 5-bit g64 (the Q4_K and Q5_K of Q3_K_M's sensitive
+/// tensors) and 6-bit g64; for int4 and int5 6-bit g64; 8-bit g32 under `mix8` for every
+/// width. int4's ladder is the one its results were measured with.
+pub fn ladder(bits: Bits, finest_group: usize, mix_bits: Bits) -> Vec<Grid> {
+    let grid = |bits, group| Grid::Asym { bits, group };
     let mut l: Vec<Grid> = [128, 64, 32]
         .into_iter()
         .filter(|&g| g >= finest_group)
-        .map(|group| Grid::Asym { bits: 4, group })
+        .map(|group| grid(bits, group))
         .collect();
-    l.push(Grid::Asym { bits: 6, group: 64 });
-    if mix_bits >= 8 {
-        l.push(Grid::Asym { bits: 8, group: 32 });
+    let wider: &[Bits] = match bits {
+        Bits::B3 => &[Bits::B4, Bits::B5, Bits::B6],
+        Bits::B4 | Bits::B5 => &[Bits::B6],
+        Bits::B6 | Bits::B8 => &[],
+    };
+    l.extend(wider.iter().map(|&b| grid(b, 64)));
+    if mix_bits == Bits::B8 && bits != Bits::B8 {
+        l.push(grid(Bits::B8, 32));
     }
     l
 }
 
-/// Bits of one weight of each llama.cpp type Q4_K_M uses (block bytes × 8 / block weights;
-/// `ggml/src/ggml-common.h`).
+/// Bits of one weight of each llama.cpp type the k-quant mixes use (block bytes × 8 / block
+/// weights; `ggml/src/ggml-common.h`).
+const Q3_K: f64 = 3.4375;
 const Q4_K: f64 = 4.5;
+const Q5_K: f64 = 5.5;
 const Q5_0: f64 = 5.5;
 const Q6_K: f64 = 6.5625;
 const Q8_0: f64 = 8.5;
@@ -91,6 +108,45 @@ pub fn q4_k_m_bits_per_weight(
         (true, false) => Q8_0,
         (false, true) => Q4_K,
         (false, false) => Q5_0,
+    }
+}
+
+/// Tensor bits per weight llama.cpp's k-quant mix of width `bits` gives a tensor of `role`
+/// with `cols` input columns (`src/llama-quant.cpp`, `llama_tensor_get_type`), the budget
+/// of `intB` (see the module doc):
+/// - 3 (`LLAMA_FTYPE_MOSTLY_Q3_K_M`): `output` (and a tied embedding) Q6_K; `attn_v` Q5_K
+///   in layers 0 and 1, Q4_K after; `ffn_down` Q5_K in the first `n/16` layers, Q4_K after
+///   (the rule of every architecture but Falcon); `attn_output` Q4_K; the rest Q3_K;
+/// - 4: [`q4_k_m_bits_per_weight`] (fallbacks included);
+/// - 5 (`LLAMA_FTYPE_MOSTLY_Q5_K_M`): `output` Q6_K; `attn_v` and `ffn_down` Q6_K in the
+///   `use_more_bits` layers; the rest Q5_K;
+/// - 6 (`LLAMA_FTYPE_MOSTLY_Q6_K`): every tensor Q6_K;
+/// - 8: every tensor Q8_0.
+pub fn k_quant_bits_per_weight(
+    bits: Bits,
+    role: TensorRole,
+    layer: Option<usize>,
+    n_layers: usize,
+    cols: usize,
+) -> f64 {
+    let first = |n: usize| layer.is_some_and(|l| l < n);
+    let more = layer.is_some_and(|l| more_bits(l, n_layers));
+    match bits {
+        Bits::B3 => match role {
+            TensorRole::LmHead => Q6_K,
+            TensorRole::AttnV if first(2) => Q5_K,
+            TensorRole::FfnDown if first(n_layers / 16) => Q5_K,
+            TensorRole::AttnV | TensorRole::FfnDown | TensorRole::AttnOutput => Q4_K,
+            _ => Q3_K,
+        },
+        Bits::B4 => q4_k_m_bits_per_weight(role, layer, n_layers, cols),
+        Bits::B5 => match role {
+            TensorRole::LmHead => Q6_K,
+            TensorRole::AttnV | TensorRole::FfnDown if more => Q6_K,
+            _ => Q5_K,
+        },
+        Bits::B6 => Q6_K,
+        Bits::B8 => Q8_0,
     }
 }
 
@@ -184,7 +240,7 @@ mod tests {
     #[test]
     fn a_partial_last_group_costs_a_whole_scale_and_minimum() {
         let g128 = Grid::Asym {
-            bits: 4,
+            bits: Bits::B4,
             group: 128,
         };
         assert_eq!(g128.tensor_bits(2, 576), 2.0 * (4.0 * 576.0 + 5.0 * 32.0));
@@ -231,7 +287,7 @@ mod tests {
                 tensors: vec![(&b, &ones, None)],
             },
         ];
-        let ladder = ladder(32, 8);
+        let ladder = ladder(Bits::B4, 32, Bits::B8);
         let n = 64.0 * 64.0;
         // Enough for the cheapest grid only.
         let g = allocate(&units, &ladder, 2.0 * n * 4.25);
@@ -255,7 +311,7 @@ mod tests {
         for row in a.data.chunks_mut(64) {
             for g in row.chunks_mut(32) {
                 let mut q = [0u8; 32];
-                let (d, m) = crate::quantize::rounding::round_asymmetric(g, 4, None, &mut q);
+                let (d, m) = crate::quantize::rounding::round_asymmetric(g, Bits::B4, None, &mut q);
                 g.iter_mut()
                     .zip(q)
                     .for_each(|(v, c)| *v = c as f32 * d.to_f32() + m.to_f32());
@@ -266,7 +322,76 @@ mod tests {
             layer: Some(0),
             tensors: vec![(&a, &ones, None)],
         }];
-        let g = allocate(&units, &ladder(32, 8), 64.0 * 64.0 * 20.0);
-        assert_eq!(g, vec![Grid::Asym { bits: 4, group: 32 }]);
+        let g = allocate(&units, &ladder(Bits::B4, 32, Bits::B8), 64.0 * 64.0 * 20.0);
+        assert_eq!(
+            g,
+            vec![Grid::Asym {
+                bits: Bits::B4,
+                group: 32
+            }]
+        );
+    }
+
+    #[test]
+    fn ladders_by_width_are_cheapest_first_and_int4s_is_as_measured() {
+        let g = |bits, group| Grid::Asym { bits, group };
+        assert_eq!(
+            ladder(Bits::B4, 32, Bits::B8),
+            vec![
+                g(Bits::B4, 128),
+                g(Bits::B4, 64),
+                g(Bits::B4, 32),
+                g(Bits::B6, 64),
+                g(Bits::B8, 32)
+            ]
+        );
+        assert_eq!(
+            ladder(Bits::B3, 64, Bits::B6),
+            vec![
+                g(Bits::B3, 128),
+                g(Bits::B3, 64),
+                g(Bits::B4, 64),
+                g(Bits::B5, 64),
+                g(Bits::B6, 64)
+            ]
+        );
+        assert_eq!(
+            ladder(Bits::B6, 32, Bits::B6),
+            vec![g(Bits::B6, 128), g(Bits::B6, 64), g(Bits::B6, 32)]
+        );
+        for bits in [Bits::B3, Bits::B4, Bits::B5, Bits::B6] {
+            for mix in [Bits::B6, Bits::B8] {
+                let l = ladder(bits, 32, mix);
+                let bpw: Vec<f64> = l.iter().map(|g| g.bits_per_weight()).collect();
+                assert!(bpw.windows(2).all(|w| w[0] < w[1]), "{bits:?}: {bpw:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn k_quant_rules_by_width() {
+        let k = |bits, role, layer| k_quant_bits_per_weight(bits, role, layer, 32, 2048);
+        // Q3_K_M (32 layers: n/16 = 2).
+        assert_eq!(k(Bits::B3, TensorRole::AttnQ, Some(5)), Q3_K);
+        assert_eq!(k(Bits::B3, TensorRole::AttnV, Some(1)), Q5_K);
+        assert_eq!(k(Bits::B3, TensorRole::AttnV, Some(2)), Q4_K);
+        assert_eq!(k(Bits::B3, TensorRole::FfnDown, Some(1)), Q5_K);
+        assert_eq!(k(Bits::B3, TensorRole::FfnDown, Some(9)), Q4_K);
+        assert_eq!(k(Bits::B3, TensorRole::AttnOutput, Some(9)), Q4_K);
+        assert_eq!(k(Bits::B3, TensorRole::Embedding, None), Q3_K);
+        assert_eq!(k(Bits::B3, TensorRole::LmHead, None), Q6_K);
+        // Q5_K_M (use_more_bits of 32: 0-3, 28-31, (i - 4) % 3 == 2).
+        assert_eq!(k(Bits::B5, TensorRole::FfnDown, Some(0)), Q6_K);
+        assert_eq!(k(Bits::B5, TensorRole::FfnDown, Some(5)), Q5_K);
+        assert_eq!(k(Bits::B5, TensorRole::AttnV, Some(6)), Q6_K);
+        assert_eq!(k(Bits::B5, TensorRole::FfnUp, Some(0)), Q5_K);
+        assert_eq!(k(Bits::B5, TensorRole::LmHead, None), Q6_K);
+        // Q6_K everywhere; int4 keeps Q4_K_M's rule with its fallbacks.
+        assert_eq!(k(Bits::B6, TensorRole::FfnGate, Some(3)), Q6_K);
+        assert_eq!(k(Bits::B6, TensorRole::LmHead, None), Q6_K);
+        assert_eq!(
+            k_quant_bits_per_weight(Bits::B4, TensorRole::AttnQ, Some(5), 30, 576),
+            Q5_0
+        );
     }
 }

@@ -13,6 +13,7 @@
 //! least-squares refit of `(d, m)` (the idea of llama.cpp's `make_qkx2_quants`) are tried
 //! and the best kept.
 
+use crate::kernels::quant::Bits;
 use half::f16;
 
 fn f16_round(v: f32) -> f32 {
@@ -154,9 +155,9 @@ fn refit(x: &[f32], imp: Option<&[f32]>, q: &[u8]) -> Option<(f32, f32)> {
 }
 
 /// Rounds one group to `bits`-bit asymmetric codes: returns `(d, m)` as f16, writes codes.
-pub fn round_asymmetric(x: &[f32], bits: u32, imp: Option<&[f32]>, q: &mut [u8]) -> (f16, f16) {
+pub fn round_asymmetric(x: &[f32], bits: Bits, imp: Option<&[f32]>, q: &mut [u8]) -> (f16, f16) {
     assert_eq!(x.len(), q.len());
-    let nmax = ((1u32 << bits) - 1) as f32;
+    let nmax = bits.max_code() as f32;
     let (lo, hi) = x
         .iter()
         .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &v| {
@@ -179,7 +180,7 @@ pub fn round_asymmetric(x: &[f32], bits: u32, imp: Option<&[f32]>, q: &mut [u8])
     let mut cand = vec![0u8; q.len()];
     // 4-bit grids gain from a small scale search; at 6 and 8 bits one refit of the
     // min/max grid captures nearly all of it (and packing time matters).
-    let deltas: &[f32] = if bits <= 4 {
+    let deltas: &[f32] = if bits.get() <= 4 {
         &[-1.0, -0.5, 0.0, 0.5, 1.0]
     } else {
         &[0.0]
@@ -255,7 +256,7 @@ mod tests {
             codes[1] = 15;
             let x: Vec<f32> = codes.iter().map(|&c| c as f32 * d + m).collect();
             let mut q = [0u8; 32];
-            let (dd, mm) = round_asymmetric(&x, 4, None, &mut q);
+            let (dd, mm) = round_asymmetric(&x, Bits::B4, None, &mut q);
             for (i, &v) in x.iter().enumerate() {
                 assert_eq!(
                     q[i] as f32 * dd.to_f32() + mm.to_f32(),
@@ -268,8 +269,8 @@ mod tests {
 
     #[test]
     fn asymmetric_error_bounded_and_refit_helps() {
-        for bits in [4u32, 6] {
-            let nmax = ((1 << bits) - 1) as f32;
+        for bits in [Bits::B4, Bits::B6] {
+            let nmax = bits.max_code() as f32;
             let (mut plain_total, mut fitted_total) = (0f64, 0f64);
             for seed in 0..50 {
                 let x = pseudo(64, seed + 100);
@@ -281,7 +282,7 @@ mod tests {
                     .fold((f32::MAX, f32::MIN), |(a, b), &v| (a.min(v), b.max(v)));
                 let step = (hi - lo) / nmax;
                 for (v, c) in x.iter().zip(q) {
-                    assert!((c as f32 * d + m - v).abs() <= step, "bits {bits}");
+                    assert!((c as f32 * d + m - v).abs() <= step, "bits {bits:?}");
                 }
                 fitted_total += x
                     .iter()
@@ -294,7 +295,7 @@ mod tests {
             }
             assert!(
                 fitted_total <= plain_total,
-                "bits {bits}: {fitted_total} > {plain_total}"
+                "bits {bits:?}: {fitted_total} > {plain_total}"
             );
         }
     }
@@ -305,8 +306,8 @@ mod tests {
         let mut imp = vec![1f32; 32];
         imp[3] = 1000.0;
         let (mut q, mut qw) = ([0u8; 32], [0u8; 32]);
-        let (d, m) = round_asymmetric(&x, 4, None, &mut q);
-        let (dw, mw) = round_asymmetric(&x, 4, Some(&imp), &mut qw);
+        let (d, m) = round_asymmetric(&x, Bits::B4, None, &mut q);
+        let (dw, mw) = round_asymmetric(&x, Bits::B4, Some(&imp), &mut qw);
         let e = (q[3] as f32 * d.to_f32() + m.to_f32() - x[3]).abs();
         let ew = (qw[3] as f32 * dw.to_f32() + mw.to_f32() - x[3]).abs();
         assert!(ew <= e, "{ew} > {e}");

@@ -11,9 +11,9 @@
 //!   the sign is applied with a byte-masked subtraction from zero, the mask being `q`'s
 //!   sign bits (computed once per weight vector, shared by the tokens). The accumulator
 //!   starts at `128 · Σa` for codes (which want `Σ u·a`) and at 0 for int8.
-//! - 4-bit codes: pair sums at most `15 · 127 · 2 = 3810`, so a block's 8 quads are summed
-//!   in i16 (at most 30480) and widened once; 6-bit codes (pairs up to 16002) every 2
-//!   quads.
+//! - 3- and 4-bit codes: pair sums at most `15 · 128 · 2 = 3840`, so a block's 8 quads are
+//!   summed in i16 (at most 30720) and widened once; 5- and 6-bit codes (pairs up to
+//!   `63 · 128 · 2 = 16128`) every 2 quads.
 //!
 //! Cost per 16 rows × 32 columns × token (vector ALU instructions; the broadcast loads of
 //! activation quads are load-port work): int8 32 (`vpsubb`{k}, `vpmaddubsw`, `vpmaddwd`,
@@ -36,8 +36,8 @@
 
 use super::driver::{acts_i16_all, drive_row_group_pairs, prefetch_ahead, Q8Rows, TOKEN_TILE};
 use super::layout::{
-    Bits, Int8Tiles, LowBitTiles, BLOCK, BYTE_TILE_BYTES, HIGH_BITS_TILE_BYTES, INT8_TILE_BYTES,
-    NIBBLE_TILE_BYTES, ROW_GROUP,
+    code_bytes, high_bytes, Bits, Int8Tiles, LowBitTiles, BLOCK, BYTE_TILE_BYTES, INT8_TILE_BYTES,
+    ROW_GROUP,
 };
 use super::zmm::{code_tiles_zmm, unpack_zmm};
 use std::arch::x86_64::*;
@@ -146,7 +146,9 @@ pub unsafe fn lowbit_tile(
     // SAFETY: forwarded contract.
     unsafe {
         match w.bits {
+            Bits::B3 => lowbit_tokens::<3>(w, x, s, g, t0, n, out),
             Bits::B4 => lowbit_tokens::<4>(w, x, s, g, t0, n, out),
+            Bits::B5 => lowbit_tokens::<5>(w, x, s, g, t0, n, out),
             Bits::B6 => lowbit_tokens::<6>(w, x, s, g, t0, n, out),
             Bits::B8 => lowbit_tokens::<8>(w, x, s, g, t0, n, out),
         }
@@ -196,20 +198,12 @@ unsafe fn lowbit_n<const N: usize, const BITS: u32>(
     let ncg = w.n_col_groups();
     let bpg = w.group_size / BLOCK;
     let dim = x.dim;
-    let tile_bytes = if BITS == 8 {
-        BYTE_TILE_BYTES
-    } else {
-        NIBBLE_TILE_BYTES
-    };
+    let (tile_bytes, high_bytes) = (code_bytes(BITS), high_bytes(BITS));
     // SAFETY: every pointer stays inside the slices `check` validated: code (and high-bit)
     // tiles of group g, blocks < nb, scales/mins of column groups < ncg, tokens t0..t0+N.
     unsafe {
         let codes = w.nibbles.as_ptr().add(g * nb * tile_bytes);
-        let hbits = if BITS == 6 {
-            w.high_bits.as_ptr().add(g * nb * HIGH_BITS_TILE_BYTES)
-        } else {
-            std::ptr::null()
-        };
+        let hbits = w.high_bits.as_ptr().wrapping_add(g * nb * high_bytes);
         let sc = w.scales.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
         let mn = w.mins.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
         let xq = x.quants.as_ptr().add(t0 * dim);
@@ -241,18 +235,10 @@ unsafe fn lowbit_n<const N: usize, const BITS: u32>(
                         }
                     }
                 } else {
-                    let hb = if BITS == 6 {
-                        hbits.add(b * HIGH_BITS_TILE_BYTES)
-                    } else {
-                        hbits
-                    };
-                    let c = if BITS == 6 {
-                        unpack_zmm::<true>(tile, hb)
-                    } else {
-                        unpack_zmm::<false>(tile, hb)
-                    };
+                    let hb = hbits.wrapping_add(b * high_bytes);
+                    let c = unpack_zmm::<BITS>(tile, hb);
                     for (t, s_t) in s.iter_mut().enumerate() {
-                        if BITS == 4 {
+                        if BITS <= 4 {
                             let mut p = _mm512_maddubs_epi16(c[0], act(t, 0));
                             for (quad, cq) in c.iter().enumerate().skip(1) {
                                 p = _mm512_add_epi16(p, _mm512_maddubs_epi16(*cq, act(t, quad)));

@@ -1,14 +1,14 @@
 //! The `vnni` tier's quantized tiles (AVX-512 F/BW + VNNI, `vpdpbusd` on zmm): int8 tiles
-//! ([`int8_tile`]), 4-/6-bit codes unpacked block by block (`lowbit_tile_vnni`), and the
-//! byte tiles of 8-bit codes (or 4-/6-bit codes widened once per row group, `zmm.rs`) two
+//! ([`int8_tile`]), 3- to 6-bit codes unpacked block by block (`lowbit_tile_vnni`), and the
+//! byte tiles of 8-bit codes (or 3- to 6-bit codes widened once per row group, `zmm.rs`) two
 //! row groups × [`PAIR_TOKENS`](super::PAIR_TOKENS) tokens per call for prompts ([`lowbit_matmul_pairs`]).
 //! Twins: `spec.rs`'s `int8_tile_scalar` and `lowbit_tile_scalar` (the tests hold every
 //! path to them bit for bit). The `amx` tier runs these for the tokens its tiles leave.
 
 use super::driver::{drive_row_group_pairs, Q8Rows, TOKEN_TILE};
 use super::layout::{
-    Bits, Int8Tiles, LowBitTiles, BLOCK, BYTE_TILE_BYTES, HIGH_BITS_TILE_BYTES, INT8_TILE_BYTES,
-    NIBBLE_TILE_BYTES, ROW_GROUP,
+    code_bytes, high_bytes, Bits, Int8Tiles, LowBitTiles, BLOCK, BYTE_TILE_BYTES, INT8_TILE_BYTES,
+    ROW_GROUP,
 };
 use super::zmm::{code_tiles_zmm, unpack_zmm, WidenedGroup};
 use crate::kernels::OutputMatrix;
@@ -86,7 +86,7 @@ unsafe fn int8_tile_vnni<const N: usize>(
 }
 
 /// [`lowbit_matmul`](super::lowbit_matmul) for prompts on the VNNI tiles: row groups two at a time
-/// (`drive_row_group_pairs`, `byte_tiles_vnni`), each group's 4- or 6-bit codes
+/// (`drive_row_group_pairs`, `byte_tiles_vnni`), each group's 3- to 6-bit codes
 /// widened to bytes once (8-bit codes are bytes already). `s_all` holds every token's
 /// minimum terms.
 ///
@@ -103,7 +103,9 @@ pub unsafe fn lowbit_matmul_pairs(
     let nb = w.n_blocks();
     let ncg = w.n_col_groups();
     let mut widened = match w.bits {
-        Bits::B4 | Bits::B6 => Some([WidenedGroup::new(w), WidenedGroup::new(w)]),
+        Bits::B3 | Bits::B4 | Bits::B5 | Bits::B6 => {
+            Some([WidenedGroup::new(w), WidenedGroup::new(w)])
+        }
         Bits::B8 => None,
     };
     drive_row_group_pairs(rows, x.n_tokens, y, |g, count, t0, n, out| {
@@ -145,7 +147,7 @@ pub unsafe fn lowbit_matmul_pairs(
 
 /// Tokens `t0..t0 + n` of row group `g` on the VNNI tiles (short batches and the
 /// `amx` tier's leftover tokens; longer prompts take [`lowbit_matmul_pairs`]):
-/// 8-bit codes on the byte tiles, 4-/6-bit codes unpacked block by block.
+/// 8-bit codes on the byte tiles, 3- to 6-bit codes unpacked block by block.
 ///
 /// # Safety
 /// AVX512F/BW/VNNI present; `w`, `x` checked, `g < w.n_groups()`,
@@ -180,17 +182,19 @@ pub unsafe fn lowbit_tile(
                 }
             }
         }
-        Bits::B4 => unsafe { nibble_tile_vnni::<false>(w, x, s, g, t0, n, out) },
-        Bits::B6 => unsafe { nibble_tile_vnni::<true>(w, x, s, g, t0, n, out) },
+        Bits::B3 => unsafe { packed_tile_vnni::<3>(w, x, s, g, t0, n, out) },
+        Bits::B4 => unsafe { packed_tile_vnni::<4>(w, x, s, g, t0, n, out) },
+        Bits::B5 => unsafe { packed_tile_vnni::<5>(w, x, s, g, t0, n, out) },
+        Bits::B6 => unsafe { packed_tile_vnni::<6>(w, x, s, g, t0, n, out) },
     }
 }
 
-/// [`lowbit_tile`] for 4-bit (6-bit when `SIX`) codes: the kernel for `n` tokens.
+/// [`lowbit_tile`] for `BITS`-bit codes (3 to 6): the kernel for `n` tokens.
 ///
 /// # Safety
-/// As [`lowbit_tile`], and `w.bits` is 4 (6 when `SIX`).
+/// As [`lowbit_tile`], and `w.bits` is `BITS`.
 #[inline(always)]
-unsafe fn nibble_tile_vnni<const SIX: bool>(
+unsafe fn packed_tile_vnni<const BITS: u32>(
     w: &LowBitTiles,
     x: &Q8Rows,
     s: &[f32],
@@ -202,21 +206,21 @@ unsafe fn nibble_tile_vnni<const SIX: bool>(
     // SAFETY: forwarded contract.
     unsafe {
         match n {
-            1 => lowbit_tile_vnni::<1, SIX>(w, x, s, g, t0, out),
-            2 => lowbit_tile_vnni::<2, SIX>(w, x, s, g, t0, out),
-            3 => lowbit_tile_vnni::<3, SIX>(w, x, s, g, t0, out),
-            4 => lowbit_tile_vnni::<4, SIX>(w, x, s, g, t0, out),
-            5 => lowbit_tile_vnni::<5, SIX>(w, x, s, g, t0, out),
-            6 => lowbit_tile_vnni::<6, SIX>(w, x, s, g, t0, out),
-            7 => lowbit_tile_vnni::<7, SIX>(w, x, s, g, t0, out),
-            8 => lowbit_tile_vnni::<8, SIX>(w, x, s, g, t0, out),
+            1 => lowbit_tile_vnni::<1, BITS>(w, x, s, g, t0, out),
+            2 => lowbit_tile_vnni::<2, BITS>(w, x, s, g, t0, out),
+            3 => lowbit_tile_vnni::<3, BITS>(w, x, s, g, t0, out),
+            4 => lowbit_tile_vnni::<4, BITS>(w, x, s, g, t0, out),
+            5 => lowbit_tile_vnni::<5, BITS>(w, x, s, g, t0, out),
+            6 => lowbit_tile_vnni::<6, BITS>(w, x, s, g, t0, out),
+            7 => lowbit_tile_vnni::<7, BITS>(w, x, s, g, t0, out),
+            8 => lowbit_tile_vnni::<8, BITS>(w, x, s, g, t0, out),
             _ => unreachable!("token tile of {n}"),
         }
     }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn lowbit_tile_vnni<const N: usize, const SIX: bool>(
+unsafe fn lowbit_tile_vnni<const N: usize, const BITS: u32>(
     w: &LowBitTiles,
     x: &Q8Rows,
     s: &[f32],
@@ -231,12 +235,9 @@ unsafe fn lowbit_tile_vnni<const N: usize, const SIX: bool>(
     // SAFETY: every pointer stays inside the slices `check` validated: tiles of group g
     // (blocks < nb), its scales/mins (column groups < ncg), tokens t0..t0+N.
     unsafe {
-        let nib = w.nibbles.as_ptr().add(g * nb * NIBBLE_TILE_BYTES);
-        let hbp = if SIX {
-            w.high_bits.as_ptr().add(g * nb * HIGH_BITS_TILE_BYTES)
-        } else {
-            std::ptr::null()
-        };
+        let (code_bytes, high_bytes) = (code_bytes(BITS), high_bytes(BITS));
+        let codes = w.nibbles.as_ptr().add(g * nb * code_bytes);
+        let hbp = w.high_bits.as_ptr().wrapping_add(g * nb * high_bytes);
         let sc = w.scales.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
         let mn = w.mins.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
         let xq = x.quants.as_ptr().add(t0 * dim);
@@ -245,12 +246,8 @@ unsafe fn lowbit_tile_vnni<const N: usize, const SIX: bool>(
         for cg in 0..ncg {
             let dw = _mm512_cvtph_ps(_mm256_loadu_si256(sc.add(cg * ROW_GROUP) as *const _));
             for b in cg * bpg..((cg + 1) * bpg).min(nb) {
-                let hb = if SIX {
-                    hbp.add(b * HIGH_BITS_TILE_BYTES)
-                } else {
-                    hbp
-                };
-                let wv = unpack_zmm::<SIX>(nib.add(b * NIBBLE_TILE_BYTES), hb);
+                let hb = hbp.wrapping_add(b * high_bytes);
+                let wv = unpack_zmm::<BITS>(codes.add(b * code_bytes), hb);
                 for (t, acc_t) in acc.iter_mut().enumerate() {
                     let a = xq.add(t * dim + b * BLOCK) as *const i32;
                     let mut d = _mm512_setzero_si512();
@@ -278,7 +275,7 @@ unsafe fn lowbit_tile_vnni<const N: usize, const SIX: bool>(
 
 /// The 8-bit codes' tiles of `G` row groups: the same math as `lowbit_tile_vnni` with
 /// byte tiles, read from `codes[j]` (row group `groups[j]`'s `n_blocks` tiles of
-/// [`BYTE_TILE_BYTES`]: its 8-bit codes, or its 4-/6-bit codes widened by
+/// [`BYTE_TILE_BYTES`]: its 8-bit codes, or its 3- to 6-bit codes widened by
 /// [`widen_group_codes`]), tokens `t0..t0 + N` into `out[j][..N]`.
 ///
 /// Register blocking: each 64-byte weight load serves `N` tokens and each broadcast

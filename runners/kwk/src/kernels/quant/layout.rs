@@ -15,20 +15,41 @@
 //! (the accumulator starts at that value). One f16 scale per row and block (8.5 bits per
 //! weight, the size of llama.cpp's Q8_0).
 //!
-//! ## 4-, 6- and 8-bit codes (`LowBitTiles`)
+//! ## 3-, 4-, 5-, 6- and 8-bit codes (`LowBitTiles`)
 //! Unsigned codes `q` in `0..2^bits` with a per-group f16 scale `d` and minimum `m`
 //! (`w = d · q + m`, llama.cpp's Q4_1 form), groups of 32, 64 or 128 columns (the last
-//! group of a row may be shorter, e.g. 576 = 4 · 128 + 64). Made by `format::int4`: row groups of 16 as for int8 tiles. Per row
-//! group and 32-column block, a 256-byte nibble tile: byte `j * 64 + row * 4 + k`
-//! (`j` in 0..4) holds column `4j + k` in its low nibble and column `4(j + 4) + k` in its
-//! high nibble, so one 64-byte load and two mask/shift ops give two 16-row × 4-column
-//! operands for `vpdpbusd` (codes are naturally unsigned). 6-bit codes add a 128-byte tile of
-//! high bit pairs: byte `h * 64 + row * 4 + k` holds bits 4..5 of the code of quad
-//! `4h + j` in its bits `2j..2j + 1`. 8-bit codes use the int8 tile layout instead (512
-//! bytes, byte `quad * 64 + row * 4 + k`); `vpmaddubsw` would saturate on `255 · 127 · 2`,
-//! so the paths without VNNI take 8-bit codes as `code - 128` with the sign trick and add
-//! back `128 · Σa` (exact integers either way). Scales and minimums: `[(group * n_col_groups + cg) * 16
-//! + row]`.
+//! group of a row may be shorter, e.g. 576 = 4 · 128 + 64). Made by `format::int4`: row
+//! groups of 16 as for int8 tiles. Each row group × 32-column block has a code tile and,
+//! for 3-, 5- and 6-bit codes, a high tile, built from three kinds of tile that all keep
+//! the int8 tile's `row * 4 + k` order inside each 64-byte line (16 rows × 4 columns,
+//! one `vpdpbusd` operand once unpacked):
+//! - **nibble tile** (256 bytes): byte `j * 64 + row * 4 + k` (`j` in 0..4) holds column
+//!   `4j + k` in its low nibble and column `4(j + 4) + k` in its high nibble, so one
+//!   64-byte load and two mask/shift ops give two operands;
+//! - **pair tile** (128 bytes): byte `h * 64 + row * 4 + k` holds two bits of the code of
+//!   quad `4h + j` in its bits `2j..2j + 1`;
+//! - **bit tile** (64 bytes): byte `row * 4 + k` holds one bit of the code of quad `q`
+//!   (column `4q + k`) in its bit `q`.
+//!
+//! | bits | code tile | high tile | bytes per block |
+//! |---|---|---|---|
+//! | 3 | pair tile: bits 0..1 | bit tile: bit 2 | 192 |
+//! | 4 | nibble tile | - | 256 |
+//! | 5 | nibble tile: bits 0..3 | bit tile: bit 4 | 320 |
+//! | 6 | nibble tile: bits 0..3 | pair tile: bits 4..5 | 384 |
+//! | 8 | byte tile (the int8 layout, byte `quad * 64 + row * 4 + k`) | - | 512 |
+//!
+//! Every width thus packs to exactly `bits / 8` bytes per code, and every code is a few
+//! whole-register ops away from the byte operand `vpdpbusd`/`vpmaddubsw` take: a nibble
+//! is a mask (and a 16-bit shift for quads 4..7); a pair or a bit is a 16-bit shift to
+//! its place in the code and a byte mask (the bits a 16-bit shift carries across a byte
+//! are masked off), then an OR. A 3-bit code is a pair and a bit (two 64-byte loads
+//! cover a block's pairs, one its bits), so 3-bit blocks are 192 bytes with no wasted
+//! bit, where a nibble per code would have cost 4. `vpmaddubsw` would saturate on
+//! `255 · 127 · 2`, so the paths without VNNI take 8-bit codes as `code - 128` with the
+//! sign trick and add back `128 · Σa` (exact integers either way), and sum 5- and 6-bit
+//! codes' products over fewer quads in i16 than 3- and 4-bit ones'. Scales and minimums:
+//! `[(group * n_col_groups + cg) * 16 + row]`.
 
 use half::f16;
 
@@ -40,30 +61,50 @@ pub const BLOCK: usize = 32;
 pub const INT8_TILE_BYTES: usize = ROW_GROUP * BLOCK;
 /// Bytes of the nibble tile of one row group × 32-column block.
 pub const NIBBLE_TILE_BYTES: usize = ROW_GROUP * BLOCK / 2;
-/// Bytes of the 6-bit codes' high-bit-pair tile.
+/// Bytes of a pair tile (two bits of each code of a row group × block): the 6-bit codes'
+/// high tile and the 3-bit codes' code tile.
 pub const HIGH_BITS_TILE_BYTES: usize = ROW_GROUP * BLOCK / 4;
+/// Bytes of a pair tile (the name the layout table uses).
+pub const PAIR_TILE_BYTES: usize = HIGH_BITS_TILE_BYTES;
+/// Bytes of a bit tile (one bit of each code of a row group × block): the 3- and 5-bit
+/// codes' high tile.
+pub const BIT_TILE_BYTES: usize = ROW_GROUP * BLOCK / 8;
 
 /// Bytes of an 8-bit code tile.
 pub const BYTE_TILE_BYTES: usize = ROW_GROUP * BLOCK;
 
 /// The width of a matrix's codes. Every tier matches it exhaustively where it picks a
 /// kernel (most kernels take it on as a const generic), so a new width fails to compile
-/// at each tier that has no kernel for it yet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// at each tier that has no kernel for it yet. Its debug form is the number (`4`): the
+/// pack cache's keys hold grids' debug forms, written when the width was a `u32`, and
+/// stay as they were.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Bits {
+    /// 3-bit codes: pair tiles (bits 0..1) and bit tiles (bit 2).
+    B3,
     /// 4-bit codes in nibble tiles.
     B4,
-    /// 6-bit codes: nibble tiles and high-bit-pair tiles.
+    /// 5-bit codes: nibble tiles and bit tiles (bit 4).
+    B5,
+    /// 6-bit codes: nibble tiles and pair tiles (bits 4..5).
     B6,
     /// 8-bit codes in byte tiles (the int8 tile layout).
     B8,
+}
+
+impl std::fmt::Debug for Bits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.get())
+    }
 }
 
 impl Bits {
     /// The width of `bits`-bit codes, if it is one.
     pub const fn from_u32(bits: u32) -> Option<Bits> {
         match bits {
+            3 => Some(Bits::B3),
             4 => Some(Bits::B4),
+            5 => Some(Bits::B5),
             6 => Some(Bits::B6),
             8 => Some(Bits::B8),
             _ => None,
@@ -73,26 +114,54 @@ impl Bits {
     /// Bits per code.
     pub const fn get(self) -> u32 {
         match self {
+            Bits::B3 => 3,
             Bits::B4 => 4,
+            Bits::B5 => 5,
             Bits::B6 => 6,
             Bits::B8 => 8,
         }
     }
 
-    /// Bytes of the code tile (nibbles, or bytes for 8-bit) of one row group × block.
-    pub const fn code_tile_bytes(self) -> usize {
-        match self {
-            Bits::B4 | Bits::B6 => NIBBLE_TILE_BYTES,
-            Bits::B8 => BYTE_TILE_BYTES,
-        }
+    /// The largest code, `2^bits - 1`.
+    pub const fn max_code(self) -> u32 {
+        (1 << self.get()) - 1
     }
 
-    /// Whether the codes have a high-bit-pair tile per block (6-bit codes).
+    /// Bytes of the code tile of one row group × block (pairs for 3-bit codes, nibbles
+    /// for 4- to 6-bit, bytes for 8-bit).
+    pub const fn code_tile_bytes(self) -> usize {
+        code_bytes(self.get())
+    }
+
+    /// Bytes of the high tile of one row group × block (bits for 3- and 5-bit codes,
+    /// pairs for 6-bit), 0 for widths without one.
+    pub const fn high_tile_bytes(self) -> usize {
+        high_bytes(self.get())
+    }
+
+    /// Whether the codes have a high tile per block (3-, 5- and 6-bit codes).
     pub const fn has_high_bits(self) -> bool {
-        match self {
-            Bits::B6 => true,
-            Bits::B4 | Bits::B8 => false,
-        }
+        self.high_tile_bytes() > 0
+    }
+}
+
+/// [`Bits::code_tile_bytes`] of `bits`-bit codes, for the kernels that take the width as
+/// a const generic (0 for a number that is no width).
+pub const fn code_bytes(bits: u32) -> usize {
+    match bits {
+        3 => PAIR_TILE_BYTES,
+        4..=6 => NIBBLE_TILE_BYTES,
+        8 => BYTE_TILE_BYTES,
+        _ => 0,
+    }
+}
+
+/// [`Bits::high_tile_bytes`] of `bits`-bit codes (as [`code_bytes`]).
+pub const fn high_bytes(bits: u32) -> usize {
+    match bits {
+        3 | 5 => BIT_TILE_BYTES,
+        6 => PAIR_TILE_BYTES,
+        _ => 0,
     }
 }
 
@@ -101,13 +170,14 @@ pub fn code_tile_bytes(bits: Bits) -> usize {
     bits.code_tile_bytes()
 }
 
-/// A 4-, 6- or 8-bit matrix in the packed layout described in the module doc.
+/// A 3-, 4-, 5-, 6- or 8-bit matrix in the packed layout described in the module doc.
 #[derive(Debug, Clone, Copy)]
 pub struct LowBitTiles<'a> {
     pub bits: Bits,
-    /// Code tiles: nibbles (4/6-bit) or bytes (8-bit).
+    /// Code tiles ([`Bits::code_tile_bytes`] each): pairs (3-bit), nibbles (4- to 6-bit)
+    /// or bytes (8-bit).
     pub nibbles: &'a [u8],
-    /// Empty for 4-bit.
+    /// High tiles ([`Bits::high_tile_bytes`] each); empty for 4- and 8-bit codes.
     pub high_bits: &'a [u8],
     pub scales: &'a [f16],
     pub mins: &'a [f16],
@@ -135,9 +205,7 @@ impl LowBitTiles<'_> {
         );
         let tiles = self.n_groups() * self.n_blocks();
         assert!(self.nibbles.len() >= tiles * code_tile_bytes(self.bits));
-        if self.bits.has_high_bits() {
-            assert!(self.high_bits.len() >= tiles * HIGH_BITS_TILE_BYTES);
-        }
+        assert!(self.high_bits.len() >= tiles * self.bits.high_tile_bytes());
         let ng = self.n_groups() * self.n_col_groups() * ROW_GROUP;
         assert!(self.scales.len() >= ng && self.mins.len() >= ng);
     }
@@ -148,11 +216,8 @@ impl LowBitTiles<'_> {
         let (b, cc) = (c / BLOCK, c % BLOCK);
         let tile = g * self.n_blocks() + b;
         let bytes = code_tile_bytes(self.bits);
-        let high_bits = if self.bits.has_high_bits() {
-            &self.high_bits[tile * HIGH_BITS_TILE_BYTES..][..HIGH_BITS_TILE_BYTES]
-        } else {
-            &[]
-        };
+        let high = self.bits.high_tile_bytes();
+        let high_bits = &self.high_bits[tile * high..][..high];
         tile_code(
             self.bits,
             &self.nibbles[tile * bytes..][..bytes],
@@ -165,8 +230,8 @@ impl LowBitTiles<'_> {
 }
 
 /// The code of row `r` (0..16) and column `4 · quad + k` of one block, from its code tile
-/// and, for 6-bit codes, its high-bit tile (layouts in the module doc; int8 tiles share the
-/// 8-bit layout).
+/// and, for 3-, 5- and 6-bit codes, its high tile (layouts in the module doc; int8 tiles
+/// share the 8-bit layout).
 #[inline(always)]
 pub(crate) fn tile_code(
     bits: Bits,
@@ -176,21 +241,58 @@ pub(crate) fn tile_code(
     r: usize,
     k: usize,
 ) -> u8 {
+    let at = r * 4 + k;
     let nibble = || {
-        let byte = tile[(quad % 4) * 64 + r * 4 + k];
+        let byte = tile[(quad % 4) * 64 + at];
         if quad < 4 {
             byte & 0x0F
         } else {
             byte >> 4
         }
     };
+    let pair = |t: &[u8]| (t[(quad / 4) * 64 + at] >> (2 * (quad % 4))) & 3;
+    let bit = |t: &[u8]| (t[at] >> quad) & 1;
     match bits {
-        Bits::B8 => tile[quad * 64 + r * 4 + k],
+        Bits::B3 => pair(tile) | (bit(high_bits) << 2),
         Bits::B4 => nibble(),
-        Bits::B6 => {
-            let hb = high_bits[(quad / 4) * 64 + r * 4 + k];
-            nibble() | (((hb >> (2 * (quad % 4))) & 3) << 4)
+        Bits::B5 => nibble() | (bit(high_bits) << 4),
+        Bits::B6 => nibble() | (pair(high_bits) << 4),
+        Bits::B8 => tile[quad * 64 + at],
+    }
+}
+
+/// Writes `code` as row `r` and column `4 · quad + k` of one block into its zeroed code
+/// tile and high tile: the inverse of [`tile_code`] (the formats pack with it).
+#[inline]
+pub fn put_tile_code(
+    bits: Bits,
+    tile: &mut [u8],
+    high_bits: &mut [u8],
+    (quad, r, k): (usize, usize, usize),
+    code: u8,
+) {
+    let at = r * 4 + k;
+    let nibble = |tile: &mut [u8], v: u8| {
+        let shift = if quad < 4 { 0 } else { 4 };
+        tile[(quad % 4) * 64 + at] |= (v & 0x0F) << shift;
+    };
+    let pair = |t: &mut [u8], v: u8| t[(quad / 4) * 64 + at] |= (v & 3) << (2 * (quad % 4));
+    let bit = |t: &mut [u8], v: u8| t[at] |= (v & 1) << quad;
+    match bits {
+        Bits::B3 => {
+            pair(tile, code);
+            bit(high_bits, code >> 2);
         }
+        Bits::B4 => nibble(tile, code),
+        Bits::B5 => {
+            nibble(tile, code);
+            bit(high_bits, code >> 4);
+        }
+        Bits::B6 => {
+            nibble(tile, code);
+            pair(high_bits, code >> 4);
+        }
+        Bits::B8 => tile[quad * 64 + at] = code,
     }
 }
 
@@ -216,5 +318,59 @@ impl Int8Tiles<'_> {
         assert_eq!(self.cols % BLOCK, 0);
         let tiles = self.n_groups() * self.n_blocks();
         assert!(self.qs.len() >= tiles * INT8_TILE_BYTES && self.scales.len() >= tiles * 16);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every width packs to `bits / 8` bytes per code, and [`put_tile_code`] and
+    /// [`tile_code`] are inverses at every place of a block: each code reads back as
+    /// written whatever its neighbours hold (all zeros, all ones, random).
+    #[test]
+    fn every_width_packs_its_bits_and_reads_back_every_code() {
+        let mut s = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        for bits in [Bits::B3, Bits::B4, Bits::B5, Bits::B6, Bits::B8] {
+            let (code, high) = (bits.code_tile_bytes(), bits.high_tile_bytes());
+            assert_eq!((code + high) * 8, bits.get() as usize * ROW_GROUP * BLOCK);
+            assert_eq!(bits.has_high_bits(), high > 0, "{bits:?}");
+            assert_eq!(Bits::from_u32(bits.get()), Some(bits));
+            for fill in 0..3 {
+                let codes: Vec<u8> = (0..ROW_GROUP * BLOCK)
+                    .map(|_| match fill {
+                        0 => 0,
+                        1 => bits.max_code() as u8,
+                        _ => (next() as u32 & bits.max_code()) as u8,
+                    })
+                    .collect();
+                let (mut t, mut h) = (vec![0u8; code], vec![0u8; high]);
+                for r in 0..ROW_GROUP {
+                    for c in 0..BLOCK {
+                        let at = (c / 4, r, c % 4);
+                        put_tile_code(bits, &mut t, &mut h, at, codes[r * BLOCK + c]);
+                    }
+                }
+                for r in 0..ROW_GROUP {
+                    for c in 0..BLOCK {
+                        let got = tile_code(bits, &t, &h, c / 4, r, c % 4);
+                        assert_eq!(got, codes[r * BLOCK + c], "{bits:?} row {r} col {c}");
+                    }
+                }
+                if fill == 1 {
+                    // All codes at their maximum set every bit of both tiles: none wasted.
+                    assert!(t.iter().chain(&h).all(|&b| b == 0xFF), "{bits:?}");
+                }
+            }
+        }
+        for n in [0, 1, 2, 7, 9, 16, 32] {
+            assert_eq!(Bits::from_u32(n), None, "{n}");
+        }
     }
 }

@@ -1,5 +1,5 @@
-//! The quantized matmuls (int8 tiles; 4-, 6- and 8-bit codes: the `int8` and `int4`
-//! formats and the int4 mix's tensors) by tier. Data flows one way: this module's entry
+//! The quantized matmuls (int8 tiles; 3-, 4-, 5-, 6- and 8-bit codes: the `int8` and
+//! `int3`..`int6` formats and their mixes' tensors) by tier. Data flows one way: this module's entry
 //! points ([`int8_matmul`], [`lowbit_matmul`]) pick a tier's kernels; a tier's kernels run
 //! under the shared driver ([`driver`]: blocking, threading, the tile types) and read the
 //! packed layout ([`layout`]); no tier calls another.
@@ -111,8 +111,9 @@ pub use driver::{
     AMX_MIN_TOKENS, PAIR_TOKENS, TOKEN_TILE,
 };
 pub use layout::{
-    code_tile_bytes, Bits, Int8Tiles, LowBitTiles, BLOCK, BYTE_TILE_BYTES, HIGH_BITS_TILE_BYTES,
-    INT8_TILE_BYTES, NIBBLE_TILE_BYTES, ROW_GROUP,
+    code_tile_bytes, put_tile_code, Bits, Int8Tiles, LowBitTiles, BIT_TILE_BYTES, BLOCK,
+    BYTE_TILE_BYTES, HIGH_BITS_TILE_BYTES, INT8_TILE_BYTES, NIBBLE_TILE_BYTES, PAIR_TILE_BYTES,
+    ROW_GROUP,
 };
 pub use spec::{int8_matmul_spec, int8_tile_scalar, lowbit_matmul_spec, lowbit_tile_scalar};
 

@@ -263,7 +263,7 @@ mod lowbit {
 
     #[test]
     fn lowbit_paths_agree_with_the_specification_and_float32_at_odd_sizes() {
-        for bits in [4u32, 6, 8] {
+        for bits in [Bits::B3, Bits::B4, Bits::B5, Bits::B6, Bits::B8] {
             for gs in [32usize, 64, 128] {
                 for &(rows, cols, tokens) in &[
                     (1, 32, 1),
@@ -297,7 +297,7 @@ mod lowbit {
                             lowbit_matmul_spec(rounding, &packed.tiles(), &x, r, y)
                         }
                     };
-                    check_paths(&packed, &f, &w, rows, cols, tokens, bits as u64);
+                    check_paths(&packed, &f, &w, rows, cols, tokens, bits.get() as u64);
                 }
             }
         }
@@ -312,7 +312,7 @@ mod lowbit {
         for gs in [32usize, 64, 128, 64, 32] {
             let w = pseudo(rows * cols, gs as u64, 0.05);
             let t = Tensor::new(vec![rows, cols], w);
-            let packed = LowBitWeights::quantize(&t, 4, gs, None, "t").unwrap();
+            let packed = LowBitWeights::quantize(&t, Bits::B4, gs, None, "t").unwrap();
             let f = |path, x: &crate::format::PreparedInput, r, y: &OutputMatrix| match path {
                 Path::Tier(isa) => packed.matmul_rows_isa(isa, x, r, y),
                 Path::Spec(rounding) => {
@@ -346,7 +346,7 @@ mod lowbit {
         // total error (`rounding` tests that the total never exceeds the min/max grid's).
         let (rows, cols) = (21, 160);
         let w = pseudo(rows * cols, 5, 0.1);
-        for bits in [4u32, 6, 8] {
+        for bits in [Bits::B3, Bits::B4, Bits::B5, Bits::B6, Bits::B8] {
             for gs in [32usize, 64, 128] {
                 let packed = LowBitWeights::quantize(
                     &Tensor::new(vec![rows, cols], w.clone()),
@@ -365,12 +365,12 @@ mod lowbit {
                         let (lo, hi) = xs
                             .iter()
                             .fold((f32::MAX, f32::MIN), |(a, b), &v| (a.min(v), b.max(v)));
-                        let step = (hi - lo) / ((1 << bits) - 1) as f32;
+                        let step = (hi - lo) / bits.max_code() as f32;
                         for c in c0..c1 {
                             let err = (out[c] - w[r * cols + c]).abs();
                             assert!(
                                 err <= step,
-                                "bits {bits} g{gs} row {r} col {c}: {err} vs step {step}"
+                                "bits {bits:?} g{gs} row {r} col {c}: {err} vs step {step}"
                             );
                         }
                     }
@@ -384,12 +384,17 @@ mod lowbit {
         let (rows, cols) = (64, 1536);
         let t = Tensor::new(vec![rows, cols], pseudo(rows * cols, 1, 0.1));
         for (bits, gs, bpw) in [
-            (4, 32, 5.0),
-            (4, 64, 4.5),
-            (4, 128, 4.25),
-            (6, 64, 6.5),
-            (8, 32, 9.0),
-            (8, 64, 8.5),
+            (Bits::B3, 32, 4.0),
+            (Bits::B3, 64, 3.5),
+            (Bits::B3, 128, 3.25),
+            (Bits::B4, 32, 5.0),
+            (Bits::B4, 64, 4.5),
+            (Bits::B4, 128, 4.25),
+            (Bits::B5, 64, 5.5),
+            (Bits::B5, 128, 5.25),
+            (Bits::B6, 64, 6.5),
+            (Bits::B8, 32, 9.0),
+            (Bits::B8, 64, 8.5),
         ] {
             let p = LowBitWeights::quantize(&t, bits, gs, None, "t").unwrap();
             assert_eq!(p.bytes() as f64 * 8.0 / (rows * cols) as f64, bpw);

@@ -68,7 +68,7 @@
 //! for 4, 5 and 6 tokens alike and 44-46 for 7 (spills; the Xeon's C loop).
 
 use super::driver::Q8Rows;
-use super::layout::{LowBitTiles, BLOCK, HIGH_BITS_TILE_BYTES, ROW_GROUP};
+use super::layout::{LowBitTiles, BLOCK, ROW_GROUP};
 
 /// i16 values of one widened block of 16 rows × 32 columns (`code8_matmul_i16`).
 pub(crate) const I16_BLOCK: usize = ROW_GROUP * BLOCK;
@@ -87,9 +87,11 @@ macro_rules! ops {
         /// loop keeps every prepared weight alive and spills (measured on Zen 3).
         const UNROLL_QUADS: bool = false;
 
-        /// Quads of 4-/6-bit codes summed in i16 before widening (see the module doc).
+        /// Quads of 3- to 6-bit codes summed in i16 before widening (see the module doc):
+        /// pair sums of 3- and 4-bit codes are at most `15 · 128 · 2`, so 8 quads fit;
+        /// of 5- and 6-bit codes `63 · 128 · 2`, so 2.
         const fn small_run(bits: u32) -> usize {
-            if bits == 4 {
+            if bits <= 4 {
                 8
             } else {
                 2
@@ -172,7 +174,7 @@ pub(crate) use ops;
 #[derive(Clone, Copy)]
 pub(crate) struct LowBitGroup {
     pub(crate) codes: *const u8,
-    /// Null unless the codes have 6 bits.
+    /// The high tiles (3-, 5- and 6-bit codes), else null.
     pub(crate) hbits: *const u8,
     pub(crate) sc: *const u16,
     pub(crate) mn: *const u16,
@@ -199,7 +201,7 @@ impl LowBitGroup {
             LowBitGroup {
                 codes: w.nibbles.as_ptr().add(g * nb * tile_bytes),
                 hbits: if w.bits.has_high_bits() {
-                    w.high_bits.as_ptr().add(g * nb * HIGH_BITS_TILE_BYTES)
+                    w.high_bits.as_ptr().add(g * nb * w.bits.high_tile_bytes())
                 } else {
                     std::ptr::null()
                 },
@@ -445,23 +447,46 @@ macro_rules! ymm_tier {
             }
         }
 
-        /// The 4- or 6-bit codes of quad `quad` (0..8) of a block: the low or high
-        /// nibbles of `v` (the tile's 64-byte line `quad % 4`, this half), and for 6-bit
-        /// codes bits 2j..2j+1 of the high-bit line `hb[quad / 4]` moved to bits 4..5
-        /// (bits crossing a byte are masked off).
+        /// The 3- to 6-bit codes of quad `quad` (0..8) of a block, this 8-row half: the
+        /// low or high nibbles of `v` (the nibble tile's 64-byte line `quad % 4`; unused
+        /// for 3-bit codes), and from [`code_aux`]'s registers `aux` the 6-bit codes' bits
+        /// 2j..2j+1 of the pair line `aux[quad / 4]` moved to bits 4..5, the 5-bit codes'
+        /// bit `quad` of the bit line `aux[2]` moved to bit 4, or the 3-bit codes' pair of
+        /// `aux[quad / 4]` (bits 0..1) and bit of `aux[2]` (bit 2). 16-bit shifts; the
+        /// bits they carry across a byte are masked off.
         #[inline]
         #[target_feature(enable = $features)]
-        fn small_codes<const BITS: u32>(v: __m256i, hb: [__m256i; 2], quad: usize) -> __m256i {
+        fn small_codes<const BITS: u32>(v: __m256i, aux: [__m256i; 3], quad: usize) -> __m256i {
+            // Bit `from` of each byte of `x` to bit `to` (other bits for the caller to mask).
+            let moved = |x: __m256i, from: usize, to: usize| {
+                if from <= to {
+                    _mm256_sll_epi16(x, _mm_cvtsi32_si128((to - from) as i32))
+                } else {
+                    _mm256_srl_epi16(x, _mm_cvtsi32_si128((from - to) as i32))
+                }
+            };
+            if BITS == 3 {
+                let pair = _mm256_and_si256(
+                    moved(aux[quad / 4], 2 * (quad % 4), 0),
+                    _mm256_set1_epi8(3),
+                );
+                let bit = _mm256_and_si256(moved(aux[2], quad, 2), _mm256_set1_epi8(4));
+                return _mm256_or_si256(pair, bit);
+            }
             let low4 = _mm256_set1_epi8(0x0F);
             let c = if quad < 4 {
                 _mm256_and_si256(v, low4)
             } else {
                 _mm256_and_si256(_mm256_srli_epi16::<4>(v), low4)
             };
+            if BITS == 5 {
+                let bit = _mm256_and_si256(moved(aux[2], quad, 4), _mm256_set1_epi8(0x10));
+                return _mm256_or_si256(c, bit);
+            }
             if BITS != 6 {
                 return c;
             }
-            let hv = hb[quad / 4];
+            let hv = aux[quad / 4];
             let placed = match quad % 4 {
                 0 => _mm256_slli_epi16::<4>(hv),
                 1 => _mm256_slli_epi16::<2>(hv),
@@ -469,6 +494,47 @@ macro_rules! ymm_tier {
                 _ => _mm256_srli_epi16::<2>(hv),
             };
             _mm256_or_si256(c, _mm256_and_si256(placed, _mm256_set1_epi8(0x30)))
+        }
+
+        /// The registers [`small_codes`] takes besides the nibbles, for one 8-row half of
+        /// a block whose code tile's half starts at `tile` and high tile's half at `high`
+        /// (both already `h * 32` in): the pair lines (6-bit codes' high tile, 3-bit codes'
+        /// code tile) and the bit line (3- and 5-bit codes' high tile); zeros elsewhere.
+        ///
+        /// # Safety
+        /// The module's features; the tiles `BITS`-bit codes have are readable there.
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn code_aux<const BITS: u32>(tile: *const u8, high: *const u8) -> [__m256i; 3] {
+            let load = |p: *const u8| {
+                // SAFETY: the caller's contract.
+                unsafe { _mm256_loadu_si256(p as *const _) }
+            };
+            let zero = _mm256_setzero_si256();
+            // SAFETY (the offsets): inside the tiles the caller's contract covers.
+            unsafe {
+                match BITS {
+                    3 => [load(tile), load(tile.add(64)), load(high)],
+                    5 => [zero, zero, load(high)],
+                    6 => [load(high), load(high.add(64)), zero],
+                    _ => [zero; 3],
+                }
+            }
+        }
+
+        /// The nibble line of quad `quad` of one 8-row half whose code tile's half starts
+        /// at `tile` (zeros for 3-bit codes, which have no nibble tile).
+        ///
+        /// # Safety
+        /// The module's features; the code tile is readable.
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn nibble_line<const BITS: u32>(tile: *const u8, quad: usize) -> __m256i {
+            if BITS == 3 {
+                return _mm256_setzero_si256();
+            }
+            // SAFETY: the caller's contract (a nibble tile's line `quad % 4`).
+            unsafe { _mm256_loadu_si256(tile.add((quad % 4) * 64) as *const _) }
         }
 
         /// `acc[h] = fma(float(s[h]), d_w · d_a, acc[h])` for both 8-row halves, the
@@ -584,7 +650,7 @@ macro_rules! ymm_tier {
         }
 
         /// The integer dots of one block of low-bit codes (16 rows × 32 columns at
-        /// `tile`, high bits at `hbits` for 6-bit codes) with one token's 32
+        /// `tile`, the high tile at `hbits` for 3-, 5- and 6-bit codes) with one token's 32
         /// activations at `xq` (block sum `xbs`), as two 8-row halves: `Σ u·a`.
         ///
         /// # Safety
@@ -605,24 +671,17 @@ macro_rules! ymm_tier {
                     let init = _mm256_set1_epi32(-FULL8_BIAS * xbs);
                     return full8_both_halves(init, tile, xq);
                 }
-                let hb = if BITS == 6 {
-                    [0, 1].map(|h| {
-                        [
-                            _mm256_loadu_si256(hbits.add(h * 32) as *const _),
-                            _mm256_loadu_si256(hbits.add(64 + h * 32) as *const _),
-                        ]
-                    })
-                } else {
-                    [[_mm256_setzero_si256(); 2]; 2]
-                };
+                let aux = [0, 1].map(|h| {
+                    code_aux::<BITS>(tile.wrapping_add(h * 32), hbits.wrapping_add(h * 32))
+                });
                 let run = small_run(BITS);
                 let mut s = [_mm256_setzero_si256(); 2];
                 let mut s16 = [_mm256_setzero_si256(); 2];
                 for quad in 0..BLOCK / 4 {
                     let a = _mm256_set1_epi32((xq.add(quad * 4) as *const i32).read_unaligned());
                     for h in 0..2 {
-                        let v = _mm256_loadu_si256(tile.add((quad % 4) * 64 + h * 32) as *const _);
-                        let c = small_codes::<BITS>(v, hb[h], quad);
+                        let v = nibble_line::<BITS>(tile.add(h * 32), quad);
+                        let c = small_codes::<BITS>(v, aux[h], quad);
                         s16[h] = small_acc(s16[h], c, a);
                     }
                     if (quad + 1) % run == 0 {

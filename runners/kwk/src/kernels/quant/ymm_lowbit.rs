@@ -1,4 +1,4 @@
-//! The low-bit (4-, 6- and 8-bit code) kernels of the 256-bit tiers, the half of the
+//! The low-bit (3-, 4-, 5-, 6- and 8-bit code) kernels of the 256-bit tiers, the half of the
 //! source in `ymm.rs` (see its doc for the method and the measurements) that the
 //! [`ymm_tier!`](super::ymm) macro instantiates through [`ymm_lowbit!`]: the token
 //! sub-tiles (`lowbit_tile`), the one-token pass over both halves (`lowbit_gemv`, in
@@ -23,17 +23,13 @@ macro_rules! ymm_lowbit {
             let nb = w.n_blocks();
             let ncg = w.n_col_groups();
             let bpg = w.group_size / BLOCK;
-            let tile_bytes = if BITS == 8 {
-                BYTE_TILE_BYTES
-            } else {
-                NIBBLE_TILE_BYTES
-            };
+            let (tile_bytes, high_bytes) = (code_bytes(BITS), high_bytes(BITS));
             // SAFETY: as `lowbit_sub` with N = 1, for each group.
             unsafe {
                 let codes = groups.map(|g| w.nibbles.as_ptr().add(g * nb * tile_bytes));
                 let hbits = groups.map(|g| {
-                    if BITS == 6 {
-                        w.high_bits.as_ptr().add(g * nb * HIGH_BITS_TILE_BYTES)
+                    if high_bytes > 0 {
+                        w.high_bits.as_ptr().add(g * nb * high_bytes)
                     } else {
                         std::ptr::null()
                     }
@@ -50,10 +46,10 @@ macro_rules! ymm_lowbit {
                         for k in 0..G {
                             let tile = codes[k].add(b * tile_bytes);
                             prefetch_ahead(tile, tile_bytes);
-                            let hb = hbits[k].wrapping_add(b * HIGH_BITS_TILE_BYTES);
-                            if BITS == 6 {
-                                // The high bits are a stream of their own.
-                                prefetch_ahead(hb, HIGH_BITS_TILE_BYTES);
+                            let hb = hbits[k].wrapping_add(b * high_bytes);
+                            if high_bytes > 0 {
+                                // The high tiles are a stream of their own.
+                                prefetch_ahead(hb, high_bytes);
                             }
                             let s = lowbit_block_both_halves::<BITS>(
                                 tile,
@@ -97,14 +93,16 @@ macro_rules! ymm_lowbit {
             // SAFETY: forwarded contract.
             unsafe {
                 match w.bits {
+                    Bits::B3 => lowbit_gemv::<3, 2>(w, x, smin, [ga, gb], tok, [oa, ob]),
                     Bits::B4 => lowbit_gemv::<4, 2>(w, x, smin, [ga, gb], tok, [oa, ob]),
+                    Bits::B5 => lowbit_gemv::<5, 2>(w, x, smin, [ga, gb], tok, [oa, ob]),
                     Bits::B6 => lowbit_gemv::<6, 2>(w, x, smin, [ga, gb], tok, [oa, ob]),
                     Bits::B8 => lowbit_gemv::<8, 2>(w, x, smin, [ga, gb], tok, [oa, ob]),
                 }
             }
         }
 
-        /// One low-bit tile (4-, 6- or 8-bit codes); `s` holds the tokens' minimum
+        /// One low-bit tile (3-, 4-, 5-, 6- or 8-bit codes); `s` holds the tokens' minimum
         /// terms `[t * n_col_groups + cg]` for `t < n`.
         ///
         /// # Safety
@@ -131,6 +129,14 @@ macro_rules! ymm_lowbit {
                         (Bits::B4, 2) => nibble_sub_both::<2>(w, x, st, g, t0 + t, o),
                         (Bits::B4, 3) => nibble_sub_both::<3>(w, x, st, g, t0 + t, o),
                         (Bits::B4, _) => nibble_sub_both::<4>(w, x, st, g, t0 + t, o),
+                        (Bits::B3, 1) => lowbit_gemv::<3, 1>(w, x, st, [g], t0 + t, [&mut o[0]]),
+                        (Bits::B3, 2) => lowbit_sub::<2, 3>(w, x, st, g, t0 + t, o),
+                        (Bits::B3, 3) => lowbit_sub::<3, 3>(w, x, st, g, t0 + t, o),
+                        (Bits::B3, _) => lowbit_sub::<4, 3>(w, x, st, g, t0 + t, o),
+                        (Bits::B5, 1) => lowbit_gemv::<5, 1>(w, x, st, [g], t0 + t, [&mut o[0]]),
+                        (Bits::B5, 2) => lowbit_sub::<2, 5>(w, x, st, g, t0 + t, o),
+                        (Bits::B5, 3) => lowbit_sub::<3, 5>(w, x, st, g, t0 + t, o),
+                        (Bits::B5, _) => lowbit_sub::<4, 5>(w, x, st, g, t0 + t, o),
                         (Bits::B6, 1) => lowbit_gemv::<6, 1>(w, x, st, [g], t0 + t, [&mut o[0]]),
                         (Bits::B6, 2) => lowbit_sub::<2, 6>(w, x, st, g, t0 + t, o),
                         (Bits::B6, 3) => lowbit_sub::<3, 6>(w, x, st, g, t0 + t, o),
@@ -393,7 +399,7 @@ macro_rules! ymm_lowbit {
                     ..
                 } = LowBitGroup::new(w, x, g, tok);
                 let mut acc = [[_mm256_setzero_ps(); N]; 2];
-                let none = [_mm256_setzero_si256(); 2];
+                let none = [_mm256_setzero_si256(); 3];
                 for cg in 0..ncg {
                     let end = ((cg + 1) * bpg).min(nb);
                     for b in cg * bpg..end {
@@ -439,8 +445,8 @@ macro_rules! ymm_lowbit {
             }
         }
 
-        /// `N` tokens of a 4- or 6-bit code tile, one 8-row half at a time (8-bit codes
-        /// take [`full8_sub_both`]).
+        /// `N` tokens of a 3-, 5- or 6-bit code tile, one 8-row half at a time (4-bit
+        /// codes take [`nibble_sub_both`], 8-bit codes [`full8_sub_both`]).
         #[target_feature(enable = $features)]
         unsafe fn lowbit_sub<const N: usize, const BITS: u32>(
             w: &LowBitTiles,
@@ -487,19 +493,12 @@ macro_rules! ymm_lowbit {
                                 )
                             };
                             let mut s = [_mm256_setzero_si256(); N];
-                            let hb = if BITS == 6 {
-                                let p = hbits.add(b * HIGH_BITS_TILE_BYTES + h * 32);
-                                [
-                                    _mm256_loadu_si256(p as *const _),
-                                    _mm256_loadu_si256(p.add(64) as *const _),
-                                ]
-                            } else {
-                                [_mm256_setzero_si256(); 2]
-                            };
+                            let high = hbits.wrapping_add(b * high_bytes(BITS) + h * 32);
+                            let aux = code_aux::<BITS>(tile, high);
                             let mut s16 = [_mm256_setzero_si256(); N];
                             for quad in 0..BLOCK / 4 {
-                                let v = _mm256_loadu_si256(tile.add((quad % 4) * 64) as *const _);
-                                let c = small_codes::<BITS>(v, hb, quad);
+                                let v = nibble_line::<BITS>(tile, quad);
+                                let c = small_codes::<BITS>(v, aux, quad);
                                 for (t, s16_t) in s16.iter_mut().enumerate() {
                                     *s16_t = small_acc(*s16_t, c, act(t, quad));
                                 }

@@ -1,17 +1,15 @@
-//! What the 512-bit tiers (`avx512bw`, `vnni`, `amx`) share, all on AVX-512 F/BW: 4-/6-bit
-//! codes unpacked to byte operands ([`unpack_zmm`]) and widened once per row group to byte
+//! What the 512-bit tiers (`avx512bw`, `vnni`, `amx`) share, all on AVX-512 F/BW: 3- to
+//! 6-bit codes unpacked to byte operands ([`unpack_zmm`]) and widened once per row group to byte
 //! tiles ([`widen_group_codes`], [`WidenedGroup`]: the 8-bit codes' layout, which is also
 //! AMX's B layout), and the float steps around a block's integer dots for `G` row groups ×
 //! `N` tokens ([`code_tiles_zmm`]). Their scalar twins are `layout.rs`'s `tile_code` and
 //! `spec.rs`'s float steps.
 
 use super::driver::{Q8Rows, TOKEN_TILE};
-use super::layout::{
-    Bits, LowBitTiles, BLOCK, BYTE_TILE_BYTES, HIGH_BITS_TILE_BYTES, NIBBLE_TILE_BYTES, ROW_GROUP,
-};
+use super::layout::{code_bytes, high_bytes, Bits, LowBitTiles, BLOCK, BYTE_TILE_BYTES, ROW_GROUP};
 use std::arch::x86_64::*;
 
-/// One row group's 4-/6-bit codes widened to byte tiles, kept while a prompt's token
+/// One row group's 3- to 6-bit codes widened to byte tiles, kept while a prompt's token
 /// tiles of that group run (the driver walks a group's tokens before the next group).
 pub(crate) struct WidenedGroup {
     group: Option<usize>,
@@ -41,28 +39,48 @@ impl WidenedGroup {
     }
 }
 
-/// Widens row group `g`'s 4- or 6-bit codes into `dst` as byte tiles (the 8-bit codes'
-/// layout, which is also AMX's B layout: byte `quad * 64 + row * 4 + k` of each block's
-/// 512), so a prompt decodes each code once instead of once per token tile.
+/// Widens row group `g`'s codes into `dst` as byte tiles (the 8-bit codes' layout, which
+/// is also AMX's B layout: byte `quad * 64 + row * 4 + k` of each block's 512), so a
+/// prompt decodes each code once instead of once per token tile (8-bit codes are copied
+/// as they are).
 ///
 /// # Safety
 /// AVX512F/BW present; `w` checked (`LowBitTiles::check`), `g < w.n_groups()`.
 #[target_feature(enable = "avx512f,avx512bw")]
 pub unsafe fn widen_group_codes(w: &LowBitTiles, g: usize, dst: &mut [u8]) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        match w.bits {
+            Bits::B3 => widen_codes::<3>(w, g, dst),
+            Bits::B4 => widen_codes::<4>(w, g, dst),
+            Bits::B5 => widen_codes::<5>(w, g, dst),
+            Bits::B6 => widen_codes::<6>(w, g, dst),
+            Bits::B8 => {
+                let bytes = w.n_blocks() * BYTE_TILE_BYTES;
+                dst[..bytes].copy_from_slice(&w.nibbles[g * bytes..][..bytes]);
+            }
+        }
+    }
+}
+
+/// [`widen_group_codes`] for `BITS`-bit codes (3 to 6).
+///
+/// # Safety
+/// As [`widen_group_codes`], and `w.bits` is `BITS`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn widen_codes<const BITS: u32>(w: &LowBitTiles, g: usize, dst: &mut [u8]) {
     let nb = w.n_blocks();
-    assert!(dst.len() >= nb * BYTE_TILE_BYTES && w.bits != Bits::B8);
+    let (code_bytes, high_bytes) = (code_bytes(BITS), high_bytes(BITS));
+    assert!(dst.len() >= nb * BYTE_TILE_BYTES && w.bits.get() == BITS);
     // SAFETY: group g's tiles lie inside the slices `check` validated; `dst` was
     // asserted long enough.
     unsafe {
         for b in 0..nb {
             let tile = g * nb + b;
-            let nib = w.nibbles.as_ptr().add(tile * NIBBLE_TILE_BYTES);
-            let wv = if w.bits.has_high_bits() {
-                let hb = w.high_bits.as_ptr().add(tile * HIGH_BITS_TILE_BYTES);
-                unpack_zmm::<true>(nib, hb)
-            } else {
-                unpack_zmm::<false>(nib, std::ptr::null())
-            };
+            let low = w.nibbles.as_ptr().add(tile * code_bytes);
+            let high = w.high_bits.as_ptr().wrapping_add(tile * high_bytes);
+            let wv = unpack_zmm::<BITS>(low, high);
             let out = dst.as_mut_ptr().add(b * BYTE_TILE_BYTES);
             for (quad, v) in wv.iter().enumerate() {
                 _mm512_storeu_si512(out.add(quad * 64) as *mut _, *v);
@@ -71,33 +89,67 @@ pub unsafe fn widen_group_codes(w: &LowBitTiles, g: usize, dst: &mut [u8]) {
     }
 }
 
-/// Unpacks one block's codes into 8 operands of 16 rows × 4 columns (quad order).
-///
-/// # Safety
-/// AVX512F/BW; `nib` points at a nibble tile, `hb` (6-bit only) at its high-bit tile.
+/// Bit `from` of every byte of `x` moved to bit `to` by a 16-bit shift (the bits it
+/// carries across a byte boundary, and the byte's other bits, are the caller's to mask).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
-pub(crate) unsafe fn unpack_zmm<const SIX: bool>(nib: *const u8, hb: *const u8) -> [__m512i; 8] {
+fn move_bits_zmm(x: __m512i, from: u32, to: u32) -> __m512i {
+    if from <= to {
+        _mm512_sll_epi16(x, _mm_cvtsi32_si128((to - from) as i32))
+    } else {
+        _mm512_srl_epi16(x, _mm_cvtsi32_si128((from - to) as i32))
+    }
+}
+
+/// Unpacks one block's `BITS`-bit codes (3 to 6) into 8 operands of 16 rows × 4
+/// columns (quad order), from its code tile at `low` and its high tile at `high` (3-,
+/// 5- and 6-bit codes; layouts in `layout.rs`).
+///
+/// # Safety
+/// AVX512F/BW; `low` points at a code tile, `high` (3-, 5-, 6-bit codes) at its high
+/// tile.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw")]
+pub(crate) unsafe fn unpack_zmm<const BITS: u32>(low: *const u8, high: *const u8) -> [__m512i; 8] {
     let low4 = _mm512_set1_epi8(0x0F);
-    let bits45 = _mm512_set1_epi8(0x30);
     let mut wv = [_mm512_setzero_si512(); 8];
-    // SAFETY: the caller's contract covers 256 bytes at `nib` and 128 at `hb`.
+    // SAFETY: the caller's contract covers the code tile at `low` and the high tile at
+    // `high` (`code_bytes(BITS)` and `high_bytes(BITS)` bytes).
     unsafe {
-        let h = if SIX {
-            [
-                _mm512_loadu_si512(hb as *const _),
-                _mm512_loadu_si512(hb.add(64) as *const _),
-            ]
-        } else {
-            [_mm512_setzero_si512(); 2]
+        if BITS == 3 {
+            // Bits 0..1 from the pair tile, bit 2 from the bit tile.
+            let pairs = [
+                _mm512_loadu_si512(low as *const _),
+                _mm512_loadu_si512(low.add(64) as *const _),
+            ];
+            let bits = _mm512_loadu_si512(high as *const _);
+            for (q, v) in wv.iter_mut().enumerate() {
+                let q = q as u32;
+                let p = _mm512_and_si512(
+                    move_bits_zmm(pairs[q as usize / 4], 2 * (q % 4), 0),
+                    _mm512_set1_epi8(3),
+                );
+                let b = _mm512_and_si512(move_bits_zmm(bits, q, 2), _mm512_set1_epi8(4));
+                *v = _mm512_or_si512(p, b);
+            }
+            return wv;
+        }
+        let h = match BITS {
+            6 => [
+                _mm512_loadu_si512(high as *const _),
+                _mm512_loadu_si512(high.add(64) as *const _),
+            ],
+            5 => [_mm512_loadu_si512(high as *const _); 2],
+            _ => [_mm512_setzero_si512(); 2],
         };
         for j in 0..4 {
-            let v = _mm512_loadu_si512(nib.add(j * 64) as *const _);
+            let v = _mm512_loadu_si512(low.add(j * 64) as *const _);
             let mut lo = _mm512_and_si512(v, low4);
             let mut hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-            if SIX {
+            if BITS == 6 {
                 // Bits 2j..2j+1 of each byte to bits 4..5 (16-bit shifts: the bits
                 // that cross a byte boundary are masked off by 0x30).
+                let bits45 = _mm512_set1_epi8(0x30);
                 let place = |x: __m512i| match j {
                     0 => _mm512_and_si512(_mm512_slli_epi16(x, 4), bits45),
                     1 => _mm512_and_si512(_mm512_slli_epi16(x, 2), bits45),
@@ -106,6 +158,13 @@ pub(crate) unsafe fn unpack_zmm<const SIX: bool>(nib: *const u8, hb: *const u8) 
                 };
                 lo = _mm512_or_si512(lo, place(h[0]));
                 hi = _mm512_or_si512(hi, place(h[1]));
+            }
+            if BITS == 5 {
+                // Bit q of each byte (quads j and j + 4) to bit 4.
+                let bit4 = _mm512_set1_epi8(0x10);
+                let j = j as u32;
+                lo = _mm512_or_si512(lo, _mm512_and_si512(move_bits_zmm(h[0], j, 4), bit4));
+                hi = _mm512_or_si512(hi, _mm512_and_si512(move_bits_zmm(h[0], j + 4, 4), bit4));
             }
             wv[j] = lo;
             wv[j + 4] = hi;

@@ -8,6 +8,7 @@ use crate::format::int4::{LowBitParts, LowBitWeights};
 use crate::format::int8::Int8Weights;
 use crate::format::quantized::QuantizedTensor;
 use crate::format::storage::Store;
+use crate::kernels::quant::Bits;
 use half::f16;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -181,7 +182,15 @@ impl PackFile {
                     scales: f16s(2)?,
                     mins: f16s(3)?,
                 };
-                LowBitWeights::from_parts(e.bits, e.group_size, e.rows, e.cols, parts)
+                // The file stores the width as a number; a number no layout has is
+                // refused by name, not read as some other width.
+                let bits = Bits::from_u32(e.bits).ok_or_else(|| {
+                    format!(
+                        "{}: {}-bit codes are not a layout of this build (a newer kwk's pack?)",
+                        e.name, e.bits
+                    )
+                })?;
+                LowBitWeights::from_parts(bits, e.group_size, e.rows, e.cols, parts)
                     .map(QuantizedTensor::LowBit)
             }
             _ => None,
@@ -321,7 +330,7 @@ impl Writer {
                 let (nib, hb, sc, mn) = w.parts();
                 (
                     1,
-                    w.bits(),
+                    w.bits().get(),
                     w.group_size(),
                     vec![
                         (nib, nib.len() as u64),

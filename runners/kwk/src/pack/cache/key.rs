@@ -7,6 +7,7 @@ use crate::error::{KwkError, Result};
 use crate::format::quantized::Grid;
 use crate::format::Precision;
 use crate::format::TensorPlace;
+use crate::kernels::quant::Bits;
 use crate::model::Tensor;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -41,13 +42,27 @@ pub fn recipe_key(precision: &Precision, calibration: Option<&[u32]>) -> String 
     // GPTQ's constants change its output: they are part of the recipe (with the
     // calibration tokens' hash above and the format, whose debug form names `gptq`).
     let gptq = match precision {
-        Precision::Int4(o) if o.gptq => {
+        Precision::LowBit(o) if o.gptq => {
             format!("; {}", crate::quantize::gptq::settings(o.act_order))
         }
         Precision::Int8(o) if o.gptq => format!("; {}", crate::quantize::gptq::settings(false)),
         _ => String::new(),
     };
-    format!("kwk-pack layout v{PACK_VERSION}; format {precision:?}; calibration {calib}{gptq}")
+    let format = format_key(precision);
+    format!("kwk-pack layout v{PACK_VERSION}; format {format}; calibration {calib}{gptq}")
+}
+
+/// The format in a recipe: its debug form, except that int4 reads as it did when its
+/// options were the type `Int4Options` (before the low-bit family had other widths), so
+/// packs made then are found again; every other width is `LowBit(..)` with its `bits`.
+fn format_key(precision: &Precision) -> String {
+    match precision {
+        Precision::LowBit(o) if o.bits == Bits::B4 => format!(
+            "Int4(Int4Options {{ group_size: {}, mix_bits: {:?}, calibrate: {}, gptq: {}, act_order: {} }})",
+            o.group_size, o.mix_bits, o.calibrate, o.gptq, o.act_order
+        ),
+        p => format!("{p:?}"),
+    }
 }
 
 /// The key of one packed tensor (see the module doc).

@@ -2,9 +2,10 @@
 
 use super::{dir::*, file::*, key::*, session::*, *};
 use crate::format::quantized::{quantize_on, Grid, QuantizedTensor};
-use crate::format::Int4Options;
+use crate::format::LowBitOptions;
 use crate::format::TensorRole;
 use crate::format::{PackedLinear, Precision, TensorPlace};
+use crate::kernels::quant::Bits;
 use crate::model::Tensor;
 use sha2::{Digest, Sha256};
 use std::fs::File;
@@ -12,7 +13,8 @@ use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 fn int4() -> Precision {
-    Precision::Int4(Int4Options {
+    Precision::LowBit(LowBitOptions {
+        bits: Bits::B4,
         group_size: 32,
         mix_bits: None,
         calibrate: false,
@@ -165,7 +167,8 @@ fn one_file_holds_every_format_and_a_touched_source_is_rehashed() {
         ));
     }
     // Another recipe (key) is another section, not a reuse.
-    let g64 = Precision::Int4(Int4Options {
+    let g64 = Precision::LowBit(LowBitOptions {
+        bits: Bits::B4,
         group_size: 64,
         mix_bits: None,
         calibrate: false,
@@ -359,8 +362,20 @@ fn layout_golden_hash_pins_pack_version() {
     let p = place(TensorRole::AttnQ, Some(0));
     for (prec, grid) in [
         (Precision::INT8, None),
-        (int4(), Some(Grid::Asym { bits: 4, group: 32 })),
-        (int4(), Some(Grid::Asym { bits: 6, group: 64 })),
+        (
+            int4(),
+            Some(Grid::Asym {
+                bits: Bits::B4,
+                group: 32,
+            }),
+        ),
+        (
+            int4(),
+            Some(Grid::Asym {
+                bits: Bits::B6,
+                group: 64,
+            }),
+        ),
         (int4(), Some(Grid::Sym8)),
     ] {
         let imp: Vec<f32> = (0..128).map(|i| 1.0 + (i % 7) as f32).collect();
@@ -385,6 +400,33 @@ fn layout_golden_hash_pins_pack_version() {
         (PACK_VERSION, got.as_str()),
         (3, "eaed7ef5991a8c815f0cca4d9b86b847"),
         "packed bytes changed: bump PACK_VERSION and update this hash"
+    );
+}
+
+#[test]
+fn int4_recipes_read_as_before_and_every_width_has_its_own() {
+    // int4's recipe is what it was when its options were `Int4Options`: packs made then
+    // are found again.
+    assert_eq!(
+        recipe_key(&Precision::parse("int4:mix6").unwrap(), None),
+        format!(
+            "kwk-pack layout v{PACK_VERSION}; format Int4(Int4Options {{ group_size: 32, \
+             mix_bits: Some(6), calibrate: false, gptq: false, act_order: false }}); \
+             calibration none"
+        )
+    );
+    let keys: Vec<String> = ["int3", "int4", "int5", "int6", "int3:g64", "int5:mix8"]
+        .iter()
+        .map(|s| recipe_key(&Precision::parse(s).unwrap(), None))
+        .collect();
+    for (i, a) in keys.iter().enumerate() {
+        for b in &keys[i + 1..] {
+            assert_ne!(a, b);
+        }
+    }
+    assert!(
+        keys[0].contains("bits: 3") && keys[2].contains("bits: 5"),
+        "{keys:?}"
     );
 }
 

@@ -2,6 +2,7 @@
 //! the search.
 
 use super::*;
+use crate::kernels::quant::Bits;
 
 fn pseudo(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
@@ -15,7 +16,10 @@ fn pseudo(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-const G4: Grid = Grid::Asym { bits: 4, group: 32 };
+const G4: Grid = Grid::Asym {
+    bits: Bits::B4,
+    group: 32,
+};
 
 /// Three 96x64 matrices fed by a norm whose channels `outliers` carry `s` times the
 /// activation while their weight columns are `s` times smaller (a folded outlier).
@@ -159,7 +163,10 @@ fn simulated_output_error(ws: &[Tensor], grid: Grid, x: &[Vec<f32>], alpha: &[f3
 /// then has a lower output error than with the estimated factors.
 #[test]
 fn calibrated_int8_beats_estimated_on_hidden_outlier_channels() {
-    let grid = Grid::Asym { bits: 8, group: 64 };
+    let grid = Grid::Asym {
+        bits: Bits::B8,
+        group: 64,
+    };
     let (cols, tokens) = (128, 256);
     let outliers = [3usize, 40, 77, 100];
     let ws: Vec<Tensor> = (0..3)

@@ -167,7 +167,7 @@ pub fn int8_matmul(
 }
 
 /// [`lowbit_matmul`](super::lowbit_matmul) on the `amx` tier ([`drive_amx`]): each pair
-/// of row groups has its 4- or 6-bit codes widened to bytes once (8-bit codes are bytes
+/// of row groups has its 3- to 6-bit codes widened to bytes once (8-bit codes are bytes
 /// already). `s_all` holds every token's minimum terms; `vnni(g, t0, n, s, out)` runs the
 /// `n <= 8` tokens the AMX tiles leave (`s` their minimum terms; the `vnni` tier's tile).
 pub fn lowbit_matmul(
@@ -192,7 +192,7 @@ pub fn lowbit_matmul(
             let nb = self.w.n_blocks();
             match self.w.bits {
                 Bits::B8 => &self.w.nibbles[g * nb * BYTE_TILE_BYTES..][..nb * BYTE_TILE_BYTES],
-                Bits::B4 | Bits::B6 => &self.widened[j],
+                Bits::B3 | Bits::B4 | Bits::B5 | Bits::B6 => &self.widened[j],
             }
         }
         fn s(&self, t0: usize, n: usize) -> &[f32] {
@@ -241,7 +241,7 @@ pub fn lowbit_matmul(
     }
     let len = match w.bits {
         Bits::B8 => 0,
-        Bits::B4 | Bits::B6 => w.n_blocks() * BYTE_TILE_BYTES,
+        Bits::B3 | Bits::B4 | Bits::B5 | Bits::B6 => w.n_blocks() * BYTE_TILE_BYTES,
     };
     let widened = [vec![0u8; len], vec![0u8; len]];
     drive_amx(

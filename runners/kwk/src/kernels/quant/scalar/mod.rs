@@ -1,4 +1,4 @@
-//! The scalar tier's quantized matmuls (int8 tiles and 4-, 6-, 8-bit codes), bit-exact
+//! The scalar tier's quantized matmuls (int8 tiles and 3-, 4-, 5-, 6-, 8-bit codes), bit-exact
 //! with the integer specifications `int8_tile_scalar` and `lowbit_tile_scalar`, which take
 //! one code at a time (the decoder's prompts ran 8-11x slower on them: int8 7.4, int4 4.4
 //! tokens/s at pp128 on 2 AVX2 cores).
@@ -29,8 +29,7 @@ mod sse2;
 
 use super::driver::{Q8Rows, QuantIsa, Rounding, TileAt, TOKEN_TILE};
 use super::layout::{
-    code_tile_bytes, tile_code, Bits, Int8Tiles, LowBitTiles, BLOCK, HIGH_BITS_TILE_BYTES,
-    INT8_TILE_BYTES, ROW_GROUP,
+    code_tile_bytes, tile_code, Bits, Int8Tiles, LowBitTiles, BLOCK, INT8_TILE_BYTES, ROW_GROUP,
 };
 use crate::kernels::{prefetch_hint, GEMV_PREFETCH_BYTES};
 
@@ -51,7 +50,7 @@ pub(crate) trait BlockDots {
     const ACTS_PER_BLOCK: usize;
     /// The activations `[token][column]` as `[token][block][ACTS_PER_BLOCK]`.
     fn widen_acts(quants: &[i8]) -> Vec<Self::Act>;
-    /// One block's code tile (and, for 6-bit codes, its high-bit tile; layouts as
+    /// One block's code tile (and, for 3-, 5- and 6-bit codes, its high tile; layouts as
     /// `layout::tile_code` reads them) into its panel lanes as `code - offset`.
     fn widen_block(
         bits: Bits,
@@ -177,8 +176,9 @@ struct PackedCodes<'a> {
     /// The group's code tiles, `tile_bytes` each.
     tiles: &'a [u8],
     tile_bytes: usize,
-    /// The group's high-bit tiles (6-bit codes), else empty.
+    /// The group's high tiles (3-, 5- and 6-bit codes), `high_bytes` each, else empty.
     high_bits: &'a [u8],
+    high_bytes: usize,
     offset: i16,
 }
 
@@ -235,6 +235,7 @@ impl<D: BlockDots> WidenedDots<D> {
             tiles,
             tile_bytes: INT8_TILE_BYTES,
             high_bits: &[],
+            high_bytes: 0,
             offset: 128,
         };
         self.tokens(x, groups, codes, t0, n, out);
@@ -255,18 +256,15 @@ impl<D: BlockDots> WidenedDots<D> {
         let ncg = w.n_col_groups();
         let tile_bytes = code_tile_bytes(w.bits);
         let tiles = &w.nibbles[g * nb * tile_bytes..][..nb * tile_bytes];
-        let high_bits = if w.bits.has_high_bits() {
-            &w.high_bits[g * nb * HIGH_BITS_TILE_BYTES..][..nb * HIGH_BITS_TILE_BYTES]
-        } else {
-            &[]
-        };
+        let high_bytes = w.bits.high_tile_bytes();
+        let high_bits = &w.high_bits[g * nb * high_bytes..][..nb * high_bytes];
         if self.group != Some(g) {
             if !self.packed {
                 self.panel
                     .resize(nb * D::LANES_PER_BLOCK, D::Lane::default());
                 for b in 0..nb {
                     let lanes = &mut self.panel[b * D::LANES_PER_BLOCK..][..D::LANES_PER_BLOCK];
-                    let (tile, high) = block_tiles(tiles, tile_bytes, high_bits, b);
+                    let (tile, high) = block_tiles((tiles, tile_bytes), (high_bits, high_bytes), b);
                     D::widen_block(w.bits, tile, high, 0, lanes);
                 }
             }
@@ -285,6 +283,7 @@ impl<D: BlockDots> WidenedDots<D> {
             tiles,
             tile_bytes,
             high_bits,
+            high_bytes,
             offset: 0,
         };
         self.tokens(x, groups, codes, t0, n, out);
@@ -315,15 +314,18 @@ impl<D: BlockDots> WidenedDots<D> {
             if self.packed {
                 let nb = x.n_blocks();
                 self.token_run::<1>(run, o, |b| {
-                    let (tile, high) =
-                        block_tiles(codes.tiles, codes.tile_bytes, codes.high_bits, b);
+                    let (tile, high) = block_tiles(
+                        (codes.tiles, codes.tile_bytes),
+                        (codes.high_bits, codes.high_bytes),
+                        b,
+                    );
                     // A group's tiles follow each other, the next group's the last.
                     let ahead = tile.as_ptr().wrapping_add(GEMV_PREFETCH_BYTES);
                     prefetch_hint(ahead, codes.tile_bytes);
                     if !high.is_empty() {
-                        // 6-bit codes' high bits are a stream of their own.
+                        // The high tiles are a stream of their own.
                         let ahead = high.as_ptr().wrapping_add(GEMV_PREFETCH_BYTES);
-                        prefetch_hint(ahead, HIGH_BITS_TILE_BYTES);
+                        prefetch_hint(ahead, codes.high_bytes);
                     }
                     let at = run.tok * nb + b;
                     let acts = &x.quants[at * BLOCK..][..BLOCK];
@@ -404,22 +406,17 @@ fn widen_f16(src: &[half::f16], dst: &mut Vec<f32>) {
     src.convert_to_f32_slice(dst);
 }
 
-/// Block `b`'s code tile and (6-bit codes) high-bit tile within a group's tiles.
+/// Block `b`'s code tile and (3-, 5- and 6-bit codes) high tile within a group's tiles
+/// (each given with its bytes per block).
 fn block_tiles<'a>(
-    tiles: &'a [u8],
-    tile_bytes: usize,
-    high_bits: &'a [u8],
+    (tiles, tile_bytes): (&'a [u8], usize),
+    (high_bits, high_bytes): (&'a [u8], usize),
     b: usize,
 ) -> (&'a [u8], &'a [u8]) {
-    let tile = &tiles[b * tile_bytes..][..tile_bytes];
-    if high_bits.is_empty() {
-        (tile, high_bits)
-    } else {
-        (
-            tile,
-            &high_bits[b * HIGH_BITS_TILE_BYTES..][..HIGH_BITS_TILE_BYTES],
-        )
-    }
+    (
+        &tiles[b * tile_bytes..][..tile_bytes],
+        &high_bits[b * high_bytes..][..high_bytes],
+    )
 }
 
 /// `acc[r] = a[r] · b[r] + acc[r]` for a row group, rounded as the scalar tier rounds
@@ -469,7 +466,9 @@ mod tests {
             s
         };
         for (bits, offset) in [
-            (Bits::B4, 0i16),
+            (Bits::B3, 0i16),
+            (Bits::B4, 0),
+            (Bits::B5, 0),
             (Bits::B6, 0),
             (Bits::B8, 0),
             (Bits::B8, 128),
@@ -483,7 +482,9 @@ mod tests {
                 let tile: Vec<u8> = (0..code_tile_bytes(bits))
                     .map(|_| byte(trial < 2))
                     .collect();
-                let high: Vec<u8> = (0..HIGH_BITS_TILE_BYTES).map(|_| byte(trial < 2)).collect();
+                let high: Vec<u8> = (0..bits.high_tile_bytes())
+                    .map(|_| byte(trial < 2))
+                    .collect();
                 let quants: Vec<i8> = (0..2 * BLOCK)
                     .map(|_| match (trial, next() % 2) {
                         (0, 0) => -128,
@@ -491,7 +492,7 @@ mod tests {
                         _ => next() as i8,
                     })
                     .collect();
-                let high_bits: &[u8] = if bits.has_high_bits() { &high } else { &[] };
+                let high_bits: &[u8] = &high;
                 let want: [[f32; ROW_GROUP]; 2] = std::array::from_fn(|t| {
                     std::array::from_fn(|r| {
                         (0..BLOCK)

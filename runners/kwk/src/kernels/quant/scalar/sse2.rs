@@ -153,9 +153,10 @@ impl BlockDots for PairDots {
 }
 
 /// The 16 codes of column quad `j` (columns `4j..4j + 4`) and row quad `q` (rows
-/// `4q..4q + 4`) of a block's packed tile as bytes, row by row (the 8-bit tile's layout:
-/// byte `j * 64 + row * 4 + k`); 4- and 6-bit tiles hold quads `j` and `j + 4` in the low
-/// and high nibbles of the same bytes, 6-bit ones their high bits in a second tile.
+/// `4q..4q + 4`) of a block's packed tiles as bytes, row by row (the 8-bit tile's layout:
+/// byte `j * 64 + row * 4 + k`); nibble tiles hold quads `j` and `j + 4` in the low and
+/// high nibbles of the same bytes, pair tiles quad `j`'s two bits in bits `2(j % 4)` of
+/// line `j / 4`, bit tiles its bit in bit `j` (`layout.rs` has the table of widths).
 #[inline(always)]
 fn quad_codes(bits: Bits, tile: &[u8], high_bits: &[u8], j: usize, q: usize) -> __m128i {
     // SAFETY: SSE2 is in the x86-64 baseline; every load reads 16 bytes of a slice whose
@@ -169,15 +170,26 @@ fn quad_codes(bits: Bits, tile: &[u8], high_bits: &[u8], j: usize, q: usize) -> 
             let v = if j < 4 { v } else { _mm_srli_epi16(v, 4) };
             _mm_and_si128(v, _mm_set1_epi8(0x0F))
         };
+        // Quad j's two bits of a pair tile, in bits 0..1.
+        let pair = |t: &[u8]| {
+            let v = load(t, (j / 4) * 64 + q * 16);
+            let shift = _mm_cvtsi32_si128(2 * (j % 4) as i32);
+            _mm_and_si128(_mm_srl_epi16(v, shift), _mm_set1_epi8(3))
+        };
+        // Quad j's bit of a bit tile, in bit 0.
+        let bit = |t: &[u8]| {
+            let v = load(t, q * 16);
+            _mm_and_si128(
+                _mm_srl_epi16(v, _mm_cvtsi32_si128(j as i32)),
+                _mm_set1_epi8(1),
+            )
+        };
         match bits {
-            Bits::B8 => load(tile, j * 64 + q * 16),
+            Bits::B3 => _mm_or_si128(pair(tile), _mm_slli_epi16(bit(high_bits), 2)),
             Bits::B4 => nibbles(),
-            Bits::B6 => {
-                let hb = load(high_bits, (j / 4) * 64 + q * 16);
-                let shift = _mm_cvtsi32_si128(2 * (j % 4) as i32);
-                let pair = _mm_and_si128(_mm_srl_epi16(hb, shift), _mm_set1_epi8(3));
-                _mm_or_si128(nibbles(), _mm_slli_epi16(pair, 4))
-            }
+            Bits::B5 => _mm_or_si128(nibbles(), _mm_slli_epi16(bit(high_bits), 4)),
+            Bits::B6 => _mm_or_si128(nibbles(), _mm_slli_epi16(pair(high_bits), 4)),
+            Bits::B8 => load(tile, j * 64 + q * 16),
         }
     }
 }
