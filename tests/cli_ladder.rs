@@ -217,3 +217,50 @@ fn a_missing_converter_python_is_one_error_naming_the_set_up() {
         "no run folder for bad input"
     );
 }
+
+/// The real model's Hugging Face folder (scripts/setup-model.sh makes it) converted by
+/// llama.cpp's convert_hf_to_gguf.py inside kwk-eval: the same token ids as kwk-eval's and
+/// llama.cpp's float32 perplexity equal to kwk's float32 on them.
+#[test]
+fn the_converted_hf_folder_scores_as_kwk_float32() {
+    let models = kwk::paths::models_dir(&kwk::paths::CacheEnv::from_env()).unwrap();
+    let folder = models.join("SmolLM2-135M-Instruct/SmolLM2-135M-Instruct-hf");
+    assert!(
+        folder.join("config.json").is_file(),
+        "{} is missing: run scripts/setup-model.sh",
+        folder.display()
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let text = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("datasets/wikitext-2-raw/wiki.test.raw");
+    let out = tmp.path().join("r");
+    let o = kwk_eval()
+        .arg("--llm")
+        .arg(&folder)
+        .arg("--text")
+        .arg(&text)
+        .args(["--formats", "float32", "--chunks", "2", "--no-speed"])
+        .args(["--ladder", "F32", "--llama-kv", "f32"])
+        .arg("--llama-cpp-dir")
+        .arg(llama_dir())
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(o.status.success(), "{stderr}");
+    let r = results(&out);
+    let (kwk, f32) = (row(&r, "float32"), row(&r, "gguf:F32"));
+    assert_eq!(f32["tokens_match"], true, "{f32:#}");
+    assert!(f32["made"]["from"]
+        .as_str()
+        .unwrap()
+        .contains("convert_hf_to_gguf.py"));
+    let rel = (kwk["ppl"].as_f64().unwrap() / f32["ppl"].as_f64().unwrap() - 1.0).abs();
+    assert!(
+        rel < 1e-4,
+        "float32 {} vs converted F32 {}",
+        kwk["ppl"],
+        f32["ppl"]
+    );
+}

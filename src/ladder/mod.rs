@@ -166,6 +166,10 @@ fn rungs(
             qtype: name.clone(),
             imatrix,
         };
+        // The F32 base is always a row (`gguf:F32`): `--ladder F32` asks for it alone.
+        if rung.qtype == "F32" && !imatrix {
+            continue;
+        }
         if out.contains(&rung) {
             return Err(format!(
                 "--ladder: '{}' is given twice; give each type once",
