@@ -415,7 +415,7 @@ fn int4_recipes_read_as_before_and_every_width_has_its_own() {
              calibration none"
         )
     );
-    let keys: Vec<String> = ["int3", "int4", "int5", "int6", "int3:g64", "int5:mix8"]
+    let keys: Vec<String> = ["int3", "int4", "int5", "int6", "int3:g32", "int5:mix8"]
         .iter()
         .map(|s| recipe_key(&Precision::parse(s).unwrap(), None))
         .collect();
