@@ -182,6 +182,20 @@ def test_int4_calibration_and_gptq(llama):
         assert kld(ref, g.forward(ids)) < 2 * kld(ref, plain)
 
 
+def test_the_other_low_bit_widths(llama):
+    ids = prompt(32, seed=5)
+    ref = KwkDecoder(llama, max_cache_len=64, precision="float32").forward(ids)
+    klds = []
+    for width in ("int3", "int5", "int6"):
+        d = KwkDecoder(llama, max_cache_len=64, precision=width)
+        assert d.precision == width
+        klds.append(kld(ref, d.forward(ids)))
+    # Budgets of Q3_K_M, Q5_K_M and Q6_K's size: the error falls with the width.
+    assert klds[0] > klds[1] > klds[2], klds
+    g = KwkDecoder(llama, max_cache_len=16, precision="int3", group_size=32, mix_bits=8)
+    assert g.precision == "int3:g32:mix8"
+
+
 def test_int8_calibration_and_gptq(llama):
     ids = prompt(32, seed=5)
     ref = KwkDecoder(llama, max_cache_len=64, precision="float32").forward(ids)

@@ -2,12 +2,13 @@
 //! matmuls and lm_head), one thread, for a 512-token prompt tile and single tokens; and the
 //! float32 panel kernels on the same shapes for comparison.
 //! `ISA=<tier>|all cargo run --release -p kwk --example quant_kernel_bench
-//!  [int8|int8:g32|q8sym|int4|int4:g64|int4:g128|int6|float32]` (tiers: amx, vnni, avx512bw,
+//!  [int8|int8:g32|q8sym|int4|int4:g64|int4:g128|int3|int5|int6|float32]` (tiers: amx, vnni, avx512bw,
 //! avxvnni, avx2, scalar; default the CPU's best; `all` every tier the CPU supports);
 //! `TOKENS=512,64,8,1` times other token counts (default 512 and 1).
 //! `int8` is what the int8 format packs (asymmetric 8-bit codes, groups of 64); the int4
 //! format's default mix adds `int8:g32` (8-bit projections) and `q8sym` (symmetric 8-bit
-//! embedding/lm_head) to `int4` (4-bit, groups of 32).
+//! embedding/lm_head) to `int4` (4-bit, groups of 32); `int3`, `int5`, `int6` are 3-, 5-, 6-bit
+//! codes in groups of 64.
 //! Each line gives the layer's mean on-CPU time over the repetitions (at least 8) and the
 //! fastest repetition by wall clock: on a shared host, compare builds by the fastest of
 //! several interleaved runs (on-CPU time moves in scheduler ticks).
@@ -105,6 +106,8 @@ fn main() {
                     "int4" => (Bits::B4, 32),
                     "int4:g64" => (Bits::B4, 64),
                     "int4:g128" => (Bits::B4, 128),
+                    "int3" => (Bits::B3, 64),
+                    "int5" => (Bits::B5, 64),
                     "int6" => (Bits::B6, 64),
                     "int8" => (Bits::B8, INT8_GROUP),
                     "int8:g32" => (Bits::B8, 32),

@@ -263,7 +263,8 @@ mod tests {
             let spec = src.to_str().unwrap();
             let model = load_model(spec).unwrap();
             let header = load_model_header(spec).unwrap();
-            for precision in [Precision::INT8, Precision::parse("int4").unwrap()] {
+            let low_bit = ["int4", "int3", "int5"].map(|s| Precision::parse(s).unwrap());
+            for precision in [Precision::INT8].into_iter().chain(low_bit) {
                 let what = format!("{spec} {precision:?}");
                 let mut whole = KwkDecoder::new(&model, options(precision, None)).unwrap();
                 let mut streamed =

@@ -5,15 +5,31 @@
 use crate::error::{KwkError, Result};
 use crate::kernels::quant::Bits;
 
-/// Weights per scale group when a low-bit format is given without `:gG`: 32, the finest
-/// group the sensitivity mix may use (it also takes g64 and g128 where they lose less
-/// per bit saved; `quantize::mix`). On SmolLM2-135M (distributed as Q4_1: 32-weight
-/// groups with scale and minimum) int4 g32 reproduces the weights and g64/g128 do not; the
-/// low-bit kernels do one float step per 32-column block at any group size, so g32 costs
-/// 0.5-0.75 bits per weight and no speed (measured in the quantization work's report).
-/// The same default serves int3, int5 and int6: their size is set by the budget of the mix
-/// (see [`LowBitOptions`]), the group only bounds how fine the mix may go.
+/// Weights per scale group when `int4` is given without `:gG`: 32, the finest group the
+/// sensitivity mix may use (it also takes g64 and g128 where they lose less per bit saved;
+/// `quantize::mix`). On SmolLM2-135M (distributed as Q4_1: 32-weight groups with scale
+/// and minimum) g32 reproduces the weights and g64/g128 do not; the low-bit kernels do one
+/// float step per 32-column block at any group size, so g32 costs 0.5-0.75 bits per weight
+/// and no speed (measured in the quantization work's report). The other widths' defaults:
+/// [`default_group`].
 pub const DEFAULT_INT4_GROUP: usize = 32;
+
+/// The finest scale group the mix of `intB` may use when no `:gG` is given: 32 for int4
+/// ([`DEFAULT_INT4_GROUP`]) and int6, 64 for int3 and int5. A width's size is set by its
+/// budget (see [`LowBitOptions`]), not by this bound; within the budget a finer bound lets
+/// the weight-error estimate buy scale groups where bits of width would have served better.
+/// Measured on held-out text (the off-grid `rot` copy of SmolLM2-135M, 10 chunks of 512
+/// from `wiki-test-tail-120k.txt`, not the scored wiki.test.raw chunks; KLD against
+/// float32 at equal bits per weight): int3 g32 0.999, g64 0.957, g128 0.952 (4.25 bpw
+/// each); int5 g32 0.0695, g64 0.0669 (5.78 each); int6 g32 0.0252 at 6.57 bpw, g64
+/// 0.0305 at 6.51 (g64 leaves Q6_K's budget unspent). One model and small differences:
+/// g64 where it measured no worse, g128 not taken for a difference within noise.
+pub const fn default_group(bits: Bits) -> usize {
+    match bits {
+        Bits::B3 | Bits::B5 => 64,
+        Bits::B4 | Bits::B6 | Bits::B8 => DEFAULT_INT4_GROUP,
+    }
+}
 
 /// Options of the low-bit formats `int3`, `int4`, `int5` and `int6`:
 /// `intB[:gG][:mixB][:calib][:gptq[:act]]`. One type and one code path for every width:
@@ -22,15 +38,18 @@ pub const DEFAULT_INT4_GROUP: usize = 32;
 /// bits per weight counted over every tensor, embeddings and output included, as
 /// llama.cpp counts them).
 ///
-/// Defaults (chosen from bits per weight, not from a score):
-/// - group 32 for every width ([`DEFAULT_INT4_GROUP`]);
+/// Defaults (chosen from bits per weight and held-out text, never from the scored chunks):
+/// - the finest group: [`default_group`];
 /// - `mix_bits`: int4 keeps its rule, 8 below 1e9 parameters and 6 from there (int4's
 ///   budget is Q4_K_M as llama.cpp makes it, whose `output` falls back to Q8_0 on rows
 ///   that are not multiples of 256, as on the small models the rule serves); int3, int5
 ///   and int6 keep `lm_head` at 6 bits (6-bit g64, 6.5 bits per weight) at every size,
 ///   because the k-quant they are matched to puts `output` in Q6_K (6.5625): with 8.5
 ///   bits on a small model's `lm_head` (a fifth of SmolLM2-135M's weights) the rest of
-///   the budget falls below the width's cheapest grid and the format overshoots its size.
+///   the budget falls below the width's cheapest grid and the format overshoots its size
+///   (held-out as above, KLD / bits per weight: int3 0.999 / 4.25 against `:mix8` 1.840 /
+///   4.25; int5 0.0695 / 5.78 against 0.1339 / 5.84; int6 0.0252 / 6.57 against 0.0352 /
+///   6.67).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LowBitOptions {
     /// The width of the plain tensors' codes: 3, 4, 5 or 6 (`int3` .. `int6`).
@@ -54,7 +73,7 @@ impl LowBitOptions {
     pub const fn new(bits: Bits) -> LowBitOptions {
         LowBitOptions {
             bits,
-            group_size: DEFAULT_INT4_GROUP,
+            group_size: default_group(bits),
             mix_bits: None,
             calibrate: false,
             gptq: false,
@@ -282,7 +301,7 @@ impl Precision {
             },
             Precision::LowBit(o) => {
                 let mut s = format!("int{}", o.bits.get());
-                if o.group_size != DEFAULT_INT4_GROUP {
+                if o.group_size != default_group(o.bits) {
                     s += &format!(":g{}", o.group_size);
                 }
                 if let Some(b) = o.mix_bits {
@@ -382,6 +401,15 @@ mod tests {
                 .to_string();
             assert!(e.contains(&format!("e.g. {name}:gptq:act")), "{e}");
         }
+        // Each width's default group is left out of its name, any other is spelled.
+        assert_eq!(Precision::parse("int3:g64").unwrap().name(), "int3");
+        assert_eq!(Precision::parse("int3:g32").unwrap().name(), "int3:g32");
+        assert_eq!(
+            Precision::parse("int5:g64").unwrap(),
+            Precision::parse("int5").unwrap()
+        );
+        assert_eq!(Precision::parse("int6:g32").unwrap().name(), "int6");
+        assert_eq!(Precision::parse("int4:g64").unwrap().name(), "int4:g64");
         // Distinct widths are distinct formats (and pack cache keys).
         let names: Vec<String> = LOW_BIT
             .iter()

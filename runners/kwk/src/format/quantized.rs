@@ -324,7 +324,8 @@ mod tests {
         for (name, bits) in [("int3", Bits::B3), ("int5", Bits::B5), ("int6", Bits::B6)] {
             let p = Precision::parse(name).unwrap();
             let plain = grid_for(&p, &place(TensorRole::AttnQ, Some(3))).unwrap();
-            assert_eq!(plain, Some(Grid::Asym { bits, group: 32 }), "{name}");
+            let group = crate::format::precision::default_group(bits);
+            assert_eq!(plain, Some(Grid::Asym { bits, group }), "{name}");
             let head = grid_for(&p, &place(TensorRole::LmHead, None)).unwrap();
             let six = Grid::Asym {
                 bits: Bits::B6,

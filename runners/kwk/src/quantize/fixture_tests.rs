@@ -233,6 +233,58 @@ fn tiny_mixtral_quantized_close_to_float32() {
     check("tiny-mixtral");
 }
 
+/// The low-bit widths end to end (pack, mix, kernels, forward): int3, int5 and int6 are
+/// sized to Q3_K_M, Q5_K_M and Q6_K (growing budgets), so their KL divergence from float32
+/// falls in that order, and int6's stays within plain int4's limit of [`check`].
+fn check_widths(name: &str) {
+    let f = load(name);
+    let vocab = f.config.vocab_size;
+    let tokens: Vec<u32> = f.golden["probe_tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    let mut reference_dec = decoder(&f, Precision::Float32);
+    let reference = reference_dec.forward(&tokens, 0).unwrap();
+    let ref_ppl = perplexity(&mut reference_dec, &eval_tokens(&f), vocab);
+    let kld: Vec<f64> = ["int3", "int5", "int6"]
+        .iter()
+        .map(|spec| {
+            let q = measure(&f, &reference, ref_ppl, Precision::parse(spec).unwrap());
+            eprintln!(
+                "{name} {spec}: max logit err {:.4} of largest, KL {:.5}, ppl {:+.3}%",
+                q.logit_err_rel,
+                q.kld,
+                q.ppl_rel * 100.0
+            );
+            q.kld
+        })
+        .collect();
+    assert!(
+        kld.iter().all(|k| k.is_finite()) && kld[0] > kld[1] && kld[1] > kld[2] && kld[2] <= 0.39,
+        "{name}: KL int3 {} int5 {} int6 {}",
+        kld[0],
+        kld[1],
+        kld[2]
+    );
+}
+
+#[test]
+fn tiny_llama_low_bit_widths_order_by_size() {
+    check_widths("tiny-llama");
+}
+
+#[test]
+fn tiny_qwen2_low_bit_widths_order_by_size() {
+    check_widths("tiny-qwen2");
+}
+
+#[test]
+fn tiny_mixtral_low_bit_widths_order_by_size() {
+    check_widths("tiny-mixtral");
+}
+
 /// `int4:calib`, `int4:gptq`, `int8:calib` and `int8:gptq` calibrated on a text other than
 /// the scored one (the first 20,000 bytes of the fixtures' tokenizer-training text,
 /// WikiText-2 lines before the eval text): KL divergence at the probe positions and

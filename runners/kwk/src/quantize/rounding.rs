@@ -1,5 +1,5 @@
 //! Rounding float weights onto the packed formats' grids: symmetric int8 blocks
-//! (`w = d · q`, `q` in -127..=127) and asymmetric 4/6-bit groups (`w = d · q + m`,
+//! (`w = d · q`, `q` in -127..=127) and asymmetric 3- to 8-bit groups (`w = d · q + m`,
 //! `q` in `0..2^bits`). Scales and minimums are stored as f16, so every candidate is judged
 //! with its f16-rounded values, and the codes are chosen against those.
 //!

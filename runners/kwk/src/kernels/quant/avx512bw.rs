@@ -129,7 +129,7 @@ unsafe fn int8_n<const N: usize>(
     }
 }
 
-/// One low-bit tile (4-, 6- or 8-bit codes); `s` holds the tokens' minimum terms
+/// One low-bit tile (3-, 4-, 5-, 6- or 8-bit codes); `s` holds the tokens' minimum terms
 /// `[t * n_col_groups + cg]` for `t < n`.
 ///
 /// # Safety

@@ -1,4 +1,4 @@
-//! The 256-bit int8 / low-bit (4-, 6-, 8-bit code) matmul tiles, one source that the
+//! The 256-bit int8 / low-bit (3- to 8-bit code) matmul tiles, one source that the
 //! `avx2` tier (`avx2.rs`: `vpmaddubsw` + `vpmaddwd`) and the `avxvnni` tier
 //! (`avxvnni.rs`: `vpdpbusd` ymm in its VEX encoding, Alder Lake and later, and in its
 //! AVX512-VNNI + VL encoding) compile with their target features ([`ymm_tier!`]; the

@@ -1,7 +1,7 @@
 //! Intel AMX (AMX-TILE + AMX-INT8: Sapphire Rapids, Granite Rapids) for the `amx` tier:
 //! prompt tiles of every quantized weight matrix, 32 tokens × two row groups per call
 //! ([`tile_2x2`]), 16 tokens × 16 rows at the edges (symmetric
-//! 8-bit [`Int8Tiles`], and the 4-, 6- and 8-bit codes of [`LowBitTiles`]: the `int8`
+//! 8-bit [`Int8Tiles`], and the 3- to 8-bit codes of [`LowBitTiles`] (widened to bytes first): the `int8`
 //! format and the `int4` mix), and the `tdpbssd` loop of the roofline's int8 peak. Twins:
 //! `int8_tile_scalar` and `lowbit_tile_scalar` (the tests hold this path to them bit for
 //! bit).
