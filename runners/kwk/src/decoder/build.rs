@@ -5,9 +5,10 @@
 use super::*;
 use crate::model::lazy::LazyWeights;
 use crate::model::ModelHeader;
-use crate::pack::build::{pack_weights, PackOptions};
+use crate::pack::build::pack_weights;
 use crate::pack::calibrate::CalibrationPass;
 use crate::pack::model::Built;
+use crate::pack::pipeline::PackOptions;
 
 /// The float32 decoder calibration runs on (the pipeline's [`CalibrationPass`]): `weights`
 /// with a KV cache of `window` tokens on `threads` threads.

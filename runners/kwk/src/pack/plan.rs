@@ -3,22 +3,23 @@
 
 use crate::error::{KwkError, Result};
 use crate::format::quantized::{default_mix_bits, grid_for, Grid};
-use crate::format::{Int4Options, Precision, TensorPlace, TensorRole};
-use crate::model::{FeedForward, Mlp, ModelConfig, ModelWeights};
-use crate::quantize::equalize::{Equalized, LayerImportance};
-use crate::quantize::mix::{allocate, ladder, q4_k_m_bits_per_weight, MixUnit};
+use crate::format::{Precision, TensorPlace, TensorRole};
+use crate::model::{FeedForward, LayerWeights, Mlp, ModelConfig, Tensor};
+use crate::quantize::equalize::LayerImportance;
+use crate::quantize::mix::{
+    allocate_curves, ladder, q4_k_m_bits_per_weight, unit_curve, Curve, MixUnit,
+};
 use std::collections::HashMap;
 
 /// The mix units of layer `i` (q, k, v, o, gate, up, down; an MoE layer's experts share a
 /// unit per role), each tensor with the second moments of its input (`li`'s importance when
 /// it has them, else ones) and its rounding importance.
-pub(crate) fn layer_mix_units<'a>(
+fn layer_mix_units<'a>(
     i: usize,
-    l: &'a crate::model::LayerWeights,
+    l: &'a LayerWeights,
     li: Option<&'a LayerImportance>,
     ones: &'a [f32],
 ) -> Vec<MixUnit<'a>> {
-    use crate::model::Tensor;
     // The moments of each input (ones when equalization produced none); rounding is
     // weighted by them when it did.
     let m = |v: Option<&'a [f32]>, t: &Tensor| -> (&'a [f32], Option<&'a [f32]>) {
@@ -74,69 +75,95 @@ pub(crate) fn layer_mix_units<'a>(
         .collect()
 }
 
-/// The `int4` mix by sensitivity (`quantize::mix`): a grid per (role, layer) for every
-/// linear but `lm_head`, within the bits llama.cpp's Q4_K_M would give the model.
-pub(crate) fn int4_plan<'a>(
-    config: &ModelConfig,
-    weights: &'a ModelWeights,
-    eq: &'a Equalized,
-    ones: &'a [f32],
-    opts: &Int4Options,
-    place: &(dyn Fn(TensorRole, Option<usize>) -> TensorPlace + Sync),
-) -> Result<HashMap<(TensorRole, Option<usize>), Grid>> {
-    let n_layers = config.n_layers;
-    use crate::model::Tensor;
-    let q4km = |role, layer, t: &Tensor| {
-        t.data.len() as f64 * q4_k_m_bits_per_weight(role, layer, n_layers, t.cols())
-    };
-    let output = weights.output();
-    let head_grid = grid_for(&Precision::Int4(*opts), &place(TensorRole::LmHead, None))?
-        .ok_or_else(|| KwkError::InvalidArgument("lm_head has no int4 grid".into()))?;
-    // Bits Q4_K_M would spend on the tensors the search covers: its whole size less
-    // lm_head (kwk keeps that at mix_bits; the float vectors cost the same in both).
-    let mut budget = q4km(TensorRole::LmHead, None, output)
-        - head_grid.tensor_bits(output.rows(), output.cols());
-    let mut units: Vec<MixUnit> = Vec::new();
-    if weights.lm_head.is_some() {
-        budget += q4km(TensorRole::Embedding, None, &weights.embed);
-        let e = &weights.embed;
-        units.push(MixUnit {
-            role: TensorRole::Embedding,
-            layer: None,
-            tensors: vec![(e, &ones[..e.cols().min(ones.len())], None)],
-        });
-    }
-    for (i, l) in weights.layers.iter().enumerate() {
-        let li = eq.importance.get(i).filter(|x| !x.attn_in.is_empty());
-        for u in layer_mix_units(i, l, li, ones) {
-            for (t, _, _) in &u.tensors {
-                budget += q4km(u.role, Some(i), t);
-            }
-            units.push(u);
-        }
-    }
-    let mix_bits = opts
-        .mix_bits
-        .unwrap_or_else(|| default_mix_bits(place(TensorRole::LmHead, None).model_params));
-    let grids = allocate(&units, &ladder(opts.group_size, mix_bits), budget);
-    Ok(units
-        .iter()
-        .zip(grids)
-        .map(|(u, g)| ((u.role, u.layer), g))
-        .collect())
+/// The `int4` mix by sensitivity (`quantize::mix`), planned one way for every source: a
+/// grid per (role, layer) for every linear but `lm_head`, within the bits llama.cpp's
+/// Q4_K_M would give the model. The units are handed in as the source yields them (the
+/// untied embedding, then each equalized layer in order); only their curves are kept, so a
+/// streamed model need not stay in memory.
+pub(crate) struct MixPlanner {
+    n_layers: usize,
+    steps: Vec<Grid>,
+    /// Bits the covered units may use: Q4_K_M's bits of them, plus what it would give
+    /// `lm_head` beyond kwk's `mix_bits` grid.
+    budget: f64,
+    keys: Vec<(TensorRole, Option<usize>)>,
+    curves: Vec<Curve>,
 }
 
-/// The most input columns any linear of `w` has.
-pub(crate) fn widest_input(w: &ModelWeights) -> usize {
-    let mut n = w.embed.cols();
-    for l in &w.layers {
-        n = n.max(l.q.cols()).max(l.o.cols());
-        match &l.ffn {
-            FeedForward::Dense(m) => n = n.max(m.down.cols()),
-            FeedForward::Moe(m) => {
-                for e in m.experts.iter().chain(m.shared_expert.iter()) {
-                    n = n.max(e.down.cols());
-                }
+impl MixPlanner {
+    /// The planner of `precision` (`None`: it is not `int4`, whose grids come from the
+    /// mix rule alone). The output projection is `vocab × d` (from `config`).
+    pub fn new(
+        config: &ModelConfig,
+        precision: &Precision,
+        place: &(dyn Fn(TensorRole, Option<usize>) -> TensorPlace + Sync),
+    ) -> Result<Option<MixPlanner>> {
+        let Precision::Int4(opts) = precision else {
+            return Ok(None);
+        };
+        let n_layers = config.n_layers;
+        let (vocab, d) = (config.vocab_size, config.hidden_size);
+        let head_grid = grid_for(precision, &place(TensorRole::LmHead, None))?
+            .ok_or_else(|| KwkError::InvalidArgument("lm_head has no int4 grid".into()))?;
+        let mix_bits = opts
+            .mix_bits
+            .unwrap_or_else(|| default_mix_bits(place(TensorRole::LmHead, None).model_params));
+        // Bits Q4_K_M would spend on the tensors the search covers: its whole size less
+        // lm_head (kwk keeps that at mix_bits; the float vectors cost the same in both).
+        let out_bits =
+            (vocab * d) as f64 * q4_k_m_bits_per_weight(TensorRole::LmHead, None, n_layers, d);
+        Ok(Some(MixPlanner {
+            n_layers,
+            steps: ladder(opts.group_size, mix_bits),
+            budget: out_bits - head_grid.tensor_bits(vocab, d),
+            keys: Vec::new(),
+            curves: Vec::new(),
+        }))
+    }
+
+    fn add(&mut self, u: &MixUnit) {
+        for (t, _, _) in &u.tensors {
+            self.budget += t.data.len() as f64
+                * q4_k_m_bits_per_weight(u.role, u.layer, self.n_layers, t.cols());
+        }
+        self.curves.push(unit_curve(u, &self.steps));
+        self.keys.push((u.role, u.layer));
+    }
+
+    /// The untied input embedding `e` (its inputs' second moments taken as ones).
+    pub fn add_embedding(&mut self, e: &Tensor) {
+        let ones = vec![1f32; e.cols()];
+        self.add(&MixUnit {
+            role: TensorRole::Embedding,
+            layer: None,
+            tensors: vec![(e, &ones[..], None)],
+        });
+    }
+
+    /// Layer `i`, equalized, with its rounding importance when equalization kept one.
+    pub fn add_layer(&mut self, i: usize, l: &LayerWeights, imp: &LayerImportance) {
+        let ones = vec![1f32; layer_width(l)];
+        let li = Some(imp).filter(|x| !x.attn_in.is_empty());
+        for u in layer_mix_units(i, l, li, &ones) {
+            self.add(&u);
+        }
+    }
+
+    /// The grids chosen.
+    pub fn finish(self) -> HashMap<(TensorRole, Option<usize>), Grid> {
+        let grids = allocate_curves(&self.curves, &self.steps, self.budget);
+        self.keys.into_iter().zip(grids).collect()
+    }
+}
+
+/// The widest input of a layer's linears.
+fn layer_width(l: &LayerWeights) -> usize {
+    let mut n = l.q.cols().max(l.o.cols());
+    match &l.ffn {
+        FeedForward::Dense(m) => n = n.max(m.down.cols()),
+        FeedForward::Moe(m) => {
+            for e in m.experts.iter().chain(m.shared_expert.iter()) {
+                n = n.max(e.down.cols());
             }
         }
     }
