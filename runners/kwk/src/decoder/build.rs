@@ -248,8 +248,8 @@ mod tests {
     }
 
     /// Streaming packs exactly what packing the whole model packs (logits, sizes, layouts),
-    /// from a folder and from a GGUF file, dense and MoE; its cache file is the one
-    /// `from_weights` reads, and a warm start from it gives the same logits.
+    /// from a folder and from a GGUF file, dense and MoE, int8, int4 and `bpw`; its cache file
+    /// is the one `from_weights` reads, and a warm start from it gives the same logits.
     #[test]
     fn streaming_packs_what_the_whole_model_packs() {
         let tokens = [1u32, 50, 200, 7, 300, 42];
@@ -264,7 +264,11 @@ mod tests {
             let spec = src.to_str().unwrap();
             let model = load_model(spec).unwrap();
             let header = load_model_header(spec).unwrap();
-            for precision in [Precision::INT8, Precision::parse("int4").unwrap()] {
+            for precision in [
+                Precision::INT8,
+                Precision::parse("int4").unwrap(),
+                Precision::parse("bpw:5.5").unwrap(),
+            ] {
                 let what = format!("{spec} {precision:?}");
                 let mut whole = KwkDecoder::new(&model, options(precision, None)).unwrap();
                 let mut streamed =

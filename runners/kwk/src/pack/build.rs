@@ -8,7 +8,7 @@
 use super::calibrate::{equalize_for, gptq_layers, GptqPass};
 use super::model::{names, Built};
 use super::pipeline::{pack_model, FloatModel, PackOptions, Plan, PlanInput};
-use super::plan::MixPlanner;
+use super::plan::GridPlanner;
 use super::source::{embed_role, LayerFloats, LayerSource, LinearId, ModelParts, Packer};
 use crate::error::{KwkError, Result};
 use crate::format::quantized::{grid_for, Grid};
@@ -68,16 +68,15 @@ impl FloatModel for MemoryModel<'_> {
         }
         let eq = self.equalized.insert(eq);
         let weights = &eq.weights;
-        let grids = match MixPlanner::new(config, &precision, place)? {
+        let grids = match GridPlanner::new(config, &precision, place)? {
             Some(mut planner) => {
-                if weights.lm_head.is_some() {
-                    planner.add_embedding(&weights.embed);
-                }
+                let (embed, head) = (&weights.embed, weights.lm_head.as_ref());
+                planner.add_tables(embed, head, &weights.final_norm, &eq.head_importance);
                 let none = LayerImportance::default();
                 for (i, l) in weights.layers.iter().enumerate() {
                     planner.add_layer(i, l, eq.importance.get(i).unwrap_or(&none));
                 }
-                planner.finish()
+                planner.finish()?
             }
             None => Default::default(),
         };

@@ -1,11 +1,14 @@
-//! The `int4` mix plan: which grid each (role, layer) gets, chosen by sensitivity
-//! (`quantize::mix`) within the bits llama.cpp's Q4_K_M would give the model.
+//! The grid plan: which grid each (role, layer) gets, chosen by sensitivity, for the two
+//! formats that choose: `int4`'s mix (`quantize::mix`, within the bits llama.cpp's Q4_K_M
+//! would give the model) and `bpw:X` (`quantize::budget`, every tensor within `X` bits per
+//! weight of the whole model). One [`GridPlanner`] for every source.
 
 use crate::error::{KwkError, Result};
-use crate::format::quantized::{default_mix_bits, grid_for, Grid};
+use crate::format::quantized::{default_mix_bits, grid_for, Grid, BUDGET_GRIDS};
 use crate::format::{Precision, TensorPlace, TensorRole};
 use crate::model::{FeedForward, LayerWeights, Mlp, ModelConfig, Tensor};
-use crate::quantize::equalize::LayerImportance;
+use crate::quantize::budget::{allocate_budget, Allocation, CELL_BPW};
+use crate::quantize::equalize::{estimate_head, LayerImportance};
 use crate::quantize::mix::{
     allocate_curves, ladder, q4_k_m_bits_per_weight, unit_curve, Curve, MixUnit,
 };
@@ -75,69 +78,146 @@ fn layer_mix_units<'a>(
         .collect()
 }
 
-/// The `int4` mix by sensitivity (`quantize::mix`), planned one way for every source: a
-/// grid per (role, layer) for every linear but `lm_head`, within the bits llama.cpp's
-/// Q4_K_M would give the model. The units are handed in as the source yields them (the
-/// untied embedding, then each equalized layer in order); only their curves are kept, so a
-/// streamed model need not stay in memory.
-pub(crate) struct MixPlanner {
+/// The grid plan by sensitivity, one way for every source: a grid per (role, layer). The
+/// units are handed in as the source yields them (the embedding and output tables, then
+/// each equalized layer in order); only their curves are kept, so a streamed model need
+/// not stay in memory.
+pub(crate) struct GridPlanner {
     n_layers: usize,
+    rule: Rule,
     steps: Vec<Grid>,
-    /// Bits the covered units may use: Q4_K_M's bits of them, plus what it would give
-    /// `lm_head` beyond kwk's `mix_bits` grid.
-    budget: f64,
     keys: Vec<(TensorRole, Option<usize>)>,
     curves: Vec<Curve>,
 }
 
-impl MixPlanner {
-    /// The planner of `precision` (`None`: it is not `int4`, whose grids come from the
-    /// mix rule alone). The output projection is `vocab × d` (from `config`).
+/// What the plan spends, and on what.
+enum Rule {
+    /// `int4`: every linear but `lm_head` (kept at `mix_bits`); `budget` is what Q4_K_M
+    /// would spend on the covered units, plus what it would give `lm_head` beyond kwk's
+    /// `mix_bits` grid.
+    Mix { budget: f64 },
+    /// `bpw:X`: every tensor; the float vectors (weights no unit covers) stay float32.
+    Budget {
+        precision: Precision,
+        bpw: f64,
+        model_params: u64,
+        covered: u64,
+    },
+}
+
+impl GridPlanner {
+    /// The planner of `precision` (`None`: its grids come from its rule alone).
     pub fn new(
         config: &ModelConfig,
         precision: &Precision,
         place: &(dyn Fn(TensorRole, Option<usize>) -> TensorPlace + Sync),
-    ) -> Result<Option<MixPlanner>> {
-        let Precision::Int4(opts) = precision else {
-            return Ok(None);
-        };
+    ) -> Result<Option<GridPlanner>> {
         let n_layers = config.n_layers;
-        let (vocab, d) = (config.vocab_size, config.hidden_size);
-        let head_grid = grid_for(precision, &place(TensorRole::LmHead, None))?
-            .ok_or_else(|| KwkError::InvalidArgument("lm_head has no int4 grid".into()))?;
-        let mix_bits = opts
-            .mix_bits
-            .unwrap_or_else(|| default_mix_bits(place(TensorRole::LmHead, None).model_params));
-        // Bits Q4_K_M would spend on the tensors the search covers: its whole size less
-        // lm_head (kwk keeps that at mix_bits; the float vectors cost the same in both).
-        let out_bits =
-            (vocab * d) as f64 * q4_k_m_bits_per_weight(TensorRole::LmHead, None, n_layers, d);
-        Ok(Some(MixPlanner {
+        let model_params = place(TensorRole::LmHead, None).model_params;
+        let (rule, steps) = match precision {
+            Precision::Int4(opts) => {
+                let (vocab, d) = (config.vocab_size, config.hidden_size);
+                let head_grid = grid_for(precision, &place(TensorRole::LmHead, None))?
+                    .ok_or_else(|| KwkError::InvalidArgument("lm_head has no int4 grid".into()))?;
+                let mix_bits = opts
+                    .mix_bits
+                    .unwrap_or_else(|| default_mix_bits(model_params));
+                // Bits Q4_K_M would spend on the tensors the search covers: its whole size
+                // less lm_head (kwk keeps that at mix_bits; the float vectors cost the same
+                // in both).
+                let out_bits = (vocab * d) as f64
+                    * q4_k_m_bits_per_weight(TensorRole::LmHead, None, n_layers, d);
+                let budget = out_bits - head_grid.tensor_bits(vocab, d);
+                (Rule::Mix { budget }, ladder(opts.group_size, mix_bits))
+            }
+            Precision::Bpw(o) => (
+                Rule::Budget {
+                    precision: *precision,
+                    bpw: o.bits(),
+                    model_params,
+                    covered: 0,
+                },
+                BUDGET_GRIDS.to_vec(),
+            ),
+            _ => return Ok(None),
+        };
+        Ok(Some(GridPlanner {
             n_layers,
-            steps: ladder(opts.group_size, mix_bits),
-            budget: out_bits - head_grid.tensor_bits(vocab, d),
+            rule,
+            steps,
             keys: Vec::new(),
             curves: Vec::new(),
         }))
     }
 
     fn add(&mut self, u: &MixUnit) {
-        for (t, _, _) in &u.tensors {
-            self.budget += t.data.len() as f64
-                * q4_k_m_bits_per_weight(u.role, u.layer, self.n_layers, t.cols());
+        self.add_weighted(u, 1.0);
+    }
+
+    /// Adds `u` with its error counted `weight` times (`bpw`'s output projection).
+    fn add_weighted(&mut self, u: &MixUnit, weight: f64) {
+        match &mut self.rule {
+            Rule::Mix { budget } => {
+                for (t, _, _) in &u.tensors {
+                    *budget += t.data.len() as f64
+                        * q4_k_m_bits_per_weight(u.role, u.layer, self.n_layers, t.cols());
+                }
+            }
+            Rule::Budget { covered, .. } => *covered += u.params(),
         }
-        self.curves.push(unit_curve(u, &self.steps));
+        let mut curve = unit_curve(u, &self.steps);
+        curve.err.iter_mut().for_each(|e| *e *= weight);
+        self.curves.push(curve);
         self.keys.push((u.role, u.layer));
     }
 
-    /// The untied input embedding `e` (its inputs' second moments taken as ones).
-    pub fn add_embedding(&mut self, e: &Tensor) {
-        let ones = vec![1f32; e.cols()];
-        self.add(&MixUnit {
+    /// The embedding table `embed` and the untied output projection `lm_head`, whose
+    /// input is the final norm's output (`final_norm`'s weights estimate its second
+    /// moments unless `head_moments`, measured, are given). `int4` plans only an untied
+    /// embedding; `bpw` plans both tables (a tied one as `lm_head`).
+    pub fn add_tables(
+        &mut self,
+        embed: &Tensor,
+        lm_head: Option<&Tensor>,
+        final_norm: &[f32],
+        head_moments: &[f32],
+    ) {
+        let ones = vec![1f32; embed.cols()];
+        let embedding = |t| MixUnit {
             role: TensorRole::Embedding,
             layer: None,
-            tensors: vec![(e, &ones[..], None)],
-        });
+            tensors: vec![(t, &ones[..], None)],
+        };
+        if let Rule::Mix { .. } = self.rule {
+            if lm_head.is_some() {
+                self.add(&embedding(embed));
+            }
+            return;
+        }
+        let estimated;
+        let moments = if head_moments.len() == embed.cols() {
+            head_moments
+        } else {
+            estimated = estimate_head(final_norm);
+            &estimated[..]
+        };
+        let head = |t| MixUnit {
+            role: TensorRole::LmHead,
+            layer: None,
+            tensors: vec![(t, moments, None)],
+        };
+        // The output projection's relative noise is the logits' own; a layer's linear adds
+        // its noise to one of the 2L + 1 contributions the residual stream sums (the
+        // embedding, each attention and feed-forward output), so it counts 2L + 1 times
+        // (`quantize::budget`).
+        let head_weight = (2 * self.n_layers + 1) as f64;
+        match lm_head {
+            Some(h) => {
+                self.add(&embedding(embed));
+                self.add_weighted(&head(h), head_weight);
+            }
+            None => self.add_weighted(&head(embed), head_weight),
+        }
     }
 
     /// Layer `i`, equalized, with its rounding importance when equalization kept one.
@@ -149,10 +229,52 @@ impl MixPlanner {
         }
     }
 
+    /// `bpw`'s allocation of every unit added (see `quantize::budget`); an error names the
+    /// budgets this model can take when `X` is outside them.
+    fn allocate(&self) -> Result<Allocation> {
+        let Rule::Budget {
+            precision,
+            bpw,
+            model_params,
+            covered,
+        } = self.rule
+        else {
+            unreachable!("allocate is bpw's")
+        };
+        let n = model_params.max(1) as f64;
+        let fixed = 32.0 * model_params.saturating_sub(covered) as f64;
+        let span = |pick: fn(f64, f64) -> f64| {
+            let units: f64 = self
+                .curves
+                .iter()
+                .map(|c| c.bits.iter().copied().fold(c.bits[0], pick))
+                .sum();
+            (units + fixed) / n
+        };
+        let (fewest, most) = (span(f64::min), span(f64::max));
+        let name = precision.name();
+        if bpw > most + 0.05 {
+            return Err(KwkError::InvalidArgument(format!(
+                "{name}: this model packs to at most {most:.2} bits per weight (every tensor on \
+                 the widest grid, float vectors at 32 bits); give a budget up to that"
+            )));
+        }
+        allocate_budget(&self.curves, &self.steps, bpw * n - fixed, CELL_BPW * n).ok_or_else(|| {
+            KwkError::InvalidArgument(format!(
+                "{name}: this model packs to no fewer than {fewest:.2} bits per weight \
+                     (every tensor on the cheapest grid, float vectors at 32 bits); give a \
+                     budget of at least that"
+            ))
+        })
+    }
+
     /// The grids chosen.
-    pub fn finish(self) -> HashMap<(TensorRole, Option<usize>), Grid> {
-        let grids = allocate_curves(&self.curves, &self.steps, self.budget);
-        self.keys.into_iter().zip(grids).collect()
+    pub fn finish(self) -> Result<HashMap<(TensorRole, Option<usize>), Grid>> {
+        let grids = match self.rule {
+            Rule::Mix { budget } => allocate_curves(&self.curves, &self.steps, budget),
+            Rule::Budget { .. } => self.allocate()?.grids,
+        };
+        Ok(self.keys.into_iter().zip(grids).collect())
     }
 }
 
@@ -168,4 +290,100 @@ fn layer_width(l: &LayerWeights) -> usize {
         }
     }
     n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decoder::{DecoderOptions, KwkDecoder};
+    use crate::model::load_model;
+    use crate::pack::build::count_params;
+
+    fn fixture(name: &str) -> crate::model::Model {
+        load_model(kwk_fixtures::model_dir(name).to_str().unwrap()).unwrap()
+    }
+
+    fn options(precision: Precision) -> DecoderOptions {
+        DecoderOptions {
+            max_cache_len: 16,
+            precision,
+            threads: 2,
+            calibration_tokens: None,
+            pack_cache_dir: None,
+        }
+    }
+
+    /// `bpw:X` packs every fixture (tied, untied with biases, mixture of experts) to `X`
+    /// bits per weight within 0.05, counted over every tensor, and runs.
+    #[test]
+    fn bpw_meets_its_budget_within_0_05() {
+        for name in ["tiny-llama", "tiny-qwen2", "tiny-mixtral"] {
+            let model = fixture(name);
+            for spec in ["bpw:4.75", "bpw:5.5", "bpw:6.25", "bpw:8"] {
+                let p = Precision::parse(spec).unwrap();
+                let mut d = KwkDecoder::new(&model, options(p)).unwrap();
+                let got = d.bits_per_weight();
+                let Precision::Bpw(o) = p else { unreachable!() };
+                assert!(
+                    got <= o.bits() + 1e-9 && got >= o.bits() - 0.05,
+                    "{name} {spec}: {got} bits per weight"
+                );
+                let logits = d.forward(&[1, 5, 9], 0).unwrap();
+                assert!(logits.iter().all(|x| x.is_finite()), "{name} {spec}");
+            }
+        }
+    }
+
+    /// The planner on a fixture's weights: the plan never exceeds its budget, and more
+    /// budget never gives a larger total proxy error.
+    #[test]
+    fn more_budget_never_gives_a_larger_error() {
+        for name in ["tiny-llama", "tiny-qwen2"] {
+            let model = fixture(name);
+            let (config, w) = (&model.config, &model.weights);
+            let n_params = count_params(w);
+            let place = |role, layer| TensorPlace {
+                role,
+                layer,
+                n_layers: config.n_layers,
+                model_params: n_params,
+            };
+            let mut last = f64::INFINITY;
+            for centibits in (480..=880).step_by(20) {
+                let p = Precision::Bpw(crate::format::BpwOptions {
+                    centibits,
+                    calibrate: false,
+                });
+                let mut planner = GridPlanner::new(config, &p, &place).unwrap().unwrap();
+                planner.add_tables(&w.embed, w.lm_head.as_ref(), &w.final_norm, &[]);
+                for (i, l) in w.layers.iter().enumerate() {
+                    planner.add_layer(i, l, &LayerImportance::default());
+                }
+                let a = planner.allocate().unwrap();
+                let Rule::Budget { covered, .. } = planner.rule else {
+                    unreachable!("a bpw planner")
+                };
+                let floats = 32.0 * (n_params - covered) as f64;
+                let bpw = (a.bits + floats) / n_params as f64;
+                assert!(
+                    bpw <= centibits as f64 / 100.0 + 1e-9,
+                    "{name} {centibits}: {bpw}"
+                );
+                assert!(a.error <= last, "{name} {centibits}: {} > {last}", a.error);
+                last = a.error;
+            }
+        }
+    }
+
+    /// A budget inside the grids' range that this model cannot meet is one clear error.
+    #[test]
+    fn a_budget_the_model_cannot_meet_is_refused() {
+        let model = fixture("tiny-llama");
+        let p = Precision::parse("bpw:4.25").unwrap();
+        let e = KwkDecoder::new(&model, options(p))
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(e.contains("bpw:4.25") && e.contains("no fewer than"), "{e}");
+    }
 }

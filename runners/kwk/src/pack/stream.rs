@@ -1,10 +1,10 @@
 //! The streamed source of the packing pipeline (`pipeline`): a model read from its files
-//! one layer at a time, without holding it in float32 (int8 and int4 with weights-only
-//! equalization; the decoder's `from_header` picks it):
+//! one layer at a time, without holding it in float32 (int8, int4 and `bpw:X` with
+//! weights-only equalization; the decoder's `from_header` picks it):
 //! 1. count the parameters (the mix rule and the tensors' keys depend on the model size);
 //! 2. equalize and plan: equalize each layer, keep its factors, importance and float
-//!    vectors, and hand it to the `int4` mix planner (`plan::MixPlanner`, which keeps only
-//!    its curves);
+//!    vectors, and hand it to the grid planner (`plan::GridPlanner`, which keeps only its
+//!    curves; `int4` and `bpw:X` plan their grids);
 //! 3. pack: load each matrix again, scale it with the kept factors (deterministic: the same
 //!    weights), pack it through the streamed [`LayerSource`] (one matrix at a time for a
 //!    dense layer), drop the float32 copy and release the source pages.
@@ -15,7 +15,7 @@
 use super::build::layer_params;
 use super::model::{names, Built};
 use super::pipeline::{pack_model, FloatModel, PackOptions, Plan, PlanInput};
-use super::plan::MixPlanner;
+use super::plan::GridPlanner;
 use super::source::{embed_role, LayerFloats, LayerSource, LinearId, ModelParts, Packer};
 use crate::error::{KwkError, Result};
 use crate::format::{PackedLinear, TensorRole};
@@ -81,9 +81,11 @@ impl FloatModel for StreamModel<'_> {
             )));
         }
         let eq_opts = EqualizeOptions::ESTIMATED;
-        let mut planner = MixPlanner::new(config, &precision, place)?;
-        if let (Some(p), false) = (&mut planner, config.tie_word_embeddings) {
-            p.add_embedding(&self.lazy.embed()?);
+        let mut planner = GridPlanner::new(config, &precision, place)?;
+        if let Some(p) = &mut planner {
+            let (embed, head) = (self.lazy.embed()?, self.lazy.lm_head()?);
+            p.add_tables(&embed, head.as_ref(), &self.lazy.final_norm()?, &[]);
+            drop((embed, head));
             self.lazy.release_pages();
         }
         self.saved = Vec::with_capacity(config.n_layers);
@@ -109,7 +111,10 @@ impl FloatModel for StreamModel<'_> {
             self.lazy.release_pages();
         }
         Ok(Plan {
-            grids: planner.map(MixPlanner::finish).unwrap_or_default(),
+            grids: planner
+                .map(GridPlanner::finish)
+                .transpose()?
+                .unwrap_or_default(),
             ..Plan::default()
         })
     }
