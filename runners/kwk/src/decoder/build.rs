@@ -108,7 +108,7 @@ impl KwkDecoder {
 
     /// The decoder for the model `header` describes in `options.precision`: from the pack
     /// cache when it holds a valid entry (the weights are not read), else streamed from
-    /// the source one layer at a time (int8, int4 without calibration), else from the whole
+    /// the source one layer at a time (int8, int3..int6 and bpw:X without calibration), else from the whole
     /// model in float32.
     pub fn from_header(header: &ModelHeader, options: DecoderOptions) -> Result<Self> {
         let eos = eos_ids(&header.config, &header.tokenizer);

@@ -1,6 +1,6 @@
 //! The in-memory source of the packing pipeline (`pipeline`): a model held in float32,
-//! equalized as a whole (with calibration when the format asks for it), its `int4` mix
-//! planned, GPTQ run when asked, then every tensor packed through the pipeline's
+//! equalized as a whole (with calibration when the format asks for it), its low-bit mix
+//! or `bpw:X` grids planned, GPTQ run when asked, then every tensor packed through the pipeline's
 //! [`Packer`] and every layer put together by
 //! [`build_layer`](super::source::build_layer) from the in-memory [`LayerSource`].
 //! A streamed file (`stream`) and the pack cache (`cached`) are the other two sources.

@@ -11,7 +11,7 @@
 //!   function that puts a packed layer together, and the one [`source::Packer`] every
 //!   tensor is packed through.
 //! - `calibrate`: activation statistics, Hessians and GPTQ passes (the decoder is the
-//!   activation sink); `plan`: the grid plan (the int4 mix), built one way for every
+//!   activation sink); `plan`: the grid plan (the int3..int6 mix, `bpw:X`), built one way for every
 //!   source; `model`: what a packed model is.
 //! - `cache/`: the pack cache (identity and keys, the file format, sessions, the folder).
 //!

@@ -1,10 +1,10 @@
 //! The streamed source of the packing pipeline (`pipeline`): a model read from its files
-//! one layer at a time, without holding it in float32 (int8, int4 and `bpw:X` with
-//! weights-only equalization; the decoder's `from_header` picks it):
+//! one layer at a time, without holding it in float32 (int8, int3..int6 and `bpw:X`
+//! with weights-only equalization; the decoder's `from_header` picks it):
 //! 1. count the parameters (the mix rule and the tensors' keys depend on the model size);
 //! 2. equalize and plan: equalize each layer, keep its factors, importance and float
 //!    vectors, and hand it to the grid planner (`plan::GridPlanner`, which keeps only its
-//!    curves; `int4` and `bpw:X` plan their grids);
+//!    curves; `int3`..`int6` and `bpw:X` plan their grids);
 //! 3. pack: load each matrix again, scale it with the kept factors (deterministic: the same
 //!    weights), pack it through the streamed [`LayerSource`] (one matrix at a time for a
 //!    dense layer), drop the float32 copy and release the source pages.
