@@ -174,7 +174,7 @@ pub struct EvalArgs {
     #[arg(long, value_name = "FILE", required = true)]
     pub text: Option<PathBuf>,
 
-    /// In-tree formats to run, comma-separated (float32, bf16, int8[:calib|:gptq], int4[:g64|:mix8|:calib|:gptq], int3/int5/int6 with int4's options, gguf:PATH; "none" for none). Default: float32,bf16,int8,int4, or with llama.cpp's ladder kwk's own sizes (float32,int8,int6,int5,int4,int3).
+    /// In-tree formats to run, comma-separated (float32, bf16, int8[:calib|:gptq], int4[:g64|:mix8|:calib|:gptq], int3/int5/int6 with int4's options, bpw:X[:calib] (a size target: X bits per weight, e.g. bpw:4.5, spent per tensor by sensitivity), gguf:PATH; "none" for none). Default: float32,bf16,int8,int4, or with llama.cpp's ladder kwk's own sizes (float32,int8,int6,int5,int4,int3).
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = parse_format_arg)]
     pub formats: Option<Vec<FormatArg>>,
 
@@ -261,7 +261,7 @@ pub struct EvalArgs {
     #[arg(long)]
     pub keep_logits: bool,
 
-    /// Calibration text for int8:calib / int8:gptq / int4:calib / int4:gptq (and int3/int5/int6's) (not the --text, so the test text is not fitted).
+    /// Calibration text for int8:calib / int8:gptq / int4:calib / int4:gptq (and int3/int5/int6's) / bpw:X:calib (not the --text, so the test text is not fitted).
     #[arg(long, value_name = "FILE")]
     pub calib_text: Option<PathBuf>,
 
@@ -298,7 +298,7 @@ pub struct GenerateArgs {
     #[arg(long, value_name = "N", default_value_t = 128)]
     pub max_new_tokens: usize,
 
-    /// Weight format to run in (float32, bf16, int8, int3/int4/int5/int6[:options]).
+    /// Weight format to run in (float32, bf16, int8, int3/int4/int5/int6[:options], bpw:X).
     #[arg(long, default_value = "int8")]
     pub format: String,
 

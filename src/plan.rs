@@ -380,7 +380,7 @@ fn calibration_text(a: &EvalOptions, needed: bool, text: &EvalText) -> Result<Op
     let calib = match (&a.calib_text, needed) {
         (Some(p), true) => read_text(p, "--calib-text")?,
         (None, true) => bail!(
-            "int8:calib, int8:gptq, int4:calib, int4:gptq (and int3/int5/int6's) fit scales to activations of a calibration text; pass --calib-text FILE \
+            "int8:calib, int8:gptq, int4:calib, int4:gptq (and int3/int5/int6's), bpw:X:calib fit scales to activations of a calibration text; pass --calib-text FILE \
              (a text other than --text, so the evaluation text is not fitted)"
         ),
         _ => return Ok(None),

@@ -5,9 +5,10 @@
 use super::*;
 use crate::model::lazy::LazyWeights;
 use crate::model::ModelHeader;
-use crate::pack::build::{pack_weights, PackOptions};
+use crate::pack::build::pack_weights;
 use crate::pack::calibrate::CalibrationPass;
 use crate::pack::model::Built;
+use crate::pack::pipeline::PackOptions;
 
 /// The float32 decoder calibration runs on (the pipeline's [`CalibrationPass`]): `weights`
 /// with a KV cache of `window` tokens on `threads` threads.
@@ -107,7 +108,7 @@ impl KwkDecoder {
 
     /// The decoder for the model `header` describes in `options.precision`: from the pack
     /// cache when it holds a valid entry (the weights are not read), else streamed from
-    /// the source one layer at a time (int8, int4 without calibration), else from the whole
+    /// the source one layer at a time (int8, int3..int6 and bpw:X without calibration), else from the whole
     /// model in float32.
     pub fn from_header(header: &ModelHeader, options: DecoderOptions) -> Result<Self> {
         let eos = eos_ids(&header.config, &header.tokenizer);
@@ -247,8 +248,9 @@ mod tests {
     }
 
     /// Streaming packs exactly what packing the whole model packs (logits, sizes, layouts),
-    /// from a folder and from a GGUF file, dense and MoE; its cache file is the one
-    /// `from_weights` reads, and a warm start from it gives the same logits.
+    /// from a folder and from a GGUF file, dense and MoE, int8, int3/int4/int5 and `bpw` (one
+    /// budget above 4 bits per weight, one below); its cache file
+    /// is the one `from_weights` reads, and a warm start from it gives the same logits.
     #[test]
     fn streaming_packs_what_the_whole_model_packs() {
         let tokens = [1u32, 50, 200, 7, 300, 42];
@@ -263,8 +265,14 @@ mod tests {
             let spec = src.to_str().unwrap();
             let model = load_model(spec).unwrap();
             let header = load_model_header(spec).unwrap();
-            let low_bit = ["int4", "int3", "int5"].map(|s| Precision::parse(s).unwrap());
-            for precision in [Precision::INT8].into_iter().chain(low_bit) {
+            for precision in [
+                Precision::INT8,
+                Precision::parse("int4").unwrap(),
+                Precision::parse("int3").unwrap(),
+                Precision::parse("int5").unwrap(),
+                Precision::parse("bpw:5.5").unwrap(),
+                Precision::parse("bpw:3.75").unwrap(),
+            ] {
                 let what = format!("{spec} {precision:?}");
                 let mut whole = KwkDecoder::new(&model, options(precision, None)).unwrap();
                 let mut streamed =

@@ -111,6 +111,8 @@ fn packed_bytes_per_param(precision: &Precision) -> f64 {
         Precision::Int8(_) => 8.5 / 8.0,
         // Codes, a scale and minimum per group, the mix's wider tensors.
         Precision::LowBit(o) => (o.bits.get() as f64 + 80.0 / o.group_size.max(1) as f64) / 8.0,
+        // The budget is met within 0.05 bits per weight, float vectors included.
+        Precision::Bpw(o) => (o.bits() + 0.05) / 8.0,
     }
 }
 

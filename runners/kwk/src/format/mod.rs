@@ -19,7 +19,7 @@ pub mod precision;
 pub mod quantized;
 pub mod storage;
 
-pub use precision::{Int8Options, LowBitOptions, Precision, DEFAULT_INT4_GROUP};
+pub use precision::{BpwOptions, Int8Options, LowBitOptions, Precision, DEFAULT_INT4_GROUP};
 
 use crate::error::Result;
 use crate::kernels::quant::InputMemo;
@@ -124,7 +124,7 @@ pub fn pack_linear(
     match precision {
         Precision::Float32 => Ok(Box::new(float32::F32Panels::pack(tensor))),
         Precision::Bf16 => Ok(Box::new(bf16::Bf16Panels::pack(tensor))),
-        Precision::Int8(_) | Precision::LowBit(_) => {
+        Precision::Int8(_) | Precision::LowBit(_) | Precision::Bpw(_) => {
             quantized::pack_quantized(tensor, precision, place)
         }
     }

@@ -1,6 +1,7 @@
 //! [`Precision`]: the weight format a decoder runs in, parsed from the names users type
-//! (`float32`, `bf16`, `int8`/`balanced` with `:calib` or `:gptq`, and the low-bit family
-//! `int3`, `int4`, `int5`, `int6`, each `[:gG][:mixB][:calib][:gptq[:act]]`).
+//! (`float32`, `bf16`, `int8`/`balanced` with `:calib` or `:gptq`, the low-bit family
+//! `int3`, `int4`, `int5`, `int6`, each `[:gG][:mixB][:calib][:gptq[:act]]`, and the
+//! size-targeted `bpw:X[:calib]`).
 
 use crate::error::{KwkError, Result};
 use crate::kernels::quant::Bits;
@@ -110,6 +111,37 @@ pub struct Int8Options {
     pub gptq: bool,
 }
 
+/// Options of the size-targeted format `bpw:X[:calib]`: every tensor gets the grid of
+/// [`crate::format::quantized::BUDGET_GRIDS`] that spends a budget of `X` bits per weight
+/// (counted as llama.cpp counts them: every tensor's bits, embeddings, output and float
+/// vectors included, over all weights) where the measured sensitivity says it helps most
+/// (`quantize::budget`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BpwOptions {
+    /// The budget in hundredths of a bit per weight (`bpw:4.75` is 475).
+    pub centibits: u32,
+    /// Weigh each tensor's error with its inputs' second moments measured on the
+    /// calibration text (`:calib`), instead of estimated from the weights.
+    pub calibrate: bool,
+}
+
+impl BpwOptions {
+    /// The budget in bits per weight.
+    pub fn bits(&self) -> f64 {
+        self.centibits as f64 / 100.0
+    }
+
+    /// The budget as users write it: `4.75`, `4.5`, `5`.
+    fn budget_name(&self) -> String {
+        let (whole, frac) = (self.centibits / 100, self.centibits % 100);
+        match frac {
+            0 => format!("{whole}"),
+            f if f % 10 == 0 => format!("{whole}.{}", f / 10),
+            f => format!("{whole}.{f:02}"),
+        }
+    }
+}
+
 /// The weight format a decoder runs in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Precision {
@@ -118,10 +150,12 @@ pub enum Precision {
     Int8(Int8Options),
     /// `int3`, `int4`, `int5`, `int6` (the width is `bits`).
     LowBit(LowBitOptions),
+    /// A budget of bits per weight spent by sensitivity (`bpw:X[:calib]`).
+    Bpw(BpwOptions),
 }
 
 const VALID: &str = "float32 (f32), bf16, int8 (balanced)[:calib|:gptq], \
-     int3|int4|int5|int6[:g32|:g64|:g128][:mix6|:mix8][:calib][:gptq[:act]]";
+     int3|int4|int5|int6[:g32|:g64|:g128][:mix6|:mix8][:calib][:gptq[:act]], bpw:X[:calib]";
 
 /// The low-bit family's names and widths.
 const LOW_BIT: [(&str, Bits); 4] = [
@@ -147,6 +181,7 @@ impl Precision {
         match self {
             Precision::Int8(o) => o.calibrate || o.gptq,
             Precision::LowBit(o) => o.calibrate || o.gptq,
+            Precision::Bpw(o) => o.calibrate,
             Precision::Float32 | Precision::Bf16 => false,
         }
     }
@@ -156,13 +191,16 @@ impl Precision {
         match self {
             Precision::Int8(o) => o.gptq,
             Precision::LowBit(o) => o.gptq,
-            Precision::Float32 | Precision::Bf16 => false,
+            Precision::Float32 | Precision::Bf16 | Precision::Bpw(_) => false,
         }
     }
 
-    /// Whether the weights are quantized (`int8`, `int3`..`int6` with any options).
+    /// Whether the weights are quantized (`int8`, `int3`..`int6`, `bpw` with any options).
     pub fn is_quantized(&self) -> bool {
-        matches!(self, Precision::Int8(_) | Precision::LowBit(_))
+        matches!(
+            self,
+            Precision::Int8(_) | Precision::LowBit(_) | Precision::Bpw(_)
+        )
     }
 
     /// The kernels this format's weight matmuls run in this process (the active tier,
@@ -185,14 +223,16 @@ impl Precision {
         match self {
             Precision::Float32 => WeightKernels::Float32,
             Precision::Bf16 => WeightKernels::Bf16,
-            Precision::Int8(_) | Precision::LowBit(_) => WeightKernels::Quantized,
+            Precision::Int8(_) | Precision::LowBit(_) | Precision::Bpw(_) => {
+                WeightKernels::Quantized
+            }
         }
     }
 
     /// Parses a format name as users type it: `float32`, `bf16`, `int8` (`balanced`),
     /// `int8:calib`, `int8:gptq`, `int4`, `int4:g64`, `int4:mix8`, `int4:calib`,
     /// `int4:gptq`, and `int3`, `int5`, `int6` with the same options as `int4` (options
-    /// combine, in any order, each at most once).
+    /// combine, in any order, each at most once), `bpw:4.5`, `bpw:4.5:calib`.
     pub fn parse(spec: &str) -> Result<Precision> {
         let mut parts = spec.trim().split(':');
         let base = parts.next().unwrap_or("").to_ascii_lowercase();
@@ -239,6 +279,7 @@ impl Precision {
                 }
                 Ok(Precision::Int8(o))
             }
+            "bpw" => parse_bpw(spec, &options),
             name => {
                 let Some(&(_, bits)) = LOW_BIT.iter().find(|(n, _)| *n == name) else {
                     return Err(unknown());
@@ -318,8 +359,62 @@ impl Precision {
                 }
                 s
             }
+            Precision::Bpw(o) => {
+                let calib = if o.calibrate { ":calib" } else { "" };
+                format!("bpw:{}{calib}", o.budget_name())
+            }
         }
     }
+}
+
+/// `bpw:X[:calib]`: `X` a number of bits per weight with at most two decimals, within the
+/// grids' range.
+fn parse_bpw(spec: &str, options: &[String]) -> Result<Precision> {
+    let bad = |why: String| {
+        KwkError::InvalidArgument(format!(
+            "'{spec}': {why} (e.g. bpw:4.5 or bpw:4.5:calib; valid formats: {VALID})"
+        ))
+    };
+    let (lo, hi) = crate::format::quantized::budget_range();
+    let range = format!("a number of bits per weight from {lo} to {hi}, the grids kwk has");
+    let Some(x) = options.first() else {
+        return Err(bad(format!("bpw needs a budget, {range}")));
+    };
+    let (whole, frac) = x.split_once('.').unwrap_or((x, ""));
+    let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+    let dangling_point = frac.is_empty() && x.contains('.');
+    if whole.is_empty()
+        || !digits(whole)
+        || !digits(frac)
+        || dangling_point
+        || frac.len() > 2
+        || whole.len() > 3
+    {
+        return Err(bad(format!(
+            "budget '{x}' is not {range} with at most two decimals"
+        )));
+    }
+    let frac_c: u32 = format!("{frac:0<2}").parse().expect("two digits");
+    let centibits = whole.parse::<u32>().expect("digits") * 100 + frac_c;
+    if (centibits as f64) < lo * 100.0 - 1e-9 || (centibits as f64) > hi * 100.0 + 1e-9 {
+        return Err(bad(format!("budget {x} is outside {range}")));
+    }
+    let mut o = BpwOptions {
+        centibits,
+        calibrate: false,
+    };
+    for opt in &options[1..] {
+        match opt.as_str() {
+            "calib" if !o.calibrate => o.calibrate = true,
+            "calib" => return Err(bad("option ':calib' given twice".into())),
+            _ => {
+                return Err(bad(format!(
+                    "unknown bpw option ':{opt}' (bpw takes :calib)"
+                )))
+            }
+        }
+    }
+    Ok(Precision::Bpw(o))
 }
 
 #[cfg(test)]
@@ -495,6 +590,59 @@ mod tests {
             if want.starts_with("unknown") {
                 assert!(e.contains("int8 (balanced)[:calib|:gptq]"), "{bad}: {e}");
             }
+        }
+    }
+
+    #[test]
+    fn bpw_parses_names_and_refuses_bad_budgets() {
+        let p = Precision::parse("bpw:4.75").unwrap();
+        assert_eq!(
+            p,
+            Precision::Bpw(BpwOptions {
+                centibits: 475,
+                calibrate: false
+            })
+        );
+        assert!(p.is_quantized() && !p.needs_calibration() && !p.gptq());
+        let c = Precision::parse("BPW:5:calib").unwrap();
+        assert!(c.needs_calibration());
+        assert_eq!(c.name(), "bpw:5:calib");
+        for s in ["bpw:4.5", "bpw:4.75", "bpw:6", "bpw:8.05:calib", "bpw:4.25"] {
+            let p = Precision::parse(s).unwrap();
+            assert_eq!(p.name(), s);
+            assert_eq!(Precision::parse(&p.name()).unwrap(), p, "{s}");
+        }
+        assert_eq!(Precision::parse("bpw:4.50").unwrap().name(), "bpw:4.5");
+        let (lo, hi) = crate::format::quantized::budget_range();
+        for (bad, want) in [
+            ("bpw", "needs a budget"),
+            ("bpw:0", "outside"),
+            ("bpw:abc", "not a number"),
+            ("bpw:4.125", "at most two decimals"),
+            ("bpw:-5", "not a number"),
+            ("bpw:4.", "not a number"),
+            ("bpw:3", "outside"),
+            ("bpw:99", "outside"),
+            ("bpw:5:calib:calib", "given twice"),
+            ("bpw:5:gptq", "unknown bpw option ':gptq'"),
+        ] {
+            let e = Precision::parse(bad).unwrap_err();
+            assert!(matches!(e, KwkError::InvalidArgument(_)), "{bad}");
+            let e = e.to_string();
+            assert!(e.contains(want) && e.contains(bad), "{bad}: {e}");
+            assert!(
+                e.contains(&format!("from {lo} to {hi}"))
+                    || want.contains("twice")
+                    || want.contains("option"),
+                "{bad}: {e}"
+            );
+        }
+        // Just below the smallest grid and just above the largest.
+        let below = format!("bpw:{:.2}", lo - 0.01);
+        let above = format!("bpw:{:.2}", hi + 0.01);
+        for s in [below, above] {
+            let e = Precision::parse(&s).unwrap_err().to_string();
+            assert!(e.contains("outside"), "{s}: {e}");
         }
     }
 

@@ -40,6 +40,97 @@ pub const MIX8_GROUP: usize = 32;
 /// Columns per group of the 6-bit mix tensors.
 pub const MIX6_GROUP: usize = 64;
 
+/// The grids the size-targeted format (`bpw:X`) chooses among for each tensor, one line
+/// per grid: a new width joins by adding its lines here (the budget's range, the parser's
+/// check and the allocation all follow this list).
+pub const BUDGET_GRIDS: &[Grid] = &[
+    Grid::Asym {
+        bits: Bits::B3,
+        group: 128,
+    },
+    Grid::Asym {
+        bits: Bits::B3,
+        group: 64,
+    },
+    Grid::Asym {
+        bits: Bits::B3,
+        group: 32,
+    },
+    Grid::Asym {
+        bits: Bits::B4,
+        group: 128,
+    },
+    Grid::Asym {
+        bits: Bits::B4,
+        group: 64,
+    },
+    Grid::Asym {
+        bits: Bits::B4,
+        group: 32,
+    },
+    Grid::Asym {
+        bits: Bits::B5,
+        group: 128,
+    },
+    Grid::Asym {
+        bits: Bits::B5,
+        group: 64,
+    },
+    Grid::Asym {
+        bits: Bits::B5,
+        group: 32,
+    },
+    Grid::Asym {
+        bits: Bits::B6,
+        group: 128,
+    },
+    Grid::Asym {
+        bits: Bits::B6,
+        group: 64,
+    },
+    Grid::Asym {
+        bits: Bits::B6,
+        group: 32,
+    },
+    Grid::Sym8,
+    Grid::Asym {
+        bits: Bits::B8,
+        group: 128,
+    },
+    Grid::Asym {
+        bits: Bits::B8,
+        group: 64,
+    },
+    Grid::Asym {
+        bits: Bits::B8,
+        group: 32,
+    },
+];
+
+/// The budgets `bpw:X` accepts: the fewest and the most bits per weight of
+/// [`BUDGET_GRIDS`] (for rows whose length is a multiple of the group).
+pub fn budget_range() -> (f64, f64) {
+    let bpw = BUDGET_GRIDS.iter().map(|g| g.bits_per_weight());
+    let lo = bpw.clone().fold(f64::INFINITY, f64::min);
+    (lo, bpw.fold(0.0, f64::max))
+}
+
+/// The grid of [`BUDGET_GRIDS`] nearest to a budget of `bits` per weight (the cheaper one
+/// of two as near): what `bpw:X` equalizes its layers for before it chooses each tensor's.
+pub fn budget_reference_grid(bits: f64) -> Grid {
+    let mut best = BUDGET_GRIDS[0];
+    for &g in BUDGET_GRIDS {
+        let (d, db) = (
+            (g.bits_per_weight() - bits).abs(),
+            (best.bits_per_weight() - bits).abs(),
+        );
+        if d < db || (d == db && g.bits_per_weight() < best.bits_per_weight()) {
+            best = g;
+        }
+    }
+    best
+}
+
 /// llama.cpp's `use_more_bits` (see the module doc).
 pub fn use_more_bits(layer: usize, n_layers: usize) -> bool {
     let (i, n) = (layer as i64, n_layers as i64);
@@ -98,7 +189,7 @@ impl QuantizedTensor {
     }
 }
 
-/// Packs one linear weight in `precision` (`Int8` or `LowBit`).
+/// Packs one linear weight in `precision` (`Int8`, `LowBit` or `Bpw`).
 pub fn pack_quantized(
     tensor: &Tensor,
     precision: &Precision,
@@ -200,6 +291,9 @@ pub fn grid_for(precision: &Precision, place: &TensorPlace) -> Result<Option<Gri
             }))
         }
         Precision::LowBit(opts) => opts,
+        // The plan (`quantize::budget`) gives every tensor its grid; this one is what the
+        // layers are equalized for.
+        Precision::Bpw(o) => return Ok(Some(budget_reference_grid(o.bits()))),
         Precision::Float32 | Precision::Bf16 => return Ok(None),
     };
     if !int4_keeps_high(place) {

@@ -116,6 +116,11 @@ pub(crate) fn equalize_for(
     drop(reference);
     let opts = match precision {
         Precision::Int8(_) => EqualizeOptions::INT8_CALIBRATED,
+        // The head unit too: its measured moments are what `bpw` weighs lm_head's error by.
+        Precision::Bpw(_) => EqualizeOptions {
+            head: true,
+            ..EqualizeOptions::CALIBRATED
+        },
         _ => EqualizeOptions::CALIBRATED,
     };
     Ok((

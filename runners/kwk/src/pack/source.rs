@@ -1,9 +1,11 @@
-//! The layer source: where a build takes each layer's packed linears and float vectors
-//! from. Three sources implement [`LayerSource`]: the whole model in memory
-//! (`build::MemorySource`), a file streamed one layer at a time (`stream::StreamSource`)
-//! and the pack cache (`cached::CacheSource`). [`build_layer`] is the one place a packed
-//! layer is put together from a source, whichever it is; [`Packer`] is the one place a
-//! float32 tensor becomes a packed one (through the pack cache's session when there is one).
+//! The sources a build takes a model's packed parts from, and the one outer build over
+//! them. Three sources implement [`ModelParts`] (the embedding, `lm_head`, the final norm)
+//! and [`LayerSource`] (each layer's packed linears and float vectors): the whole model in
+//! memory (`build`), a file streamed one layer at a time (`stream`) and the pack cache
+//! (`cached`). [`assemble`] is the one outer build (the tables, the norm, the per-layer
+//! loop) and [`build_layer`] the one place a packed layer is put together, whichever the
+//! source; [`Packer`] is the one place a float32 tensor becomes a packed one (through the
+//! pack cache's session when there is one).
 
 use crate::error::Result;
 use crate::format::quantized::{quantize_on, Grid, QuantizedTensor};
@@ -11,8 +13,10 @@ use crate::format::{self, PackedLinear, Precision, TensorPlace, TensorRole};
 use crate::model::{Architecture, FeedForward, LayerWeights, Mlp, ModelConfig, Tensor};
 use crate::pack::cache::{PackSession, TensorToPack};
 use crate::pack::calibrate::GptqKey;
-use crate::pack::model::{names, Layer, PackedFfn, PackedMlp, PackedMoe};
+use crate::pack::model::{names, Layer, PackedFfn, PackedMlp, PackedModel, PackedMoe};
+use crate::threads::ThreadPool;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 /// One linear of layer `layer`: its role and its MLP (0 outside the feed-forward and in a
@@ -127,6 +131,79 @@ pub(crate) trait LayerSource {
     fn layer_done(&mut self, _i: usize) -> Result<()> {
         Ok(())
     }
+}
+
+/// The packed parts of a model, as one source gives them ([`assemble`] asks for each once,
+/// the embedding first, then `lm_head`, the layers in any order, the final norm last).
+pub(crate) trait ModelParts: Sync {
+    /// The embedding table (the output projection too when tied).
+    fn embed(&self) -> Result<Box<dyn PackedLinear>>;
+    /// The untied output projection.
+    fn lm_head(&self) -> Result<Option<Box<dyn PackedLinear>>>;
+    /// The final norm's weights.
+    fn final_norm(&self) -> Result<Vec<f32>>;
+    /// The source of layer `i`.
+    fn layer(&self, i: usize) -> Box<dyn LayerSource + '_>;
+}
+
+/// The role the embedding table is packed for: a tied table is packed once, as the
+/// `lm_head` (the larger consumer; embedding lookups dequantize its rows).
+pub(crate) fn embed_role(untied: bool) -> TensorRole {
+    if untied {
+        TensorRole::Embedding
+    } else {
+        TensorRole::LmHead
+    }
+}
+
+/// The packed model from `parts`: jobs (the embedding, the untied `lm_head`, then each
+/// layer) taken from a shared counter by `pool`'s threads when one is given (the embedding
+/// costs about as much as 8 layers of a small model, so a queue balances better than a
+/// static split), else in that order on this thread.
+pub(crate) fn assemble(
+    parts: &dyn ModelParts,
+    config: &ModelConfig,
+    pool: Option<&ThreadPool>,
+) -> Result<PackedModel> {
+    let n_layers = config.n_layers;
+    let n_jobs = 2 + n_layers;
+    let next_job = AtomicUsize::new(0);
+    let embed_slot = Mutex::new(None);
+    let head_slot = Mutex::new(None);
+    let layer_slots: Vec<Mutex<Option<Result<Layer>>>> =
+        (0..n_layers).map(|_| Mutex::new(None)).collect();
+    let run_jobs = || loop {
+        let job = next_job.fetch_add(1, Ordering::Relaxed);
+        match job {
+            0 => *lock(&embed_slot) = Some(parts.embed()),
+            1 => *lock(&head_slot) = Some(parts.lm_head()),
+            j if j < n_jobs => {
+                let i = j - 2;
+                *lock(&layer_slots[i]) = Some(build_layer(parts.layer(i).as_mut(), config, i))
+            }
+            _ => break,
+        }
+    };
+    match pool {
+        Some(pool) => pool.run(|_, _| run_jobs()),
+        None => run_jobs(),
+    }
+    let embed = lock(&embed_slot).take().expect("the embedding job ran")?;
+    let lm_head = lock(&head_slot).take().expect("the lm_head job ran")?;
+    let layers = layer_slots
+        .into_iter()
+        .map(|slot| {
+            slot.into_inner()
+                .unwrap_or_else(|e| e.into_inner())
+                .expect("every layer job ran")
+        })
+        .collect::<Result<Vec<Layer>>>()?;
+    Ok(PackedModel {
+        embed,
+        lm_head,
+        final_norm: parts.final_norm()?,
+        layers,
+    })
 }
 
 /// Packed layer `i` from `src`: the feed-forward's MLPs (gate, up, down each), then q, k,

@@ -1,48 +1,31 @@
-//! The packing pipeline for a model streamed from its files, one layer at a time, without
-//! holding it in float32 (int8 and int4 with weights-only equalization; the decoder's
-//! `from_header` picks it):
+//! The streamed source of the packing pipeline (`pipeline`): a model read from its files
+//! one layer at a time, without holding it in float32 (int8, int3..int6 and `bpw:X`
+//! with weights-only equalization; the decoder's `from_header` picks it):
 //! 1. count the parameters (the mix rule and the tensors' keys depend on the model size);
-//! 2. int4 only: equalize each layer and keep only its mix curves (`quantize::mix`), then
-//!    allocate the grids over the whole model;
-//! 3. equalize each layer again (deterministic: the same factors), pack it through the
-//!    streamed [`LayerSource`] (one matrix at a time for a dense layer), store its float
-//!    vectors in the pack cache, drop the float32 copy and release the source pages.
+//! 2. equalize and plan: equalize each layer, keep its factors, importance and float
+//!    vectors, and hand it to the grid planner (`plan::GridPlanner`, which keeps only its
+//!    curves; `int3`..`int6` and `bpw:X` plan their grids);
+//! 3. pack: load each matrix again, scale it with the kept factors (deterministic: the same
+//!    weights), pack it through the streamed [`LayerSource`] (one matrix at a time for a
+//!    dense layer), drop the float32 copy and release the source pages.
 //!
 //! The result is bit for bit what `build::pack_weights` packs from the whole model (a test
 //! compares them).
 
-use super::build::{layer_params, put_layer_floats, PackOptions};
-use super::cache::{PackOutcome, PackSession};
-use super::model::{names, Built, PackedModel};
-use super::plan::layer_mix_units;
-use super::source::{build_layer, LayerFloats, LayerSource, LinearId, Packer};
+use super::build::layer_params;
+use super::model::{names, Built};
+use super::pipeline::{pack_model, FloatModel, PackOptions, Plan, PlanInput};
+use super::plan::GridPlanner;
+use super::source::{embed_role, LayerFloats, LayerSource, LinearId, ModelParts, Packer};
 use crate::error::{KwkError, Result};
-use crate::format::quantized::{grid_for, Grid};
-use crate::format::{PackedLinear, Precision, TensorPlace, TensorRole};
+use crate::format::{PackedLinear, TensorRole};
 use crate::model::lazy::LazyWeights;
 use crate::model::{FeedForward, LayerWeights, Mlp, ModelConfig, Tensor};
 use crate::quantize::equalize::{
     apply_layer, apply_to_part, equalize_layer, estimate_layer, DensePart, EqualizeOptions,
     LayerImportance, LayerScales,
 };
-use crate::quantize::mix::{allocate_curves, unit_curve, Curve, MixUnit};
-use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Mutex;
-
-/// The widest input of a layer's linears.
-fn layer_width(l: &LayerWeights) -> usize {
-    let mut n = l.q.cols().max(l.o.cols());
-    match &l.ffn {
-        FeedForward::Dense(m) => n = n.max(m.down.cols()),
-        FeedForward::Moe(m) => {
-            for e in m.experts.iter().chain(m.shared_expert.iter()) {
-                n = n.max(e.down.cols());
-            }
-        }
-    }
-    n
-}
 
 /// Packs the model `lazy` reads (named `source` for the pack cache and in errors) as
 /// `options` say, one layer at a time (see the module doc).
@@ -52,188 +35,145 @@ pub(crate) fn pack_streamed(
     source: &Path,
     options: &PackOptions<'_>,
 ) -> Result<Built> {
-    let precision = options.precision;
-    let n_layers = config.n_layers;
-    let (vocab, d) = (config.vocab_size, config.hidden_size);
-    let bad = |why: String| KwkError::bad_model(source, why);
-
-    // Pass 1: parameters.
-    let mut n_params = (vocab * d + d) as u64;
-    if !config.tie_word_embeddings {
-        n_params += (vocab * d) as u64;
-    }
-    for i in 0..n_layers {
-        n_params += layer_params(&lazy.layer(i)?);
-        lazy.release_pages();
-    }
-    let place = |role, layer| TensorPlace {
-        role,
-        layer,
-        n_layers,
-        model_params: n_params,
-    };
-    let grid_of = |i: usize| {
-        move |role| crate::format::quantized::grid_for(&precision, &place(role, Some(i)))
-    };
-    let eq_opts = EqualizeOptions::ESTIMATED;
-    let equalize_one = |l: &mut LayerWeights, i: usize| -> Result<Saved> {
-        let stats = estimate_layer(l, config);
-        let (scales, imp) = equalize_layer(l, config, &stats, &grid_of(i), eq_opts)?;
-        let imp = if eq_opts.importance {
-            imp
-        } else {
-            LayerImportance::default()
-        };
-        Ok(Saved {
-            scales,
-            imp,
-            floats: float_part(l),
-        })
-    };
-
-    // Pass 2: equalize each layer (the factors, importance and float vectors are kept;
-    // they are small), and for int4 its mix curves; then the int4 grids.
-    let mut saved: Vec<Saved> = Vec::with_capacity(n_layers);
-    let mut plan: HashMap<(TensorRole, Option<usize>), Grid> = HashMap::new();
-    let int4 = match &precision {
-        Precision::LowBit(opts) => Some(*opts),
-        _ => None,
-    };
-    {
-        use crate::quantize::mix::{k_quant_bits_per_weight, ladder};
-        let q4km = |bits, role, layer, t: &Tensor| {
-            t.data.len() as f64 * k_quant_bits_per_weight(bits, role, layer, n_layers, t.cols())
-        };
-        let mut steps = Vec::new();
-        let mut budget = 0.0;
-        let mut keys: Vec<(TensorRole, Option<usize>)> = Vec::new();
-        let mut curves: Vec<Curve> = Vec::new();
-        if let Some(opts) = &int4 {
-            let head_grid = grid_for(&precision, &place(TensorRole::LmHead, None))?
-                .ok_or_else(|| KwkError::InvalidArgument("lm_head has no int4 grid".into()))?;
-            let mix_bits = opts.mix_bits_for(place(TensorRole::LmHead, None).model_params);
-            steps = ladder(opts.bits, opts.group_size, mix_bits);
-            // Q4_K_M's bits of the output projection, from its shape alone.
-            let out_bits = (vocab * d) as f64
-                * k_quant_bits_per_weight(opts.bits, TensorRole::LmHead, None, n_layers, d);
-            budget = out_bits - head_grid.tensor_bits(vocab, d);
-            if !config.tie_word_embeddings {
-                let e = lazy.embed()?;
-                budget += q4km(opts.bits, TensorRole::Embedding, None, &e);
-                let ones = vec![1f32; e.cols()];
-                let unit = MixUnit {
-                    role: TensorRole::Embedding,
-                    layer: None,
-                    tensors: vec![(&e, &ones[..], None)],
-                };
-                curves.push(unit_curve(&unit, &steps));
-                keys.push((TensorRole::Embedding, None));
-                lazy.release_pages();
-            }
-        }
-        for i in 0..n_layers {
-            let mut l = lazy.layer(i)?;
-            let sv = equalize_one(&mut l, i)?;
-            if let Some(opts) = &int4 {
-                let ones = vec![1f32; layer_width(&l)];
-                let li = Some(&sv.imp).filter(|x| !x.attn_in.is_empty());
-                for u in layer_mix_units(i, &l, li, &ones) {
-                    for (t, _, _) in &u.tensors {
-                        budget += q4km(opts.bits, u.role, Some(i), t);
-                    }
-                    curves.push(unit_curve(&u, &steps));
-                    keys.push((u.role, u.layer));
-                }
-            }
-            saved.push(sv);
-            drop(l);
-            lazy.release_pages();
-        }
-        if int4.is_some() {
-            plan = keys
-                .into_iter()
-                .zip(allocate_curves(&curves, &steps, budget))
-                .collect();
-        }
-    }
-    let grid = |role, layer| plan.get(&(role, layer)).copied();
-
-    // Pass 3: pack, through the pack cache when a folder is given.
-    let mut session = None;
-    let mut not_written = None;
-    if let Some(dir) = options.pack_cache_dir {
-        match PackSession::open(dir, source, &precision, None) {
-            Ok(mut s) => {
-                if let Some(cached) = s.take_hit() {
-                    return super::cached::from_cache(config, cached, source);
-                }
-                session = Some(Mutex::new(s));
-            }
-            Err(e) => not_written = Some(PackOutcome::NotWritten(e.to_string())),
-        }
-    }
-    let packer = Packer {
-        precision: &precision,
-        place: &place,
-        grid: &grid,
-        session: session.as_ref(),
-        gptq_done: None,
-    };
-    let tied = config.tie_word_embeddings;
-    let embed_role = if tied {
-        TensorRole::LmHead
-    } else {
-        TensorRole::Embedding
-    };
-    let embed = {
-        let e = lazy.embed()?;
-        packer.pack(names::EMBED, &e, (embed_role, None, 0), None)?
-    };
-    lazy.release_pages();
-    let lm_head = match lazy.lm_head()? {
-        Some(h) => Some(packer.pack(names::LM_HEAD, &h, (TensorRole::LmHead, None, 0), None)?),
-        None => None,
-    };
-    lazy.release_pages();
-    let final_norm = lazy.final_norm()?;
-    let mut src = StreamSource {
+    let mut model = StreamModel {
         config,
         lazy,
         source,
-        saved: &saved,
-        packer: &packer,
-        moe_layer: None,
+        saved: Vec::new(),
     };
-    let mut layers = Vec::with_capacity(n_layers);
-    for i in 0..saved.len() {
-        layers.push(build_layer(&mut src, config, i)?);
-    }
-    if layers.len() != n_layers {
-        return Err(bad(format!("{} layers packed of {n_layers}", layers.len())));
-    }
-    let pack_cache = match session {
-        Some(s) => {
-            let mut s = s.into_inner().unwrap_or_else(|e| e.into_inner());
-            s.put_floats(names::FINAL_NORM, &final_norm);
-            for (i, sv) in saved.iter().enumerate() {
-                put_layer_floats(&mut s, i, &sv.floats);
-            }
-            Some(s.finish())
+    pack_model(&mut model, config, source, options)
+}
+
+/// A model streamed from its files, and what pass 2 kept of each layer.
+struct StreamModel<'a> {
+    config: &'a ModelConfig,
+    lazy: &'a LazyWeights,
+    source: &'a Path,
+    saved: Vec<Saved>,
+}
+
+impl FloatModel for StreamModel<'_> {
+    fn n_params(&mut self) -> Result<u64> {
+        let (vocab, d) = (self.config.vocab_size, self.config.hidden_size);
+        let mut n_params = (vocab * d + d) as u64;
+        if !self.config.tie_word_embeddings {
+            n_params += (vocab * d) as u64;
         }
-        None => not_written,
-    };
-    Ok(Built {
-        model: PackedModel {
-            embed,
-            lm_head,
-            final_norm,
-            layers,
-        },
-        n_params,
-        pack_cache,
-        calibration_s: 0.0,
-        pool: None,
-    })
+        for i in 0..self.config.n_layers {
+            n_params += layer_params(&self.lazy.layer(i)?);
+            self.lazy.release_pages();
+        }
+        Ok(n_params)
+    }
+
+    fn equalize_and_plan(&mut self, input: &PlanInput<'_>) -> Result<Plan> {
+        let PlanInput {
+            config,
+            options,
+            place,
+        } = *input;
+        let precision = options.precision;
+        if precision.needs_calibration() {
+            return Err(KwkError::Unsupported(format!(
+                "{} needs calibration, which a streamed build does not run; load the whole \
+                 model",
+                precision.name()
+            )));
+        }
+        let eq_opts = EqualizeOptions::ESTIMATED;
+        let mut planner = GridPlanner::new(config, &precision, place)?;
+        if let Some(p) = &mut planner {
+            let (embed, head) = (self.lazy.embed()?, self.lazy.lm_head()?);
+            p.add_tables(&embed, head.as_ref(), &self.lazy.final_norm()?, &[]);
+            drop((embed, head));
+            self.lazy.release_pages();
+        }
+        self.saved = Vec::with_capacity(config.n_layers);
+        for i in 0..config.n_layers {
+            let mut l = self.lazy.layer(i)?;
+            let stats = estimate_layer(&l, config);
+            let grid = |role| crate::format::quantized::grid_for(&precision, &place(role, Some(i)));
+            let (scales, imp) = equalize_layer(&mut l, config, &stats, &grid, eq_opts)?;
+            let imp = if eq_opts.importance {
+                imp
+            } else {
+                LayerImportance::default()
+            };
+            if let Some(p) = &mut planner {
+                p.add_layer(i, &l, &imp);
+            }
+            self.saved.push(Saved {
+                scales,
+                imp,
+                floats: float_part(&l),
+            });
+            drop(l);
+            self.lazy.release_pages();
+        }
+        Ok(Plan {
+            grids: planner
+                .map(GridPlanner::finish)
+                .transpose()?
+                .unwrap_or_default(),
+            ..Plan::default()
+        })
+    }
+
+    fn parts<'a>(&'a self, packer: &'a Packer<'a>) -> Box<dyn ModelParts + 'a> {
+        Box::new(StreamParts {
+            model: self,
+            packer,
+        })
+    }
+
+    fn parallel(&self) -> bool {
+        false
+    }
+}
+
+/// The parts of a streamed model, each loaded when asked for and packed.
+struct StreamParts<'a> {
+    model: &'a StreamModel<'a>,
+    packer: &'a Packer<'a>,
+}
+
+impl ModelParts for StreamParts<'_> {
+    fn embed(&self) -> Result<Box<dyn PackedLinear>> {
+        let lazy = self.model.lazy;
+        let role = embed_role(!self.model.config.tie_word_embeddings);
+        let packed = self
+            .packer
+            .pack(names::EMBED, &lazy.embed()?, (role, None, 0), None);
+        lazy.release_pages();
+        packed
+    }
+
+    fn lm_head(&self) -> Result<Option<Box<dyn PackedLinear>>> {
+        let lazy = self.model.lazy;
+        let role = (TensorRole::LmHead, None, 0);
+        let packed = match lazy.lm_head()? {
+            Some(h) => Some(self.packer.pack(names::LM_HEAD, &h, role, None)?),
+            None => None,
+        };
+        lazy.release_pages();
+        Ok(packed)
+    }
+
+    fn final_norm(&self) -> Result<Vec<f32>> {
+        self.model.lazy.final_norm()
+    }
+
+    fn layer(&self, _i: usize) -> Box<dyn LayerSource + '_> {
+        let m = self.model;
+        Box::new(StreamSource {
+            config: m.config,
+            lazy: m.lazy,
+            source: m.source,
+            saved: &m.saved,
+            packer: self.packer,
+            moe_layer: None,
+        })
+    }
 }
 
 /// The layers of a streamed model, equalized as pass 2 found: a dense layer one matrix at

@@ -459,6 +459,20 @@ fn int4_recipes_read_as_before_and_every_width_has_its_own() {
 }
 
 #[test]
+fn a_bpw_recipe_names_its_budget() {
+    let key = |s: &str| recipe_key(&Precision::parse(s).unwrap(), None);
+    assert_ne!(key("bpw:5"), key("bpw:5.5"));
+    assert_ne!(key("bpw:5"), key("bpw:5.01"));
+    let tokens = [1u32, 2, 3];
+    let calib = Precision::parse("bpw:5:calib").unwrap();
+    assert_ne!(recipe_key(&calib, Some(&tokens)), key("bpw:5"));
+    assert_ne!(
+        recipe_key(&calib, Some(&tokens)),
+        recipe_key(&calib, Some(&tokens[..2]))
+    );
+}
+
+#[test]
 fn gptq_recipes_name_the_gptq_settings() {
     let gptq = Precision::parse("int4:gptq").unwrap();
     let calib = Precision::parse("int4:calib").unwrap();
