@@ -159,7 +159,7 @@ impl RunPlan {
 pub const DEFAULT_FORMATS: &str = "float32,bf16,int8,int4";
 /// The in-tree formats of a run without `--formats` when llama.cpp's ladder runs: kwk's
 /// sizes across the ladder's range (float32 is the reference both are judged against).
-pub const LADDER_FORMATS: &str = "float32,int8,int6,int5,int4,int3";
+pub const LADDER_FORMATS: &str = "float32,int8,int6,int5,int4,int3,bpw:3.5";
 
 fn default_formats(ladder: bool) -> Result<Vec<FormatSpec>> {
     let list = if ladder {
