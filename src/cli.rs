@@ -517,8 +517,10 @@ mod tests {
         };
         assert_eq!((c.ctx, c.pp, c.tg, c.reps), (512, 512, 128, 3));
         assert_eq!(c.chunks, Chunks::AtMost(20));
-        let names: Vec<String> = c.formats.iter().map(FormatSpec::name).collect();
-        assert_eq!(names, ["float32", "bf16", "int8", "int4"]);
+        // No --formats: the plan picks the defaults (DEFAULT_FORMATS, or LADDER_FORMATS with
+        // llama.cpp's ladder).
+        assert!(c.formats.is_empty() && !c.formats_given);
+        assert_eq!(crate::plan::DEFAULT_FORMATS, "float32,bf16,int8,int4");
         assert_eq!(c.llama_kv, llamacpp::KvType::F16);
         let cli = Cli::try_parse_from([
             "kwk-eval",

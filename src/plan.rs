@@ -626,6 +626,17 @@ pub const DEFAULT_REPS: usize = 3;
 mod tests {
     use super::*;
 
+    /// Both default lists name formats that parse, float32 (the reference) first.
+    #[test]
+    fn the_default_format_lists_parse() {
+        for ladder in [false, true] {
+            let f = default_formats(ladder).unwrap();
+            assert!(f[0].is_reference());
+            assert!(f.len() >= 4);
+        }
+        assert_eq!(default_formats(true).unwrap().len(), 7);
+    }
+
     /// Same file names in different folders widen to as many trailing components as it
     /// takes; unique file names stay as they are; explicit labels are kept; only the same
     /// canonical file twice is refused.
