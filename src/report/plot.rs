@@ -218,13 +218,12 @@ fn draw_quality<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, results: &Resu
     // line, so whose frontier lies lower reads at a glance.
     for llama_cpp in [false, true] {
         let mine: Vec<&&Point> = shown.iter().filter(|p| p.llama_cpp == llama_cpp).collect();
+        let beats = |o: &&&Point, p: &&&Point| {
+            (bpw(o) <= bpw(p) && dp(o) < dp(p)) || (bpw(o) < bpw(p) && dp(o) <= dp(p))
+        };
         let mut front: Vec<(f64, f64)> = mine
             .iter()
-            .filter(|p| {
-                !mine.iter().any(|o| {
-                    (bpw(o) <= bpw(p) && dp(o) < dp(p)) || (bpw(o) < bpw(p) && dp(o) <= dp(p))
-                })
-            })
+            .filter(|p| !mine.iter().any(|o| beats(o, p)))
             .map(|p| (bpw(p), clip.map_or(dp(p), |c| dp(p).min(c * 0.93))))
             .collect();
         front.sort_by(|a, b| a.0.total_cmp(&b.0));

@@ -18,10 +18,7 @@ use std::time::Duration;
 
 /// The script's name in llama.cpp's source tree.
 pub const CONVERT_SCRIPT: &str = "convert_hf_to_gguf.py";
-/// How a user gets the converter and its Python.
-pub const CONVERT_SETUP_HINT: &str = "run `scripts/setup-convert.sh` (it installs numpy, torch, \
-transformers and safetensors into $KWK_CACHE/python-venv), or set KWK_PYTHON to a Python that \
-has them and KWK_LLAMA_CPP_SRC to a llama.cpp source folder";
+pub use crate::error::CONVERT_SETUP_HINT;
 
 /// The modules the script imports at its top (or the first model class does).
 const NEEDED_MODULES: &[&str] = &["numpy", "torch", "transformers", "safetensors", "gguf"];

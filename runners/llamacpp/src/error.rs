@@ -9,6 +9,12 @@ use std::time::Duration;
 pub const SETUP_HINT: &str = "build them with `scripts/setup-llama-cpp.sh` (it prints the bin \
 directory) and pass that directory with `--llama-cpp-dir DIR` or set KWK_LLAMA_CPP_DIR=DIR";
 
+/// How a user gets llama.cpp's converter and its Python (`crate::convert`); in every
+/// "converter not found" error.
+pub const CONVERT_SETUP_HINT: &str = "run `scripts/setup-convert.sh` (it installs numpy, torch, \
+transformers and safetensors into $KWK_CACHE/python-venv), or set KWK_PYTHON to a Python that \
+has them and KWK_LLAMA_CPP_SRC to a llama.cpp source folder";
+
 /// The oldest llama.cpp build whose tools accept every flag this crate passes (see the
 /// [`crate::tools`] module docs for how it was chosen). It lives here, beside
 /// [`SETUP_HINT`], because the "too old" error names it; `tools` re-exports it.
@@ -24,7 +30,7 @@ pub enum Error {
     },
 
     /// llama.cpp's converter script, or a Python that can run it, was not found.
-    #[error("{what} not found for llama.cpp's convert_hf_to_gguf.py; looked at: {}. Fix: {}", searched.join("; "), crate::convert::CONVERT_SETUP_HINT)]
+    #[error("{what} not found for llama.cpp's convert_hf_to_gguf.py; looked at: {}. Fix: {}", searched.join("; "), CONVERT_SETUP_HINT)]
     ConverterNotFound { what: String, searched: Vec<String> },
 
     /// The tool exists but lacks a flag this crate passes (the llama.cpp build is too old).
