@@ -215,7 +215,11 @@ fn check_flags(a: &EvalOptions) -> Result<()> {
 /// The runner list in run order, every GGUF checked ([`check_gguf_path`]) and labelled
 /// ([`label_ggufs`]); a format, a GGUF file (by canonical path) or a row name given twice is
 /// an error.
-fn order_formats(formats: &[FormatSpec], ggufs: &[PathBuf]) -> Result<Vec<FormatSpec>> {
+fn order_formats(
+    formats: &[FormatSpec],
+    ggufs: &[PathBuf],
+    ladder: bool,
+) -> Result<Vec<FormatSpec>> {
     let mut specs: Vec<FormatSpec> = formats.to_vec();
     for p in ggufs {
         specs.push(match p.to_str() {
@@ -247,7 +251,7 @@ fn order_formats(formats: &[FormatSpec], ggufs: &[PathBuf]) -> Result<Vec<Format
         }
     }
     ensure!(
-        !specs.is_empty(),
+        !specs.is_empty() || ladder,
         "no runners: --formats is empty and no --gguf was given. Pass e.g. --formats float32,int8"
     );
     // Stable: float32 first, in-tree before GGUF, otherwise as given.
@@ -418,7 +422,8 @@ pub fn make(a: &EvalOptions, ui: &dyn Reporter) -> Result<RunPlan> {
         defaults = default_formats(ladder_asked)?;
         &defaults
     };
-    let formats = order_formats(asked, &a.gguf)?;
+    // llama.cpp's ladder adds its rows after the plan, so it may be the only runner.
+    let formats = order_formats(asked, &a.gguf, ladder_asked)?;
     let kld = a.kld;
     check_runners(&formats, kld, a.compare_to.as_deref())?;
     let (started_utc, stamp) = machine::utc_now();
@@ -658,7 +663,7 @@ mod tests {
         ];
         let mut args: Vec<PathBuf> = paths[..4].to_vec();
         args.push(PathBuf::from(format!("mine={}", paths[4].display())));
-        let names: Vec<String> = order_formats(&[], &args)
+        let names: Vec<String> = order_formats(&[], &args, false)
             .unwrap()
             .iter()
             .map(FormatSpec::name)
@@ -680,13 +685,13 @@ mod tests {
             ]
         );
         let twice = [paths[0].clone(), tmp.path().join("x/a/../a/model.gguf")];
-        let e = format!("{:#}", order_formats(&[], &twice).unwrap_err());
+        let e = format!("{:#}", order_formats(&[], &twice, false).unwrap_err());
         assert!(e.contains("is asked for twice"), "{e}");
         let clash = [
             PathBuf::from(format!("q={}", paths[0].display())),
             PathBuf::from(format!("q={}", paths[1].display())),
         ];
-        let e = format!("{:#}", order_formats(&[], &clash).unwrap_err());
+        let e = format!("{:#}", order_formats(&[], &clash, false).unwrap_err());
         assert!(e.contains("'gguf:q' names two GGUF files"), "{e}");
     }
 }
