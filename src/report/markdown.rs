@@ -167,6 +167,21 @@ fn ratio_tables(r: &Results) -> String {
     s
 }
 
+/// A Markdown table: the header, left-aligned first three columns, right-aligned numbers,
+/// every cell escaped.
+fn table<H: AsRef<str>>(s: &mut String, header: &[H], rows: &[Vec<String>]) {
+    let names: Vec<&str> = header.iter().map(AsRef::as_ref).collect();
+    let _ = writeln!(s, "| {} |", names.join(" | "));
+    let align: Vec<&str> = (0..names.len())
+        .map(|i| if i < 3 { "---" } else { "---:" })
+        .collect();
+    let _ = writeln!(s, "|{}|", align.join("|"));
+    for row in rows {
+        let cells: Vec<String> = row.iter().map(|c| md_text(c)).collect();
+        let _ = writeln!(s, "| {} |", cells.join(" | "));
+    }
+}
+
 pub fn render(r: &Results, plots: &PlotFiles) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "# kwk-eval: {}\n", md_text(&r.model));
@@ -176,21 +191,7 @@ pub fn render(r: &Results, plots: &PlotFiles) -> String {
         let _ = writeln!(s, "**Calibration:** {c}\n");
     }
     let (header, rows) = table_rows(r);
-    let _ = writeln!(s, "| {} |", header.join(" | "));
-    let _ = writeln!(
-        s,
-        "|{}|",
-        header
-            .iter()
-            .enumerate()
-            .map(|(i, _)| if i < 3 { "---" } else { "---:" })
-            .collect::<Vec<_>>()
-            .join("|")
-    );
-    for row in rows {
-        let cells: Vec<String> = row.iter().map(|c| md_text(c)).collect();
-        let _ = writeln!(s, "| {} |", cells.join(" | "));
-    }
+    table(&mut s, &header, &rows);
     let _ = writeln!(s);
     // Failures, token warnings and a busy machine are in the banner at the top, the
     // roofline's ceilings under the machine line at the end.
@@ -254,21 +255,7 @@ fn pareto_section(r: &Results) -> String {
         "## Size against quality\n\n★ on the frontier of all rows (nothing no larger loses less), ☆ on its own engine's; ΔPPL ± its paired uncertainty against {}.\n",
         md_text(r.ppl_delta_reference.as_deref().unwrap_or("the reference"))
     );
-    let _ = writeln!(s, "| {} |", header.join(" | "));
-    let _ = writeln!(
-        s,
-        "|{}|",
-        header
-            .iter()
-            .enumerate()
-            .map(|(i, _)| if i < 3 { "---" } else { "---:" })
-            .collect::<Vec<_>>()
-            .join("|")
-    );
-    for row in rows {
-        let cells: Vec<String> = row.iter().map(|c| md_text(c)).collect();
-        let _ = writeln!(s, "| {} |", cells.join(" | "));
-    }
+    table(&mut s, &header, &rows);
     s.push('\n');
     for l in super::pareto::size_lines(r) {
         let _ = writeln!(s, "- {}", md_text(&l));
