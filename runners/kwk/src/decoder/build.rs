@@ -271,7 +271,7 @@ mod tests {
                 Precision::parse("int3").unwrap(),
                 Precision::parse("int5").unwrap(),
                 Precision::parse("bpw:5.5").unwrap(),
-                Precision::parse("bpw:3.75").unwrap(),
+                Precision::parse("bpw:4.25").unwrap(),
             ] {
                 let what = format!("{spec} {precision:?}");
                 let mut whole = KwkDecoder::new(&model, options(precision, None)).unwrap();

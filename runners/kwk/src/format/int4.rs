@@ -1,23 +1,26 @@
 //! Asymmetric low-bit weights: the `int3`, `int4`, `int5` and `int6` formats, the 6-/8-bit
 //! tensors of their mixes, and the `int8` format (8 bits, groups of 64). Unsigned codes of
-//! 3, 4, 5, 6 or 8 bits ([`Bits`]) with an f16 scale and f16 minimum per group of 32, 64 or
-//! 128 columns (`w = d · q + m`, llama.cpp Q4_1's form, which this project's test model is
-//! stored in), rows interleaved in groups of 16 (`kernels::quant::layout` documents the
-//! layout of each width).
+//! 3, 4, 5, 6 or 8 bits ([`Bits`]) with a scale and minimum per group of 32, 64 or 128
+//! columns (`w = d · q + m`, llama.cpp Q4_1's form, which this project's test model is
+//! stored in), held in two levels: an 8-bit sub-scale and sub-minimum per group under an
+//! f16 super-scale and super-minimum per [`SUPER_GROUPS`](crate::kernels::quant::layout::SUPER_GROUPS) groups (`d = D · sc`,
+//! `m = M · mc`, as llama.cpp's k-quants hold theirs). Rows are interleaved in groups of 16
+//! (`kernels::quant::layout` documents the layout of each width).
 //!
-//! Bits per weight: `bits + 32 / group_size` (3-bit g64 3.5; 4-bit: g32 5.0, g64 4.5,
-//! g128 4.25; 5-bit g64 5.5; 6-bit g64 6.5; 8-bit g64 8.5, g32 9.0).
+//! Bits per weight: `bits + 16 / group + 32 / (8 · group)` = `bits + 20 / group` (4-bit:
+//! g32 4.625, g64 4.3125, g128 4.15625; 8-bit g64 8.3125).
 
 use crate::error::{KwkError, Result};
 use crate::format::int8::{check_importance, check_shape, q8_rows};
 use crate::format::storage::Store;
 use crate::format::{InputKind, PackedLinear, PreparedInput};
+use crate::kernels::quant::layout::n_supers;
 use crate::kernels::quant::{
     lowbit_matmul, put_tile_code, selected_isa, Bits, LowBitTiles, QuantIsa, BLOCK, ROW_GROUP,
 };
 use crate::kernels::OutputMatrix;
 use crate::model::Tensor;
-use crate::quantize::rounding::round_asymmetric;
+use crate::quantize::rounding::round_row_two_level;
 use half::f16;
 use rayon::prelude::*;
 use std::ops::Range;
@@ -31,8 +34,10 @@ pub struct LowBitWeights {
     cols: usize,
     nibbles: Store<u8>,
     high_bits: Store<u8>,
-    scales: Store<f16>,
-    mins: Store<f16>,
+    scales: Store<u8>,
+    mins: Store<i8>,
+    super_scales: Store<f16>,
+    super_mins: Store<f16>,
 }
 
 /// The packed arrays of a [`LowBitWeights`], as [`LowBitWeights::from_parts`] takes them
@@ -41,8 +46,43 @@ pub struct LowBitWeights {
 pub struct LowBitParts {
     pub nibbles: Store<u8>,
     pub high_bits: Store<u8>,
-    pub scales: Store<f16>,
-    pub mins: Store<f16>,
+    pub scales: Store<u8>,
+    pub mins: Store<i8>,
+    pub super_scales: Store<f16>,
+    pub super_mins: Store<f16>,
+}
+
+/// One row's scales as a row function writes them for [`LowBitWeights::from_rows`]:
+/// sub-scales and sub-minimums per column group, super-scales and super-minimums per
+/// super-block ([`SUPER_GROUPS`] groups).
+pub(crate) struct RowScales {
+    pub sc: Vec<u8>,
+    pub mc: Vec<i8>,
+    pub sup_d: Vec<f16>,
+    pub sup_m: Vec<f16>,
+}
+
+impl RowScales {
+    pub(crate) fn new(n_col_groups: usize) -> Self {
+        let ns = n_supers(n_col_groups);
+        RowScales {
+            sc: vec![0; n_col_groups],
+            mc: vec![0; n_col_groups],
+            sup_d: vec![f16::ZERO; ns],
+            sup_m: vec![f16::ZERO; ns],
+        }
+    }
+}
+
+/// The packed arrays of a [`LowBitWeights`], borrowed ([`LowBitWeights::parts`]).
+#[derive(Debug, Clone, Copy)]
+pub struct LowBitPartsRef<'a> {
+    pub nibbles: &'a [u8],
+    pub high_bits: &'a [u8],
+    pub scales: &'a [u8],
+    pub mins: &'a [i8],
+    pub super_scales: &'a [f16],
+    pub super_mins: &'a [f16],
 }
 
 /// Group sizes the format accepts.
@@ -71,36 +111,42 @@ impl LowBitWeights {
             group_size,
             rows,
             cols,
-            |r, codes, sc, mn| {
-                let row = tensor.row(r);
-                for (cg, (d, m)) in sc.iter_mut().zip(mn.iter_mut()).enumerate() {
-                    let c0 = cg * group_size;
-                    let c1 = (c0 + group_size).min(cols);
-                    let imp = importance.map(|w| &w[c0..c1]);
-                    (*d, *m) = round_asymmetric(&row[c0..c1], bits, imp, &mut codes[c0..c1]);
-                }
+            |r, codes, s| {
+                round_row_two_level(
+                    tensor.row(r),
+                    bits,
+                    group_size,
+                    importance,
+                    codes,
+                    &mut s.sc,
+                    &mut s.mc,
+                    (&mut s.sup_d, &mut s.sup_m),
+                );
             },
         ))
     }
 
-    /// Packs rows whose codes, scales and minimums `row_fn(r, codes, scales, mins)` writes
-    /// (`codes` of length `cols`, `scales`/`mins` one per group), on all rayon threads.
-    /// `group_size` must be valid (checked by the callers).
+    /// Packs rows whose codes and scales `row_fn(r, codes, scales)` writes (`codes` of
+    /// length `cols`), on all rayon threads. `group_size` must be valid (checked by the
+    /// callers).
     pub(crate) fn from_rows(
         bits: Bits,
         group_size: usize,
         rows: usize,
         cols: usize,
-        row_fn: impl Fn(usize, &mut [u8], &mut [f16], &mut [f16]) + Sync,
+        row_fn: impl Fn(usize, &mut [u8], &mut RowScales) + Sync,
     ) -> Self {
         let nb = cols / BLOCK;
         let ng = rows.div_ceil(ROW_GROUP);
         let ncg = cols.div_ceil(group_size);
+        let ns = n_supers(ncg);
         let (tile_bytes, high_bytes) = (bits.code_tile_bytes(), bits.high_tile_bytes());
         let mut nibbles = vec![0u8; ng * nb * tile_bytes];
         let mut high_bits = vec![0u8; ng * nb * high_bytes];
-        let mut scales = vec![f16::ZERO; ng * ncg * ROW_GROUP];
-        let mut mins = vec![f16::ZERO; ng * ncg * ROW_GROUP];
+        let mut scales = vec![0u8; ng * ncg * ROW_GROUP];
+        let mut mins = vec![0i8; ng * ncg * ROW_GROUP];
+        let mut super_scales = vec![f16::ZERO; ng * ns * ROW_GROUP];
+        let mut super_mins = vec![f16::ZERO; ng * ns * ROW_GROUP];
         let mut hb_parts: Vec<&mut [u8]> = if high_bytes > 0 {
             high_bits.chunks_mut(nb * high_bytes).collect()
         } else {
@@ -111,16 +157,21 @@ impl LowBitWeights {
             .zip(hb_parts.par_iter_mut())
             .zip(scales.par_chunks_mut(ncg * ROW_GROUP))
             .zip(mins.par_chunks_mut(ncg * ROW_GROUP))
+            .zip(super_scales.par_chunks_mut(ns * ROW_GROUP))
+            .zip(super_mins.par_chunks_mut(ns * ROW_GROUP))
             .enumerate()
-            .for_each(|(g, (((ng_nib, ng_hb), ng_sc), ng_mn))| {
+            .for_each(|(g, (((((ng_nib, ng_hb), ng_sc), ng_mn), ng_sd), ng_sm))| {
                 let mut codes = vec![0u8; cols];
-                let mut row_sc = vec![f16::ZERO; ncg];
-                let mut row_mn = vec![f16::ZERO; ncg];
+                let mut rs = RowScales::new(ncg);
                 for r in 0..ROW_GROUP.min(rows - g * ROW_GROUP) {
-                    row_fn(g * ROW_GROUP + r, &mut codes, &mut row_sc, &mut row_mn);
+                    row_fn(g * ROW_GROUP + r, &mut codes, &mut rs);
                     for cg in 0..ncg {
-                        ng_sc[cg * ROW_GROUP + r] = row_sc[cg];
-                        ng_mn[cg * ROW_GROUP + r] = row_mn[cg];
+                        ng_sc[cg * ROW_GROUP + r] = rs.sc[cg];
+                        ng_mn[cg * ROW_GROUP + r] = rs.mc[cg];
+                    }
+                    for s in 0..ns {
+                        ng_sd[s * ROW_GROUP + r] = rs.sup_d[s];
+                        ng_sm[s * ROW_GROUP + r] = rs.sup_m[s];
                     }
                     for (c, &code) in codes.iter().enumerate() {
                         let (b, cc) = (c / BLOCK, c % BLOCK);
@@ -144,6 +195,8 @@ impl LowBitWeights {
             high_bits: high_bits.into(),
             scales: scales.into(),
             mins: mins.into(),
+            super_scales: super_scales.into(),
+            super_mins: super_mins.into(),
         }
     }
 
@@ -160,12 +213,16 @@ impl LowBitWeights {
             high_bits,
             scales,
             mins,
+            super_scales,
+            super_mins,
         } = parts;
         // Checked: the sizes come from a file (a corrupt index must not overflow).
         let row_groups = rows.div_ceil(ROW_GROUP);
         let tiles = row_groups.checked_mul(cols / BLOCK)?;
-        let ncg_total = row_groups
-            .checked_mul(cols.div_ceil(group_size.max(1)))?
+        let ncg = cols.div_ceil(group_size.max(1));
+        let ncg_total = row_groups.checked_mul(ncg)?.checked_mul(ROW_GROUP)?;
+        let ns_total = row_groups
+            .checked_mul(n_supers(ncg))?
             .checked_mul(ROW_GROUP)?;
         let code_bytes = tiles.checked_mul(bits.code_tile_bytes())?;
         let high_bytes = tiles.checked_mul(bits.high_tile_bytes())?;
@@ -174,7 +231,9 @@ impl LowBitWeights {
             && nibbles.len() == code_bytes
             && high_bits.len() == high_bytes
             && scales.len() == ncg_total
-            && mins.len() == ncg_total;
+            && mins.len() == ncg_total
+            && super_scales.len() == ns_total
+            && super_mins.len() == ns_total;
         ok.then_some(LowBitWeights {
             bits,
             group_size,
@@ -184,6 +243,8 @@ impl LowBitWeights {
             high_bits,
             scales,
             mins,
+            super_scales,
+            super_mins,
         })
     }
 
@@ -193,9 +254,16 @@ impl LowBitWeights {
     pub fn group_size(&self) -> usize {
         self.group_size
     }
-    /// `(nibbles, high_bits, scales, mins)` as packed.
-    pub fn parts(&self) -> (&[u8], &[u8], &[f16], &[f16]) {
-        (&self.nibbles, &self.high_bits, &self.scales, &self.mins)
+    /// The packed arrays, borrowed in the order of [`LowBitParts`].
+    pub fn parts(&self) -> LowBitPartsRef<'_> {
+        LowBitPartsRef {
+            nibbles: &self.nibbles,
+            high_bits: &self.high_bits,
+            scales: &self.scales,
+            mins: &self.mins,
+            super_scales: &self.super_scales,
+            super_mins: &self.super_mins,
+        }
     }
 
     pub fn tiles(&self) -> LowBitTiles<'_> {
@@ -205,6 +273,8 @@ impl LowBitWeights {
             high_bits: &self.high_bits,
             scales: &self.scales,
             mins: &self.mins,
+            super_scales: &self.super_scales,
+            super_mins: &self.super_mins,
             rows: self.rows,
             cols: self.cols,
             group_size: self.group_size,
@@ -240,7 +310,11 @@ impl PackedLinear for LowBitWeights {
         self.cols
     }
     fn bytes(&self) -> usize {
-        self.nibbles.len() + self.high_bits.len() + 2 * (self.scales.len() + self.mins.len())
+        self.nibbles.len()
+            + self.high_bits.len()
+            + self.scales.len()
+            + self.mins.len()
+            + 2 * (self.super_scales.len() + self.super_mins.len())
     }
     fn input_kind(&self) -> InputKind {
         InputKind::Q8Blocks
@@ -254,13 +328,10 @@ impl PackedLinear for LowBitWeights {
     fn dequantize_row(&self, r: usize, out: &mut [f32]) {
         assert!(r < self.rows && out.len() >= self.cols);
         let tiles = self.tiles();
-        let ncg = tiles.n_col_groups();
         let (g, rr) = (r / ROW_GROUP, r % ROW_GROUP);
         for (c, o) in out[..self.cols].iter_mut().enumerate() {
             let cg = c / self.group_size;
-            let d = self.scales[(g * ncg + cg) * ROW_GROUP + rr].to_f32();
-            let m = self.mins[(g * ncg + cg) * ROW_GROUP + rr].to_f32();
-            *o = tiles.code(r, c) as f32 * d + m;
+            *o = tiles.code(r, c) as f32 * tiles.scale(g, cg, rr) + tiles.min(g, cg, rr);
         }
     }
 }

@@ -24,6 +24,7 @@ use crate::format::int4::LowBitWeights;
 use crate::format::int8::Int8Weights;
 use crate::format::Precision;
 use crate::format::{PackedLinear, TensorPlace, TensorRole};
+use crate::kernels::quant::layout::{n_supers, SUPER_GROUPS};
 use crate::kernels::quant::Bits;
 use crate::model::Tensor;
 
@@ -250,7 +251,8 @@ pub fn quantize_on(
 /// The grid a quantized weight is rounded onto.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Grid {
-    /// Asymmetric `bits`-bit codes with an f16 scale and minimum per `group` columns.
+    /// Asymmetric `bits`-bit codes with a scale and minimum per `group` columns (8-bit
+    /// sub-scales under f16 super-scales, `format::int4`).
     Asym { bits: Bits, group: usize },
     /// Symmetric int8 blocks of 32 with an f16 scale (the mix8 embedding/`lm_head`).
     Sym8,
@@ -261,7 +263,10 @@ impl Grid {
     /// is a multiple of the group.
     pub fn bits_per_weight(self) -> f64 {
         match self {
-            Grid::Asym { bits, group } => bits.get() as f64 + 32.0 / group as f64,
+            // 8-bit sub-scale and sub-minimum per group, two f16 per super-block.
+            Grid::Asym { bits, group } => {
+                bits.get() as f64 + 16.0 / group as f64 + 32.0 / (SUPER_GROUPS * group) as f64
+            }
             Grid::Sym8 => 8.5,
         }
     }
@@ -269,11 +274,14 @@ impl Grid {
     /// Bits of a `rows × cols` matrix on this grid (a last partial group still carries a
     /// scale and minimum: 576 columns in groups of 128 are 5 groups).
     pub fn tensor_bits(self, rows: usize, cols: usize) -> f64 {
-        let (bits, group, per_group) = match self {
-            Grid::Asym { bits, group } => (bits.get(), group, 32),
-            Grid::Sym8 => (8, 32, 16),
-        };
-        rows as f64 * (bits as f64 * cols as f64 + (per_group * cols.div_ceil(group)) as f64)
+        match self {
+            Grid::Asym { bits, group } => {
+                let ncg = cols.div_ceil(group);
+                let scale_bits = 16 * ncg + 32 * n_supers(ncg);
+                rows as f64 * (bits.get() as f64 * cols as f64 + scale_bits as f64)
+            }
+            Grid::Sym8 => rows as f64 * (8.0 * cols as f64 + (16 * cols.div_ceil(32)) as f64),
+        }
     }
 }
 
@@ -384,7 +392,9 @@ mod tests {
             ..small
         };
         let p = pack_quantized(&t, &Precision::LowBit(opts), big).unwrap();
-        assert_eq!(p.bytes(), 32 * 64 * 6 / 8 + 2 * 2 * 32); // 6-bit g64: 6.5 bits per weight
+        // 6-bit g64: per row an 8-bit sub-scale and sub-minimum and, for its one
+        // super-block, an f16 super-scale and super-minimum.
+        assert_eq!(p.bytes(), 32 * 64 * 6 / 8 + 32 * (2 + 4));
         let plain = TensorPlace {
             role: TensorRole::AttnQ,
             layer: Some(3),
@@ -401,10 +411,12 @@ mod tests {
             pack_quantized(&t, &Precision::LowBit(opts), kept)
                 .unwrap()
                 .bytes(),
-            32 * 64 + 2 * 2 * 2 * 32 // asymmetric 8-bit g32: 9 bits per weight
+            // asymmetric 8-bit g32: two groups and one super-block per row.
+            32 * 64 + 32 * (2 * 2 + 4)
         );
         let p = pack_quantized(&t, &Precision::INT8, plain).unwrap();
-        assert_eq!(p.bytes(), 32 * 64 + 2 * 2 * 32); // int8: asymmetric g64, 8.5 bits per weight
+        // int8: asymmetric g64, one group and one super-block per row.
+        assert_eq!(p.bytes(), 32 * 64 + 32 * (2 + 4));
     }
 
     #[test]

@@ -324,14 +324,15 @@ mod tests {
 
     /// `bpw:X` packs every fixture (tied, untied with biases, mixture of experts) to `X`
     /// bits per weight within 0.05, counted over every tensor, and runs; budgets under 4
-    /// bits per weight take the 3-bit grids (the fixtures' float vectors are a large share:
-    /// tiny-llama packs to no fewer than 3.56, so 3.75 is the lowest budget tested).
+    /// bits per weight take the 3-bit grids (the fixtures' float vectors are a large share,
+    /// and their short rows each carry a whole super-block of scales: tiny-llama packs to
+    /// no fewer than 3.77, so 4 is the lowest budget tested).
     #[test]
     fn bpw_meets_its_budget_within_0_05() {
         for name in ["tiny-llama", "tiny-qwen2", "tiny-mixtral"] {
             let model = fixture(name);
             for spec in [
-                "bpw:3.75", "bpw:4", "bpw:4.75", "bpw:5.5", "bpw:6.25", "bpw:8",
+                "bpw:4", "bpw:4.25", "bpw:4.75", "bpw:5.5", "bpw:6.25", "bpw:8",
             ] {
                 let p = Precision::parse(spec).unwrap();
                 let mut d = KwkDecoder::new(&model, options(p)).unwrap();
@@ -362,7 +363,7 @@ mod tests {
                 model_params: n_params,
             };
             let mut last = f64::INFINITY;
-            for centibits in (380..=880).step_by(20) {
+            for centibits in (400..=880).step_by(20) {
                 let p = Precision::Bpw(crate::format::BpwOptions {
                     centibits,
                     calibrate: false,

@@ -42,10 +42,11 @@
 use crate::error::{KwkError, Result};
 use crate::format::int4::{LowBitWeights, GROUP_SIZES};
 use crate::format::int8::{check_importance, check_shape};
+use crate::kernels::quant::layout::{n_supers, SUPER_GROUPS};
 use crate::kernels::quant::Bits;
 use crate::kernels::{active_isa, axpy_f32, dot_f64, Isa};
 use crate::model::Tensor;
-use crate::quantize::rounding::round_asymmetric;
+use crate::quantize::rounding::{round_asymmetric, round_group_on_super, row_super_scales};
 use half::f16;
 use rayon::prelude::*;
 
@@ -349,11 +350,21 @@ pub fn inverse_factor(h: &Hessian, what: &str) -> Result<InverseFactor> {
     )))
 }
 
-/// Where [`gptq_rows`] writes one batch of rows: codes, and scales and minimums per group.
+/// Where [`gptq_rows`] writes one batch of rows: codes, and sub-scales and sub-minimums
+/// per group (in the order the columns are taken).
 struct RowsOut<'a> {
     codes: &'a mut [u8],
-    scales: &'a mut [f16],
-    mins: &'a mut [f16],
+    scales: &'a mut [u8],
+    mins: &'a mut [i8],
+}
+
+/// The two-level grid GPTQ rounds one batch of rows onto: the rows' super-scales and
+/// super-minimums (`[r * n_supers + s]`, fixed from the weights before GPTQ starts), and
+/// the natural column group of each group in the order the columns are taken.
+struct SuperGrid<'a> {
+    sups: &'a [(f16, f16)],
+    n_supers: usize,
+    natural_group: &'a [usize],
 }
 
 /// GPTQ on one batch of rows (`w`, `nr × cols`): codes, scales and minimums per row.
@@ -364,6 +375,7 @@ fn gptq_rows(
     bits: Bits,
     group: usize,
     importance: Option<&[f32]>,
+    grid: &SuperGrid<'_>,
     out: RowsOut<'_>,
 ) {
     let RowsOut {
@@ -384,13 +396,17 @@ fn gptq_rows(
             if i % group == 0 {
                 let c1 = (i + group).min(cols);
                 let imp = importance.map(|v| &v[i..c1]);
+                let sup = grid.natural_group[i / group] / SUPER_GROUPS;
                 for r in 0..nr {
                     let g = &w[r * cols + i..r * cols + c1];
-                    let (d, m) =
-                        round_asymmetric(g, bits, imp, &mut codes[r * cols + i..r * cols + c1]);
-                    scales[r * ncg + i / group] = d;
-                    mins[r * ncg + i / group] = m;
-                    dm[r] = (d.to_f32(), m.to_f32());
+                    let q = &mut codes[r * cols + i..r * cols + c1];
+                    let (d, m) = round_asymmetric(g, bits, imp, q);
+                    let (sd, sm) = grid.sups[r * grid.n_supers + sup];
+                    let fit = (d.to_f32(), m.to_f32());
+                    let (sc, mc) = round_group_on_super(g, bits, imp, fit, (sd, sm), q);
+                    scales[r * ncg + i / group] = sc;
+                    mins[r * ncg + i / group] = mc;
+                    dm[r] = (sd.to_f32() * sc as f32, sm.to_f32() * mc as f32);
                 }
             }
             let uii = u[i * cols + i];
@@ -477,13 +493,32 @@ pub fn gptq_lowbit(
         }
         (w, importance.map(|v| order.iter().map(|&o| v[o]).collect()))
     });
+    let natural_importance = importance;
     let (data, importance) = match &permuted {
         Some((w, imp)) => (w.as_slice(), imp.as_deref()),
         None => (tensor.data.as_slice(), importance),
     };
+    // The super-blocks' scales come from the weights before GPTQ moves them (in the
+    // natural order, which act-order keeps groups whole in).
+    let ns = n_supers(ncg);
+    let sups: Vec<(f16, f16)> = (0..rows)
+        .into_par_iter()
+        .flat_map_iter(|r| {
+            row_super_scales(
+                &tensor.data[r * cols..(r + 1) * cols],
+                bits,
+                group,
+                natural_importance,
+            )
+        })
+        .collect();
+    let natural_group: Vec<usize> = match order {
+        Some(order) => order.chunks(group).map(|run| run[0] / group).collect(),
+        None => (0..ncg).collect(),
+    };
     let mut codes = vec![0u8; rows * cols];
-    let mut scales = vec![f16::ZERO; rows * ncg];
-    let mut mins = vec![f16::ZERO; rows * ncg];
+    let mut scales = vec![0u8; rows * ncg];
+    let mut mins = vec![0i8; rows * ncg];
     codes
         .par_chunks_mut(ROW_BATCH * cols)
         .zip(scales.par_chunks_mut(ROW_BATCH * ncg))
@@ -498,13 +533,18 @@ pub fn gptq_lowbit(
                 scales: s,
                 mins: m,
             };
-            gptq_rows(&mut w, cols, f, bits, group, importance, out);
+            let grid = SuperGrid {
+                sups: &sups[r0 * ns..(r0 + nr) * ns],
+                n_supers: ns,
+                natural_group: &natural_group,
+            };
+            gptq_rows(&mut w, cols, f, bits, group, importance, &grid, out);
         });
     if let Some(order) = order {
         // Back to the natural order: column order[k] holds code k; the group run starting
         // at k holds the scale of the group order[k] belongs to.
         let mut natural = vec![0u8; cols];
-        let (mut sc, mut mn) = (vec![f16::ZERO; ncg], vec![f16::ZERO; ncg]);
+        let (mut sc, mut mn) = (vec![0u8; ncg], vec![0i8; ncg]);
         for r in 0..rows {
             let (c, s, m) = (
                 &mut codes[r * cols..(r + 1) * cols],
@@ -528,10 +568,13 @@ pub fn gptq_lowbit(
         group,
         rows,
         cols,
-        |r, c, s, m| {
+        |r, c, s| {
             c.copy_from_slice(&codes[r * cols..(r + 1) * cols]);
-            s.copy_from_slice(&scales[r * ncg..(r + 1) * ncg]);
-            m.copy_from_slice(&mins[r * ncg..(r + 1) * ncg]);
+            s.sc.copy_from_slice(&scales[r * ncg..(r + 1) * ncg]);
+            s.mc.copy_from_slice(&mins[r * ncg..(r + 1) * ncg]);
+            for (k, &(d, m)) in sups[r * ns..(r + 1) * ns].iter().enumerate() {
+                (s.sup_d[k], s.sup_m[k]) = (d, m);
+            }
         },
     ))
 }

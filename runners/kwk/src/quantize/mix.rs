@@ -243,7 +243,20 @@ mod tests {
             bits: Bits::B4,
             group: 128,
         };
-        assert_eq!(g128.tensor_bits(2, 576), 2.0 * (4.0 * 576.0 + 5.0 * 32.0));
+        // 5 groups (16 bits each) in one super-block (32 bits).
+        assert_eq!(
+            g128.tensor_bits(2, 576),
+            2.0 * (4.0 * 576.0 + 5.0 * 16.0 + 32.0)
+        );
+        // 9 groups of 64 span two super-blocks.
+        let g64 = Grid::Asym {
+            bits: Bits::B4,
+            group: 64,
+        };
+        assert_eq!(
+            g64.tensor_bits(1, 576),
+            4.0 * 576.0 + 9.0 * 16.0 + 2.0 * 32.0
+        );
         assert_eq!(Grid::Sym8.tensor_bits(1, 64), 8.5 * 64.0);
     }
 

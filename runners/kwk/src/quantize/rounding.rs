@@ -13,6 +13,7 @@
 //! least-squares refit of `(d, m)` (the idea of llama.cpp's `make_qkx2_quants`) are tried
 //! and the best kept.
 
+use crate::kernels::quant::layout::{MAX_SUB_MIN, MAX_SUB_SCALE, SUPER_GROUPS};
 use crate::kernels::quant::Bits;
 use half::f16;
 
@@ -210,6 +211,153 @@ pub fn round_asymmetric(x: &[f32], bits: Bits, imp: Option<&[f32]>, q: &mut [u8]
         }
     }
     (f16::from_f32(best.0), f16::from_f32(best.1))
+}
+
+/// The smallest f16 at or above `v` (`v` finite, non-negative).
+fn f16_at_least(v: f32) -> f16 {
+    let h = f16::from_f32(v);
+    if h.to_f32() >= v {
+        h
+    } else {
+        f16::from_bits(h.to_bits() + 1)
+    }
+}
+
+/// The super-scale `D` and super-minimum `M` of a super-block whose groups were fitted
+/// `(d, m)` on their own: the smallest f16 values under which every group's scale fits in
+/// a sub-scale of `0..=255` and its minimum in `-127..=127`.
+pub fn super_scales(fits: &[(f32, f32)]) -> (f16, f16) {
+    let dmax = fits.iter().fold(0f32, |a, f| a.max(f.0));
+    let mmax = fits.iter().fold(0f32, |a, f| a.max(f.1.abs()));
+    let sup = |v: f32, n: i32| {
+        if v > 0.0 && v.is_finite() {
+            f16_at_least(v / n as f32)
+        } else {
+            f16::ZERO
+        }
+    };
+    (sup(dmax, MAX_SUB_SCALE), sup(mmax, MAX_SUB_MIN))
+}
+
+/// The integer multiples of `unit` next to `v`, clamped to `lo..=hi` (the sub-scale or
+/// sub-minimum candidates of a fitted value).
+fn neighbours(v: f32, unit: f32, lo: i32, hi: i32) -> [i32; 2] {
+    if unit <= 0.0 || !v.is_finite() {
+        return [0, 0];
+    }
+    let f = (v / unit).floor().clamp(lo as f32, hi as f32) as i32;
+    [f, (f + 1).min(hi)]
+}
+
+/// Rounds one group onto its super-block's grid (`D`, `M` from [`super_scales`]): tries
+/// the sub-scales and sub-minimums next to the group's own fit `(d, m)` and next to the
+/// weighted refit of the best codes, keeps the pair of least (weighted) squared error,
+/// writes its codes and returns `(sc, mc)`.
+pub fn round_group_on_super(
+    x: &[f32],
+    bits: Bits,
+    imp: Option<&[f32]>,
+    fit: (f32, f32),
+    (sup_d, sup_m): (f16, f16),
+    q: &mut [u8],
+) -> (u8, i8) {
+    assert_eq!(x.len(), q.len());
+    let nmax = bits.max_code() as f32;
+    let (dd, mm) = (sup_d.to_f32(), sup_m.to_f32());
+    let mut cand = vec![0u8; q.len()];
+    let mut best: Option<(f64, i32, i32)> = None;
+    let mut try_near = |d: f32, m: f32, best: &mut Option<(f64, i32, i32)>, q: &mut [u8]| {
+        for sc in neighbours(d, dd, 0, MAX_SUB_SCALE) {
+            for mc in neighbours(m, mm, -MAX_SUB_MIN, MAX_SUB_MIN) {
+                if best.is_some_and(|b| b.1 == sc && b.2 == mc) {
+                    continue;
+                }
+                let e =
+                    round_asymmetric_with(x, imp, nmax, dd * sc as f32, mm * mc as f32, &mut cand);
+                if best.is_none_or(|b| e < b.0) {
+                    *best = Some((e, sc, mc));
+                    q.copy_from_slice(&cand);
+                }
+            }
+        }
+    };
+    try_near(fit.0, fit.1, &mut best, q);
+    if let Some((d1, m1)) = refit(x, imp, q) {
+        try_near(d1, m1, &mut best, q);
+    }
+    let (_, sc, mc) = best.expect("at least one candidate");
+    (sc as u8, mc as i8)
+}
+
+/// Each group's own fit `(d, m)` (one level, [`round_asymmetric`]); `q` is scratch of the
+/// row's length.
+fn group_fits(
+    row: &[f32],
+    bits: Bits,
+    group: usize,
+    imp: Option<&[f32]>,
+    q: &mut [u8],
+) -> Vec<(f32, f32)> {
+    let cols = row.len();
+    (0..cols.div_ceil(group))
+        .map(|cg| {
+            let r = cg * group..((cg + 1) * group).min(cols);
+            let (d, m) =
+                round_asymmetric(&row[r.clone()], bits, imp.map(|w| &w[r.clone()]), &mut q[r]);
+            (d.to_f32(), m.to_f32())
+        })
+        .collect()
+}
+
+/// The super-scales and super-minimums of one row's super-blocks ([`super_scales`] of its
+/// groups' own fits): what GPTQ fixes before it starts on the row.
+pub fn row_super_scales(
+    row: &[f32],
+    bits: Bits,
+    group: usize,
+    imp: Option<&[f32]>,
+) -> Vec<(f16, f16)> {
+    let mut q = vec![0u8; row.len()];
+    group_fits(row, bits, group, imp, &mut q)
+        .chunks(SUPER_GROUPS)
+        .map(super_scales)
+        .collect()
+}
+
+/// Rounds one row onto two-level grids of `group` columns (the last group may be
+/// shorter): codes into `q`, sub-scales and sub-minimums (one per group) into `sc`/`mc`,
+/// super-scales and super-minimums (one per [`SUPER_GROUPS`] groups) into `sup_d`/`sup_m`.
+/// `imp` (length of the row) weights the error per column.
+#[allow(clippy::too_many_arguments)]
+pub fn round_row_two_level(
+    row: &[f32],
+    bits: Bits,
+    group: usize,
+    imp: Option<&[f32]>,
+    q: &mut [u8],
+    sc: &mut [u8],
+    mc: &mut [i8],
+    (sup_d, sup_m): (&mut [f16], &mut [f16]),
+) {
+    let cols = row.len();
+    let span = |cg: usize| cg * group..((cg + 1) * group).min(cols);
+    let fits = group_fits(row, bits, group, imp, q);
+    for (s, chunk) in fits.chunks(SUPER_GROUPS).enumerate() {
+        let sup = super_scales(chunk);
+        (sup_d[s], sup_m[s]) = sup;
+        for (j, &fit) in chunk.iter().enumerate() {
+            let cg = s * SUPER_GROUPS + j;
+            let r = span(cg);
+            (sc[cg], mc[cg]) = round_group_on_super(
+                &row[r.clone()],
+                bits,
+                imp.map(|w| &w[r.clone()]),
+                fit,
+                sup,
+                &mut q[r],
+            );
+        }
+    }
 }
 
 #[cfg(test)]

@@ -39,7 +39,7 @@ use super::layout::{
     code_bytes, high_bytes, Bits, Int8Tiles, LowBitTiles, BLOCK, BYTE_TILE_BYTES, INT8_TILE_BYTES,
     ROW_GROUP,
 };
-use super::zmm::{code_tiles_zmm, unpack_zmm};
+use super::zmm::{code_tiles_zmm, mins_zmm, scales_zmm, unpack_zmm};
 use std::arch::x86_64::*;
 
 /// One int8 tile: rows of group `g`, tokens `t0..t0 + n`, into `out[..n]`.
@@ -204,15 +204,14 @@ unsafe fn lowbit_n<const N: usize, const BITS: u32>(
     unsafe {
         let codes = w.nibbles.as_ptr().add(g * nb * tile_bytes);
         let hbits = w.high_bits.as_ptr().wrapping_add(g * nb * high_bytes);
-        let sc = w.scales.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
-        let mn = w.mins.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
+        let gs = w.group_scales(g);
         let xq = x.quants.as_ptr().add(t0 * dim);
         let xs = x.scales.as_ptr().add(t0 * nb);
         let xbs = x.block_sums.as_ptr().add(t0 * nb);
         let ones = _mm512_set1_epi16(1);
         let mut acc = [_mm512_setzero_ps(); N];
         for cg in 0..ncg {
-            let dw = _mm512_cvtph_ps(_mm256_loadu_si256(sc.add(cg * ROW_GROUP) as *const _));
+            let dw = scales_zmm(gs, cg);
             for b in cg * bpg..((cg + 1) * bpg).min(nb) {
                 let tile = codes.add(b * tile_bytes);
                 prefetch_ahead(tile, tile_bytes);
@@ -260,7 +259,7 @@ unsafe fn lowbit_n<const N: usize, const BITS: u32>(
                     *acc_t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t]), scale, *acc_t);
                 }
             }
-            let mw = _mm512_cvtph_ps(_mm256_loadu_si256(mn.add(cg * ROW_GROUP) as *const _));
+            let mw = mins_zmm(gs, cg);
             for (t, acc_t) in acc.iter_mut().enumerate() {
                 *acc_t = _mm512_fmadd_ps(mw, _mm512_set1_ps(smin[t * ncg + cg]), *acc_t);
             }

@@ -10,7 +10,7 @@ use super::layout::{
     code_bytes, high_bytes, Bits, Int8Tiles, LowBitTiles, BLOCK, BYTE_TILE_BYTES, INT8_TILE_BYTES,
     ROW_GROUP,
 };
-use super::zmm::{code_tiles_zmm, unpack_zmm, WidenedGroup};
+use super::zmm::{code_tiles_zmm, mins_zmm, scales_zmm, unpack_zmm, WidenedGroup};
 use crate::kernels::OutputMatrix;
 use std::arch::x86_64::*;
 use std::array::from_mut;
@@ -238,13 +238,12 @@ unsafe fn lowbit_tile_vnni<const N: usize, const BITS: u32>(
         let (code_bytes, high_bytes) = (code_bytes(BITS), high_bytes(BITS));
         let codes = w.nibbles.as_ptr().add(g * nb * code_bytes);
         let hbp = w.high_bits.as_ptr().wrapping_add(g * nb * high_bytes);
-        let sc = w.scales.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
-        let mn = w.mins.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
+        let gs = w.group_scales(g);
         let xq = x.quants.as_ptr().add(t0 * dim);
         let xs = x.scales.as_ptr().add(t0 * nb);
         let mut acc = [_mm512_setzero_ps(); N];
         for cg in 0..ncg {
-            let dw = _mm512_cvtph_ps(_mm256_loadu_si256(sc.add(cg * ROW_GROUP) as *const _));
+            let dw = scales_zmm(gs, cg);
             for b in cg * bpg..((cg + 1) * bpg).min(nb) {
                 let hb = hbp.wrapping_add(b * high_bytes);
                 let wv = unpack_zmm::<BITS>(codes.add(b * code_bytes), hb);
@@ -262,7 +261,7 @@ unsafe fn lowbit_tile_vnni<const N: usize, const BITS: u32>(
                     *acc_t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), scale, *acc_t);
                 }
             }
-            let mw = _mm512_cvtph_ps(_mm256_loadu_si256(mn.add(cg * ROW_GROUP) as *const _));
+            let mw = mins_zmm(gs, cg);
             for (t, acc_t) in acc.iter_mut().enumerate() {
                 *acc_t = _mm512_fmadd_ps(mw, _mm512_set1_ps(s[t * ncg + cg]), *acc_t);
             }

@@ -16,9 +16,17 @@
 //! weight, the size of llama.cpp's Q8_0).
 //!
 //! ## 3-, 4-, 5-, 6- and 8-bit codes (`LowBitTiles`)
-//! Unsigned codes `q` in `0..2^bits` with a per-group f16 scale `d` and minimum `m`
+//! Unsigned codes `q` in `0..2^bits` with a per-group scale `d` and minimum `m`
 //! (`w = d · q + m`, llama.cpp's Q4_1 form), groups of 32, 64 or 128 columns (the last
-//! group of a row may be shorter, e.g. 576 = 4 · 128 + 64). Made by `format::int4`: row
+//! group of a row may be shorter, e.g. 576 = 4 · 128 + 64). Scales and minimums have two
+//! levels, as llama.cpp's k-quants do: every [`SUPER_GROUPS`] consecutive groups of a row
+//! (a super-block) share an f16 super-scale `D` and an f16 super-minimum `M`, and each
+//! group stores an 8-bit sub-scale `sc` (0..=255) and a signed 8-bit sub-minimum `mc`
+//! (-127..=127): `d = D · sc`, `m = M · mc`. Both products are exact in f32 (an f16
+//! significand of 11 bits times an 8-bit integer), so every tier forms them in any order
+//! and agrees to the bit. A group of 32 thus costs 16 bits of scale and minimum, not the
+//! 32 of two f16 values, plus 32 bits per super-block: at the same size the groups can be
+//! twice as fine (4-bit g32: 4.625 bits per weight where one level cost 5.0). Made by `format::int4`: row
 //! groups of 16 as for int8 tiles. Each row group × 32-column block has a code tile and,
 //! for 3-, 5- and 6-bit codes, a high tile, built from three kinds of tile that all keep
 //! the int8 tile's `row * 4 + k` order inside each 64-byte line (16 rows × 4 columns,
@@ -48,8 +56,9 @@
 //! bit, where a nibble per code would have cost 4. `vpmaddubsw` would saturate on
 //! `255 · 127 · 2`, so the paths without VNNI take 8-bit codes as `code - 128` with the
 //! sign trick and add back `128 · Σa` (exact integers either way), and sum 5- and 6-bit
-//! codes' products over fewer quads in i16 than 3- and 4-bit ones'. Scales and minimums:
-//! `[(group * n_col_groups + cg) * 16 + row]`.
+//! codes' products over fewer quads in i16 than 3- and 4-bit ones'. Sub-scales and
+//! sub-minimums: `[(group * n_col_groups + cg) * 16 + row]`; super-scales and
+//! super-minimums: `[(group * n_supers + cg / SUPER_GROUPS) * 16 + row]`.
 
 use half::f16;
 
@@ -72,6 +81,13 @@ pub const BIT_TILE_BYTES: usize = ROW_GROUP * BLOCK / 8;
 
 /// Bytes of an 8-bit code tile.
 pub const BYTE_TILE_BYTES: usize = ROW_GROUP * BLOCK;
+
+/// Column groups per super-block: they share one f16 super-scale and super-minimum per row.
+pub const SUPER_GROUPS: usize = 8;
+/// The largest sub-scale (`d = D · sc`, `sc` in `0..=MAX_SUB_SCALE`).
+pub const MAX_SUB_SCALE: i32 = 255;
+/// The largest sub-minimum's magnitude (`m = M · mc`, `mc` in `-MAX_SUB_MIN..=MAX_SUB_MIN`).
+pub const MAX_SUB_MIN: i32 = 127;
 
 /// The width of a matrix's codes. Every tier matches it exhaustively where it picks a
 /// kernel (most kernels take it on as a const generic), so a new width fails to compile
@@ -145,6 +161,11 @@ impl Bits {
     }
 }
 
+/// Super-blocks of a row of `n_col_groups` column groups.
+pub const fn n_supers(n_col_groups: usize) -> usize {
+    n_col_groups.div_ceil(SUPER_GROUPS)
+}
+
 /// [`Bits::code_tile_bytes`] of `bits`-bit codes, for the kernels that take the width as
 /// a const generic (0 for a number that is no width).
 pub const fn code_bytes(bits: u32) -> usize {
@@ -179,15 +200,46 @@ pub struct LowBitTiles<'a> {
     pub nibbles: &'a [u8],
     /// High tiles ([`Bits::high_tile_bytes`] each); empty for 4- and 8-bit codes.
     pub high_bits: &'a [u8],
-    pub scales: &'a [f16],
-    pub mins: &'a [f16],
+    /// Sub-scales `sc`, `[(group * n_col_groups + cg) * 16 + row]`: `d = D · sc`.
+    pub scales: &'a [u8],
+    /// Sub-minimums `mc`, in the order of `scales`: `m = M · mc`.
+    pub mins: &'a [i8],
+    /// Super-scales `D`, `[(group * n_supers + cg / SUPER_GROUPS) * 16 + row]`.
+    pub super_scales: &'a [f16],
+    /// Super-minimums `M`, in the order of `super_scales`.
+    pub super_mins: &'a [f16],
     pub rows: usize,
     pub cols: usize,
     /// Columns per scale group (a multiple of 32).
     pub group_size: usize,
 }
 
+/// One row group's two-level scales as the kernels read them: raw pointers to column
+/// group 0's 16 sub-scales and sub-minimums (column group `cg` at `cg * ROW_GROUP`) and to
+/// super-block 0's 16 super-scales and super-minimums as f16 bits (super-block `s` at
+/// `s * ROW_GROUP`). Made by [`LowBitTiles::group_scales`]; reading through it is the
+/// kernels' `unsafe`.
+#[derive(Clone, Copy)]
+pub struct GroupScales {
+    pub sc: *const u8,
+    pub mc: *const i8,
+    pub sd: *const u16,
+    pub sm: *const u16,
+}
+
 impl LowBitTiles<'_> {
+    /// Row group `g`'s scales ([`GroupScales`]); `g < n_groups()` for the pointers to be
+    /// readable.
+    pub fn group_scales(&self, g: usize) -> GroupScales {
+        let (ncg, ns) = (self.n_col_groups(), self.n_supers());
+        GroupScales {
+            sc: self.scales.as_ptr().wrapping_add(g * ncg * ROW_GROUP),
+            mc: self.mins.as_ptr().wrapping_add(g * ncg * ROW_GROUP),
+            sd: self.super_scales.as_ptr().wrapping_add(g * ns * ROW_GROUP) as *const u16,
+            sm: self.super_mins.as_ptr().wrapping_add(g * ns * ROW_GROUP) as *const u16,
+        }
+    }
+
     pub fn n_groups(&self) -> usize {
         self.rows.div_ceil(ROW_GROUP)
     }
@@ -196,6 +248,25 @@ impl LowBitTiles<'_> {
     }
     pub fn n_col_groups(&self) -> usize {
         self.cols.div_ceil(self.group_size)
+    }
+    /// Super-blocks per row ([`SUPER_GROUPS`] column groups each, the last maybe fewer).
+    pub fn n_supers(&self) -> usize {
+        n_supers(self.n_col_groups())
+    }
+    /// The scale `d = D · sc` of row `r` (0..16) of row group `g` in column group `cg`:
+    /// exact in f32.
+    #[inline]
+    pub fn scale(&self, g: usize, cg: usize, r: usize) -> f32 {
+        let sup = (g * self.n_supers() + cg / SUPER_GROUPS) * ROW_GROUP + r;
+        self.super_scales[sup].to_f32()
+            * self.scales[(g * self.n_col_groups() + cg) * ROW_GROUP + r] as f32
+    }
+    /// The minimum `m = M · mc` of row `r` of row group `g` in column group `cg`: exact.
+    #[inline]
+    pub fn min(&self, g: usize, cg: usize, r: usize) -> f32 {
+        let sup = (g * self.n_supers() + cg / SUPER_GROUPS) * ROW_GROUP + r;
+        self.super_mins[sup].to_f32()
+            * self.mins[(g * self.n_col_groups() + cg) * ROW_GROUP + r] as f32
     }
     pub(crate) fn check(&self) {
         assert!(
@@ -208,6 +279,8 @@ impl LowBitTiles<'_> {
         assert!(self.high_bits.len() >= tiles * self.bits.high_tile_bytes());
         let ng = self.n_groups() * self.n_col_groups() * ROW_GROUP;
         assert!(self.scales.len() >= ng && self.mins.len() >= ng);
+        let ns = self.n_groups() * self.n_supers() * ROW_GROUP;
+        assert!(self.super_scales.len() >= ns && self.super_mins.len() >= ns);
     }
 
     /// The code of (row `r`, column `c`) from the packed tiles.

@@ -1,6 +1,7 @@
 //! The quantized matmuls' specification: one code at a time, exact integer block dots,
 //! then the float steps in their order (`acc = float(dot) · (d_w · d_a) + acc` per block;
-//! for 4-/6-/8-bit codes `acc = m · S + acc` per column group), rounded as a
+//! for low-bit codes `acc = m · S + acc` per column group, `d = D · sc` and `m = M · mc`
+//! formed exactly first), rounded as a
 //! [`Rounding`] says. Every tier agrees with it to the bit (the tests run every tier
 //! the CPU has against it); no tier runs it.
 
@@ -109,8 +110,9 @@ pub fn lowbit_tile_scalar(
         let tok = t0 + t;
         let mut acc = [0f32; ROW_GROUP];
         for cg in 0..ncg {
-            let ds = &w.scales[(g * ncg + cg) * ROW_GROUP..][..ROW_GROUP];
-            let ms = &w.mins[(g * ncg + cg) * ROW_GROUP..][..ROW_GROUP];
+            // `d = D · sc` and `m = M · mc`, exact in f32 (the layout's module doc).
+            let ds: [f32; ROW_GROUP] = std::array::from_fn(|r| w.scale(g, cg, r));
+            let ms: [f32; ROW_GROUP] = std::array::from_fn(|r| w.min(g, cg, r));
             for b in cg * bpg..((cg + 1) * bpg).min(nb) {
                 let a = &x.quants[tok * x.dim + b * BLOCK..][..BLOCK];
                 let da = x.scales[tok * nb + b];
@@ -119,11 +121,11 @@ pub fn lowbit_tile_scalar(
                     for (c, &av) in a.iter().enumerate() {
                         dot += w.code(g * ROW_GROUP + r, b * BLOCK + c) as i32 * av as i32;
                     }
-                    *acc_r = rounding.step(dot as f32, ds[r].to_f32() * da, *acc_r);
+                    *acc_r = rounding.step(dot as f32, ds[r] * da, *acc_r);
                 }
             }
             for (r, acc_r) in acc.iter_mut().enumerate() {
-                *acc_r = rounding.step(ms[r].to_f32(), s[t * ncg + cg], *acc_r);
+                *acc_r = rounding.step(ms[r], s[t * ncg + cg], *acc_r);
             }
         }
         out[t] = acc;

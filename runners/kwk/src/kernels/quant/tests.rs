@@ -383,18 +383,21 @@ mod lowbit {
     fn bits_per_weight_of_each_group_size() {
         let (rows, cols) = (64, 1536);
         let t = Tensor::new(vec![rows, cols], pseudo(rows * cols, 1, 0.1));
+        // Per row of 1536: g32 48 groups in 6 super-blocks (48 · 16 + 6 · 32 = 960 bits of
+        // scales), g64 24 in 3 (480), g128 12 in 2 (256).
+        let (g32, g64, g128) = (960.0 / 1536.0, 480.0 / 1536.0, 256.0 / 1536.0);
         for (bits, gs, bpw) in [
-            (Bits::B3, 32, 4.0),
-            (Bits::B3, 64, 3.5),
-            (Bits::B3, 128, 3.25),
-            (Bits::B4, 32, 5.0),
-            (Bits::B4, 64, 4.5),
-            (Bits::B4, 128, 4.25),
-            (Bits::B5, 64, 5.5),
-            (Bits::B5, 128, 5.25),
-            (Bits::B6, 64, 6.5),
-            (Bits::B8, 32, 9.0),
-            (Bits::B8, 64, 8.5),
+            (Bits::B3, 32, 3.0 + g32),
+            (Bits::B3, 64, 3.0 + g64),
+            (Bits::B3, 128, 3.0 + g128),
+            (Bits::B4, 32, 4.625),
+            (Bits::B4, 64, 4.3125),
+            (Bits::B4, 128, 4.0 + g128),
+            (Bits::B5, 64, 5.0 + g64),
+            (Bits::B5, 128, 5.0 + g128),
+            (Bits::B6, 64, 6.3125),
+            (Bits::B8, 32, 8.0 + g32),
+            (Bits::B8, 64, 8.0 + g64),
         ] {
             let p = LowBitWeights::quantize(&t, bits, gs, None, "t").unwrap();
             assert_eq!(p.bytes() as f64 * 8.0 / (rows * cols) as f64, bpw);

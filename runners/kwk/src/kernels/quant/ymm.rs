@@ -68,7 +68,8 @@
 //! for 4, 5 and 6 tokens alike and 44-46 for 7 (spills; the Xeon's C loop).
 
 use super::driver::Q8Rows;
-use super::layout::{LowBitTiles, BLOCK, ROW_GROUP};
+use super::layout::{GroupScales, LowBitTiles, BLOCK, ROW_GROUP, SUPER_GROUPS};
+use std::arch::x86_64::*;
 
 /// i16 values of one widened block of 16 rows × 32 columns (`code8_matmul_i16`).
 pub(crate) const I16_BLOCK: usize = ROW_GROUP * BLOCK;
@@ -176,8 +177,8 @@ pub(crate) struct LowBitGroup {
     pub(crate) codes: *const u8,
     /// The high tiles (3-, 5- and 6-bit codes), else null.
     pub(crate) hbits: *const u8,
-    pub(crate) sc: *const u16,
-    pub(crate) mn: *const u16,
+    /// The row group's two-level scales and minimums.
+    pub(crate) gs: GroupScales,
     pub(crate) xq: *const i8,
     pub(crate) xs: *const f32,
     pub(crate) xbs: *const i32,
@@ -205,8 +206,7 @@ impl LowBitGroup {
                 } else {
                     std::ptr::null()
                 },
-                sc: w.scales.as_ptr().add(g * ncg * ROW_GROUP) as *const u16,
-                mn: w.mins.as_ptr().add(g * ncg * ROW_GROUP) as *const u16,
+                gs: w.group_scales(g),
                 xq: x.quants.as_ptr().add(tok * dim),
                 xs: x.scales.as_ptr().add(tok * nb),
                 xbs: x.block_sums.as_ptr().add(tok * nb),
@@ -228,24 +228,78 @@ pub(crate) struct WidenedI16 {
     pub(crate) acts: *const i16,
 }
 
-/// A column group's minimum step for the prompt walks: the group's 16 row minimums (f16)
-/// at `mn`, token 0's term `S` at `smin` (token `t`'s at `smin + t * ncg`).
+/// A column group's minimum step for the prompt walks: column group `cg` of the row
+/// group's minimums `gs`, token 0's term `S` at `smin` (token `t`'s at `smin + t * ncg`).
 #[derive(Clone, Copy)]
 pub(crate) struct MinStep {
-    pub(crate) mn: *const u16,
+    pub(crate) gs: GroupScales,
+    pub(crate) cg: usize,
     pub(crate) smin: *const f32,
     pub(crate) ncg: usize,
 }
 
 impl MinStep {
-    /// Column group `cg` of a row group whose minimums start at `mn`, with the sub-tile's
+    /// Column group `cg` of a row group whose minimums `gs` holds, with the sub-tile's
     /// terms `smin` (`ncg` per token).
-    pub(crate) fn new(mn: *const u16, smin: &[f32], ncg: usize, cg: usize) -> Self {
+    pub(crate) fn new(gs: GroupScales, smin: &[f32], ncg: usize, cg: usize) -> Self {
         MinStep {
-            mn: mn.wrapping_add(cg * ROW_GROUP),
+            gs,
+            cg,
             smin: smin[cg..].as_ptr(),
             ncg,
         }
+    }
+}
+
+/// Where a block's 16 row scales come from, for the float steps int8 tiles and low-bit
+/// codes share.
+#[derive(Clone, Copy)]
+pub(crate) enum RowScales {
+    /// 16 f16 values (an `Int8Tiles` block's scales).
+    F16(*const u16),
+    /// Column group `cg` of a row group's two-level scales (`d = D · sc`).
+    TwoLevel(GroupScales, usize),
+}
+
+/// Rows `8h..8h + 8` of `s`'s scales as f32 (two-level products are exact).
+///
+/// # Safety
+/// AVX2 and F16C present (inlined into the tiers' kernels, whose features it runs
+/// with); `s` points into a checked matrix's scales of one row group, `h < 2`.
+#[inline(always)]
+pub(crate) unsafe fn scale_half(s: RowScales, h: usize) -> __m256 {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match s {
+            RowScales::F16(p) => _mm256_cvtph_ps(_mm_loadu_si128(p.add(h * 8) as *const _)),
+            RowScales::TwoLevel(gs, cg) => {
+                let sub = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                    gs.sc.add(cg * ROW_GROUP + h * 8) as *const _
+                ));
+                let sup = _mm256_cvtph_ps(_mm_loadu_si128(
+                    gs.sd.add(cg / SUPER_GROUPS * ROW_GROUP + h * 8) as *const _,
+                ));
+                _mm256_mul_ps(sup, _mm256_cvtepi32_ps(sub))
+            }
+        }
+    }
+}
+
+/// Rows `8h..8h + 8` of column group `cg`'s minimums `m = M · mc` (exact).
+///
+/// # Safety
+/// As [`scale_half`].
+#[inline(always)]
+pub(crate) unsafe fn min_half(gs: GroupScales, cg: usize, h: usize) -> __m256 {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let sub = _mm256_cvtepi8_epi32(_mm_loadl_epi64(
+            gs.mc.add(cg * ROW_GROUP + h * 8) as *const _
+        ));
+        let sup = _mm256_cvtph_ps(_mm_loadu_si128(
+            gs.sm.add(cg / SUPER_GROUPS * ROW_GROUP + h * 8) as *const _,
+        ));
+        _mm256_mul_ps(sup, _mm256_cvtepi32_ps(sub))
     }
 }
 
@@ -327,7 +381,7 @@ macro_rules! ymm_tier {
                     dim,
                     nb,
                 };
-                    full8_block_both::<N>(&mut acc, tile, block, -128 - FULL8_BIAS, sc.add(b * ROW_GROUP), None);
+                    full8_block_both::<N>(&mut acc, tile, block, -128 - FULL8_BIAS, RowScales::F16(sc.add(b * ROW_GROUP)), None);
                 }
                 store_tokens(&acc, out);
             }
@@ -360,7 +414,7 @@ macro_rules! ymm_tier {
             tile: *const u8,
             block: Full8Block,
             bias: i32,
-            dw: *const u16,
+            dw: RowScales,
             min: Option<MinStep>,
         ) {
             let Full8Block { dim, nb, .. } = block;
@@ -411,7 +465,7 @@ macro_rules! ymm_tier {
         unsafe fn finish_block<const N: usize>(
             acc: &mut [[__m256; N]; 2],
             s: &[[__m256i; N]; 2],
-            dw: *const u16,
+            dw: RowScales,
             xs: *const f32,
             nb: usize,
             min: Option<MinStep>,
@@ -419,8 +473,8 @@ macro_rules! ymm_tier {
             // SAFETY: forwarded contract.
             unsafe {
                 for h in 0..2 {
-                    let dw = _mm256_cvtph_ps(_mm_loadu_si128(dw.add(h * 8) as *const _));
-                    let mw = min.map(|m| _mm256_cvtph_ps(_mm_loadu_si128(m.mn.add(h * 8) as *const _)));
+                    let dw = scale_half(dw, h);
+                    let mw = min.map(|m| min_half(m.gs, m.cg, h));
                     for t in 0..N {
                         let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*xs.add(t * nb)));
                         let mut a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[h][t]), scale, acc[h][t]);
@@ -544,10 +598,10 @@ macro_rules! ymm_tier {
         /// The module's features; 16 scales readable at `dw`.
         #[inline]
         #[target_feature(enable = $features)]
-        unsafe fn add_scaled_halves(acc: &mut [__m256; 2], s: [__m256i; 2], dw: *const u16, da: __m256) {
+        unsafe fn add_scaled_halves(acc: &mut [__m256; 2], s: [__m256i; 2], dw: RowScales, da: __m256) {
             for h in 0..2 {
                 // SAFETY: forwarded contract.
-                let dw = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(dw.add(h * 8) as *const _) });
+                let dw = unsafe { scale_half(dw, h) };
                 acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[h]), _mm256_mul_ps(dw, da), acc[h]);
             }
         }
@@ -597,7 +651,7 @@ macro_rules! ymm_tier {
                         let tile = qs[k].add(b * INT8_TILE_BYTES);
                         prefetch_ahead(tile, INT8_TILE_BYTES);
                         let s = full8_both_halves(init, tile, xq.add(b * BLOCK));
-                        add_scaled_halves(&mut acc[k], s, sc[k].add(b * ROW_GROUP), da);
+                        add_scaled_halves(&mut acc[k], s, RowScales::F16(sc[k].add(b * ROW_GROUP)), da);
                     }
                 }
                 store_groups(acc, outs);

@@ -34,8 +34,7 @@ macro_rules! ymm_lowbit {
                         std::ptr::null()
                     }
                 });
-                let sc = groups.map(|g| w.scales.as_ptr().add(g * ncg * ROW_GROUP) as *const u16);
-                let mn = groups.map(|g| w.mins.as_ptr().add(g * ncg * ROW_GROUP) as *const u16);
+                let gs = groups.map(|g| w.group_scales(g));
                 let xq = x.quants.as_ptr().add(tok * x.dim);
                 let xs = x.scales.as_ptr().add(tok * nb);
                 let xbs = x.block_sums.as_ptr().add(tok * nb);
@@ -57,15 +56,13 @@ macro_rules! ymm_lowbit {
                                 xq.add(b * BLOCK),
                                 *xbs.add(b),
                             );
-                            add_scaled_halves(&mut acc[k], s, sc[k].add(cg * ROW_GROUP), da);
+                            add_scaled_halves(&mut acc[k], s, RowScales::TwoLevel(gs[k], cg), da);
                         }
                     }
                     let sm = _mm256_set1_ps(smin[cg]);
                     for k in 0..G {
                         for h in 0..2 {
-                            let mw = _mm256_cvtph_ps(_mm_loadu_si128(
-                                mn[k].add(cg * ROW_GROUP + h * 8) as *const _,
-                            ));
+                            let mw = min_half(gs[k], cg, h);
                             acc[k][h] = _mm256_fmadd_ps(mw, sm, acc[k][h]);
                         }
                     }
@@ -168,8 +165,7 @@ macro_rules! ymm_lowbit {
             unsafe {
                 let LowBitGroup {
                     codes,
-                    sc,
-                    mn,
+                    gs,
                     xq,
                     xs,
                     xbs,
@@ -196,13 +192,13 @@ macro_rules! ymm_lowbit {
                             dim,
                             nb,
                         };
-                        let min = (b + 1 == end).then(|| MinStep::new(mn, smin, ncg, cg));
+                        let min = (b + 1 == end).then(|| MinStep::new(gs, smin, ncg, cg));
                         full8_block_both::<N>(
                             &mut acc,
                             tile,
                             block,
                             -FULL8_BIAS,
-                            sc.add(cg * ROW_GROUP),
+                            RowScales::TwoLevel(gs, cg),
                             min,
                         );
                     }
@@ -336,8 +332,7 @@ macro_rules! ymm_lowbit {
             // activation rows, and `LowBitGroup`'s slices.
             unsafe {
                 let LowBitGroup {
-                    sc,
-                    mn,
+                    gs,
                     xs,
                     nb,
                     ncg,
@@ -362,8 +357,15 @@ macro_rules! ymm_lowbit {
                                 s[1][t] = _mm256_add_epi32(s[1][t], _mm256_madd_epi16(w1, a));
                             }
                         }
-                        let min = (b + 1 == end).then(|| MinStep::new(mn, smin, ncg, cg));
-                        finish_block(&mut acc, &s, sc.add(cg * ROW_GROUP), xs.add(b), nb, min);
+                        let min = (b + 1 == end).then(|| MinStep::new(gs, smin, ncg, cg));
+                        finish_block(
+                            &mut acc,
+                            &s,
+                            RowScales::TwoLevel(gs, cg),
+                            xs.add(b),
+                            nb,
+                            min,
+                        );
                     }
                 }
                 store_tokens(&acc, out);
@@ -387,8 +389,7 @@ macro_rules! ymm_lowbit {
             unsafe {
                 let LowBitGroup {
                     codes,
-                    sc,
-                    mn,
+                    gs,
                     xq,
                     xs,
                     nb,
@@ -437,8 +438,15 @@ macro_rules! ymm_lowbit {
                                 s[h][t] = small_finish(s16[h][t]);
                             }
                         }
-                        let min = (b + 1 == end).then(|| MinStep::new(mn, smin, ncg, cg));
-                        finish_block(&mut acc, &s, sc.add(cg * ROW_GROUP), xs.add(b), nb, min);
+                        let min = (b + 1 == end).then(|| MinStep::new(gs, smin, ncg, cg));
+                        finish_block(
+                            &mut acc,
+                            &s,
+                            RowScales::TwoLevel(gs, cg),
+                            xs.add(b),
+                            nb,
+                            min,
+                        );
                     }
                 }
                 store_tokens(&acc, out);
@@ -464,8 +472,7 @@ macro_rules! ymm_lowbit {
                 let LowBitGroup {
                     codes,
                     hbits,
-                    sc,
-                    mn,
+                    gs,
                     xq,
                     xs,
                     nb,
@@ -478,9 +485,7 @@ macro_rules! ymm_lowbit {
                 for h in 0..2 {
                     let mut acc = [_mm256_setzero_ps(); N];
                     for cg in 0..ncg {
-                        let dw = _mm256_cvtph_ps(_mm_loadu_si128(
-                            sc.add(cg * ROW_GROUP + h * 8) as *const _
-                        ));
+                        let dw = scale_half(RowScales::TwoLevel(gs, cg), h);
                         for b in cg * bpg..((cg + 1) * bpg).min(nb) {
                             let tile = codes.add(b * tile_bytes + h * 32);
                             if h == 0 && tok == 0 {
@@ -514,9 +519,7 @@ macro_rules! ymm_lowbit {
                                 *acc_t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[t]), scale, *acc_t);
                             }
                         }
-                        let mw = _mm256_cvtph_ps(_mm_loadu_si128(
-                            mn.add(cg * ROW_GROUP + h * 8) as *const _
-                        ));
+                        let mw = min_half(gs, cg, h);
                         for (t, acc_t) in acc.iter_mut().enumerate() {
                             *acc_t =
                                 _mm256_fmadd_ps(mw, _mm256_set1_ps(smin[t * ncg + cg]), *acc_t);

@@ -6,7 +6,10 @@
 //! `spec.rs`'s float steps.
 
 use super::driver::{Q8Rows, TOKEN_TILE};
-use super::layout::{code_bytes, high_bytes, Bits, LowBitTiles, BLOCK, BYTE_TILE_BYTES, ROW_GROUP};
+use super::layout::{
+    code_bytes, high_bytes, Bits, GroupScales, LowBitTiles, BLOCK, BYTE_TILE_BYTES, ROW_GROUP,
+    SUPER_GROUPS,
+};
 use std::arch::x86_64::*;
 
 /// One row group's 3- to 6-bit codes widened to byte tiles, kept while a prompt's token
@@ -173,6 +176,44 @@ pub(crate) unsafe fn unpack_zmm<const BITS: u32>(low: *const u8, high: *const u8
     wv
 }
 
+/// The 16 scales `d = D · sc` of column group `cg` of the row group `gs` points at (exact
+/// products, the layout's two levels).
+///
+/// # Safety
+/// AVX-512 F present; `gs` from a checked matrix's `group_scales(g)`, `g` a row group of
+/// it, `cg` one of its column groups.
+#[inline(always)]
+pub(crate) unsafe fn scales_zmm(gs: GroupScales, cg: usize) -> __m512 {
+    // SAFETY: within the row group's arrays (the caller's contract).
+    unsafe {
+        let sub = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(
+            gs.sc.add(cg * ROW_GROUP) as *const _,
+        )));
+        let sup = _mm512_cvtph_ps(_mm256_loadu_si256(
+            gs.sd.add(cg / SUPER_GROUPS * ROW_GROUP) as *const _
+        ));
+        _mm512_mul_ps(sup, sub)
+    }
+}
+
+/// The 16 minimums `m = M · mc` of column group `cg` ([`scales_zmm`]'s twin).
+///
+/// # Safety
+/// As [`scales_zmm`].
+#[inline(always)]
+pub(crate) unsafe fn mins_zmm(gs: GroupScales, cg: usize) -> __m512 {
+    // SAFETY: within the row group's arrays (the caller's contract).
+    unsafe {
+        let sub = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+            gs.mc.add(cg * ROW_GROUP) as *const _,
+        )));
+        let sup = _mm512_cvtph_ps(_mm256_loadu_si256(
+            gs.sm.add(cg / SUPER_GROUPS * ROW_GROUP) as *const _
+        ));
+        _mm512_mul_ps(sup, sub)
+    }
+}
+
 /// The float steps shared by the zmm prompt tiles of codes (`G` row groups × `N`
 /// tokens): per block `acc = fma(float(dot), d_w · d_a, acc)` and per column group
 /// `acc = fma(m, S, acc)`, the specification's order, around `block_dots(b)`, block
@@ -200,18 +241,13 @@ pub(crate) unsafe fn code_tiles_zmm<const G: usize, const N: usize>(
     // minimums of each group's column groups < ncg, activation scales of tokens
     // t0..t0+N; the intrinsics need AVX-512 F (the caller's contract).
     unsafe {
-        let mut sc = [std::ptr::null::<u16>(); G];
-        let mut mn = [std::ptr::null::<u16>(); G];
-        for j in 0..G {
-            sc[j] = w.scales.as_ptr().add(groups[j] * ncg * ROW_GROUP) as *const u16;
-            mn[j] = w.mins.as_ptr().add(groups[j] * ncg * ROW_GROUP) as *const u16;
-        }
+        let gs = groups.map(|g| w.group_scales(g));
         let xs = x.scales.as_ptr().add(t0 * nb);
         let mut acc = [[_mm512_setzero_ps(); N]; G];
         for cg in 0..ncg {
             let mut dw = [_mm512_setzero_ps(); G];
             for j in 0..G {
-                dw[j] = _mm512_cvtph_ps(_mm256_loadu_si256(sc[j].add(cg * ROW_GROUP) as *const _));
+                dw[j] = scales_zmm(gs[j], cg);
             }
             for b in cg * bpg..((cg + 1) * bpg).min(nb) {
                 let d = block_dots(b);
@@ -224,7 +260,7 @@ pub(crate) unsafe fn code_tiles_zmm<const G: usize, const N: usize>(
                 }
             }
             for j in 0..G {
-                let mw = _mm512_cvtph_ps(_mm256_loadu_si256(mn[j].add(cg * ROW_GROUP) as *const _));
+                let mw = mins_zmm(gs[j], cg);
                 for t in 0..N {
                     acc[j][t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(s[t * ncg + cg]), acc[j][t]);
                 }

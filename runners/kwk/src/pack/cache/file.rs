@@ -172,15 +172,21 @@ impl PackFile {
             let (o, n) = *e.arrays.get(i).ok_or_else(bad)?;
             Store::mapped(self.map.clone(), o as usize, n as usize).ok_or_else(bad)
         };
+        let i8s = |i: usize| -> std::result::Result<Store<i8>, String> {
+            let (o, n) = *e.arrays.get(i).ok_or_else(bad)?;
+            Store::mapped(self.map.clone(), o as usize, n as usize).ok_or_else(bad)
+        };
         let t = match (e.kind, e.arrays.len()) {
             (0, 2) => Int8Weights::from_parts(e.rows, e.cols, u8s(0)?, f16s(1)?)
                 .map(QuantizedTensor::Int8),
-            (1, 4) => {
+            (1, 6) => {
                 let parts = LowBitParts {
                     nibbles: u8s(0)?,
                     high_bits: u8s(1)?,
-                    scales: f16s(2)?,
-                    mins: f16s(3)?,
+                    scales: u8s(2)?,
+                    mins: i8s(3)?,
+                    super_scales: f16s(4)?,
+                    super_mins: f16s(5)?,
                 };
                 // The file stores the width as a number; a number no layout has is
                 // refused by name, not read as some other width.
@@ -327,16 +333,24 @@ impl Writer {
                 ],
             ),
             QuantizedTensor::LowBit(w) => {
-                let (nib, hb, sc, mn) = w.parts();
+                let p = w.parts();
                 (
                     1,
                     w.bits().get(),
                     w.group_size(),
                     vec![
-                        (nib, nib.len() as u64),
-                        (hb, hb.len() as u64),
-                        (bytemuck::cast_slice(sc), sc.len() as u64),
-                        (bytemuck::cast_slice(mn), mn.len() as u64),
+                        (p.nibbles, p.nibbles.len() as u64),
+                        (p.high_bits, p.high_bits.len() as u64),
+                        (p.scales, p.scales.len() as u64),
+                        (bytemuck::cast_slice(p.mins), p.mins.len() as u64),
+                        (
+                            bytemuck::cast_slice(p.super_scales),
+                            p.super_scales.len() as u64,
+                        ),
+                        (
+                            bytemuck::cast_slice(p.super_mins),
+                            p.super_mins.len() as u64,
+                        ),
                     ],
                 )
             }

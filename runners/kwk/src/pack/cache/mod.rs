@@ -72,8 +72,9 @@ pub use key::{
 };
 pub use session::{try_load, CachedModel, PackOutcome, PackSession, TensorToPack};
 
-/// Version of the packed layouts, the rounding and this file format; part of every key.
-pub const PACK_VERSION: u32 = 3;
+/// Version of the packed layouts, the rounding and this file format; part of every key
+/// (4: two-level low-bit scales).
+pub const PACK_VERSION: u32 = 4;
 /// Every file kwk writes in the cache folder starts with this.
 pub const PREFIX: &str = "kwk-pack-";
 /// The marker file of a folder kwk created (see the module doc).

@@ -8,7 +8,7 @@ mod tiles;
 
 pub use tiles::{available, tdpbssd_peak, TileOut, TileScope, AMX_TOKENS, AMX_TOKENS_2X2, TDP_OPS};
 
-use tiles::GroupPair;
+use tiles::{GroupPair, PairScales};
 
 use super::driver::{write_group_row, Q8Rows, QuantIsa, TOKEN_TILE};
 use super::layout::{
@@ -16,7 +16,6 @@ use super::layout::{
 };
 use super::zmm::widen_group_codes;
 use crate::kernels::OutputMatrix;
-use half::f16;
 use std::ops::Range;
 
 /// The outputs of the `amx` tier's three kernel sizes.
@@ -141,12 +140,12 @@ pub fn int8_matmul(
         unsafe fn tile_2x2(&mut self, g: usize, t0: usize, out: &TileOut) {
             let nb = self.w.n_blocks();
             let codes = |j: usize| self.w.qs[(g + j) * nb * INT8_TILE_BYTES..].as_ptr();
-            let scales =
-                |j: usize| self.w.scales[(g + j) * nb * ROW_GROUP..].as_ptr() as *const u16;
+            let scales = |j: usize| {
+                PairScales::Sym(self.w.scales[(g + j) * nb * ROW_GROUP..].as_ptr() as *const u16)
+            };
             let gp = GroupPair {
                 codes: [codes(0), codes(1)],
                 scales: [scales(0), scales(1)],
-                mins: [scales(0), scales(1)],
                 nb,
                 ncg: nb,
                 bpg: 1,
@@ -216,11 +215,10 @@ pub fn lowbit_matmul(
         unsafe fn tile_2x2(&mut self, g: usize, t0: usize, out: &TileOut) {
             let w = self.w;
             let (ncg, bpg) = (w.n_col_groups(), w.group_size / BLOCK);
-            let at = |v: &[f16], j: usize| v[(g + j) * ncg * ROW_GROUP..].as_ptr() as *const u16;
+            let at = |j: usize| PairScales::LowBit(w.group_scales(g + j));
             let gp = GroupPair {
                 codes: [self.codes(g, 0).as_ptr(), self.codes(g + 1, 1).as_ptr()],
-                scales: [at(w.scales, 0), at(w.scales, 1)],
-                mins: [at(w.mins, 0), at(w.mins, 1)],
+                scales: [at(0), at(1)],
                 nb: w.n_blocks(),
                 ncg,
                 bpg,

@@ -65,7 +65,10 @@
 //! tile configuration ([`TileScope`]) before its tiles and releases it after.
 
 use crate::kernels::quant::driver::Q8Rows;
-use crate::kernels::quant::layout::{Int8Tiles, LowBitTiles, BLOCK, INT8_TILE_BYTES, ROW_GROUP};
+use crate::kernels::quant::layout::{
+    GroupScales, Int8Tiles, LowBitTiles, BLOCK, INT8_TILE_BYTES, ROW_GROUP,
+};
+use crate::kernels::quant::zmm::{mins_zmm, scales_zmm};
 use std::arch::asm;
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
@@ -382,8 +385,7 @@ pub unsafe fn lowbit_tile16(
     // SAFETY: as in `int8_tile16`, with the scale groups of group g, and `codes` and `s`
     // asserted above.
     unsafe {
-        let sc = w.scales.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
-        let mn = w.mins.as_ptr().add(g * ncg * ROW_GROUP) as *const u16;
+        let gs = w.group_scales(g);
         let xq = x.quants.as_ptr().add(t0 * dim);
         let xs = x.scales.as_ptr().add(t0 * nb);
         let mut acc = [_mm512_setzero_ps(); AMX_TOKENS];
@@ -391,7 +393,7 @@ pub unsafe fn lowbit_tile16(
         dots.issue(0, xq, dim, codes);
         dots.store(0);
         for cg in 0..ncg {
-            let dw = _mm512_cvtph_ps(_mm256_loadu_si256(sc.add(cg * ROW_GROUP) as *const _));
+            let dw = scales_zmm(gs, cg);
             for b in cg * bpg..((cg + 1) * bpg).min(nb) {
                 if b + 1 < nb {
                     dots.issue(b + 1, xq, dim, codes);
@@ -406,7 +408,7 @@ pub unsafe fn lowbit_tile16(
                     dots.store(b + 1);
                 }
             }
-            let m = _mm512_cvtph_ps(_mm256_loadu_si256(mn.add(cg * ROW_GROUP) as *const _));
+            let m = mins_zmm(gs, cg);
             for (t, acc_t) in acc.iter_mut().enumerate() {
                 *acc_t = _mm512_fmadd_ps(m, _mm512_set1_ps(s[t * ncg + cg]), *acc_t);
             }
@@ -465,16 +467,24 @@ pub struct TileOut {
 }
 
 /// Two row groups of one matrix as the 2 × 2 kernel reads them: per group, its codes in B
-/// layout (`nb` tiles of 512 bytes), its scales and (low-bit codes) minimums as f16
-/// bits, 16 per scale group (per block for `Int8Tiles`); `ncg` scale groups of `bpg`
-/// blocks.
+/// layout (`nb` tiles of 512 bytes) and its scales: f16 bits, 16 per block, for
+/// `Int8Tiles`; the two-level scales and minimums of low-bit codes; `ncg` scale groups of
+/// `bpg` blocks.
 pub struct GroupPair {
     pub codes: [*const u8; 2],
-    pub scales: [*const u16; 2],
-    pub mins: [*const u16; 2],
+    pub scales: [PairScales; 2],
     pub nb: usize,
     pub ncg: usize,
     pub bpg: usize,
+}
+
+/// One row group's scales in a [`GroupPair`].
+#[derive(Clone, Copy)]
+pub enum PairScales {
+    /// `Int8Tiles`: f16 bits, 16 per block.
+    Sym(*const u16),
+    /// Low-bit codes: the two levels ([`GroupScales`]).
+    LowBit(GroupScales),
 }
 
 /// Row groups `pair` × tokens `t0..t0+32` into `out` ([`TileOut`]): for symmetric
@@ -537,20 +547,16 @@ pub unsafe fn tile_2x2<const SYM: bool>(
         };
         block_dots_2x2(a_of(0), dim, w_of(0), tiles_of(0));
         for cg in 0..ncg {
-            let dw = [0, 1].map(|j| {
-                _mm512_cvtph_ps(_mm256_loadu_si256(
-                    pair.scales[j].add(cg * ROW_GROUP) as *const _
-                ))
+            let dw = [0, 1].map(|j| match pair.scales[j] {
+                PairScales::Sym(p) => {
+                    _mm512_cvtph_ps(_mm256_loadu_si256(p.add(cg * ROW_GROUP) as *const _))
+                }
+                PairScales::LowBit(gs) => scales_zmm(gs, cg),
             });
             // Low-bit codes: the group's minimums, applied in its last block's float step.
-            let mins = [0, 1].map(|j| {
-                if SYM {
-                    _mm512_setzero_ps()
-                } else {
-                    _mm512_cvtph_ps(_mm256_loadu_si256(
-                        pair.mins[j].add(cg * ROW_GROUP) as *const _
-                    ))
-                }
+            let mins = [0, 1].map(|j| match pair.scales[j] {
+                PairScales::Sym(_) => _mm512_setzero_ps(),
+                PairScales::LowBit(gs) => mins_zmm(gs, cg),
             });
             let group_end = ((cg + 1) * bpg).min(nb);
             for b in cg * bpg..group_end {

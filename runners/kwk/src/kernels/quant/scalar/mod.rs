@@ -268,9 +268,14 @@ impl<D: BlockDots> WidenedDots<D> {
                     D::widen_block(w.bits, tile, high, 0, lanes);
                 }
             }
-            let range = g * ncg * ROW_GROUP..(g + 1) * ncg * ROW_GROUP;
-            widen_f16(&w.scales[range.clone()], &mut self.scales);
-            widen_f16(&w.mins[range], &mut self.mins);
+            // `d = D · sc`, `m = M · mc` (exact in f32).
+            self.scales.clear();
+            self.mins.clear();
+            for cg in 0..ncg {
+                self.scales
+                    .extend((0..ROW_GROUP).map(|r| w.scale(g, cg, r)));
+                self.mins.extend((0..ROW_GROUP).map(|r| w.min(g, cg, r)));
+            }
             self.group = Some(g);
         }
         let groups = Groups {
