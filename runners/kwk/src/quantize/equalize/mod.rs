@@ -42,8 +42,10 @@ use crate::error::Result;
 use crate::format::quantized::{grid_for, Grid};
 use crate::format::Precision;
 use crate::format::{TensorPlace, TensorRole};
+use crate::kernels::quant::layout::{n_supers, SUPER_GROUPS};
 use crate::model::{FeedForward, LayerWeights, Mlp, ModelConfig, ModelWeights, Tensor};
-use crate::quantize::rounding::{round_asymmetric, round_symmetric_int8};
+use crate::quantize::rounding::{round_row_two_level, round_symmetric_int8};
+use half::f16;
 use rayon::prelude::*;
 
 mod scales;
@@ -205,35 +207,43 @@ pub fn estimate_layer(l: &LayerWeights, config: &ModelConfig) -> LayerStats {
     }
 }
 
-/// Rounds `x` onto `grid` in place (codes mapped back to values), group by group.
+/// Rounds `x` onto `grid` in place (codes mapped back to values), as the packed format
+/// rounds it (low-bit rows on their two-level scales).
 fn fake_quant_row(x: &mut [f32], grid: Grid, imp: Option<&[f32]>) {
-    let group = match grid {
-        Grid::Asym { group, .. } => group,
-        Grid::Sym8 => ACT_BLOCK,
-    };
-    let mut codes = vec![0u8; group];
-    let mut scodes = vec![0i8; group];
-    for (g, chunk) in x.chunks_mut(group).enumerate() {
-        let imp = imp.map(|w| &w[g * group..g * group + chunk.len()]);
-        match grid {
-            Grid::Asym { bits, .. } => {
-                let q = &mut codes[..chunk.len()];
-                let (d, m) = round_asymmetric(chunk, bits, imp, q);
-                let (d, m) = (d.to_f32(), m.to_f32());
-                chunk
-                    .iter_mut()
-                    .zip(q.iter())
-                    .for_each(|(v, &c)| *v = c as f32 * d + m);
-            }
-            Grid::Sym8 => {
-                let q = &mut scodes[..chunk.len()];
-                let d = round_symmetric_int8(chunk, imp, q).to_f32();
-                chunk
-                    .iter_mut()
-                    .zip(q.iter())
-                    .for_each(|(v, &c)| *v = c as f32 * d);
-            }
+    if let Grid::Asym { bits, group } = grid {
+        let ncg = x.len().div_ceil(group);
+        let ns = n_supers(ncg);
+        let mut q = vec![0u8; x.len()];
+        let (mut sc, mut mc) = (vec![0u8; ncg], vec![0i8; ncg]);
+        let (mut sd, mut sm) = (vec![f16::ZERO; ns], vec![f16::ZERO; ns]);
+        round_row_two_level(
+            x,
+            bits,
+            group,
+            imp,
+            &mut q,
+            &mut sc,
+            &mut mc,
+            (&mut sd, &mut sm),
+        );
+        for (c, (v, &code)) in x.iter_mut().zip(&q).enumerate() {
+            let (cg, s) = (c / group, c / group / SUPER_GROUPS);
+            let d = sd[s].to_f32() * sc[cg] as f32;
+            let m = sm[s].to_f32() * mc[cg] as f32;
+            *v = code as f32 * d + m;
         }
+        return;
+    }
+    // Sym8: symmetric int8 blocks.
+    let mut q = [0i8; ACT_BLOCK];
+    for (g, chunk) in x.chunks_mut(ACT_BLOCK).enumerate() {
+        let imp = imp.map(|w| &w[g * ACT_BLOCK..g * ACT_BLOCK + chunk.len()]);
+        let q = &mut q[..chunk.len()];
+        let d = round_symmetric_int8(chunk, imp, q).to_f32();
+        chunk
+            .iter_mut()
+            .zip(q.iter())
+            .for_each(|(v, &c)| *v = c as f32 * d);
     }
 }
 
