@@ -77,6 +77,22 @@ if [ ! -f "$ROOT/src/CMakeLists.txt" ]; then
   rm -rf "$ROOT.tmp"
 fi
 
+# The sdist leaves out common/cmake/build-info-gen-cpp.cmake, the script common/CMakeLists.txt
+# runs to write common/build-info.cpp (the `--version` text) from build-info.cpp.in, so the
+# build stops at "Not a file: .../build-info-gen-cpp.cmake". We write that script as the
+# ik_llama.cpp repository has it: cmake/build-info.cmake's values (build 0, commit unknown
+# outside a git checkout) into the template. Numerics untouched.
+GEN="$ROOT/src/common/cmake/build-info-gen-cpp.cmake"
+if [ ! -f "$GEN" ]; then
+  mkdir -p "$(dirname "$GEN")"
+  cat > "$GEN" <<'CMAKEEOF'
+include(${CMAKE_CURRENT_SOURCE_DIR}/cmake/build-info.cmake)
+configure_file(${CMAKE_CURRENT_SOURCE_DIR}/common/build-info.cpp.in
+               ${CMAKE_CURRENT_SOURCE_DIR}/common/build-info.cpp)
+CMAKEEOF
+  echo "wrote the build-info generator the ik_llama.cpp sdist lacks" >&2
+fi
+
 JOBS="$(nproc 2>/dev/null || echo 2)"
 # Compiler output goes to log files beside the build; the screen gets one line per stage, a
 # progress line every 20 s and each stage's time.
