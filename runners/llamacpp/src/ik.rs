@@ -42,7 +42,7 @@ pub const PERPLEXITY_NEEDS: &[(&str, &str)] = &[
     ("--cache-type-v", "`-ctv`"),
     ("--ubatch-size", "`-ub`"),
     ("--threads-batch", "`-tb`"),
-    ("--n-gpu-layers", "`-ngl`"),
+    // `-ngl` is accepted by every build (common.cpp:1411) but listed only by GPU builds.
 ];
 /// What its llama-bench `--help` must list.
 pub const BENCH_NEEDS: &[(&str, &str)] = &[
