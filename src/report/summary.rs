@@ -358,6 +358,24 @@ mod tests {
         }
     }
 
+    /// Rows named by engine (`--peer llama.cpp,ik`), and ik_llama.cpp's own types.
+    #[test]
+    fn type_labels_of_rows_named_by_engine() {
+        let mut r = sample_results().runners[1].clone();
+        for (engine, name, want) in [
+            (Engine::LlamaCpp, "llama.cpp:Q4_K_M", "Q4_K_M"),
+            (Engine::Ik, "ik:Q4_K_M", "Q4_K_M"),
+            (Engine::Ik, "ik:SmolLM2-IQ4_KS.gguf", "IQ4_KS"),
+            (Engine::Ik, "ik:m-IQ4_KSS-imatrix.gguf", "IQ4_KSS-imatrix"),
+            (Engine::Ik, "ik:m-IQ3_K.gguf", "IQ3_K"),
+            (Engine::Kwk, "ik:Q4_K_M", "ik:Q4_K_M"),
+        ] {
+            r.engine = engine;
+            r.name = name.into();
+            assert_eq!(type_label(&r), want, "{name}");
+        }
+    }
+
     #[test]
     fn the_table_fits_100_columns_for_long_and_wide_names() {
         let mut r = results();
