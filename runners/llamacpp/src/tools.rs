@@ -542,7 +542,9 @@ fn probe_version(tool: &Path, engine: Engine) -> Result<BuildInfo> {
     })
 }
 
-/// `tool --help`, stdout and stderr.
+/// `tool --help`, stdout and stderr. ik_llama.cpp's llama-perplexity exits 1 after printing
+/// its usage (common.cpp's `gpt_params_parse` returns false for `--help`), so a failed exit
+/// with a usage printed is its answer; one that printed nothing is the error it is.
 fn help_text(tool: &Path, engine: Engine) -> Result<String> {
     let name = tool
         .file_name()
@@ -550,8 +552,12 @@ fn help_text(tool: &Path, engine: Engine) -> Result<String> {
         .unwrap_or_default();
     let mut cmd = ToolCommand::new(&name, tool, PROBE_TIMEOUT, &engine.setup_hint());
     cmd.arg("--help");
-    let out = process::run(&cmd, |_, _| {})?;
-    Ok(format!("{}\n{}", out.stdout, out.stderr))
+    let mut printed = String::new();
+    match process::run(&cmd, |o, e| printed = format!("{o}\n{e}")) {
+        Ok(out) => Ok(format!("{}\n{}", out.stdout, out.stderr)),
+        Err(Error::Failed { .. }) if printed.contains("usage") => Ok(printed),
+        Err(e) => Err(e),
+    }
 }
 
 /// The engine llama-perplexity at `perplexity` is, from its `--help` (`wanted` names the

@@ -199,14 +199,17 @@ fn script(path: &Path, body: &str) {
     process::write_executable(path, &format!("#!/bin/sh\n{body}")).unwrap();
 }
 
+/// A fake tool printing `version` for `--version` and `help` for `--help`, exiting with
+/// the status the real ones do (ik_llama.cpp's llama-perplexity exits 1 after its usage).
 fn fake_tool(dir: &Path, name: &str, version: &str, help: &str, body: &str) {
     let help_file = dir.join(format!("{name}.help"));
     std::fs::write(&help_file, help).unwrap();
+    let help_status = u8::from(version.starts_with("ik-") && name == "llama-perplexity");
     script(
         &dir.join(name),
         &format!(
             "case \"$1\" in\n--version) cat '{}' >&2; exit 0;;\n\
-             --help) cat '{}'; exit 0;;\nesac\n{body}\n",
+             --help) cat '{}'; exit {help_status};;\nesac\n{body}\n",
             data_path(version).display(),
             help_file.display()
         ),
