@@ -483,7 +483,7 @@ mod tests {
             .collect();
         assert_eq!(engines, [Engine::LlamaCpp, Engine::Ik]);
         let int4 = parse_format("int4").unwrap();
-        assert_eq!(int4.for_peers(&[Engine::Ik]), [int4.clone()]);
+        assert_eq!(int4.for_peers(&[Engine::Ik]), std::slice::from_ref(&int4));
         // results.json names the engine as it did, and the new one as `ik`.
         assert_eq!(serde_json::to_string(&Engine::Ik).unwrap(), "\"ik\"");
         assert_eq!(
