@@ -124,32 +124,6 @@ fn build_tier(features: &[String]) -> &'static str {
     }
 }
 
-/// The settings a row of `engine` passes its tools beyond the model, text, sizes and
-/// threads: llama-perplexity's flash attention and KV cache, and llama-bench's (f16 KV
-/// always, flash attention on), with ik_llama.cpp's run-time repacking.
-fn engine_flags(engine: llamacpp::Engine, opts: &LlamaCppRunnerOptions) -> String {
-    let kv = opts.kv_type.as_str();
-    let fa = opts
-        .flash_attn
-        .unwrap_or_else(|| opts.kv_type.default_flash_attn());
-    let (ppl_extra, bench_extra) = match engine {
-        llamacpp::Engine::LlamaCpp => (String::new(), String::new()),
-        llamacpp::Engine::Ik => (
-            format!(" {}", llamacpp::ik::PERPLEXITY_SPEED_ARGS.join(" ")),
-            format!(" {}", llamacpp::ik::BENCH_SPEED_ARGS.join(" ")),
-        ),
-    };
-    let ppl = format!(
-        "llama-perplexity -fa {} -ctk {kv} -ctv {kv}{ppl_extra}",
-        if fa { "on" } else { "off" }
-    );
-    if opts.run_bench {
-        format!("{ppl}; llama-bench -fa 1 -ctk f16 -ctv f16{bench_extra}")
-    } else {
-        ppl
-    }
-}
-
 /// One GGUF file run by llama.cpp (or ik_llama.cpp).
 pub struct LlamaCppRunner {
     gguf: PathBuf,
@@ -221,7 +195,13 @@ impl LlamaCppRunner {
             calibration_s: None,
             kv_type: opts.kv_type.as_str().to_string(),
             kernels: None,
-            engine_flags: Some(engine_flags(engine, &opts)),
+            engine_flags: Some(llamacpp::settings::described(
+                engine,
+                opts.kv_type,
+                opts.flash_attn
+                    .unwrap_or_else(|| opts.kv_type.default_flash_attn()),
+                opts.run_bench,
+            )),
             roofline: Some(RooflineCost {
                 compute: compute_kind_of(&summary.type_params),
                 weight_bytes_per_token,

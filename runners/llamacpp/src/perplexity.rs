@@ -256,7 +256,7 @@ pub(crate) fn too_short(stderr: &str) -> Option<PerplexityProblem> {
 }
 
 /// Parses a run of `engine`'s llama-perplexity: [`parse_perplexity`] for llama.cpp,
-/// [`crate::ik::parse_perplexity`] for ik_llama.cpp.
+/// [`parse_perplexity_ik`] for ik_llama.cpp.
 pub fn parse_perplexity_of(
     engine: Engine,
     stdout: &str,
@@ -264,7 +264,7 @@ pub fn parse_perplexity_of(
 ) -> std::result::Result<PerplexityOutput, PerplexityProblem> {
     match engine {
         Engine::LlamaCpp => parse_perplexity(stdout, stderr),
-        Engine::Ik => crate::ik::parse_perplexity(stdout, stderr),
+        Engine::Ik => parse_perplexity_ik(stdout, stderr),
     }
 }
 
@@ -349,6 +349,97 @@ pub fn parse_perplexity(
         ready_s: ready_seconds(stderr),
         seconds_per_pass,
         cpu_features: cpu_features(stderr),
+    })
+}
+
+/// Parses an ik_llama.cpp llama-perplexity run ([`crate::ik`] says how its output differs) (default mode, or the one writing a
+/// KL-divergence base file). The Final line is required; the running values must number
+/// the chunks announced, and the last one must be the Final PPL.
+pub fn parse_perplexity_ik(
+    stdout: &str,
+    stderr: &str,
+) -> std::result::Result<PerplexityOutput, PerplexityProblem> {
+    static FINAL: OnceLock<Regex> = OnceLock::new();
+    static OVER: OnceLock<Regex> = OnceLock::new();
+    static PASS: OnceLock<Regex> = OnceLock::new();
+    if let Some(short) = too_short(stderr) {
+        return Err(short);
+    }
+    let errors = crate::ik::error_lines(stdout, stderr);
+    let fin = re(
+        &FINAL,
+        r"Final estimate: PPL over (\d+) chunks for n_ctx=(\d+) = ([0-9A-Za-z.+-]+) \+/- ([0-9A-Za-z.+-]+)",
+    )
+    .captures(stdout);
+    let Some(fin) = fin else {
+        return Err(if errors.is_empty() {
+            PerplexityProblem::Truncated
+        } else {
+            PerplexityProblem::Reported(errors)
+        });
+    };
+    if !errors.is_empty() {
+        return Err(PerplexityProblem::Reported(errors));
+    }
+    let number = |s: &str, what: &str| {
+        s.parse::<f64>()
+            .map_err(|_| PerplexityProblem::Malformed(format!("{what} `{s}`")))
+    };
+    let ppl = number(&fin[3], "Final estimate PPL")?;
+    let ppl_err = number(&fin[4], "Final estimate uncertainty")?;
+    if !ppl.is_finite() || !ppl_err.is_finite() {
+        return Err(PerplexityProblem::Malformed(format!(
+            "Final estimate is not finite: PPL = {ppl} +/- {ppl_err}"
+        )));
+    }
+    let final_chunks: usize = fin[1]
+        .parse()
+        .map_err(|_| PerplexityProblem::Malformed(format!("chunk count `{}`", &fin[1])))?;
+    let final_ctx: usize = fin[2]
+        .parse()
+        .map_err(|_| PerplexityProblem::Malformed(format!("n_ctx `{}`", &fin[2])))?;
+    let running = parse_running(stdout)?;
+    if running.len() != final_chunks {
+        return Err(PerplexityProblem::Malformed(format!(
+            "{} running values for the {final_chunks} chunks of the Final estimate",
+            running.len()
+        )));
+    }
+    let over = re(
+        &OVER,
+        r"calculating perplexity over (\d+) chunks, n_ctx=(\d+), batch_size=(\d+), n_seq=(\d+)",
+    )
+    .captures(stderr);
+    let field = |i: usize| over.as_ref().and_then(|c| c[i].parse::<usize>().ok());
+    if field(1).is_some_and(|n| n != final_chunks) || field(2).is_some_and(|c| c != final_ctx) {
+        return Err(PerplexityProblem::Malformed(format!(
+            "the Final estimate is over {final_chunks} chunks of {final_ctx}, the run announced {:?} of {:?}",
+            field(1),
+            field(2)
+        )));
+    }
+    if let Some(last) = running.last() {
+        if (last - ppl).abs() > 1e-4 * ppl.abs().max(1.0) {
+            return Err(PerplexityProblem::Malformed(format!(
+                "last running value {last} differs from Final estimate {ppl}"
+            )));
+        }
+    }
+    let seconds_per_pass = re(&PASS, r"perplexity: ([0-9.]+) seconds per pass")
+        .captures(stderr)
+        .and_then(|c| c[1].parse().ok());
+    Ok(PerplexityOutput {
+        ppl,
+        ppl_err,
+        running,
+        chunks: Some(final_chunks),
+        n_ctx: Some(final_ctx),
+        batch_size: field(3),
+        n_seq: field(4),
+        // Its log lines carry no timestamps.
+        ready_s: None,
+        seconds_per_pass,
+        cpu_features: crate::ik::cpu_features(stderr),
     })
 }
 
