@@ -14,6 +14,16 @@ const GGML_TYPES: &[&str] = &[
     "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "BF16", "F16", "F32",
 ];
 
+/// A point's label in the plots: the row's type, with `ik:` before it for ik_llama.cpp's
+/// rows, which the plots draw in llama.cpp's colour and shape (`--peer llama.cpp,ik` puts
+/// both engines' rows of one type at one size).
+pub fn plot_label(r: &RunnerRecord) -> String {
+    match r.engine {
+        crate::protocol::results::Engine::Ik => format!("{}:{}", r.engine, type_label(r)),
+        _ => type_label(r),
+    }
+}
+
 /// A row's type as a person names it: kwk's format (`int4:calib`), or for a GGUF the
 /// llama.cpp type in its file name with what follows it (`Q4_K_M-imatrix`), else the
 /// file's stem.

@@ -14,7 +14,7 @@ pub const WIDTH: usize = 100;
 /// The widest a row's type label may be before it is cut (with `…`).
 const TYPE_WIDTH: usize = 22;
 
-pub use super::labels::type_label;
+pub use super::labels::{plot_label, type_label};
 
 /// `s` cut to at most `width` terminal columns, ending in `…` when cut; line breaks and
 /// tabs shown as spaces, other control characters and bidirectional overrides (which would
@@ -374,6 +374,13 @@ mod tests {
             r.name = name.into();
             assert_eq!(type_label(&r), want, "{name}");
         }
+        // The plots tell ik's points from llama.cpp's by their label.
+        r.engine = Engine::Ik;
+        r.name = "ik:Q4_K_M".into();
+        assert_eq!(plot_label(&r), "ik:Q4_K_M");
+        r.engine = Engine::LlamaCpp;
+        r.name = "llama.cpp:Q4_K_M".into();
+        assert_eq!(plot_label(&r), "Q4_K_M");
     }
 
     #[test]
