@@ -11,7 +11,7 @@ use crate::compare::CompareOptions;
 use crate::generate::GenerateConfig;
 pub use crate::plan::Chunks;
 use crate::plan::{EvalOptions, KldMode};
-use crate::protocol::{parse_format, FormatSpec};
+use crate::protocol::{parse_format, Engine, FormatSpec};
 pub use crate::report::compare::TableFormat;
 use crate::report::gate::GateLimits;
 pub use crate::report::output::StdoutFormat;
@@ -194,6 +194,14 @@ pub struct EvalArgs {
     #[arg(long, value_name = "DIR")]
     pub llama_cpp_dir: Option<PathBuf>,
 
+    /// The external engines that run every GGUF row, comma-separated: llama.cpp, ik (ik_llama.cpp, with its recommended CPU settings -rtr and flash attention). With ik the rows are named by engine (llama.cpp:Q4_K_M, ik:Q4_K_M). Default: llama.cpp (rows gguf:...).
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = parse_peer)]
+    pub peer: Vec<Engine>,
+
+    /// Folder with ik_llama.cpp's tools for --peer ik (default: $KWK_IK_LLAMA_CPP_DIR, then PATH if its tools there are ik_llama.cpp's, then the build scripts/setup-ik-llama-cpp.sh leaves under $KWK_CACHE).
+    #[arg(long, value_name = "DIR")]
+    pub ik_llama_cpp_dir: Option<PathBuf>,
+
     /// Longest any one llama.cpp tool run may take before it is killed, in seconds, 1 to 604800 (default: scaled with the work, the time at 1 GFLOP/s for the tokens it runs through the model, at least 600).
     #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=604_800))]
     pub tool_timeout: Option<u64>,
@@ -331,6 +339,24 @@ pub struct GenerateArgs {
     pub no_pack_cache: bool,
 }
 
+/// One `--peer` entry: an external engine's name.
+fn parse_peer(s: &str) -> Result<Engine, String> {
+    llamacpp::Engine::parse(s).map(Engine::of_tools)
+}
+
+/// The `--peer` list as given: llama.cpp alone when empty; each engine once.
+fn peers(given: Vec<Engine>) -> Result<Vec<Engine>, String> {
+    if given.is_empty() {
+        return Ok(vec![Engine::LlamaCpp]);
+    }
+    for (i, e) in given.iter().enumerate() {
+        if given[..i].contains(e) {
+            return Err(format!("--peer names {e} twice; name each engine once"));
+        }
+    }
+    Ok(given)
+}
+
 fn parse_chunks(s: &str) -> Result<Chunks, String> {
     if s == "all" {
         return Ok(Chunks::All);
@@ -390,6 +416,8 @@ impl EvalArgs {
             llama_bench: self.llama_bench,
             ladder: self.ladder.unwrap_or_default(),
             llama_cpp_dir: self.llama_cpp_dir,
+            peers: peers(self.peer),
+            ik_llama_cpp_dir: self.ik_llama_cpp_dir,
             tool_timeout: self.tool_timeout,
             llama_kv: self.llama_kv.kv_type(),
             ctx: self.ctx,
@@ -575,5 +603,44 @@ mod tests {
         let e = Cli::try_parse_from(["kwk-eval", "--llm", "m", "--text", "t", "--kld", "--no-kld"])
             .unwrap_err();
         assert!(one_line(&e).contains("cannot be used with"));
+    }
+
+    /// `--peer`: llama.cpp alone by default; a list of engines by their names; an unknown
+    /// engine refused by the parser, one named twice when the plan is made.
+    #[test]
+    fn peer_lists_parse() {
+        let eval = |extra: &[&str]| {
+            let mut args = vec!["kwk-eval", "--llm", "m", "--text", "t"];
+            args.extend_from_slice(extra);
+            match Cli::try_parse_from(args).map(Cli::into_invocation) {
+                Ok(Invocation::Evaluate(c)) => Ok(c.peers),
+                Ok(_) => panic!("not an evaluation"),
+                Err(e) => Err(one_line(&e)),
+            }
+        };
+        assert_eq!(eval(&[]).unwrap(), Ok(vec![Engine::LlamaCpp]));
+        assert_eq!(
+            eval(&["--peer", "llama.cpp,ik"]).unwrap(),
+            Ok(vec![Engine::LlamaCpp, Engine::Ik])
+        );
+        assert_eq!(
+            eval(&["--peer", "ik_llama.cpp"]).unwrap(),
+            Ok(vec![Engine::Ik])
+        );
+        let e = eval(&["--peer", "llama.cpp,vllm"]).unwrap_err();
+        assert!(e.contains("unknown engine 'vllm'"), "{e}");
+        let twice = eval(&["--peer", "ik,ik"]).unwrap().unwrap_err();
+        assert!(twice.contains("--peer names ik twice"), "{twice}");
+        let c = Cli::try_parse_from([
+            "kwk-eval",
+            "--llm",
+            "m",
+            "--text",
+            "t",
+            "--ik-llama-cpp-dir",
+            "/ik",
+        ])
+        .unwrap();
+        assert_eq!(c.eval.ik_llama_cpp_dir, Some(PathBuf::from("/ik")));
     }
 }

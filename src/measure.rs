@@ -91,8 +91,13 @@ impl ReadProbes {
 pub fn build_llamacpp(plan: &RunPlan) -> Result<Vec<Option<Box<dyn Runner>>>> {
     plan.formats
         .iter()
-        .map(|f| match (f, &plan.tools) {
-            (FormatSpec::Gguf { path, .. }, Some(tools)) => {
+        .map(|f| match f {
+            FormatSpec::Gguf { path, engine, .. } => {
+                let tools = match engine {
+                    Engine::Ik => plan.ik_tools.as_ref(),
+                    _ => plan.tools.as_ref(),
+                }
+                .ok_or_else(|| anyhow::anyhow!("{engine}'s tools were not located"))?;
                 let options = LlamaCppRunnerOptions {
                     threads: plan.threads,
                     kv_type: plan.llama_kv,
@@ -103,7 +108,6 @@ pub fn build_llamacpp(plan: &RunPlan) -> Result<Vec<Option<Box<dyn Runner>>>> {
                 let r = LlamaCppRunner::new(path, tools, options)?.with_name(f.name());
                 Ok(Some(Box::new(r) as Box<dyn Runner>))
             }
-            (FormatSpec::Gguf { .. }, None) => anyhow::bail!("llama.cpp tools were not located"),
             _ => Ok(None),
         })
         .collect()

@@ -9,7 +9,7 @@ use crate::cache_dir::pack_cache;
 use crate::limits::{check_range, check_threads, MAX_CHUNKS, MAX_REPS, MAX_TOKENS};
 use crate::machine;
 use crate::protocol::results::Results;
-use crate::protocol::{check_ctx, parse_gguf_arg, FormatSpec, SpeedSpec};
+use crate::protocol::{check_ctx, parse_gguf_arg, Engine, FormatSpec, SpeedSpec};
 use crate::report::gate::{self, GateLimits};
 use crate::report::json;
 use crate::report::output::StdoutFormat;
@@ -58,6 +58,11 @@ pub struct EvalOptions {
     /// `--ladder`.
     pub ladder: crate::ladder::LadderChoice,
     pub llama_cpp_dir: Option<PathBuf>,
+    /// `--peer`: the engines that run every GGUF row (llama.cpp alone by default); an
+    /// error (a name given twice) is reported when the plan is made.
+    pub peers: std::result::Result<Vec<Engine>, String>,
+    /// `--ik-llama-cpp-dir`.
+    pub ik_llama_cpp_dir: Option<PathBuf>,
     /// `--tool-timeout` in seconds.
     pub tool_timeout: Option<u64>,
     pub llama_kv: llamacpp::KvType,
@@ -107,6 +112,10 @@ pub struct RunPlan {
     /// In run order: float32 first (the reference), other in-tree formats, then GGUFs.
     pub formats: Vec<FormatSpec>,
     pub tools: Option<llamacpp::LlamaCppTools>,
+    /// ik_llama.cpp's tools, with `--peer ik` and a GGUF row.
+    pub ik_tools: Option<llamacpp::LlamaCppTools>,
+    /// `--peer`: the engines that run every GGUF row.
+    pub peers: Vec<Engine>,
     /// llama.cpp's ladder, made from `--llm` after the plan ([`crate::ladder::make`]); its
     /// rows join `formats` then.
     pub ladder: Option<crate::ladder::LadderPlan>,
@@ -422,8 +431,12 @@ pub fn make(a: &EvalOptions, ui: &dyn Reporter) -> Result<RunPlan> {
         defaults = default_formats(ladder_asked)?;
         &defaults
     };
+    let peers = a.peers.clone().map_err(|e| anyhow!(e))?;
     // llama.cpp's ladder adds its rows after the plan, so it may be the only runner.
-    let formats = order_formats(asked, &a.gguf, ladder_asked)?;
+    let formats: Vec<FormatSpec> = order_formats(asked, &a.gguf, ladder_asked)?
+        .iter()
+        .flat_map(|f| f.for_peers(&peers))
+        .collect();
     let kld = a.kld;
     check_runners(&formats, kld, a.compare_to.as_deref())?;
     let (started_utc, stamp) = machine::utc_now();
@@ -435,6 +448,8 @@ pub fn make(a: &EvalOptions, ui: &dyn Reporter) -> Result<RunPlan> {
         calib_on_eval: a.calib_on_eval,
         formats,
         tools: None,
+        ik_tools: None,
+        peers,
         ladder: None,
         made: Vec::new(),
         unmade: Vec::new(),
@@ -480,15 +495,28 @@ pub fn make(a: &EvalOptions, ui: &dyn Reporter) -> Result<RunPlan> {
     // The ladder's +imatrix rows read --calib-text too.
     let calib_needed = plan.needs_calibration() || (ladder_wanted && a.calib_text.is_some());
     plan.calib_text = calibration_text(a, calib_needed, &plan.text)?;
-    if ladder_wanted
-        || plan
-            .formats
-            .iter()
-            .any(|s| matches!(s, FormatSpec::Gguf { .. }))
-    {
+    // The ladder is made with llama.cpp's tools whatever the peers; each GGUF row runs on
+    // its engine's.
+    let runs_on = |e: Engine| {
+        (ladder_wanted && plan.peers.contains(&e))
+            || plan
+                .formats
+                .iter()
+                .any(|s| matches!(s, FormatSpec::Gguf { engine, .. } if *engine == e))
+    };
+    if ladder_wanted || runs_on(Engine::LlamaCpp) {
         plan.tools = Some(
             llamacpp::LlamaCppTools::locate(a.llama_cpp_dir.as_deref())
                 .map_err(|e| anyhow!("{e}"))?,
+        );
+    }
+    if runs_on(Engine::Ik) {
+        plan.ik_tools = Some(
+            llamacpp::LlamaCppTools::locate_engine(
+                llamacpp::Engine::Ik,
+                a.ik_llama_cpp_dir.as_deref(),
+            )
+            .map_err(|e| anyhow!("--peer ik: {e}"))?,
         );
     }
     if let (true, Some(tools)) = (ladder_wanted, &plan.tools) {
@@ -542,8 +570,18 @@ impl RunPlan {
     pub fn identity_known_before_load(&self) -> gate::PlannedIdentity {
         let mut rows: Vec<String> = self.formats.iter().map(FormatSpec::name).collect();
         if let Some(l) = &self.ladder {
-            rows.push("gguf:F32".to_string());
-            rows.extend(l.rungs.iter().map(|r| format!("gguf:{}", r.label())));
+            let labels =
+                std::iter::once("F32".to_string()).chain(l.rungs.iter().map(|r| r.label()));
+            for label in labels {
+                let row = FormatSpec::Gguf {
+                    path: PathBuf::new(),
+                    label,
+                    explicit: true,
+                    engine: Engine::LlamaCpp,
+                    by_engine: false,
+                };
+                rows.extend(row.for_peers(&self.peers).iter().map(FormatSpec::name));
+            }
         }
         gate::PlannedIdentity {
             text_sha256: self.text.sha256.clone(),
@@ -599,6 +637,14 @@ pub fn noop_warnings(a: &EvalOptions, plan: &RunPlan) -> Vec<String> {
         .is_some_and(|l| l.rungs.iter().any(|r| r.imatrix));
     if a.calib_text.is_some() && !plan.needs_calibration() && !ladder_imatrix {
         w.push("--calib-text does nothing: no format calibrates (int8:calib, int4:calib, int4:gptq, ...) and no ladder row is +imatrix".to_string());
+    }
+    if a.ik_llama_cpp_dir.is_some() && plan.ik_tools.is_none() {
+        w.push("--ik-llama-cpp-dir does nothing: no row runs on ik_llama.cpp (pass --peer llama.cpp,ik with --gguf FILE or --ladder)".to_string());
+    }
+    if plan.peers != [Engine::LlamaCpp] && !llama {
+        w.push(
+            "--peer does nothing: there is no GGUF row (pass --gguf FILE or --ladder)".to_string(),
+        );
     }
     if a.calib_range.is_some() && ladder_imatrix {
         w.push("--calib-range applies to kwk's calibration only: llama-imatrix reads the whole --calib-text (its first chunks)".to_string());

@@ -234,6 +234,15 @@ fn start_results(
             kwk_eval: env!("CARGO_PKG_VERSION").to_string(),
             llama_cpp: plan.tools.as_ref().and_then(|t| t.build_number()),
             llama_cpp_version: plan.tools.as_ref().map(|t| t.build().raw.clone()),
+            ik_llama_cpp: plan.ik_tools.as_ref().map(|t| {
+                format!(
+                    "{} ({}, {})",
+                    t.build().raw,
+                    t.source(),
+                    t.bin_dir()
+                        .map_or(String::new(), |d| d.display().to_string())
+                )
+            }),
             llama_cpp_env_cleared: plan
                 .tools
                 .as_ref()

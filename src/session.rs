@@ -112,8 +112,16 @@ pub fn evaluate(args: &EvalOptions, ui: &dyn Reporter) -> Result<Outcome> {
             }
             r => r.context("making llama.cpp's ladder")?,
         };
-        plan.formats.extend(made.formats);
-        plan.made = made.made;
+        // Each made GGUF runs on every peer (`--peer`), its record under each row's name.
+        for f in made.formats {
+            let record = made.made.iter().find(|(n, _)| *n == f.name());
+            for row in f.for_peers(&plan.peers) {
+                if let Some((_, m)) = record {
+                    plan.made.push((row.name(), m.clone()));
+                }
+                plan.formats.push(row);
+            }
+        }
         plan.unmade = made.unmade;
         plan.not_made = made.not_made;
     }

@@ -456,6 +456,7 @@ pub fn make(plan: &LadderPlan, settings: &MakeSettings, ui: &dyn Reporter) -> Re
         label: "F32".into(),
         explicit: true,
         engine: Engine::LlamaCpp,
+        by_engine: false,
     };
     out.made.push((
         base_row.name(),
@@ -583,6 +584,7 @@ pub fn make(plan: &LadderPlan, settings: &MakeSettings, ui: &dyn Reporter) -> Re
             label,
             explicit: true,
             engine: Engine::LlamaCpp,
+            by_engine: false,
         };
         out.made.push((spec.name(), made));
         out.formats.push(spec);

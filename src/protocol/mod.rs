@@ -17,9 +17,9 @@ use std::path::PathBuf;
 
 /// The engine that runs a row: kwk's in-tree decoder, or an external program on a GGUF file.
 /// results.json writes it as its name (`"kwk"`, `"llama.cpp"`), the strings it held before
-/// it was a type, so older files and baselines read as they did. A fork with its own tools
-/// and dialect (issue 40's ik_llama.cpp) is one more variant here, with its runner beside
-/// `runner/llamacpp.rs`.
+/// it was a type, so older files and baselines read as they did. ik_llama.cpp, the fork with
+/// its own tools and dialect (issue 40), is one more variant, run by the same
+/// `runner/llamacpp.rs` through the `llamacpp` crate's dialect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 pub enum Engine {
     /// kwk's in-tree decoder (the default of a row read without one).
@@ -29,6 +29,9 @@ pub enum Engine {
     /// llama.cpp's tools: llama-perplexity, llama-bench, llama-tokenize.
     #[serde(rename = "llama.cpp")]
     LlamaCpp,
+    /// ik_llama.cpp's tools of the same names (`--peer ik`).
+    #[serde(rename = "ik")]
+    Ik,
 }
 
 impl Engine {
@@ -37,6 +40,24 @@ impl Engine {
         match self {
             Engine::Kwk => "kwk",
             Engine::LlamaCpp => "llama.cpp",
+            Engine::Ik => "ik",
+        }
+    }
+
+    /// The external engine's tools, as the `llamacpp` crate names them; `None` for kwk.
+    pub fn tools_engine(self) -> Option<llamacpp::Engine> {
+        match self {
+            Engine::Kwk => None,
+            Engine::LlamaCpp => Some(llamacpp::Engine::LlamaCpp),
+            Engine::Ik => Some(llamacpp::Engine::Ik),
+        }
+    }
+
+    /// The row engine of an external engine's tools.
+    pub fn of_tools(e: llamacpp::Engine) -> Engine {
+        match e {
+            llamacpp::Engine::LlamaCpp => Engine::LlamaCpp,
+            llamacpp::Engine::Ik => Engine::Ik,
         }
     }
 
@@ -82,6 +103,9 @@ pub struct RunnerInfo {
     /// The kernels the runner's weight matmuls run (kwk formats, e.g. `avx512bw`,
     /// `avx512f (convert)`); `None` for engines that do not say.
     pub kernels: Option<String>,
+    /// An external engine's settings that change its speed or results, as passed to its
+    /// tools (`-fa on -ctk f16 -ctv f16 -rtr`); `None` for kwk formats.
+    pub engine_flags: Option<String>,
     /// What a token costs this runner, for the roofline (`None` when unknown).
     pub roofline: Option<RooflineCost>,
 }
@@ -257,13 +281,16 @@ pub enum FormatSpec {
     },
     /// `gguf:PATH` in `--formats`, or a `--gguf PATH` (either may be `LABEL=PATH`). The row
     /// is named `gguf:<label>`: LABEL when given (`explicit`), else the file name, which
-    /// the plan widens with parent folders when two GGUFs share it.
+    /// the plan widens with parent folders when two GGUFs share it; `<engine>:<label>`
+    /// (`llama.cpp:Q4_K_M`, `ik:Q4_K_M`) when `by_engine`, as in a run with `--peer ik`.
     Gguf {
         path: PathBuf,
         label: String,
         explicit: bool,
-        /// The program that runs it (llama.cpp today).
+        /// The program that runs it: llama.cpp, or ik_llama.cpp with `--peer`.
         engine: Engine,
+        /// Whether the row is named by its engine rather than `gguf:`.
+        by_engine: bool,
     },
 }
 
@@ -283,6 +310,12 @@ impl FormatSpec {
     pub fn name(&self) -> String {
         match self {
             FormatSpec::Kwk { name, .. } => name.clone(),
+            FormatSpec::Gguf {
+                label,
+                engine,
+                by_engine: true,
+                ..
+            } => format!("{engine}:{label}"),
             FormatSpec::Gguf { label, .. } => format!("gguf:{label}"),
         }
     }
@@ -302,6 +335,31 @@ impl FormatSpec {
             path,
             explicit: false,
             engine: Engine::LlamaCpp,
+            by_engine: false,
+        }
+    }
+
+    /// This GGUF row once for each engine of `peers`: unchanged when `peers` is llama.cpp
+    /// alone (the default), else one row per engine, named by it (`llama.cpp:Q4_K_M`,
+    /// `ik:Q4_K_M`). Other rows are returned as they are.
+    pub fn for_peers(&self, peers: &[Engine]) -> Vec<FormatSpec> {
+        match self {
+            FormatSpec::Gguf {
+                path,
+                label,
+                explicit,
+                ..
+            } if peers != [Engine::LlamaCpp] => peers
+                .iter()
+                .map(|&engine| FormatSpec::Gguf {
+                    path: path.clone(),
+                    label: label.clone(),
+                    explicit: *explicit,
+                    engine,
+                    by_engine: true,
+                })
+                .collect(),
+            other => vec![other.clone()],
         }
     }
 }
@@ -352,6 +410,7 @@ pub fn parse_gguf_arg(arg: &str) -> Result<FormatSpec, String> {
         label: label.to_string(),
         explicit: true,
         engine: Engine::LlamaCpp,
+        by_engine: false,
     })
 }
 
@@ -400,6 +459,36 @@ mod tests {
         assert_eq!(
             parse_format("gguf:mine=m.gguf").unwrap().name(),
             "gguf:mine"
+        );
+    }
+
+    /// With llama.cpp alone a GGUF row keeps its `gguf:` name; with other peers it becomes
+    /// one row per engine, named by it; kwk rows are untouched.
+    #[test]
+    fn gguf_rows_run_once_per_peer_named_by_engine() {
+        let q = parse_format("gguf:Q4_K_M=m/q.gguf").unwrap();
+        let names = |peers: &[Engine]| -> Vec<String> {
+            q.for_peers(peers).iter().map(FormatSpec::name).collect()
+        };
+        assert_eq!(names(&[Engine::LlamaCpp]), ["gguf:Q4_K_M"]);
+        assert_eq!(
+            names(&[Engine::LlamaCpp, Engine::Ik]),
+            ["llama.cpp:Q4_K_M", "ik:Q4_K_M"]
+        );
+        assert_eq!(names(&[Engine::Ik]), ["ik:Q4_K_M"]);
+        let engines: Vec<Engine> = q
+            .for_peers(&[Engine::LlamaCpp, Engine::Ik])
+            .iter()
+            .map(FormatSpec::engine)
+            .collect();
+        assert_eq!(engines, [Engine::LlamaCpp, Engine::Ik]);
+        let int4 = parse_format("int4").unwrap();
+        assert_eq!(int4.for_peers(&[Engine::Ik]), std::slice::from_ref(&int4));
+        // results.json names the engine as it did, and the new one as `ik`.
+        assert_eq!(serde_json::to_string(&Engine::Ik).unwrap(), "\"ik\"");
+        assert_eq!(
+            serde_json::from_str::<Engine>("\"llama.cpp\"").unwrap(),
+            Engine::LlamaCpp
         );
     }
 }

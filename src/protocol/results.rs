@@ -106,6 +106,10 @@ pub struct Versions {
     /// runner ran).
     #[serde(default)]
     pub llama_cpp_build: Option<LlamaCppBuild>,
+    /// ik_llama.cpp's tools (`--peer ik`): where they were found and their `--version`
+    /// line as printed (null when no row ran on ik_llama.cpp).
+    #[serde(default)]
+    pub ik_llama_cpp: Option<String>,
 }
 
 /// The llama.cpp build the GGUF rows ran with, as `--version` reported it.
@@ -253,6 +257,10 @@ pub struct RunnerRecord {
     /// build reports (`llama.cpp build: AVX AVX2 ...`; null when it printed none).
     #[serde(default)]
     pub kernels: Option<String>,
+    /// An external engine's settings as passed to its tools (`-fa on -ctk f16 -ctv f16`,
+    /// ik_llama.cpp's `-rtr` too); null for kwk rows and files written before the field.
+    #[serde(default)]
+    pub engine_flags: Option<String>,
     pub ppl: Option<f64>,
     pub ppl_err: Option<f64>,
     pub ppl_delta_pct: Option<f64>,
@@ -380,6 +388,7 @@ impl RunnerRecord {
             type_mix: info.type_mix.clone(),
             kv_type: Some(info.kv_type.clone()),
             kernels: info.kernels.clone(),
+            engine_flags: info.engine_flags.clone(),
             load_s: info.load_s,
             load_read_s: info.load_read_s,
             load_pack_s: info.load_pack_s,
@@ -501,6 +510,7 @@ pub mod testdata {
                     commit: Some("abc".into()),
                     judged_by: "--help flags (build number 1 not plausible)".into(),
                 }),
+                ik_llama_cpp: None,
             },
             protocol: Protocol {
                 ctx: 64,

@@ -6,7 +6,7 @@ use super::plot::PlotFiles;
 use super::table::{
     calibration_line, distinct, notes, one_line, protocol_line, ratio_cell, table_rows,
 };
-use crate::protocol::results::{Engine, Results};
+use crate::protocol::results::{Engine, Results, RunnerRecord};
 use anyhow::Result;
 use std::fmt::Write as _;
 
@@ -93,7 +93,7 @@ fn machine_line(r: &Results) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "Machine: {} ({} threads; kwk kernels {}; CPU features {}). Versions: kwk {}, kwk-eval {}, llama.cpp {}. Started {}.",
+        "Machine: {} ({} threads; kwk kernels {}; CPU features {}). Versions: kwk {}, kwk-eval {}, llama.cpp {}{}. Started {}.",
         r.machine.cpu,
         r.machine.threads,
         r.machine.kernels.as_deref().unwrap_or("-"),
@@ -101,22 +101,38 @@ fn machine_line(r: &Results) -> String {
         r.versions.kwk.as_deref().unwrap_or("unknown"),
         r.versions.kwk_eval,
         llama_cpp_version(&r.versions),
+        r.versions
+            .ik_llama_cpp
+            .as_ref()
+            .map_or(String::new(), |v| format!(", ik_llama.cpp {v}")),
         r.started_utc
     );
-    // Every GGUF row runs the same tools, so one build; its features, as it reports them.
-    let mut builds: Vec<&str> = r
-        .runners
-        .iter()
-        .filter(|row| row.engine == Engine::LlamaCpp)
-        .filter_map(|row| row.kernels.as_deref())
-        .collect();
-    builds.dedup();
-    if !builds.is_empty() {
-        let _ = writeln!(
-            s,
-            "\nllama.cpp kernels (it picks its best among those its build has): {}.",
-            builds.join("; ")
-        );
+    // Every GGUF row of an engine runs the same tools, so one build; its features, as it
+    // reports them, and the settings its rows passed.
+    for engine in [Engine::LlamaCpp, Engine::Ik] {
+        let distinct = |field: fn(&RunnerRecord) -> Option<&str>| {
+            let mut v: Vec<&str> = r
+                .runners
+                .iter()
+                .filter(|row| row.engine == engine)
+                .filter_map(field)
+                .collect();
+            v.sort_unstable();
+            v.dedup();
+            v
+        };
+        let builds = distinct(|row| row.kernels.as_deref());
+        if !builds.is_empty() {
+            let _ = writeln!(
+                s,
+                "\n{engine} kernels (it picks its best among those its build has): {}.",
+                builds.join("; ")
+            );
+        }
+        let flags = distinct(|row| row.engine_flags.as_deref());
+        if !flags.is_empty() {
+            let _ = writeln!(s, "\n{engine} rows ran with: {}.", flags.join("; "));
+        }
     }
     if let Some(cleared) = &r.versions.llama_cpp_env_cleared {
         let _ = writeln!(

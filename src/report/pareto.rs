@@ -170,21 +170,27 @@ fn best_within<'a>(
         })
 }
 
-/// One line per llama.cpp size under [`QUANTIZED_BELOW`] bits: "at ≤ X bpw, kwk's best
-/// loses a % (its type), llama.cpp's b % (its type)"; empty unless both engines have
-/// quantized rows.
+/// One line per external engine's size under [`QUANTIZED_BELOW`] bits: "at ≤ X bpw, kwk's
+/// best loses a % (its type), llama.cpp's b % (its type)", and ik's with `--peer ik`; empty
+/// unless kwk and an external engine have quantized rows.
 pub fn size_lines(r: &Results) -> Vec<String> {
     let rows: Vec<&RunnerRecord> = measured(r)
         .into_iter()
         .filter(|x| x.bits_per_weight.unwrap_or(0.0) < QUANTIZED_BELOW)
         .collect();
     let has = |e: Engine| rows.iter().any(|x| x.engine == e);
-    if !has(Engine::Kwk) || !has(Engine::LlamaCpp) {
+    // The external engines in the run (llama.cpp, ik_llama.cpp with `--peer ik`), each
+    // with its best at every size of theirs.
+    let peers: Vec<Engine> = [Engine::LlamaCpp, Engine::Ik]
+        .into_iter()
+        .filter(|&e| has(e))
+        .collect();
+    if !has(Engine::Kwk) || peers.is_empty() {
         return Vec::new();
     }
     let mut sizes: Vec<f64> = rows
         .iter()
-        .filter(|x| x.engine == Engine::LlamaCpp)
+        .filter(|x| x.engine.is_external())
         .filter_map(|x| x.bits_per_weight)
         .collect();
     sizes.sort_by(f64::total_cmp);
@@ -201,10 +207,14 @@ pub fn size_lines(r: &Results) -> Vec<String> {
     sizes
         .into_iter()
         .map(|size| {
+            let theirs: Vec<String> = peers
+                .iter()
+                .map(|&e| format!("{e}'s {}", show(best_within(&rows, e, size))))
+                .collect();
             format!(
-                "at ≤ {size:.2} bpw: kwk's best loses {}, llama.cpp's {}",
+                "at ≤ {size:.2} bpw: kwk's best loses {}, {}",
                 show(best_within(&rows, Engine::Kwk, size)),
-                show(best_within(&rows, Engine::LlamaCpp, size))
+                theirs.join(", ")
             )
         })
         .collect()
@@ -273,6 +283,16 @@ mod tests {
                 "at ≤ 4.90 bpw: kwk's best loses nothing this small, llama.cpp's +3.00 % (Q4_K_M, 4.90 bpw)".to_string(),
                 "at ≤ 5.70 bpw: kwk's best loses +1.00 % (int4, 5.00 bpw), llama.cpp's +1.50 % (Q5_K_M, 5.70 bpw)".to_string(),
             ]
+        );
+        // With ik_llama.cpp's rows too (`--peer llama.cpp,ik`): its best at each size.
+        let r = results(vec![
+            row("int4", Engine::Kwk, 5.0, 1.0),
+            row("llama.cpp:Q4_K_M", Engine::LlamaCpp, 4.9, 3.0),
+            row("ik:Q4_K_M", Engine::Ik, 4.9, 2.5),
+        ]);
+        assert_eq!(
+            size_lines(&r),
+            vec!["at ≤ 4.90 bpw: kwk's best loses nothing this small, llama.cpp's +3.00 % (Q4_K_M, 4.90 bpw), ik's +2.50 % (Q4_K_M, 4.90 bpw)".to_string()]
         );
         // One engine alone: no comparison lines.
         let r = results(vec![row("int4", Engine::Kwk, 5.0, 1.0)]);

@@ -6,7 +6,7 @@
 //! in the binary (assets/fonts, Bitstream Vera licence), so a machine without fonts still
 //! gets labelled plots.
 
-use super::summary::{fit, type_label};
+use super::summary::{fit, plot_label, type_label};
 use crate::protocol::results::{Engine, Results, RunnerRecord};
 use crate::scratch::Scratch;
 use anyhow::{anyhow, Context, Result};
@@ -59,7 +59,7 @@ fn points(results: &Results) -> Vec<Point> {
         .iter()
         .filter(|r| r.error.is_none())
         .map(|r| Point {
-            label: fit(&type_label(r), 28),
+            label: fit(&plot_label(r), 28),
             llama_cpp: r.engine.is_external(),
             bpw: r.bits_per_weight,
             delta_pct: r.ppl_delta_pct,
@@ -424,7 +424,7 @@ fn speed_bars(
                 (
                     r.bits_per_weight,
                     Bar {
-                        label: fit(&type_label(r), 16),
+                        label: fit(&plot_label(r), 16),
                         mean,
                         std,
                         llama_cpp: r.engine.is_external(),

@@ -14,7 +14,7 @@ pub const WIDTH: usize = 100;
 /// The widest a row's type label may be before it is cut (with `…`).
 const TYPE_WIDTH: usize = 22;
 
-pub use super::labels::type_label;
+pub use super::labels::{plot_label, type_label};
 
 /// `s` cut to at most `width` terminal columns, ending in `…` when cut; line breaks and
 /// tabs shown as spaces, other control characters and bidirectional overrides (which would
@@ -356,6 +356,31 @@ mod tests {
             r.name = file.into();
             assert_eq!(type_label(&r), want, "{file}");
         }
+    }
+
+    /// Rows named by engine (`--peer llama.cpp,ik`), and ik_llama.cpp's own types.
+    #[test]
+    fn type_labels_of_rows_named_by_engine() {
+        let mut r = sample_results().runners[1].clone();
+        for (engine, name, want) in [
+            (Engine::LlamaCpp, "llama.cpp:Q4_K_M", "Q4_K_M"),
+            (Engine::Ik, "ik:Q4_K_M", "Q4_K_M"),
+            (Engine::Ik, "ik:SmolLM2-IQ4_KS.gguf", "IQ4_KS"),
+            (Engine::Ik, "ik:m-IQ4_KSS-imatrix.gguf", "IQ4_KSS-imatrix"),
+            (Engine::Ik, "ik:m-IQ3_K.gguf", "IQ3_K"),
+            (Engine::Kwk, "ik:Q4_K_M", "ik:Q4_K_M"),
+        ] {
+            r.engine = engine;
+            r.name = name.into();
+            assert_eq!(type_label(&r), want, "{name}");
+        }
+        // The plots tell ik's points from llama.cpp's by their label.
+        r.engine = Engine::Ik;
+        r.name = "ik:Q4_K_M".into();
+        assert_eq!(plot_label(&r), "ik:Q4_K_M");
+        r.engine = Engine::LlamaCpp;
+        r.name = "llama.cpp:Q4_K_M".into();
+        assert_eq!(plot_label(&r), "Q4_K_M");
     }
 
     #[test]

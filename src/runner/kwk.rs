@@ -106,6 +106,7 @@ impl KwkRunner {
                 .then(|| decoder.calibration_s()),
             kv_type: "f32".into(),
             kernels: Some(precision.kernels().to_string()),
+            engine_flags: None,
             roofline: Some(RooflineCost {
                 compute: match precision.arithmetic() {
                     kwk::kernels::Arithmetic::Fp32 => ComputeKind::Fp32,

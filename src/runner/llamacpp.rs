@@ -1,4 +1,7 @@
-//! llama.cpp as a [`super::Runner`], one runner per GGUF file.
+//! llama.cpp, or its fork ik_llama.cpp, as a [`super::Runner`], one runner per GGUF file
+//! and engine. The engine is the tools': the `llamacpp` crate speaks each one's dialect
+//! (ik_llama.cpp's rows run with its recommended CPU settings, run-time repacking and flash
+//! attention), and the row records the settings it ran with (`engine_flags`).
 //!
 //! The GGUF is opened with kwk's reader before any subprocess runs, so a truncated file or
 //! one that is not GGUF fails at once with a clear error, and the report gets its size,
@@ -88,18 +91,18 @@ fn compute_kind_of(type_params: &std::collections::BTreeMap<String, u64>) -> Com
 }
 
 /// A llama.cpp row's `kernels`: the CPU features its build reports (it picks its own best
-/// kernels among those), e.g. `llama.cpp build: AVX AVX2 F16C FMA BMI2`. SSE3 and SSSE3,
-/// which every x86-64 build of it reports, are left out.
-fn kernels_label(features: &[String]) -> String {
+/// kernels among those), e.g. `llama.cpp build: AVX AVX2 F16C FMA BMI2` (`ik build: ...`
+/// for ik_llama.cpp). SSE3 and SSSE3, which every x86-64 build of it reports, are left out.
+fn kernels_label(engine: llamacpp::Engine, features: &[String]) -> String {
     let named: Vec<&str> = features
         .iter()
         .map(String::as_str)
         .filter(|f| !matches!(*f, "SSE3" | "SSSE3"))
         .collect();
     if named.is_empty() {
-        "llama.cpp build: no SIMD features".to_string()
+        format!("{engine} build: no SIMD features")
     } else {
-        format!("llama.cpp build: {}", named.join(" "))
+        format!("{engine} build: {}", named.join(" "))
     }
 }
 
@@ -121,7 +124,7 @@ fn build_tier(features: &[String]) -> &'static str {
     }
 }
 
-/// One GGUF file run by llama.cpp.
+/// One GGUF file run by llama.cpp (or ik_llama.cpp).
 pub struct LlamaCppRunner {
     gguf: PathBuf,
     tools: LlamaCppTools,
@@ -169,9 +172,13 @@ impl LlamaCppRunner {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| gguf_path.display().to_string());
+        let engine = tools.engine();
         let info = RunnerInfo {
-            name: format!("gguf:{file_name}"),
-            engine: Engine::LlamaCpp,
+            name: match engine {
+                llamacpp::Engine::LlamaCpp => format!("gguf:{file_name}"),
+                llamacpp::Engine::Ik => format!("{engine}:{file_name}"),
+            },
+            engine: Engine::of_tools(engine),
             tensor_bytes: summary.tensor_bytes,
             file_bytes: Some(summary.file_bytes),
             bits_per_weight: summary.bits_per_weight,
@@ -188,6 +195,13 @@ impl LlamaCppRunner {
             calibration_s: None,
             kv_type: opts.kv_type.as_str().to_string(),
             kernels: None,
+            engine_flags: Some(llamacpp::settings::described(
+                engine,
+                opts.kv_type,
+                opts.flash_attn
+                    .unwrap_or_else(|| opts.kv_type.default_flash_attn()),
+                opts.run_bench,
+            )),
             roofline: Some(RooflineCost {
                 compute: compute_kind_of(&summary.type_params),
                 weight_bytes_per_token,
@@ -354,7 +368,7 @@ impl Runner for LlamaCppRunner {
             self.info.load_s = out.ready_s;
         }
         if let (None, Some(features)) = (&self.info.kernels, &out.cpu_features) {
-            self.info.kernels = Some(kernels_label(features));
+            self.info.kernels = Some(kernels_label(self.tools.engine(), features));
             // A build limited to the tier kwk was forced onto (`setup-llama-cpp.sh --isa`)
             // is put against that tier's ceilings, not the best tier's.
             let active = kwk::kernels::active_isa();
@@ -443,7 +457,7 @@ mod tests {
         );
         assert_eq!(build_tier(&native), "vnni");
         assert_eq!(
-            kernels_label(&native),
+            kernels_label(llamacpp::Engine::LlamaCpp, &native),
             "llama.cpp build: AVX AVX_VNNI AVX2 F16C FMA BMI2 AVX512 AVX512_VBMI AVX512_VNNI \
              AVX512_BF16 LLAMAFILE OPENMP REPACK"
         );
@@ -455,9 +469,12 @@ mod tests {
         // AVX-VNNI without AVX2 is no tier of kwk's: the build's best is plain AVX.
         assert_eq!(build_tier(&f("AVX AVX_VNNI")), "scalar");
         assert_eq!(build_tier(&f("LLAMAFILE OPENMP REPACK")), "scalar");
-        assert_eq!(kernels_label(&[]), "llama.cpp build: no SIMD features");
         assert_eq!(
-            kernels_label(&f("SSE3 SSSE3")),
+            kernels_label(llamacpp::Engine::LlamaCpp, &[]),
+            "llama.cpp build: no SIMD features"
+        );
+        assert_eq!(
+            kernels_label(llamacpp::Engine::LlamaCpp, &f("SSE3 SSSE3")),
             "llama.cpp build: no SIMD features"
         );
     }

@@ -24,7 +24,9 @@ pub fn eval_txt() -> PathBuf {
 /// kwk-eval with no llama.cpp or pack cache configuration from the environment.
 pub fn kwk_eval() -> Command {
     let mut c = Command::cargo_bin("kwk-eval").unwrap();
-    c.env_remove("KWK_LLAMA_CPP_DIR").env_remove("KWK_ISA");
+    c.env_remove("KWK_LLAMA_CPP_DIR")
+        .env_remove("KWK_IK_LLAMA_CPP_DIR")
+        .env_remove("KWK_ISA");
     c
 }
 

@@ -15,7 +15,7 @@
 use crate::error::{Error, Result};
 use crate::process::{self, ToolCommand};
 use crate::settings::{ComputeSettings, KvType};
-use crate::tools::{LlamaCppTools, BENCH};
+use crate::tools::{Engine, LlamaCppTools, BENCH};
 use regex::Regex;
 use serde::Deserialize;
 use std::path::PathBuf;
@@ -62,7 +62,7 @@ impl BenchRequest {
             ));
         }
         let mut cmd = ToolCommand::new(
-            BENCH,
+            &tools.tool_label(BENCH),
             tools.bench_path(),
             self.timeout,
             "check the GGUF loads in llama.cpp (the stderr above says why not)",
@@ -82,7 +82,16 @@ impl BenchRequest {
             "-ub",
             &BENCH_UBATCH.to_string(),
         ]);
-        cmd.args(["-o", "json", "--progress"]);
+        match tools.engine() {
+            Engine::LlamaCpp => {
+                cmd.args(["-o", "json", "--progress"]);
+            }
+            // ik_llama.cpp's llama-bench has no --progress; its speed settings.
+            Engine::Ik => {
+                cmd.args(crate::ik::BENCH_SPEED_ARGS);
+                cmd.args(["-o", "json"]);
+            }
+        }
         Ok(cmd)
     }
 }
@@ -177,8 +186,13 @@ pub fn parse_bench_json(stdout: &str) -> std::result::Result<BenchOutput, String
     Ok(BenchOutput { pp, tg, raw })
 }
 
-/// Checks the parsed output is the run that was asked for.
-fn check_matches(out: &BenchOutput, req: &BenchRequest) -> std::result::Result<(), String> {
+/// Checks the parsed output is the run that was asked for, by `engine`'s llama-bench (for
+/// ik_llama.cpp also its speed settings, [`crate::ik::check_bench_settings`]).
+pub fn check_matches(
+    out: &BenchOutput,
+    req: &BenchRequest,
+    engine: Engine,
+) -> std::result::Result<(), String> {
     for (want, got, name) in [(req.pp, &out.pp, "pp"), (req.tg, &out.tg, "tg")] {
         match (want, got) {
             (0, None) => {}
@@ -202,6 +216,10 @@ fn check_matches(out: &BenchOutput, req: &BenchRequest) -> std::result::Result<(
                         "{name} test ran with {threads:?} threads, asked for {}",
                         req.compute.threads
                     ));
+                }
+                if engine == Engine::Ik {
+                    crate::ik::check_bench_settings(&t.raw, req.compute.flash_attn)
+                        .map_err(|e| format!("{name} test: {e}"))?;
                 }
                 let type_k = t.raw.get("type_k").and_then(|v| v.as_str());
                 if type_k.is_some_and(|k| k != req.compute.kv_type.as_str()) {
@@ -246,15 +264,19 @@ pub fn run_bench(
     let total = req.reps * (usize::from(req.pp > 0) + usize::from(req.tg > 0));
     let out = process::run(&cmd, |_, se| progress(count_progress(se), total))?;
     let bad = |what: String| Error::BadOutput {
-        tool: BENCH.to_string(),
+        tool: tools.tool_label(BENCH),
         what,
         command: out.command.clone(),
         stderr_tail: out.stderr_tail(),
-        hint: "llama-bench printed something the parser does not expect; check its version"
-            .to_string(),
+        hint: format!(
+            "this {} llama-bench printed something the parser does not expect; check its \
+             version ({})",
+            tools.engine().project(),
+            tools.engine().setup_script()
+        ),
     };
     let output = parse_bench_json(&out.stdout).map_err(&bad)?;
-    check_matches(&output, req).map_err(&bad)?;
+    check_matches(&output, req, tools.engine()).map_err(&bad)?;
     Ok(BenchRun {
         output,
         command: out.command.clone(),

@@ -2,6 +2,7 @@
 //! where a process ran, carries the last lines of its stderr and a hint at the fix, so a
 //! caller can print `{error}` and the user knows what to do next.
 
+use crate::engine::Engine;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -23,23 +24,40 @@ pub const MIN_BUILD_NUMBER: u64 = 6343;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A required tool was not in any of the places searched.
-    #[error("llama.cpp tool `{tool}` not found; searched: {}. Fix: {SETUP_HINT}", searched.join("; "))]
+    #[error("{} tool `{tool}` not found; searched: {}. Fix: {}", engine.project(), searched.join("; "), engine.setup_hint())]
     ToolNotFound {
+        engine: Engine,
         tool: &'static str,
         searched: Vec<String>,
+    },
+
+    /// The tools found are the other engine's (told apart by their own `--help`,
+    /// [`Engine::identify`]): ik_llama.cpp's where llama.cpp's were wanted, or the reverse
+    /// (which is also what an ik_llama.cpp too old to list its own options looks like).
+    #[error(
+        "{} is not {} but {} (its --help {}; found {version}). Fix: {}",
+        path.display(), wanted.project(), found.project(),
+        if *found == Engine::Ik { "lists ik_llama.cpp's own options" } else { "lacks ik_llama.cpp's own options such as --run-time-repack" },
+        wanted.setup_hint()
+    )]
+    WrongEngine {
+        path: PathBuf,
+        wanted: Engine,
+        found: Engine,
+        version: String,
     },
 
     /// llama.cpp's converter script, or a Python that can run it, was not found.
     #[error("{what} not found for llama.cpp's convert_hf_to_gguf.py; looked at: {}. Fix: {}", searched.join("; "), CONVERT_SETUP_HINT)]
     ConverterNotFound { what: String, searched: Vec<String> },
 
-    /// The tool exists but lacks a flag this crate passes (the llama.cpp build is too old).
+    /// The tool exists but lacks a flag this crate passes (the build is too old).
     #[error(
-        "llama.cpp tool {} is too old: its --help lacks {} (needs llama.cpp b{min_build} or newer, \
-         September 2025; found {version}). Fix: {SETUP_HINT}",
-        path.display(), missing.join(", "), min_build = MIN_BUILD_NUMBER
+        "{} tool {} is too old: its --help lacks {} ({}; found {version}). Fix: {}",
+        engine.project(), path.display(), missing.join(", "), needed_build(*engine), engine.setup_hint()
     )]
     ToolTooOld {
+        engine: Engine,
         path: PathBuf,
         missing: Vec<String>,
         version: String,
@@ -122,6 +140,19 @@ pub enum Error {
     /// A caller passed settings llama.cpp would reject or misread.
     #[error("invalid llama.cpp settings: {0}")]
     InvalidSettings(String),
+}
+
+/// The oldest build of `engine` that has every flag this crate passes, in words.
+fn needed_build(engine: Engine) -> String {
+    match engine {
+        Engine::LlamaCpp => {
+            format!("needs llama.cpp b{MIN_BUILD_NUMBER} or newer, September 2025")
+        }
+        Engine::Ik => format!(
+            "needs the ik_llama.cpp of ik-llama-cpp-python {} or newer",
+            crate::ik::PINNED_PYPI_VERSION
+        ),
+    }
 }
 
 /// Whole seconds, or one decimal below 10 s.

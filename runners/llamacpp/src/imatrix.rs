@@ -37,11 +37,12 @@ pub struct ImatrixRun {
 /// Runs llama-imatrix; the output file exists when this returns `Ok`.
 pub fn run_imatrix(tools: &LlamaCppTools, req: &ImatrixRequest) -> Result<ImatrixRun> {
     let tool = tools.imatrix_path().ok_or_else(|| Error::ToolNotFound {
+        engine: tools.engine(),
         tool: IMATRIX,
         searched: vec![format!("beside {}", tools.perplexity_path().display())],
     })?;
     let mut cmd = ToolCommand::new(
-        IMATRIX,
+        &tools.tool_label(IMATRIX),
         tool,
         req.timeout,
         "check the calibration text has at least one chunk of --ctx tokens",
@@ -59,7 +60,7 @@ pub fn run_imatrix(tools: &LlamaCppTools, req: &ImatrixRequest) -> Result<Imatri
     let out = process::run(&cmd, |_, _| {})?;
     if !req.output.is_file() {
         return Err(Error::BadOutput {
-            tool: IMATRIX.to_string(),
+            tool: tools.tool_label(IMATRIX),
             what: format!("it exited 0 but wrote no '{}'", req.output.display()),
             command: out.command.clone(),
             stderr_tail: out.stderr_tail(),

@@ -228,7 +228,7 @@ impl KlDivergenceRequest {
             )));
         }
         let mut cmd = ToolCommand::new(
-            PERPLEXITY,
+            &tools.tool_label(PERPLEXITY),
             tools.perplexity_path(),
             self.timeout,
             "check the base file was written for this model's vocabulary with the same context",

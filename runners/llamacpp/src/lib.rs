@@ -3,6 +3,8 @@
 //! `LLAMA_ARG_*`, timeouts, stderr tail kept) and parses what they print. Knows nothing of
 //! the harness.
 //!
+//! - [`engine`]: mainline llama.cpp or its fork ik_llama.cpp, told apart by their own
+//!   output; [`ik`]: the fork's dialect, one item per difference.
 //! - [`tools`]: discovery (`--llama-cpp-dir`, `KWK_LLAMA_CPP_DIR`, `PATH`, the setup script's
 //!   cache), build number/commit, "too old" checks against each tool's `--help`.
 //! - [`process`]: one subprocess with a clean environment, drained pipes and a timeout.
@@ -14,7 +16,9 @@
 
 pub mod bench;
 pub mod convert;
+pub mod engine;
 pub mod error;
+pub mod ik;
 pub mod imatrix;
 pub mod kld;
 pub mod perplexity;
@@ -26,6 +30,7 @@ pub mod tools;
 
 pub use bench::{run_bench, BenchOutput, BenchRequest, BenchRun, BenchTest};
 pub use convert::{run_convert, ConvertRequest, ConvertRun, Converter, ConverterSearch};
+pub use engine::Engine;
 pub use error::{Error, Result, SETUP_HINT};
 pub use imatrix::{run_imatrix, ImatrixRequest, ImatrixRun};
 pub use kld::{

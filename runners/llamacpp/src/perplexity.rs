@@ -27,7 +27,7 @@
 use crate::error::{Error, Result};
 use crate::process::{self, ToolCommand};
 use crate::settings::ComputeSettings;
-use crate::tools::{LlamaCppTools, PERPLEXITY};
+use crate::tools::{Engine, LlamaCppTools, PERPLEXITY};
 use regex::Regex;
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -88,7 +88,7 @@ impl PerplexityRequest {
     pub fn command(&self, tools: &LlamaCppTools) -> Result<ToolCommand> {
         self.validate()?;
         let mut cmd = ToolCommand::new(
-            PERPLEXITY,
+            &tools.tool_label(PERPLEXITY),
             tools.perplexity_path(),
             self.timeout,
             "check the GGUF loads in llama.cpp (the stderr above says why not) and that the text \
@@ -102,6 +102,9 @@ impl PerplexityRequest {
             cmd.arg("--chunks").arg(n.to_string());
         }
         cmd.args(self.compute.common_args());
+        if tools.engine() == Engine::Ik {
+            cmd.args(crate::ik::PERPLEXITY_SPEED_ARGS);
+        }
         if let Some(f) = &self.save_logits {
             cmd.arg("--kl-divergence-base").arg(f);
         }
@@ -229,36 +232,54 @@ pub(crate) fn cpu_features(stderr: &str) -> Option<Vec<String>> {
     Some(features)
 }
 
-/// Parses a default-mode run. `Final estimate` is required; the running values must number
-/// exactly the chunks llama-perplexity announced.
+/// The too-short problem when stderr says the text is too short (P:479-481; the same words
+/// in ik_llama.cpp).
+pub(crate) fn too_short(stderr: &str) -> Option<PerplexityProblem> {
+    static NEED: OnceLock<Regex> = OnceLock::new();
+    static ONLY: OnceLock<Regex> = OnceLock::new();
+    let c = re(
+        &NEED,
+        r"you need at least (\d+) tokens to evaluate perplexity with a context of (\d+)",
+    )
+    .captures(stderr)?;
+    let got = re(
+        &ONLY,
+        r"the data file you provided tokenizes to only (\d+) tokens",
+    )
+    .captures(stderr)
+    .and_then(|g| g[1].parse().ok());
+    Some(PerplexityProblem::TooShort {
+        needed: c[1].parse().unwrap_or(0),
+        ctx: c[2].parse().unwrap_or(0),
+        got,
+    })
+}
+
+/// Parses a run of `engine`'s llama-perplexity: [`parse_perplexity`] for llama.cpp,
+/// [`parse_perplexity_ik`] for ik_llama.cpp.
+pub fn parse_perplexity_of(
+    engine: Engine,
+    stdout: &str,
+    stderr: &str,
+) -> std::result::Result<PerplexityOutput, PerplexityProblem> {
+    match engine {
+        Engine::LlamaCpp => parse_perplexity(stdout, stderr),
+        Engine::Ik => parse_perplexity_ik(stdout, stderr),
+    }
+}
+
+/// Parses a default-mode run of mainline llama.cpp. `Final estimate` is required; the
+/// running values must number exactly the chunks llama-perplexity announced.
 pub fn parse_perplexity(
     stdout: &str,
     stderr: &str,
 ) -> std::result::Result<PerplexityOutput, PerplexityProblem> {
     static FINAL: OnceLock<Regex> = OnceLock::new();
     static OVER: OnceLock<Regex> = OnceLock::new();
-    static NEED: OnceLock<Regex> = OnceLock::new();
-    static ONLY: OnceLock<Regex> = OnceLock::new();
     static PASS: OnceLock<Regex> = OnceLock::new();
 
-    // P:479-481.
-    if let Some(c) = re(
-        &NEED,
-        r"you need at least (\d+) tokens to evaluate perplexity with a context of (\d+)",
-    )
-    .captures(stderr)
-    {
-        let got = re(
-            &ONLY,
-            r"the data file you provided tokenizes to only (\d+) tokens",
-        )
-        .captures(stderr)
-        .and_then(|g| g[1].parse().ok());
-        return Err(PerplexityProblem::TooShort {
-            needed: c[1].parse().unwrap_or(0),
-            ctx: c[2].parse().unwrap_or(0),
-            got,
-        });
+    if let Some(short) = too_short(stderr) {
+        return Err(short);
     }
     let errors = error_lines(stderr);
     // P:646: LOG_INF("Final estimate: PPL = %.4lf +/- %.5lf\n", ...). Searched, not
@@ -331,6 +352,97 @@ pub fn parse_perplexity(
     })
 }
 
+/// Parses an ik_llama.cpp llama-perplexity run ([`crate::ik`] says how its output differs) (default mode, or the one writing a
+/// KL-divergence base file). The Final line is required; the running values must number
+/// the chunks announced, and the last one must be the Final PPL.
+pub fn parse_perplexity_ik(
+    stdout: &str,
+    stderr: &str,
+) -> std::result::Result<PerplexityOutput, PerplexityProblem> {
+    static FINAL: OnceLock<Regex> = OnceLock::new();
+    static OVER: OnceLock<Regex> = OnceLock::new();
+    static PASS: OnceLock<Regex> = OnceLock::new();
+    if let Some(short) = too_short(stderr) {
+        return Err(short);
+    }
+    let errors = crate::ik::error_lines(stdout, stderr);
+    let fin = re(
+        &FINAL,
+        r"Final estimate: PPL over (\d+) chunks for n_ctx=(\d+) = ([0-9A-Za-z.+-]+) \+/- ([0-9A-Za-z.+-]+)",
+    )
+    .captures(stdout);
+    let Some(fin) = fin else {
+        return Err(if errors.is_empty() {
+            PerplexityProblem::Truncated
+        } else {
+            PerplexityProblem::Reported(errors)
+        });
+    };
+    if !errors.is_empty() {
+        return Err(PerplexityProblem::Reported(errors));
+    }
+    let number = |s: &str, what: &str| {
+        s.parse::<f64>()
+            .map_err(|_| PerplexityProblem::Malformed(format!("{what} `{s}`")))
+    };
+    let ppl = number(&fin[3], "Final estimate PPL")?;
+    let ppl_err = number(&fin[4], "Final estimate uncertainty")?;
+    if !ppl.is_finite() || !ppl_err.is_finite() {
+        return Err(PerplexityProblem::Malformed(format!(
+            "Final estimate is not finite: PPL = {ppl} +/- {ppl_err}"
+        )));
+    }
+    let final_chunks: usize = fin[1]
+        .parse()
+        .map_err(|_| PerplexityProblem::Malformed(format!("chunk count `{}`", &fin[1])))?;
+    let final_ctx: usize = fin[2]
+        .parse()
+        .map_err(|_| PerplexityProblem::Malformed(format!("n_ctx `{}`", &fin[2])))?;
+    let running = parse_running(stdout)?;
+    if running.len() != final_chunks {
+        return Err(PerplexityProblem::Malformed(format!(
+            "{} running values for the {final_chunks} chunks of the Final estimate",
+            running.len()
+        )));
+    }
+    let over = re(
+        &OVER,
+        r"calculating perplexity over (\d+) chunks, n_ctx=(\d+), batch_size=(\d+), n_seq=(\d+)",
+    )
+    .captures(stderr);
+    let field = |i: usize| over.as_ref().and_then(|c| c[i].parse::<usize>().ok());
+    if field(1).is_some_and(|n| n != final_chunks) || field(2).is_some_and(|c| c != final_ctx) {
+        return Err(PerplexityProblem::Malformed(format!(
+            "the Final estimate is over {final_chunks} chunks of {final_ctx}, the run announced {:?} of {:?}",
+            field(1),
+            field(2)
+        )));
+    }
+    if let Some(last) = running.last() {
+        if (last - ppl).abs() > 1e-4 * ppl.abs().max(1.0) {
+            return Err(PerplexityProblem::Malformed(format!(
+                "last running value {last} differs from Final estimate {ppl}"
+            )));
+        }
+    }
+    let seconds_per_pass = re(&PASS, r"perplexity: ([0-9.]+) seconds per pass")
+        .captures(stderr)
+        .and_then(|c| c[1].parse().ok());
+    Ok(PerplexityOutput {
+        ppl,
+        ppl_err,
+        running,
+        chunks: Some(final_chunks),
+        n_ctx: Some(final_ctx),
+        batch_size: field(3),
+        n_seq: field(4),
+        // Its log lines carry no timestamps.
+        ready_s: None,
+        seconds_per_pass,
+        cpu_features: crate::ik::cpu_features(stderr),
+    })
+}
+
 /// A finished run: the parsed output and how it was obtained.
 #[derive(Debug, Clone)]
 pub struct PerplexityRun {
@@ -362,7 +474,7 @@ pub fn run_perplexity(
     let mut last = None;
     for attempt in 1..=attempts {
         let out = process::run(&cmd, |so, _| progress(count_running(so)))?;
-        match parse_perplexity(&out.stdout, &out.stderr) {
+        match parse_perplexity_of(tools.engine(), &out.stdout, &out.stderr) {
             Ok(output) => {
                 return Ok(PerplexityRun {
                     output,
@@ -375,12 +487,12 @@ pub fn run_perplexity(
                 })
             }
             Err(PerplexityProblem::Truncated) => last = Some(out),
-            Err(problem) => return Err(problem_error(problem, req, &out)),
+            Err(problem) => return Err(problem_error(problem, req, &out, tools)),
         }
     }
     let out = last.expect("at least one attempt ran");
     Err(Error::BadOutput {
-        tool: PERPLEXITY.to_string(),
+        tool: tools.tool_label(PERPLEXITY),
         what: format!(
             "no `Final estimate` line and no error in {attempts} run(s) (exit code 0); a result \
              is never guessed from partial output"
@@ -398,6 +510,7 @@ fn problem_error(
     problem: PerplexityProblem,
     req: &PerplexityRequest,
     out: &process::ToolOutput,
+    tools: &LlamaCppTools,
 ) -> Error {
     let (what, hint) = match problem {
         PerplexityProblem::TooShort { needed, ctx, got } => {
@@ -420,12 +533,15 @@ fn problem_error(
         ),
         PerplexityProblem::Malformed(m) => (
             format!("unexpected output: {m}"),
-            "this llama.cpp prints something the parser does not know; check its version"
-                .to_string(),
+            format!(
+                "this {} prints something the parser does not know; check its version ({})",
+                tools.engine().project(),
+                tools.engine().setup_script()
+            ),
         ),
     };
     Error::BadOutput {
-        tool: PERPLEXITY.to_string(),
+        tool: tools.tool_label(PERPLEXITY),
         what,
         command: out.command.clone(),
         stderr_tail: out.stderr_tail(),

@@ -154,6 +154,7 @@ pub fn parse_allowed_types(help: &str) -> Vec<String> {
 
 fn quantize_tool(tools: &LlamaCppTools) -> Result<&Path> {
     tools.quantize_path().ok_or_else(|| Error::ToolNotFound {
+        engine: tools.engine(),
         tool: QUANTIZE,
         searched: vec![format!("beside {}", tools.perplexity_path().display())],
     })
@@ -162,7 +163,12 @@ fn quantize_tool(tools: &LlamaCppTools) -> Result<&Path> {
 /// The types this build of llama-quantize accepts.
 pub fn allowed_types(tools: &LlamaCppTools, timeout: Duration) -> Result<Vec<String>> {
     let tool = quantize_tool(tools)?;
-    let mut cmd = ToolCommand::new(QUANTIZE, tool, timeout, "rebuild llama.cpp's tools");
+    let mut cmd = ToolCommand::new(
+        &tools.tool_label(QUANTIZE),
+        tool,
+        timeout,
+        "rebuild llama.cpp's tools",
+    );
     cmd.arg("--help");
     // llama-quantize exits 1 after printing its usage: keep what it printed either way.
     let mut out = String::new();
@@ -173,7 +179,7 @@ pub fn allowed_types(tools: &LlamaCppTools, timeout: Duration) -> Result<Vec<Str
     let types = parse_allowed_types(&out);
     if types.is_empty() {
         return Err(Error::BadOutput {
-            tool: QUANTIZE.to_string(),
+            tool: tools.tool_label(QUANTIZE),
             what: "its --help lists no \"allowed quantization types\"".to_string(),
             command: cmd.display(),
             stderr_tail: process::tail_lines(&out, 10),
@@ -188,7 +194,7 @@ pub fn allowed_types(tools: &LlamaCppTools, timeout: Duration) -> Result<Vec<Str
 pub fn run_quantize(tools: &LlamaCppTools, req: &QuantizeRequest) -> Result<QuantizeRun> {
     let tool = quantize_tool(tools)?;
     let mut cmd = ToolCommand::new(
-        QUANTIZE,
+        &tools.tool_label(QUANTIZE),
         tool,
         req.timeout,
         "check the input GGUF loads in llama.cpp and the type name is one llama-quantize lists",

@@ -2,6 +2,7 @@
 //! instead of left to llama.cpp's defaults (which differ between tools, builds, machines and
 //! `LLAMA_ARG_*` variables).
 
+use crate::engine::Engine;
 use crate::error::{Error, Result};
 use std::fmt;
 
@@ -83,7 +84,8 @@ impl ComputeSettings {
         Ok(())
     }
 
-    /// `-t T -tb T -ngl 0 -fa on|off -ctk K -ctv K` in llama-perplexity's syntax.
+    /// `-t T -tb T -ngl 0 -fa on|off -ctk K -ctv K` in llama-perplexity's syntax (and
+    /// ik_llama.cpp's, which adds its speed settings, [`crate::ik::PERPLEXITY_SPEED_ARGS`]).
     pub(crate) fn common_args(&self) -> Vec<String> {
         let t = self.threads.to_string();
         vec![
@@ -100,5 +102,47 @@ impl ComputeSettings {
             "-ctv".into(),
             self.kv_type.as_str().into(),
         ]
+    }
+}
+
+/// The settings a GGUF row of `engine` passes its tools beyond the model, text, sizes and
+/// threads, for the report: llama-perplexity's flash attention and KV cache (`kv`, `fa`),
+/// and when `bench` llama-bench's (f16 KV always, flash attention on), each with
+/// ik_llama.cpp's speed settings. E.g. `llama-perplexity -fa on -ctk f16 -ctv f16 -rtr;
+/// llama-bench -fa 1 -ctk f16 -ctv f16 -rtr 1`.
+pub fn described(engine: Engine, kv: KvType, fa: bool, bench: bool) -> String {
+    let extra = |args: &[&str]| match engine {
+        Engine::LlamaCpp => String::new(),
+        Engine::Ik => format!(" {}", args.join(" ")),
+    };
+    let ppl = format!(
+        "llama-perplexity -fa {} -ctk {kv} -ctv {kv}{}",
+        if fa { "on" } else { "off" },
+        extra(crate::ik::PERPLEXITY_SPEED_ARGS)
+    );
+    if bench {
+        format!(
+            "{ppl}; llama-bench -fa 1 -ctk f16 -ctv f16{}",
+            extra(crate::ik::BENCH_SPEED_ARGS)
+        )
+    } else {
+        ppl
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn described_settings_name_each_engines_flags() {
+        assert_eq!(
+            described(Engine::Ik, KvType::F16, true, true),
+            "llama-perplexity -fa on -ctk f16 -ctv f16 -rtr; llama-bench -fa 1 -ctk f16 -ctv f16 -rtr 1"
+        );
+        assert_eq!(
+            described(Engine::LlamaCpp, KvType::F32, false, false),
+            "llama-perplexity -fa off -ctk f32 -ctv f32"
+        );
     }
 }

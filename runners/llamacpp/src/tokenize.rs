@@ -16,7 +16,7 @@
 
 use crate::error::{Error, Result};
 use crate::process::{self, ToolCommand};
-use crate::tools::{LlamaCppTools, TOKENIZE};
+use crate::tools::{Engine, LlamaCppTools, TOKENIZE};
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -67,6 +67,7 @@ pub struct TokenizeRun {
 /// Runs llama-tokenize on the text as llama-perplexity would read it.
 pub fn run_tokenize(tools: &LlamaCppTools, req: &TokenizeRequest) -> Result<TokenizeRun> {
     let tool = tools.tokenize_path().ok_or_else(|| Error::ToolNotFound {
+        engine: tools.engine(),
         tool: TOKENIZE,
         searched: vec![format!(
             "beside {} (or it lacks --ids/--no-escape/--no-parse-special)",
@@ -89,16 +90,20 @@ pub fn run_tokenize(tools: &LlamaCppTools, req: &TokenizeRequest) -> Result<Toke
         .map_err(io_err(tmp_path.clone()))?;
 
     let mut cmd = ToolCommand::new(
-        TOKENIZE,
+        &tools.tool_label(TOKENIZE),
         tool,
         req.timeout,
         "check the GGUF has a vocabulary llama.cpp can load",
     );
     cmd.arg("-m").arg(&req.model).arg("-f").arg(&tmp_path);
-    cmd.args(["--ids", "--no-escape", "--no-parse-special"]);
+    match tools.engine() {
+        Engine::LlamaCpp => cmd.args(["--ids", "--no-escape", "--no-parse-special"]),
+        // ik_llama.cpp's processes no escapes and has no --no-escape.
+        Engine::Ik => cmd.args(crate::ik::TOKENIZE_ARGS),
+    };
     let out = process::run(&cmd, |_, _| {})?;
     let ids = parse_ids(&out.stdout).map_err(|what| Error::BadOutput {
-        tool: TOKENIZE.to_string(),
+        tool: tools.tool_label(TOKENIZE),
         what,
         command: out.command.clone(),
         stderr_tail: out.stderr_tail(),

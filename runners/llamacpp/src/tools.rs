@@ -1,11 +1,18 @@
-//! Finding llama.cpp's tools and checking they are new enough.
+//! Finding llama.cpp's tools, or ik_llama.cpp's ([`Engine`]), and checking they are the
+//! engine asked for and new enough.
 //!
-//! Search order: the directory given by the caller (`--llama-cpp-dir`), then the directory in
-//! `KWK_LLAMA_CPP_DIR`, then `PATH` (via `which`), then the build that
-//! `scripts/setup-llama-cpp.sh` leaves under the user's cache
-//! (`${KWK_CACHE:-${XDG_CACHE_HOME:-~/.cache}/kwk}/llama.cpp-*/build/bin`). An explicit
-//! directory (flag or variable) is authoritative: when it lacks a tool that is an error, not
-//! a silent fall-through to another llama.cpp.
+//! Search order: the directory given by the caller (`--llama-cpp-dir`, or
+//! `--ik-llama-cpp-dir` for ik_llama.cpp), then the directory in `KWK_LLAMA_CPP_DIR`
+//! (`KWK_IK_LLAMA_CPP_DIR`), then `PATH` (via `which`), then the build that
+//! `scripts/setup-llama-cpp.sh` (`scripts/setup-ik-llama-cpp.sh`) leaves under the user's
+//! cache (`${KWK_CACHE:-${XDG_CACHE_HOME:-~/.cache}/kwk}/llama.cpp-*/build/bin`,
+//! `ik_llama.cpp-*/build/bin`). An explicit directory (flag or variable) is authoritative:
+//! when it lacks a tool, or holds the other engine's tools, that is an error, not a silent
+//! fall-through to another build. On `PATH` and in the cache, the other engine's tools (the
+//! two have the same file names) are passed over and named among the places searched.
+//!
+//! Which engine a build is comes from its own output, never its path: llama-perplexity's
+//! `--help` ([`Engine::identify`]), with the `--version` line kept for the report.
 //!
 //! "Too old" is decided from each tool's `--help`: every flag this crate passes must be
 //! listed there, in the syntax we pass it. Build numbers cannot decide it on their own,
@@ -22,6 +29,7 @@
 //! any build whose flags kwk could use) is therefore not evidence of age: such a build is
 //! judged by its `--help` alone ([`LlamaCppTools::judged_by`] says which way it was).
 
+pub use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::process::{self, ToolCommand};
 use std::ffi::OsString;
@@ -42,12 +50,14 @@ pub const QUANTIZE: &str = "llama-quantize";
 pub const TOKENIZE: &str = "llama-tokenize";
 pub const IMATRIX: &str = "llama-imatrix";
 
-/// The environment variable naming the directory of llama.cpp's tools.
+/// The environment variable naming the directory of llama.cpp's tools
+/// (`Engine::Ik.dir_env()` names ik_llama.cpp's).
 pub const DIR_ENV: &str = "KWK_LLAMA_CPP_DIR";
 
 const PROBE_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Substrings each tool's `--help` must contain, with what they stand for.
+/// Substrings each tool's `--help` must contain, with what they stand for (mainline
+/// llama.cpp's; ik_llama.cpp's are in [`crate::ik`]).
 const PERPLEXITY_NEEDS: &[(&str, &str)] = &[
     ("--flash-attn [on|off|auto]", "`-fa on|off`"),
     ("--chunks", "`--chunks`"),
@@ -140,9 +150,11 @@ impl BuildInfo {
 /// build one by hand.
 #[derive(Debug, Clone, Default)]
 pub struct Search {
-    /// `--llama-cpp-dir`.
+    /// The engine looked for (llama.cpp by default).
+    pub engine: Engine,
+    /// `--llama-cpp-dir` (`--ik-llama-cpp-dir`).
     pub dir: Option<PathBuf>,
-    /// The value of `KWK_LLAMA_CPP_DIR`.
+    /// The value of `KWK_LLAMA_CPP_DIR` (`KWK_IK_LLAMA_CPP_DIR`).
     pub env_dir: Option<PathBuf>,
     /// The value of `PATH`.
     pub path: Option<OsString>,
@@ -151,7 +163,13 @@ pub struct Search {
 }
 
 impl Search {
+    /// Mainline llama.cpp's search from the process environment.
     pub fn from_env(dir: Option<&Path>) -> Search {
+        Self::from_env_for(Engine::LlamaCpp, dir)
+    }
+
+    /// `engine`'s search from the process environment (`dir` is its `--...-dir` flag).
+    pub fn from_env_for(engine: Engine, dir: Option<&Path>) -> Search {
         let non_empty = |v: Option<OsString>| v.filter(|v| !v.is_empty());
         let cache_root = non_empty(std::env::var_os("KWK_CACHE"))
             .map(PathBuf::from)
@@ -162,8 +180,9 @@ impl Search {
                 non_empty(std::env::var_os("HOME")).map(|h| PathBuf::from(h).join(".cache/kwk"))
             });
         Search {
+            engine,
             dir: dir.map(Path::to_path_buf),
-            env_dir: non_empty(std::env::var_os(DIR_ENV)).map(PathBuf::from),
+            env_dir: non_empty(std::env::var_os(engine.dir_env())).map(PathBuf::from),
             path: non_empty(std::env::var_os("PATH")),
             cache_root,
         }
@@ -173,6 +192,7 @@ impl Search {
 /// llama.cpp's command-line tools, found and checked.
 #[derive(Debug, Clone)]
 pub struct LlamaCppTools {
+    engine: Engine,
     perplexity: PathBuf,
     bench: PathBuf,
     quantize: Option<PathBuf>,
@@ -239,9 +259,9 @@ fn missing_required(dir: &Path) -> &'static str {
     }
 }
 
-/// `llama.cpp-*/build/bin` directories under the cache root with a finished build, newest
-/// version last.
-fn cache_bins(cache_root: &Path) -> Vec<PathBuf> {
+/// `llama.cpp-*/build/bin` (`ik_llama.cpp-*/build/bin`) directories under the cache root
+/// with a finished build, newest version last.
+fn cache_bins(cache_root: &Path, engine: Engine) -> Vec<PathBuf> {
     let Ok(entries) = std::fs::read_dir(cache_root) else {
         return Vec::new();
     };
@@ -249,7 +269,7 @@ fn cache_bins(cache_root: &Path) -> Vec<PathBuf> {
         .filter_map(|e| e.ok())
         .filter_map(|e| {
             let name = e.file_name().to_string_lossy().into_owned();
-            let version = name.strip_prefix("llama.cpp-")?;
+            let version = name.strip_prefix(engine.cache_prefix())?;
             let key: Vec<u64> = version.split('.').map(|p| p.parse().unwrap_or(0)).collect();
             let root = e.path();
             root.join(".build-complete")
@@ -267,76 +287,117 @@ impl LlamaCppTools {
         Self::locate_in(&Search::from_env(dir))
     }
 
+    /// [`LlamaCppTools::locate`] for `engine` (`dir` is its `--...-dir` flag).
+    pub fn locate_engine(engine: Engine, dir: Option<&Path>) -> Result<LlamaCppTools> {
+        Self::locate_in(&Search::from_env_for(engine, dir))
+    }
+
     /// [`LlamaCppTools::locate`] with an explicit search.
     pub fn locate_in(search: &Search) -> Result<LlamaCppTools> {
         let found = Self::find(search)?;
-        Self::check(found)
+        Self::check(found, search.engine)
     }
 
     fn find(search: &Search) -> Result<Found> {
+        let engine = search.engine;
         let mut searched = Vec::new();
-        for (dir, source) in [(&search.dir, "--llama-cpp-dir"), (&search.env_dir, DIR_ENV)] {
+        for (dir, source) in [
+            (&search.dir, engine.dir_flag()),
+            (&search.env_dir, engine.dir_env()),
+        ] {
             if let Some(dir) = dir {
                 return in_dir(dir, source.to_string(), &mut searched).ok_or_else(|| {
                     Error::ToolNotFound {
+                        engine,
                         tool: missing_required(dir),
                         searched,
                     }
                 });
             }
         }
+        // Elsewhere the other engine's tools, which have the same names, are passed over.
+        let other_engine =
+            |perplexity: &Path| identify(perplexity, engine).is_ok_and(|found| found != engine);
         if let Some(path) = &search.path {
             searched.push("PATH".to_string());
             let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
             let which = |name: &str| which::which_in(name, Some(path), &cwd).ok();
             if let (Some(perplexity), Some(bench)) = (which(PERPLEXITY), which(BENCH)) {
-                return Ok(Found {
-                    perplexity,
-                    bench,
-                    quantize: which(QUANTIZE),
-                    tokenize: which(TOKENIZE),
-                    imatrix: which(IMATRIX),
-                    source: "PATH".to_string(),
-                });
+                if other_engine(&perplexity) {
+                    searched.pop();
+                    searched.push(format!(
+                        "PATH ({}: not {})",
+                        perplexity.display(),
+                        engine.project()
+                    ));
+                } else {
+                    return Ok(Found {
+                        perplexity,
+                        bench,
+                        quantize: which(QUANTIZE),
+                        tokenize: which(TOKENIZE),
+                        imatrix: which(IMATRIX),
+                        source: "PATH".to_string(),
+                    });
+                }
             }
         }
         if let Some(root) = &search.cache_root {
-            let bins = cache_bins(root);
+            let bins = cache_bins(root, engine);
             if bins.is_empty() {
                 searched.push(format!(
-                    "the setup script's cache ({}/llama.cpp-*/build/bin: none built)",
-                    root.display()
+                    "the setup script's cache ({}/{}*/build/bin: none built)",
+                    root.display(),
+                    engine.cache_prefix()
                 ));
             }
             for bin in bins.iter().rev() {
                 if let Some(f) = in_dir(bin, "the setup script's cache".to_string(), &mut searched)
                 {
-                    return Ok(f);
+                    if !other_engine(&f.perplexity) {
+                        return Ok(f);
+                    }
+                    if let Some(last) = searched.last_mut() {
+                        last.push_str(&format!(": not {}", engine.project()));
+                    }
                 }
             }
         }
         Err(Error::ToolNotFound {
+            engine,
             tool: PERPLEXITY,
             searched,
         })
     }
 
-    fn check(found: Found) -> Result<LlamaCppTools> {
-        let build = probe_version(&found.perplexity)?;
+    fn check(found: Found, engine: Engine) -> Result<LlamaCppTools> {
+        let build = probe_version(&found.perplexity, engine)?;
+        let found_engine = identify(&found.perplexity, engine)?;
+        if found_engine != engine {
+            return Err(Error::WrongEngine {
+                path: found.perplexity.clone(),
+                wanted: engine,
+                found: found_engine,
+                version: build.raw.clone(),
+            });
+        }
         let mut notes = Vec::new();
-        if let Some(n) = build.plausible_build_number() {
+        // Build numbers count each project's own commits: only mainline's date a build.
+        if let (Engine::LlamaCpp, Some(n)) = (engine, build.plausible_build_number()) {
             if n < MIN_BUILD_NUMBER {
                 return Err(Error::ToolTooOld {
+                    engine,
                     path: found.perplexity.clone(),
                     missing: vec![format!("build number {n} < {MIN_BUILD_NUMBER}")],
                     version: build.raw.clone(),
                 });
             }
         }
-        require_flags(&found.perplexity, PERPLEXITY_NEEDS, &build)?;
-        require_flags(&found.bench, BENCH_NEEDS, &build)?;
+        let needs = Needs::of(engine);
+        require_flags(&found.perplexity, needs.perplexity, &build, engine)?;
+        require_flags(&found.bench, needs.bench, &build, engine)?;
         let tokenize = match found.tokenize {
-            Some(t) => match require_flags(&t, TOKENIZE_NEEDS, &build) {
+            Some(t) => match require_flags(&t, needs.tokenize, &build, engine) {
                 Ok(()) => Some(t),
                 Err(e) => {
                     notes.push(format!(
@@ -360,6 +421,7 @@ impl LlamaCppTools {
             ));
         }
         Ok(LlamaCppTools {
+            engine,
             perplexity: found.perplexity,
             bench: found.bench,
             quantize: found.quantize,
@@ -369,6 +431,17 @@ impl LlamaCppTools {
             source: found.source,
             notes,
         })
+    }
+
+    /// The engine these tools are (checked from their own `--help`).
+    pub fn engine(&self) -> Engine {
+        self.engine
+    }
+
+    /// A tool's name in messages: `llama-perplexity` for llama.cpp's,
+    /// `ik_llama.cpp's llama-perplexity` for the fork's, so every error says which engine.
+    pub fn tool_label(&self, tool: &str) -> String {
+        tool_label(self.engine, tool)
     }
 
     pub fn perplexity_path(&self) -> &Path {
@@ -419,40 +492,94 @@ impl LlamaCppTools {
     }
 }
 
-fn probe_version(tool: &Path) -> Result<BuildInfo> {
-    let mut cmd = ToolCommand::new(
-        PERPLEXITY,
-        tool,
-        PROBE_TIMEOUT,
-        "the binary does not run; rebuild it with scripts/setup-llama-cpp.sh",
-    );
+/// `tool` as messages name it for `engine` ([`LlamaCppTools::tool_label`]).
+pub fn tool_label(engine: Engine, tool: &str) -> String {
+    match engine {
+        Engine::LlamaCpp => tool.to_string(),
+        Engine::Ik => format!("{}'s {tool}", engine.project()),
+    }
+}
+
+/// The `--help` substrings each tool of an engine must list.
+struct Needs {
+    perplexity: &'static [(&'static str, &'static str)],
+    bench: &'static [(&'static str, &'static str)],
+    tokenize: &'static [(&'static str, &'static str)],
+}
+
+impl Needs {
+    fn of(engine: Engine) -> Needs {
+        match engine {
+            Engine::LlamaCpp => Needs {
+                perplexity: PERPLEXITY_NEEDS,
+                bench: BENCH_NEEDS,
+                tokenize: TOKENIZE_NEEDS,
+            },
+            Engine::Ik => Needs {
+                perplexity: crate::ik::PERPLEXITY_NEEDS,
+                bench: crate::ik::BENCH_NEEDS,
+                tokenize: crate::ik::TOKENIZE_NEEDS,
+            },
+        }
+    }
+}
+
+fn probe_version(tool: &Path, engine: Engine) -> Result<BuildInfo> {
+    let hint = format!("the binary does not run; {}", engine.setup_hint());
+    let mut cmd = ToolCommand::new(PERPLEXITY, tool, PROBE_TIMEOUT, &hint);
     cmd.arg("--version");
     let out = process::run(&cmd, |_, _| {})?;
     let text = format!("{}\n{}", out.stderr, out.stdout);
     BuildInfo::parse(&text).ok_or_else(|| Error::BadOutput {
         tool: PERPLEXITY.to_string(),
-        what: "`--version` printed no `version: ...` line; is this llama.cpp?".to_string(),
+        what: format!(
+            "`--version` printed no `version: ...` line; is this {}?",
+            engine.project()
+        ),
         command: out.command.clone(),
         stderr_tail: out.stderr_tail(),
-        hint: crate::error::SETUP_HINT.to_string(),
+        hint: engine.setup_hint(),
     })
 }
 
-/// Checks that `tool --help` lists every flag in `needs`.
-fn require_flags(tool: &Path, needs: &[(&str, &str)], build: &BuildInfo) -> Result<()> {
+/// `tool --help`, stdout and stderr. ik_llama.cpp's llama-perplexity exits 1 after printing
+/// its usage (common.cpp's `gpt_params_parse` returns false for `--help`), so a failed exit
+/// with a usage printed is its answer; one that printed nothing is the error it is.
+fn help_text(tool: &Path, engine: Engine) -> Result<String> {
     let name = tool
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let mut cmd = ToolCommand::new(&name, tool, PROBE_TIMEOUT, crate::error::SETUP_HINT);
+    let mut cmd = ToolCommand::new(&name, tool, PROBE_TIMEOUT, &engine.setup_hint());
     cmd.arg("--help");
-    let out = process::run(&cmd, |_, _| {})?;
-    let help = format!("{}\n{}", out.stdout, out.stderr);
+    let mut printed = String::new();
+    match process::run(&cmd, |o, e| printed = format!("{o}\n{e}")) {
+        Ok(out) => Ok(format!("{}\n{}", out.stdout, out.stderr)),
+        Err(Error::Failed { .. }) if printed.contains("usage") => Ok(printed),
+        Err(e) => Err(e),
+    }
+}
+
+/// The engine llama-perplexity at `perplexity` is, from its `--help` (`wanted` names the
+/// set-up in messages should it not run).
+fn identify(perplexity: &Path, wanted: Engine) -> Result<Engine> {
+    Ok(Engine::identify(&help_text(perplexity, wanted)?))
+}
+
+/// Checks that `tool --help` lists every flag in `needs`.
+fn require_flags(
+    tool: &Path,
+    needs: &[(&str, &str)],
+    build: &BuildInfo,
+    engine: Engine,
+) -> Result<()> {
+    let help = help_text(tool, engine)?;
     let missing = missing_flags(&help, needs);
     if missing.is_empty() {
         Ok(())
     } else {
         Err(Error::ToolTooOld {
+            engine,
             path: tool.to_path_buf(),
             missing,
             version: build.raw.clone(),

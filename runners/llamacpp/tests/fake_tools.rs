@@ -104,6 +104,7 @@ fn search_order_flag_then_env_then_path_then_cache() {
     fake_set(&cache_bin, "exit 0");
 
     let all = Search {
+        engine: llamacpp::Engine::LlamaCpp,
         dir: Some(a.path().into()),
         env_dir: Some(b.path().into()),
         path: Some(c.path().as_os_str().to_owned()),
