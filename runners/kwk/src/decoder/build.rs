@@ -75,13 +75,16 @@ impl KwkDecoder {
         }
         let started = Instant::now();
         let built = pack_weights(config, weights, source, &pack_options(&options))?;
-        Ok(Self::assemble(config, eos, built, started, &options))
+        let gemma = GemmaParts::new(config, weights.post_norms.clone(), options.max_cache_len);
+        Ok(Self::assemble(config, eos, built, gemma, started, &options))
     }
 
     /// A warm start: the decoder from the pack cache alone, without the model's weights
     /// (`config` and `eos` from the model's metadata); `Ok(None)` when the cache holds no
     /// valid entry for `source` in `options.precision` (then load the weights and call
-    /// [`KwkDecoder::from_weights`], which packs and writes it).
+    /// [`KwkDecoder::from_weights`], which packs and writes it). Always `Ok(None)` for
+    /// Gemma 3: its post-attention and post-FFN norms are not in the pack cache, so its
+    /// decoder is built from the weights (which read the cache themselves).
     pub fn from_pack_cache(
         config: &ModelConfig,
         eos: Vec<u32>,
@@ -92,7 +95,7 @@ impl KwkDecoder {
             return Err(KwkError::Unsupported(why));
         }
         let started = Instant::now();
-        let quantized = options.precision.is_quantized();
+        let quantized = options.precision.is_quantized() && config.gemma3.is_none();
         let Some(dir) = options.pack_cache_dir.as_ref().filter(|_| quantized) else {
             return Ok(None);
         };
@@ -100,7 +103,9 @@ impl KwkDecoder {
         match pack_cache::try_load(dir, source, &options.precision, calibration)? {
             Some(cached) => {
                 let built = crate::pack::cached::from_cache(config, cached, source)?;
-                Ok(Some(Self::assemble(config, eos, built, started, &options)))
+                Ok(Some(Self::assemble(
+                    config, eos, built, None, started, &options,
+                )))
             }
             None => Ok(None),
         }
@@ -134,14 +139,17 @@ impl KwkDecoder {
         let started = Instant::now();
         let built =
             crate::pack::stream::pack_streamed(config, &lazy, &source, &pack_options(&options))?;
-        Ok(Self::assemble(config, eos, built, started, &options))
+        let gemma = GemmaParts::new(config, lazy.post_norms()?, options.max_cache_len);
+        Ok(Self::assemble(config, eos, built, gemma, started, &options))
     }
 
-    /// The decoder around the packed parts of a build started at `started`.
+    /// The decoder around the packed parts of a build started at `started` (and Gemma 3's
+    /// parts, which the pack does not hold).
     fn assemble(
         config: &ModelConfig,
         eos: Vec<u32>,
         built: Built,
+        gemma: Option<GemmaParts>,
         started: Instant,
         options: &DecoderOptions,
     ) -> Self {
@@ -166,6 +174,7 @@ impl KwkDecoder {
         for l in &layers {
             weight_bytes += l.bytes();
         }
+        weight_bytes += gemma.as_ref().map_or(0, GemmaParts::bytes);
         let rope = rope::Rope::new(
             config.head_dim,
             config.rope_theta as f64,
@@ -198,6 +207,7 @@ impl KwkDecoder {
             pack_cache,
             x_buf: Vec::new(),
             scratch: Scratch::default(),
+            gemma,
         }
     }
 }
