@@ -640,4 +640,6 @@ impl KwkDecoder {
 }
 
 #[cfg(test)]
+mod gemma_tests;
+#[cfg(test)]
 mod tests;
