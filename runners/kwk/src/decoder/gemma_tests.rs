@@ -19,8 +19,7 @@ struct Golden {
 
 fn golden() -> Golden {
     let v: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(fixture_dir().join("golden.json")).unwrap())
-            .unwrap();
+        serde_json::from_slice(&std::fs::read(fixture_dir().join("golden.json")).unwrap()).unwrap();
     Golden {
         tokens: v["tokens"]
             .as_array()
@@ -104,8 +103,15 @@ fn tiny_gemma3_safetensors_and_gguf_weights_are_equal() {
         assert_eq!(h.ffn_norm, g.ffn_norm, "layer {l}");
         assert_eq!(h.q_norm, g.q_norm, "layer {l}");
         assert_eq!(h.k_norm, g.k_norm, "layer {l}");
-        assert_eq!((&h.q, &h.k, &h.v, &h.o), (&g.q, &g.k, &g.v, &g.o), "layer {l}");
-        assert_ne!(h.ffn_norm, hw.post_norms[l].attn, "layer {l}: the naming trap");
+        assert_eq!(
+            (&h.q, &h.k, &h.v, &h.o),
+            (&g.q, &g.k, &g.v, &g.o),
+            "layer {l}"
+        );
+        assert_ne!(
+            h.ffn_norm, hw.post_norms[l].attn,
+            "layer {l}: the naming trap"
+        );
     }
 }
 
@@ -130,7 +136,10 @@ fn tiny_gemma3_matches_transformers_logits() {
         .unwrap();
         let all = dec.forward(&g.tokens, 0).unwrap();
         let diff = max_abs_diff(&all, &g.logits);
-        assert!(diff < 1e-4, "{threads} threads, one call: max |diff| {diff}");
+        assert!(
+            diff < 1e-4,
+            "{threads} threads, one call: max |diff| {diff}"
+        );
 
         dec.reset();
         let mut chunked = Vec::new();
@@ -138,7 +147,10 @@ fn tiny_gemma3_matches_transformers_logits() {
             chunked.extend(dec.forward(c, 0).unwrap());
         }
         let diff = max_abs_diff(&chunked, &g.logits);
-        assert!(diff < 1e-4, "{threads} threads, chunks of 7: max |diff| {diff}");
+        assert!(
+            diff < 1e-4,
+            "{threads} threads, chunks of 7: max |diff| {diff}"
+        );
 
         dec.reset();
         let mut stepped = Vec::new();
@@ -146,7 +158,10 @@ fn tiny_gemma3_matches_transformers_logits() {
             stepped.extend(dec.forward(&[t], 0).unwrap());
         }
         let diff = max_abs_diff(&stepped, &g.logits);
-        assert!(diff < 1e-4, "{threads} threads, token by token: max |diff| {diff}");
+        assert!(
+            diff < 1e-4,
+            "{threads} threads, token by token: max |diff| {diff}"
+        );
         assert_eq!(stepped.len(), n * g.vocab);
     }
 }

@@ -519,7 +519,12 @@ impl KwkDecoder {
         acts.prepare(&self.pool, &xn, d, [head.input_kind()]);
         let y = OutputMatrix::new(&mut out[base..], rows, vocab);
         layers::matmuls(&self.pool, &[(head, acts.get(&xn, head.input_kind()), &y)]);
-        if let Some(cap) = self.config.gemma3.as_ref().and_then(|g| g.final_logit_softcapping) {
+        if let Some(cap) = self
+            .config
+            .gemma3
+            .as_ref()
+            .and_then(|g| g.final_logit_softcapping)
+        {
             out[base..]
                 .iter_mut()
                 .for_each(|v| *v = cap * (*v / cap).tanh());

@@ -5,9 +5,9 @@
 //! Layers are assembled in parallel (rayon).
 
 use super::config::ModelConfig;
-use super::names::{requires_qk_norm, requires_qkv_bias, LayerTensor, WeightName};
 #[cfg(doc)]
 use super::names::hf_norm_offset;
+use super::names::{requires_qk_norm, requires_qkv_bias, LayerTensor, WeightName};
 use super::{FeedForward, LayerWeights, Mlp, ModelWeights, MoeBlock, PostNorms, Tensor};
 use crate::error::{KwkError, Result};
 use rayon::prelude::*;

@@ -167,7 +167,10 @@ pub(crate) fn hf_tensor_name(architecture: Architecture, name: WeightName) -> St
         T::KNorm => "self_attn.k_norm.weight".into(),
         T::FfnNorm => norms.ffn_norm.into(),
         // An architecture without the norm has no name for it: a name no checkpoint holds.
-        T::PostAttnNorm => norms.post_attn_norm.unwrap_or("(no post-attention norm)").into(),
+        T::PostAttnNorm => norms
+            .post_attn_norm
+            .unwrap_or("(no post-attention norm)")
+            .into(),
         T::PostFfnNorm => norms.post_ffn_norm.unwrap_or("(no post-FFN norm)").into(),
         T::Gate => "mlp.gate_proj.weight".into(),
         T::Up => "mlp.up_proj.weight".into(),

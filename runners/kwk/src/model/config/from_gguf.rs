@@ -166,7 +166,14 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
 
     let rope_scaling = rope_scaling_from_gguf(file, &keys, rope_theta, head_dim)?;
     let gemma3 = if architecture == Architecture::Gemma3 {
-        Some(gemma3_from_gguf(file, &keys, n_layers, hidden_size, n_heads, head_dim)?)
+        Some(gemma3_from_gguf(
+            file,
+            &keys,
+            n_layers,
+            hidden_size,
+            n_heads,
+            head_dim,
+        )?)
     } else {
         None
     };

@@ -204,9 +204,11 @@ impl ModelConfig {
         // transformers 5 keeps Gemma 3's two rope settings under `rope_parameters`, one per
         // layer type; the global layers' is the model's rope.
         let rope_parameters = match rope_parameters {
-            Some(p) if gemma && p.get("full_attention").is_some() => {
-                Some(Self::nested_object(&p, "rope_parameters", "full_attention")?)
-            }
+            Some(p) if gemma && p.get("full_attention").is_some() => Some(Self::nested_object(
+                &p,
+                "rope_parameters",
+                "full_attention",
+            )?),
             other => other,
         };
         let rope_theta = match &rope_parameters {
@@ -219,9 +221,9 @@ impl ModelConfig {
             None if gemma => keys.opt_f64("rope_theta")?.unwrap_or(1_000_000.0),
             None => keys.opt_f64("rope_theta")?.unwrap_or(10000.0),
         } as f32;
-        let max_position_embeddings = keys.opt_usize("max_position_embeddings")?.unwrap_or(
-            if gemma { 131072 } else { 2048 },
-        );
+        let max_position_embeddings = keys
+            .opt_usize("max_position_embeddings")?
+            .unwrap_or(if gemma { 131072 } else { 2048 });
         // Gemma3TextConfig ties the output to the embedding unless told otherwise.
         let tie_word_embeddings = keys.opt_bool("tie_word_embeddings")?.unwrap_or(gemma);
         let rope_scaling = match &rope_parameters {
@@ -354,8 +356,8 @@ impl ModelConfig {
     /// transformers 5's `rope_parameters.sliding_attention.rope_theta`), the layer kinds
     /// (`layer_types`, else `sliding_window_pattern`, default 6),
     /// `final_logit_softcapping` (none). Refused: `attn_logit_softcapping` (Gemma 2's, not
-    /// implemented), an activation other than tanh GELU, and a rope scaling on the local
-    /// layers.
+    /// implemented), bidirectional attention (EmbeddingGemma), an activation other than
+    /// tanh GELU, and a rope scaling on the local layers.
     fn gemma3_from_hf(keys: &JsonKeys, n_layers: usize) -> Result<Gemma3Params> {
         let unsupported = |what: String| {
             Err(KwkError::Unsupported(format!(
@@ -368,6 +370,13 @@ impl ModelConfig {
                 "attn_logit_softcapping {cap} (Gemma 2's attention soft-capping) is not \
                  implemented"
             ));
+        }
+        if keys.opt_bool("use_bidirectional_attention")? == Some(true) {
+            return unsupported(
+                "use_bidirectional_attention (EmbeddingGemma's encoder attention) is not \
+                 implemented; kwk runs causal Gemma 3"
+                    .into(),
+            );
         }
         let act = keys
             .opt_str("hidden_activation")?
@@ -407,7 +416,13 @@ impl ModelConfig {
                 let items = v
                     .as_array()
                     .filter(|a| a.len() == n_layers)
-                    .ok_or_else(|| keys.bad("layer_types", &format!("a list of {n_layers} layer types"), v))?;
+                    .ok_or_else(|| {
+                        keys.bad(
+                            "layer_types",
+                            &format!("a list of {n_layers} layer types"),
+                            v,
+                        )
+                    })?;
                 items
                     .iter()
                     .map(|t| match t.as_str() {
@@ -426,10 +441,8 @@ impl ModelConfig {
                 Gemma3Params::pattern_layers(n_layers, pattern)
             }
         };
-        let query_pre_attn_scalar = keys
-            .opt_f64("query_pre_attn_scalar")?
-            .unwrap_or(256.0) as f32;
-        if !(query_pre_attn_scalar > 0.0) {
+        let query_pre_attn_scalar = keys.opt_f64("query_pre_attn_scalar")?.unwrap_or(256.0) as f32;
+        if query_pre_attn_scalar.is_nan() || query_pre_attn_scalar <= 0.0 {
             return Err(KwkError::bad_model(
                 keys.path,
                 format!("config key 'query_pre_attn_scalar' is {query_pre_attn_scalar}; it must be positive"),
