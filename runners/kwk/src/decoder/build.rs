@@ -181,12 +181,17 @@ impl KwkDecoder {
             &config.rope_scaling,
             options.max_cache_len,
         );
-        let kv = KvCache::new(
-            config.n_layers,
-            config.n_kv_heads,
-            config.head_dim,
-            options.max_cache_len,
-        );
+        // Gemma 3's local layers keep a ring of the window plus one micro-batch less one
+        // (the most keys a batch's queries look back over), when that is shorter.
+        let lengths: Vec<usize> = (0..config.n_layers)
+            .map(|l| match &config.gemma3 {
+                Some(g) if g.sliding_layers[l] => options
+                    .max_cache_len
+                    .min(g.sliding_window + MICRO_BATCH - 1),
+                _ => options.max_cache_len,
+            })
+            .collect();
+        let kv = KvCache::with_lengths(config.n_kv_heads, config.head_dim, &lengths);
         KwkDecoder {
             config: config.clone(),
             precision: options.precision,

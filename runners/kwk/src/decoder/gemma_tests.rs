@@ -6,6 +6,7 @@
 use super::*;
 use crate::model::gguf_loader::load_gguf;
 use crate::model::safetensors_loader::load_hf_weights;
+use kv_cache::KvCache;
 
 fn fixture_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/tiny-gemma3")
@@ -202,4 +203,56 @@ fn tiny_gemma3_gguf_matches_transformers_with_its_query_scale() {
     let all = dec.forward(&g.tokens, 0).unwrap();
     let diff = max_abs_diff(&all, &g.logits);
     assert!(diff < 1e-4, "max |diff| {diff}");
+}
+
+/// The local layers' ring cache (window 6 + one micro-batch - 1 = 517 slots, 528 rounded)
+/// gives the logits of a full cache with the window as a mask, past the point where the
+/// ring wraps: 700 tokens in one call (micro-batches of 512 and 188), in chunks of 97 and
+/// token by token over the last 40.
+#[test]
+fn tiny_gemma3_ring_cache_equals_full_cache() {
+    let s = sources();
+    let (_, config, weights) = &s[0];
+    // The fixture's 128 positions stretched: RoPE has no limit of its own.
+    let mut config = config.clone();
+    config.max_position_embeddings = 1024;
+    let config = &config;
+    let mut state = 12345u64;
+    let tokens: Vec<u32> = (0..700)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((state >> 33) % config.vocab_size as u64) as u32
+        })
+        .collect();
+    let build = || {
+        KwkDecoder::from_weights(config, weights, Vec::new(), &fixture_dir(), options(700, 2))
+            .unwrap()
+    };
+    let mut ring = build();
+    assert_eq!(ring.kv.cap(0), 528, "layer 0 is local: a ring");
+    assert_eq!(ring.kv.cap(1), 704, "layer 1 is global: every position");
+    let mut full = build();
+    full.kv = KvCache::with_lengths(config.n_kv_heads, config.head_dim, &[700; 3]);
+    let want = full.forward(&tokens, 0).unwrap();
+    let close = |got: &[f32], want: &[f32], what: &str| {
+        let diff = max_abs_diff(got, want);
+        assert!(diff < 1e-4, "{what}: max |diff| {diff}");
+    };
+    close(&ring.forward(&tokens, 0).unwrap(), &want, "one call");
+    ring.reset();
+    let mut chunked = Vec::new();
+    for c in tokens.chunks(97) {
+        chunked.extend(ring.forward(c, 0).unwrap());
+    }
+    close(&chunked, &want, "chunks of 97");
+    ring.reset();
+    let v = config.vocab_size;
+    ring.forward(&tokens[..660], 0).unwrap();
+    let mut stepped = Vec::new();
+    for &t in &tokens[660..] {
+        stepped.extend(ring.forward(&[t], 0).unwrap());
+    }
+    close(&stepped, &want[660 * v..], "token by token past the wrap");
 }

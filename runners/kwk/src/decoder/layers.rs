@@ -1,6 +1,8 @@
-//! The blocks of one transformer layer on packed weights: attention with a float32 KV
-//! cache, the SwiGLU MLP, the mixture-of-experts feed-forward, and the row-parallel helpers
-//! (RMSNorm, activation preparation, multi-matmul hand-offs) they share.
+//! The blocks of one transformer layer on packed weights: the attention block around
+//! `attention` (projections, q/k norms, RoPE, the KV cache, the output projection and
+//! Gemma 3's post norms), the SwiGLU (or Gemma 3's GeGLU) MLP, the mixture-of-experts
+//! feed-forward, and the row-parallel helpers (RMSNorm, activation preparation,
+//! multi-matmul hand-offs) they share.
 
 use crate::format::{InputKind, PackedLinear, PreparedInput};
 use crate::kernels::quant::InputMemo;
@@ -128,7 +130,7 @@ impl Layer {
         }
         kv.store(layer, pos0, ko, vo);
         let attn = sized(attn, n * qd);
-        attention(rt, kv, layer, pos0, qo, attn);
+        super::attention::attention(rt, kv, layer, pos0, qo, attn);
         if let Some(r) = rec.as_deref_mut() {
             accumulate_squares(&mut r.o_in, attn, qd);
             if let Some(h) = r.gram.as_mut() {
@@ -337,124 +339,6 @@ fn finish_projection(
             rms_norm(head, w, eps);
         }
     }
-}
-
-/// Query tokens per attention block (each block runs the group's heads together).
-const QUERY_BLOCK: usize = 16;
-
-/// Causal attention of the `n` query rows `q` (`[n][n_heads*hd]`, positions
-/// `pos0..pos0+n`) over the cache, into `out` (`[n][n_heads*hd]`). Work items are
-/// (KV head, block of query tokens); the query heads sharing a KV head run as one matrix:
-/// scores = K·q on the key panels, scaled, softmax over the causal prefix in float32
-/// (over its last `window` keys in a Gemma 3 local layer), then P·V on the value panels.
-fn attention(
-    rt: &Runtime<'_>,
-    kv: &KvCache,
-    layer: usize,
-    pos0: usize,
-    q: &[f32],
-    out: &mut [f32],
-) {
-    let (pool, cfg) = (rt.pool, rt.cfg);
-    let hd = cfg.head_dim;
-    let nh = cfg.n_heads;
-    let qd = nh * hd;
-    let n = q.len() / qd;
-    let group = nh / cfg.n_kv_heads;
-    let scale = match &cfg.gemma3 {
-        // transformers: `query_pre_attn_scalar**-0.5` (a Python float) times f32 scores.
-        Some(g) => (1.0 / (g.query_pre_attn_scalar as f64).sqrt()) as f32,
-        None => 1.0 / (hd as f32).sqrt(),
-    };
-    let window = rt.gemma.as_ref().and_then(|g| g.window);
-    let isa = kernels::active_isa();
-    let n_blocks = n.div_ceil(QUERY_BLOCK);
-    let items = cfg.n_kv_heads * n_blocks;
-    let y = OutputMatrix::new(out, n, qd);
-    let claimed = AtomicUsize::new(0);
-    pool.run(|i, _| {
-        // Later blocks see more keys: the threads claim (block, head) items longest first,
-        // so the short ones at the end even out the finish whatever each core's speed.
-        if i >= items {
-            return;
-        }
-        let max_rows = QUERY_BLOCK.min(n) * group;
-        let mut qbuf = vec![0f32; max_rows * hd];
-        let mut scores = vec![0f32; max_rows * (pos0 + n)];
-        let mut obuf = vec![0f32; max_rows * hd];
-        while let Some(item) = items.checked_sub(1 + claimed.fetch_add(1, Ordering::Relaxed)) {
-            let (b, g) = (item / cfg.n_kv_heads, item % cfg.n_kv_heads);
-            let (t0, t1) = (b * QUERY_BLOCK, ((b + 1) * QUERY_BLOCK).min(n));
-            let rows = (t1 - t0) * group;
-            let len = pos0 + t1;
-            for r in 0..rows {
-                let (t, h) = (t0 + r / group, g * group + r % group);
-                qbuf[r * hd..(r + 1) * hd]
-                    .copy_from_slice(&q[t * qd + h * hd..t * qd + (h + 1) * hd]);
-            }
-            {
-                let s = OutputMatrix::new(&mut scores[..rows * len], rows, len);
-                let w = kernels::PanelWeights {
-                    data: kv.keys(layer, g),
-                    n_rows: len,
-                    cols: hd,
-                };
-                let x = kernels::TokenRows {
-                    data: &qbuf,
-                    n_tokens: rows,
-                };
-                let strides = kernels::PanelStrides {
-                    panel: hd * PANEL_ROWS,
-                    token: hd,
-                };
-                kernels::gemm_f32_panels_strided(isa, w, x, strides, 0..len, &s);
-            }
-            for r in 0..rows {
-                let valid = pos0 + t0 + r / group + 1;
-                // A local layer's query at position p sees keys p - window + 1..=p.
-                let first = window.map_or(0, |w| valid.saturating_sub(w));
-                let row = &mut scores[r * len..(r + 1) * len];
-                row[..first].fill(0.0);
-                let seen = &mut row[first..valid];
-                let max = kernels::scale_max_f32(isa, seen, scale);
-                if !max.is_finite() {
-                    // A NaN or +Inf score (or none above -Inf): the softmax is undefined,
-                    // and the vector `exp` would clamp it to finite weights. NaN weights
-                    // carry it to the output instead of hiding it.
-                    seen.fill(f32::NAN);
-                    row[valid..].fill(0.0);
-                    continue;
-                }
-                let sum = kernels::exp_shifted_sum(isa, seen, max);
-                let inv = 1.0 / sum;
-                // The scaling pass of `scale_max_f32` (exact per element; its maximum is
-                // not needed here), in the tier's vector width.
-                kernels::scale_max_f32(isa, seen, inv);
-                row[valid..].fill(0.0);
-            }
-            {
-                let o = OutputMatrix::new(&mut obuf[..rows * hd], rows, hd);
-                let w = kernels::PanelWeights {
-                    data: kv.values(layer, g),
-                    n_rows: hd,
-                    cols: len,
-                };
-                let x = kernels::TokenRows {
-                    data: &scores[..rows * len],
-                    n_tokens: rows,
-                };
-                let strides = kernels::PanelStrides {
-                    panel: kv.cap * PANEL_ROWS,
-                    token: len,
-                };
-                kernels::gemm_f32_panels_strided(isa, w, x, strides, 0..hd, &o);
-            }
-            for r in 0..rows {
-                let (t, h) = (t0 + r / group, g * group + r % group);
-                y.write_cols(t, h * hd, &obuf[r * hd..(r + 1) * hd]);
-            }
-        }
-    });
 }
 
 /// SwiGLU MLP (GeGLU with tanh GELU when `bufs.gelu`) on the rows of `xn` (`[n][d]`)

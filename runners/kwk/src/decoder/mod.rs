@@ -11,12 +11,18 @@
 //! residual; the final norm and `lm_head` run only on the rows whose logits are asked for.
 //! Norms, RoPE, softmax, routing and the KV cache are float32 in every format.
 //!
-//! Submodules: `build` (the constructors), `layers` (attention, MLP, MoE and the per-row
-//! helpers), `kv_cache`, `rope`, `sampling`, `sink` (the forward passes calibration measures
+//! Gemma 3 adds a scaled embedding, norms on attention's and the FFN's outputs, GeGLU,
+//! and local layers with their own RoPE base and a sliding window over a ring cache
+//! ([`GemmaParts`]).
+//!
+//! Submodules: `build` (the constructors), `layers` (the attention block, MLP, MoE and the
+//! per-row helpers), `attention` (the softmax attention itself), `kv_cache`, `rope`,
+//! `sampling`, `sink` (the forward passes calibration measures
 //! through), `resident` (memory estimates).
 //! The format names ([`Precision`] and its options) live in `format::precision`; they are
 //! re-exported here under their old paths.
 
+mod attention;
 mod build;
 mod kv_cache;
 mod layers;
