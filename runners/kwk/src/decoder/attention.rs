@@ -4,10 +4,19 @@
 //! panels.
 
 use super::kv_cache::KvCache;
-use super::layers::Runtime;
 use crate::kernels::{self, OutputMatrix, PANEL_ROWS};
+use crate::model::ModelConfig;
+use crate::threads::ThreadPool;
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// What [`attention`] reads besides the cache and the queries: the model's shape, the
+/// thread pool, and the layer's sliding window (`None`: every earlier position).
+pub(super) struct Shape<'a> {
+    pub cfg: &'a ModelConfig,
+    pub pool: &'a ThreadPool,
+    pub window: Option<usize>,
+}
 
 /// Query tokens per attention block (each block runs the group's heads together).
 const QUERY_BLOCK: usize = 16;
@@ -22,7 +31,7 @@ const QUERY_BLOCK: usize = 16;
 /// overwritten); once positions wrap, the scores run over all its slots and each query's
 /// window is one or two runs of slots.
 pub(super) fn attention(
-    rt: &Runtime<'_>,
+    rt: &Shape<'_>,
     kv: &KvCache,
     layer: usize,
     pos0: usize,
@@ -40,7 +49,7 @@ pub(super) fn attention(
         Some(g) => (1.0 / (g.query_pre_attn_scalar as f64).sqrt()) as f32,
         None => 1.0 / (hd as f32).sqrt(),
     };
-    let window = rt.gemma.as_ref().and_then(|g| g.window);
+    let window = rt.window;
     let cap = kv.cap(layer);
     let ring = pos0 + n > cap;
     let isa = kernels::active_isa();

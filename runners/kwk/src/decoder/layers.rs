@@ -130,7 +130,12 @@ impl Layer {
         }
         kv.store(layer, pos0, ko, vo);
         let attn = sized(attn, n * qd);
-        super::attention::attention(rt, kv, layer, pos0, qo, attn);
+        let shape = super::attention::Shape {
+            cfg,
+            pool,
+            window: rt.gemma.as_ref().and_then(|g| g.window),
+        };
+        super::attention::attention(&shape, kv, layer, pos0, qo, attn);
         if let Some(r) = rec.as_deref_mut() {
             accumulate_squares(&mut r.o_in, attn, qd);
             if let Some(h) = r.gram.as_mut() {
