@@ -25,6 +25,9 @@
 #                                      KWK_OFFGRID=1 (the main job and the tests do not use
 #                                      them; scripts/run-quality.sh and check-offgrid.sh do)
 #
+# Also Gemma 3 270M (the second real model) by scripts/setup-gemma.sh into
+# $MODELS/gemma-3-270m/, unless KWK_GEMMA=0.
+#
 # Result: $MODELS/SmolLM2-135M-Instruct/ where MODELS is $KWK_MODELS_DIR if set, else
 # ${KWK_CACHE:-${XDG_CACHE_HOME:-~/.cache}/kwk}/models.
 # Every file is written under a temporary name and renamed when complete, so an
@@ -122,6 +125,11 @@ done
 # 3. The Hugging Face folder of the F32 file (made once; remade when the F32 file changes).
 NPY="$(kwk_numpy_python)"
 "$NPY" "$HERE/make-hf-folder.py" "$F32" --out "$DIR/$NAME-hf" >/dev/null
+
+# 4. The second real model, Gemma 3 270M (scripts/setup-gemma.sh; KWK_GEMMA=0 skips it).
+if [ "${KWK_GEMMA:-1}" != "0" ]; then
+  KWK_LLAMA_CPP_DIR="$BIN" bash "$HERE/setup-gemma.sh" >/dev/null
+fi
 
 if [ "${KWK_OFFGRID:-0}" = "1" ]; then
   KWK_LLAMA_CPP_DIR="$BIN" bash "$HERE/setup-offgrid.sh" >/dev/null

@@ -105,6 +105,50 @@ fn smollm2_tricky_strings_equal_llama_tokenize() {
     }
 }
 
+fn gemma3_tokenizer() -> Tokenizer {
+    let meta = common::gguf_tokenizer_metadata(&common::gemma3_gguf());
+    Tokenizer::from_gguf(&meta).expect("Gemma 3 GGUF tokenizer")
+}
+
+/// Gemma 3's SentencePiece (262,144 pieces, byte fallback, no space prefix, BOS added) on
+/// the whole of wiki.test.raw as llama-perplexity reads it.
+#[test]
+fn gemma3_wiki_test_raw_ids_equal_llama_tokenize() {
+    let tokenizer = gemma3_tokenizer();
+    assert!(
+        tokenizer.add_bos(),
+        "Gemma 3's GGUF sets tokenizer.ggml.add_bos_token = true"
+    );
+    let text = common::perplexity_text(&common::wiki_test_raw());
+    let ours = tokenizer.encode(&text, true).expect("encode");
+    let theirs = common::llama_tokenize(&common::gemma3_gguf(), &text);
+    assert_same_ids("gemma3, wiki.test.raw", &ours, &theirs);
+    assert_eq!(ours.first(), Some(&2), "BOS first");
+}
+
+/// Gemma 3 on the corner strings, and on ones its vocabulary makes special: its chat
+/// control tokens, runs of spaces, tabs and newlines (Gemma has whole-run pieces), and
+/// characters outside the vocabulary (byte fallback).
+#[test]
+fn gemma3_tricky_strings_equal_llama_tokenize() {
+    let tokenizer = gemma3_tokenizer();
+    let model = common::gemma3_gguf();
+    let gemma_specific = [
+        "<start_of_turn>user\nWrite a poem<end_of_turn>\n<start_of_turn>model\n",
+        "<bos><eos><pad> literal specials",
+        "                                 thirty-three spaces",
+        "\t\t\t\t\ttabs\n\n\n\n\nnewlines\r\n\r\n",
+        "\u{10fffd}\u{e000} private use, \u{1}\u{7f} controls",
+        "<0x41> looks like a byte token",
+        "▁ the piece marker itself ▁▁",
+    ];
+    for text in TRICKY.iter().copied().chain(gemma_specific) {
+        let ours = tokenizer.encode(text, true).expect("encode");
+        let theirs = common::llama_tokenize(&model, text);
+        assert_same_ids(&format!("gemma3, {text:?}"), &ours, &theirs);
+    }
+}
+
 /// The first `n` bytes of the perplexity text, cut at a character boundary.
 fn wiki_excerpt(n: usize) -> String {
     let text = common::perplexity_text(&common::wiki_test_raw());

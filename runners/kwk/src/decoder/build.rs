@@ -75,13 +75,16 @@ impl KwkDecoder {
         }
         let started = Instant::now();
         let built = pack_weights(config, weights, source, &pack_options(&options))?;
-        Ok(Self::assemble(config, eos, built, started, &options))
+        let gemma = GemmaParts::new(config, weights.post_norms.clone(), options.max_cache_len);
+        Ok(Self::assemble(config, eos, built, gemma, started, &options))
     }
 
     /// A warm start: the decoder from the pack cache alone, without the model's weights
     /// (`config` and `eos` from the model's metadata); `Ok(None)` when the cache holds no
     /// valid entry for `source` in `options.precision` (then load the weights and call
-    /// [`KwkDecoder::from_weights`], which packs and writes it).
+    /// [`KwkDecoder::from_weights`], which packs and writes it). Always `Ok(None)` for
+    /// Gemma 3: its post-attention and post-FFN norms are not in the pack cache, so its
+    /// decoder is built from the weights (which read the cache themselves).
     pub fn from_pack_cache(
         config: &ModelConfig,
         eos: Vec<u32>,
@@ -92,7 +95,7 @@ impl KwkDecoder {
             return Err(KwkError::Unsupported(why));
         }
         let started = Instant::now();
-        let quantized = options.precision.is_quantized();
+        let quantized = options.precision.is_quantized() && config.gemma3.is_none();
         let Some(dir) = options.pack_cache_dir.as_ref().filter(|_| quantized) else {
             return Ok(None);
         };
@@ -100,7 +103,9 @@ impl KwkDecoder {
         match pack_cache::try_load(dir, source, &options.precision, calibration)? {
             Some(cached) => {
                 let built = crate::pack::cached::from_cache(config, cached, source)?;
-                Ok(Some(Self::assemble(config, eos, built, started, &options)))
+                Ok(Some(Self::assemble(
+                    config, eos, built, None, started, &options,
+                )))
             }
             None => Ok(None),
         }
@@ -134,14 +139,17 @@ impl KwkDecoder {
         let started = Instant::now();
         let built =
             crate::pack::stream::pack_streamed(config, &lazy, &source, &pack_options(&options))?;
-        Ok(Self::assemble(config, eos, built, started, &options))
+        let gemma = GemmaParts::new(config, lazy.post_norms()?, options.max_cache_len);
+        Ok(Self::assemble(config, eos, built, gemma, started, &options))
     }
 
-    /// The decoder around the packed parts of a build started at `started`.
+    /// The decoder around the packed parts of a build started at `started` (and Gemma 3's
+    /// parts, which the pack does not hold).
     fn assemble(
         config: &ModelConfig,
         eos: Vec<u32>,
         built: Built,
+        gemma: Option<GemmaParts>,
         started: Instant,
         options: &DecoderOptions,
     ) -> Self {
@@ -166,18 +174,24 @@ impl KwkDecoder {
         for l in &layers {
             weight_bytes += l.bytes();
         }
+        weight_bytes += gemma.as_ref().map_or(0, GemmaParts::bytes);
         let rope = rope::Rope::new(
             config.head_dim,
             config.rope_theta as f64,
             &config.rope_scaling,
             options.max_cache_len,
         );
-        let kv = KvCache::new(
-            config.n_layers,
-            config.n_kv_heads,
-            config.head_dim,
-            options.max_cache_len,
-        );
+        // Gemma 3's local layers keep a ring of the window plus one micro-batch less one
+        // (the most keys a batch's queries look back over), when that is shorter.
+        let lengths: Vec<usize> = (0..config.n_layers)
+            .map(|l| match &config.gemma3 {
+                Some(g) if g.sliding_layers[l] => options
+                    .max_cache_len
+                    .min(g.sliding_window + MICRO_BATCH - 1),
+                _ => options.max_cache_len,
+            })
+            .collect();
+        let kv = KvCache::with_lengths(config.n_kv_heads, config.head_dim, &lengths);
         KwkDecoder {
             config: config.clone(),
             precision: options.precision,
@@ -198,6 +212,7 @@ impl KwkDecoder {
             pack_cache,
             x_buf: Vec::new(),
             scratch: Scratch::default(),
+            gemma,
         }
     }
 }

@@ -1,5 +1,7 @@
 //! The float32 KV cache of the runtime: keys and values of every layer and KV head, stored
-//! in the panel layout the attention's matmul kernels read.
+//! in the panel layout the attention's matmul kernels read. A layer that only ever looks
+//! back a window of keys (Gemma 3's local layers) gets a ring of slots instead of one slot
+//! per position ([`KvCache::with_lengths`]).
 
 use crate::kernels::PANEL_ROWS;
 
@@ -8,41 +10,60 @@ use crate::kernels::PANEL_ROWS;
 /// keys as panels of 16 positions (`[cap/16][head_dim][16]`: scores = K·q is a matmul with
 /// positions as rows) and values as panels of 16 head dimensions (`[ceil(hd/16)][cap][16]`:
 /// the output P·V is a matmul with head dimensions as rows and positions as columns).
-/// `cap` is the cache length rounded up to 16.
+/// A layer's `cap` is its length rounded up to 16. Position `p` lives in slot `p % cap`:
+/// the slot is the position itself while the cache is shorter than `cap`, and a layer
+/// whose length is below the context (a ring) reuses the slots of positions more than
+/// `cap` back.
 pub(crate) struct KvCache {
     pub(super) k: Vec<Vec<f32>>,
     pub(super) v: Vec<Vec<f32>>,
     pub(super) n_kv: usize,
     pub(super) hd: usize,
-    pub(super) cap: usize,
+    /// Slots per layer (a multiple of 16).
+    caps: Vec<usize>,
     pub(super) hd_panels: usize,
 }
 
 impl KvCache {
-    pub fn new(n_layers: usize, n_kv: usize, hd: usize, max_len: usize) -> Self {
-        let cap = max_len.div_ceil(PANEL_ROWS) * PANEL_ROWS;
+    /// A cache of `lengths[l]` slots (rounded up to 16) on layer `l`.
+    pub fn with_lengths(n_kv: usize, hd: usize, lengths: &[usize]) -> Self {
         let hd_panels = hd.div_ceil(PANEL_ROWS);
+        let caps: Vec<usize> = lengths
+            .iter()
+            .map(|&len| len.div_ceil(PANEL_ROWS) * PANEL_ROWS)
+            .collect();
         KvCache {
-            k: (0..n_layers).map(|_| vec![0f32; n_kv * cap * hd]).collect(),
-            v: (0..n_layers)
-                .map(|_| vec![0f32; n_kv * hd_panels * PANEL_ROWS * cap])
+            k: caps
+                .iter()
+                .map(|&cap| vec![0f32; n_kv * cap * hd])
+                .collect(),
+            v: caps
+                .iter()
+                .map(|&cap| vec![0f32; n_kv * hd_panels * PANEL_ROWS * cap])
                 .collect(),
             n_kv,
             hd,
-            cap,
+            caps,
             hd_panels,
         }
     }
 
-    /// Stores rows `k`, `v` (`[n][n_kv*hd]`) at positions `pos0..pos0+n`.
+    /// Slots of `layer`.
+    pub(super) fn cap(&self, layer: usize) -> usize {
+        self.caps[layer]
+    }
+
+    /// Stores rows `k`, `v` (`[n][n_kv*hd]`) at positions `pos0..pos0+n` (slots
+    /// `pos % cap`).
     pub(super) fn store(&mut self, layer: usize, pos0: usize, k: &[f32], v: &[f32]) {
-        let (hd, kvd, cap) = (self.hd, self.n_kv * self.hd, self.cap);
+        let (hd, kvd, cap) = (self.hd, self.n_kv * self.hd, self.caps[layer]);
         let v_head = self.hd_panels * PANEL_ROWS * cap;
         // Slices and fixed-size chunks instead of one indexed store per value (that loop,
         // bounds-checked and single-threaded, had 1.4 % of an int8 pp512 profile).
         let (keys, values) = (&mut self.k[layer], &mut self.v[layer]);
         for (t, (kr, vr)) in k.chunks_exact(kvd).zip(v.chunks_exact(kvd)).enumerate() {
             let pos = pos0 + t;
+            let pos = if pos < cap { pos } else { pos % cap };
             let (pp, lane) = (pos / PANEL_ROWS, pos % PANEL_ROWS);
             for g in 0..self.n_kv {
                 // Key panel `pp`: `[hd][16]`, this position in lane `lane` of every row.
@@ -66,13 +87,13 @@ impl KvCache {
 
     /// Key panels of KV head `g` of `layer`.
     pub(super) fn keys(&self, layer: usize, g: usize) -> &[f32] {
-        let size = self.cap * self.hd;
+        let size = self.caps[layer] * self.hd;
         &self.k[layer][g * size..(g + 1) * size]
     }
 
     /// Value panels of KV head `g` of `layer`.
     pub(super) fn values(&self, layer: usize, g: usize) -> &[f32] {
-        let size = self.hd_panels * PANEL_ROWS * self.cap;
+        let size = self.hd_panels * PANEL_ROWS * self.caps[layer];
         &self.v[layer][g * size..(g + 1) * size]
     }
 }

@@ -1,11 +1,13 @@
-//! The blocks of one transformer layer on packed weights: attention with a float32 KV
-//! cache, the SwiGLU MLP, the mixture-of-experts feed-forward, and the row-parallel helpers
-//! (RMSNorm, activation preparation, multi-matmul hand-offs) they share.
+//! The blocks of one transformer layer on packed weights: the attention block around
+//! `attention` (projections, q/k norms, RoPE, the KV cache, the output projection and
+//! Gemma 3's post norms), the SwiGLU (or Gemma 3's GeGLU) MLP, the mixture-of-experts
+//! feed-forward, and the row-parallel helpers (RMSNorm, activation preparation,
+//! multi-matmul hand-offs) they share.
 
 use crate::format::{InputKind, PackedLinear, PreparedInput};
 use crate::kernels::quant::InputMemo;
 use crate::kernels::{self, OutputMatrix, PANEL_ROWS};
-use crate::model::ModelConfig;
+use crate::model::{ModelConfig, PostNorms};
 use crate::quantize::gptq::Hessian;
 use crate::threads::{split_range, ThreadPool};
 use half::slice::HalfBitsSliceExt;
@@ -19,18 +21,30 @@ use crate::pack::calibrate::{DownRecord, LayerRecord};
 use crate::pack::model::{Layer, PackedFfn, PackedMlp, PackedMoe};
 
 /// What every layer's forward pass reads besides its weights: the model's shape, the
-/// thread pool, RoPE's tables.
+/// thread pool, RoPE's tables (the layer's own: Gemma 3's local layers have theirs).
 pub(super) struct Runtime<'a> {
     pub cfg: &'a ModelConfig,
     pub pool: &'a ThreadPool,
     pub rope: &'a Rope,
+    /// Gemma 3's parts of this layer; `None` for the Llama family.
+    pub gemma: Option<GemmaLayer<'a>>,
 }
 
-/// The buffers a feed-forward block reuses: prepared activations, gate and up outputs.
+/// What a Gemma 3 layer adds: the norms on attention's and the FFN's outputs, and the
+/// sliding window of a local layer (`None`: global).
+pub(super) struct GemmaLayer<'a> {
+    pub post: &'a PostNorms,
+    pub window: Option<usize>,
+}
+
+/// The buffers a feed-forward block reuses (prepared activations, gate and up outputs),
+/// and its gate's activation.
 struct FfnBufs<'a> {
     acts: &'a mut Activations,
     g: &'a mut Vec<f32>,
     u: &'a mut Vec<f32>,
+    /// GeGLU with tanh GELU (Gemma 3) instead of SwiGLU.
+    gelu: bool,
 }
 
 impl Layer {
@@ -46,6 +60,7 @@ impl Layer {
         scratch: &mut Scratch,
     ) {
         let (cfg, pool, rope) = (rt.cfg, rt.pool, rt.rope);
+        let post = rt.gemma.as_ref().map(|g| g.post);
         let d = cfg.hidden_size;
         let n = x.len() / d;
         let hd = cfg.head_dim;
@@ -115,7 +130,12 @@ impl Layer {
         }
         kv.store(layer, pos0, ko, vo);
         let attn = sized(attn, n * qd);
-        attention(pool, cfg, kv, layer, pos0, qo, attn);
+        let shape = super::attention::Shape {
+            cfg,
+            pool,
+            window: rt.gemma.as_ref().and_then(|g| g.window),
+        };
+        super::attention::attention(&shape, kv, layer, pos0, qo, attn);
         if let Some(r) = rec.as_deref_mut() {
             accumulate_squares(&mut r.o_in, attn, qd);
             if let Some(h) = r.gram.as_mut() {
@@ -129,6 +149,9 @@ impl Layer {
             let y = OutputMatrix::new(oo, n, d);
             matmuls(pool, &[(o, acts.get(attn, o.input_kind()), &y)]);
         }
+        if let Some(p) = post {
+            rms_norm_rows(pool, oo, &p.attn, eps);
+        }
 
         // Feed-forward.
         add_norm_rows(pool, x, Some(oo), xn, &self.ffn_norm, eps);
@@ -139,16 +162,20 @@ impl Layer {
             }
         }
         let ffn_out = sized(ffn_out, n * d);
+        let gelu = post.is_some();
         match &self.ffn {
             PackedFfn::Dense(m) => {
                 let down = rec.map(|r| r.down(0));
-                let mut bufs = FfnBufs { acts, g, u };
+                let mut bufs = FfnBufs { acts, g, u, gelu };
                 mlp_forward(m, pool, xn, d, &mut bufs, ffn_out, down)
             }
             PackedFfn::Moe(m) => {
-                let mut bufs = FfnBufs { acts, g, u };
+                let mut bufs = FfnBufs { acts, g, u, gelu };
                 moe_forward(m, pool, xn, d, &mut bufs, ffn_out, rec)
             }
+        }
+        if let Some(p) = post {
+            rms_norm_rows(pool, ffn_out, &p.ffn, eps);
         }
         let ffn_out: &[f32] = ffn_out;
         par_rows(pool, x, d, |t, row| {
@@ -301,7 +328,7 @@ fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
     &mut v[off..off + n]
 }
 
-/// Bias, then the per-head RMSNorm of qwen3 (weights of length `head_dim`).
+/// Bias, then the per-head RMSNorm of qwen3 and gemma3 (weights of length `head_dim`).
 fn finish_projection(
     row: &mut [f32],
     bias: Option<&[f32]>,
@@ -319,116 +346,8 @@ fn finish_projection(
     }
 }
 
-/// Query tokens per attention block (each block runs the group's heads together).
-const QUERY_BLOCK: usize = 16;
-
-/// Causal attention of the `n` query rows `q` (`[n][n_heads*hd]`, positions
-/// `pos0..pos0+n`) over the cache, into `out` (`[n][n_heads*hd]`). Work items are
-/// (KV head, block of query tokens); the query heads sharing a KV head run as one matrix:
-/// scores = K·q on the key panels, scaled, softmax over the causal prefix in float32,
-/// then P·V on the value panels.
-fn attention(
-    pool: &ThreadPool,
-    cfg: &ModelConfig,
-    kv: &KvCache,
-    layer: usize,
-    pos0: usize,
-    q: &[f32],
-    out: &mut [f32],
-) {
-    let hd = cfg.head_dim;
-    let nh = cfg.n_heads;
-    let qd = nh * hd;
-    let n = q.len() / qd;
-    let group = nh / cfg.n_kv_heads;
-    let scale = 1.0 / (hd as f32).sqrt();
-    let isa = kernels::active_isa();
-    let n_blocks = n.div_ceil(QUERY_BLOCK);
-    let items = cfg.n_kv_heads * n_blocks;
-    let y = OutputMatrix::new(out, n, qd);
-    let claimed = AtomicUsize::new(0);
-    pool.run(|i, _| {
-        // Later blocks see more keys: the threads claim (block, head) items longest first,
-        // so the short ones at the end even out the finish whatever each core's speed.
-        if i >= items {
-            return;
-        }
-        let max_rows = QUERY_BLOCK.min(n) * group;
-        let mut qbuf = vec![0f32; max_rows * hd];
-        let mut scores = vec![0f32; max_rows * (pos0 + n)];
-        let mut obuf = vec![0f32; max_rows * hd];
-        while let Some(item) = items.checked_sub(1 + claimed.fetch_add(1, Ordering::Relaxed)) {
-            let (b, g) = (item / cfg.n_kv_heads, item % cfg.n_kv_heads);
-            let (t0, t1) = (b * QUERY_BLOCK, ((b + 1) * QUERY_BLOCK).min(n));
-            let rows = (t1 - t0) * group;
-            let len = pos0 + t1;
-            for r in 0..rows {
-                let (t, h) = (t0 + r / group, g * group + r % group);
-                qbuf[r * hd..(r + 1) * hd]
-                    .copy_from_slice(&q[t * qd + h * hd..t * qd + (h + 1) * hd]);
-            }
-            {
-                let s = OutputMatrix::new(&mut scores[..rows * len], rows, len);
-                let w = kernels::PanelWeights {
-                    data: kv.keys(layer, g),
-                    n_rows: len,
-                    cols: hd,
-                };
-                let x = kernels::TokenRows {
-                    data: &qbuf,
-                    n_tokens: rows,
-                };
-                let strides = kernels::PanelStrides {
-                    panel: hd * PANEL_ROWS,
-                    token: hd,
-                };
-                kernels::gemm_f32_panels_strided(isa, w, x, strides, 0..len, &s);
-            }
-            for r in 0..rows {
-                let valid = pos0 + t0 + r / group + 1;
-                let row = &mut scores[r * len..(r + 1) * len];
-                let max = kernels::scale_max_f32(isa, &mut row[..valid], scale);
-                if !max.is_finite() {
-                    // A NaN or +Inf score (or none above -Inf): the softmax is undefined,
-                    // and the vector `exp` would clamp it to finite weights. NaN weights
-                    // carry it to the output instead of hiding it.
-                    row[..valid].fill(f32::NAN);
-                    row[valid..].fill(0.0);
-                    continue;
-                }
-                let sum = kernels::exp_shifted_sum(isa, &mut row[..valid], max);
-                let inv = 1.0 / sum;
-                // The scaling pass of `scale_max_f32` (exact per element; its maximum is
-                // not needed here), in the tier's vector width.
-                kernels::scale_max_f32(isa, &mut row[..valid], inv);
-                row[valid..].fill(0.0);
-            }
-            {
-                let o = OutputMatrix::new(&mut obuf[..rows * hd], rows, hd);
-                let w = kernels::PanelWeights {
-                    data: kv.values(layer, g),
-                    n_rows: hd,
-                    cols: len,
-                };
-                let x = kernels::TokenRows {
-                    data: &scores[..rows * len],
-                    n_tokens: rows,
-                };
-                let strides = kernels::PanelStrides {
-                    panel: kv.cap * PANEL_ROWS,
-                    token: len,
-                };
-                kernels::gemm_f32_panels_strided(isa, w, x, strides, 0..hd, &o);
-            }
-            for r in 0..rows {
-                let (t, h) = (t0 + r / group, g * group + r % group);
-                y.write_cols(t, h * hd, &obuf[r * hd..(r + 1) * hd]);
-            }
-        }
-    });
-}
-
-/// SwiGLU MLP on the rows of `xn` (`[n][d]`) into `out` (`[n][d]`).
+/// SwiGLU MLP (GeGLU with tanh GELU when `bufs.gelu`) on the rows of `xn` (`[n][d]`)
+/// into `out` (`[n][d]`).
 fn mlp_forward(
     m: &PackedMlp,
     pool: &ThreadPool,
@@ -438,7 +357,8 @@ fn mlp_forward(
     out: &mut [f32],
     record: Option<DownRecord>,
 ) {
-    let FfnBufs { acts, g, u } = bufs;
+    let FfnBufs { acts, g, u, gelu } = bufs;
+    let gelu = *gelu;
     let n = xn.len() / d;
     let f = m.gate.rows();
     let (gate, up, down) = (m.gate.as_ref(), m.up.as_ref(), m.down.as_ref());
@@ -459,7 +379,12 @@ fn mlp_forward(
     let isa = kernels::active_isa();
     let u: &[f32] = u;
     par_rows(pool, g, f, |t, row| {
-        kernels::silu_mul(isa, row, &u[t * f..(t + 1) * f]);
+        let u = &u[t * f..(t + 1) * f];
+        if gelu {
+            gelu_tanh_mul(row, u);
+        } else {
+            kernels::silu_mul(isa, row, u);
+        }
     });
     if let Some(((acc, tokens), gram)) = record {
         *tokens += n as u64;
@@ -552,6 +477,18 @@ fn moe_forward(
                 &ys[t * d..(t + 1) * d],
             );
         }
+    }
+}
+
+/// `g = gelu_tanh(g) * u` elementwise, in float32: PyTorch's `gelu(approximate="tanh")`,
+/// `0.5 x (1 + tanh(sqrt(2/π) (x + 0.044715 x³)))` (transformers' `gelu_pytorch_tanh`,
+/// llama.cpp's `ggml_gelu`).
+fn gelu_tanh_mul(g: &mut [f32], u: &[f32]) {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    for (x, &u) in g.iter_mut().zip(u) {
+        let v = *x;
+        let inner = SQRT_2_OVER_PI * (v + 0.044715 * (v * v * v));
+        *x = 0.5 * v * (1.0 + inner.tanh()) * u;
     }
 }
 

@@ -11,12 +11,18 @@
 //! residual; the final norm and `lm_head` run only on the rows whose logits are asked for.
 //! Norms, RoPE, softmax, routing and the KV cache are float32 in every format.
 //!
-//! Submodules: `build` (the constructors), `layers` (attention, MLP, MoE and the per-row
-//! helpers), `kv_cache`, `rope`, `sampling`, `sink` (the forward passes calibration measures
+//! Gemma 3 adds a scaled embedding, norms on attention's and the FFN's outputs, GeGLU,
+//! and local layers with their own RoPE base and a sliding window over a ring cache
+//! ([`GemmaParts`]).
+//!
+//! Submodules: `build` (the constructors), `layers` (the attention block, MLP, MoE and the
+//! per-row helpers), `attention` (the softmax attention itself), `kv_cache`, `rope`,
+//! `sampling`, `sink` (the forward passes calibration measures
 //! through), `resident` (memory estimates).
 //! The format names ([`Precision`] and its options) live in `format::precision`; they are
 //! re-exported here under their old paths.
 
+mod attention;
 mod build;
 mod kv_cache;
 mod layers;
@@ -107,6 +113,89 @@ pub struct KwkDecoder {
     /// Buffers reused across calls: the residual stream and the per-layer scratch.
     x_buf: Vec<f32>,
     scratch: Scratch,
+    /// Gemma 3's parts (`None` for the Llama family).
+    gemma: Option<GemmaParts>,
+}
+
+/// What a Gemma 3 model adds to the runtime: each layer's norms after attention and the
+/// FFN, the local layers' RoPE tables (base `rope_local_theta`; `rope` holds the global
+/// layers'), and the embedding scale `sqrt(hidden_size)` in float32 (transformers'
+/// `Gemma3TextScaledWordEmbedding` multiplies by it in the weights' dtype, llama.cpp by
+/// `sqrtf(n_embd)`: the same float32 value).
+pub(crate) struct GemmaParts {
+    post_norms: Vec<crate::model::PostNorms>,
+    local_rope: rope::Rope,
+    embed_scale: f32,
+}
+
+impl GemmaParts {
+    /// The parts for `config` (a Gemma 3 config; `None` otherwise) with `post_norms`, RoPE
+    /// tables for `max_cache_len` positions.
+    pub(crate) fn new(
+        config: &ModelConfig,
+        post_norms: Vec<crate::model::PostNorms>,
+        max_cache_len: usize,
+    ) -> Option<GemmaParts> {
+        let g = config.gemma3.as_ref()?;
+        Some(GemmaParts {
+            post_norms,
+            local_rope: rope::Rope::new(
+                config.head_dim,
+                g.rope_local_theta as f64,
+                &RopeScaling::None,
+                max_cache_len,
+            ),
+            embed_scale: (config.hidden_size as f64).sqrt() as f32,
+        })
+    }
+
+    /// Float32 bytes of the norms.
+    fn bytes(&self) -> u64 {
+        self.post_norms
+            .iter()
+            .map(|p| 4 * (p.attn.len() + p.ffn.len()) as u64)
+            .sum()
+    }
+}
+
+/// The runtime of layer `li`: the global RoPE tables `rope`, or for a Gemma 3 local layer
+/// the local ones and its window.
+fn layer_runtime<'a>(
+    cfg: &'a ModelConfig,
+    pool: &'a ThreadPool,
+    rope: &'a rope::Rope,
+    gemma: Option<&'a GemmaParts>,
+    li: usize,
+) -> layers::Runtime<'a> {
+    let (Some(parts), Some(g)) = (gemma, cfg.gemma3.as_ref()) else {
+        return layers::Runtime {
+            cfg,
+            pool,
+            rope,
+            gemma: None,
+        };
+    };
+    let local = g.sliding_layers[li];
+    layers::Runtime {
+        cfg,
+        pool,
+        rope: if local { &parts.local_rope } else { rope },
+        gemma: Some(layers::GemmaLayer {
+            post: &parts.post_norms[li],
+            window: local.then_some(g.sliding_window),
+        }),
+    }
+}
+
+/// Embedding rows of `tokens` into `x` (`[n][d]`), scaled for Gemma 3.
+fn embed_rows(embed: &dyn PackedLinear, gemma: Option<&GemmaParts>, tokens: &[u32], x: &mut [f32]) {
+    let d = x.len() / tokens.len().max(1);
+    for (t, &id) in tokens.iter().enumerate() {
+        embed.dequantize_row(id as usize, &mut x[t * d..(t + 1) * d]);
+    }
+    if let Some(g) = gemma {
+        x.iter_mut().for_each(|v| *v *= g.embed_scale);
+    }
 }
 
 /// Why `model` cannot run in this decoder with a cache of `max_cache_len` tokens
@@ -165,6 +254,21 @@ pub fn config_unsupported(c: &ModelConfig, max_cache_len: usize) -> Option<Strin
             c.experts_per_token, c.n_experts
         ));
     }
+    if let Some(g) = &c.gemma3 {
+        if g.sliding_layers.len() != c.n_layers {
+            return Some(format!(
+                "gemma3: {} layer kinds for {} layers",
+                g.sliding_layers.len(),
+                c.n_layers
+            ));
+        }
+        if g.rope_local_theta.is_nan() || g.rope_local_theta <= 0.0 {
+            return Some(format!(
+                "gemma3: rope_local_base_freq {} must be positive",
+                g.rope_local_theta
+            ));
+        }
+    }
     if c.rope_theta.is_nan() || c.rope_theta <= 0.0 {
         return Some(format!("rope_theta {} must be positive", c.rope_theta));
     }
@@ -205,6 +309,21 @@ fn weights_mismatch(c: &ModelConfig, w: &ModelWeights) -> Option<String> {
             w.layers.len(),
             c.n_layers
         ));
+    }
+    let post_layers = if c.gemma3.is_some() { c.n_layers } else { 0 };
+    if w.post_norms.len() != post_layers {
+        return Some(format!(
+            "{} layers of post-attention/post-FFN norms, expected {post_layers} (gemma3 has \
+             them on every layer, other architectures none)",
+            w.post_norms.len()
+        ));
+    }
+    for (i, p) in w.post_norms.iter().enumerate() {
+        if let Some(e) = vec_len(&format!("layer {i} post_attn_norm"), &p.attn, d)
+            .or_else(|| vec_len(&format!("layer {i} post_ffn_norm"), &p.ffn, d))
+        {
+            return Some(e);
+        }
     }
     for (i, l) in w.layers.iter().enumerate() {
         let p = |s: &str| format!("layer {i} {s}");
@@ -354,18 +473,17 @@ impl KwkDecoder {
         let mut x_buf = std::mem::take(&mut self.x_buf);
         x_buf.resize(n * d, 0.0);
         let x = &mut x_buf[..n * d];
-        for (t, &id) in tokens.iter().enumerate() {
-            self.embed
-                .dequantize_row(id as usize, &mut x[t * d..(t + 1) * d]);
-        }
+        embed_rows(self.embed.as_ref(), self.gemma.as_ref(), tokens, x);
         let scratch = &mut self.scratch;
         for (li, layer) in self.layers.iter().enumerate() {
             layer.forward(
-                &layers::Runtime {
-                    cfg: &self.config,
-                    pool: &self.pool,
-                    rope: &self.rope,
-                },
+                &layer_runtime(
+                    &self.config,
+                    &self.pool,
+                    &self.rope,
+                    self.gemma.as_ref(),
+                    li,
+                ),
                 &mut self.kv,
                 li,
                 self.pos,
@@ -407,6 +525,16 @@ impl KwkDecoder {
         acts.prepare(&self.pool, &xn, d, [head.input_kind()]);
         let y = OutputMatrix::new(&mut out[base..], rows, vocab);
         layers::matmuls(&self.pool, &[(head, acts.get(&xn, head.input_kind()), &y)]);
+        if let Some(cap) = self
+            .config
+            .gemma3
+            .as_ref()
+            .and_then(|g| g.final_logit_softcapping)
+        {
+            out[base..]
+                .iter_mut()
+                .for_each(|v| *v = cap * (*v / cap).tanh());
+        }
     }
 
     /// Bytes of packed weights the decoder holds (what a user pays in memory): every
@@ -522,5 +650,7 @@ impl KwkDecoder {
     }
 }
 
+#[cfg(test)]
+mod gemma_tests;
 #[cfg(test)]
 mod tests;

@@ -271,6 +271,7 @@ mod tests {
             sliding_window: None,
             bos_token_id: None,
             eos_token_ids: vec![],
+            gemma3: None,
         }
     }
 

@@ -95,10 +95,7 @@ impl KwkDecoder {
             .chunks(win)
             .map(|w| {
                 let mut x = vec![0f32; w.len() * d];
-                for (t, &id) in w.iter().enumerate() {
-                    self.embed
-                        .dequantize_row(id as usize, &mut x[t * d..(t + 1) * d]);
-                }
+                super::embed_rows(self.embed.as_ref(), self.gemma.as_ref(), w, &mut x);
                 x
             })
             .collect();
@@ -117,11 +114,13 @@ impl KwkDecoder {
                     let mut pos = 0;
                     for chunk in x.chunks_mut(MICRO_BATCH * d) {
                         self.layers[li].forward(
-                            &layers::Runtime {
-                                cfg: &self.config,
-                                pool: &self.pool,
-                                rope: &self.rope,
-                            },
+                            &super::layer_runtime(
+                                &self.config,
+                                &self.pool,
+                                &self.rope,
+                                self.gemma.as_ref(),
+                                li,
+                            ),
                             &mut self.kv,
                             li,
                             pos,

@@ -552,6 +552,7 @@ fn synthetic(arch: Architecture, seed: u64) -> (ModelConfig, ModelWeights) {
         sliding_window: None,
         bos_token_id: None,
         eos_token_ids: vec![],
+        gemma3: None,
     };
     let t = |rnd: &mut dyn FnMut(usize, f32) -> Vec<f32>, r: usize, c: usize| {
         Tensor::new(vec![r, c], rnd(r * c, 1.0 / (c as f32).sqrt() * 1.7))
@@ -600,6 +601,7 @@ fn synthetic(arch: Architecture, seed: u64) -> (ModelConfig, ModelWeights) {
         layers,
         final_norm: norm(&mut rnd, d),
         lm_head,
+        post_norms: Vec::new(),
     };
     (config, weights)
 }

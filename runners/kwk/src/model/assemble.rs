@@ -5,8 +5,10 @@
 //! Layers are assembled in parallel (rayon).
 
 use super::config::ModelConfig;
+#[cfg(doc)]
+use super::names::hf_norm_offset;
 use super::names::{requires_qk_norm, requires_qkv_bias, LayerTensor, WeightName};
-use super::{FeedForward, LayerWeights, Mlp, ModelWeights, MoeBlock, Tensor};
+use super::{FeedForward, LayerWeights, Mlp, ModelWeights, MoeBlock, PostNorms, Tensor};
 use crate::error::{KwkError, Result};
 use rayon::prelude::*;
 use std::path::Path;
@@ -25,6 +27,12 @@ pub(crate) trait WeightSource: Sync {
     /// several spellings, the one present), for errors about its values.
     fn found_name(&self, name: WeightName) -> String {
         self.name_of(name)
+    }
+    /// What to add to every value of tensor `name` to get the weight kwk multiplies by
+    /// (Hugging Face's Gemma 3 norms store `w` for `1 + w`: [`hf_norm_offset`]); 0 for
+    /// sources that store the multiplier itself (GGUF).
+    fn norm_offset(&self, _name: WeightName) -> f32 {
+        0.0
     }
 }
 
@@ -56,7 +64,11 @@ fn load_finite(
     name: WeightName,
     shape: &[usize],
 ) -> Result<Option<Tensor>> {
-    let t = src.load(name, shape)?;
+    let mut t = src.load(name, shape)?;
+    let offset = src.norm_offset(name);
+    if let Some(t) = t.as_mut().filter(|_| offset != 0.0) {
+        t.data.iter_mut().for_each(|v| *v += offset);
+    }
     if let Some(t) = &t {
         let bad = non_finite_count(&t.data);
         if bad > 0 {
@@ -201,6 +213,32 @@ pub(crate) fn assemble_layer(
     })
 }
 
+/// The norms after attention and after the FFN of layer `l` (Gemma 3), required.
+pub(crate) fn assemble_post_norms(
+    src: &dyn WeightSource,
+    c: &ModelConfig,
+    l: usize,
+) -> Result<PostNorms> {
+    let d = c.hidden_size;
+    Ok(PostNorms {
+        attn: require_vec(src, WeightName::Layer(l, LayerTensor::PostAttnNorm), d)?,
+        ffn: require_vec(src, WeightName::Layer(l, LayerTensor::PostFfnNorm), d)?,
+    })
+}
+
+/// Every layer's [`PostNorms`] when the architecture has them (Gemma 3), else empty.
+pub(crate) fn assemble_all_post_norms(
+    src: &dyn WeightSource,
+    c: &ModelConfig,
+) -> Result<Vec<PostNorms>> {
+    if c.gemma3.is_none() {
+        return Ok(Vec::new());
+    }
+    (0..c.n_layers)
+        .map(|l| assemble_post_norms(src, c, l))
+        .collect()
+}
+
 /// Builds [`ModelWeights`] from `src`, checking every tensor's shape against `config`.
 /// Layers load in parallel; the first error (in layer order) is returned.
 pub(crate) fn assemble_weights(
@@ -236,5 +274,6 @@ pub(crate) fn assemble_weights(
         layers,
         final_norm,
         lm_head,
+        post_norms: assemble_all_post_norms(src, config)?,
     })
 }

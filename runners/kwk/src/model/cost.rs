@@ -132,6 +132,7 @@ mod tests {
             sliding_window: None,
             bos_token_id: None,
             eos_token_ids: vec![],
+            gemma3: None,
         }
     }
 

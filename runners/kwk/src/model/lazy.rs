@@ -100,6 +100,12 @@ impl LazyWeights {
         self.with(|s| assemble_layer(s, &self.config, i))
     }
 
+    /// Gemma 3's per-layer norms after attention and the FFN (empty for other
+    /// architectures).
+    pub fn post_norms(&self) -> Result<Vec<super::PostNorms>> {
+        self.with(|s| super::assemble::assemble_all_post_norms(s, &self.config))
+    }
+
     /// Every weight (the whole model in float32).
     pub fn all(&self) -> Result<super::ModelWeights> {
         self.with(|s| super::assemble::assemble_weights(s, &self.config))

@@ -13,7 +13,7 @@
 
 use super::assemble::{assemble_weights, WeightSource};
 use super::config::{Architecture, ModelConfig};
-use super::names::{hf_tensor_name, LayerTensor, WeightName};
+use super::names::{hf_norm_offset, hf_tensor_name, LayerTensor, WeightName};
 use super::{ModelWeights, Tensor};
 use crate::error::{KwkError, Result};
 use std::collections::HashMap;
@@ -155,6 +155,10 @@ impl WeightSource for MemorySource<'_, '_> {
 
     fn name_of(&self, name: WeightName) -> String {
         hf_tensor_name(self.architecture, name)
+    }
+
+    fn norm_offset(&self, name: WeightName) -> f32 {
+        hf_norm_offset(self.architecture, name)
     }
 
     fn load(&self, name: WeightName, shape: &[usize]) -> Result<Option<Tensor>> {

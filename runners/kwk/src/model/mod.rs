@@ -18,7 +18,7 @@ mod names;
 pub mod safetensors_loader;
 pub mod source;
 
-pub use config::{Architecture, ModelConfig, RopeScaling};
+pub use config::{Architecture, Gemma3Params, ModelConfig, RopeScaling};
 pub use source::{load_model, load_model_header, ModelHeader, ModelSource};
 
 use crate::tokenizer::Tokenizer;
@@ -99,6 +99,18 @@ pub struct ModelWeights {
     pub final_norm: Vec<f32>,
     /// `None` when the output projection is tied to `embed`.
     pub lm_head: Option<Tensor>, // [vocab, d]
+    /// Gemma 3: per layer, the norms after attention and after the FFN (empty for the
+    /// Llama family). Kept beside the layers, not in [`LayerWeights`]: float32 in every
+    /// format, read by the decoder and not by the packing pipeline.
+    pub post_norms: Vec<PostNorms>,
+}
+
+/// Gemma 3's norms on a block's output, before the residual add (weights of length
+/// `hidden_size`, the multiplier itself: `1 + w` of a Hugging Face checkpoint).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PostNorms {
+    pub attn: Vec<f32>,
+    pub ffn: Vec<f32>,
 }
 
 impl ModelWeights {

@@ -21,6 +21,10 @@ pub(crate) enum LayerTensor {
     QNorm,
     KNorm,
     FfnNorm,
+    /// Gemma 3: the norm of attention's output, before the residual add.
+    PostAttnNorm,
+    /// Gemma 3: the norm of the feed-forward block's output, before the residual add.
+    PostFfnNorm,
     Gate,
     Up,
     Down,
@@ -50,10 +54,14 @@ pub(crate) fn requires_qkv_bias(architecture: Architecture) -> bool {
     matches!(architecture, Architecture::Qwen2 | Architecture::Qwen2Moe)
 }
 
-/// Whether every layer of `architecture` normalises each q/k head (qwen3, qwen3_moe);
+/// Whether every layer of `architecture` normalises each q/k head (qwen3, qwen3_moe,
+/// gemma3);
 /// other architectures read the norms when present.
 pub(crate) fn requires_qk_norm(architecture: Architecture) -> bool {
-    matches!(architecture, Architecture::Qwen3 | Architecture::Qwen3Moe)
+    matches!(
+        architecture,
+        Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3
+    )
 }
 
 /// Whether a GGUF of llama.cpp architecture `gguf_arch` has its q/k rows reordered by the
@@ -69,13 +77,17 @@ pub(crate) fn gguf_qk_permuted(gguf_arch: Option<&str>) -> bool {
 /// The naming trap: in the Llama family (every architecture kwk runs today)
 /// `post_attention_layernorm` is the norm *before the feed-forward block* (it is applied
 /// to the residual stream after attention), so it fills kwk's [`LayerTensor::FfnNorm`]
-/// slot. Gemma 2/3 use the same name for a different norm, applied to attention's output
-/// before the residual add; their feed-forward pre-norm is `pre_feedforward_layernorm`
-/// (and `post_feedforward_layernorm` follows the block). Such an architecture gets its own
-/// row here, and slots for the norms kwk has no place for yet.
+/// slot. Gemma 3 uses the same name for a different norm, applied to attention's output
+/// before the residual add ([`LayerTensor::PostAttnNorm`]); its feed-forward pre-norm is
+/// `pre_feedforward_layernorm`, and `post_feedforward_layernorm` follows the block
+/// ([`LayerTensor::PostFfnNorm`]). So Gemma 3 has its own row here: a Gemma folder read
+/// through Llama's row would put the post-attention norm into the FFN-norm slot.
 struct HfNormNames {
     attn_norm: &'static str,
     ffn_norm: &'static str,
+    /// The norms after attention and after the FFN (`None`: the architecture has none).
+    post_attn_norm: Option<&'static str>,
+    post_ffn_norm: Option<&'static str>,
 }
 
 /// Llama's layer norms: `input_layernorm` before attention, `post_attention_layernorm`
@@ -83,6 +95,18 @@ struct HfNormNames {
 const LLAMA_NORMS: HfNormNames = HfNormNames {
     attn_norm: "input_layernorm.weight",
     ffn_norm: "post_attention_layernorm.weight",
+    post_attn_norm: None,
+    post_ffn_norm: None,
+};
+
+/// Gemma 3's layer norms (transformers' `Gemma3DecoderLayer`): `input_layernorm` before
+/// attention, `post_attention_layernorm` on attention's output, `pre_feedforward_layernorm`
+/// before the FFN, `post_feedforward_layernorm` on its output.
+const GEMMA3_NORMS: HfNormNames = HfNormNames {
+    attn_norm: "input_layernorm.weight",
+    ffn_norm: "pre_feedforward_layernorm.weight",
+    post_attn_norm: Some("post_attention_layernorm.weight"),
+    post_ffn_norm: Some("post_feedforward_layernorm.weight"),
 };
 
 fn hf_norm_names(architecture: Architecture) -> HfNormNames {
@@ -91,6 +115,29 @@ fn hf_norm_names(architecture: Architecture) -> HfNormNames {
         A::Llama | A::Mistral | A::Qwen2 | A::Qwen3 | A::Mixtral | A::Qwen2Moe | A::Qwen3Moe => {
             LLAMA_NORMS
         }
+        A::Gemma3 => GEMMA3_NORMS,
+    }
+}
+
+/// What a Hugging Face checkpoint of `architecture` stores for RMSNorm weight `name`,
+/// as an offset to add: Gemma 3's `Gemma3RMSNorm` multiplies by `1 + w` and stores `w`
+/// (every norm: layer norms, q/k norms, the final norm), so 1 is added on loading; kwk's
+/// norms multiply by the stored value, as llama.cpp's GGUF stores it (its converter adds
+/// the 1, `Gemma3Model.norm_shift` in `conversion/gemma.py`).
+pub(crate) fn hf_norm_offset(architecture: Architecture, name: WeightName) -> f32 {
+    use LayerTensor as T;
+    let norm = matches!(
+        name,
+        WeightName::FinalNorm
+            | WeightName::Layer(
+                _,
+                T::AttnNorm | T::FfnNorm | T::QNorm | T::KNorm | T::PostAttnNorm | T::PostFfnNorm
+            )
+    );
+    if architecture == Architecture::Gemma3 && norm {
+        1.0
+    } else {
+        0.0
     }
 }
 
@@ -119,6 +166,12 @@ pub(crate) fn hf_tensor_name(architecture: Architecture, name: WeightName) -> St
         T::QNorm => "self_attn.q_norm.weight".into(),
         T::KNorm => "self_attn.k_norm.weight".into(),
         T::FfnNorm => norms.ffn_norm.into(),
+        // An architecture without the norm has no name for it: a name no checkpoint holds.
+        T::PostAttnNorm => norms
+            .post_attn_norm
+            .unwrap_or("(no post-attention norm)")
+            .into(),
+        T::PostFfnNorm => norms.post_ffn_norm.unwrap_or("(no post-FFN norm)").into(),
         T::Gate => "mlp.gate_proj.weight".into(),
         T::Up => "mlp.up_proj.weight".into(),
         T::Down => "mlp.down_proj.weight".into(),
@@ -167,6 +220,8 @@ pub(crate) fn gguf_tensor_names(name: WeightName) -> Vec<(String, Option<usize>)
         T::QNorm => b("attn_q_norm.weight"),
         T::KNorm => b("attn_k_norm.weight"),
         T::FfnNorm => b("ffn_norm.weight"),
+        T::PostAttnNorm => b("post_attention_norm.weight"),
+        T::PostFfnNorm => b("post_ffw_norm.weight"),
         T::Gate => b("ffn_gate.weight"),
         T::Up => b("ffn_up.weight"),
         T::Down => b("ffn_down.weight"),

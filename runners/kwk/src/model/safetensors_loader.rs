@@ -11,7 +11,7 @@
 
 use super::assemble::{assemble_weights, WeightSource};
 use super::config::{Architecture, ModelConfig};
-use super::names::{hf_tensor_name, WeightName};
+use super::names::{hf_norm_offset, hf_tensor_name, WeightName};
 use super::{LoadInfo, ModelWeights, Tensor};
 use crate::error::{KwkError, Result};
 use rayon::prelude::*;
@@ -175,6 +175,10 @@ impl WeightSource for SafetensorsSource {
 
     fn name_of(&self, name: WeightName) -> String {
         self.hf_name(name)
+    }
+
+    fn norm_offset(&self, name: WeightName) -> f32 {
+        hf_norm_offset(self.architecture, name)
     }
 
     fn load(&self, name: WeightName, shape: &[usize]) -> Result<Option<Tensor>> {

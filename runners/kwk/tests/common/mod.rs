@@ -39,6 +39,19 @@ pub fn smollm2_gguf() -> PathBuf {
     path
 }
 
+/// The Gemma 3 270M GGUF scripts/setup-gemma.sh assembles (Q4_K_M as published); panics
+/// naming the set-up script when it is missing.
+#[allow(dead_code)] // each test binary uses its own part of `common`
+pub fn gemma3_gguf() -> PathBuf {
+    let path = models_dir().join("gemma-3-270m/gemma-3-270m-Q4_K_M.gguf");
+    assert!(
+        path.is_file(),
+        "{} is missing: run scripts/setup-gemma.sh (or set KWK_MODELS_DIR)",
+        path.display()
+    );
+    path
+}
+
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }

@@ -15,6 +15,10 @@ pub enum Architecture {
     Mixtral,
     Qwen2Moe,
     Qwen3Moe,
+    /// Gemma 3 (text): scaled embedding, (1 + w) norms before and after attention and the
+    /// FFN, per-head q/k norms, GeGLU, sliding-window attention on most layers
+    /// ([`super::Gemma3Params`]).
+    Gemma3,
 }
 
 impl Architecture {
@@ -28,6 +32,7 @@ impl Architecture {
             "mixtral" => Architecture::Mixtral,
             "qwen2_moe" => Architecture::Qwen2Moe,
             "qwen3_moe" => Architecture::Qwen3Moe,
+            "gemma3_text" => Architecture::Gemma3,
             _ => return None,
         })
     }
@@ -42,6 +47,7 @@ impl Architecture {
             "qwen3" => Architecture::Qwen3,
             "qwen2moe" => Architecture::Qwen2Moe,
             "qwen3moe" => Architecture::Qwen3Moe,
+            "gemma3" => Architecture::Gemma3,
             _ => return None,
         })
     }
@@ -56,6 +62,7 @@ impl Architecture {
             Architecture::Mixtral => "mixtral",
             Architecture::Qwen2Moe => "qwen2_moe",
             Architecture::Qwen3Moe => "qwen3_moe",
+            Architecture::Gemma3 => "gemma3_text",
         }
     }
 

@@ -1,7 +1,7 @@
 //! GGUF metadata (`<arch>.*` keys, llama.cpp's `src/llama-arch.cpp` names) read into a
 //! [`ModelConfig`], and Llama 3.x rope scaling recognised from `rope_freqs.weight`.
 
-use super::{Architecture, ModelConfig, RopeScaling};
+use super::{Architecture, Gemma3Params, ModelConfig, RopeScaling};
 use crate::error::{KwkError, Result};
 use crate::format::ggml_blocks::dequantize;
 use crate::gguf::GgufFile;
@@ -46,7 +46,7 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
     let architecture = Architecture::from_gguf_arch(arch, n_experts > 0).ok_or_else(|| {
         KwkError::Unsupported(format!(
             "{}: GGUF architecture '{arch}'; kwk runs llama (incl. Mistral, Mixtral), \
-             qwen2, qwen3, qwen2moe and qwen3moe",
+             qwen2, qwen3, qwen2moe, qwen3moe and gemma3",
             path.display()
         ))
     })?;
@@ -165,9 +165,22 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
     }
 
     let rope_scaling = rope_scaling_from_gguf(file, &keys, rope_theta, head_dim)?;
+    let gemma3 = if architecture == Architecture::Gemma3 {
+        Some(gemma3_from_gguf(
+            file,
+            &keys,
+            n_layers,
+            hidden_size,
+            n_heads,
+            head_dim,
+        )?)
+    } else {
+        None
+    };
+    // Gemma 3's window is per layer (in `gemma3`), not the all-layers window.
     let sliding_window = keys
         .usize_opt("attention.sliding_window")?
-        .filter(|&w| w > 0 && w < max_position_embeddings);
+        .filter(|&w| w > 0 && w < max_position_embeddings && gemma3.is_none());
 
     let tok = |k: &str| file.get_u32(&format!("tokenizer.ggml.{k}"));
     let mut eos_token_ids: Vec<u32> = tok("eos_token_id")?.into_iter().collect();
@@ -199,11 +212,72 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         sliding_window,
         bos_token_id: tok("bos_token_id")?,
         eos_token_ids,
+        gemma3,
     };
     config.check_sizes(path, &|k| {
         format!("metadata key '{arch}.{}'", k.gguf_key(architecture))
     })?;
     Ok(config)
+}
+
+/// Gemma 3's details as llama.cpp reads them (`src/models/gemma3.cpp`): the window from
+/// `gemma3.attention.sliding_window` (none: every layer global), the layer pattern from
+/// `gemma3.attention.sliding_window_pattern` (a number, or one bool per layer; default 6),
+/// the local RoPE base from `gemma3.rope.freq_base_swa` (default 10000), the query scale
+/// `1/sqrt(head_dim)` (the converter does not store `query_pre_attn_scalar`; llama.cpp
+/// uses `1/sqrt(embedding_length / head_count)` for the 62-layer 27B instead), and the
+/// optional `gemma3.final_logit_softcapping`.
+fn gemma3_from_gguf(
+    file: &GgufFile,
+    keys: &ArchKeys,
+    n_layers: usize,
+    hidden_size: usize,
+    n_heads: usize,
+    head_dim: usize,
+) -> Result<Gemma3Params> {
+    let window = keys.usize_opt("attention.sliding_window")?.unwrap_or(0);
+    let pattern_key = keys.key("attention.sliding_window_pattern");
+    let sliding_layers = if window == 0 {
+        vec![false; n_layers]
+    } else {
+        match file.get(&pattern_key) {
+            None => Gemma3Params::pattern_layers(n_layers, 6),
+            Some(v) => match (v.as_u64(), v.as_array()) {
+                (Some(p), _) => Gemma3Params::pattern_layers(n_layers, p as usize),
+                (None, Some(a)) if a.len() >= n_layers => (0..n_layers)
+                    .map(|l| a.get(l).and_then(|x| x.as_bool()))
+                    .collect::<Option<Vec<bool>>>()
+                    .ok_or_else(|| {
+                        KwkError::bad_model(
+                            file.path(),
+                            format!("metadata key '{pattern_key}' should hold one bool per layer"),
+                        )
+                    })?,
+                _ => {
+                    return Err(KwkError::bad_model(
+                        file.path(),
+                        format!(
+                            "metadata key '{pattern_key}' should be a number or {n_layers} bools"
+                        ),
+                    ))
+                }
+            },
+        }
+    };
+    let query_pre_attn_scalar = if n_layers == 62 {
+        (hidden_size / n_heads) as f32
+    } else {
+        head_dim as f32
+    };
+    Ok(Gemma3Params {
+        query_pre_attn_scalar,
+        sliding_window: window,
+        rope_local_theta: keys.f32_opt("rope.freq_base_swa")?.unwrap_or(10000.0),
+        sliding_layers,
+        final_logit_softcapping: keys
+            .f32_opt("final_logit_softcapping")?
+            .filter(|&c| c != 0.0),
+    })
 }
 
 /// llama3 rope factors per frequency, as `conversion/llama.py` computes them for

@@ -1,7 +1,7 @@
 //! A Hugging Face `config.json` read into a [`ModelConfig`], with `transformers`'
 //! defaults and errors naming the file and key.
 
-use super::{Architecture, ModelConfig, RopeScaling, MAX_CONFIG_JSON_BYTES};
+use super::{Architecture, Gemma3Params, ModelConfig, RopeScaling, MAX_CONFIG_JSON_BYTES};
 use crate::error::{KwkError, Result};
 use serde_json::{Map, Value};
 use std::path::Path;
@@ -147,7 +147,7 @@ impl ModelConfig {
         let architecture = Architecture::from_hf_model_type(model_type).ok_or_else(|| {
             KwkError::Unsupported(format!(
                 "{}: model_type '{model_type}'; kwk runs llama, mistral, qwen2, qwen3, \
-                 mixtral, qwen2_moe and qwen3_moe",
+                 mixtral, qwen2_moe, qwen3_moe and gemma3_text",
                 path.display()
             ))
         })?;
@@ -199,17 +199,33 @@ impl ModelConfig {
         let rms_norm_eps = keys.opt_f64("rms_norm_eps")?.unwrap_or(1e-6) as f32;
         // transformers 5 writes `rope_parameters` ({"rope_type", "rope_theta", and the
         // scaling keys}) where older files have `rope_theta` and `rope_scaling`.
+        let gemma = architecture == Architecture::Gemma3;
         let rope_parameters = Self::rope_parameters(&keys)?;
+        // transformers 5 keeps Gemma 3's two rope settings under `rope_parameters`, one per
+        // layer type; the global layers' is the model's rope.
+        let rope_parameters = match rope_parameters {
+            Some(p) if gemma && p.get("full_attention").is_some() => Some(Self::nested_object(
+                &p,
+                "rope_parameters",
+                "full_attention",
+            )?),
+            other => other,
+        };
         let rope_theta = match &rope_parameters {
             Some(p) => p.opt_f64("rope_theta")?,
             None => None,
         };
         let rope_theta = match rope_theta {
             Some(t) => t,
+            // Gemma3TextConfig's default is 1e6.
+            None if gemma => keys.opt_f64("rope_theta")?.unwrap_or(1_000_000.0),
             None => keys.opt_f64("rope_theta")?.unwrap_or(10000.0),
         } as f32;
-        let max_position_embeddings = keys.opt_usize("max_position_embeddings")?.unwrap_or(2048);
-        let tie_word_embeddings = keys.opt_bool("tie_word_embeddings")?.unwrap_or(false);
+        let max_position_embeddings = keys
+            .opt_usize("max_position_embeddings")?
+            .unwrap_or(if gemma { 131072 } else { 2048 });
+        // Gemma3TextConfig ties the output to the embedding unless told otherwise.
+        let tie_word_embeddings = keys.opt_bool("tie_word_embeddings")?.unwrap_or(gemma);
         let rope_scaling = match &rope_parameters {
             Some(p) => Self::rope_scaling_from_object(&keys, p)?,
             None => Self::rope_scaling_from_hf(&keys)?,
@@ -275,8 +291,13 @@ impl ModelConfig {
         // qwen2/qwen3 write `sliding_window` but switch it off with `use_sliding_window`.
         let use_sliding_window = keys.opt_bool("use_sliding_window")?.unwrap_or(true);
         let sliding_window = match keys.opt_usize("sliding_window")? {
-            Some(w) if use_sliding_window && w < max_position_embeddings => Some(w),
+            Some(w) if use_sliding_window && w < max_position_embeddings && !gemma => Some(w),
             _ => None,
+        };
+        let gemma3 = if gemma {
+            Some(Self::gemma3_from_hf(&keys, n_layers)?)
+        } else {
+            None
         };
 
         let config = ModelConfig {
@@ -301,11 +322,145 @@ impl ModelConfig {
             sliding_window,
             bos_token_id: keys.opt_token_id("bos_token_id")?,
             eos_token_ids: keys.token_id_list("eos_token_id")?,
+            gemma3,
         };
         config.check_sizes(path, &|k| {
             format!("config key '{}'", k.hf_key(architecture))
         })?;
         Ok(config)
+    }
+
+    /// `outer.key` as an object (named `outer_name.key` in errors).
+    fn nested_object<'a>(
+        outer: &JsonKeys<'a>,
+        outer_name: &str,
+        key: &str,
+    ) -> Result<JsonKeys<'a>> {
+        let v = outer.get(key).ok_or_else(|| {
+            KwkError::bad_model(
+                outer.path,
+                format!("config key '{outer_name}.{key}' is missing"),
+            )
+        })?;
+        let obj = v
+            .as_object()
+            .ok_or_else(|| outer.bad(&format!("{outer_name}.{key}"), "an object", v))?;
+        Ok(JsonKeys {
+            path: outer.path,
+            obj,
+        })
+    }
+
+    /// Gemma3TextConfig's own keys, with its defaults: `query_pre_attn_scalar` (256),
+    /// `sliding_window` (4096), the local RoPE base (`rope_local_base_freq`, 10000, or
+    /// transformers 5's `rope_parameters.sliding_attention.rope_theta`), the layer kinds
+    /// (`layer_types`, else `sliding_window_pattern`, default 6),
+    /// `final_logit_softcapping` (none). Refused: `attn_logit_softcapping` (Gemma 2's, not
+    /// implemented), bidirectional attention (EmbeddingGemma), an activation other than
+    /// tanh GELU, and a rope scaling on the local layers.
+    fn gemma3_from_hf(keys: &JsonKeys, n_layers: usize) -> Result<Gemma3Params> {
+        let unsupported = |what: String| {
+            Err(KwkError::Unsupported(format!(
+                "{}: {what}",
+                keys.path.display()
+            )))
+        };
+        if let Some(cap) = keys.opt_f64("attn_logit_softcapping")? {
+            return unsupported(format!(
+                "attn_logit_softcapping {cap} (Gemma 2's attention soft-capping) is not \
+                 implemented"
+            ));
+        }
+        if keys.opt_bool("use_bidirectional_attention")? == Some(true) {
+            return unsupported(
+                "use_bidirectional_attention (EmbeddingGemma's encoder attention) is not \
+                 implemented; kwk runs causal Gemma 3"
+                    .into(),
+            );
+        }
+        let act = keys
+            .opt_str("hidden_activation")?
+            .or(keys.opt_str("hidden_act")?)
+            .unwrap_or("gelu_pytorch_tanh");
+        if act != "gelu_pytorch_tanh" {
+            return unsupported(format!(
+                "hidden_activation '{act}'; kwk's Gemma 3 runs gelu_pytorch_tanh only"
+            ));
+        }
+        let local = match Self::rope_parameters(keys)? {
+            Some(p) if p.get("sliding_attention").is_some() => Some(Self::nested_object(
+                &p,
+                "rope_parameters",
+                "sliding_attention",
+            )?),
+            _ => None,
+        };
+        let local_theta = match &local {
+            Some(l) => {
+                if !matches!(Self::rope_scaling_from_object(keys, l)?, RopeScaling::None) {
+                    return unsupported(
+                        "a rope scaling on the sliding-window layers is not implemented".into(),
+                    );
+                }
+                l.opt_f64("rope_theta")?
+            }
+            None => None,
+        };
+        let rope_local_theta = match local_theta {
+            Some(t) => t,
+            None => keys.opt_f64("rope_local_base_freq")?.unwrap_or(10000.0),
+        } as f32;
+        let sliding_window = keys.opt_usize("sliding_window")?.unwrap_or(4096);
+        let sliding_layers = match keys.get("layer_types") {
+            Some(v) => {
+                let items = v
+                    .as_array()
+                    .filter(|a| a.len() == n_layers)
+                    .ok_or_else(|| {
+                        keys.bad(
+                            "layer_types",
+                            &format!("a list of {n_layers} layer types"),
+                            v,
+                        )
+                    })?;
+                items
+                    .iter()
+                    .map(|t| match t.as_str() {
+                        Some("sliding_attention") => Ok(true),
+                        Some("full_attention") => Ok(false),
+                        _ => Err(keys.bad(
+                            "layer_types",
+                            "\"sliding_attention\" or \"full_attention\" items",
+                            t,
+                        )),
+                    })
+                    .collect::<Result<Vec<bool>>>()?
+            }
+            None => {
+                let pattern = keys.opt_usize("sliding_window_pattern")?.unwrap_or(6);
+                Gemma3Params::pattern_layers(n_layers, pattern)
+            }
+        };
+        let query_pre_attn_scalar = keys.opt_f64("query_pre_attn_scalar")?.unwrap_or(256.0) as f32;
+        if query_pre_attn_scalar.is_nan() || query_pre_attn_scalar <= 0.0 {
+            return Err(KwkError::bad_model(
+                keys.path,
+                format!("config key 'query_pre_attn_scalar' is {query_pre_attn_scalar}; it must be positive"),
+            ));
+        }
+        if sliding_window == 0 && sliding_layers.iter().any(|&s| s) {
+            return Err(KwkError::bad_model(
+                keys.path,
+                "config key 'sliding_window' is 0 but some layers are sliding_attention",
+            ));
+        }
+        Ok(Gemma3Params {
+            query_pre_attn_scalar,
+            sliding_window,
+            rope_local_theta,
+            sliding_layers,
+            final_logit_softcapping: keys.opt_f64("final_logit_softcapping")?.map(|c| c as f32),
+        })
     }
 
     /// transformers 5's `rope_parameters` object, when the config has one.

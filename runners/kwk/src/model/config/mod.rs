@@ -74,6 +74,38 @@ pub struct ModelConfig {
     pub sliding_window: Option<usize>,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
+    /// Gemma 3's attention and output details; `None` for every other architecture.
+    pub gemma3: Option<Gemma3Params>,
+}
+
+/// What Gemma 3 adds to the Llama-family config. Its sliding window is here, not in
+/// [`ModelConfig::sliding_window`] (a window on every layer, which this decoder refuses):
+/// only the layers [`Gemma3Params::sliding_layers`] marks are local.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Gemma3Params {
+    /// Queries are scaled by `query_pre_attn_scalar^-1/2` (not `head_dim^-1/2`).
+    pub query_pre_attn_scalar: f32,
+    /// Keys a local layer's query sees, itself included (positions `p - window + 1..=p`).
+    pub sliding_window: usize,
+    /// RoPE base of the local layers (`rope_local_base_freq`); the global layers use
+    /// [`ModelConfig::rope_theta`].
+    pub rope_local_theta: f32,
+    /// Per layer: true for a local (sliding-window) layer, false for a global one.
+    pub sliding_layers: Vec<bool>,
+    /// `cap * tanh(logits / cap)` on the output logits when set.
+    pub final_logit_softcapping: Option<f32>,
+}
+
+impl Gemma3Params {
+    /// The layer pattern of `sliding_window_pattern` = `pattern`: every `pattern`-th layer
+    /// (1-based) is global, the others local (transformers' `layer_types` default and
+    /// llama.cpp's `set_swa_pattern`): a pattern of 1 makes every layer global, and 0
+    /// every layer local (as llama.cpp reads it).
+    pub fn pattern_layers(n_layers: usize, pattern: usize) -> Vec<bool> {
+        (0..n_layers)
+            .map(|l| pattern == 0 || (l + 1) % pattern != 0)
+            .collect()
+    }
 }
 
 /// The most parameters a config may imply (2^44, about 17.6 trillion).

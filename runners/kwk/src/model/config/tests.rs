@@ -322,3 +322,67 @@ fn gguf_sizes_are_checked_like_config_json() {
     );
     assert!(err.contains("2^44 parameters"), "{err}");
 }
+
+/// A Gemma 3 270M `config.json` as transformers 4.5x wrote it (`rope_local_base_freq`,
+/// `sliding_window_pattern`, no `layer_types`).
+fn gemma3_v4() -> Value {
+    json!({
+        "model_type": "gemma3_text", "hidden_size": 640, "intermediate_size": 2048,
+        "num_hidden_layers": 18, "num_attention_heads": 4, "num_key_value_heads": 1,
+        "head_dim": 256, "vocab_size": 262144, "query_pre_attn_scalar": 256,
+        "sliding_window": 512, "sliding_window_pattern": 6, "rope_theta": 1000000.0,
+        "rope_local_base_freq": 10000.0, "rope_scaling": null,
+        "max_position_embeddings": 32768, "hidden_activation": "gelu_pytorch_tanh",
+        "attn_logit_softcapping": null, "final_logit_softcapping": null
+    })
+}
+
+#[test]
+fn gemma3_transformers4_keys() {
+    let c = parse(gemma3_v4()).unwrap();
+    assert_eq!(c.architecture, Architecture::Gemma3);
+    // Gemma3TextConfig ties the output by default.
+    assert!(c.tie_word_embeddings);
+    assert_eq!(c.sliding_window, None, "Gemma's window is per layer");
+    assert_eq!(c.rope_theta, 1e6);
+    let g = c.gemma3.unwrap();
+    assert_eq!((g.sliding_window, g.rope_local_theta), (512, 10000.0));
+    assert_eq!(g.query_pre_attn_scalar, 256.0);
+    let globals: Vec<usize> = (0..18).filter(|&l| !g.sliding_layers[l]).collect();
+    assert_eq!(globals, vec![5, 11, 17], "every sixth layer is global");
+    // `layer_types` wins over the pattern when both are there.
+    let mut v = gemma3_v4();
+    let mut types = vec!["sliding_attention"; 18];
+    types[0] = "full_attention";
+    v["layer_types"] = json!(types);
+    let g = parse(v).unwrap().gemma3.unwrap();
+    assert!(!g.sliding_layers[0] && g.sliding_layers[5]);
+}
+
+#[test]
+fn gemma3_refusals_name_the_key() {
+    for (key, value, want) in [
+        (
+            "attn_logit_softcapping",
+            json!(50.0),
+            "attn_logit_softcapping",
+        ),
+        (
+            "hidden_activation",
+            json!("gelu"),
+            "hidden_activation 'gelu'",
+        ),
+        (
+            "use_bidirectional_attention",
+            json!(true),
+            "use_bidirectional_attention",
+        ),
+        ("layer_types", json!(["full_attention"]), "layer_types"),
+        ("query_pre_attn_scalar", json!(0), "query_pre_attn_scalar"),
+    ] {
+        let mut v = gemma3_v4();
+        v[key] = value;
+        let e = parse(v).unwrap_err().to_string();
+        assert!(e.contains(want), "{key}: {e}");
+    }
+}

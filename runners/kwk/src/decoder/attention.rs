@@ -1,0 +1,170 @@
+//! Causal attention over the float32 KV cache on the matmul kernels: scores = K·q on the
+//! key panels, a float32 softmax over each query's keys (all earlier positions, or a
+//! Gemma 3 local layer's window, possibly wrapped around a ring cache), P·V on the value
+//! panels.
+
+use super::kv_cache::KvCache;
+use crate::kernels::{self, OutputMatrix, PANEL_ROWS};
+use crate::model::ModelConfig;
+use crate::threads::ThreadPool;
+use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// What [`attention`] reads besides the cache and the queries: the model's shape, the
+/// thread pool, and the layer's sliding window (`None`: every earlier position).
+pub(super) struct Shape<'a> {
+    pub cfg: &'a ModelConfig,
+    pub pool: &'a ThreadPool,
+    pub window: Option<usize>,
+}
+
+/// Query tokens per attention block (each block runs the group's heads together).
+const QUERY_BLOCK: usize = 16;
+
+/// Causal attention of the `n` query rows `q` (`[n][n_heads*hd]`, positions
+/// `pos0..pos0+n`) over the cache, into `out` (`[n][n_heads*hd]`). Work items are
+/// (KV head, block of query tokens); the query heads sharing a KV head run as one matrix:
+/// scores = K·q on the key panels, scaled, softmax over the causal prefix in float32
+/// (over its last `window` keys in a Gemma 3 local layer), then P·V on the value panels.
+/// A local layer's cache may be a ring ([`KvCache`]: slot = position % cap, with cap at
+/// least the window plus the `n` new positions less one, so no key a query sees was
+/// overwritten); once positions wrap, the scores run over all its slots and each query's
+/// window is one or two runs of slots.
+pub(super) fn attention(
+    rt: &Shape<'_>,
+    kv: &KvCache,
+    layer: usize,
+    pos0: usize,
+    q: &[f32],
+    out: &mut [f32],
+) {
+    let (pool, cfg) = (rt.pool, rt.cfg);
+    let hd = cfg.head_dim;
+    let nh = cfg.n_heads;
+    let qd = nh * hd;
+    let n = q.len() / qd;
+    let group = nh / cfg.n_kv_heads;
+    let scale = match &cfg.gemma3 {
+        // transformers: `query_pre_attn_scalar**-0.5` (a Python float) times f32 scores.
+        Some(g) => (1.0 / (g.query_pre_attn_scalar as f64).sqrt()) as f32,
+        None => 1.0 / (hd as f32).sqrt(),
+    };
+    let window = rt.window;
+    let cap = kv.cap(layer);
+    let ring = pos0 + n > cap;
+    let isa = kernels::active_isa();
+    let n_blocks = n.div_ceil(QUERY_BLOCK);
+    let items = cfg.n_kv_heads * n_blocks;
+    let y = OutputMatrix::new(out, n, qd);
+    let claimed = AtomicUsize::new(0);
+    pool.run(|i, _| {
+        // Later blocks see more keys: the threads claim (block, head) items longest first,
+        // so the short ones at the end even out the finish whatever each core's speed.
+        if i >= items {
+            return;
+        }
+        let max_rows = QUERY_BLOCK.min(n) * group;
+        let mut qbuf = vec![0f32; max_rows * hd];
+        let mut scores = vec![0f32; max_rows * (pos0 + n)];
+        let mut obuf = vec![0f32; max_rows * hd];
+        while let Some(item) = items.checked_sub(1 + claimed.fetch_add(1, Ordering::Relaxed)) {
+            let (b, g) = (item / cfg.n_kv_heads, item % cfg.n_kv_heads);
+            let (t0, t1) = (b * QUERY_BLOCK, ((b + 1) * QUERY_BLOCK).min(n));
+            let rows = (t1 - t0) * group;
+            let len = if ring { cap } else { pos0 + t1 };
+            for r in 0..rows {
+                let (t, h) = (t0 + r / group, g * group + r % group);
+                qbuf[r * hd..(r + 1) * hd]
+                    .copy_from_slice(&q[t * qd + h * hd..t * qd + (h + 1) * hd]);
+            }
+            {
+                let s = OutputMatrix::new(&mut scores[..rows * len], rows, len);
+                let w = kernels::PanelWeights {
+                    data: kv.keys(layer, g),
+                    n_rows: len,
+                    cols: hd,
+                };
+                let x = kernels::TokenRows {
+                    data: &qbuf,
+                    n_tokens: rows,
+                };
+                let strides = kernels::PanelStrides {
+                    panel: hd * PANEL_ROWS,
+                    token: hd,
+                };
+                kernels::gemm_f32_panels_strided(isa, w, x, strides, 0..len, &s);
+            }
+            for r in 0..rows {
+                let p = pos0 + t0 + r / group;
+                // A local layer's query at position p sees keys p - window + 1..=p.
+                let first = window.map_or(0, |w| (p + 1).saturating_sub(w));
+                let seen = if ring {
+                    let (a, b) = (first % cap, p % cap + 1);
+                    if a < b {
+                        [a..b, 0..0]
+                    } else {
+                        [0..b, a..cap]
+                    }
+                } else {
+                    [first..p + 1, 0..0]
+                };
+                softmax_runs(isa, &mut scores[r * len..(r + 1) * len], &seen, scale);
+            }
+            {
+                let o = OutputMatrix::new(&mut obuf[..rows * hd], rows, hd);
+                let w = kernels::PanelWeights {
+                    data: kv.values(layer, g),
+                    n_rows: hd,
+                    cols: len,
+                };
+                let x = kernels::TokenRows {
+                    data: &scores[..rows * len],
+                    n_tokens: rows,
+                };
+                let strides = kernels::PanelStrides {
+                    panel: cap * PANEL_ROWS,
+                    token: len,
+                };
+                kernels::gemm_f32_panels_strided(isa, w, x, strides, 0..hd, &o);
+            }
+            for r in 0..rows {
+                let (t, h) = (t0 + r / group, g * group + r % group);
+                y.write_cols(t, h * hd, &obuf[r * hd..(r + 1) * hd]);
+            }
+        }
+    });
+}
+
+/// Scaled softmax of `row` over the runs `seen` (in order, not overlapping; an empty run
+/// is skipped) in float32, zero elsewhere. A NaN or +Inf score (or none above -Inf)
+/// leaves the softmax undefined, and the vector `exp` would clamp it to finite weights:
+/// NaN weights carry it to the output instead of hiding it.
+fn softmax_runs(isa: kernels::Isa, row: &mut [f32], seen: &[Range<usize>; 2], scale: f32) {
+    let runs = || seen.iter().filter(|r| !r.is_empty());
+    let mut max = f32::NEG_INFINITY;
+    let mut finite = true;
+    for r in runs() {
+        let m = kernels::scale_max_f32(isa, &mut row[r.clone()], scale);
+        finite &= m.is_finite();
+        max = max.max(m);
+    }
+    let mut end = 0;
+    for r in runs() {
+        row[end..r.start].fill(0.0);
+        end = r.end;
+    }
+    row[end..].fill(0.0);
+    if !finite {
+        runs().for_each(|r| row[r.clone()].fill(f32::NAN));
+        return;
+    }
+    let sum: f32 = runs()
+        .map(|r| kernels::exp_shifted_sum(isa, &mut row[r.clone()], max))
+        .sum();
+    let inv = 1.0 / sum;
+    // The scaling pass of `scale_max_f32` (exact per element; its maximum is not needed
+    // here), in the tier's vector width.
+    for r in runs() {
+        kernels::scale_max_f32(isa, &mut row[r.clone()], inv);
+    }
+}
