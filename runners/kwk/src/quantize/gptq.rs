@@ -358,10 +358,13 @@ struct RowsOut<'a> {
     mins: &'a mut [i8],
 }
 
-/// The two-level grid GPTQ rounds one batch of rows onto: the rows' super-scales and
-/// super-minimums (`[r * n_supers + s]`, fixed from the weights before GPTQ starts), and
-/// the natural column group of each group in the order the columns are taken.
+/// The two-level grid GPTQ rounds one batch of rows onto: the code width, the group, the
+/// rows' super-scales and super-minimums (`[r * n_supers + s]`, fixed from the weights
+/// before GPTQ starts), and the natural column group of each group in the order the
+/// columns are taken.
 struct SuperGrid<'a> {
+    bits: Bits,
+    group: usize,
     sups: &'a [(f16, f16)],
     n_supers: usize,
     natural_group: &'a [usize],
@@ -372,12 +375,11 @@ fn gptq_rows(
     w: &mut [f32],
     cols: usize,
     f: &InverseFactor,
-    bits: Bits,
-    group: usize,
     importance: Option<&[f32]>,
     grid: &SuperGrid<'_>,
     out: RowsOut<'_>,
 ) {
+    let (bits, group) = (grid.bits, grid.group);
     let RowsOut {
         codes,
         scales,
@@ -534,11 +536,13 @@ pub fn gptq_lowbit(
                 mins: m,
             };
             let grid = SuperGrid {
+                bits,
+                group,
                 sups: &sups[r0 * ns..(r0 + nr) * ns],
                 n_supers: ns,
                 natural_group: &natural_group,
             };
-            gptq_rows(&mut w, cols, f, bits, group, importance, &grid, out);
+            gptq_rows(&mut w, cols, f, importance, &grid, out);
         });
     if let Some(order) = order {
         // Back to the natural order: column order[k] holds code k; the group run starting
