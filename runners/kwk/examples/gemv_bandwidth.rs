@@ -46,6 +46,7 @@ fn pack(name: &'static str, precision: Precision, role: TensorRole, mib: usize) 
         layer: (role != TensorRole::LmHead).then_some(12),
         n_layers: 24,
         model_params: 1_700_000_000,
+        model_width: COLS,
     };
     let w = pack_linear(&t, &precision, place).expect("packing");
     Case { name, w }

@@ -110,8 +110,11 @@ pub struct TensorPlace {
     /// Layer index (`None` for embedding and lm_head).
     pub layer: Option<usize>,
     pub n_layers: usize,
-    /// Parameters of the whole model (the int4 default mix depends on model size).
+    /// Parameters of the whole model.
     pub model_params: u64,
+    /// The model's residual width (`lm_head`'s columns; the int4 default mix depends on
+    /// whether llama.cpp's Q6_K holds such rows).
+    pub model_width: usize,
 }
 
 /// Packs one linear weight (`[out_features, in_features]`) in `precision`: float32 and

@@ -15,9 +15,9 @@
 //!   (llama.cpp `src/llama-quant.cpp`, `llama_tensor_get_type`, which puts those tensors
 //!   in Q6_K under Q4_K_M).
 //!
-//! `mix_bits` defaults by width (`LowBitOptions::mix_bits_for`): for int4 6 for models of
-//! 1e9 parameters and more, 8 below (a small model's embedding is a large share of its
-//! weights and of its error); for int3, int5 and int6 6.
+//! `mix_bits` defaults by width (`LowBitOptions::mix_bits_for`): for int4 6 where Q6_K
+//! holds the model's rows (width a multiple of 256), 8 where Q4_K_M's `output` falls back
+//! to Q8_0; for int3, int5 and int6 6.
 
 use crate::error::{KwkError, Result};
 use crate::format::int4::LowBitWeights;
@@ -310,7 +310,7 @@ pub fn grid_for(precision: &Precision, place: &TensorPlace) -> Result<Option<Gri
             group: opts.group_size,
         }));
     }
-    match opts.mix_bits_for(place.model_params) {
+    match opts.mix_bits_for(place.model_width) {
         // The embedding/lm_head is a fifth of a small model: the 8.5-bit symmetric
         // layout. The few projections: asymmetric 8-bit groups of 32 (9 bits).
         Bits::B8 if matches!(place.role, TensorRole::Embedding | TensorRole::LmHead) => {
@@ -355,6 +355,7 @@ mod tests {
             layer: Some(0),
             n_layers: 1,
             model_params: 1,
+            model_width: 64,
         };
         assert!(pack_quantized(&t, &Precision::INT8, place).is_err());
         let place = TensorPlace {
@@ -384,11 +385,13 @@ mod tests {
             layer: None,
             n_layers: 30,
             model_params: 135_000_000,
+            model_width: 576,
         };
         let p = pack_quantized(&t, &Precision::LowBit(opts), small).unwrap();
         assert_eq!(p.bytes(), 32 * 64 + 2 * 32 * 2); // int8: 8.5 bits per weight
         let big = TensorPlace {
             model_params: 2_000_000_000,
+            model_width: 2048,
             ..small
         };
         let p = pack_quantized(&t, &Precision::LowBit(opts), big).unwrap();
@@ -426,6 +429,7 @@ mod tests {
             layer,
             n_layers: 30,
             model_params: 135_000_000,
+            model_width: 576,
         };
         for (name, bits) in [("int3", Bits::B3), ("int5", Bits::B5), ("int6", Bits::B6)] {
             let p = Precision::parse(name).unwrap();

@@ -81,6 +81,7 @@ pub(crate) fn pack_model(
         layer,
         n_layers,
         model_params: n_params,
+        model_width: config.hidden_size,
     };
     // Quantized weights go through the pack cache when a folder is given: mapped from a
     // valid file for this model and recipe (the weights are then not used), else

@@ -126,7 +126,7 @@ impl GridPlanner {
                             precision.name()
                         ))
                     })?;
-                let mix_bits = opts.mix_bits_for(model_params);
+                let mix_bits = opts.mix_bits_for(d);
                 // Bits the width's k-quant would spend on the tensors the search covers: its
                 // whole size less lm_head (kwk keeps that at mix_bits; the float vectors cost
                 // the same in both).
@@ -361,6 +361,7 @@ mod tests {
                 layer,
                 n_layers: config.n_layers,
                 model_params: n_params,
+                model_width: config.hidden_size,
             };
             let mut last = f64::INFINITY;
             for centibits in (400..=880).step_by(20) {

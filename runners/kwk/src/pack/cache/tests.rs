@@ -29,6 +29,7 @@ fn place(role: TensorRole, layer: Option<usize>) -> TensorPlace {
         layer,
         n_layers: 2,
         model_params: 1000,
+        model_width: 64,
     }
 }
 
