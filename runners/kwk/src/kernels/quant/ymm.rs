@@ -599,10 +599,18 @@ macro_rules! ymm_tier {
         #[inline]
         #[target_feature(enable = $features)]
         unsafe fn add_scaled_halves(acc: &mut [__m256; 2], s: [__m256i; 2], dw: RowScales, da: __m256) {
+            // SAFETY: forwarded contract.
+            let dw = unsafe { [scale_half(dw, 0), scale_half(dw, 1)] };
+            add_scaled(acc, s, dw, da);
+        }
+
+        /// [`add_scaled_halves`] with the 16 row scales already as f32 halves (a column
+        /// group's, formed once for its blocks).
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn add_scaled(acc: &mut [__m256; 2], s: [__m256i; 2], dw: [__m256; 2], da: __m256) {
             for h in 0..2 {
-                // SAFETY: forwarded contract.
-                let dw = unsafe { scale_half(dw, h) };
-                acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[h]), _mm256_mul_ps(dw, da), acc[h]);
+                acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[h]), _mm256_mul_ps(dw[h], da), acc[h]);
             }
         }
 

@@ -40,6 +40,12 @@ macro_rules! ymm_lowbit {
                 let xbs = x.block_sums.as_ptr().add(tok * nb);
                 let mut acc = [[_mm256_setzero_ps(); 2]; G];
                 for cg in 0..ncg {
+                    // The group's scales `D · sc`, formed once for its blocks.
+                    let mut dw = [[_mm256_setzero_ps(); 2]; G];
+                    for (dw_k, &gs_k) in dw.iter_mut().zip(&gs) {
+                        let rs = RowScales::TwoLevel(gs_k, cg);
+                        *dw_k = [scale_half(rs, 0), scale_half(rs, 1)];
+                    }
                     for b in cg * bpg..((cg + 1) * bpg).min(nb) {
                         let da = _mm256_set1_ps(*xs.add(b));
                         for k in 0..G {
@@ -56,7 +62,7 @@ macro_rules! ymm_lowbit {
                                 xq.add(b * BLOCK),
                                 *xbs.add(b),
                             );
-                            add_scaled_halves(&mut acc[k], s, RowScales::TwoLevel(gs[k], cg), da);
+                            add_scaled(&mut acc[k], s, dw[k], da);
                         }
                     }
                     let sm = _mm256_set1_ps(smin[cg]);
