@@ -299,17 +299,7 @@ pub fn parse_perplexity(
     if !errors.is_empty() {
         return Err(PerplexityProblem::Reported(errors));
     }
-    let number = |s: &str, what: &str| {
-        s.parse::<f64>()
-            .map_err(|_| PerplexityProblem::Malformed(format!("{what} `{s}`")))
-    };
-    let ppl = number(&fin[1], "Final estimate PPL")?;
-    let ppl_err = number(&fin[2], "Final estimate uncertainty")?;
-    if !ppl.is_finite() || !ppl_err.is_finite() {
-        return Err(PerplexityProblem::Malformed(format!(
-            "Final estimate is not finite: PPL = {ppl} +/- {ppl_err}"
-        )));
-    }
+    let (ppl, ppl_err) = final_estimate(&fin[1], &fin[2])?;
     let running = parse_running(stdout)?;
     // P:515.
     let over = re(
@@ -352,6 +342,25 @@ pub fn parse_perplexity(
     })
 }
 
+/// The Final estimate's PPL and uncertainty from their printed text: both must parse and
+/// be finite (both engines' parsers).
+fn final_estimate(ppl: &str, err: &str) -> std::result::Result<(f64, f64), PerplexityProblem> {
+    let number = |s: &str, what: &str| {
+        s.parse::<f64>()
+            .map_err(|_| PerplexityProblem::Malformed(format!("{what} `{s}`")))
+    };
+    let (ppl, ppl_err) = (
+        number(ppl, "Final estimate PPL")?,
+        number(err, "Final estimate uncertainty")?,
+    );
+    if !ppl.is_finite() || !ppl_err.is_finite() {
+        return Err(PerplexityProblem::Malformed(format!(
+            "Final estimate is not finite: PPL = {ppl} +/- {ppl_err}"
+        )));
+    }
+    Ok((ppl, ppl_err))
+}
+
 /// Parses an ik_llama.cpp llama-perplexity run ([`crate::ik`] says how its output differs) (default mode, or the one writing a
 /// KL-divergence base file). The Final line is required; the running values must number
 /// the chunks announced, and the last one must be the Final PPL.
@@ -381,17 +390,7 @@ pub fn parse_perplexity_ik(
     if !errors.is_empty() {
         return Err(PerplexityProblem::Reported(errors));
     }
-    let number = |s: &str, what: &str| {
-        s.parse::<f64>()
-            .map_err(|_| PerplexityProblem::Malformed(format!("{what} `{s}`")))
-    };
-    let ppl = number(&fin[3], "Final estimate PPL")?;
-    let ppl_err = number(&fin[4], "Final estimate uncertainty")?;
-    if !ppl.is_finite() || !ppl_err.is_finite() {
-        return Err(PerplexityProblem::Malformed(format!(
-            "Final estimate is not finite: PPL = {ppl} +/- {ppl_err}"
-        )));
-    }
+    let (ppl, ppl_err) = final_estimate(&fin[3], &fin[4])?;
     let final_chunks: usize = fin[1]
         .parse()
         .map_err(|_| PerplexityProblem::Malformed(format!("chunk count `{}`", &fin[1])))?;
