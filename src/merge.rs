@@ -92,10 +92,21 @@ pub fn read_cells(dirs: &[PathBuf]) -> Result<Vec<CellRun>> {
                 given.display()
             );
         }
+        // `complete` first: a folder a killed run left may hold a partial file.
+        let complete = std::fs::read_to_string(&file)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|v| v.get("complete").and_then(serde_json::Value::as_bool));
+        if complete == Some(false) {
+            bail!(
+                "cell '{}' is not complete (its results.json says complete: false: a run still going, interrupted, or with a failed or skipped row); re-run it (kwk-eval sweep resume) or leave it out",
+                given.display()
+            );
+        }
         let results = report::json::read(&file)?;
         if !results.complete {
             bail!(
-                "cell '{}' is not complete (its results.json says complete: false: a run still going, interrupted, or with a failed or skipped row); re-run it (kwk-eval sweep resume) or leave it out",
+                "cell '{}' is not complete (complete is not true in its results.json); re-run it (kwk-eval sweep resume) or leave it out",
                 given.display()
             );
         }

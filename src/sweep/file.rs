@@ -244,7 +244,7 @@ pub fn parse(path: &Path, source: &str) -> Result<Sweep> {
     if let Some(&d) = raw.depths.iter().find(|&&d| d != 0) {
         bail!("{what}: depth {d}: measuring at a context depth other than 0 needs issue 39 (speed at depth), which this build does not have; use depths = [0]");
     }
-    if raw.ctx < 8 || raw.ctx % 2 != 0 || raw.ctx > 1 << 20 {
+    if raw.ctx < 8 || !raw.ctx.is_multiple_of(2) || raw.ctx > 1 << 20 {
         bail!("{what}: ctx {} must be even and 8 to 1048576", raw.ctx);
     }
     if raw.chunks == 0 || raw.chunks > 1 << 20 {
