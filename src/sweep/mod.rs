@@ -412,6 +412,8 @@ fn submit(file: &Path, out: &Path, dry_run: bool, resume: bool, ui: &dyn Reporte
             plan_lines.push(format!("{what}: job {id}"));
             Ok(Some(id))
         };
+    // The cells wait for the shared jobs to end whatever their outcome (those only fill
+    // the caches; a cell makes what it misses itself); the merge needs every cell ok.
     if let (Some(script), false) = (&scripts.shared, shared_todo.is_empty()) {
         dependency = step(
             "shared",
@@ -420,7 +422,8 @@ fn submit(file: &Path, out: &Path, dry_run: bool, resume: bool, ui: &dyn Reporte
                 script.display().to_string(),
             ],
             None,
-        )?;
+        )?
+        .map(|id| format!("afterany:{id}"));
     }
     if !todo.is_empty() {
         dependency = step(
@@ -430,7 +433,8 @@ fn submit(file: &Path, out: &Path, dry_run: bool, resume: bool, ui: &dyn Reporte
                 scripts.cells.display().to_string(),
             ],
             dependency,
-        )?;
+        )?
+        .map(|id| format!("afterok:{id}"));
     }
     step(
         "merge",

@@ -144,11 +144,12 @@ pub struct Submission {
 }
 
 impl Submission {
-    /// The command line as it is (or would be) run.
+    /// The command line as it is (or would be) run; `dependency` as sbatch takes it
+    /// (`afterok:12`).
     pub fn line(&self, dependency: Option<&str>) -> String {
         let mut a = vec!["sbatch".to_string(), "--parsable".into()];
         if let Some(d) = dependency {
-            a.push(format!("--dependency=afterok:{d}"));
+            a.push(format!("--dependency={d}"));
             a.push("--kill-on-invalid-dep=yes".into());
         }
         a.extend(self.args.iter().cloned());
@@ -163,7 +164,7 @@ impl Submission {
         let mut c = Command::new("sbatch");
         c.arg("--parsable");
         if let Some(d) = dependency {
-            c.arg(format!("--dependency=afterok:{d}"));
+            c.arg(format!("--dependency={d}"));
             c.arg("--kill-on-invalid-dep=yes");
         }
         c.args(&self.args);
@@ -271,7 +272,7 @@ mod tests {
             args: vec!["--array=0-3".into(), "c.sbatch".into()],
         };
         assert_eq!(
-            s.line(Some("12")),
+            s.line(Some("afterok:12")),
             "sbatch --parsable --dependency=afterok:12 --kill-on-invalid-dep=yes --array=0-3 c.sbatch"
         );
     }
