@@ -229,40 +229,77 @@ fn a_sweep_runs_as_a_slurm_job_array_and_merges() {
     }
     let dir = tempfile::tempdir().unwrap();
     let file = sweep_file(dir.path());
+    // One cell at a time, so the last one is still pending when it is cancelled.
+    let text = std::fs::read_to_string(&file).unwrap() + "max_parallel = 1\n";
+    std::fs::write(&file, text).unwrap();
     let out = dir.path().join("sweep");
-    let dry = kwk_eval()
-        .args(["sweep", "slurm"])
-        .arg(&file)
-        .arg("--out")
-        .arg(&out)
-        .arg("--dry-run")
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&dry.stdout);
-    assert!(
-        dry.status.success(),
-        "{}",
-        String::from_utf8_lossy(&dry.stderr)
-    );
-    assert!(text.contains("--array=0-3"), "{text}");
+    let sweep = |cmd: &str, dry: bool| {
+        let mut c = kwk_eval();
+        c.args(["sweep", cmd]).arg(&file).arg("--out").arg(&out);
+        if dry {
+            c.arg("--dry-run");
+        }
+        let o = c.output().unwrap();
+        let stdout = String::from_utf8_lossy(&o.stdout).to_string();
+        assert!(
+            o.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        stdout
+    };
+    let text = sweep("slurm", true);
+    assert!(text.contains("--array=0-3%1"), "{text}");
     let script = std::fs::read_to_string(out.join("slurm/cells.sbatch")).unwrap();
     assert!(script.contains("#SBATCH --time=00:10:00"), "{script}");
-    let sub = kwk_eval()
-        .args(["sweep", "slurm"])
-        .arg(&file)
-        .arg("--out")
-        .arg(&out)
+    sweep("slurm", false);
+    let jobs = std::fs::read_to_string(out.join("slurm/jobs.log")).unwrap();
+    let cells_job = jobs
+        .lines()
+        .find_map(|l| l.strip_prefix("cells "))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no cells job in {jobs}"))
+        .to_string();
+    // Cancel the last cell while it waits: the merge (afterok) is cancelled with it, and
+    // resume submits that cell alone, then the merge.
+    let cancelled = std::process::Command::new("scancel")
+        .arg(format!("{cells_job}_3"))
+        .status()
+        .unwrap();
+    assert!(cancelled.success());
+    let name = job_name_of(&out);
+    wait(&out, || !queued(&name));
+    assert!(!out.join("merged").exists());
+    assert!(!out
+        .join("cells/003-tiny-llama-int4-t2/results.json")
+        .exists());
+    let text = sweep("resume", false);
+    assert!(text.starts_with("submitted 1 cell(s)"), "{text}");
+    // report.md is the merge's last file.
+    wait(&out, || out.join("merged/report.md").is_file());
+    check_merged(&out);
+    let text = sweep("resume", false);
+    assert!(
+        text.starts_with("nothing to submit: 4 of 4 cells complete, merged"),
+        "{text}"
+    );
+}
+
+/// Whether squeue holds a job of the sweep named `name`.
+fn queued(name: &str) -> bool {
+    let o = std::process::Command::new("squeue")
+        .args(["-h", "-o", "%j"])
         .output()
         .unwrap();
-    assert!(
-        sub.status.success(),
-        "{}",
-        String::from_utf8_lossy(&sub.stderr)
-    );
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .any(|l| l.starts_with(name))
+}
+
+/// Waits at most 15 minutes for `done`, then fails with the jobs' logs (and cancels them).
+fn wait(out: &Path, done: impl Fn() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(900);
-    // report.md is the merge's last file.
-    let merged = out.join("merged/report.md");
-    while !merged.is_file() {
+    while !done() {
         if Instant::now() > deadline {
             let logs: Vec<String> = std::fs::read_dir(out.join("slurm/logs"))
                 .map(|d| {
@@ -270,29 +307,18 @@ fn a_sweep_runs_as_a_slurm_job_array_and_merges() {
                         .collect()
                 })
                 .unwrap_or_default();
-            let _ = std::process::Command::new("scancel")
-                .args(["-n", &format!("{}-cells", job_name_of(&out))])
-                .status();
+            for suffix in ["shared", "cells", "merge"] {
+                let _ = std::process::Command::new("scancel")
+                    .args(["-n", &format!("{}-{suffix}", job_name_of(out))])
+                    .status();
+            }
             panic!(
-                "the sweep did not finish within 900 s; logs:\n{}",
+                "the sweep did not get there within 900 s; logs:\n{}",
                 logs.join("\n---\n")
             );
         }
-        std::thread::sleep(Duration::from_secs(2));
+        std::thread::sleep(Duration::from_secs(1));
     }
-    check_merged(&out);
-    let resume = kwk_eval()
-        .args(["sweep", "resume"])
-        .arg(&file)
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&resume.stdout);
-    assert!(
-        text.starts_with("nothing to submit: 4 of 4 cells complete, merged"),
-        "{text}"
-    );
 }
 
 /// The job name prefix kwk-eval gives a sweep folder's jobs (`sweep::slurm::job_name`).
