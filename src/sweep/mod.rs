@@ -277,22 +277,56 @@ fn task(out: &Path, job: TaskJob, ui: &dyn Reporter) -> Result<()> {
     }
 }
 
-/// `kwk-eval merge` of every cell into `out/merged` (an older merge moved aside).
-fn merge(prog: &str, p: &Plan, out: &Path, ui: &dyn Reporter) -> Result<()> {
-    let merged = out.join("merged");
-    if merged.exists() {
-        move_aside(&merged, ui)?;
+/// The merged folders of a sweep and their cells: `merged/` of every cell, or with
+/// several texts (which one report cannot hold: merge refuses cells of two texts)
+/// `merged-TEXT/` of each text's cells.
+fn merge_groups(p: &Plan, out: &Path) -> Vec<(PathBuf, Vec<PathBuf>)> {
+    let mut texts: Vec<&Path> = Vec::new();
+    for c in &p.cells {
+        if !texts.contains(&c.text.as_path()) {
+            texts.push(&c.text);
+        }
     }
-    let mut args: Vec<String> = vec!["merge".into()];
-    args.extend(cell_dirs(p, out).iter().map(|d| d.display().to_string()));
-    args.extend(["--out".into(), merged.display().to_string()]);
-    ui.line(&format!("merge: {}", plan::shell_line(prog, &args)));
-    let status = Command::new(prog)
-        .args(&args)
-        .status()
-        .with_context(|| format!("running '{prog}' merge"))?;
-    if !status.success() {
-        bail!("merging the cells of '{}' failed ({status})", out.display());
+    texts
+        .iter()
+        .map(|t| {
+            let dir = if texts.len() == 1 {
+                out.join("merged")
+            } else {
+                out.join(format!("merged-{}", plan::text_short(t)))
+            };
+            let cells = p
+                .cells
+                .iter()
+                .filter(|c| c.text == *t)
+                .map(|c| plan::cells_dir(out).join(&c.name))
+                .collect();
+            (dir, cells)
+        })
+        .collect()
+}
+
+/// `kwk-eval merge` of the cells into `out/merged` (or one folder per text; an older
+/// merge moved aside).
+fn merge(prog: &str, p: &Plan, out: &Path, ui: &dyn Reporter) -> Result<()> {
+    for (merged, cells) in merge_groups(p, out) {
+        if merged.exists() {
+            move_aside(&merged, ui)?;
+        }
+        let mut args: Vec<String> = vec!["merge".into()];
+        args.extend(cells.iter().map(|d| d.display().to_string()));
+        args.extend(["--out".into(), merged.display().to_string()]);
+        ui.line(&format!("merge: {}", plan::shell_line(prog, &args)));
+        let status = Command::new(prog)
+            .args(&args)
+            .status()
+            .with_context(|| format!("running '{prog}' merge"))?;
+        if !status.success() {
+            bail!(
+                "merging the cells into '{}' failed ({status})",
+                merged.display()
+            );
+        }
     }
     Ok(())
 }
@@ -381,7 +415,9 @@ fn submit(file: &Path, out: &Path, dry_run: bool, resume: bool, ui: &dyn Reporte
         })
         .map(|j| j.index)
         .collect();
-    let merged_done = state(&out.join("merged")) == State::Complete;
+    let merged_done = merge_groups(&p, out)
+        .iter()
+        .all(|(m, _)| state(m) == State::Complete);
     if todo.is_empty() && (merged_done || complete < p.cells.len()) {
         return print_stdout(
             ui,
@@ -461,4 +497,55 @@ fn submit(file: &Path, out: &Path, dry_run: bool, resume: bool, ui: &dyn Reporte
         format!("submitted {} cell(s) of '{}':\n", todo.len(), out.display())
     };
     print_stdout(ui, &format!("{head}{}\n", plan_lines.join("\n")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::results::testdata::sample_results;
+
+    /// Only a results.json saying `complete: true` is done; a partial file, one saying
+    /// false, and a folder a run holds are not.
+    #[test]
+    fn a_cell_is_done_only_when_its_results_say_complete() {
+        let dir = tempfile::tempdir().unwrap();
+        let cell = dir.path().join("000-m-int8-t1");
+        assert_eq!(state(&cell), State::Missing);
+        std::fs::create_dir(&cell).unwrap();
+        assert_eq!(state(&cell), State::Incomplete);
+        let mut r = sample_results();
+        r.complete = false;
+        report::json::write(&cell.join("results.json"), &r).unwrap();
+        assert_eq!(state(&cell), State::Incomplete);
+        let full = std::fs::read_to_string(cell.join("results.json")).unwrap();
+        std::fs::write(cell.join("results.json"), &full[..full.len() / 2]).unwrap();
+        assert_eq!(state(&cell), State::Incomplete);
+        r.complete = true;
+        report::json::write(&cell.join("results.json"), &r).unwrap();
+        assert_eq!(state(&cell), State::Complete);
+        let other = dir.path().join("001-m-int4-t1");
+        let held = crate::run_folder::RunFolder::claim(&other).unwrap();
+        assert_eq!(state(&other), State::Running);
+        drop(held);
+        assert_eq!(state(&other), State::Incomplete);
+        move_aside(&other, &crate::ui::Silent).unwrap();
+        assert!(dir.path().join("001-m-int4-t1.incomplete-1").is_dir());
+    }
+
+    #[test]
+    fn several_texts_merge_into_one_folder_each() {
+        let dir = tempfile::tempdir().unwrap();
+        for t in ["a.txt", "b.txt"] {
+            std::fs::write(dir.path().join(t), "x").unwrap();
+        }
+        let s = file::parse(
+            &dir.path().join("s.toml"),
+            "models = [\"m\"]\ntexts = [\"a.txt\", \"b.txt\"]\nformats = [\"int8\"]\nthreads = [1]\n",
+        )
+        .unwrap();
+        let g = merge_groups(&plan::plan(&s), Path::new("/o"));
+        assert_eq!(g.len(), 2);
+        assert_eq!(g[1].0, Path::new("/o/merged-b"));
+        assert_eq!(g[1].1, [Path::new("/o/cells/001-m-b-int8-t1")]);
+    }
 }

@@ -76,7 +76,8 @@ pub fn model_short(model: &str) -> String {
     last.strip_suffix(".gguf").unwrap_or(last).to_string()
 }
 
-fn text_short(text: &Path) -> String {
+/// A text's short name: its file name without the extension.
+pub fn text_short(text: &Path) -> String {
     text.file_stem()
         .map_or_else(|| "text".into(), |s| s.to_string_lossy().into_owned())
 }
