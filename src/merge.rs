@@ -210,7 +210,9 @@ fn model_short(model: &str) -> String {
 
 /// What tells cells apart in row names.
 struct Naming {
-    models: bool,
+    /// Each model's label by its content's SHA-256, when there are several models: its
+    /// short name, `-2`, `-3`, ... after it when two share one.
+    models: Option<Vec<(String, String)>>,
     threads: bool,
     cpus: bool,
 }
@@ -224,8 +226,23 @@ impl Naming {
                 .collect::<BTreeSet<_>>()
                 .len()
         };
+        let mut labels: Vec<(String, String)> = Vec::new();
+        for c in cells {
+            let sha = &c.results.protocol.model_sha256;
+            if labels.iter().any(|(s, _)| s == sha) {
+                continue;
+            }
+            let short = model_short(&c.results.model);
+            let mut label = short.clone();
+            let mut n = 1;
+            while labels.iter().any(|(_, l)| *l == label) {
+                n += 1;
+                label = format!("{short}-{n}");
+            }
+            labels.push((sha.clone(), label));
+        }
         Naming {
-            models: count(&|r| r.protocol.model_sha256.clone()) > 1,
+            models: (labels.len() > 1).then_some(labels),
             threads: count(&|r| r.machine.threads.to_string()) > 1,
             cpus: count(&|r| machine_key(&r.machine)) > 1,
         }
@@ -233,9 +250,12 @@ impl Naming {
 
     fn row(&self, cell: &CellRun, row: &str) -> String {
         let mut s = String::new();
-        if self.models {
-            s.push_str(&model_short(&cell.results.model));
-            s.push('/');
+        if let Some(labels) = &self.models {
+            let sha = &cell.results.protocol.model_sha256;
+            if let Some((_, l)) = labels.iter().find(|(x, _)| x == sha) {
+                s.push_str(l);
+                s.push('/');
+            }
         }
         s.push_str(row);
         if self.threads {
@@ -336,7 +356,7 @@ pub fn merge(cells: &[CellRun], speed_across_machines: bool) -> Result<Results> 
     }
     let mut protocol = first.protocol.clone();
     protocol.kld = cells.iter().any(|c| c.results.protocol.kld);
-    if naming.models {
+    if naming.models.is_some() {
         protocol.model_sha256 = "several models (each cell's in `cells`)".into();
         protocol.tokens_sha256 = "several tokenizers (each cell's in `cells`)".into();
     }
@@ -633,6 +653,12 @@ mod tests {
         d.results.model = "other-model".into();
         let m = merge(&[a.clone(), d.clone()], false).unwrap();
         assert!(m.runners.iter().any(|r| r.name == "other-model/int4"));
+        // Two models of one file name are told apart.
+        let mut e2 = d.clone();
+        e2.results.model = "elsewhere/tiny".into();
+        let m = merge(&[a.clone(), e2], false).unwrap();
+        let names: Vec<&str> = m.runners.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["tiny/float32", "tiny/int8", "tiny-2/float32", "tiny-2/int4"]);
         d.results.protocol.text_sha256 = "ff".into();
         let e = format!("{:#}", merge(&[a.clone(), d], false).unwrap_err());
         assert!(e.contains("text sha256"), "{e}");
