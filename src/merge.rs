@@ -658,7 +658,10 @@ mod tests {
         e2.results.model = "elsewhere/tiny".into();
         let m = merge(&[a.clone(), e2], false).unwrap();
         let names: Vec<&str> = m.runners.iter().map(|r| r.name.as_str()).collect();
-        assert_eq!(names, ["tiny/float32", "tiny/int8", "tiny-2/float32", "tiny-2/int4"]);
+        assert_eq!(
+            names,
+            ["tiny/float32", "tiny/int8", "tiny-2/float32", "tiny-2/int4"]
+        );
         d.results.protocol.text_sha256 = "ff".into();
         let e = format!("{:#}", merge(&[a.clone(), d], false).unwrap_err());
         assert!(e.contains("text sha256"), "{e}");
