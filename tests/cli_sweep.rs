@@ -202,11 +202,11 @@ fn a_local_sweep_merges_to_its_cells_figures_and_reruns_a_half_written_cell() {
     assert!(!dir.path().join("m2").exists());
 }
 
-/// Whether a Slurm cluster answers here; `KWK_SLURM=1` makes a missing one a failure,
-/// `KWK_SLURM=0` skips it.
-fn slurm_available() -> bool {
+/// Why the Slurm test cannot run here, or `None` when a cluster answers (`sinfo`).
+/// `KWK_SLURM=1` makes a missing one a failure, `KWK_SLURM=0` skips the test.
+fn slurm_missing() -> Option<&'static str> {
     if std::env::var("KWK_SLURM").as_deref() == Ok("0") {
-        return false;
+        return Some("KWK_SLURM=0");
     }
     let answers = std::process::Command::new("sinfo")
         .args(["-h", "-o", "%t"])
@@ -215,15 +215,15 @@ fn slurm_available() -> bool {
     if !answers && std::env::var("KWK_SLURM").as_deref() == Ok("1") {
         panic!("KWK_SLURM=1 but sinfo does not answer; start Slurm with scripts/setup-slurm.sh");
     }
-    answers
+    (!answers).then_some("no Slurm answers here (sinfo)")
 }
 
 #[test]
 fn a_sweep_runs_as_a_slurm_job_array_and_merges() {
-    if !slurm_available() {
+    if let Some(why) = slurm_missing() {
         eprintln!(
-            "SKIPPED a_sweep_runs_as_a_slurm_job_array_and_merges: no Slurm answers here (sinfo); \
-             scripts/setup-slurm.sh starts a single-node one, KWK_SLURM=1 makes its absence a failure, KWK_SLURM=0 skips it"
+            "SKIPPED a_sweep_runs_as_a_slurm_job_array_and_merges: {why}; \
+             scripts/setup-slurm.sh starts a single-node Slurm, KWK_SLURM=1 makes its absence a failure"
         );
         return;
     }
