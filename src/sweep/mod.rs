@@ -71,15 +71,25 @@ pub fn run(action: &SweepAction, ui: &dyn Reporter) -> Result<()> {
     }
 }
 
-/// The kwk-eval every job runs: the file's `kwk_eval`, else this program.
+/// The kwk-eval every job runs: the file's `kwk_eval`, else this program when it is a
+/// kwk-eval binary (not, say, the Python interpreter running `python -m kwk.bench`).
 fn program(s: &Sweep) -> Result<String> {
-    match &s.kwk_eval {
-        Some(p) => Ok(p.display().to_string()),
-        None => Ok(std::env::current_exe()
-            .context("finding this kwk-eval's path for the jobs; set kwk_eval in the sweep file")?
-            .display()
-            .to_string()),
+    if let Some(p) = &s.kwk_eval {
+        return Ok(p.display().to_string());
     }
+    let exe = std::env::current_exe()
+        .context("finding this kwk-eval's path for the jobs; set kwk_eval in the sweep file")?;
+    let name = exe
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if !name.starts_with("kwk-eval") && !name.starts_with("kwk_eval") {
+        bail!(
+            "this program is '{}', not a kwk-eval binary the jobs can run; set kwk_eval = \"/path/to/kwk-eval\" in the sweep file",
+            exe.display()
+        );
+    }
+    Ok(exe.display().to_string())
 }
 
 const COPY: &str = "sweep.toml";
