@@ -14,6 +14,17 @@ KWK_OFFGRID=0 bash scripts/setup-model.sh >/dev/null
 KWK_PYTHON="${KWK_PYTHON:-$(bash scripts/setup-convert.sh | tail -n 1)}"
 export KWK_PYTHON
 
+# A single-node Slurm for tests/cli_sweep.rs's job-array test (about 30 s the first time,
+# nothing once running): started where Debian's packages install (root, apt-get), and the
+# test then must run (KWK_SLURM=1). Elsewhere, or with KWK_SLURM=0, it is skipped, loudly.
+if [ "${KWK_SLURM:-}" = 0 ]; then
+    echo "slurm: SKIPPED (KWK_SLURM=0): the sweep's Slurm test will be skipped"
+elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && bash scripts/setup-slurm.sh; then
+    export KWK_SLURM=1
+else
+    echo "slurm: SKIPPED (not root with apt-get, or scripts/setup-slurm.sh failed above): the sweep's Slurm test will be skipped"
+fi
+
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace

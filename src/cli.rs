@@ -9,12 +9,14 @@ use crate::cache::{CacheAction, CacheConfig};
 use crate::cache_dir::default_pack_cache;
 use crate::compare::CompareOptions;
 use crate::generate::GenerateConfig;
+use crate::merge::MergeOptions;
 pub use crate::plan::Chunks;
 use crate::plan::{EvalOptions, KldMode};
 use crate::protocol::{parse_format, Engine, FormatSpec};
 pub use crate::report::compare::TableFormat;
 use crate::report::gate::GateLimits;
 pub use crate::report::output::StdoutFormat;
+use crate::sweep::{SweepAction, TaskJob};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 
@@ -55,6 +57,78 @@ pub enum Command {
     Compare(CompareArgs),
     /// The pack cache: list its files, prune it to its size limit, or clear it.
     Cache(CacheArgs),
+    /// Merge run folders (a sweep's cells) of one protocol into one report.
+    Merge(MergeArgs),
+    /// Run a sweep file: its cells one after another here, or as a Slurm job array.
+    Sweep(SweepArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct MergeArgs {
+    /// Run folders (or their results.json), each complete and of the same protocol.
+    #[arg(value_name = "DIR", num_args = 1.., required = true)]
+    pub dirs: Vec<PathBuf>,
+
+    /// Folder of the merged report (created; must not hold a report).
+    #[arg(long, value_name = "DIR", required = true)]
+    pub out: PathBuf,
+
+    /// Also put speeds measured on different CPUs into one ratio (never by default).
+    #[arg(long)]
+    pub speed_across_machines: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct SweepArgs {
+    #[command(subcommand)]
+    pub action: SweepCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SweepCommand {
+    /// Print the cells (one kwk-eval run each) and the work they share.
+    Plan {
+        /// The sweep file (TOML; docs/sweeps.md).
+        file: PathBuf,
+    },
+    /// Run every cell on this machine, one after another, then merge into DIR/merged.
+    Run {
+        file: PathBuf,
+        /// Run here, without Slurm (required: `sweep slurm` submits to Slurm).
+        #[arg(long, required = true)]
+        local: bool,
+        /// The sweep folder (cells/, merged/); a second run re-runs only unfinished cells.
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+    },
+    /// Write sbatch scripts (a job array, one task per cell, after the shared jobs) and submit them.
+    Slurm {
+        file: PathBuf,
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// Write the scripts and print the sbatch lines; submit nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Submit again only the cells of a sweep folder with no complete results.json (neither running nor queued).
+    Resume {
+        file: PathBuf,
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// One job of a sweep folder, as each Slurm task runs it.
+    #[command(hide = true, group = clap::ArgGroup::new("job").required(true).multiple(false))]
+    Task {
+        out: PathBuf,
+        #[arg(long, value_name = "N", group = "job")]
+        cell: Option<usize>,
+        #[arg(long, value_name = "N", group = "job")]
+        shared: Option<usize>,
+        #[arg(long, group = "job")]
+        merge: bool,
+    },
 }
 
 /// One entry of `--formats`: a format, or `none`.
@@ -374,6 +448,8 @@ pub enum Invocation {
     Generate(GenerateConfig),
     Compare(CompareOptions),
     Cache(CacheConfig),
+    Merge(MergeOptions),
+    Sweep(SweepAction),
 }
 
 /// `START:END` token offsets, `START < END`.
@@ -481,6 +557,34 @@ impl Cli {
                     .pack_cache
                     .or_else(default_pack_cache)
                     .unwrap_or_else(|| PathBuf::from(".cache/kwk/pack")),
+            }),
+            Some(Command::Merge(m)) => Invocation::Merge(MergeOptions {
+                dirs: m.dirs,
+                out: m.out,
+                speed_across_machines: m.speed_across_machines,
+            }),
+            Some(Command::Sweep(s)) => Invocation::Sweep(match s.action {
+                SweepCommand::Plan { file } => SweepAction::Plan { file },
+                SweepCommand::Run { file, out, .. } => SweepAction::Local { file, out },
+                SweepCommand::Slurm { file, out, dry_run } => {
+                    SweepAction::Slurm { file, out, dry_run }
+                }
+                SweepCommand::Resume { file, out, dry_run } => {
+                    SweepAction::Resume { file, out, dry_run }
+                }
+                SweepCommand::Task {
+                    out,
+                    cell,
+                    shared,
+                    merge: _,
+                } => SweepAction::Task {
+                    out,
+                    job: match (cell, shared) {
+                        (Some(i), _) => TaskJob::Cell(i),
+                        (None, Some(i)) => TaskJob::Shared(i),
+                        (None, None) => TaskJob::Merge,
+                    },
+                },
             }),
             None => Invocation::Evaluate(Box::new(self.eval.into_options())),
         }

@@ -9,7 +9,7 @@
 use crate::protocol::Progress;
 use crate::session::Outcome;
 use crate::ui::Reporter;
-use crate::{cache, cli, compare, generate, interrupt, session};
+use crate::{cache, cli, compare, generate, interrupt, merge, session, sweep};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::{IsTerminal, Write};
 
@@ -44,6 +44,8 @@ where
         cli::Invocation::Compare(args) => compare::run(&args, &ui).map(|()| Outcome::Passed),
         cli::Invocation::Generate(cfg) => generate::generate(&cfg, &ui).map(|()| Outcome::Passed),
         cli::Invocation::Cache(cfg) => cache::run(&cfg, &ui).map(|()| Outcome::Passed),
+        cli::Invocation::Merge(args) => merge::run(&args, &ui).map(|()| Outcome::Passed),
+        cli::Invocation::Sweep(action) => sweep::run(&action, &ui).map(|()| Outcome::Passed),
     };
     let code = match result {
         Ok(Outcome::Passed) => 0,

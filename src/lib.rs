@@ -6,7 +6,8 @@
 //! 1. `cli`: the flags parsed into plain options defined below it; it prints and runs
 //!    nothing.
 //! 2. The commands, none calling another: `session` (an evaluation run), `compare`,
-//!    `generate`, `cache`.
+//!    `generate`, `cache`, `merge` (run folders into one report) and `sweep` (many runs
+//!    from a sweep file, each a kwk-eval process of its own, merged by another).
 //! 3. The evaluation's stages, each using the next (a run meets them the other way round):
 //!    `measure` (the runners' quality, then interleaved speed) → `prepare` (model header,
 //!    tokens, chunk plan, identity) → `plan` (the options checked into an immutable run
@@ -39,6 +40,7 @@ pub mod ladder;
 pub mod limits;
 pub mod machine;
 pub mod measure;
+pub mod merge;
 pub mod plan;
 pub mod prepare;
 pub mod protocol;
@@ -48,6 +50,7 @@ pub mod runner;
 pub mod scratch;
 pub mod session;
 pub mod stats;
+pub mod sweep;
 pub mod text;
 pub mod ui;
 

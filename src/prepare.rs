@@ -281,6 +281,7 @@ fn start_results(
         speed_rounds: Vec::new(),
         speed_ratios: Vec::new(),
         not_made: Vec::new(),
+        cells: Vec::new(),
     }
 }
 

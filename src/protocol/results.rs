@@ -43,6 +43,29 @@ pub struct Results {
     /// matrix ...`); not rows, since nothing that was made failed.
     #[serde(default)]
     pub not_made: Vec<String>,
+    /// The runs `kwk-eval merge` put together, one per cell folder, each with its own
+    /// machine, protocol and versions (absent from the file of a single run).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cells: Vec<Cell>,
+}
+
+/// One run folder of a merged report: where it was, what it ran on and which merged rows
+/// came from it (`kwk-eval merge`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Cell {
+    /// The cell's name in the merged report (its folder's name).
+    pub name: String,
+    /// The cell folder as given to `merge`.
+    pub dir: String,
+    /// The model as the cell's `--llm` named it.
+    pub model: String,
+    pub started_utc: String,
+    pub machine: Machine,
+    pub versions: Versions,
+    pub protocol: Protocol,
+    /// The merged rows this cell measured (a row two cells measured alike is listed under
+    /// the first).
+    pub rows: Vec<String>,
 }
 
 /// One paired speed ratio ([`super::speed_ratios`] computes them): `row`'s tokens/s over
@@ -70,6 +93,7 @@ pub struct Machine {
     /// matmuls ran).
     #[serde(default)]
     pub kernels: Option<String>,
+    /// Threads of every runner; 0 in a merged report whose cells ran different counts.
     pub threads: usize,
     /// This machine's measured peaks with `threads` threads for the kernel tier kwk ran
     /// (`kwk::roofline`; null with `--no-speed`): the roofline's ceilings.
@@ -336,6 +360,10 @@ pub struct RunnerRecord {
     pub made: Option<super::made::MadeGguf>,
     /// Why the runner has no figures (its error), when it failed.
     pub error: Option<String>,
+    /// In a merged report, the cell (`cells[].name`) the row was measured in; absent from
+    /// a single run's file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cell: Option<String>,
 }
 
 impl RunnerRecord {
@@ -441,6 +469,18 @@ impl RunnerRecord {
     }
 }
 
+impl Machine {
+    /// The thread count as the reports print it: the number, or `per-cell` in a merged
+    /// report whose cells ran different counts (`threads` 0; each cell's is in `cells`).
+    pub fn threads_label(&self) -> String {
+        if self.threads == 0 {
+            "per-cell".into()
+        } else {
+            self.threads.to_string()
+        }
+    }
+}
+
 impl Results {
     /// Recomputes `ppl_delta_pct` of every row against the float32 in-tree row, or the first
     /// row with a perplexity when there is none.
@@ -539,6 +579,7 @@ pub mod testdata {
             ],
             speed_ratios: Vec::new(),
             not_made: Vec::new(),
+            cells: Vec::new(),
             runners: vec![
                 RunnerRecord {
                     name: "float32".into(),

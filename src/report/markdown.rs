@@ -95,7 +95,7 @@ fn machine_line(r: &Results) -> String {
         s,
         "Machine: {} ({} threads; kwk kernels {}; CPU features {}). Versions: kwk {}, kwk-eval {}, llama.cpp {}{}. Started {}.",
         r.machine.cpu,
-        r.machine.threads,
+        r.machine.threads_label(),
         r.machine.kernels.as_deref().unwrap_or("-"),
         if r.machine.isa.is_empty() { "-".into() } else { r.machine.isa.join(", ") },
         r.versions.kwk.as_deref().unwrap_or("unknown"),
@@ -255,6 +255,40 @@ pub fn render(r: &Results, plots: &PlotFiles) -> String {
     if let Some(line) = super::table::peaks_line(r) {
         let _ = writeln!(s, "\n{line}");
     }
+    s.push_str(&cells_section(r));
+    s
+}
+
+/// A merged report's cells (`kwk-eval merge`): each run folder's model, machine, threads,
+/// start and rows; empty for a single run.
+fn cells_section(r: &Results) -> String {
+    if r.cells.is_empty() {
+        return String::new();
+    }
+    let mut s = String::from(
+        "\n## Cells\n\nThis report merges the run folders below (each row's figures as its cell \
+         measured them; ratios with 0 rounds are unpaired, the median of one cell's samples over \
+         another's on the same CPU and thread count).\n\n",
+    );
+    let header = [
+        "cell", "model", "CPU", "threads", "kernels", "started", "rows",
+    ];
+    let rows: Vec<Vec<String>> = r
+        .cells
+        .iter()
+        .map(|c| {
+            vec![
+                c.name.clone(),
+                c.model.clone(),
+                c.machine.cpu.clone(),
+                c.machine.threads.to_string(),
+                c.machine.kernels.clone().unwrap_or_else(|| "-".into()),
+                c.started_utc.clone(),
+                c.rows.join(", "),
+            ]
+        })
+        .collect();
+    table(&mut s, &header, &rows);
     s
 }
 

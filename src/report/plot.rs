@@ -572,7 +572,7 @@ fn draw_speed<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, results: &Result
     let title = format!(
         "Speed: {} ({} threads; mean ± stddev of {} rounds)",
         model_short_name(&results.model),
-        results.machine.threads,
+        results.machine.threads_label(),
         p.reps
     );
     head.draw(&Text::new(title, (20, 8), (FONT, 20).into_font()))

@@ -273,6 +273,9 @@ pub fn render(r: &Results) -> String {
     let speed = r.runners.iter().any(|x| x.tg_tokens_per_s.is_some());
     if speed {
         s.push_str("pp × / tg ×: a kwk row's tokens/s over the llama.cpp row named in `vs` (nearest in size), median of the rounds paired by time\n");
+        if !r.cells.is_empty() {
+            s.push_str("(merged: between rows of different cells the ratio is unpaired, median over median, same CPU and threads only)\n");
+        }
     }
     let loud = ["SPEED UNRELIABLE", "FAILED", "SKIPPED", "WARNING"];
     for n in notes(r)

@@ -197,7 +197,11 @@ pub fn protocol_line(r: &Results) -> String {
             p.pp,
             p.tg,
             p.reps,
-            r.speed_rounds.len()
+            if r.cells.is_empty() {
+                r.speed_rounds.len().to_string()
+            } else {
+                "each cell's own".into()
+            }
         )
     } else {
         "speed not measured (--no-speed)".to_string()
@@ -211,7 +215,7 @@ pub fn protocol_line(r: &Results) -> String {
         p.text,
         p.text_tokens,
         if p.add_bos { "added" } else { "none" },
-        r.machine.threads,
+        r.machine.threads_label(),
         if p.kld { "yes" } else { "no" },
     )
 }
