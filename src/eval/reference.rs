@@ -704,37 +704,32 @@ mod tests {
             .iter()
             .map(|c| c.iter().map(|&l| l + (rand() - 0.5) * 0.8).collect())
             .collect();
-        let chunk = |k: usize, rows_of: &[Vec<f32>]| -> (Vec<f32>, &[u32]) {
-            (rows_of[k].clone(), plan.targets(&tokens, k))
-        };
-
         std::fs::write(&path, b"").unwrap();
         let mut w = LogitsBaseWriter::create(&path, &plan, vocab, &tokens).unwrap();
-        for k in 0..plan.chunks {
-            let (r, targets) = chunk(k, &base);
-            w.write_chunk(&ChunkLogits {
+        for (k, b) in base.iter().enumerate() {
+            let targets = plan.targets(&tokens, k);
+            let c = ChunkLogits {
                 chunk: k,
-                rows: &r,
+                rows: b,
                 vocab,
                 targets,
-            })
-            .unwrap();
+            };
+            w.write_chunk(&c).unwrap();
         }
         w.finish().unwrap();
         let mut streamed = ReferenceComparer::open(&path, &plan, vocab, &tokens).unwrap();
         let mut held = KldAccumulator::default();
-        for k in 0..plan.chunks {
-            let (r, targets) = chunk(k, &row);
-            streamed
-                .compare_chunk(&ChunkLogits {
-                    chunk: k,
-                    rows: &r,
-                    vocab,
-                    targets,
-                })
-                .unwrap();
+        for (k, (b, r)) in base.iter().zip(&row).enumerate() {
+            let targets = plan.targets(&tokens, k);
+            let c = ChunkLogits {
+                chunk: k,
+                rows: r,
+                vocab,
+                targets,
+            };
+            streamed.compare_chunk(&c).unwrap();
             // In memory: every reference record of the chunk encoded and kept at once.
-            let records: Vec<Vec<u16>> = base[k]
+            let records: Vec<Vec<u16>> = b
                 .chunks_exact(vocab)
                 .map(|b| {
                     let mut rec = vec![0u16; record_words(vocab)];
