@@ -11,9 +11,9 @@
 //! residual; the final norm and `lm_head` run only on the rows whose logits are asked for.
 //! Norms, RoPE, softmax, routing and the KV cache are float32 in every format.
 //!
-//! Gemma 3 adds a scaled embedding, norms on attention's and the FFN's outputs, GeGLU,
-//! and local layers with their own RoPE base and a sliding window over a ring cache
-//! ([`GemmaParts`]).
+//! Gemma 3 adds a scaled embedding, norms on attention's and the FFN's outputs (in each
+//! packed layer), GeGLU, and local layers with their own RoPE base and a sliding window
+//! over a ring cache, whose attention covers only the window ([`GemmaParts`]).
 //!
 //! Submodules: `build` (the constructors), `layers` (the attention block, MLP, MoE and the
 //! per-row helpers), `attention` (the softmax attention itself), `kv_cache`, `rope`,
