@@ -672,6 +672,103 @@ mod tests {
         assert_eq!(percentile(&v, 0.0), 0.0);
     }
 
+    /// The streamed path (the reference's records written to the base file chunk by
+    /// chunk, read back one record at a time while a row is scored) gives exactly what
+    /// holding every reference record in memory gives: the same per-token KLD, NLL, top-1
+    /// and Δp, bit for bit, and the same statistics. Rows are random over a vocabulary of
+    /// 1001 (odd: the padding word), 3 chunks of ctx 16.
+    #[test]
+    fn streamed_reference_equals_records_held_in_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("base.bin");
+        let vocab = 1001;
+        let mut state = 7u64;
+        let mut rand = || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 40) as f32 / (1u64 << 24) as f32
+        };
+        let tokens: Vec<u32> = (0..50).map(|_| (rand() * vocab as f32) as u32).collect();
+        let plan = ChunkPlan::new(tokens.len(), 16, None).unwrap();
+        assert_eq!(plan.chunks, 3);
+        let rows = plan.scored_per_chunk();
+        let logits = |scale: f32, rand: &mut dyn FnMut() -> f32| -> Vec<Vec<f32>> {
+            (0..plan.chunks)
+                .map(|_| (0..rows * vocab).map(|_| rand() * scale - 4.0).collect())
+                .collect()
+        };
+        let base = logits(12.0, &mut rand);
+        // The row: the reference perturbed.
+        let row: Vec<Vec<f32>> = base
+            .iter()
+            .map(|c| c.iter().map(|&l| l + (rand() - 0.5) * 0.8).collect())
+            .collect();
+        std::fs::write(&path, b"").unwrap();
+        let mut w = LogitsBaseWriter::create(&path, &plan, vocab, &tokens).unwrap();
+        for (k, b) in base.iter().enumerate() {
+            let targets = plan.targets(&tokens, k);
+            let c = ChunkLogits {
+                chunk: k,
+                rows: b,
+                vocab,
+                targets,
+            };
+            w.write_chunk(&c).unwrap();
+        }
+        w.finish().unwrap();
+        let mut streamed = ReferenceComparer::open(&path, &plan, vocab, &tokens).unwrap();
+        let mut held = KldAccumulator::default();
+        for (k, (b, r)) in base.iter().zip(&row).enumerate() {
+            let targets = plan.targets(&tokens, k);
+            let c = ChunkLogits {
+                chunk: k,
+                rows: r,
+                vocab,
+                targets,
+            };
+            streamed.compare_chunk(&c).unwrap();
+            // In memory: every reference record of the chunk encoded and kept at once.
+            let records: Vec<Vec<u16>> = b
+                .chunks_exact(vocab)
+                .map(|b| {
+                    let mut rec = vec![0u16; record_words(vocab)];
+                    encode_log_probs(b, &mut rec);
+                    rec
+                })
+                .collect();
+            for ((q, rec), &t) in r.chunks_exact(vocab).zip(&records).zip(targets) {
+                held.add(q, rec, t as usize);
+            }
+        }
+        let (a, ta) = streamed.finish().unwrap();
+        let (b, tb) = held.finish().unwrap();
+        assert_eq!(ta.kld, tb.kld);
+        assert_eq!(ta.nll, tb.nll);
+        assert_eq!(ta.same_top, tb.same_top);
+        assert_eq!(
+            (
+                a.kld_mean,
+                a.kld_p99,
+                a.top1_agreement,
+                a.delta_p_rms,
+                a.ln_ppl_ratio
+            ),
+            (
+                b.kld_mean,
+                b.kld_p99,
+                b.top1_agreement,
+                b.delta_p_rms,
+                b.ln_ppl_ratio
+            )
+        );
+        assert!(
+            a.kld_mean > 1e-4,
+            "the perturbation moved the distributions"
+        );
+        assert!(a.top1_agreement < 1.0);
+    }
+
     #[test]
     fn base_file_round_trips_and_rejects_other_plans() {
         let dir = tempfile::tempdir().unwrap();

@@ -67,6 +67,7 @@ pub(super) fn attention(
         let mut qbuf = vec![0f32; max_rows * hd];
         let mut scores = vec![0f32; max_rows * (pos0 + n)];
         let mut obuf = vec![0f32; max_rows * hd];
+        let mut obuf2 = vec![0f32; max_rows * hd];
         while let Some(item) = items.checked_sub(1 + claimed.fetch_add(1, Ordering::Relaxed)) {
             let (b, g) = (item / cfg.n_kv_heads, item % cfg.n_kv_heads);
             let (t0, t1) = (b * QUERY_BLOCK, ((b + 1) * QUERY_BLOCK).min(n));
@@ -77,22 +78,30 @@ pub(super) fn attention(
                 qbuf[r * hd..(r + 1) * hd]
                     .copy_from_slice(&q[t * qd + h * hd..t * qd + (h + 1) * hd]);
             }
+            // The slots this block's queries see: all `len`, or in a local layer the keys
+            // from its first query's window start to its last query (one or two runs).
+            let span = block_span(window, cap, ring, pos0 + t0, pos0 + t1, len);
             {
                 let s = OutputMatrix::new(&mut scores[..rows * len], rows, len);
-                let w = kernels::PanelWeights {
-                    data: kv.keys(layer, g),
-                    n_rows: len,
-                    cols: hd,
-                };
-                let x = kernels::TokenRows {
-                    data: &qbuf,
-                    n_tokens: rows,
-                };
-                let strides = kernels::PanelStrides {
-                    panel: hd * PANEL_ROWS,
-                    token: hd,
-                };
-                kernels::gemm_f32_panels_strided(isa, w, x, strides, 0..len, &s);
+                for run in span.iter().filter(|r| !r.is_empty()) {
+                    let w = kernels::PanelWeights {
+                        data: kv.keys(layer, g),
+                        n_rows: len,
+                        cols: hd,
+                    };
+                    let x = kernels::TokenRows {
+                        data: &qbuf,
+                        n_tokens: rows,
+                    };
+                    let strides = kernels::PanelStrides {
+                        panel: hd * PANEL_ROWS,
+                        token: hd,
+                    };
+                    // Key panels start on multiples of 16 slots; the scores before `run`
+                    // are computed but fall outside every query's window (zeroed below).
+                    let start = run.start / PANEL_ROWS * PANEL_ROWS;
+                    kernels::gemm_f32_panels_strided(isa, w, x, strides, start..run.end, &s);
+                }
             }
             for r in 0..rows {
                 let p = pos0 + t0 + r / group;
@@ -110,15 +119,19 @@ pub(super) fn attention(
                 };
                 softmax_runs(isa, &mut scores[r * len..(r + 1) * len], &seen, scale);
             }
-            {
-                let o = OutputMatrix::new(&mut obuf[..rows * hd], rows, hd);
+            // P·V over the span's columns only (the weights outside it are 0): the first
+            // run into `obuf`, a second (a wrapped ring) into `obuf2`, added.
+            let runs: Vec<&Range<usize>> = span.iter().filter(|r| !r.is_empty()).collect();
+            for (i, run) in runs.iter().enumerate() {
+                let dst = if i == 0 { &mut obuf } else { &mut obuf2 };
+                let o = OutputMatrix::new(&mut dst[..rows * hd], rows, hd);
                 let w = kernels::PanelWeights {
-                    data: kv.values(layer, g),
+                    data: &kv.values(layer, g)[run.start * PANEL_ROWS..],
                     n_rows: hd,
-                    cols: len,
+                    cols: run.len(),
                 };
                 let x = kernels::TokenRows {
-                    data: &scores[..rows * len],
+                    data: &scores[run.start..rows * len],
                     n_tokens: rows,
                 };
                 let strides = kernels::PanelStrides {
@@ -127,12 +140,50 @@ pub(super) fn attention(
                 };
                 kernels::gemm_f32_panels_strided(isa, w, x, strides, 0..hd, &o);
             }
+            if runs.len() == 2 {
+                obuf[..rows * hd]
+                    .iter_mut()
+                    .zip(&obuf2[..rows * hd])
+                    .for_each(|(a, b)| *a += b);
+            }
             for r in 0..rows {
                 let (t, h) = (t0 + r / group, g * group + r % group);
                 y.write_cols(t, h * hd, &obuf[r * hd..(r + 1) * hd]);
             }
         }
     });
+}
+
+/// The slots the queries at positions `q0..q1` (one block) attend to, as one or two runs
+/// in slot order, within `0..len` (the scores' row length): every slot up to `len` in a
+/// global layer; in a local layer the keys at positions `q0 + 1 - window ..= q1 - 1` (the
+/// first query's window start to the last query), mapped onto the ring's slots when
+/// positions wrapped (`ring`), so the work per query is bounded by the window and not by
+/// the slots cached.
+fn block_span(
+    window: Option<usize>,
+    cap: usize,
+    ring: bool,
+    q0: usize,
+    q1: usize,
+    len: usize,
+) -> [Range<usize>; 2] {
+    let Some(w) = window else {
+        return [0..len, 0..0];
+    };
+    let lo = (q0 + 1).saturating_sub(w);
+    if !ring {
+        return [lo..q1, 0..0];
+    }
+    if q1 - lo >= cap {
+        return [0..cap, 0..0];
+    }
+    let (a, b) = (lo % cap, (q1 - 1) % cap + 1);
+    if a < b {
+        [a..b, 0..0]
+    } else {
+        [0..b, a..cap]
+    }
 }
 
 /// Scaled softmax of `row` over the runs `seen` (in order, not overlapping; an empty run
@@ -166,5 +217,26 @@ fn softmax_runs(isa: kernels::Isa, row: &mut [f32], seen: &[Range<usize>; 2], sc
     // here), in the tier's vector width.
     for r in runs() {
         kernels::scale_max_f32(isa, &mut row[r.clone()], inv);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::block_span;
+
+    /// A global layer sees every slot; a local layer its block's window, as positions before
+    /// the ring wraps and as one or two runs of slots after.
+    #[test]
+    fn block_spans_cover_the_window_and_no_more() {
+        assert_eq!(block_span(None, 64, false, 40, 56, 56), [0..56, 0..0]);
+        // Window 6, queries 40..56: keys 35..56.
+        assert_eq!(block_span(Some(6), 64, false, 40, 56, 56), [35..56, 0..0]);
+        assert_eq!(block_span(Some(6), 64, false, 2, 5, 5), [0..5, 0..0]);
+        // A ring of 32 slots: keys 35..56 are slots 3..24; keys 53..70 wrap (21..32, 0..6).
+        assert_eq!(block_span(Some(6), 32, true, 40, 56, 32), [3..24, 0..0]);
+        assert_eq!(block_span(Some(6), 32, true, 58, 70, 32), [0..6, 21..32]);
+        // A span as long as the ring is the whole ring.
+        assert_eq!(block_span(Some(21), 32, true, 60, 72, 32), [0..32, 0..0]);
+        assert_eq!(block_span(Some(20), 32, true, 60, 72, 32), [0..8, 9..32]);
     }
 }

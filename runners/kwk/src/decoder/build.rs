@@ -75,8 +75,7 @@ impl KwkDecoder {
         }
         let started = Instant::now();
         let built = pack_weights(config, weights, source, &pack_options(&options))?;
-        let gemma = GemmaParts::new(config, weights.post_norms.clone(), options.max_cache_len);
-        Ok(Self::assemble(config, eos, built, gemma, started, &options))
+        Self::assemble(config, eos, built, started, &options)
     }
 
     /// A warm start: the decoder from the pack cache alone, without the model's weights
@@ -95,7 +94,7 @@ impl KwkDecoder {
             return Err(KwkError::Unsupported(why));
         }
         let started = Instant::now();
-        let quantized = options.precision.is_quantized() && config.gemma3.is_none();
+        let quantized = options.precision.is_quantized();
         let Some(dir) = options.pack_cache_dir.as_ref().filter(|_| quantized) else {
             return Ok(None);
         };
@@ -103,9 +102,7 @@ impl KwkDecoder {
         match pack_cache::try_load(dir, source, &options.precision, calibration)? {
             Some(cached) => {
                 let built = crate::pack::cached::from_cache(config, cached, source)?;
-                Ok(Some(Self::assemble(
-                    config, eos, built, None, started, &options,
-                )))
+                Ok(Some(Self::assemble(config, eos, built, started, &options)?))
             }
             None => Ok(None),
         }
@@ -139,20 +136,18 @@ impl KwkDecoder {
         let started = Instant::now();
         let built =
             crate::pack::stream::pack_streamed(config, &lazy, &source, &pack_options(&options))?;
-        let gemma = GemmaParts::new(config, lazy.post_norms()?, options.max_cache_len);
-        Ok(Self::assemble(config, eos, built, gemma, started, &options))
+        Self::assemble(config, eos, built, started, &options)
     }
 
     /// The decoder around the packed parts of a build started at `started` (and Gemma 3's
-    /// parts, which the pack does not hold).
+    /// RoPE tables and embedding scale).
     fn assemble(
         config: &ModelConfig,
         eos: Vec<u32>,
         built: Built,
-        gemma: Option<GemmaParts>,
         started: Instant,
         options: &DecoderOptions,
-    ) -> Self {
+    ) -> Result<Self> {
         let Built {
             model,
             n_params,
@@ -174,7 +169,19 @@ impl KwkDecoder {
         for l in &layers {
             weight_bytes += l.bytes();
         }
-        weight_bytes += gemma.as_ref().map_or(0, GemmaParts::bytes);
+        // Every source gives a Gemma 3 layer its post norms (a cache entry without them is
+        // refused); a packed model without them is a build error, not a silent Llama layer.
+        if let Some(i) = layers
+            .iter()
+            .position(|l| l.post_norms.is_some() != config.gemma3.is_some())
+        {
+            return Err(KwkError::Unsupported(format!(
+                "layer {i}: the packed model's post norms do not match the architecture \
+                 ({}); this is a bug in the build",
+                config.architecture.hf_model_type()
+            )));
+        }
+        let gemma = GemmaParts::new(config, options.max_cache_len);
         let rope = rope::Rope::new(
             config.head_dim,
             config.rope_theta as f64,
@@ -192,7 +199,7 @@ impl KwkDecoder {
             })
             .collect();
         let kv = KvCache::with_lengths(config.n_kv_heads, config.head_dim, &lengths);
-        KwkDecoder {
+        Ok(KwkDecoder {
             config: config.clone(),
             precision: options.precision,
             max_cache_len: options.max_cache_len,
@@ -213,7 +220,7 @@ impl KwkDecoder {
             x_buf: Vec::new(),
             scratch: Scratch::default(),
             gemma,
-        }
+        })
     }
 }
 

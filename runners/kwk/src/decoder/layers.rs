@@ -7,7 +7,7 @@
 use crate::format::{InputKind, PackedLinear, PreparedInput};
 use crate::kernels::quant::InputMemo;
 use crate::kernels::{self, OutputMatrix, PANEL_ROWS};
-use crate::model::{ModelConfig, PostNorms};
+use crate::model::ModelConfig;
 use crate::quantize::gptq::Hessian;
 use crate::threads::{split_range, ThreadPool};
 use half::slice::HalfBitsSliceExt;
@@ -27,13 +27,12 @@ pub(super) struct Runtime<'a> {
     pub pool: &'a ThreadPool,
     pub rope: &'a Rope,
     /// Gemma 3's parts of this layer; `None` for the Llama family.
-    pub gemma: Option<GemmaLayer<'a>>,
+    pub gemma: Option<GemmaLayer>,
 }
 
-/// What a Gemma 3 layer adds: the norms on attention's and the FFN's outputs, and the
+/// What a Gemma 3 layer's runtime adds (its post norms are in the packed [`Layer`]): the
 /// sliding window of a local layer (`None`: global).
-pub(super) struct GemmaLayer<'a> {
-    pub post: &'a PostNorms,
+pub(super) struct GemmaLayer {
     pub window: Option<usize>,
 }
 
@@ -60,7 +59,7 @@ impl Layer {
         scratch: &mut Scratch,
     ) {
         let (cfg, pool, rope) = (rt.cfg, rt.pool, rt.rope);
-        let post = rt.gemma.as_ref().map(|g| g.post);
+        let post = self.post_norms.as_ref();
         let d = cfg.hidden_size;
         let n = x.len() / d;
         let hd = cfg.head_dim;
@@ -162,7 +161,7 @@ impl Layer {
             }
         }
         let ffn_out = sized(ffn_out, n * d);
-        let gelu = post.is_some();
+        let gelu = rt.gemma.is_some();
         match &self.ffn {
             PackedFfn::Dense(m) => {
                 let down = rec.map(|r| r.down(0));

@@ -11,9 +11,9 @@
 //! residual; the final norm and `lm_head` run only on the rows whose logits are asked for.
 //! Norms, RoPE, softmax, routing and the KV cache are float32 in every format.
 //!
-//! Gemma 3 adds a scaled embedding, norms on attention's and the FFN's outputs, GeGLU,
-//! and local layers with their own RoPE base and a sliding window over a ring cache
-//! ([`GemmaParts`]).
+//! Gemma 3 adds a scaled embedding, norms on attention's and the FFN's outputs (in each
+//! packed layer), GeGLU, and local layers with their own RoPE base and a sliding window
+//! over a ring cache, whose attention covers only the window ([`GemmaParts`]).
 //!
 //! Submodules: `build` (the constructors), `layers` (the attention block, MLP, MoE and the
 //! per-row helpers), `attention` (the softmax attention itself), `kv_cache`, `rope`,
@@ -117,28 +117,22 @@ pub struct KwkDecoder {
     gemma: Option<GemmaParts>,
 }
 
-/// What a Gemma 3 model adds to the runtime: each layer's norms after attention and the
-/// FFN, the local layers' RoPE tables (base `rope_local_theta`; `rope` holds the global
+/// What a Gemma 3 model adds to the runtime (its post norms are in the packed layers):
+/// the local layers' RoPE tables (base `rope_local_theta`; `rope` holds the global
 /// layers'), and the embedding scale `sqrt(hidden_size)` in float32 (transformers'
 /// `Gemma3TextScaledWordEmbedding` multiplies by it in the weights' dtype, llama.cpp by
 /// `sqrtf(n_embd)`: the same float32 value).
 pub(crate) struct GemmaParts {
-    post_norms: Vec<crate::model::PostNorms>,
     local_rope: rope::Rope,
     embed_scale: f32,
 }
 
 impl GemmaParts {
-    /// The parts for `config` (a Gemma 3 config; `None` otherwise) with `post_norms`, RoPE
-    /// tables for `max_cache_len` positions.
-    pub(crate) fn new(
-        config: &ModelConfig,
-        post_norms: Vec<crate::model::PostNorms>,
-        max_cache_len: usize,
-    ) -> Option<GemmaParts> {
+    /// The parts for `config` (a Gemma 3 config; `None` otherwise), RoPE tables for
+    /// `max_cache_len` positions.
+    pub(crate) fn new(config: &ModelConfig, max_cache_len: usize) -> Option<GemmaParts> {
         let g = config.gemma3.as_ref()?;
         Some(GemmaParts {
-            post_norms,
             local_rope: rope::Rope::new(
                 config.head_dim,
                 g.rope_local_theta as f64,
@@ -147,14 +141,6 @@ impl GemmaParts {
             ),
             embed_scale: (config.hidden_size as f64).sqrt() as f32,
         })
-    }
-
-    /// Float32 bytes of the norms.
-    fn bytes(&self) -> u64 {
-        self.post_norms
-            .iter()
-            .map(|p| 4 * (p.attn.len() + p.ffn.len()) as u64)
-            .sum()
     }
 }
 
@@ -181,7 +167,6 @@ fn layer_runtime<'a>(
         pool,
         rope: if local { &parts.local_rope } else { rope },
         gemma: Some(layers::GemmaLayer {
-            post: &parts.post_norms[li],
             window: local.then_some(g.sliding_window),
         }),
     }
@@ -650,6 +635,8 @@ impl KwkDecoder {
     }
 }
 
+#[cfg(test)]
+mod gemma_quant_tests;
 #[cfg(test)]
 mod gemma_tests;
 #[cfg(test)]

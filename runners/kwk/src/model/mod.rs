@@ -101,7 +101,8 @@ pub struct ModelWeights {
     pub lm_head: Option<Tensor>, // [vocab, d]
     /// Gemma 3: per layer, the norms after attention and after the FFN (empty for the
     /// Llama family). Kept beside the layers, not in [`LayerWeights`]: float32 in every
-    /// format, read by the decoder and not by the packing pipeline.
+    /// format and no pair of channel equalization; the packing pipeline hands them to each
+    /// packed layer (and the pack cache stores them with the layer's float vectors).
     pub post_norms: Vec<PostNorms>,
 }
 

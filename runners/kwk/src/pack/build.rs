@@ -13,7 +13,7 @@ use super::source::{embed_role, LayerFloats, LayerSource, LinearId, ModelParts, 
 use crate::error::{KwkError, Result};
 use crate::format::quantized::{grid_for, Grid};
 use crate::format::{PackedLinear, TensorRole};
-use crate::model::{FeedForward, LayerWeights, Mlp, ModelConfig, ModelWeights};
+use crate::model::{FeedForward, LayerWeights, Mlp, ModelConfig, ModelWeights, PostNorms};
 use crate::quantize::equalize::{Equalized, LayerImportance};
 use std::path::Path;
 use std::time::Instant;
@@ -173,6 +173,7 @@ impl ModelParts for MemoryParts<'_> {
     fn layer(&self, i: usize) -> Box<dyn LayerSource + '_> {
         Box::new(MemorySource {
             layer: &self.weights.layers[i],
+            post: self.weights.post_norms.get(i),
             importance: self.equalized.and_then(|e| e.importance.get(i)),
             packer: self.packer,
         })
@@ -183,13 +184,15 @@ impl ModelParts for MemoryParts<'_> {
 /// with the equalization's importance.
 struct MemorySource<'a> {
     layer: &'a LayerWeights,
+    /// Gemma 3's post norms of the layer.
+    post: Option<&'a PostNorms>,
     importance: Option<&'a LayerImportance>,
     packer: &'a Packer<'a>,
 }
 
 impl LayerSource for MemorySource<'_> {
     fn layer_floats(&mut self, _i: usize) -> Result<LayerFloats> {
-        Ok(LayerFloats::of(self.layer))
+        Ok(LayerFloats::of(self.layer, self.post))
     }
 
     fn linear(&mut self, id: LinearId) -> Result<Box<dyn PackedLinear>> {
@@ -213,7 +216,15 @@ impl LayerSource for MemorySource<'_> {
 pub(crate) fn count_params(w: &ModelWeights) -> u64 {
     let mut n = (w.embed.data.len() + w.final_norm.len()) as u64;
     n += w.lm_head.as_ref().map(|t| t.data.len()).unwrap_or(0) as u64;
+    n += post_norm_params(&w.post_norms);
     n + w.layers.iter().map(layer_params).sum::<u64>()
+}
+
+/// Parameters of Gemma 3's post norms (0 for the Llama family).
+pub(crate) fn post_norm_params(post: &[PostNorms]) -> u64 {
+    post.iter()
+        .map(|p| (p.attn.len() + p.ffn.len()) as u64)
+        .sum()
 }
 
 /// Parameters of one layer: matrices, norms, biases, routers.

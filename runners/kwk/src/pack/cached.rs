@@ -9,7 +9,7 @@ use super::model::{names, Built};
 use super::source::{assemble, lock, LayerFloats, LayerSource, LinearId, ModelParts, MoeFloats};
 use crate::error::{KwkError, Result};
 use crate::format::{PackedLinear, TensorRole};
-use crate::model::{ModelConfig, Tensor};
+use crate::model::{ModelConfig, PostNorms, Tensor};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -174,6 +174,15 @@ impl LayerSource for CacheLayer<'_> {
         } else {
             None
         };
+        // Gemma 3's post norms: required of a Gemma 3 entry, refused in any other.
+        let post_norms = if config.gemma3.is_some() {
+            Some(PostNorms {
+                attn: src.need(&n(names::POST_ATTN_NORM), Some(d), "post-attention norm")?,
+                ffn: src.need(&n(names::POST_FFN_NORM), Some(d), "post-FFN norm")?,
+            })
+        } else {
+            None
+        };
         Ok(LayerFloats {
             attn_norm: src.need(&n("attn_norm"), Some(d), "attn_norm")?,
             q_bias: src.floats(&n("q_bias"), Some(qd))?,
@@ -183,6 +192,7 @@ impl LayerSource for CacheLayer<'_> {
             k_norm: src.floats(&n("k_norm"), Some(hd))?,
             ffn_norm: src.need(&n("ffn_norm"), Some(d), "ffn_norm")?,
             moe,
+            post_norms,
         })
     }
 

@@ -4,7 +4,7 @@
 
 use super::cache::PackOutcome;
 use crate::format::PackedLinear;
-use crate::model::Tensor;
+use crate::model::{PostNorms, Tensor};
 use crate::threads::ThreadPool;
 
 pub(crate) struct PackedMlp {
@@ -43,6 +43,9 @@ pub(crate) struct Layer {
     pub k_norm: Option<Vec<f32>>,
     pub ffn_norm: Vec<f32>,
     pub ffn: PackedFfn,
+    /// Gemma 3: the norms on the attention and FFN outputs, before the residual add
+    /// (float32 in every format; `None` for the Llama family).
+    pub post_norms: Option<PostNorms>,
 }
 
 impl PackedMlp {
@@ -84,6 +87,10 @@ impl Layer {
         b += 4 * (self.attn_norm.len() + self.ffn_norm.len()) as u64;
         b += vec(&self.q_bias) + vec(&self.k_bias) + vec(&self.v_bias);
         b += vec(&self.q_norm) + vec(&self.k_norm);
+        b += self
+            .post_norms
+            .as_ref()
+            .map_or(0, |p| 4 * (p.attn.len() + p.ffn.len()) as u64);
         b += match &self.ffn {
             PackedFfn::Dense(m) => m.bytes(),
             PackedFfn::Moe(m) => {
@@ -136,7 +143,12 @@ pub(crate) mod names {
     pub const EMBED: &str = "embed";
     pub const LM_HEAD: &str = "lm_head";
     pub const FINAL_NORM: &str = "final_norm";
-    /// `blk.I.WHAT` (q, k, v, o, attn_norm, ffn_norm, biases, q/k norms, router).
+    /// Gemma 3's norm on the attention output (a layer entry: [`layer`]).
+    pub const POST_ATTN_NORM: &str = "post_attn_norm";
+    /// Gemma 3's norm on the FFN output (a layer entry: [`layer`]).
+    pub const POST_FFN_NORM: &str = "post_ffn_norm";
+    /// `blk.I.WHAT` (q, k, v, o, attn_norm, ffn_norm, biases, q/k norms, router, Gemma 3's
+    /// [`POST_ATTN_NORM`] and [`POST_FFN_NORM`]).
     pub fn layer(i: usize, what: &str) -> String {
         format!("blk.{i}.{what}")
     }

@@ -173,6 +173,10 @@ fn put_floats(s: &mut PackSession, m: &PackedModel) {
                 s.put_floats(&n(what), v);
             }
         }
+        if let Some(p) = &l.post_norms {
+            s.put_floats(&n(names::POST_ATTN_NORM), &p.attn);
+            s.put_floats(&n(names::POST_FFN_NORM), &p.ffn);
+        }
         if let PackedFfn::Moe(m) = &l.ffn {
             s.put_floats(&n("router"), &m.router.data);
             if let Some(g) = &m.shared_gate {

@@ -10,7 +10,7 @@
 use crate::error::Result;
 use crate::format::quantized::{quantize_on, Grid, QuantizedTensor};
 use crate::format::{self, PackedLinear, Precision, TensorPlace, TensorRole};
-use crate::model::{Architecture, FeedForward, LayerWeights, Mlp, ModelConfig, Tensor};
+use crate::model::{Architecture, FeedForward, LayerWeights, Mlp, ModelConfig, PostNorms, Tensor};
 use crate::pack::cache::{PackSession, TensorToPack};
 use crate::pack::calibrate::GptqKey;
 use crate::pack::model::{names, Layer, PackedFfn, PackedMlp, PackedModel, PackedMoe};
@@ -75,8 +75,8 @@ impl LinearId {
     }
 }
 
-/// The float32 vectors of one layer (norms, biases, q/k norms; the router and shared
-/// gate of a mixture of experts), and the shape of its feed-forward.
+/// The float32 vectors of one layer (norms, biases, q/k norms, Gemma 3's post norms; the
+/// router and shared gate of a mixture of experts), and the shape of its feed-forward.
 pub(crate) struct LayerFloats {
     pub attn_norm: Vec<f32>,
     pub q_bias: Option<Vec<f32>>,
@@ -87,6 +87,8 @@ pub(crate) struct LayerFloats {
     pub ffn_norm: Vec<f32>,
     /// `None`: a dense MLP.
     pub moe: Option<MoeFloats>,
+    /// Gemma 3's norms after attention and the FFN (`None` for the Llama family).
+    pub post_norms: Option<PostNorms>,
 }
 
 /// A mixture of experts' float32 parts and its number of MLPs.
@@ -98,8 +100,9 @@ pub(crate) struct MoeFloats {
 }
 
 impl LayerFloats {
-    /// The float vectors of `l`.
-    pub fn of(l: &LayerWeights) -> LayerFloats {
+    /// The float vectors of `l` and its post norms `post` (Gemma 3; they sit beside the
+    /// layers in [`crate::model::ModelWeights`]).
+    pub fn of(l: &LayerWeights, post: Option<&PostNorms>) -> LayerFloats {
         LayerFloats {
             attn_norm: l.attn_norm.clone(),
             q_bias: l.q_bias.clone(),
@@ -117,6 +120,7 @@ impl LayerFloats {
                     shared_gate: m.shared_expert_gate.as_ref().map(|g| g.data.clone()),
                 }),
             },
+            post_norms: post.cloned(),
         }
     }
 }
@@ -261,6 +265,7 @@ pub(crate) fn build_layer(
         k_norm: f.k_norm,
         ffn_norm: f.ffn_norm,
         ffn,
+        post_norms: f.post_norms,
     };
     src.layer_done(i)?;
     Ok(layer)

@@ -12,7 +12,7 @@
 //! The result is bit for bit what `build::pack_weights` packs from the whole model (a test
 //! compares them).
 
-use super::build::layer_params;
+use super::build::{layer_params, post_norm_params};
 use super::model::{names, Built};
 use super::pipeline::{pack_model, FloatModel, PackOptions, Plan, PlanInput};
 use super::plan::GridPlanner;
@@ -20,7 +20,7 @@ use super::source::{embed_role, LayerFloats, LayerSource, LinearId, ModelParts, 
 use crate::error::{KwkError, Result};
 use crate::format::{PackedLinear, TensorRole};
 use crate::model::lazy::LazyWeights;
-use crate::model::{FeedForward, LayerWeights, Mlp, ModelConfig, Tensor};
+use crate::model::{FeedForward, LayerWeights, Mlp, ModelConfig, PostNorms, Tensor};
 use crate::quantize::equalize::{
     apply_layer, apply_to_part, equalize_layer, estimate_layer, DensePart, EqualizeOptions,
     LayerImportance, LayerScales,
@@ -59,6 +59,7 @@ impl FloatModel for StreamModel<'_> {
         if !self.config.tie_word_embeddings {
             n_params += (vocab * d) as u64;
         }
+        n_params += post_norm_params(&self.lazy.post_norms()?);
         for i in 0..self.config.n_layers {
             n_params += layer_params(&self.lazy.layer(i)?);
             self.lazy.release_pages();
@@ -89,6 +90,8 @@ impl FloatModel for StreamModel<'_> {
             self.lazy.release_pages();
         }
         self.saved = Vec::with_capacity(config.n_layers);
+        // Gemma 3's post norms (float32, left alone by equalization).
+        let mut post = self.lazy.post_norms()?.into_iter();
         for i in 0..config.n_layers {
             let mut l = self.lazy.layer(i)?;
             let stats = estimate_layer(&l, config);
@@ -106,6 +109,7 @@ impl FloatModel for StreamModel<'_> {
                 scales,
                 imp,
                 floats: float_part(&l),
+                post: post.next(),
             });
             drop(l);
             self.lazy.release_pages();
@@ -191,9 +195,9 @@ struct StreamSource<'a> {
 
 impl LayerSource for StreamSource<'_> {
     fn layer_floats(&mut self, i: usize) -> Result<LayerFloats> {
-        let fl = &self.saved[i].floats;
+        let (fl, post) = (&self.saved[i].floats, self.saved[i].post.as_ref());
         if let FeedForward::Dense(_) = &fl.ffn {
-            return Ok(LayerFloats::of(fl));
+            return Ok(LayerFloats::of(fl, post));
         }
         // Mixture of experts: the whole layer, scaled as the search left it.
         let mut l = self.lazy.layer(i)?;
@@ -204,7 +208,7 @@ impl LayerSource for StreamSource<'_> {
                 format!("layer {i} changed its kind between passes"),
             ));
         }
-        let floats = LayerFloats::of(&l);
+        let floats = LayerFloats::of(&l, post);
         self.moe_layer = Some(l);
         Ok(floats)
     }
@@ -261,6 +265,8 @@ struct Saved {
     imp: LayerImportance,
     /// The equalized float vectors (norms, biases, router), matrices empty.
     floats: LayerWeights,
+    /// Gemma 3's post norms of the layer.
+    post: Option<PostNorms>,
 }
 
 /// A layer's float vectors with empty matrices (what the cache file stores of it).

@@ -73,8 +73,9 @@ pub use key::{
 pub use session::{try_load, CachedModel, PackOutcome, PackSession, TensorToPack};
 
 /// Version of the packed layouts, the rounding and this file format; part of every key
-/// (4: two-level low-bit scales).
-pub const PACK_VERSION: u32 = 4;
+/// (4: two-level low-bit scales; 5: Gemma 3's post norms stored with each layer's float
+/// vectors, so an older Gemma 3 entry, which lacks them, is never found).
+pub const PACK_VERSION: u32 = 5;
 /// Every file kwk writes in the cache folder starts with this.
 pub const PREFIX: &str = "kwk-pack-";
 /// The marker file of a folder kwk created (see the module doc).

@@ -28,7 +28,8 @@
 //! `E[x²]` comes from calibration ([`ActivationStats`] measured by the decoder on the user's
 //! text) or, without calibration, from the weights themselves ([`ActivationStats::estimate`]):
 //! a normalised input has unit second moment per channel before the norm weight, and the
-//! second moments of `v`, `up` and `silu(gate)` follow from their rows for such an input.
+//! second moments of `v`, `up` and `silu(gate)` (Gemma 3: `gelu(gate)`) follow from their
+//! rows for such an input.
 //!
 //! How much of this runs depends on the format ([`EqualizeOptions`]): `int8`, `int4` and
 //! `int4:calib` score the weights' rounding error only, over `β ∈ {0, ¼, ½, ¾, 1}`.
@@ -99,11 +100,20 @@ pub struct ActivationStats {
     pub head_in: Vec<f32>,
 }
 
-/// `E[silu(z)²]` for `z ~ N(0, var)`, by quadrature over ±6 standard deviations.
-fn silu_second_moment(var: f32) -> f32 {
+/// `E[act(z)²]` for `z ~ N(0, var)` and the gate's activation (`silu`, or Gemma 3's tanh
+/// GELU when `gelu`), by quadrature over ±6 standard deviations.
+fn gate_second_moment(var: f32, gelu: bool) -> f32 {
     if var <= 0.0 {
         return 0.0;
     }
+    let act = |z: f32| {
+        if gelu {
+            let c = (2.0 / std::f32::consts::PI).sqrt();
+            0.5 * z * (1.0 + (c * (z + 0.044715 * z * z * z)).tanh())
+        } else {
+            z / (1.0 + (-z).exp())
+        }
+    };
     let s = var.sqrt();
     let (n, span) = (96, 6.0f32);
     let dt = 2.0 * span / n as f32;
@@ -111,9 +121,9 @@ fn silu_second_moment(var: f32) -> f32 {
     for i in 0..=n {
         let t = -span + i as f32 * dt;
         let z = s * t;
-        let silu = z / (1.0 + (-z).exp());
+        let a = act(z);
         let w = if i == 0 || i == n { 0.5 } else { 1.0 };
-        acc += w * silu * silu * (-0.5 * t * t).exp();
+        acc += w * a * a * (-0.5 * t * t).exp();
     }
     acc * dt / (2.0 * std::f32::consts::PI).sqrt()
 }
@@ -188,6 +198,7 @@ pub fn estimate_layer(l: &LayerWeights, config: &ModelConfig) -> LayerStats {
     }
     let o_in = (0..l.o.cols()).map(|c| v2[kv_channel(config, c)]).collect();
     let ffn_in: Vec<f32> = l.ffn_norm.iter().map(|g| g * g).collect();
+    let gelu = config.gemma3.is_some();
     let down_in = mlps(&l.ffn)
         .into_iter()
         .map(|m| {
@@ -195,7 +206,7 @@ pub fn estimate_layer(l: &LayerWeights, config: &ModelConfig) -> LayerStats {
             let u2 = row_moments(&m.up, &ffn_in);
             g2.iter()
                 .zip(&u2)
-                .map(|(&g, &u)| silu_second_moment(g) * u)
+                .map(|(&g, &u)| gate_second_moment(g, gelu) * u)
                 .collect()
         })
         .collect();

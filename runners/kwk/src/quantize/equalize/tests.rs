@@ -266,12 +266,24 @@ fn whole_rows_scales_the_sampled_error_to_the_matrix() {
 }
 
 #[test]
-fn silu_second_moment_limits() {
-    // Small inputs: silu(z) ≈ z/2, so E ≈ var/4; large: ≈ relu, so E ≈ var/2.
-    let small = silu_second_moment(1e-4);
-    assert!((small / 1e-4 - 0.25).abs() < 0.01, "{small}");
-    let big = silu_second_moment(1e4);
-    assert!((big / 1e4 - 0.5).abs() < 0.01, "{big}");
+fn gate_second_moment_limits() {
+    // Small inputs: silu(z) ≈ gelu(z) ≈ z/2, so E ≈ var/4; large: ≈ relu, so E ≈ var/2.
+    for gelu in [false, true] {
+        let small = gate_second_moment(1e-4, gelu);
+        assert!((small / 1e-4 - 0.25).abs() < 0.01, "{gelu}: {small}");
+        let big = gate_second_moment(1e4, gelu);
+        assert!((big / 1e4 - 0.5).abs() < 0.01, "{gelu}: {big}");
+    }
+    // At unit variance they differ: a float64 quadrature of 200,001 points over ±8 gives
+    // E[gelu_tanh(z)²] = 0.42519 and E[silu(z)²] = 0.35578.
+    let (s, g) = (
+        gate_second_moment(1.0, false),
+        gate_second_moment(1.0, true),
+    );
+    assert!(
+        (s - 0.3557).abs() < 2e-3 && (g - 0.4252).abs() < 3e-3,
+        "{s} {g}"
+    );
 }
 
 #[test]
