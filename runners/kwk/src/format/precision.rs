@@ -47,7 +47,8 @@ pub const fn default_group(bits: Bits) -> usize {
 ///   the widened off-grid copy (768) this rule's `:mix6` measured +10.6 % ΔPPL against
 ///   `:mix8`'s +19.3 % at the same 5.02 bits per weight (4 chunks; before it, the rule was
 ///   8 below 1e9 parameters, which gave the same choice on every model measured then); int3, int5
-///   and int6 keep `lm_head` at 6 bits (6-bit g64, 6.5 bits per weight) at every size,
+///   and int6 start `lm_head` at 6 bits (6-bit g64, 6.5 bits per weight) at every size (the
+///   mix may then buy it a finer grid, `quantize::mix::head_ladder`),
 ///   because the k-quant they are matched to puts `output` in Q6_K (6.5625): with 8.5
 ///   bits on a small model's `lm_head` (a fifth of SmolLM2-135M's weights) the rest of
 ///   the budget falls below the width's cheapest grid and the format overshoots its size

@@ -84,7 +84,7 @@ pub(crate) fn equalize_for(
             precision,
             &estimated,
             place,
-            EqualizeOptions::ESTIMATED,
+            EqualizeOptions::estimated_for(precision),
         )?;
         return Ok((e, None));
     }

@@ -12,7 +12,7 @@ use crate::model::{FeedForward, LayerWeights, Mlp, ModelConfig, Tensor};
 use crate::quantize::budget::{allocate_budget, Allocation, CELL_BPW};
 use crate::quantize::equalize::{estimate_head, LayerImportance};
 use crate::quantize::mix::{
-    allocate_curves, k_quant_bits_per_weight, ladder, unit_curve, Curve, MixUnit,
+    allocate_curves, head_ladder, k_quant_bits_per_weight, ladder, unit_curve, Curve, MixUnit,
 };
 use std::collections::HashMap;
 
@@ -87,16 +87,21 @@ fn layer_mix_units<'a>(
 pub(crate) struct GridPlanner {
     n_layers: usize,
     rule: Rule,
+    /// The grids of the layers' units (and of every unit under `bpw`).
     steps: Vec<Grid>,
+    /// `intB`'s output projection: the first grid of its own ladder ([`head_ladder`]).
+    head_floor: Option<Grid>,
     keys: Vec<(TensorRole, Option<usize>)>,
+    /// Each unit's ladder, in the order added.
+    ladders: Vec<Vec<Grid>>,
     curves: Vec<Curve>,
 }
 
 /// What the plan spends, and on what.
 enum Rule {
-    /// `intB` (`bits` = B): every linear but `lm_head` (kept at `mix_bits`); `budget` is
-    /// what llama.cpp's k-quant of that width (Q4_K_M for `int4`) would spend on the covered
-    /// units, plus what it would give `lm_head` beyond kwk's `mix_bits` grid.
+    /// `intB` (`bits` = B): every linear, `lm_head` from `mix_bits` up its own ladder;
+    /// `budget` is what llama.cpp's k-quant of that width (Q4_K_M for `int4`) would spend
+    /// on the covered units.
     Mix { bits: Bits, budget: f64 },
     /// `bpw:X`: every tensor; the float vectors (weights no unit covers) stay float32.
     Budget {
@@ -116,9 +121,8 @@ impl GridPlanner {
     ) -> Result<Option<GridPlanner>> {
         let n_layers = config.n_layers;
         let model_params = place(TensorRole::LmHead, None).model_params;
-        let (rule, steps) = match precision {
+        let (rule, steps, head_floor) = match precision {
             Precision::LowBit(opts) => {
-                let (vocab, d) = (config.vocab_size, config.hidden_size);
                 let head_grid =
                     grid_for(precision, &place(TensorRole::LmHead, None))?.ok_or_else(|| {
                         KwkError::InvalidArgument(format!(
@@ -126,18 +130,15 @@ impl GridPlanner {
                             precision.name()
                         ))
                     })?;
-                let mix_bits = opts.mix_bits_for(d);
-                // Bits the width's k-quant would spend on the tensors the search covers: its
-                // whole size less lm_head (kwk keeps that at mix_bits; the float vectors cost
-                // the same in both).
-                let out_bits = (vocab * d) as f64
-                    * k_quant_bits_per_weight(opts.bits, TensorRole::LmHead, None, n_layers, d);
-                let budget = out_bits - head_grid.tensor_bits(vocab, d);
+                let mix_bits = opts.mix_bits_for(config.hidden_size);
+                // The budget grows by what the width's k-quant would spend on each unit
+                // as it is added (the float vectors cost the same in both).
                 let rule = Rule::Mix {
                     bits: opts.bits,
-                    budget,
+                    budget: 0.0,
                 };
-                (rule, ladder(opts.bits, opts.group_size, mix_bits))
+                let steps = ladder(opts.bits, opts.group_size, mix_bits);
+                (rule, steps, Some(head_grid))
             }
             Precision::Bpw(o) => (
                 Rule::Budget {
@@ -147,6 +148,7 @@ impl GridPlanner {
                     covered: 0,
                 },
                 BUDGET_GRIDS.to_vec(),
+                None,
             ),
             _ => return Ok(None),
         };
@@ -154,17 +156,19 @@ impl GridPlanner {
             n_layers,
             rule,
             steps,
+            head_floor,
             keys: Vec::new(),
+            ladders: Vec::new(),
             curves: Vec::new(),
         }))
     }
 
     fn add(&mut self, u: &MixUnit) {
-        self.add_weighted(u, 1.0);
+        self.add_weighted(u, 1.0, self.steps.clone());
     }
 
-    /// Adds `u` with its error counted `weight` times (`bpw`'s output projection).
-    fn add_weighted(&mut self, u: &MixUnit, weight: f64) {
+    /// Adds `u` on `ladder` with its error counted `weight` times (the output projection).
+    fn add_weighted(&mut self, u: &MixUnit, weight: f64, ladder: Vec<Grid>) {
         match &mut self.rule {
             Rule::Mix { bits, budget } => {
                 for (t, _, _) in &u.tensors {
@@ -174,16 +178,18 @@ impl GridPlanner {
             }
             Rule::Budget { covered, .. } => *covered += u.params(),
         }
-        let mut curve = unit_curve(u, &self.steps);
+        let mut curve = unit_curve(u, &ladder);
         curve.err.iter_mut().for_each(|e| *e *= weight);
         self.curves.push(curve);
+        self.ladders.push(ladder);
         self.keys.push((u.role, u.layer));
     }
 
     /// The embedding table `embed` and the untied output projection `lm_head`, whose
     /// input is the final norm's output (`final_norm`'s weights estimate its second
-    /// moments unless `head_moments`, measured, are given). `intB` plans only an untied
-    /// embedding; `bpw` plans both tables (a tied one as `lm_head`).
+    /// moments unless `head_moments`, measured, are given). Both tables are planned, a
+    /// tied one as `lm_head`; under `intB` the output projection climbs its own ladder
+    /// from `mix_bits` ([`head_ladder`]).
     pub fn add_tables(
         &mut self,
         embed: &Tensor,
@@ -197,12 +203,6 @@ impl GridPlanner {
             layer: None,
             tensors: vec![(t, &ones[..], None)],
         };
-        if let Rule::Mix { .. } = self.rule {
-            if lm_head.is_some() {
-                self.add(&embedding(embed));
-            }
-            return;
-        }
         let estimated;
         let moments = if head_moments.len() == embed.cols() {
             head_moments
@@ -220,12 +220,13 @@ impl GridPlanner {
         // embedding, each attention and feed-forward output), so it counts 2L + 1 times
         // (`quantize::budget`).
         let head_weight = (2 * self.n_layers + 1) as f64;
+        let head_steps = self.head_floor.map_or(self.steps.clone(), head_ladder);
         match lm_head {
             Some(h) => {
                 self.add(&embedding(embed));
-                self.add_weighted(&head(h), head_weight);
+                self.add_weighted(&head(h), head_weight, head_steps);
             }
-            None => self.add_weighted(&head(embed), head_weight),
+            None => self.add_weighted(&head(embed), head_weight, head_steps),
         }
     }
 
@@ -280,7 +281,11 @@ impl GridPlanner {
     /// The grids chosen.
     pub fn finish(self) -> Result<HashMap<(TensorRole, Option<usize>), Grid>> {
         let grids = match self.rule {
-            Rule::Mix { budget, .. } => allocate_curves(&self.curves, &self.steps, budget),
+            Rule::Mix { budget, .. } => allocate_curves(&self.curves, budget)
+                .into_iter()
+                .zip(&self.ladders)
+                .map(|(step, ladder)| ladder[step])
+                .collect(),
             Rule::Budget { .. } => self.allocate()?.grids,
         };
         Ok(self.keys.into_iter().zip(grids).collect())

@@ -81,7 +81,7 @@ impl FloatModel for StreamModel<'_> {
                 precision.name()
             )));
         }
-        let eq_opts = EqualizeOptions::ESTIMATED;
+        let eq_opts = EqualizeOptions::estimated_for(&precision);
         let mut planner = GridPlanner::new(config, &precision, place)?;
         if let Some(p) = &mut planner {
             let (embed, head) = (self.lazy.embed()?, self.lazy.lm_head()?);

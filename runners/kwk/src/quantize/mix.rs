@@ -9,8 +9,9 @@
 //! budget is used. The error of a grid is the relative output noise of the tensor,
 //! `Σ E[x_k²] ΔW_ik² / Σ E[x_k²] W_ik²` (sampled rows, second moments measured by calibration
 //! or estimated from the weights, see `quantize::equalize`), summed over the group's
-//! tensors: every linear's noise counts the same. `lm_head` is not part of the search: it
-//! stays at `mix_bits` (as llama.cpp always gives `output` more bits).
+//! tensors: every linear's noise counts the same. `lm_head` starts at `mix_bits` (as
+//! llama.cpp always gives `output` more bits) and may climb its own short ladder
+//! ([`head_ladder`]), its error counted `2L + 1` times.
 //!
 //! The default budget is the size llama.cpp's k-quant mix of the same width would give the
 //! same model ([`k_quant_bits_per_weight`]: Q3_K_M, Q4_K_M, Q5_K_M, Q6_K), so a kwk `intB`
@@ -164,7 +165,10 @@ pub struct Curve {
 /// all (bits of everything else already taken off).
 pub fn allocate(units: &[MixUnit], ladder: &[Grid], budget_bits: f64) -> Vec<Grid> {
     let curves: Vec<Curve> = units.iter().map(|u| unit_curve(u, ladder)).collect();
-    allocate_curves(&curves, ladder, budget_bits)
+    allocate_curves(&curves, budget_bits)
+        .into_iter()
+        .map(|step| ladder[step])
+        .collect()
 }
 
 /// The curve of one unit on `ladder`.
@@ -191,8 +195,9 @@ pub fn unit_curve(u: &MixUnit, ladder: &[Grid]) -> Curve {
     }
 }
 
-/// [`allocate`] on the units' curves.
-pub fn allocate_curves(curves: &[Curve], ladder: &[Grid], budget_bits: f64) -> Vec<Grid> {
+/// [`allocate`] on the units' curves (each unit may have a ladder of its own length): the
+/// step each unit ends on.
+pub fn allocate_curves(curves: &[Curve], budget_bits: f64) -> Vec<usize> {
     let bits = |c: &Curve, step: usize| c.bits[step];
     let mut level = vec![0usize; curves.len()];
     let mut used: f64 = curves.iter().map(|c| bits(c, 0)).sum();
@@ -201,7 +206,7 @@ pub fn allocate_curves(curves: &[Curve], ladder: &[Grid], budget_bits: f64) -> V
         let mut best: Option<(f64, usize, usize)> = None;
         for (u, c) in curves.iter().enumerate() {
             let from = level[u];
-            for to in from + 1..ladder.len() {
+            for to in from + 1..c.bits.len() {
                 let gain = c.err[from] - c.err[to];
                 let cost = bits(c, to) - bits(c, from);
                 if gain <= 0.0 || cost <= 0.0 || used + cost > budget_bits {
@@ -217,7 +222,29 @@ pub fn allocate_curves(curves: &[Curve], ladder: &[Grid], budget_bits: f64) -> V
         used += bits(&curves[u], to) - bits(&curves[u], level[u]);
         level[u] = to;
     }
-    level.iter().map(|&l| ladder[l]).collect()
+    level
+}
+
+/// The grids the output projection may take above its floor `floor` (the width's
+/// `mix_bits` grid, `format::quantized::grid_for`), cheapest first: from 6-bit groups of 64
+/// to groups of 32 and to the symmetric 8-bit layout. Its error counts `2L + 1` times in
+/// the search (as in `quantize::budget`: its noise is the logits' own), so the mix buys
+/// finer grids for it when they lower the model's error more per bit than the layers'.
+pub fn head_ladder(floor: Grid) -> Vec<Grid> {
+    match floor {
+        Grid::Asym {
+            bits: Bits::B6,
+            group: 64,
+        } => vec![
+            floor,
+            Grid::Asym {
+                bits: Bits::B6,
+                group: 32,
+            },
+            Grid::Sym8,
+        ],
+        _ => vec![floor],
+    }
 }
 
 #[cfg(test)]
@@ -315,6 +342,44 @@ mod tests {
                 "budget {budget} left unspent: {used}"
             );
         }
+    }
+
+    /// The output projection climbs its own ladder ([`head_ladder`]) beside the layers':
+    /// with no budget beyond the floors every unit stays on its first grid; with budget
+    /// for one finer step, the head (error counted 2L + 1 times) takes it first; the
+    /// budget is never exceeded.
+    #[test]
+    fn the_head_climbs_its_own_ladder_within_the_budget() {
+        let ones = vec![1f32; 64];
+        let (layer, head) = (tensor(4, 64, 64, 1.0), tensor(5, 256, 64, 1.0));
+        let unit = |role, t| MixUnit {
+            role,
+            layer: None,
+            tensors: vec![(t, &ones[..], None)],
+        };
+        let floor = Grid::Asym {
+            bits: Bits::B6,
+            group: 64,
+        };
+        let layers = ladder(Bits::B6, 32, Bits::B6);
+        let heads = head_ladder(floor);
+        assert_eq!(heads.len(), 3);
+        let mut head_curve = unit_curve(&unit(TensorRole::LmHead, &head), &heads);
+        head_curve.err.iter_mut().for_each(|e| *e *= 61.0);
+        let curves = vec![
+            unit_curve(&unit(TensorRole::AttnQ, &layer), &layers),
+            head_curve,
+        ];
+        let floors: f64 = curves.iter().map(|c| c.bits[0]).sum();
+        assert_eq!(allocate_curves(&curves, floors), vec![0, 0]);
+        let one_step = floors + (curves[1].bits[1] - curves[1].bits[0]);
+        assert_eq!(allocate_curves(&curves, one_step), vec![0, 1]);
+        for budget in [floors, one_step, floors * 1.1, floors * 2.0] {
+            let steps = allocate_curves(&curves, budget);
+            let used: f64 = steps.iter().zip(&curves).map(|(&s, c)| c.bits[s]).sum();
+            assert!(used <= budget, "{used} > {budget}");
+        }
+        assert_eq!(head_ladder(Grid::Sym8), vec![Grid::Sym8]);
     }
 
     #[test]

@@ -453,6 +453,23 @@ impl EqualizeOptions {
         candidates: &BETAS,
         head: false,
     };
+    /// The options of an uncalibrated `precision`: [`Self::ESTIMATED`], except that plain
+    /// `int6` keeps its channels unscaled (importance-weighted rounding only). At 6 bits the
+    /// rounding error the estimated moments score is small enough that their misjudged
+    /// outlier channels decide the factors: on held-out text (10 chunks of
+    /// `wiki-test-tail-120k.txt`, not the scored wiki.test chunks) the search cost int6
+    /// +0.22 and +0.42 points of ΔPPL on the `rot` and widened off-grid copies (PPL 24.0858
+    /// against 24.0336 unscaled; 24.1845 against 24.0870). `int5` lost without it on both
+    /// (25.0676 → 25.1152, 24.3211 → 24.5584), and `int3`/`int4` split, so they keep it.
+    pub fn estimated_for(precision: &Precision) -> EqualizeOptions {
+        match precision {
+            Precision::LowBit(o) if o.bits == crate::kernels::quant::Bits::B6 => EqualizeOptions {
+                rescale: false,
+                ..Self::ESTIMATED
+            },
+            _ => Self::ESTIMATED,
+        }
+    }
     /// With measured second moments (calibration) rounding is weighted by them too
     /// (`int4:calib`, `int4:gptq`).
     pub const CALIBRATED: EqualizeOptions = EqualizeOptions {
