@@ -198,8 +198,8 @@ pub fn check_identity(cells: &[CellRun]) -> Result<()> {
 }
 
 /// The short name of a model as `--llm` named it: the last path component, without
-/// `.gguf`.
-fn model_short(model: &str) -> String {
+/// `.gguf` (also a sweep cell's).
+pub fn model_short(model: &str) -> String {
     let last = model
         .trim_end_matches('/')
         .rsplit('/')

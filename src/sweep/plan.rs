@@ -6,6 +6,7 @@
 //! cells reuse it. Nothing here runs anything: the plan is the command lines.
 
 use super::file::{Sweep, SweepFormat};
+pub use crate::merge::model_short;
 use std::path::{Path, PathBuf};
 
 /// One cell: a kwk-eval run.
@@ -64,16 +65,6 @@ fn slug(s: &str) -> String {
         })
         .collect();
     s.chars().take(48).collect()
-}
-
-/// A model's short name: its path's last component without `.gguf`.
-pub fn model_short(model: &str) -> String {
-    let last = model
-        .trim_end_matches('/')
-        .rsplit('/')
-        .next()
-        .unwrap_or(model);
-    last.strip_suffix(".gguf").unwrap_or(last).to_string()
 }
 
 /// A text's short name: its file name without the extension.
