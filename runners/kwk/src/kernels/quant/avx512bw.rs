@@ -37,9 +37,9 @@
 use super::driver::{acts_i16_all, drive_row_group_pairs, prefetch_ahead, Q8Rows, TOKEN_TILE};
 use super::layout::{
     code_bytes, high_bytes, Bits, Int8Tiles, LowBitTiles, BLOCK, BYTE_TILE_BYTES, INT8_TILE_BYTES,
-    ROW_GROUP,
+    ROW_GROUP, SUPER_GROUPS,
 };
-use super::zmm::{code_tiles_zmm, mins_zmm, scales_zmm, unpack_zmm};
+use super::zmm::{code_tiles_zmm, mins_of_zmm, scales_of_zmm, supers_zmm, unpack_zmm};
 use std::arch::x86_64::*;
 
 /// One int8 tile: rows of group `g`, tokens `t0..t0 + n`, into `out[..n]`.
@@ -210,8 +210,12 @@ unsafe fn lowbit_n<const N: usize, const BITS: u32>(
         let xbs = x.block_sums.as_ptr().add(t0 * nb);
         let ones = _mm512_set1_epi16(1);
         let mut acc = [_mm512_setzero_ps(); N];
+        let mut sup = (_mm512_setzero_ps(), _mm512_setzero_ps());
         for cg in 0..ncg {
-            let dw = scales_zmm(gs, cg);
+            if cg % SUPER_GROUPS == 0 {
+                sup = supers_zmm(gs, cg / SUPER_GROUPS);
+            }
+            let dw = scales_of_zmm(gs, cg, sup.0);
             for b in cg * bpg..((cg + 1) * bpg).min(nb) {
                 let tile = codes.add(b * tile_bytes);
                 prefetch_ahead(tile, tile_bytes);
@@ -259,7 +263,7 @@ unsafe fn lowbit_n<const N: usize, const BITS: u32>(
                     *acc_t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t]), scale, *acc_t);
                 }
             }
-            let mw = mins_zmm(gs, cg);
+            let mw = mins_of_zmm(gs, cg, sup.1);
             for (t, acc_t) in acc.iter_mut().enumerate() {
                 *acc_t = _mm512_fmadd_ps(mw, _mm512_set1_ps(smin[t * ncg + cg]), *acc_t);
             }

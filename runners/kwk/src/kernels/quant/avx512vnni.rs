@@ -8,9 +8,11 @@
 use super::driver::{drive_row_group_pairs, Q8Rows, TOKEN_TILE};
 use super::layout::{
     code_bytes, high_bytes, Bits, Int8Tiles, LowBitTiles, BLOCK, BYTE_TILE_BYTES, INT8_TILE_BYTES,
-    ROW_GROUP,
+    ROW_GROUP, SUPER_GROUPS,
 };
-use super::zmm::{code_tiles_zmm, mins_zmm, scales_zmm, unpack_zmm, WidenedGroup};
+use super::zmm::{
+    code_tiles_zmm, mins_of_zmm, scales_of_zmm, supers_zmm, unpack_zmm, WidenedGroup,
+};
 use crate::kernels::OutputMatrix;
 use std::arch::x86_64::*;
 use std::array::from_mut;
@@ -242,8 +244,12 @@ unsafe fn lowbit_tile_vnni<const N: usize, const BITS: u32>(
         let xq = x.quants.as_ptr().add(t0 * dim);
         let xs = x.scales.as_ptr().add(t0 * nb);
         let mut acc = [_mm512_setzero_ps(); N];
+        let mut sup = (_mm512_setzero_ps(), _mm512_setzero_ps());
         for cg in 0..ncg {
-            let dw = scales_zmm(gs, cg);
+            if cg % SUPER_GROUPS == 0 {
+                sup = supers_zmm(gs, cg / SUPER_GROUPS);
+            }
+            let dw = scales_of_zmm(gs, cg, sup.0);
             for b in cg * bpg..((cg + 1) * bpg).min(nb) {
                 let hb = hbp.wrapping_add(b * high_bytes);
                 let wv = unpack_zmm::<BITS>(codes.add(b * code_bytes), hb);
@@ -261,7 +267,7 @@ unsafe fn lowbit_tile_vnni<const N: usize, const BITS: u32>(
                     *acc_t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), scale, *acc_t);
                 }
             }
-            let mw = mins_zmm(gs, cg);
+            let mw = mins_of_zmm(gs, cg, sup.1);
             for (t, acc_t) in acc.iter_mut().enumerate() {
                 *acc_t = _mm512_fmadd_ps(mw, _mm512_set1_ps(s[t * ncg + cg]), *acc_t);
             }

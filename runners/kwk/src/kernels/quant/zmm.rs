@@ -176,6 +176,54 @@ pub(crate) unsafe fn unpack_zmm<const BITS: u32>(low: *const u8, high: *const u8
     wv
 }
 
+/// The super-scales `D` and super-minimums `M` of super-block `sb` of the row group `gs`
+/// points at, as f32 (16 rows each): loaded once per [`SUPER_GROUPS`] column groups.
+///
+/// # Safety
+/// AVX-512 F present; `gs` from a checked matrix's `group_scales(g)`, `g` a row group of
+/// it, `sb` one of its super-blocks.
+#[inline(always)]
+pub(crate) unsafe fn supers_zmm(gs: GroupScales, sb: usize) -> (__m512, __m512) {
+    // SAFETY: within the row group's arrays (the caller's contract).
+    unsafe {
+        (
+            _mm512_cvtph_ps(_mm256_loadu_si256(gs.sd.add(sb * ROW_GROUP) as *const _)),
+            _mm512_cvtph_ps(_mm256_loadu_si256(gs.sm.add(sb * ROW_GROUP) as *const _)),
+        )
+    }
+}
+
+/// The 16 scales `d = D · sc` of column group `cg`, given its super-block's `D`
+/// ([`supers_zmm`]; exact products, the layout's two levels).
+///
+/// # Safety
+/// As [`supers_zmm`], `cg` a column group of the super-block `sup_d` belongs to.
+#[inline(always)]
+pub(crate) unsafe fn scales_of_zmm(gs: GroupScales, cg: usize, sup_d: __m512) -> __m512 {
+    // SAFETY: within the row group's arrays (the caller's contract).
+    unsafe {
+        let sub = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(
+            gs.sc.add(cg * ROW_GROUP) as *const _,
+        )));
+        _mm512_mul_ps(sup_d, sub)
+    }
+}
+
+/// The 16 minimums `m = M · mc` of column group `cg` ([`scales_of_zmm`]'s twin).
+///
+/// # Safety
+/// As [`scales_of_zmm`].
+#[inline(always)]
+pub(crate) unsafe fn mins_of_zmm(gs: GroupScales, cg: usize, sup_m: __m512) -> __m512 {
+    // SAFETY: within the row group's arrays (the caller's contract).
+    unsafe {
+        let sub = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+            gs.mc.add(cg * ROW_GROUP) as *const _,
+        )));
+        _mm512_mul_ps(sup_m, sub)
+    }
+}
+
 /// The 16 scales `d = D · sc` of column group `cg` of the row group `gs` points at (exact
 /// products, the layout's two levels).
 ///
@@ -184,16 +232,8 @@ pub(crate) unsafe fn unpack_zmm<const BITS: u32>(low: *const u8, high: *const u8
 /// it, `cg` one of its column groups.
 #[inline(always)]
 pub(crate) unsafe fn scales_zmm(gs: GroupScales, cg: usize) -> __m512 {
-    // SAFETY: within the row group's arrays (the caller's contract).
-    unsafe {
-        let sub = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(
-            gs.sc.add(cg * ROW_GROUP) as *const _,
-        )));
-        let sup = _mm512_cvtph_ps(_mm256_loadu_si256(
-            gs.sd.add(cg / SUPER_GROUPS * ROW_GROUP) as *const _
-        ));
-        _mm512_mul_ps(sup, sub)
-    }
+    // SAFETY: forwarded contract.
+    unsafe { scales_of_zmm(gs, cg, supers_zmm(gs, cg / SUPER_GROUPS).0) }
 }
 
 /// The 16 minimums `m = M · mc` of column group `cg` ([`scales_zmm`]'s twin).
@@ -202,16 +242,8 @@ pub(crate) unsafe fn scales_zmm(gs: GroupScales, cg: usize) -> __m512 {
 /// As [`scales_zmm`].
 #[inline(always)]
 pub(crate) unsafe fn mins_zmm(gs: GroupScales, cg: usize) -> __m512 {
-    // SAFETY: within the row group's arrays (the caller's contract).
-    unsafe {
-        let sub = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
-            gs.mc.add(cg * ROW_GROUP) as *const _,
-        )));
-        let sup = _mm512_cvtph_ps(_mm256_loadu_si256(
-            gs.sm.add(cg / SUPER_GROUPS * ROW_GROUP) as *const _
-        ));
-        _mm512_mul_ps(sup, sub)
-    }
+    // SAFETY: forwarded contract.
+    unsafe { mins_of_zmm(gs, cg, supers_zmm(gs, cg / SUPER_GROUPS).1) }
 }
 
 /// The float steps shared by the zmm prompt tiles of codes (`G` row groups × `N`
@@ -244,10 +276,16 @@ pub(crate) unsafe fn code_tiles_zmm<const G: usize, const N: usize>(
         let gs = groups.map(|g| w.group_scales(g));
         let xs = x.scales.as_ptr().add(t0 * nb);
         let mut acc = [[_mm512_setzero_ps(); N]; G];
+        let mut sup = [(_mm512_setzero_ps(), _mm512_setzero_ps()); G];
         for cg in 0..ncg {
+            if cg % SUPER_GROUPS == 0 {
+                for j in 0..G {
+                    sup[j] = supers_zmm(gs[j], cg / SUPER_GROUPS);
+                }
+            }
             let mut dw = [_mm512_setzero_ps(); G];
             for j in 0..G {
-                dw[j] = scales_zmm(gs[j], cg);
+                dw[j] = scales_of_zmm(gs[j], cg, sup[j].0);
             }
             for b in cg * bpg..((cg + 1) * bpg).min(nb) {
                 let d = block_dots(b);
@@ -260,7 +298,7 @@ pub(crate) unsafe fn code_tiles_zmm<const G: usize, const N: usize>(
                 }
             }
             for j in 0..G {
-                let mw = mins_zmm(gs[j], cg);
+                let mw = mins_of_zmm(gs[j], cg, sup[j].1);
                 for t in 0..N {
                     acc[j][t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(s[t * ncg + cg]), acc[j][t]);
                 }
