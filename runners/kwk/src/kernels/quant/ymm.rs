@@ -273,13 +273,7 @@ pub(crate) unsafe fn scale_half(s: RowScales, h: usize) -> __m256 {
         match s {
             RowScales::F16(p) => _mm256_cvtph_ps(_mm_loadu_si128(p.add(h * 8) as *const _)),
             RowScales::TwoLevel(gs, cg) => {
-                let sub = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
-                    gs.sc.add(cg * ROW_GROUP + h * 8) as *const _
-                ));
-                let sup = _mm256_cvtph_ps(_mm_loadu_si128(
-                    gs.sd.add(cg / SUPER_GROUPS * ROW_GROUP + h * 8) as *const _,
-                ));
-                _mm256_mul_ps(sup, _mm256_cvtepi32_ps(sub))
+                scale_of_half(gs, cg, h, supers_half(gs, cg / SUPER_GROUPS, h).0)
             }
         }
     }
@@ -292,14 +286,54 @@ pub(crate) unsafe fn scale_half(s: RowScales, h: usize) -> __m256 {
 #[inline(always)]
 pub(crate) unsafe fn min_half(gs: GroupScales, cg: usize, h: usize) -> __m256 {
     // SAFETY: the caller's contract.
+    unsafe { min_of_half(gs, cg, h, supers_half(gs, cg / SUPER_GROUPS, h).1) }
+}
+
+/// Rows `8h..8h + 8` of super-block `sb`'s super-scale `D` and super-minimum `M` as f32:
+/// converted once for the [`SUPER_GROUPS`] column groups that share them.
+///
+/// # Safety
+/// As [`scale_half`]; `sb` a super-block of the row group `gs` points at.
+#[inline(always)]
+pub(crate) unsafe fn supers_half(gs: GroupScales, sb: usize, h: usize) -> (__m256, __m256) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let at = sb * ROW_GROUP + h * 8;
+        (
+            _mm256_cvtph_ps(_mm_loadu_si128(gs.sd.add(at) as *const _)),
+            _mm256_cvtph_ps(_mm_loadu_si128(gs.sm.add(at) as *const _)),
+        )
+    }
+}
+
+/// Rows `8h..8h + 8` of column group `cg`'s scales `D · sc`, given `D` ([`supers_half`]).
+///
+/// # Safety
+/// As [`supers_half`], `cg` in the super-block `sup_d` belongs to.
+#[inline(always)]
+pub(crate) unsafe fn scale_of_half(gs: GroupScales, cg: usize, h: usize, sup_d: __m256) -> __m256 {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let sub = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+            gs.sc.add(cg * ROW_GROUP + h * 8) as *const _
+        ));
+        _mm256_mul_ps(sup_d, _mm256_cvtepi32_ps(sub))
+    }
+}
+
+/// Rows `8h..8h + 8` of column group `cg`'s minimums `M · mc`, given `M`
+/// ([`scale_of_half`]'s twin).
+///
+/// # Safety
+/// As [`scale_of_half`].
+#[inline(always)]
+pub(crate) unsafe fn min_of_half(gs: GroupScales, cg: usize, h: usize, sup_m: __m256) -> __m256 {
+    // SAFETY: the caller's contract.
     unsafe {
         let sub = _mm256_cvtepi8_epi32(_mm_loadl_epi64(
             gs.mc.add(cg * ROW_GROUP + h * 8) as *const _
         ));
-        let sup = _mm256_cvtph_ps(_mm_loadu_si128(
-            gs.sm.add(cg / SUPER_GROUPS * ROW_GROUP + h * 8) as *const _,
-        ));
-        _mm256_mul_ps(sup, _mm256_cvtepi32_ps(sub))
+        _mm256_mul_ps(sup_m, _mm256_cvtepi32_ps(sub))
     }
 }
 

@@ -39,12 +39,24 @@ macro_rules! ymm_lowbit {
                 let xs = x.scales.as_ptr().add(tok * nb);
                 let xbs = x.block_sums.as_ptr().add(tok * nb);
                 let mut acc = [[_mm256_setzero_ps(); 2]; G];
+                // Each group's super-scales and super-minimums (halves), converted once
+                // per super-block.
+                let mut sup = [[(_mm256_setzero_ps(), _mm256_setzero_ps()); 2]; G];
                 for cg in 0..ncg {
+                    if cg % SUPER_GROUPS == 0 {
+                        // (No closures here: they would not run with the tier's features.)
+                        for (sup_k, &gs_k) in sup.iter_mut().zip(&gs) {
+                            let sb = cg / SUPER_GROUPS;
+                            *sup_k = [supers_half(gs_k, sb, 0), supers_half(gs_k, sb, 1)];
+                        }
+                    }
                     // The group's scales `D · sc`, formed once for its blocks.
                     let mut dw = [[_mm256_setzero_ps(); 2]; G];
-                    for (dw_k, &gs_k) in dw.iter_mut().zip(&gs) {
-                        let rs = RowScales::TwoLevel(gs_k, cg);
-                        *dw_k = [scale_half(rs, 0), scale_half(rs, 1)];
+                    for ((dw_k, &gs_k), sup_k) in dw.iter_mut().zip(&gs).zip(&sup) {
+                        *dw_k = [
+                            scale_of_half(gs_k, cg, 0, sup_k[0].0),
+                            scale_of_half(gs_k, cg, 1, sup_k[1].0),
+                        ];
                     }
                     for b in cg * bpg..((cg + 1) * bpg).min(nb) {
                         let da = _mm256_set1_ps(*xs.add(b));
@@ -68,7 +80,7 @@ macro_rules! ymm_lowbit {
                     let sm = _mm256_set1_ps(smin[cg]);
                     for k in 0..G {
                         for h in 0..2 {
-                            let mw = min_half(gs[k], cg, h);
+                            let mw = min_of_half(gs[k], cg, h, sup[k][h].1);
                             acc[k][h] = _mm256_fmadd_ps(mw, sm, acc[k][h]);
                         }
                     }
