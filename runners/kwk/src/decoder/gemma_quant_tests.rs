@@ -285,37 +285,12 @@ fn tiny_gemma3_streams_and_caches_what_the_whole_model_packs() {
 /// within float32 rounding.
 #[test]
 fn tiny_gemma3_channel_scales_preserve_the_function() {
-    use crate::quantize::equalize::{apply, ChannelScales, LayerScales};
+    use crate::quantize::equalize::apply;
     let dir = fixture_dir();
     let config = ModelConfig::from_hf_config_json(&dir.join("config.json")).unwrap();
     let (weights, _) = load_hf_weights(&dir, &config).unwrap();
     let tokens = golden_tokens();
-    let mut k = 7u32;
-    let mut factors = |n: usize| -> Vec<f32> {
-        (0..n)
-            .map(|_| {
-                k = k.wrapping_mul(1_103_515_245).wrapping_add(12_345);
-                2f32.powf((k >> 16) as f32 / 65536.0 * 4.0 - 2.0)
-            })
-            .collect()
-    };
-    let d = config.hidden_size;
-    let scales = ChannelScales {
-        layers: weights
-            .layers
-            .iter()
-            .map(|l| LayerScales {
-                attn_in: factors(d),
-                v_to_o: factors(l.v.rows()),
-                ffn_in: factors(d),
-                up_to_down: match &l.ffn {
-                    FeedForward::Dense(m) => vec![factors(m.up.rows())],
-                    FeedForward::Moe(_) => unreachable!("Gemma 3 is dense"),
-                },
-            })
-            .collect(),
-        head: factors(d),
-    };
+    let scales = super::tests::random_channel_scales(&config, &weights, 7);
     let moved = apply(&weights, &config, &scales);
     assert_ne!(moved.layers[0].q.data, weights.layers[0].q.data);
     assert_ne!(moved.layers[0].attn_norm, weights.layers[0].attn_norm);

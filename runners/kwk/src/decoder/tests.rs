@@ -712,11 +712,54 @@ fn pack_cache_round_trips_through_the_decoder() {
     }
 }
 
+/// Arbitrary channel factors (powers of two between 1/4 and 4, from `seed`) for every pair
+/// of `weights`: attention and FFN inputs, v → o, each expert's up → down, and the head.
+pub(super) fn random_channel_scales(
+    config: &ModelConfig,
+    weights: &ModelWeights,
+    seed: u32,
+) -> crate::quantize::equalize::ChannelScales {
+    use crate::quantize::equalize::{ChannelScales, LayerScales};
+    let mut k = seed;
+    let mut factors = |n: usize| -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                k = k.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+                2f32.powf((k >> 16) as f32 / 65536.0 * 4.0 - 2.0)
+            })
+            .collect()
+    };
+    ChannelScales {
+        layers: weights
+            .layers
+            .iter()
+            .map(|l| {
+                let mlps = match &l.ffn {
+                    FeedForward::Dense(m) => vec![m.up.rows()],
+                    FeedForward::Moe(m) => m
+                        .experts
+                        .iter()
+                        .chain(m.shared_expert.iter())
+                        .map(|e| e.up.rows())
+                        .collect(),
+                };
+                LayerScales {
+                    attn_in: factors(config.hidden_size),
+                    v_to_o: factors(l.v.rows()),
+                    ffn_in: factors(config.hidden_size),
+                    up_to_down: mlps.into_iter().map(&mut factors).collect(),
+                }
+            })
+            .collect(),
+        head: factors(config.hidden_size),
+    }
+}
+
 /// Channel equalization only moves factors across pairs whose product is unchanged: with
 /// arbitrary factors every architecture computes the same logits (float64 reference).
 #[test]
 fn channel_scales_preserve_the_function() {
-    use crate::quantize::equalize::{apply, ChannelScales, LayerScales};
+    use crate::quantize::equalize::apply;
     let tokens: Vec<u32> = (0..12).map(|i| (i * 37 + 11) % 96).collect();
     for arch in [
         Architecture::Llama,
@@ -727,39 +770,7 @@ fn channel_scales_preserve_the_function() {
         Architecture::Qwen3Moe,
     ] {
         let (config, weights) = synthetic(arch, arch as u64 + 11);
-        let mut k = 0u32;
-        let mut factors = |n: usize| -> Vec<f32> {
-            (0..n)
-                .map(|_| {
-                    k = k.wrapping_mul(1_103_515_245).wrapping_add(12_345);
-                    2f32.powf((k >> 16) as f32 / 65536.0 * 4.0 - 2.0)
-                })
-                .collect()
-        };
-        let scales = ChannelScales {
-            layers: weights
-                .layers
-                .iter()
-                .map(|l| {
-                    let mlps = match &l.ffn {
-                        FeedForward::Dense(m) => vec![m.up.rows()],
-                        FeedForward::Moe(m) => m
-                            .experts
-                            .iter()
-                            .chain(m.shared_expert.iter())
-                            .map(|e| e.up.rows())
-                            .collect(),
-                    };
-                    LayerScales {
-                        attn_in: factors(config.hidden_size),
-                        v_to_o: factors(l.v.rows()),
-                        ffn_in: factors(config.hidden_size),
-                        up_to_down: mlps.into_iter().map(&mut factors).collect(),
-                    }
-                })
-                .collect(),
-            head: factors(config.hidden_size),
-        };
+        let scales = random_channel_scales(&config, &weights, 0);
         let moved = apply(&weights, &config, &scales);
         assert_ne!(moved.layers[0].q.data, weights.layers[0].q.data);
         // The final norm → lm_head factor moves only into an untied head.
