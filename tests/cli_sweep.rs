@@ -124,14 +124,17 @@ fn a_local_sweep_merges_to_its_cells_figures_and_reruns_a_half_written_cell() {
         r#"{"schema_version": 2, "complete": false}"#,
     )
     .unwrap();
-    let run = kwk_eval()
-        .args(["sweep", "run"])
-        .arg(&file)
-        .arg("--local")
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .unwrap();
+    let run_local = || {
+        kwk_eval()
+            .args(["sweep", "run"])
+            .arg(&file)
+            .arg("--local")
+            .arg("--out")
+            .arg(&out)
+            .output()
+            .unwrap()
+    };
+    let run = run_local();
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(run.status.success(), "{stderr}");
     assert!(
@@ -142,14 +145,7 @@ fn a_local_sweep_merges_to_its_cells_figures_and_reruns_a_half_written_cell() {
     check_merged(&out);
     // A second run finds every cell complete and runs none of them again.
     std::fs::remove_dir_all(out.join("merged")).unwrap();
-    let again = kwk_eval()
-        .args(["sweep", "run"])
-        .arg(&file)
-        .arg("--local")
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .unwrap();
+    let again = run_local();
     let stderr = String::from_utf8_lossy(&again.stderr);
     assert!(again.status.success(), "{stderr}");
     assert_eq!(stderr.matches("is complete in").count(), 5, "{stderr}");
