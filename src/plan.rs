@@ -497,8 +497,9 @@ pub fn make(a: &EvalOptions, ui: &dyn Reporter) -> Result<RunPlan> {
     plan.calib_text = calibration_text(a, calib_needed, &plan.text)?;
     // The ladder is made with llama.cpp's tools whatever the peers; each GGUF row runs on
     // its engine's.
+    // A ladder type named `ik:TYPE` runs on ik_llama.cpp whatever the peers.
     let runs_on = |e: Engine| {
-        (ladder_wanted && plan.peers.contains(&e))
+        (ladder_wanted && (plan.peers.contains(&e) || (e == Engine::Ik && a.ladder.names_ik())))
             || plan
                 .formats
                 .iter()
@@ -520,7 +521,11 @@ pub fn make(a: &EvalOptions, ui: &dyn Reporter) -> Result<RunPlan> {
         );
     }
     if let (true, Some(tools)) = (ladder_wanted, &plan.tools) {
-        plan.ladder = crate::ladder::plan(&ask(plan.calib_text.as_ref()), tools)?;
+        plan.ladder = crate::ladder::plan(
+            &ask(plan.calib_text.as_ref()),
+            tools,
+            plan.ik_tools.as_ref(),
+        )?;
     }
     for w in noop_warnings(a, &plan) {
         ui.warn(&w);
@@ -570,17 +575,18 @@ impl RunPlan {
     pub fn identity_known_before_load(&self) -> gate::PlannedIdentity {
         let mut rows: Vec<String> = self.formats.iter().map(FormatSpec::name).collect();
         if let Some(l) = &self.ladder {
-            let labels =
-                std::iter::once("F32".to_string()).chain(l.rungs.iter().map(|r| r.label()));
-            for label in labels {
-                let row = FormatSpec::Gguf {
-                    path: PathBuf::new(),
-                    label,
-                    explicit: true,
-                    engine: Engine::LlamaCpp,
-                    by_engine: false,
-                };
-                rows.extend(row.for_peers(&self.peers).iter().map(FormatSpec::name));
+            let base = crate::ladder::Rung {
+                qtype: "F32".into(),
+                imatrix: false,
+                maker: Engine::LlamaCpp,
+            };
+            for rung in std::iter::once(&base).chain(&l.rungs) {
+                let row = rung.row(PathBuf::new());
+                rows.extend(
+                    crate::ladder::rows_on_peers(&row, &self.peers)
+                        .iter()
+                        .map(FormatSpec::name),
+                );
             }
         }
         gate::PlannedIdentity {

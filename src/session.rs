@@ -100,6 +100,7 @@ pub fn evaluate(args: &EvalOptions, ui: &dyn Reporter) -> Result<Outcome> {
         let settings = ladder::MakeSettings {
             llm: &plan.llm,
             tools: &tools,
+            ik_tools: plan.ik_tools.as_ref(),
             threads: plan.threads,
             timeout: plan.tool_timeout,
         };
@@ -115,7 +116,7 @@ pub fn evaluate(args: &EvalOptions, ui: &dyn Reporter) -> Result<Outcome> {
         // Each made GGUF runs on every peer (`--peer`), its record under each row's name.
         for f in made.formats {
             let record = made.made.iter().find(|(n, _)| *n == f.name());
-            for row in f.for_peers(&plan.peers) {
+            for row in ladder::rows_on_peers(&f, &plan.peers) {
                 if let Some((_, m)) = record {
                     plan.made.push((row.name(), m.clone()));
                 }
