@@ -260,7 +260,7 @@ pub struct EvalArgs {
     #[arg(long)]
     pub llama_bench: bool,
 
-    /// llama.cpp's side made from --llm: an F32 GGUF (convert_hf_to_gguf.py, or llama-quantize --allow-requantize for a GGUF) and these types of it, cached under $KWK_CACHE/gguf: "default" (Q8_0,Q6_K,Q5_K_M,Q4_K_M,Q4_0,IQ4_XS,Q3_K_M,IQ3_XXS,Q2_K; each +imatrix with --calib-text), "none", or types as llama-quantize names them, TYPE+imatrix for one made with llama-imatrix on --calib-text (default: the default ladder with --llama-bench and no --gguf, else none).
+    /// llama.cpp's side made from --llm: an F32 GGUF (convert_hf_to_gguf.py, or llama-quantize --allow-requantize for a GGUF) and these types of it, cached under $KWK_CACHE/gguf: "default" (Q8_0,Q6_K,Q5_K_M,Q4_K_M,Q4_0,IQ4_XS,Q3_K_M,IQ3_XXS,Q2_K; each +imatrix with --calib-text), "none", or types as llama-quantize names them, TYPE+imatrix for one made with llama-imatrix on --calib-text, ik:TYPE for one of ik_llama.cpp's own types made by its llama-quantize (with --peer ...,ik the default ladder adds IQ6_K,IQ5_K,IQ4_K,IQ4_KS,IQ3_K,IQ2_K on ik) (default: the default ladder with --llama-bench and no --gguf, else none).
     #[arg(long, value_name = "LIST", value_parser = crate::ladder::LadderChoice::parse)]
     pub ladder: Option<crate::ladder::LadderChoice>,
 
