@@ -369,7 +369,13 @@ pub fn merge(cells: &[CellRun], speed_across_machines: bool) -> Result<Results> 
     // cell's stays in `cells`.
     let used: BTreeSet<Option<&str>> = cells
         .iter()
-        .map(|c| c.results.protocol.reference.as_ref().map(|r| r.sha256.as_str()))
+        .map(|c| {
+            c.results
+                .protocol
+                .reference
+                .as_ref()
+                .map(|r| r.sha256.as_str())
+        })
         .collect();
     if used.len() > 1 {
         protocol.reference = None;

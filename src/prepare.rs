@@ -421,7 +421,11 @@ pub fn check_reference(
 ) -> Result<()> {
     let s = &id.stamp;
     let fields: [(&str, String, String); 7] = [
-        ("model sha256", s.model_sha256.clone(), p.model_sha256.clone()),
+        (
+            "model sha256",
+            s.model_sha256.clone(),
+            p.model_sha256.clone(),
+        ),
         ("text sha256", s.text_sha256.clone(), p.text_sha256.clone()),
         (
             "token ids sha256",
@@ -430,7 +434,11 @@ pub fn check_reference(
         ),
         ("ctx", id.ctx.to_string(), p.ctx.to_string()),
         ("chunks", id.chunks.to_string(), p.chunks.to_string()),
-        ("vocabulary size", id.n_vocab.to_string(), n_vocab.to_string()),
+        (
+            "vocabulary size",
+            id.n_vocab.to_string(),
+            n_vocab.to_string(),
+        ),
         (
             "scored tokens",
             id.scored_tokens.to_string(),
@@ -502,7 +510,13 @@ mod tests {
         let mut other = id.clone();
         other.stamp.tokens_sha256 = "ff".into();
         let e = refused(&other, 100);
-        assert!(e.contains(&format!("token ids sha256 ff, this run has {}", p.tokens_sha256)), "{e}");
+        assert!(
+            e.contains(&format!(
+                "token ids sha256 ff, this run has {}",
+                p.tokens_sha256
+            )),
+            "{e}"
+        );
         let mut other = id;
         other.stamp.model_sha256 = "ee".into();
         assert!(refused(&other, 100).contains("model sha256 ee"));

@@ -51,23 +51,41 @@ fn a_kept_reference_is_loaded_checked_and_refused_when_it_is_of_another_run() {
     assert_eq!(used["source"], "computed");
     assert_eq!(used["file"], file.display().to_string());
     // A run computing everything itself, and one loading the reference: the same figures.
-    run(&tiny_llama(), &eval_txt(), "float32,int8", "64", &d.join("own"))
-        .assert()
-        .success();
-    let out = run(&tiny_llama(), &eval_txt(), "float32,int8", "64", &d.join("loaded"))
-        .arg("--reference")
-        .arg(d.join("ref"))
-        .output()
-        .unwrap();
+    run(
+        &tiny_llama(),
+        &eval_txt(),
+        "float32,int8",
+        "64",
+        &d.join("own"),
+    )
+    .assert()
+    .success();
+    let out = run(
+        &tiny_llama(),
+        &eval_txt(),
+        "float32,int8",
+        "64",
+        &d.join("loaded"),
+    )
+    .arg("--reference")
+    .arg(d.join("ref"))
+    .output()
+    .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    assert!(stderr.contains("float32: perplexity from --reference"), "{stderr}");
+    assert!(
+        stderr.contains("float32: perplexity from --reference"),
+        "{stderr}"
+    );
     assert!(!stderr.contains("float32: perplexity\n"), "{stderr}");
     let (own, loaded) = (results(&d.join("own")), results(&d.join("loaded")));
     assert_eq!(loaded["protocol"]["reference"]["source"], "loaded");
     assert_eq!(loaded["protocol"]["reference"]["sha256"], used["sha256"]);
     assert_eq!(own["protocol"]["reference"]["sha256"], used["sha256"]);
-    assert_eq!(own["protocol"]["reference"]["file"], serde_json::Value::Null);
+    assert_eq!(
+        own["protocol"]["reference"]["file"],
+        serde_json::Value::Null
+    );
     for name in ["float32", "int8"] {
         for field in ["ppl", "ppl_err", "kld_mean", "kld_p99", "ln_ppl_ratio"] {
             let (a, b) = (&row(&own, name)[field], &row(&loaded, name)[field]);
@@ -95,7 +113,10 @@ fn a_kept_reference_is_loaded_checked_and_refused_when_it_is_of_another_run() {
         )
     };
     let line = refused(&tiny_llama(), &eval_txt(), "32", "ctx32", &file);
-    assert!(line.contains("was made with ctx 64, this run has 32"), "{line}");
+    assert!(
+        line.contains("was made with ctx 64, this run has 32"),
+        "{line}"
+    );
     let other_text = d.join("other.txt");
     let text = std::fs::read_to_string(eval_txt()).unwrap();
     std::fs::write(&other_text, text.replace("the", "a")).unwrap();
@@ -118,7 +139,13 @@ fn a_kept_reference_is_loaded_checked_and_refused_when_it_is_of_another_run() {
     let bytes = std::fs::read(&file).unwrap();
     std::fs::write(&cut, &bytes[..bytes.len() - 100]).unwrap();
     let line = refused(&tiny_llama(), &eval_txt(), "64", "cut", &cut);
-    assert!(line.contains("incomplete") && line.contains("cut.bin"), "{line}");
+    assert!(
+        line.contains("incomplete") && line.contains("cut.bin"),
+        "{line}"
+    );
     let line = refused(&tiny_llama(), &eval_txt(), "64", "none", &d.join("own"));
-    assert!(line.contains("no file") && line.contains("--keep-logits"), "{line}");
+    assert!(
+        line.contains("no file") && line.contains("--keep-logits"),
+        "{line}"
+    );
 }

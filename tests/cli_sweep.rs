@@ -79,7 +79,12 @@ fn check_one_reference(out: &Path, stderr: &str) {
         .filter(|l| l.ends_with("float32: perplexity"))
         .collect();
     assert_eq!(computed.len(), 1, "{stderr}");
-    assert_eq!(stderr.matches("float32: perplexity from --reference").count(), 4);
+    assert_eq!(
+        stderr
+            .matches("float32: perplexity from --reference")
+            .count(),
+        4
+    );
     let shared = out.join("shared/01-tiny-llama-eval-float32");
     let made = results(&shared);
     assert_eq!(made["protocol"]["reference"]["source"], "computed");
@@ -108,7 +113,14 @@ fn check_equals_single_runs(dir: &Path, out: &Path) {
             .arg("--text")
             .arg(eval_txt())
             .args(["--formats", "float32,int8,int4", "--threads", t])
-            .args(["--ctx", "64", "--chunks", "2", "--no-speed", "--no-pack-cache"])
+            .args([
+                "--ctx",
+                "64",
+                "--chunks",
+                "2",
+                "--no-speed",
+                "--no-pack-cache",
+            ])
             .arg("--out")
             .arg(&single)
             .assert()
@@ -235,7 +247,11 @@ fn a_local_sweep_merges_to_its_cells_figures_and_reruns_a_half_written_cell() {
     let stderr = String::from_utf8_lossy(&third.stderr);
     assert!(third.status.success(), "{stderr}");
     assert!(stderr.contains("is not a complete reference"), "{stderr}");
-    assert_eq!(std::fs::read(&file).unwrap(), bytes, "the same reference again");
+    assert_eq!(
+        std::fs::read(&file).unwrap(),
+        bytes,
+        "the same reference again"
+    );
 
     // merge refuses an incomplete cell and cells of two protocols, naming them.
     let cells = out.join("cells");

@@ -157,9 +157,9 @@ impl LogitsBaseWriter {
     fn body(&mut self, bytes: &[u8]) -> Result<()> {
         self.hash.update(bytes);
         self.bytes_out += bytes.len() as u64;
-        self.out.write_all(bytes).with_context(|| {
-            format!("writing '{}' (is the disk full?)", self.partial.display())
-        })
+        self.out
+            .write_all(bytes)
+            .with_context(|| format!("writing '{}' (is the disk full?)", self.partial.display()))
     }
 
     pub fn write_chunk(&mut self, c: &ChunkLogits) -> Result<()> {
@@ -545,7 +545,15 @@ pub(crate) mod tests {
         let bytes = std::fs::read(&path).unwrap();
         let body = base_file_bytes(8, 5, 2) as usize;
         let cut = dir.path().join("cut.bin");
-        for len in [0, 30, body / 2, body, body + 5, bytes.len() - 9, bytes.len() - 1] {
+        for len in [
+            0,
+            30,
+            body / 2,
+            body,
+            body + 5,
+            bytes.len() - 9,
+            bytes.len() - 1,
+        ] {
             std::fs::write(&cut, &bytes[..len]).unwrap();
             let e = format!("{:#}", read_verified(&cut).unwrap_err());
             assert!(
@@ -556,7 +564,10 @@ pub(crate) mod tests {
         let mut changed = bytes.clone();
         changed[body - 3] ^= 1;
         std::fs::write(&cut, &changed).unwrap();
-        assert!(read_identity(&cut).is_ok(), "the trailer alone does not see it");
+        assert!(
+            read_identity(&cut).is_ok(),
+            "the trailer alone does not see it"
+        );
         let e = format!("{:#}", read_verified(&cut).unwrap_err());
         assert!(e.contains("changed or damaged"), "{e}");
     }

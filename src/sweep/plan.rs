@@ -79,7 +79,11 @@ pub fn cell_command(c: &Cell, out: &Path) -> Vec<String> {
     let mut a = c.args.clone();
     if let Some(r) = &c.reference {
         a.push("--reference".into());
-        a.push(reference_file(&shared_dir(out).join(r)).display().to_string());
+        a.push(
+            reference_file(&shared_dir(out).join(r))
+                .display()
+                .to_string(),
+        );
     }
     a
 }
@@ -414,7 +418,11 @@ pub fn render(p: &Plan, program: &str) -> String {
             .map(|r| {
                 format!(
                     " --reference {}",
-                    shell_quote(&reference_file(&Path::new("shared").join(r)).display().to_string())
+                    shell_quote(
+                        &reference_file(&Path::new("shared").join(r))
+                            .display()
+                            .to_string()
+                    )
                 )
             })
             .unwrap_or_default();
@@ -446,9 +454,18 @@ mod tests {
         // Per model: the caches' job and the float32 reference of the one text.
         assert_eq!(p.shared.len(), 4);
         assert_eq!(p.shared[1].name, "01-a-t-float32");
-        assert_eq!(p.shared[3].kind, SharedKind::Reference { text: p.cells[0].text.clone() });
-        assert!(p.cells[..6].iter().all(|c| c.reference.as_deref() == Some("01-a-t-float32")));
-        assert!(p.cells[6..].iter().all(|c| c.reference.as_deref() == Some("03-b-t-float32")));
+        assert_eq!(
+            p.shared[3].kind,
+            SharedKind::Reference {
+                text: p.cells[0].text.clone()
+            }
+        );
+        assert!(p.cells[..6]
+            .iter()
+            .all(|c| c.reference.as_deref() == Some("01-a-t-float32")));
+        assert!(p.cells[6..]
+            .iter()
+            .all(|c| c.reference.as_deref() == Some("03-b-t-float32")));
         let r = p.shared[1].args.join(" ");
         assert!(
             r.contains("--formats float32 --ladder none --kld --keep-logits --no-speed --ctx 512 --chunks 4"),
