@@ -207,7 +207,12 @@ pub fn evaluate(args: &EvalOptions, ui: &dyn Reporter) -> Result<Outcome> {
     // The reference log-probs are a temporary file unless kept from a finished run.
     drop(partial);
     if let Some(r) = reference.take() {
-        let kept = plan.keep_logits && measured.is_ok() && !stopped;
+        // Only a complete one (the float32 row recorded its digest): an empty or partial
+        // file would only be refused later.
+        let kept = plan.keep_logits
+            && measured.is_ok()
+            && !stopped
+            && results.protocol.reference.is_some();
         if let Some(used) = results.protocol.reference.as_mut() {
             used.file = kept.then(|| r.path().display().to_string());
         }
