@@ -71,8 +71,7 @@ fn check_merged(out: &Path) {
 }
 
 /// The float32 reference was computed once, by the shared job, and every cell loaded it
-/// (the cells' results.json name it, by file and digest; the log has one float32
-/// perplexity computed).
+/// (the log has one float32 perplexity computed, four loaded).
 fn check_one_reference(out: &Path, stderr: &str) {
     let computed: Vec<&str> = stderr
         .lines()
@@ -85,6 +84,12 @@ fn check_one_reference(out: &Path, stderr: &str) {
             .count(),
         4
     );
+    check_cells_loaded_the_reference(out);
+}
+
+/// Every merged cell names the shared job's reference file and digest (`source: loaded`),
+/// and so does report.md's Cells table.
+fn check_cells_loaded_the_reference(out: &Path) {
     let shared = out.join("shared/01-tiny-llama-eval-float32");
     let made = results(&shared);
     assert_eq!(made["protocol"]["reference"]["source"], "computed");
@@ -380,6 +385,7 @@ fn a_sweep_runs_as_a_slurm_job_array_and_merges() {
     // report.md is the merge's last file.
     wait(&out, || out.join("merged/report.md").is_file());
     check_merged(&out);
+    check_cells_loaded_the_reference(&out);
     let text = sweep("resume", false);
     assert!(
         text.starts_with("nothing to submit: 4 of 4 cells complete, merged"),
