@@ -36,6 +36,7 @@ pub fn base_file_bytes(ctx: usize, n_vocab: usize, chunks: usize) -> u64 {
     tokens.saturating_add(records).saturating_add(20)
 }
 
+/// The header of a base file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BaseHeader {
     pub ctx: usize,

@@ -72,8 +72,6 @@ pub fn decode_log_prob(rec: &[u16], i: usize) -> f32 {
     scale * f32::from(rec[4 + i]) + min_log_prob
 }
 
-/// The header of a base file.
-
 #[cfg(test)]
 mod tests {
     use super::*;
