@@ -343,6 +343,10 @@ pub struct EvalArgs {
     #[arg(long)]
     pub keep_logits: bool,
 
+    /// Compare against the float32 reference log-probs another run kept (--keep-logits): its file, or its run folder. Checked against this run (model, text, tokens, ctx, chunks, vocabulary, completeness) before use; float32's perplexity is then read from it, not computed.
+    #[arg(long, value_name = "FILE_OR_DIR", conflicts_with = "no_kld")]
+    pub reference: Option<PathBuf>,
+
     /// Calibration text for int8:calib / int8:gptq / int4:calib / int4:gptq (and int3/int5/int6's) / bpw:X:calib (not the --text, so the test text is not fitted).
     #[arg(long, value_name = "FILE")]
     pub calib_text: Option<PathBuf>,
@@ -514,6 +518,7 @@ impl EvalArgs {
                 _ => KldMode::Auto,
             },
             keep_logits: self.keep_logits,
+            reference: self.reference,
             calib_text: self.calib_text,
             calib_range: self.calib_range,
             calib_on_eval: self.calib_on_eval,

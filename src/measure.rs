@@ -20,9 +20,10 @@ use crate::prepare::Prepared;
 use crate::protocol::results::{Machine, Results, RunnerRecord};
 use crate::protocol::steadiness::Steadiness;
 use crate::protocol::{
-    ComputeKind, Engine, FormatSpec, RooflineCost, SpeedRep, SpeedSpec, TokenScores,
+    ComputeKind, Engine, FormatSpec, PerplexityResult, ReferenceStamp, RooflineCost, SpeedRep,
+    SpeedSpec, TokenScores,
 };
-use crate::runner::kwk::{KwkRunner, KwkRunnerOptions, ReferenceRole};
+use crate::runner::kwk::{KwkRunner, KwkRunnerOptions, ReferenceRole, ReferenceTarget};
 use crate::runner::llamacpp::{LlamaCppRunner, LlamaCppRunnerOptions};
 use crate::runner::Runner;
 use crate::stats::{finite, speed_sample};
@@ -123,8 +124,27 @@ fn build_kwk(
     let FormatSpec::Kwk { name, precision } = spec else {
         anyhow::bail!("'{}' is not an in-tree format", spec.name());
     };
-    let role = match &prep.protocol.reference_logits {
-        Some(path) if spec.is_reference() => ReferenceRole::Writes(path.clone()),
+    let role = match (&prep.protocol.reference_logits, &prep.reference_partial) {
+        (Some(path), Some(partial)) if spec.is_reference() => {
+            let r = &prep.results;
+            ReferenceRole::Writes(ReferenceTarget {
+                partial: partial.clone(),
+                path: path.clone(),
+                stamp: ReferenceStamp {
+                    model: r.model.clone(),
+                    model_sha256: r.protocol.model_sha256.clone(),
+                    text: r.protocol.text.clone(),
+                    text_sha256: r.protocol.text_sha256.clone(),
+                    tokens_sha256: r.protocol.tokens_sha256.clone(),
+                    made_by: format!(
+                        "kwk-eval {} ({}), run started {}",
+                        r.versions.kwk_eval,
+                        r.versions.kwk.as_deref().unwrap_or("commit unknown"),
+                        r.started_utc
+                    ),
+                },
+            })
+        }
         _ => ReferenceRole::Compared,
     };
     let options = KwkRunnerOptions {
@@ -164,6 +184,7 @@ fn quality(
     step: &str,
     prep: &Prepared,
     reference_ready: bool,
+    is_reference: bool,
     ui: &dyn Reporter,
 ) -> (RunnerRecord, Option<TokenScores>) {
     let mut rec = RunnerRecord::from_info(runner.info());
@@ -174,10 +195,22 @@ fn quality(
     if !reference_ready {
         protocol.reference_logits = None;
     }
-    ui.line(&format!("{step} {name}: perplexity"));
-    let bar = ui.progress(&format!("{name} perplexity"));
-    let ppl = runner.perplexity(&protocol, &prep.stream, bar.as_ref());
-    drop(bar);
+    let ppl = match (&prep.loaded_reference, &protocol.reference_logits) {
+        (Some(id), Some(path)) if is_reference => {
+            ui.line(&format!(
+                "{step} {name}: perplexity from --reference '{}' (not computed again)",
+                path.display()
+            ));
+            loaded_perplexity(id, path, prep)
+        }
+        _ => {
+            ui.line(&format!("{step} {name}: perplexity"));
+            let bar = ui.progress(&format!("{name} perplexity"));
+            let ppl = runner.perplexity(&protocol, &prep.stream, bar.as_ref());
+            drop(bar);
+            ppl
+        }
+    };
     let p = match ppl.and_then(|p| {
         finite("perplexity", p.ppl)?;
         finite("perplexity error", p.ppl_err)?;
@@ -201,6 +234,27 @@ fn quality(
     (rec, p.tokens)
 }
 
+/// The float32 row's perplexity and per-token figures as the run that wrote the loaded
+/// reference measured them (its trailer; the NLL decoded from its records).
+fn loaded_perplexity(
+    id: &crate::eval::base_file::ReferenceIdentity,
+    path: &std::path::Path,
+    prep: &Prepared,
+) -> Result<PerplexityResult> {
+    let tokens =
+        crate::eval::base_file::reference_scores(path, &prep.protocol.plan, &prep.stream.tokens)?;
+    Ok(PerplexityResult {
+        ppl: id.ppl,
+        ppl_err: id.ppl_err,
+        running: id.running_ppl.clone(),
+        scored_tokens: id.scored_tokens,
+        tokens_match: None,
+        reference: None,
+        tokens: Some(tokens),
+        peak_rss_bytes: None,
+    })
+}
+
 /// The quality pass over every format; returns the runners kept for speed.
 fn quality_pass(
     plan: &RunPlan,
@@ -211,7 +265,7 @@ fn quality_pass(
 ) -> Result<(Vec<Live>, Vec<Option<TokenScores>>)> {
     let mut gguf = build_llamacpp(plan)?;
     let (mut live, mut scores) = (Vec::new(), Vec::new());
-    let mut reference_ready = false;
+    let mut reference_ready = prep.loaded_reference.is_some();
     let total = plan.formats.len();
     for (i, spec) in plan.formats.iter().enumerate() {
         if interrupt::requested() {
@@ -233,7 +287,14 @@ fn quality_pass(
             match built {
                 Ok(mut runner) => {
                     test_hook_panic(&spec.name(), Phase::Quality, ui);
-                    let (rec, tokens) = quality(runner.as_mut(), &step, prep, reference_ready, ui);
+                    let (rec, tokens) = quality(
+                        runner.as_mut(),
+                        &step,
+                        prep,
+                        reference_ready,
+                        spec.is_reference(),
+                        ui,
+                    );
                     (rec, tokens, Some(runner))
                 }
                 Err(e) => (
@@ -245,7 +306,14 @@ fn quality_pass(
         });
         let (mut record, tokens) = match row {
             Ok((rec, tokens, runner)) => {
-                reference_ready |= spec.is_reference() && rec.error.is_none() && tokens.is_some();
+                let wrote = spec.is_reference()
+                    && rec.error.is_none()
+                    && tokens.is_some()
+                    && !reference_ready;
+                if wrote {
+                    record_written_reference(prep, results, ui);
+                }
+                reference_ready |= wrote;
                 if let (Some(runner), None, Some(_)) = (runner, &rec.error, &plan.speed) {
                     live.push(Live {
                         index: i,
@@ -283,6 +351,23 @@ fn quality_pass(
         save(results);
     }
     Ok((live, scores))
+}
+
+/// The digest of the reference file the float32 row just wrote, into the results.
+fn record_written_reference(prep: &Prepared, results: &mut Results, ui: &dyn Reporter) {
+    let Some(path) = &prep.protocol.reference_logits else {
+        return;
+    };
+    match crate::eval::base_file::read_identity(path) {
+        Ok(id) => {
+            results.protocol.reference = Some(crate::protocol::results::ReferenceUse {
+                sha256: id.body_sha256,
+                source: "computed".into(),
+                file: Some(path.display().to_string()),
+            })
+        }
+        Err(e) => ui.warn(&format!("{e:#}")),
+    }
 }
 
 /// Runs one row's work, turning a panic inside it into `Err("panicked: <message>")` so the

@@ -167,6 +167,11 @@ fn protocol_differences(a: &Protocol, b: &Protocol) -> Vec<String> {
             .into_iter()
             .flatten(),
         );
+        // The float32 reference's log-probs, when both cells name theirs (files written
+        // before the field name none; the float32 rows' perplexity is checked either way).
+        if let (Some(x), Some(y)) = (&a.reference, &b.reference) {
+            d.extend(differ("float32 reference sha256", &x.sha256, &y.sha256));
+        }
     }
     d
 }
@@ -359,6 +364,21 @@ pub fn merge(cells: &[CellRun], speed_across_machines: bool) -> Result<Results> 
     if naming.models.is_some() {
         protocol.model_sha256 = "several models (each cell's in `cells`)".into();
         protocol.tokens_sha256 = "several tokenizers (each cell's in `cells`)".into();
+    }
+    // One reference for the merged report only when every cell used the same one; each
+    // cell's stays in `cells`.
+    let used: BTreeSet<Option<&str>> = cells
+        .iter()
+        .map(|c| {
+            c.results
+                .protocol
+                .reference
+                .as_ref()
+                .map(|r| r.sha256.as_str())
+        })
+        .collect();
+    if used.len() > 1 {
+        protocol.reference = None;
     }
     let references: BTreeSet<Option<&str>> = cells
         .iter()

@@ -84,6 +84,8 @@ pub struct EvalOptions {
     /// `--kld` / `--no-kld` / neither.
     pub kld: KldMode,
     pub keep_logits: bool,
+    /// `--reference`: a reference file (or the run folder holding one) to load.
+    pub reference: Option<PathBuf>,
     pub calib_text: Option<PathBuf>,
     pub calib_range: Option<(usize, usize)>,
     pub calib_on_eval: bool,
@@ -137,6 +139,8 @@ pub struct RunPlan {
     pub speed: Option<SpeedSpec>,
     pub kld: KldMode,
     pub keep_logits: bool,
+    /// `--reference`, resolved to the file: float32's log-probs loaded, not computed.
+    pub reference: Option<PathBuf>,
     pub pack_cache_dir: Option<PathBuf>,
     pub out_dir: PathBuf,
     pub started_utc: String,
@@ -386,6 +390,28 @@ fn run_folder(out: Option<&Path>, stamp: &str) -> Result<PathBuf> {
     Ok(dir)
 }
 
+/// The reference file `--reference` names: the file, or `REFERENCE_LOGITS` in the run
+/// folder given. Its contents are checked once the run's tokens are known
+/// ([`crate::prepare`]).
+fn reference_file(p: &Path) -> Result<PathBuf> {
+    let file = if p.is_dir() {
+        p.join(crate::run_folder::REFERENCE_LOGITS)
+    } else {
+        p.to_path_buf()
+    };
+    ensure!(
+        file.is_file(),
+        "--reference '{}': {} is no file; pass a reference file or the folder of a run made with --keep-logits (kwk-eval --formats float32 --keep-logits --out DIR)",
+        p.display(),
+        if p.is_dir() {
+            format!("'{}'", file.display())
+        } else {
+            "it".to_string()
+        }
+    );
+    Ok(file)
+}
+
 /// The calibration text, when a format needs one; never the scored text itself unless a
 /// `--calib-range` slices it (checked against the scored tokens after tokenizing) or
 /// `--calib-on-eval` allows it.
@@ -466,6 +492,7 @@ pub fn make(a: &EvalOptions, ui: &dyn Reporter) -> Result<RunPlan> {
         speed: None,
         kld,
         keep_logits: a.keep_logits,
+        reference: a.reference.as_deref().map(reference_file).transpose()?,
         pack_cache_dir: pack_cache(a.pack_cache.clone(), a.no_pack_cache, ui),
         out_dir: run_folder(a.out.as_deref(), &stamp)?,
         started_utc,
@@ -665,7 +692,9 @@ pub fn noop_warnings(a: &EvalOptions, plan: &RunPlan) -> Vec<String> {
             }
         ));
     }
-    if a.keep_logits && !plan.has_reference() {
+    if a.keep_logits && a.reference.is_some() {
+        w.push("--keep-logits does nothing with --reference: the reference log-probs are loaded, not written".to_string());
+    } else if a.keep_logits && !plan.has_reference() {
         w.push("--keep-logits does nothing: float32 is not in --formats, so there are no reference log-probs".to_string());
     }
     if a.no_speed && (a.reps != DEFAULT_REPS || a.pp != DEFAULT_PP || a.tg != DEFAULT_TG) {

@@ -6,17 +6,19 @@
 //! start the results file. Everything
 //! here is shared by every runner of the run; nothing here measures.
 
-use crate::eval::reference::base_file_bytes;
+use crate::eval::base_file::{base_file_bytes, read_verified, ReferenceIdentity};
 use crate::limits::{row_label, MEMORY_HINT};
 use crate::machine;
 use crate::plan::{KldMode, RunPlan, KLD_AUTO_LIMIT_BYTES};
-use crate::protocol::results::{Calibration, Machine, Protocol, Results, Versions, SCHEMA_VERSION};
+use crate::protocol::results::{
+    Calibration, Machine, Protocol, ReferenceUse, Results, Versions, SCHEMA_VERSION,
+};
 use crate::protocol::{ChunkPlan, PerplexityProtocol, PlanError, TokenStream};
 use crate::report::gate;
 use crate::text::sha256_hex;
 use crate::ui::Reporter;
 use anyhow::{anyhow, bail, ensure, Context, Result};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 /// Calibration tokens passed to the calibrated formats (`int8:calib`, `int4:gptq`, ...; at most).
@@ -67,6 +69,12 @@ pub struct Prepared {
     pub calibration_tokens: Option<Vec<u32>>,
     /// The results file, no rows yet, `complete: false`.
     pub results: Results,
+    /// The reference `--reference` loaded, checked against this run: float32's row takes
+    /// its perplexity from it instead of computing it.
+    pub loaded_reference: Option<ReferenceIdentity>,
+    /// The file the float32 row writes its log-probs into before renaming them to
+    /// `protocol.reference_logits` (reserved by the session once the run folder is claimed).
+    pub reference_partial: Option<PathBuf>,
 }
 
 pub use crate::digest::model_sha256;
@@ -113,6 +121,7 @@ fn use_reference(
     let bytes = base_file_bytes(chunks.ctx, n_vocab, chunks.chunks);
     let on = match plan.kld {
         KldMode::Off => false,
+        _ if plan.reference.is_some() => true,
         KldMode::On => true,
         KldMode::Auto if !plan.has_reference() => false,
         KldMode::Auto if bytes > KLD_AUTO_LIMIT_BYTES => {
@@ -273,6 +282,7 @@ fn start_results(
             tokens_sha256: sha256_hex(&tokens_bytes),
             bos_id: stream.chunk_bos(),
             llama_kv_type: plan.llama_kv.as_str().to_string(),
+            reference: None,
             calibration,
         },
         ppl_delta_reference: None,
@@ -360,13 +370,30 @@ pub fn prepare(plan: &RunPlan, ui: &dyn Reporter) -> Result<Prepared> {
             Some((ids, record)) => (Some(ids), Some(record)),
             None => (None, None),
         };
-    let results = start_results(plan, &stream, &chunks, kld, model_sha, calibration, ui);
+    let mut results = start_results(plan, &stream, &chunks, kld, model_sha, calibration, ui);
     if let Some(b) = &plan.baseline {
         gate::check_after_load(&b.results, &results.protocol)
             .with_context(|| format!("--baseline '{}'", b.path.display()))?;
     }
-    let reference_logits: Option<PathBuf> =
-        kld.then(|| plan.out_dir.join("float32-kl-divergence-base.bin"));
+
+    let loaded_reference = match &plan.reference {
+        Some(path) => {
+            ui.line(&format!("checking --reference '{}'", path.display()));
+            let id = read_verified(path).context("--reference")?;
+            check_reference(&id, path, &results.protocol, model.config.vocab_size)?;
+            results.protocol.reference = Some(ReferenceUse {
+                sha256: id.body_sha256.clone(),
+                source: "loaded".into(),
+                file: Some(path.display().to_string()),
+            });
+            Some(id)
+        }
+        None => None,
+    };
+    let reference_logits: Option<PathBuf> = match &plan.reference {
+        Some(path) => Some(path.clone()),
+        None => kld.then(|| plan.out_dir.join(crate::run_folder::REFERENCE_LOGITS)),
+    };
     Ok(Prepared {
         calibration_tokens,
         model: Rc::new(model),
@@ -375,15 +402,125 @@ pub fn prepare(plan: &RunPlan, ui: &dyn Reporter) -> Result<Prepared> {
             plan: chunks,
             threads: plan.threads,
             reference_logits,
+            logits_dir: Some(plan.out_dir.clone()),
         },
         max_cache_len,
         results,
+        loaded_reference,
+        reference_partial: None,
     })
+}
+
+/// Refuses a loaded reference made for another model, text, tokens or protocol than this
+/// run's: one line naming the field, both values and the fix.
+pub fn check_reference(
+    id: &ReferenceIdentity,
+    path: &Path,
+    p: &Protocol,
+    n_vocab: usize,
+) -> Result<()> {
+    let s = &id.stamp;
+    let fields: [(&str, String, String); 7] = [
+        (
+            "model sha256",
+            s.model_sha256.clone(),
+            p.model_sha256.clone(),
+        ),
+        ("text sha256", s.text_sha256.clone(), p.text_sha256.clone()),
+        (
+            "token ids sha256",
+            s.tokens_sha256.clone(),
+            p.tokens_sha256.clone(),
+        ),
+        ("ctx", id.ctx.to_string(), p.ctx.to_string()),
+        ("chunks", id.chunks.to_string(), p.chunks.to_string()),
+        (
+            "vocabulary size",
+            id.n_vocab.to_string(),
+            n_vocab.to_string(),
+        ),
+        (
+            "scored tokens",
+            id.scored_tokens.to_string(),
+            p.scored_tokens.to_string(),
+        ),
+    ];
+    for (field, theirs, ours) in fields {
+        if theirs != ours {
+            bail!(
+                "--reference '{}' was made with {field} {theirs}, this run has {ours} (its model '{}', text '{}'); pass the reference of this model, text, ctx and chunks, or drop --reference to compute it here",
+                path.display(),
+                s.model,
+                s.text
+            );
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::shared_run;
+
+    /// A reference of another model, tokens or ctx is refused, the line naming the field,
+    /// both values and the fix.
+    #[test]
+    fn a_reference_of_another_run_is_refused_naming_both_values() {
+        use crate::eval::base_file::ReferenceIdentity;
+        use crate::protocol::ReferenceStamp;
+        let p = crate::protocol::results::testdata::sample_results().protocol;
+        let id = ReferenceIdentity {
+            stamp: ReferenceStamp {
+                model: "m.gguf".into(),
+                model_sha256: p.model_sha256.clone(),
+                text: "t".into(),
+                text_sha256: p.text_sha256.clone(),
+                tokens_sha256: p.tokens_sha256.clone(),
+                made_by: String::new(),
+            },
+            ctx: p.ctx,
+            chunks: p.chunks,
+            n_vocab: 100,
+            body_bytes: 0,
+            body_sha256: String::new(),
+            ppl: 1.0,
+            ppl_err: 0.0,
+            running_ppl: Vec::new(),
+            scored_tokens: p.scored_tokens,
+        };
+        let path = std::path::Path::new("/r/ref.bin");
+        super::check_reference(&id, path, &p, 100).unwrap();
+        let refused = |id: &ReferenceIdentity, n_vocab| {
+            format!(
+                "{:#}",
+                super::check_reference(id, path, &p, n_vocab).unwrap_err()
+            )
+        };
+        let e = refused(&id, 101);
+        assert!(e.contains("vocabulary size 100, this run has 101"), "{e}");
+        let mut other = id.clone();
+        other.ctx = p.ctx * 2;
+        let e = refused(&other, 100);
+        assert!(
+            e.contains(&format!("ctx {}, this run has {}", p.ctx * 2, p.ctx))
+                && e.contains("/r/ref.bin")
+                && e.contains("drop --reference"),
+            "{e}"
+        );
+        let mut other = id.clone();
+        other.stamp.tokens_sha256 = "ff".into();
+        let e = refused(&other, 100);
+        assert!(
+            e.contains(&format!(
+                "token ids sha256 ff, this run has {}",
+                p.tokens_sha256
+            )),
+            "{e}"
+        );
+        let mut other = id;
+        other.stamp.model_sha256 = "ee".into();
+        assert!(refused(&other, 100).contains("model sha256 ee"));
+    }
 
     #[test]
     fn shared_run_finds_the_first_common_window_only_when_one_exists() {

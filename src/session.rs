@@ -141,9 +141,18 @@ pub fn evaluate(args: &EvalOptions, ui: &dyn Reporter) -> Result<Outcome> {
     plan.out_dir = folder.path.clone();
     // The reference log-probs' file, reserved now (exclusive create): the run owns it and
     // removes it at the end unless kept; a file someone else made there is never touched.
+    // The float32 row writes a partial file of its own (a fresh name) and renames it over
+    // the reserved one once complete, so a killed run never leaves a file there that looks
+    // complete. A loaded reference (`--reference`) is read where it is, never written.
+    prep.protocol.logits_dir = Some(folder.path.clone());
+    let mut partial = None;
     let mut reference = match &mut prep.protocol.reference_logits {
+        Some(_) if prep.loaded_reference.is_some() => None,
         Some(r) => {
             *r = folder.path.join(REFERENCE_LOGITS);
+            let p = Scratch::create(&folder.path, &format!("{REFERENCE_LOGITS}.partial"))?;
+            prep.reference_partial = Some(p.path().to_path_buf());
+            partial = Some(p);
             match Scratch::create_at(r) {
                 Ok(s) => Some(s),
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => bail!(
@@ -197,8 +206,18 @@ pub fn evaluate(args: &EvalOptions, ui: &dyn Reporter) -> Result<Outcome> {
     }
     results.complete = measured.is_ok() && !stopped && results.all_rows_ok();
     // The reference log-probs are a temporary file unless kept from a finished run.
+    drop(partial);
     if let Some(r) = reference.take() {
-        if plan.keep_logits && measured.is_ok() && !stopped {
+        // Only a complete one (the float32 row recorded its digest): an empty or partial
+        // file would only be refused later.
+        let kept = plan.keep_logits
+            && measured.is_ok()
+            && !stopped
+            && results.protocol.reference.is_some();
+        if let Some(used) = results.protocol.reference.as_mut() {
+            used.file = kept.then(|| r.path().display().to_string());
+        }
+        if kept {
             r.keep();
         }
     }

@@ -533,6 +533,7 @@ fn help_explains_every_flag() {
         "--no-speed",
         "--kld",
         "--keep-logits",
+        "--reference",
     ] {
         assert!(help.contains(flag), "--help lacks {flag}");
     }

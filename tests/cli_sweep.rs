@@ -70,6 +70,87 @@ fn check_merged(out: &Path) {
     }
 }
 
+/// The float32 reference was computed once, by the shared job, and every cell loaded it
+/// (the log has one float32 perplexity computed, four loaded).
+fn check_one_reference(out: &Path, stderr: &str) {
+    let computed: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.ends_with("float32: perplexity"))
+        .collect();
+    assert_eq!(computed.len(), 1, "{stderr}");
+    assert_eq!(
+        stderr
+            .matches("float32: perplexity from --reference")
+            .count(),
+        4
+    );
+    check_cells_loaded_the_reference(out);
+}
+
+/// Every merged cell names the shared job's reference file and digest (`source: loaded`),
+/// and so does report.md's Cells table.
+fn check_cells_loaded_the_reference(out: &Path) {
+    let shared = out.join("shared/01-tiny-llama-eval-float32");
+    let made = results(&shared);
+    assert_eq!(made["protocol"]["reference"]["source"], "computed");
+    let sha = made["protocol"]["reference"]["sha256"].as_str().unwrap();
+    let file = shared.join("float32-kl-divergence-base.bin");
+    let merged = results(&out.join("merged"));
+    for c in merged["cells"].as_array().unwrap() {
+        let r = &c["protocol"]["reference"];
+        assert_eq!(r["source"], "loaded", "{c}");
+        assert_eq!(r["sha256"], sha, "{c}");
+        assert_eq!(r["file"], file.display().to_string(), "{c}");
+    }
+    let md = std::fs::read_to_string(out.join("merged/report.md")).unwrap();
+    assert!(md.contains(&format!("loaded {}", file.display())), "{md}");
+}
+
+/// The merged rows have the perplexity and KLD of one plain local run of the same rows
+/// at the same thread count, to the last digit.
+fn check_equals_single_runs(dir: &Path, out: &Path) {
+    let merged = results(&out.join("merged"));
+    for t in ["1", "2"] {
+        let single = dir.join(format!("single-t{t}"));
+        kwk_eval()
+            .arg("--llm")
+            .arg(tiny_llama())
+            .arg("--text")
+            .arg(eval_txt())
+            .args(["--formats", "float32,int8,int4", "--threads", t])
+            .args([
+                "--ctx",
+                "64",
+                "--chunks",
+                "2",
+                "--no-speed",
+                "--no-pack-cache",
+            ])
+            .arg("--out")
+            .arg(&single)
+            .assert()
+            .success();
+        let s = results(&single);
+        for name in ["float32", "int8", "int4"] {
+            let a = s["runners"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|r| r["name"] == name)
+                .unwrap();
+            let b = merged["runners"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|r| r["name"] == format!("{name}@t{t}").as_str())
+                .unwrap();
+            for f in ["ppl", "ppl_err", "kld_mean", "kld_p99", "top1_agreement"] {
+                assert_eq!(a[f], b[f], "{name}@t{t} {f}");
+            }
+        }
+    }
+}
+
 #[test]
 fn plan_lists_cells_and_the_shared_work() {
     let dir = tempfile::tempdir().unwrap();
@@ -85,7 +166,11 @@ fn plan_lists_cells_and_the_shared_work() {
         String::from_utf8_lossy(&out.stderr)
     );
     let text = String::from_utf8(out.stdout).unwrap();
-    assert!(text.starts_with("4 cells, 1 shared job(s)"), "{text}");
+    assert!(text.starts_with("4 cells, 2 shared job(s)"), "{text}");
+    assert!(
+        text.contains("shared 01-tiny-llama-eval-float32: the float32 reference on eval"),
+        "{text}"
+    );
     assert!(text.contains("cell 003-tiny-llama-int4-t2"), "{text}");
     assert!(
         text.contains("kwk's int8, int4 packed into the pack cache"),
@@ -143,13 +228,39 @@ fn a_local_sweep_merges_to_its_cells_figures_and_reruns_a_half_written_cell() {
         "{stderr}"
     );
     check_merged(&out);
-    // A second run finds every cell complete and runs none of them again.
+    check_one_reference(&out, &stderr);
+    check_equals_single_runs(dir.path(), &out);
+    // A second run finds every cell complete and runs none of them again, nor the
+    // reference.
     std::fs::remove_dir_all(out.join("merged")).unwrap();
     let again = run_local();
     let stderr = String::from_utf8_lossy(&again.stderr);
     assert!(again.status.success(), "{stderr}");
-    assert_eq!(stderr.matches("is complete in").count(), 5, "{stderr}");
+    assert_eq!(stderr.matches("is complete in").count(), 6, "{stderr}");
+    assert!(!stderr.contains("float32: perplexity\n"), "{stderr}");
     check_merged(&out);
+    // A reference job whose run is complete but whose file is cut short is run again.
+    let shared = out.join("shared/01-tiny-llama-eval-float32");
+    let file = shared.join("float32-kl-divergence-base.bin");
+    let sha = results(&shared)["protocol"]["reference"]["sha256"].clone();
+    let bytes = std::fs::read(&file).unwrap();
+    std::fs::write(&file, &bytes[..bytes.len() / 2]).unwrap();
+    let third = kwk_eval()
+        .args(["sweep", "task"])
+        .arg(&out)
+        .args(["--shared", "1"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&third.stderr);
+    assert!(third.status.success(), "{stderr}");
+    assert!(stderr.contains("is not a complete reference"), "{stderr}");
+    // The same log-probs again (the digest of the bytes before the trailer; the trailer's
+    // run start differs), complete.
+    assert_eq!(results(&shared)["protocol"]["reference"]["sha256"], sha);
+    assert!(std::fs::read(&file).unwrap().ends_with(b"_kwkref1"));
+    assert!(shared
+        .with_file_name("01-tiny-llama-eval-float32.incomplete-1")
+        .is_dir());
 
     // merge refuses an incomplete cell and cells of two protocols, naming them.
     let cells = out.join("cells");
@@ -274,6 +385,7 @@ fn a_sweep_runs_as_a_slurm_job_array_and_merges() {
     // report.md is the merge's last file.
     wait(&out, || out.join("merged/report.md").is_file());
     check_merged(&out);
+    check_cells_loaded_the_reference(&out);
     let text = sweep("resume", false);
     assert!(
         text.starts_with("nothing to submit: 4 of 4 cells complete, merged"),

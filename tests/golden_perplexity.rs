@@ -53,6 +53,7 @@ fn check_fixture(name: &str) {
         plan: ChunkPlan::new(stream.tokens.len(), ctx, Some(chunks)).unwrap(),
         threads: 2,
         reference_logits: None,
+        logits_dir: None,
     };
     let r = runner.perplexity(&protocol, &stream, &NoProgress).unwrap();
     let ppl = g["ppl"].as_f64().unwrap();

@@ -1,341 +1,22 @@
-//! The float32 reference and what other runners are compared against it with: KL
-//! divergence, same-top-token agreement, Δp and per-token NLL, with llama-perplexity's
+//! What other runners are compared against the float32 reference with: KL divergence,
+//! same-top-token agreement, Δp and per-token NLL, with llama-perplexity's
 //! `--kl-divergence` per-token arithmetic (tools/perplexity/perplexity.cpp P:191-252) and
-//! statistics (P:1892-1982).
-//!
-//! Log-probs are kept in llama.cpp's own `--kl-divergence-base` file format: the reference
-//! runner writes one, and llama-perplexity writes one for each GGUF row (the same file a
-//! `--kl-divergence` run would read). Layout: header `_logits_`, n_ctx,
-//! n_vocab, n_chunk (int32), the token stream (int32 × n_chunk·n_ctx), then one record per
-//! scored position of `2·ceil(n_vocab/2) + 4` uint16 words: f32 scale, f32 min_log_prob,
-//! the uint16 codes, one padding word when n_vocab is odd. Host byte order (little-endian
-//! on x86). Size: `20 + 4·n_chunk·n_ctx + 2·words·n_chunk·(n_ctx-1-n_ctx/2)` bytes, about
-//! 1 GB for 40 chunks of 512 with a 49k vocabulary.
+//! statistics (P:1892-1982), on the reference's log-probs as [`crate::eval::base_file`]
+//! stores them.
 //!
 //! Every row is compared record against record: an in-tree row's logits are encoded into
-//! the same 16-bit record a GGUF row's llama-perplexity writes (`--kl-divergence-base`), so
-//! both engines' KLD, top-1 and per-token NLL come from the same arithmetic on the same
-//! representation. The per-token values are kept ([`TokenScores`]) for paired errors.
+//! the same 16-bit record ([`crate::eval::records`]) a GGUF row's llama-perplexity writes
+//! (`--kl-divergence-base`), so both engines' KLD, top-1 and per-token NLL come from the
+//! same arithmetic on the same representation. The per-token values are kept
+//! ([`TokenScores`]) for paired errors.
 
+use crate::eval::base_file::LogitsBaseReader;
 use crate::eval::paired::paired;
 use crate::eval::perplexity::ChunkLogits;
+use crate::eval::records::{encode_log_probs, record_header, record_words};
 use crate::protocol::{ChunkPlan, ReferenceComparison, TokenScores};
-use anyhow::{bail, ensure, Context, Result};
-use std::fs::File;
-use std::io::{BufReader, BufWriter, Read, Write};
-use std::path::{Path, PathBuf};
-
-/// The file magic (P:466).
-pub const MAGIC: &[u8; 8] = b"_logits_";
-
-/// uint16 words per record: `2·ceil(n_vocab/2) + 4` (P:524).
-pub fn record_words(n_vocab: usize) -> usize {
-    2 * n_vocab.div_ceil(2) + 4
-}
-
-/// Size in bytes of a base file (§2.2).
-/// Saturates at `u64::MAX` (a size no disk holds) instead of overflowing.
-pub fn base_file_bytes(ctx: usize, n_vocab: usize, chunks: usize) -> u64 {
-    let scored = ctx.saturating_sub(1 + ctx / 2) as u64;
-    let (ctx, chunks) = (ctx as u64, chunks as u64);
-    let words = (n_vocab as u64)
-        .div_ceil(2)
-        .saturating_mul(2)
-        .saturating_add(4);
-    let tokens = chunks.saturating_mul(ctx).saturating_mul(4);
-    let records = words
-        .saturating_mul(2)
-        .saturating_mul(chunks)
-        .saturating_mul(scored);
-    tokens.saturating_add(records).saturating_add(20)
-}
-
-/// llama.cpp's `nearest_int` (P:72-77): round-half-even through the 1.5·2^23 trick.
-fn nearest_int(f: f32) -> i32 {
-    let v = f + 12_582_912.0f32;
-    (v.to_bits() as i32 & 0x007f_ffff) - 0x0040_0000
-}
-
-/// Encodes one logit row into a record of `record_words(row.len())` words (P:79-107).
-pub fn encode_log_probs(row: &[f32], out: &mut [u16]) {
-    let n = row.len();
-    debug_assert_eq!(out.len(), record_words(n));
-    let mut max_logit = row[0];
-    let mut min_logit = row[0];
-    for &l in &row[1..] {
-        max_logit = if max_logit < l { l } else { max_logit };
-        min_logit = if l < min_logit { l } else { min_logit };
-    }
-    min_logit = if min_logit < max_logit - 16.0 {
-        max_logit - 16.0
-    } else {
-        min_logit
-    };
-    let mut sum_exp = 0.0f64;
-    for &l in row {
-        sum_exp += f64::from((l - max_logit).exp());
-    }
-    let log_sum_exp = sum_exp.ln() as f32;
-    let min_log_prob = min_logit - max_logit - log_sum_exp;
-    let scale = (max_logit - min_logit) / 65535.0f32;
-    let (s, m) = (scale.to_bits(), min_log_prob.to_bits());
-    out[0] = s as u16;
-    out[1] = (s >> 16) as u16;
-    out[2] = m as u16;
-    out[3] = (m >> 16) as u16;
-    let codes = &mut out[4..];
-    if scale != 0.0 {
-        let inv_scale = 1.0f32 / scale;
-        for (q, &l) in codes.iter_mut().zip(row) {
-            *q = if l > min_logit {
-                nearest_int(inv_scale * (l - min_logit)) as u16
-            } else {
-                0
-            };
-        }
-    } else {
-        codes.iter_mut().for_each(|q| *q = 0);
-    }
-    // The padding word (odd vocabularies) stays 0, as in llama.cpp's zeroed buffer.
-    codes[n..].iter_mut().for_each(|q| *q = 0);
-}
-
-/// `scale` and `min_log_prob` of a record.
-fn record_header(rec: &[u16]) -> (f32, f32) {
-    let scale = f32::from_bits(u32::from(rec[0]) | (u32::from(rec[1]) << 16));
-    let min_log_prob = f32::from_bits(u32::from(rec[2]) | (u32::from(rec[3]) << 16));
-    (scale, min_log_prob)
-}
-
-/// Decoded log-probability of token `i` of a record: `scale·q[i] + min_log_prob` (f32).
-pub fn decode_log_prob(rec: &[u16], i: usize) -> f32 {
-    let (scale, min_log_prob) = record_header(rec);
-    scale * f32::from(rec[4 + i]) + min_log_prob
-}
-
-/// The header of a base file.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BaseHeader {
-    pub ctx: usize,
-    pub n_vocab: usize,
-    pub chunks: usize,
-    pub tokens: Vec<u32>,
-}
-
-/// Writes the reference runner's scored log-probs, chunk by chunk.
-pub struct LogitsBaseWriter {
-    out: BufWriter<File>,
-    path: PathBuf,
-    n_vocab: usize,
-    chunks: usize,
-    written: usize,
-    record: Vec<u16>,
-    bytes: Vec<u8>,
-    /// NLL of each scored target, decoded from its record.
-    nll: Vec<f32>,
-}
-
-impl LogitsBaseWriter {
-    /// Writes the header into `path`: `plan.chunks·plan.ctx` tokens of the stream (with its
-    /// leading BOS, without the per-chunk BOS substitution, P:523). `path` must exist
-    /// already, made by the caller with an exclusive create (the run reserves it, so it
-    /// owns the file it later removes); it is opened for writing, never created here.
-    pub fn create(path: &Path, plan: &ChunkPlan, n_vocab: usize, tokens: &[u32]) -> Result<Self> {
-        let n_tokens = plan.chunks * plan.ctx;
-        ensure!(
-            tokens.len() >= n_tokens,
-            "the token stream is shorter than the chunk plan"
-        );
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .truncate(true)
-            .open(path)
-            .with_context(|| format!("opening the KL-divergence base file '{}'", path.display()))?;
-        let mut out = BufWriter::with_capacity(1 << 20, file);
-        let mut header = Vec::with_capacity(20 + 4 * n_tokens);
-        header.extend_from_slice(MAGIC);
-        for v in [plan.ctx, n_vocab, plan.chunks] {
-            header.extend_from_slice(
-                &i32::try_from(v)
-                    .context("header value exceeds int32")?
-                    .to_le_bytes(),
-            );
-        }
-        for &t in &tokens[..n_tokens] {
-            header.extend_from_slice(&(t as i32).to_le_bytes());
-        }
-        out.write_all(&header)
-            .with_context(|| format!("writing '{}'", path.display()))?;
-        Ok(LogitsBaseWriter {
-            out,
-            path: path.to_path_buf(),
-            n_vocab,
-            chunks: plan.chunks,
-            written: 0,
-            record: vec![0; record_words(n_vocab)],
-            bytes: Vec::new(),
-            nll: Vec::new(),
-        })
-    }
-
-    pub fn write_chunk(&mut self, c: &ChunkLogits) -> Result<()> {
-        ensure!(
-            c.vocab == self.n_vocab,
-            "the reference runner returned rows of {} logits, the base file holds {}",
-            c.vocab,
-            self.n_vocab
-        );
-        ensure!(
-            self.written < self.chunks,
-            "more chunks than the base file header announced"
-        );
-        self.bytes.clear();
-        for (row, &t) in c.rows.chunks_exact(c.vocab).zip(c.targets) {
-            encode_log_probs(row, &mut self.record);
-            self.nll.push(-decode_log_prob(&self.record, t as usize));
-            for w in &self.record {
-                self.bytes.extend_from_slice(&w.to_le_bytes());
-            }
-        }
-        self.out
-            .write_all(&self.bytes)
-            .with_context(|| format!("writing '{}' (is the disk full?)", self.path.display()))?;
-        self.written += 1;
-        Ok(())
-    }
-
-    /// Flushes the file; the reference's own per-token figures (KLD 0, same top).
-    pub fn finish(mut self) -> Result<TokenScores> {
-        ensure!(
-            self.written == self.chunks,
-            "the base file '{}' got {} of {} chunks",
-            self.path.display(),
-            self.written,
-            self.chunks
-        );
-        self.out
-            .flush()
-            .with_context(|| format!("writing '{}'", self.path.display()))?;
-        let n = self.nll.len();
-        Ok(TokenScores {
-            nll: self.nll,
-            kld: vec![0.0; n],
-            same_top: vec![true; n],
-        })
-    }
-}
-
-/// Reads a base file record by record.
-pub struct LogitsBaseReader {
-    input: BufReader<File>,
-    path: PathBuf,
-    pub header: BaseHeader,
-    bytes: Vec<u8>,
-}
-
-fn read_i32(r: &mut impl Read) -> std::io::Result<i32> {
-    let mut b = [0u8; 4];
-    r.read_exact(&mut b)?;
-    Ok(i32::from_le_bytes(b))
-}
-
-impl LogitsBaseReader {
-    pub fn open(path: &Path) -> Result<Self> {
-        let what = || format!("reading the KL-divergence base file '{}'", path.display());
-        let file = File::open(path).with_context(what)?;
-        let mut input = BufReader::with_capacity(1 << 20, file);
-        let mut magic = [0u8; 8];
-        input.read_exact(&mut magic).with_context(what)?;
-        if &magic != MAGIC {
-            bail!(
-                "'{}' is not a llama.cpp KL-divergence base file (no _logits_ magic)",
-                path.display()
-            );
-        }
-        let mut dims = [0usize; 3];
-        for d in &mut dims {
-            let v = read_i32(&mut input).with_context(what)?;
-            *d = usize::try_from(v)
-                .ok()
-                .filter(|&v| v > 0)
-                .with_context(|| {
-                    format!(
-                        "'{}': header value {v} is not a positive size",
-                        path.display()
-                    )
-                })?;
-        }
-        let [ctx, n_vocab, chunks] = dims;
-        // The sizes come from the file: check them against its length before allocating.
-        let file_len = input.get_ref().metadata().with_context(what)?.len();
-        let token_bytes = ctx
-            .checked_mul(chunks)
-            .and_then(|n| n.checked_mul(4))
-            .filter(|&n| n as u64 <= file_len.saturating_sub(20))
-            .with_context(|| {
-                format!(
-                    "'{}': its header announces {chunks} chunks of ctx {ctx}, more tokens than the {file_len}-byte file holds; the file is corrupt or truncated",
-                    path.display()
-                )
-            })?;
-        let mut raw = vec![0u8; token_bytes];
-        input.read_exact(&mut raw).with_context(what)?;
-        let tokens = raw
-            .chunks_exact(4)
-            .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u32)
-            .collect();
-        Ok(LogitsBaseReader {
-            input,
-            path: path.to_path_buf(),
-            header: BaseHeader {
-                ctx,
-                n_vocab,
-                chunks,
-                tokens,
-            },
-            bytes: vec![0; 2 * record_words(n_vocab)],
-        })
-    }
-
-    /// Fails unless the file was written for this plan and these tokens.
-    pub fn check_matches(&self, plan: &ChunkPlan, n_vocab: usize, tokens: &[u32]) -> Result<()> {
-        let h = &self.header;
-        ensure!(
-            h.ctx == plan.ctx && h.chunks == plan.chunks,
-            "'{}' holds {} chunks of ctx {}, this run scores {} chunks of ctx {}",
-            self.path.display(),
-            h.chunks,
-            h.ctx,
-            plan.chunks,
-            plan.ctx
-        );
-        ensure!(
-            h.n_vocab == n_vocab,
-            "'{}' holds a vocabulary of {}, this runner's is {}",
-            self.path.display(),
-            h.n_vocab,
-            n_vocab
-        );
-        ensure!(
-            h.tokens[..] == tokens[..h.tokens.len().min(tokens.len())]
-                && tokens.len() >= h.tokens.len(),
-            "'{}' was written for other tokens than this run's",
-            self.path.display()
-        );
-        Ok(())
-    }
-
-    /// Reads the next record into `rec` (`record_words(n_vocab)` words).
-    pub fn read_record(&mut self, rec: &mut [u16]) -> Result<()> {
-        self.input
-            .read_exact(&mut self.bytes)
-            .with_context(|| format!("reading '{}': the file is truncated", self.path.display()))?;
-        for (w, b) in rec.iter_mut().zip(self.bytes.chunks_exact(2)) {
-            *w = u16::from_le_bytes([b[0], b[1]]);
-        }
-        Ok(())
-    }
-}
+use anyhow::{ensure, Result};
+use std::path::Path;
 
 /// llama.cpp's `mean_and_uncertainty` (P:1750-1758): mean and `sqrt(var/(N-1))`, the
 /// latter 0 unless the variance is positive and N > 10.
@@ -535,91 +216,10 @@ impl ReferenceComparer {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A header announcing more tokens than the file holds is refused before anything is
-    /// allocated (2^31 − 1 chunks of ctx 2^31 − 1 would ask for 2^64 bytes).
-    #[test]
-    fn huge_header_sizes_are_refused_not_allocated() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("base.bin");
-        let mut b = MAGIC.to_vec();
-        for v in [i32::MAX, 49152, i32::MAX] {
-            b.extend_from_slice(&v.to_le_bytes());
-        }
-        b.extend_from_slice(&[0u8; 64]);
-        std::fs::write(&p, &b).unwrap();
-        let e = format!("{:#}", LogitsBaseReader::open(&p).err().unwrap());
-        assert!(
-            e.contains("announces 2147483647 chunks of ctx 2147483647")
-                && e.contains("corrupt or truncated"),
-            "{e}"
-        );
-        // 16 tokens fit in 64 bytes: the header is read (and the records are not checked here).
-        let mut b = MAGIC.to_vec();
-        for v in [8i32, 10, 2] {
-            b.extend_from_slice(&v.to_le_bytes());
-        }
-        b.extend_from_slice(&[0u8; 64]);
-        std::fs::write(&p, &b).unwrap();
-        assert_eq!(LogitsBaseReader::open(&p).unwrap().header.tokens.len(), 16);
-    }
-
-    #[test]
-    fn base_file_bytes_by_hand_and_saturating() {
-        // ctx 8: positions 4..=6 scored (3 per chunk); vocab 10: 2·5 + 4 = 14 words a record.
-        assert_eq!(base_file_bytes(8, 10, 2), 20 + 4 * 16 + 2 * 14 * 2 * 3);
-        assert_eq!(base_file_bytes(1 << 30, 1 << 24, usize::MAX), u64::MAX);
-    }
-
-    #[test]
-    fn nearest_int_rounds_half_to_even() {
-        assert_eq!(nearest_int(0.5), 0);
-        assert_eq!(nearest_int(1.5), 2);
-        assert_eq!(nearest_int(2.5), 2);
-        assert_eq!(nearest_int(65534.6), 65535);
-        assert_eq!(nearest_int(1234.4), 1234);
-    }
-
-    #[test]
-    fn record_layout_and_file_size() {
-        assert_eq!(record_words(49152), 49156);
-        assert_eq!(record_words(5), 10);
-        // 40 chunks of 512 at 49152: 20 + 4*20480 + 2*49156*40*255 bytes (~1.0 GB).
-        assert_eq!(
-            base_file_bytes(512, 49152, 40),
-            20 + 81920 + 2 * 49156 * 40 * 255
-        );
-    }
-
-    #[test]
-    fn encoding_decodes_to_log_probs_within_the_quantization_step() {
-        let row = [1.0f32, -3.0, 2.5, 0.25, -40.0];
-        let mut rec = vec![0u16; record_words(row.len())];
-        encode_log_probs(&row, &mut rec);
-        let lse = row.iter().map(|&l| (l as f64).exp()).sum::<f64>().ln();
-        let (scale, min_log_prob) = record_header(&rec);
-        // min_logit = max(-40, 2.5-16) = -13.5; scale = 16/65535.
-        assert!((scale - 16.0 / 65535.0).abs() < 1e-9);
-        assert!((f64::from(min_log_prob) - (-13.5 - lse)).abs() < 1e-5);
-        for (i, &l) in row.iter().enumerate().take(4) {
-            let expected = l as f64 - lse;
-            assert!(
-                (f64::from(decode_log_prob(&rec, i)) - expected).abs() < 2e-4,
-                "token {i}"
-            );
-        }
-        // Below the floor: code 0, i.e. the floor log-prob.
-        assert_eq!(rec[4 + 4], 0);
-        assert_eq!(rec[9], 0, "padding word");
-        // The maximum codes to 65535.
-        assert_eq!(rec[4 + 2], 65535);
-        // A flat row has scale 0 and all codes 0.
-        let mut flat = vec![7u16; record_words(3)];
-        encode_log_probs(&[1.0, 1.0, 1.0], &mut flat);
-        assert_eq!(&flat[4..], &[0, 0, 0, 0]);
-        assert!((decode_log_prob(&flat, 1) - (-(3.0f32).ln())).abs() < 1e-6);
-    }
-
+    use crate::eval::base_file::tests::{test_ppl, test_stamp};
+    use crate::eval::base_file::{
+        base_file_bytes, read_verified, reference_scores, LogitsBaseWriter,
+    };
     #[test]
     fn kld_of_a_row_against_itself_is_tiny_and_against_a_known_shift_is_hand_computed() {
         // Reference p = softmax([0, ln 3]) = (1/4, 3/4); Q = softmax([0, 0]) = (1/2, 1/2).
@@ -704,8 +304,9 @@ mod tests {
             .iter()
             .map(|c| c.iter().map(|&l| l + (rand() - 0.5) * 0.8).collect())
             .collect();
-        std::fs::write(&path, b"").unwrap();
-        let mut w = LogitsBaseWriter::create(&path, &plan, vocab, &tokens).unwrap();
+        let partial = dir.path().join("base.bin.partial");
+        std::fs::write(&partial, b"").unwrap();
+        let mut w = LogitsBaseWriter::create(&partial, &path, &plan, vocab, &tokens).unwrap();
         for (k, b) in base.iter().enumerate() {
             let targets = plan.targets(&tokens, k);
             let c = ChunkLogits {
@@ -716,7 +317,7 @@ mod tests {
             };
             w.write_chunk(&c).unwrap();
         }
-        w.finish().unwrap();
+        w.finish(&test_stamp(), &test_ppl()).unwrap();
         let mut streamed = ReferenceComparer::open(&path, &plan, vocab, &tokens).unwrap();
         let mut held = KldAccumulator::default();
         for (k, (b, r)) in base.iter().zip(&row).enumerate() {
@@ -781,9 +382,10 @@ mod tests {
             .map(|i| (i % 7) as f32 * 0.5)
             .collect();
         // Not reserved yet: refused, never created.
-        assert!(LogitsBaseWriter::create(&path, &plan, vocab, &tokens).is_err());
-        std::fs::write(&path, b"").unwrap();
-        let mut w = LogitsBaseWriter::create(&path, &plan, vocab, &tokens).unwrap();
+        let partial = dir.path().join("base.bin.partial");
+        assert!(LogitsBaseWriter::create(&partial, &path, &plan, vocab, &tokens).is_err());
+        std::fs::write(&partial, b"").unwrap();
+        let mut w = LogitsBaseWriter::create(&partial, &path, &plan, vocab, &tokens).unwrap();
         for k in 0..plan.chunks {
             let c = ChunkLogits {
                 chunk: k,
@@ -793,10 +395,16 @@ mod tests {
             };
             w.write_chunk(&c).unwrap();
         }
-        let own = w.finish().unwrap();
+        assert!(!path.exists(), "nothing under the final name before finish");
+        let own = w.finish(&test_stamp(), &test_ppl()).unwrap();
+        assert!(!partial.exists() && path.exists(), "renamed into place");
         assert_eq!(own.nll.len(), plan.scored_tokens());
-        let len = std::fs::metadata(&path).unwrap().len();
-        assert_eq!(len, base_file_bytes(8, vocab, 2));
+        let id = read_verified(&path).unwrap();
+        assert_eq!(id.body_bytes, base_file_bytes(8, vocab, 2));
+        assert_eq!(id.stamp, test_stamp());
+        assert_eq!((id.ppl, id.scored_tokens), (test_ppl().ppl, 6));
+        // The float32 row's figures read back from the file are the ones its writer gave.
+        assert_eq!(reference_scores(&path, &plan, &tokens).unwrap(), own);
         let r = LogitsBaseReader::open(&path).unwrap();
         assert_eq!(r.header.tokens, tokens[..16]);
         assert_eq!((r.header.ctx, r.header.n_vocab, r.header.chunks), (8, 3, 2));

@@ -170,8 +170,28 @@ pub struct PerplexityProtocol {
     pub plan: ChunkPlan,
     pub threads: usize,
     /// The reference's log-probs in llama.cpp's KL-divergence base file format, when the
-    /// run compares against a reference: the reference runner writes it, the others read it.
+    /// run compares against a reference: the reference runner writes it (unless
+    /// `--reference` loaded one), the others read it.
     pub reference_logits: Option<PathBuf>,
+    /// Where rows put their own log-prob files (llama-perplexity's), the run folder;
+    /// `None`: beside `reference_logits`.
+    pub logits_dir: Option<PathBuf>,
+}
+
+/// What the run that writes a reference file stamps into its trailer besides what the
+/// writer knows itself (plan, vocabulary, perplexity): whose model, text and tokens.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReferenceStamp {
+    /// The model as `--llm` named it, and the SHA-256 of its files.
+    pub model: String,
+    pub model_sha256: String,
+    /// The text's file name and the SHA-256 of its bytes.
+    pub text: String,
+    pub text_sha256: String,
+    /// SHA-256 of the scored token ids (as `Protocol::tokens_sha256`).
+    pub tokens_sha256: String,
+    /// kwk-eval's version and the run's start (UTC), for the person reading the file.
+    pub made_by: String,
 }
 
 /// One row's per-token figures on the scored tokens, in scoring order, read from 16-bit

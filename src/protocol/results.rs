@@ -175,10 +175,28 @@ pub struct Protocol {
     pub bos_id: Option<u32>,
     /// KV cache type of llama-perplexity (`--llama-kv`); kwk rows always use f32.
     pub llama_kv_type: String,
+    /// The float32 reference's log-prob file the KL divergences were measured against:
+    /// its digest, and whether this run computed it or loaded it with `--reference` (null
+    /// without KL divergence, or in files written before the field).
+    #[serde(default)]
+    pub reference: Option<ReferenceUse>,
     /// The calibration text of the calibrated rows (`int8:calib`, `int4:gptq`, ...; null when
     /// none ran).
     #[serde(default)]
     pub calibration: Option<Calibration>,
+}
+
+/// Which float32 reference a run compared against (`Protocol::reference`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ReferenceUse {
+    /// SHA-256 of the reference file's bytes before its trailer (header, tokens, records):
+    /// two runs with the same digest compared against the same log-probs.
+    pub sha256: String,
+    /// `computed` (this run's float32 row wrote it) or `loaded` (`--reference`).
+    pub source: String,
+    /// The file: the one loaded, or this run's when `--keep-logits` kept it; null when
+    /// this run removed its own at the end.
+    pub file: Option<String>,
 }
 
 /// What the calibrated formats were fitted on.
@@ -569,6 +587,7 @@ pub mod testdata {
                 tokens_sha256: "22".into(),
                 bos_id: None,
                 llama_kv_type: "f16".into(),
+                reference: None,
                 calibration: None,
             },
             ppl_delta_reference: None,

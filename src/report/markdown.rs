@@ -271,7 +271,14 @@ fn cells_section(r: &Results) -> String {
          another's on the same CPU and thread count).\n\n",
     );
     let header = [
-        "cell", "model", "CPU", "threads", "kernels", "started", "rows",
+        "cell",
+        "model",
+        "CPU",
+        "threads",
+        "kernels",
+        "started",
+        "float32 reference",
+        "rows",
     ];
     let rows: Vec<Vec<String>> = r
         .cells
@@ -284,12 +291,28 @@ fn cells_section(r: &Results) -> String {
                 c.machine.threads.to_string(),
                 c.machine.kernels.clone().unwrap_or_else(|| "-".into()),
                 c.started_utc.clone(),
+                reference_cell(&c.protocol),
                 c.rows.join(", "),
             ]
         })
         .collect();
     table(&mut s, &header, &rows);
     s
+}
+
+/// Which float32 reference a cell compared against: `computed` or `loaded FILE`, and the
+/// first 12 hex digits of its digest; `-` without one.
+fn reference_cell(p: &crate::protocol::results::Protocol) -> String {
+    match &p.reference {
+        Some(r) => {
+            let what = match (r.source.as_str(), &r.file) {
+                ("loaded", Some(f)) => format!("loaded {f}"),
+                (s, _) => s.to_string(),
+            };
+            format!("{what} (sha256 {})", &r.sha256[..r.sha256.len().min(12)])
+        }
+        None => "-".into(),
+    }
 }
 
 /// "Size against quality": the frontier table and one line per llama.cpp size

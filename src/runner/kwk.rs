@@ -15,12 +15,13 @@
 //! [`crate::eval::speed::SpeedSession`] repetition per call.
 
 use super::Runner;
+use crate::eval::base_file::{LogitsBaseWriter, ReferencePerplexity};
 use crate::eval::perplexity::{score_chunks, ChunkLogits};
-use crate::eval::reference::{LogitsBaseWriter, ReferenceComparer};
+use crate::eval::reference::ReferenceComparer;
 use crate::eval::speed::{SpeedSession, SpeedTarget};
 use crate::protocol::{
-    ComputeKind, Engine, PerplexityProtocol, PerplexityResult, Progress, RooflineCost, RunnerInfo,
-    SpeedRep, SpeedSpec, TokenStream,
+    ComputeKind, Engine, PerplexityProtocol, PerplexityResult, Progress, ReferenceStamp,
+    RooflineCost, RunnerInfo, SpeedRep, SpeedSpec, TokenStream,
 };
 use anyhow::{anyhow, bail, Context, Result};
 use kwk::model::ModelHeader;
@@ -44,8 +45,17 @@ pub struct KwkRunnerOptions {
 pub enum ReferenceRole {
     /// An ordinary runner (compares against `protocol.reference_logits` when set).
     Compared,
-    /// The reference: writes its scored log-probs to this KL-divergence base file.
-    Writes(PathBuf),
+    /// The reference: writes its scored log-probs to a KL-divergence base file.
+    Writes(ReferenceTarget),
+}
+
+/// Where the reference runner writes its log-probs: into `partial` (reserved by the run),
+/// renamed to `path` once complete, its trailer stamped with `stamp`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReferenceTarget {
+    pub partial: PathBuf,
+    pub path: PathBuf,
+    pub stamp: ReferenceStamp,
 }
 
 pub struct KwkRunner {
@@ -172,8 +182,9 @@ impl Runner for KwkRunner {
             Compare(ReferenceComparer),
         }
         let mut sink = match (&self.role, &protocol.reference_logits) {
-            (ReferenceRole::Writes(path), _) => Sink::Write(LogitsBaseWriter::create(
-                path,
+            (ReferenceRole::Writes(t), _) => Sink::Write(LogitsBaseWriter::create(
+                &t.partial,
+                &t.path,
                 &plan,
                 n_vocab,
                 &tokens.tokens,
@@ -209,7 +220,18 @@ impl Runner for KwkRunner {
         self.decoder.reset();
         let (reference, scores) = match sink {
             Sink::None => (None, None),
-            Sink::Write(w) => (None, Some(w.finish()?)),
+            Sink::Write(w) => {
+                let ReferenceRole::Writes(t) = &self.role else {
+                    bail!("a base file writer without the reference role");
+                };
+                let ppl = ReferencePerplexity {
+                    ppl: score.ppl,
+                    ppl_err: score.ppl_err,
+                    running: score.running.clone(),
+                    scored_tokens: score.scored_tokens,
+                };
+                (None, Some(w.finish(&t.stamp, &ppl)?))
+            }
             Sink::Compare(r) => {
                 let (c, s) = r.finish()?;
                 (Some(c), Some(s))

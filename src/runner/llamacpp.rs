@@ -17,7 +17,8 @@
 //! repetition per call (`-r 1`, after its own warm-up), so the harness can interleave its
 //! repetitions with the other runners'. All the commands are built by the `llamacpp` crate.
 
-use crate::eval::reference::{compare_files, LogitsBaseReader};
+use crate::eval::base_file::LogitsBaseReader;
+use crate::eval::reference::compare_files;
 use crate::protocol::{
     ComputeKind, Engine, PerplexityProtocol, PerplexityResult, Progress, RooflineCost, RunnerInfo,
     SpeedRep, SpeedSpec, TokenStream,
@@ -329,7 +330,10 @@ impl Runner for LlamaCppRunner {
         // interrupted tool, a short run), it does not outlive this call.
         let own = match &protocol.reference_logits {
             Some(base) => {
-                let dir = base.parent().unwrap_or(Path::new("."));
+                let dir = match &protocol.logits_dir {
+                    Some(d) => d.as_path(),
+                    None => base.parent().unwrap_or(Path::new(".")),
+                };
                 let mut s = Scratch::create(dir, &format!("{}.logprobs.bin", self.info.name))?;
                 s.close();
                 Some(s)
@@ -633,6 +637,7 @@ mod tests {
             },
             threads: 1,
             reference_logits: None,
+            logits_dir: None,
         };
         let tokens = TokenStream {
             tokens: vec![1; 127],
@@ -710,6 +715,7 @@ mod tests {
             plan: crate::protocol::ChunkPlan::new(tokens.tokens.len(), 64, Some(8)).unwrap(),
             threads: 2,
             reference_logits: None,
+            logits_dir: None,
         };
         let progress = counter();
         let res = r.perplexity(&protocol, &tokens, &progress).unwrap();
@@ -836,6 +842,7 @@ mod tests {
                     .unwrap(),
                 threads,
                 reference_logits: (with_kld && ty != "F32").then(|| base.clone()),
+                logits_dir: None,
             };
             let p = r.perplexity(&protocol, &tokens, &counter()).unwrap();
             let spec = SpeedSpec {

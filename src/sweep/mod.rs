@@ -3,8 +3,9 @@
 //! Slurm job arrays ([`slurm`]), and merged (`kwk-eval merge`) into one report.
 //!
 //! A sweep folder holds `sweep.toml` (the file's copy; `sweep-origin` names the original,
-//! against whose folder its paths resolve), `shared/NN-MODEL/` and `cells/NNN-.../` (each a
-//! plain kwk-eval run folder), `slurm/` (scripts, logs, `jobs.log` of what was submitted)
+//! against whose folder its paths resolve), `shared/NN-MODEL/` (the caches' job) and
+//! `shared/NN-MODEL-TEXT-float32/` (the float32 reference the cells load, done only when
+//! its reference file is complete), `cells/NNN-.../` (each a plain kwk-eval run folder), `slurm/` (scripts, logs, `jobs.log` of what was submitted)
 //! and `merged/`. A cell is done when its results.json says `complete: true`; kwk-eval
 //! rewrites it after every row with `complete: false` until the end, so a folder half
 //! written is never taken as done. A cell whose run holds the folder's lock is running; an
@@ -248,6 +249,33 @@ fn run_into(
     Ok(())
 }
 
+/// Whether shared job `j`'s folder `dir` is done: a complete run, and for a reference job
+/// a complete reference file in it (its trailer read, not its digest).
+fn shared_done(j: &plan::Shared, dir: &Path) -> bool {
+    state(dir) == State::Complete
+        && match j.kind {
+            plan::SharedKind::Caches => true,
+            plan::SharedKind::Reference { .. } => {
+                crate::eval::base_file::read_identity(&plan::reference_file(dir)).is_ok()
+            }
+        }
+}
+
+/// Runs shared job `j` into its folder unless it is done; a complete run whose reference
+/// file is missing or incomplete is moved aside and run again.
+fn run_shared(prog: &str, j: &plan::Shared, out: &Path, ui: &dyn Reporter) -> Result<()> {
+    let dir = plan::shared_dir(out).join(&j.name);
+    if state(&dir) == State::Complete && !shared_done(j, &dir) {
+        ui.note(&format!(
+            "shared {}: its run is complete but '{}' is not a complete reference",
+            j.name,
+            plan::reference_file(&dir).display()
+        ));
+        move_aside(&dir, ui)?;
+    }
+    run_into(prog, &j.args, &dir, &format!("shared {}", j.name), ui)
+}
+
 /// The folders of every cell of `p`, in order.
 fn cell_dirs(p: &Plan, out: &Path) -> Vec<PathBuf> {
     p.cells
@@ -269,8 +297,7 @@ fn task(out: &Path, job: TaskJob, ui: &dyn Reporter) -> Result<()> {
                     p.shared.len()
                 );
             };
-            let dir = plan::shared_dir(out).join(&j.name);
-            run_into(&prog, &j.args, &dir, &format!("shared {}", j.name), ui)
+            run_shared(&prog, j, out, ui)
         }
         TaskJob::Cell(i) => {
             let Some(c) = p.cells.get(i) else {
@@ -281,7 +308,8 @@ fn task(out: &Path, job: TaskJob, ui: &dyn Reporter) -> Result<()> {
                 );
             };
             let dir = plan::cells_dir(out).join(&c.name);
-            run_into(&prog, &c.args, &dir, &format!("cell {}", c.name), ui)
+            let args = plan::cell_command(c, out);
+            run_into(&prog, &args, &dir, &format!("cell {}", c.name), ui)
         }
         TaskJob::Merge => merge(&prog, &p, out, ui),
     }
@@ -350,14 +378,14 @@ fn local(file: &Path, out: &Path, ui: &dyn Reporter) -> Result<()> {
     let prog = program(&s)?;
     let mut failed = Vec::new();
     for j in &p.shared {
-        let dir = plan::shared_dir(out).join(&j.name);
-        if let Err(e) = run_into(&prog, &j.args, &dir, &format!("shared {}", j.name), ui) {
+        if let Err(e) = run_shared(&prog, j, out, ui) {
             ui.warn(&format!("{e:#}"));
             failed.push(format!("shared {}", j.name));
         }
     }
     for (c, dir) in p.cells.iter().zip(cell_dirs(&p, out)) {
-        if let Err(e) = run_into(&prog, &c.args, &dir, &format!("cell {}", c.name), ui) {
+        let args = plan::cell_command(c, out);
+        if let Err(e) = run_into(&prog, &args, &dir, &format!("cell {}", c.name), ui) {
             ui.warn(&format!("{e:#}"));
             failed.push(format!("cell {}", c.name));
         }
@@ -420,9 +448,7 @@ fn submit(file: &Path, out: &Path, dry_run: bool, resume: bool, ui: &dyn Reporte
     let shared_todo: Vec<usize> = p
         .shared
         .iter()
-        .filter(|j| {
-            !todo.is_empty() && state(&plan::shared_dir(out).join(&j.name)) != State::Complete
-        })
+        .filter(|j| !todo.is_empty() && !shared_done(j, &plan::shared_dir(out).join(&j.name)))
         .map(|j| j.index)
         .collect();
     let merged_done = merge_groups(&p, out)
@@ -458,8 +484,9 @@ fn submit(file: &Path, out: &Path, dry_run: bool, resume: bool, ui: &dyn Reporte
             plan_lines.push(format!("{what}: job {id}"));
             Ok(Some(id))
         };
-    // The cells wait for the shared jobs to end whatever their outcome (those only fill
-    // the caches; a cell makes what it misses itself); the merge needs every cell ok.
+    // The cells wait for the shared jobs to end whatever their outcome (a cell makes the
+    // caches' contents it misses itself; one whose reference job failed stops at once,
+    // naming the missing file, and resume runs both again); the merge needs every cell ok.
     if let (Some(script), false) = (&scripts.shared, shared_todo.is_empty()) {
         dependency = step(
             "shared",

@@ -1,9 +1,13 @@
 //! A sweep's cells and its shared work, from a checked [`Sweep`]: one cell per (model,
 //! text, format, thread count, depth), each a plain kwk-eval run into its own folder
-//! `cells/NNN-...` of the sweep folder; and one shared job per model that makes what the
+//! `cells/NNN-...` of the sweep folder; one shared job per model that makes what the
 //! cells would otherwise each make (llama.cpp's F32 conversion and the ladder's types,
 //! cached in `$KWK_CACHE/gguf`; kwk's packed formats, cached in the pack cache), so the
-//! cells reuse it. Nothing here runs anything: the plan is the command lines.
+//! cells reuse it; and, when the cells compare against float32, one shared job per
+//! (model, text) that computes the float32 reference once into its folder
+//! (`--keep-logits`), which every cell of that model and text loads (`--reference`)
+//! instead of computing it again. Nothing here runs anything: the plan is the command
+//! lines.
 
 use super::file::{Sweep, SweepFormat};
 pub use crate::merge::model_short;
@@ -20,8 +24,19 @@ pub struct Cell {
     pub format: SweepFormat,
     pub threads: usize,
     pub depth: usize,
-    /// kwk-eval's arguments (without the program and `--out`).
+    /// kwk-eval's arguments (without the program, `--reference` and `--out`).
     pub args: Vec<String>,
+    /// The shared job whose folder holds the float32 reference this cell loads.
+    pub reference: Option<String>,
+}
+
+/// What a shared job makes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SharedKind {
+    /// The conversion, the ladder's types and the packed formats, into the caches.
+    Caches,
+    /// The float32 reference of one text, kept in its folder for the cells to load.
+    Reference { text: PathBuf },
 }
 
 /// The work one model's cells share, done once before them.
@@ -30,6 +45,7 @@ pub struct Shared {
     pub index: usize,
     pub name: String,
     pub model: String,
+    pub kind: SharedKind,
     /// What it makes, for the plan's listing.
     pub makes: Vec<String>,
     pub args: Vec<String>,
@@ -50,6 +66,26 @@ pub fn cells_dir(out: &Path) -> PathBuf {
 /// The shared jobs' folder in a sweep folder.
 pub fn shared_dir(out: &Path) -> PathBuf {
     out.join("shared")
+}
+
+/// The reference file a reference job leaves in its folder `dir`.
+pub fn reference_file(dir: &Path) -> PathBuf {
+    dir.join(crate::run_folder::REFERENCE_LOGITS)
+}
+
+/// A cell's kwk-eval arguments in the sweep folder `out`: its own, and `--reference` of
+/// the shared folder holding its float32 reference.
+pub fn cell_command(c: &Cell, out: &Path) -> Vec<String> {
+    let mut a = c.args.clone();
+    if let Some(r) = &c.reference {
+        a.push("--reference".into());
+        a.push(
+            reference_file(&shared_dir(out).join(r))
+                .display()
+                .to_string(),
+        );
+    }
+    a
 }
 
 /// Letters, digits and `.+-` kept, anything else `_` (a folder name from a label).
@@ -113,24 +149,88 @@ pub fn plan(s: &Sweep) -> Plan {
                             threads,
                             depth,
                             args: cell_args(s, model, text, format, threads),
+                            reference: None,
                         });
                     }
                 }
             }
         }
     }
-    let shared = s
-        .models
-        .iter()
-        .filter_map(|m| shared_job(s, m))
-        .enumerate()
-        .map(|(i, mut j)| {
-            j.index = i;
-            j.name = format!("{i:02}-{}", slug(&model_short(&j.model)));
-            j
-        })
-        .collect();
+    let mut shared: Vec<Shared> = Vec::new();
+    for model in &s.models {
+        if let Some(mut j) = shared_job(s, model) {
+            j.index = shared.len();
+            j.name = format!("{:02}-{}", j.index, slug(&model_short(model)));
+            shared.push(j);
+        }
+        if !shares_reference(s) {
+            continue;
+        }
+        for text in &s.texts {
+            let mut j = reference_job(s, model, text);
+            j.index = shared.len();
+            j.name = format!(
+                "{:02}-{}-{}-float32",
+                j.index,
+                slug(&model_short(model)),
+                slug(&text_short(text))
+            );
+            for c in cells
+                .iter_mut()
+                .filter(|c| c.model == *model && c.text == *text)
+            {
+                c.reference = Some(j.name.clone());
+            }
+            shared.push(j);
+        }
+    }
     Plan { cells, shared }
+}
+
+/// Whether the cells compare against float32 through one shared reference per (model,
+/// text): with `reference = true` (the default) and KL divergence not turned off.
+fn shares_reference(s: &Sweep) -> bool {
+    s.reference && !s.args.iter().any(|a| a == "--no-kld")
+}
+
+/// The reference job of `model` on `text`: float32 alone over the sweep's chunks, its
+/// log-probs kept (`--keep-logits`) for the cells to load.
+fn reference_job(s: &Sweep, model: &str, text: &Path) -> Shared {
+    let mut args = vec![
+        "--llm".to_string(),
+        model.to_string(),
+        "--text".into(),
+        text.display().to_string(),
+        "--threads".into(),
+        s.threads.iter().max().copied().unwrap_or(1).to_string(),
+        "--formats".into(),
+        "float32".into(),
+        "--ladder".into(),
+        "none".into(),
+        "--kld".into(),
+        "--keep-logits".into(),
+        "--no-speed".into(),
+        "--ctx".into(),
+        s.ctx.to_string(),
+        "--chunks".into(),
+        s.chunks.to_string(),
+    ];
+    args.extend(s.args.iter().cloned());
+    Shared {
+        index: 0,
+        name: String::new(),
+        model: model.to_string(),
+        kind: SharedKind::Reference {
+            text: text.to_path_buf(),
+        },
+        makes: vec![format!(
+            "the float32 reference on {} ({} chunks of {}), computed once; every cell of this model and text loads it (--reference)",
+            text_short(text),
+            s.chunks,
+            s.ctx
+        )],
+        args,
+    }
 }
 
 /// kwk-eval's arguments for one cell.
@@ -259,6 +359,7 @@ fn shared_job(s: &Sweep, model: &str) -> Option<Shared> {
         index: 0,
         name: String::new(),
         model: model.to_string(),
+        kind: SharedKind::Caches,
         makes,
         args,
     })
@@ -292,7 +393,7 @@ pub fn render(p: &Plan, program: &str) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{} cells, {} shared job(s) (run first; the cells reuse what they make through the caches)",
+        "{} cells, {} shared job(s) (run first; the cells reuse what they make through the caches and the shared folders)",
         p.cells.len(),
         p.shared.len()
     );
@@ -311,9 +412,23 @@ pub fn render(p: &Plan, program: &str) -> String {
             c.threads,
             c.depth
         );
+        let reference = c
+            .reference
+            .as_ref()
+            .map(|r| {
+                format!(
+                    " --reference {}",
+                    shell_quote(
+                        &reference_file(&Path::new("shared").join(r))
+                            .display()
+                            .to_string()
+                    )
+                )
+            })
+            .unwrap_or_default();
         let _ = writeln!(
             s,
-            "    {} --out cells/{}",
+            "    {}{reference} --out cells/{}",
             shell_line(program, &c.args),
             c.name
         );
@@ -336,7 +451,31 @@ mod tests {
         .unwrap();
         let p = plan(&s);
         assert_eq!(p.cells.len(), 2 * 3 * 2);
-        assert_eq!(p.shared.len(), 2);
+        // Per model: the caches' job and the float32 reference of the one text.
+        assert_eq!(p.shared.len(), 4);
+        assert_eq!(p.shared[1].name, "01-a-t-float32");
+        assert_eq!(
+            p.shared[3].kind,
+            SharedKind::Reference {
+                text: p.cells[0].text.clone()
+            }
+        );
+        assert!(p.cells[..6]
+            .iter()
+            .all(|c| c.reference.as_deref() == Some("01-a-t-float32")));
+        assert!(p.cells[6..]
+            .iter()
+            .all(|c| c.reference.as_deref() == Some("03-b-t-float32")));
+        let r = p.shared[1].args.join(" ");
+        assert!(
+            r.contains("--formats float32 --ladder none --kld --keep-logits --no-speed --ctx 512 --chunks 4"),
+            "{r}"
+        );
+        let full = cell_command(&p.cells[3], Path::new("/s")).join(" ");
+        assert!(
+            full.ends_with("--reference /s/shared/01-a-t-float32/float32-kl-divergence-base.bin"),
+            "{full}"
+        );
         let c = &p.cells[3];
         assert_eq!(c.name, "003-a-int8-t2");
         let line = c.args.join(" ");
@@ -359,7 +498,11 @@ mod tests {
             "{shared}"
         );
         let text = render(&p, "kwk-eval");
-        assert!(text.starts_with("12 cells, 2 shared job(s)"), "{text}");
+        assert!(text.starts_with("12 cells, 4 shared job(s)"), "{text}");
+        assert!(
+            text.contains("--reference shared/01-a-t-float32/float32-kl-divergence-base.bin --out cells/003-a-int8-t2"),
+            "{text}"
+        );
         assert_eq!(shell_quote("a b'c"), "'a b'\\''c'");
     }
 }

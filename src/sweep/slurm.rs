@@ -1,5 +1,5 @@
 //! Slurm as the sweep's engine: the sbatch scripts of a sweep folder (`slurm/shared.sbatch`,
-//! an array of one task per model; `slurm/cells.sbatch`, an array of one task per cell,
+//! an array of one task per shared job; `slurm/cells.sbatch`, an array of one task per cell,
 //! after the shared array; `slurm/merge.sbatch`, after the cells), their submission with
 //! `sbatch --parsable`, and the tasks squeue still holds (so `resume` never submits a cell
 //! twice). Each task is `kwk-eval sweep task DIR --cell N` (or `--shared N`), which runs the
@@ -83,7 +83,7 @@ pub fn write_scripts(sweep: &Sweep, plan: &Plan, out: &Path, program: &Path) -> 
         Some(write(
             "shared.sbatch",
             format!(
-                "{}# One task per model: the conversion, the ladder's types and the packed formats, made once.\nexec {prog} sweep task {folder} --shared \"$SLURM_ARRAY_TASK_ID\"\n",
+                "{}# One task per shared job: a model's conversion, ladder types and packed formats, or a (model, text)'s float32 reference, made once.\nexec {prog} sweep task {folder} --shared \"$SLURM_ARRAY_TASK_ID\"\n",
                 header(&sweep.slurm, &format!("{name}-shared"), cpus, &logs)
             ),
         )?)
