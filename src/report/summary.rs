@@ -118,8 +118,8 @@ fn cells(r: &Results) -> (Vec<String>, Vec<Vec<String>>) {
             let (vs, pp, tg) = match nearest_peer(r, x) {
                 Some(p) if x.engine == Engine::Kwk => (
                     fit(&type_label(p), 14),
-                    ratio(r, &x.name, &p.name, "pp"),
-                    ratio(r, &x.name, &p.name, "tg"),
+                    ratio(r, &x.name, &p.name, &r.protocol.primary_ratio_test("pp")),
+                    ratio(r, &x.name, &p.name, &r.protocol.primary_ratio_test("tg")),
                 ),
                 _ => Default::default(),
             };
