@@ -210,7 +210,18 @@ fn a_run_at_two_depths_has_every_point_of_every_row() {
         "{md}"
     );
     let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(stdout.lines().all(|l| l.chars().count() <= 100), "{stdout}");
+    assert!(
+        stdout.contains("speed sweep: the columns are pp16 and tg4; all 4 tests of every row in speed_points.csv"),
+        "{stdout}"
+    );
+    table_fits(&stdout);
+}
+
+/// The table's lines (up to the first verdict) fit 100 columns.
+fn table_fits(stdout: &str) {
+    for l in stdout.lines().take_while(|l| !l.starts_with("at ")) {
+        assert!(l.chars().count() <= 100, "{l}\n{stdout}");
+    }
 }
 
 /// The set-up script's llama.cpp build folder, when it was built.
@@ -283,7 +294,10 @@ fn llama_bench_rows_run_at_every_point() {
     for f in ["speed_vs_depth.svg", "speed_vs_threads.svg"] {
         assert!(out.join(f).exists(), "{f}");
     }
-    // Eight tests: the terminal shows the primary point's and points to the files.
     let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(stdout.lines().all(|l| l.chars().count() <= 100), "{stdout}");
+    assert!(
+        stdout.contains("the columns are pp16/t1 and tg4/t1; all 8 tests"),
+        "{stdout}"
+    );
+    table_fits(&stdout);
 }

@@ -276,6 +276,20 @@ pub fn render(r: &Results) -> String {
         if !r.cells.is_empty() {
             s.push_str("(merged: between rows of different cells the ratio is unpaired, median over median, same CPU and threads only)\n");
         }
+        if r.protocol.speed_axes.is_some() {
+            let tests = r
+                .runners
+                .iter()
+                .map(|x| x.speed_points.len())
+                .max()
+                .unwrap_or(0);
+            let p = &r.protocol;
+            s.push_str(&format!(
+                "speed sweep: the columns are {} and {}; all {tests} tests of every row in speed_points.csv\n",
+                p.primary_test_label("pp"),
+                p.primary_test_label("tg")
+            ));
+        }
     }
     let loud = ["SPEED UNRELIABLE", "FAILED", "SKIPPED", "WARNING"];
     for n in notes(r)

@@ -642,4 +642,57 @@ mod tests {
         assert!(n.len() == 1 && n[0].contains("size is unknown"), "{n:?}");
         assert!(peaks_line(&r).is_some());
     }
+
+    /// A sweep with few tests gets one ratio column per test; with more than
+    /// MAX_RATIO_COLUMNS the primary point's pp and tg and a line naming the files, so the
+    /// table stays within 100 columns.
+    #[test]
+    fn ratio_columns_per_point_only_when_few() {
+        use crate::protocol::points::SpeedAxes;
+        let mut r = sample_results();
+        let mut axes = SpeedAxes::single(r.protocol.pp, r.protocol.tg, 2);
+        axes.depth = vec![0, 64];
+        r.protocol.speed_axes = Some(axes.clone());
+        let base = r.speed_ratios.clone();
+        for d in [64] {
+            for x in &base {
+                let n = if x.test == "pp" {
+                    r.protocol.pp
+                } else {
+                    r.protocol.tg
+                };
+                let mut y = x.clone();
+                y.test = axes.test_name(&x.test, n, d, 2);
+                r.speed_ratios.push(y);
+            }
+        }
+        let (header, rows) = ratio_rows(&r).unwrap();
+        assert_eq!(header[1..], ["pp16", "tg4", "pp16@d64", "tg4@d64"]);
+        assert!(ratio_note(&r).is_none());
+        assert!(aligned(&header, &rows)
+            .lines()
+            .all(|l| l.chars().count() <= 100));
+        axes.depth = vec![0, 64, 128];
+        r.protocol.speed_axes = Some(axes.clone());
+        for x in &base {
+            let n = if x.test == "pp" {
+                r.protocol.pp
+            } else {
+                r.protocol.tg
+            };
+            let mut y = x.clone();
+            y.test = axes.test_name(&x.test, n, 128, 2);
+            r.speed_ratios.push(y);
+        }
+        let (header, rows) = ratio_rows(&r).unwrap();
+        assert_eq!(header[1..], ["pp16", "tg4"]);
+        assert!(aligned(&header, &rows)
+            .lines()
+            .all(|l| l.chars().count() <= 100));
+        let note = ratio_note(&r).unwrap();
+        assert!(
+            note.starts_with("(4 more tests") && note.contains("speed_points.csv"),
+            "{note}"
+        );
+    }
 }
