@@ -225,9 +225,13 @@ fn check_flags(a: &EvalOptions) -> Result<()> {
         .checked_add(tg)
         .and_then(|s| s.checked_add(depth))
         .filter(|&s| s <= MAX_TOKENS);
+    let depth_part = match depth {
+        0 => String::new(),
+        d => format!("--depth {d} + "),
+    };
     ensure!(
         sequence.is_some(),
-        "--depth {depth} + --pp {pp} + --tg {tg} is more than {MAX_TOKENS} tokens, the longest sequence a speed test runs; pass smaller values"
+        "{depth_part}--pp {pp} + --tg {tg} is more than {MAX_TOKENS} tokens, the longest sequence a speed test runs; pass smaller values"
     );
     a.limits.check()
 }
