@@ -96,6 +96,8 @@ impl<'a> Reports<'a> {
 /// Runs the evaluation `args` describe.
 pub fn evaluate(args: &EvalOptions, ui: &dyn Reporter) -> Result<Outcome> {
     let mut plan = plan::make(args, ui)?;
+    // A depth past the model's context, or KV caches past the memory, before any work.
+    crate::depth::check_before_run(&plan)?;
     if let (Some(ladder), Some(tools)) = (plan.ladder.clone(), plan.tools.clone()) {
         let settings = ladder::MakeSettings {
             llm: &plan.llm,

@@ -17,10 +17,10 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 use std::path::Path;
 use std::sync::Once;
 
-const FONT: &str = "sans-serif";
+pub(super) const FONT: &str = "sans-serif";
 static REGISTER_FONT: Once = Once::new();
 
-fn register_font() {
+pub(super) fn register_font() {
     REGISTER_FONT.call_once(|| {
         let bytes: &'static [u8] = include_bytes!("../../../assets/fonts/DejaVuSans.ttf");
         // The font is compiled in and known to parse (tested); a failure would only lose
@@ -39,7 +39,7 @@ pub struct PlotFiles {
     pub tradeoff: Option<String>,
 }
 
-fn err<E: std::fmt::Display>(e: E) -> anyhow::Error {
+pub(super) fn err<E: std::fmt::Display>(e: E) -> anyhow::Error {
     anyhow!("drawing a plot: {e}")
 }
 
@@ -81,7 +81,7 @@ fn quality_points(results: &Results) -> Vec<Point> {
 /// The model's name for titles: the last path component without `.gguf` and without a
 /// trailing llama.cpp type (`SmolLM2-135M-Instruct.Q4_1.gguf` reads
 /// `SmolLM2-135M-Instruct`).
-fn model_short_name(model: &str) -> String {
+pub(super) fn model_short_name(model: &str) -> String {
     let last = model
         .trim_end_matches('/')
         .rsplit('/')
@@ -128,7 +128,7 @@ const IK_COLOR: RGBColor = RGBColor(30, 140, 70);
 const ENGINES: [Engine; 3] = [Engine::Kwk, Engine::LlamaCpp, Engine::Ik];
 
 /// An engine's colour and legend name.
-fn engine_style(engine: Engine) -> (RGBColor, &'static str) {
+pub(super) fn engine_style(engine: Engine) -> (RGBColor, &'static str) {
     let color = match engine {
         Engine::Kwk => KWK_COLOR,
         Engine::LlamaCpp => LLAMA_COLOR,
@@ -646,13 +646,13 @@ fn draw_speed<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, results: &Result
 /// A fresh temporary a plot is drawn to (its name ends in `.<name>`, the same extension:
 /// plotters picks the image encoding from it) before [`publish`] renames it into place;
 /// removed when dropped unpublished.
-fn tmp(dir: &Path, name: &str) -> Result<Scratch> {
+pub(super) fn tmp(dir: &Path, name: &str) -> Result<Scratch> {
     let mut s = Scratch::create(dir, name)?;
     s.close();
     Ok(s)
 }
 
-fn publish(dir: &Path, drawn: Vec<(Scratch, &str)>) -> Result<()> {
+pub(super) fn publish(dir: &Path, drawn: Vec<(Scratch, &str)>) -> Result<()> {
     for (from, name) in drawn {
         from.persist(&dir.join(name))
             .context("putting a plot into place")?;
