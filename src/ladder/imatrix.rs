@@ -113,6 +113,7 @@ pub(super) fn make_imatrix(
 /// are made from one matrix. Its path and SHA-256.
 pub(super) fn legacy_copy(
     cache: &GgufCache,
+    base: &cache::Entry,
     gguf: &(PathBuf, String),
     settings: &MakeSettings,
     timeout: Duration,
@@ -126,8 +127,13 @@ pub(super) fn legacy_copy(
                 let start = Instant::now();
                 // llama-imatrix warns about a GGUF matrix without the suffix, not a legacy one.
                 let out_dat = tmp.with_extension("dat");
-                let run =
-                    llamacpp::run_imatrix_to_legacy(settings.tools, &gguf.0, &out_dat, timeout);
+                let run = llamacpp::run_imatrix_to_legacy(
+                    settings.tools,
+                    &base.path,
+                    &gguf.0,
+                    &out_dat,
+                    timeout,
+                );
                 let run = match run {
                     Ok(r) => r,
                     Err(e) => {

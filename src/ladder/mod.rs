@@ -596,7 +596,9 @@ pub fn make(plan: &LadderPlan, settings: &MakeSettings, ui: &dyn Reporter) -> Re
                 .iter()
                 .any(|r| r.imatrix && r.maker == Engine::Ik) =>
         {
-            Some(imatrix::legacy_copy(&cache, m, settings, timeout, ui)?)
+            Some(imatrix::legacy_copy(
+                &cache, &base, m, settings, timeout, ui,
+            )?)
         }
         _ => None,
     };

@@ -42,9 +42,11 @@ pub struct ImatrixRun {
 
 /// The importance matrix `input` (llama-imatrix's GGUF format) rewritten as `output` in
 /// the legacy binary format (the same sums, for ik_llama.cpp's llama-quantize); the output
-/// file exists when this returns `Ok`.
+/// file exists when this returns `Ok`. `model` is the GGUF the matrix was computed on:
+/// llama-imatrix's argument parser requires `-m`, though it loads no model to rewrite.
 pub fn run_imatrix_to_legacy(
     tools: &LlamaCppTools,
+    model: &std::path::Path,
     input: &std::path::Path,
     output: &std::path::Path,
     timeout: Duration,
@@ -56,7 +58,9 @@ pub fn run_imatrix_to_legacy(
         timeout,
         "check the importance matrix file is one llama-imatrix wrote",
     );
-    cmd.arg("--in-file")
+    cmd.arg("-m")
+        .arg(model)
+        .arg("--in-file")
         .arg(input)
         .arg("-o")
         .arg(output)

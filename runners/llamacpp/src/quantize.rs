@@ -133,7 +133,11 @@ pub fn parse_allowed_types(help: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut in_list = false;
     for line in help.lines() {
-        if line.contains("allowed quantization types") {
+        // Mainline: "allowed quantization types"; ik_llama.cpp: "Allowed quantization types:".
+        if line
+            .to_ascii_lowercase()
+            .contains("allowed quantization types")
+        {
             in_list = true;
             continue;
         }
@@ -309,5 +313,11 @@ llama_model_quantize_impl: WARNING: 180 of 272 tensor(s) required fallback quant
             ["Q1_0", "Q4_0", "Q3_K", "Q3_K_M", "IQ4_XS", "F32"]
         );
         assert!(parse_allowed_types("no list here").is_empty());
+        // ik_llama.cpp 0.1.5's heading and its own types.
+        let ik = "Allowed quantization types:\n\
+  145  or  IQ4_KS  :  4.25 bpw non-linear quantization\n\
+  345  or  IQ4_KS_R4 : IQ4_KS repacked\n\
+    0  or  F32     : 26.00G              @ 7B\n";
+        assert_eq!(parse_allowed_types(ik), ["IQ4_KS", "IQ4_KS_R4", "F32"]);
     }
 }

@@ -1,6 +1,7 @@
 //! GGML tensor types as they are stored in GGUF files: the table of every type id with its
 //! block size and bytes per block (so the GGUF reader can size and bounds-check any tensor,
-//! and report the type mix of files kwk cannot dequantize), and the dequantization to
+//! and report the type mix of files kwk cannot dequantize; ik_llama.cpp's own types too, for
+//! the GGUFs its llama-quantize makes), and the dequantization to
 //! float32 of the types kwk loads as master weights: F32, F16, BF16, Q8_0, Q4_0, Q4_1,
 //! Q5_0, Q5_1, Q4_K, Q5_K, Q6_K.
 //!
@@ -27,6 +28,8 @@ pub struct BlockLayout {
     pub name: &'static str,
     pub block_size: usize,
     pub type_size: usize,
+    /// Bytes every row carries before its blocks (ik_llama.cpp's row scales; 0 elsewhere).
+    pub row_meta: usize,
 }
 
 /// Super-block size of the k-quants (`QK_K` in ggml-common.h).
@@ -72,6 +75,32 @@ const LAYOUTS: &[(u32, &str, usize, usize)] = &[
     (42, "Q2_0", 64, 2 + 16),
 ];
 
+/// ik_llama.cpp's own types, (id, name, values per block, bytes per block, bytes per row
+/// before the blocks): ids from its `ggml/include/ggml.h` (`enum ggml_type`, 133 and up, so
+/// they never meet mainline's), sizes from its `gguf-py/gguf/constants.py`
+/// (`GGML_QUANT_SIZES`) and the per-row scale bytes from `.row_meta_size` in its
+/// `ggml/src/ggml.c` (ik_llama.cpp 0.1.5 as vendored by ik-llama-cpp-python). A row of such a
+/// type is `row_meta + blocks × bytes per block` (its `ggml_row_size`). kwk reads these
+/// GGUFs' headers (sizes, type mix) to run them with ik_llama.cpp; it never dequantizes them.
+const IK_LAYOUTS: &[(u32, &str, usize, usize, usize)] = &[
+    (133, "Q6_0", 32, 26, 0),
+    (137, "IQ2_K", 256, 76, 0),
+    (138, "IQ3_K", 256, 110, 0),
+    (139, "IQ4_K", 256, 144, 0),
+    (140, "IQ5_K", 256, 176, 0),
+    (141, "IQ6_K", 256, 212, 0),
+    (144, "IQ4_KS", 256, 136, 4),
+    (145, "IQ2_KS", 256, 70, 2),
+    (146, "IQ4_KSS", 256, 128, 4),
+    (152, "IQ5_KS", 256, 168, 4),
+    (153, "IQ2_KT", 256, 68, 4),
+    (154, "IQ3_KT", 256, 100, 4),
+    (155, "IQ4_KT", 256, 128, 4),
+    (156, "IQ3_KS", 256, 102, 2),
+    (157, "IQ2_KL", 256, 86, 2),
+    (158, "IQ1_KT", 256, 56, 4),
+];
+
 impl GgmlType {
     pub const F32: GgmlType = GgmlType(0);
     pub const F16: GgmlType = GgmlType(1);
@@ -87,13 +116,23 @@ impl GgmlType {
 
     /// Block size and bytes per block, or `None` for an id ggml does not define.
     pub fn layout(self) -> Option<BlockLayout> {
-        LAYOUTS
+        let mainline = LAYOUTS
             .iter()
             .find(|l| l.0 == self.0)
-            .map(|&(_, name, block_size, type_size)| BlockLayout {
+            .map(|&(_, n, b, t)| (n, b, t, 0));
+        let ik = || {
+            IK_LAYOUTS
+                .iter()
+                .find(|l| l.0 == self.0)
+                .map(|&(_, n, b, t, m)| (n, b, t, m))
+        };
+        mainline
+            .or_else(ik)
+            .map(|(name, block_size, type_size, row_meta)| BlockLayout {
                 name,
                 block_size,
                 type_size,
+                row_meta,
             })
     }
 
@@ -123,13 +162,26 @@ impl GgmlType {
         )
     }
 
-    /// Bytes holding `n_values` values (which must be a multiple of the block size).
-    pub fn bytes_for(self, n_values: u64) -> Option<u64> {
+    /// Bytes of a tensor of `dims` (`dims[0]` values per row, a multiple of the block size):
+    /// its rows' blocks, plus each row's leading bytes in ik_llama.cpp's types with them.
+    /// `None` when the size overflows or the rows are not whole blocks.
+    pub fn bytes_for_dims(self, dims: &[u64]) -> Option<u64> {
         let l = self.layout()?;
+        let n_values = dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d))?;
         if !n_values.is_multiple_of(l.block_size as u64) {
             return None;
         }
-        (n_values / l.block_size as u64).checked_mul(l.type_size as u64)
+        let blocks = (n_values / l.block_size as u64).checked_mul(l.type_size as u64)?;
+        if l.row_meta == 0 {
+            return Some(blocks);
+        }
+        let row = *dims.first()?;
+        if row == 0 || !row.is_multiple_of(l.block_size as u64) {
+            return None;
+        }
+        (n_values / row)
+            .checked_mul(l.row_meta as u64)?
+            .checked_add(blocks)
     }
 }
 
@@ -436,6 +488,27 @@ pub(crate) mod tests {
         }
         assert!(GgmlType(4).layout().is_none());
         assert_eq!(GgmlType(31).name(), "type 31");
+    }
+
+    /// ik_llama.cpp's types: a row of IQ4_KS is its float row scale and the blocks
+    /// (`ggml_row_size`), IQ4_K has no row bytes; kwk only sizes them, never dequantizes.
+    #[test]
+    fn ik_types_are_sized_with_their_row_bytes() {
+        let iq4_ks = GgmlType(144);
+        assert_eq!(iq4_ks.name(), "IQ4_KS");
+        // 576 rows of 768: 3 blocks of 136 bytes and 4 bytes of row scale each.
+        assert_eq!(
+            iq4_ks.bytes_for_dims(&[768, 576]),
+            Some(576 * (4 + 3 * 136))
+        );
+        assert_eq!(iq4_ks.bytes_for_dims(&[576, 2]), None, "not whole blocks");
+        assert_eq!(GgmlType(139).bytes_for_dims(&[512, 3]), Some(3 * 2 * 144));
+        assert_eq!(GgmlType::Q8_0.bytes_for_dims(&[64, 5]), Some(5 * 2 * 34));
+        assert!(!iq4_ks.can_dequantize());
+        // ik's ids never meet mainline's.
+        for &(id, ..) in IK_LAYOUTS {
+            assert!(LAYOUTS.iter().all(|l| l.0 != id), "{id}");
+        }
     }
 
     #[test]

@@ -384,19 +384,16 @@ impl GgufFile {
                     format!("tensor '{name}' has unknown ggml type {}", ggml_type.0),
                 )
             })?;
-            let n_elements = dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
-            let n_bytes = n_elements
-                .and_then(|n| ggml_type.bytes_for(n))
-                .ok_or_else(|| {
-                    KwkError::bad_model(
-                        path,
-                        format!(
-                            "tensor '{name}' of type {ggml_type} has dimensions {dims:?}, which \
+            let n_bytes = ggml_type.bytes_for_dims(&dims).ok_or_else(|| {
+                KwkError::bad_model(
+                    path,
+                    format!(
+                        "tensor '{name}' of type {ggml_type} has dimensions {dims:?}, which \
                          overflow or are not whole blocks of {}",
-                            layout.block_size
-                        ),
-                    )
-                })?;
+                        layout.block_size
+                    ),
+                )
+            })?;
             if dims
                 .first()
                 .is_some_and(|&d0| d0 % layout.block_size as u64 != 0)
