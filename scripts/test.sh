@@ -25,6 +25,18 @@ else
     echo "slurm: SKIPPED (not root with apt-get, or scripts/setup-slurm.sh failed above): the sweep's Slurm test will be skipped"
 fi
 
+# ik_llama.cpp for tests/cli_peer.rs's ik ladder test: built with KWK_IK=1 (15-30 min on 2
+# cores, then cached), used when an earlier set-up left a build, and otherwise skipped, loudly.
+IK_BIN="$(ls -d "${KWK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kwk}"/ik_llama.cpp-*/build/bin 2>/dev/null | tail -n 1 || true)"
+if [ "${KWK_IK:-}" = 1 ]; then
+    KWK_IK_LLAMA_CPP_DIR="$(bash scripts/setup-ik-llama-cpp.sh | tail -n 1)"
+    export KWK_IK_LLAMA_CPP_DIR
+elif [ -n "$IK_BIN" ] && [ -f "$IK_BIN/../../.build-complete" ]; then
+    export KWK_IK=1 KWK_IK_LLAMA_CPP_DIR="$IK_BIN"
+else
+    echo "ik_llama.cpp: SKIPPED (no build; KWK_IK=1 scripts/test.sh builds it): the ik ladder test will be skipped"
+fi
+
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace

@@ -260,7 +260,7 @@ pub struct EvalArgs {
     #[arg(long)]
     pub llama_bench: bool,
 
-    /// llama.cpp's side made from --llm: an F32 GGUF (convert_hf_to_gguf.py, or llama-quantize --allow-requantize for a GGUF) and these types of it, cached under $KWK_CACHE/gguf: "default" (Q8_0,Q6_K,Q5_K_M,Q4_K_M,Q4_0,IQ4_XS,Q3_K_M,IQ3_XXS,Q2_K; each +imatrix with --calib-text), "none", or types as llama-quantize names them, TYPE+imatrix for one made with llama-imatrix on --calib-text (default: the default ladder with --llama-bench and no --gguf, else none).
+    /// llama.cpp's side made from --llm: an F32 GGUF (convert_hf_to_gguf.py, or llama-quantize --allow-requantize for a GGUF) and these types of it, cached under $KWK_CACHE/gguf: "default" (Q8_0,Q6_K,Q5_K_M,Q4_K_M,Q4_0,IQ4_XS,Q3_K_M,IQ3_XXS,Q2_K; each +imatrix with --calib-text), "none", or types as llama-quantize names them, TYPE+imatrix for one made with llama-imatrix on --calib-text, ik:TYPE for one of ik_llama.cpp's own types made by its llama-quantize (with --peer ...,ik the default ladder adds IQ6_K,IQ5_K,IQ4_K,IQ4_KS,IQ3_K,IQ2_K on ik) (default: the default ladder with --llama-bench and no --gguf, else none).
     #[arg(long, value_name = "LIST", value_parser = crate::ladder::LadderChoice::parse)]
     pub ladder: Option<crate::ladder::LadderChoice>,
 
@@ -292,17 +292,36 @@ pub struct EvalArgs {
     #[arg(long, value_name = "N|all", default_value = "20", value_parser = parse_chunks)]
     pub chunks: Chunks,
 
-    /// Threads for every runner, llama.cpp included (default: all available cores; at most 4 × them).
-    #[arg(long, value_name = "N")]
-    pub threads: Option<usize>,
+    /// Threads for every runner, llama.cpp included (default: all available cores; at most 4 × them); a comma-separated list runs every speed test at each count (perplexity uses the first).
+    #[arg(long, value_name = "N[,N...]", value_delimiter = ',')]
+    pub threads: Option<Vec<usize>>,
 
-    /// Prompt length of the prompt-speed test (llama-bench -p); 0 skips it; --pp + --tg at most 2^20.
-    #[arg(long, default_value_t = crate::plan::DEFAULT_PP)]
-    pub pp: usize,
+    /// Prompt length of the prompt-speed test (llama-bench -p); 0 skips it; a comma-separated list runs each; depth + pp + tg at most 2^20.
+    #[arg(
+        long,
+        value_name = "N[,N...]",
+        default_value = "512",
+        value_delimiter = ','
+    )]
+    pub pp: Vec<usize>,
 
-    /// Generated tokens of the generation-speed test (llama-bench -n); 0 skips it.
-    #[arg(long, default_value_t = crate::plan::DEFAULT_TG)]
-    pub tg: usize,
+    /// Generated tokens of the generation-speed test (llama-bench -n); 0 skips it; a comma-separated list runs each.
+    #[arg(
+        long,
+        value_name = "N[,N...]",
+        default_value = "128",
+        value_delimiter = ','
+    )]
+    pub tg: Vec<usize>,
+
+    /// Tokens in the KV cache before each timed speed test, prefilled untimed (llama-bench -d); a comma-separated list, e.g. 0,512,4096, runs every test at each depth (tests named pp512@d4096); depth + pp (or tg) must fit the model's context.
+    #[arg(
+        long,
+        value_name = "D[,D...]",
+        default_value = "0",
+        value_delimiter = ','
+    )]
+    pub depth: Vec<usize>,
 
     /// Timed repetitions of each speed test (1 to 1000), after one warm-up; run in rounds, one repetition of every runner per round (llama-bench runs with -r 1 once per round).
     #[arg(long, default_value_t = crate::plan::DEFAULT_REPS)]
@@ -502,9 +521,10 @@ impl EvalArgs {
             llama_kv: self.llama_kv.kv_type(),
             ctx: self.ctx,
             chunks: self.chunks,
-            threads: self.threads,
+            threads: self.threads.unwrap_or_default(),
             pp: self.pp,
             tg: self.tg,
+            depth: self.depth,
             reps: self.reps,
             out: self.out,
             baseline: self.baseline,
@@ -641,7 +661,7 @@ mod tests {
     #[test]
     fn the_help_lists_the_report_files() {
         assert!(after_help().contains(
-            "\n\nWrites results.json, results.csv, speed_ratios.csv, report.md and plots (PNG + SVG) \
+            "\n\nWrites results.json, results.csv, speed_ratios.csv, speed_points.csv, report.md and plots (PNG + SVG) \
              to the run folder and prints the table (--output for other forms).\nExit status: 0 ok"
         ));
     }
@@ -652,7 +672,9 @@ mod tests {
         let Invocation::Evaluate(c) = cli.into_invocation() else {
             panic!()
         };
-        assert_eq!((c.ctx, c.pp, c.tg, c.reps), (512, 512, 128, 3));
+        assert_eq!((c.ctx, c.reps), (512, 3));
+        assert_eq!((c.pp, c.tg, c.depth), (vec![512], vec![128], vec![0]));
+        assert!(c.threads.is_empty());
         assert_eq!(c.chunks, Chunks::AtMost(20));
         // No --formats: the plan picks the defaults (DEFAULT_FORMATS, or LADDER_FORMATS with
         // llama.cpp's ladder).

@@ -32,6 +32,7 @@ pub mod cache_dir;
 pub mod cli;
 pub mod compare;
 pub mod console;
+pub mod depth;
 pub mod digest;
 pub mod eval;
 pub mod generate;

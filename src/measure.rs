@@ -17,6 +17,7 @@ use crate::eval::paired::paired_change;
 use crate::interrupt;
 use crate::plan::RunPlan;
 use crate::prepare::Prepared;
+use crate::protocol::points::{PointSpeed, SpeedAxes};
 use crate::protocol::results::{Machine, Results, RunnerRecord};
 use crate::protocol::steadiness::Steadiness;
 use crate::protocol::{
@@ -35,9 +36,11 @@ use std::rc::Rc;
 struct Live {
     index: usize,
     runner: Box<dyn Runner>,
-    pp: Vec<f64>,
-    tg: Vec<f64>,
-    /// The read bandwidth around each `tg` sample's repetition, GB/s (with peaks only).
+    /// Per run of a round (`SpeedAxes::specs`, the first is the primary point): the pp and
+    /// tg samples, each with its round.
+    pp: Vec<Vec<(usize, f64)>>,
+    tg: Vec<Vec<(usize, f64)>>,
+    /// The read bandwidth around each primary `tg` sample's repetition, GB/s (with peaks only).
     tg_read: Vec<f64>,
     raw: Vec<serde_json::Value>,
 }
@@ -315,11 +318,12 @@ fn quality_pass(
                 }
                 reference_ready |= wrote;
                 if let (Some(runner), None, Some(_)) = (runner, &rec.error, &plan.speed) {
+                    let runs = plan.speed_axes.specs(1).len();
                     live.push(Live {
                         index: i,
                         runner,
-                        pp: Vec::new(),
-                        tg: Vec::new(),
+                        pp: vec![Vec::new(); runs],
+                        tg: vec![Vec::new(); runs],
                         tg_read: Vec::new(),
                         raw: Vec::new(),
                     });
@@ -443,11 +447,13 @@ fn compare_rows(
     Ok(())
 }
 
-/// One round: repetition `round` of every live runner, the order rotated by `round`. With
-/// `probes`, each repetition is bracketed by read probes (`Live::tg_read`).
+/// One round: repetition `round` of every live runner at every point (`specs`, point by
+/// point, all runners at a point before the next), the runners' order rotated by `round`.
+/// With `probes`, each repetition of the primary point is bracketed by read probes
+/// (`Live::tg_read`). The order is the runners' at the primary point.
 fn speed_round(
     live: &mut [Live],
-    spec: &SpeedSpec,
+    specs: &[SpeedSpec],
     round: usize,
     probes: Option<&ReadProbes>,
     results: &mut Results,
@@ -455,45 +461,85 @@ fn speed_round(
 ) -> Vec<String> {
     let n = live.len();
     let mut order = Vec::with_capacity(n);
-    for k in 0..n {
-        let l = &mut live[(k + round) % n];
-        let row = &mut results.runners[l.index];
-        if row.error.is_some() || interrupt::requested() {
-            continue;
-        }
-        let name = row.name.clone();
-        ui.line(&format!(
-            "  speed round {}/{}, row {}/{n}: {name}",
-            round + 1,
-            spec.reps,
-            k + 1
-        ));
-        let probe = probes.map(|p| p.for_runner(l.runner.as_ref()));
-        let before = probe.map(|p| ReadProbes::probe_into(&mut results.machine, p));
-        let rep = contain(|| {
-            test_hook_panic(&name, Phase::Speed, ui);
-            l.runner.speed_rep(spec)
-        })
-        .unwrap_or_else(|panic| Err(anyhow::anyhow!(panic)));
-        let after = probe.map(|p| ReadProbes::probe_into(&mut results.machine, p));
-        match rep {
-            Ok(Some(SpeedRep { pp, tg, raw })) => {
-                l.pp.extend(pp);
-                if let (Some(b), Some(a)) = (before, after) {
-                    l.tg_read.extend(tg.iter().map(|_| (b + a) / 2.0));
-                }
-                l.tg.extend(tg);
-                if let Some(serde_json::Value::Array(v)) = raw {
-                    l.raw.extend(v);
-                }
-                order.push(row.name.clone());
+    for (si, spec) in specs.iter().enumerate() {
+        for k in 0..n {
+            let l = &mut live[(k + round) % n];
+            let row = &mut results.runners[l.index];
+            if row.error.is_some() || interrupt::requested() {
+                continue;
             }
-            Ok(None) => {}
-            Err(_) if interrupt::requested() => {}
-            Err(e) => row.fail(format!("speed: {e:#}")),
+            let name = row.name.clone();
+            let point = match specs.len() {
+                1 => String::new(),
+                _ => format!(", point {}/{}", si + 1, specs.len()),
+            };
+            ui.line(&format!(
+                "  speed round {}/{}{point}, row {}/{n}: {name}",
+                round + 1,
+                spec.reps,
+                k + 1
+            ));
+            let probe = (si == 0)
+                .then(|| probes.map(|p| p.for_runner(l.runner.as_ref())))
+                .flatten();
+            let before = probe.map(|p| ReadProbes::probe_into(&mut results.machine, p));
+            let rep = contain(|| {
+                test_hook_panic(&name, Phase::Speed, ui);
+                l.runner.speed_rep(spec)
+            })
+            .unwrap_or_else(|panic| Err(anyhow::anyhow!(panic)));
+            let after = probe.map(|p| ReadProbes::probe_into(&mut results.machine, p));
+            match rep {
+                Ok(Some(SpeedRep { pp, tg, raw })) => {
+                    l.pp[si].extend(pp.map(|v| (round, v)));
+                    if let (Some(b), Some(a)) = (before, after) {
+                        l.tg_read.extend(tg.iter().map(|_| (b + a) / 2.0));
+                    }
+                    l.tg[si].extend(tg.map(|v| (round, v)));
+                    if let Some(serde_json::Value::Array(v)) = raw {
+                        l.raw.extend(v);
+                    }
+                    if si == 0 {
+                        order.push(row.name.clone());
+                    }
+                }
+                Ok(None) => {}
+                Err(_) if interrupt::requested() => {}
+                Err(e) => row.fail(format!("speed: {e:#}")),
+            }
         }
     }
     order
+}
+
+/// The row's figures at every point: one [`PointSpeed`] per test of each run of `specs`.
+fn point_records(axes: &SpeedAxes, specs: &[SpeedSpec], l: &Live) -> Result<Vec<PointSpeed>> {
+    let mut out = Vec::new();
+    for (si, spec) in specs.iter().enumerate() {
+        for (kind, n, samples) in [("pp", spec.pp, &l.pp[si]), ("tg", spec.tg, &l.tg[si])] {
+            if n == 0 {
+                continue;
+            }
+            let test = axes.test_name(kind, n, spec.depth, spec.threads);
+            let values: Vec<f64> = samples.iter().map(|s| s.1).collect();
+            let summary = (!values.is_empty())
+                .then(|| speed_sample(&test, values.clone()))
+                .transpose()?;
+            out.push(PointSpeed {
+                test,
+                kind: kind.into(),
+                tokens: n,
+                depth: spec.depth,
+                threads: spec.threads,
+                primary: si == 0,
+                tokens_per_s: summary.as_ref().map(|s| s.tokens_per_s),
+                tokens_per_s_std: summary.as_ref().map(|s| s.tokens_per_s_std),
+                samples_tokens_per_s: values,
+                rounds: samples.iter().map(|s| s.0).collect(),
+            });
+        }
+    }
+    Ok(out)
 }
 
 /// The speed rounds; each row's samples summarized once all rounds are done.
@@ -511,6 +557,7 @@ fn speed_pass(
     if live.is_empty() {
         return Ok(());
     }
+    let specs = plan.speed_axes.specs(spec.reps);
     // The read ceiling is probed again before every round, so it sees the same drift as
     // the generation rates it divides (see `kwk::roofline::ReadProbe`), and around
     // every repetition, so each generation rate also has the bandwidth of its own moment
@@ -538,13 +585,11 @@ fn speed_pass(
             // Speed from some of the rounds only would not be the protocol's figure.
             return Ok(());
         }
-        ui.line(&format!(
-            "speed round {}/{}: pp{} tg{}",
-            round + 1,
-            spec.reps,
-            spec.pp,
-            spec.tg
-        ));
+        let what = match specs.len() {
+            1 => format!("pp{} tg{}", spec.pp, spec.tg),
+            n => format!("{n} points"),
+        };
+        ui.line(&format!("speed round {}/{}: {what}", round + 1, spec.reps));
         if let Some(probes) = &probes {
             let gbps = probes.active.best_gbps(3);
             let m = &mut results.machine;
@@ -561,7 +606,7 @@ fn speed_pass(
                 p.add_compute_probe(kwk::kernels::best_isa());
             }
         }
-        let order = speed_round(live, spec, round, probes.as_ref(), results, ui);
+        let order = speed_round(live, &specs, round, probes.as_ref(), results, ui);
         results.speed_rounds.push(order);
     }
     if interrupt::requested() {
@@ -585,14 +630,22 @@ fn speed_pass(
                 .then(|| speed_sample(what, v.to_vec()))
                 .transpose()
         };
-        match (summary("pp", &l.pp), summary("tg", &l.tg)) {
+        let values = |v: &[(usize, f64)]| v.iter().map(|s| s.1).collect::<Vec<f64>>();
+        match (
+            summary("pp", &values(&l.pp[0])),
+            summary("tg", &values(&l.tg[0])),
+        ) {
             (Ok(pp), Ok(tg)) => row.set_speed(pp.as_ref(), tg.as_ref()),
             (Err(e), _) | (_, Err(e)) => row.fail(format!("speed: {e:#}")),
+        }
+        match point_records(&plan.speed_axes, &specs, l) {
+            Ok(points) => row.speed_points = points,
+            Err(e) => row.fail(format!("speed: {e:#}")),
         }
         if !l.raw.is_empty() {
             row.llama_bench = Some(serde_json::Value::Array(l.raw.clone()));
         }
-        if l.tg_read.len() == l.tg.len() {
+        if l.tg_read.len() == l.tg[0].len() {
             row.tg_samples_read_gbps = l.tg_read.clone();
         }
     }
@@ -639,7 +692,12 @@ fn set_roofline(
     let Some(peaks) = peaks else { return };
     let ops = kwk::model::cost::prompt_ops_per_token(config, spec.pp);
     let bytes = cost.weight_bytes_per_token
-        + kwk::model::cost::kv_bytes_per_token(config, cost.kv_bytes_per_value, 0, spec.tg);
+        + kwk::model::cost::kv_bytes_per_token(
+            config,
+            cost.kv_bytes_per_value,
+            spec.depth,
+            spec.tg,
+        );
     let compute_peak = match cost.compute {
         ComputeKind::Fp32 => peaks.fp32_gflops,
         ComputeKind::Bf16 => peaks.bf16_gflops.unwrap_or(peaks.fp32_gflops),
@@ -722,6 +780,7 @@ mod tests {
         let spec = SpeedSpec {
             pp: 64,
             tg: 16,
+            depth: 0,
             reps: 1,
             threads: 2,
         };
@@ -800,6 +859,7 @@ mod tests {
         let spec = SpeedSpec {
             pp: 0,
             tg: 1,
+            depth: 0,
             reps: 1,
             threads: 2,
         };

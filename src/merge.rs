@@ -13,7 +13,8 @@
 //!
 //! Rows keep every figure of their cell as it was written; only their names gain what tells
 //! cells apart when it varies (`MODEL/` when there are several models, `@tN` when thread
-//! counts differ, `@CELL` when CPUs differ). Each cell's machine, protocol and versions are
+//! counts differ, `@dD` when the speed tests' depths differ (a sweep over depths, issue 39),
+//! `@CELL` when CPUs differ). Each cell's machine, protocol and versions are
 //! kept in `cells`, each row names its cell. Speed ratios: each cell's own paired ratios,
 //! plus unpaired ones (`rounds: 0`, ratio of medians) between rows of different cells of the
 //! same model, thread count and CPU; across CPUs only with `--speed-across-machines`.
@@ -219,7 +220,20 @@ struct Naming {
     /// short name, `-2`, `-3`, ... after it when two share one.
     models: Option<Vec<(String, String)>>,
     threads: bool,
+    depths: bool,
     cpus: bool,
+}
+
+/// The depths of a run's speed tests as a row name's `@d` suffix shows them (`4096`,
+/// `0,4096` for a run that swept them itself); `0` for a run at depth 0 only.
+fn depth_key(r: &Results) -> String {
+    r.protocol.speed_axes.as_ref().map_or("0".into(), |a| {
+        a.depth
+            .iter()
+            .map(usize::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    })
 }
 
 impl Naming {
@@ -249,6 +263,7 @@ impl Naming {
         Naming {
             models: (labels.len() > 1).then_some(labels),
             threads: count(&|r| r.machine.threads.to_string()) > 1,
+            depths: count(&depth_key) > 1,
             cpus: count(&|r| machine_key(&r.machine)) > 1,
         }
     }
@@ -265,6 +280,9 @@ impl Naming {
         s.push_str(row);
         if self.threads {
             s.push_str(&format!("@t{}", cell.results.machine.threads));
+        }
+        if self.depths {
+            s.push_str(&format!("@d{}", depth_key(&cell.results)));
         }
         if self.cpus {
             s.push('@');
@@ -361,6 +379,14 @@ pub fn merge(cells: &[CellRun], speed_across_machines: bool) -> Result<Results> 
     }
     let mut protocol = first.protocol.clone();
     protocol.kld = cells.iter().any(|c| c.results.protocol.kld);
+    // Cells of different speed sweeps (depths): no one sweep; each ratio's test names its
+    // point, and the plain `pp`/`tg` ones are depth 0's.
+    if cells
+        .iter()
+        .any(|c| c.results.protocol.speed_axes != first.protocol.speed_axes)
+    {
+        protocol.speed_axes = None;
+    }
     if naming.models.is_some() {
         protocol.model_sha256 = "several models (each cell's in `cells`)".into();
         protocol.tokens_sha256 = "several tokenizers (each cell's in `cells`)".into();
@@ -461,9 +487,10 @@ impl Origin {
     fn setting(&self, cells: &[CellRun]) -> String {
         let r = &cells[self.cell].results;
         format!(
-            "{} t{} {}",
+            "{} t{} d{} {}",
             r.protocol.model_sha256,
             r.machine.threads,
+            depth_key(r),
             machine_key(&r.machine)
         )
     }
@@ -509,20 +536,23 @@ fn unpaired_ratios(
                 let rb = &cells[cb].results;
                 if rb.protocol.model_sha256 != ra.protocol.model_sha256
                     || rb.machine.threads != ra.machine.threads
+                    || depth_key(rb) != depth_key(ra)
                     || (!across && machine_key(&rb.machine) != machine_key(&ra.machine))
                 {
                     continue;
                 }
+                // The primary point's test as the cell names it (`pp`, `pp512@d4096`).
+                let name = ra.protocol.primary_ratio_test(test);
                 if have
                     .iter()
                     .chain(&out)
-                    .any(|x| x.test == test && x.row == row.name && x.vs == vs.name)
+                    .any(|x| x.test == name && x.row == row.name && x.vs == vs.name)
                 {
                     continue;
                 }
                 let Some(b) = median(vs, test) else { continue };
                 out.push(SpeedRatio {
-                    test: test.into(),
+                    test: name,
                     row: row.name.clone(),
                     vs: vs.name.clone(),
                     rounds: 0,
@@ -743,5 +773,43 @@ mod tests {
             read_cells(&[done, dir.path().join("none")]).unwrap_err()
         );
         assert!(e.contains("holds no results.json"), "{e}");
+    }
+
+    /// Cells of a sweep over depths: rows gain `@dD`, each cell's ratios keep their point's
+    /// name, and no unpaired ratio crosses depths.
+    #[test]
+    fn cells_at_different_depths_are_told_apart() {
+        use crate::protocol::points::SpeedAxes;
+        let mut deep = cell("001-int8-t1-d64", "int8", 20.5, 1);
+        let mut axes = SpeedAxes::single(16, 4, 1);
+        axes.depth = vec![64];
+        deep.results.protocol.speed_axes = Some(axes);
+        for x in &mut deep.results.speed_ratios {
+            x.test = deep.results.protocol.primary_ratio_test(&x.test);
+        }
+        let flat = cell("000-int8-t1", "int8", 20.5, 1);
+        let m = merge(&[flat, deep], false).unwrap();
+        let names: Vec<&str> = m.runners.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["float32@d0", "int8@d0", "float32@d64", "int8@d64"]);
+        assert!(m.protocol.speed_axes.is_none());
+        let tests: Vec<(&str, &str, &str)> = m
+            .speed_ratios
+            .iter()
+            .map(|x| (x.test.as_str(), x.row.as_str(), x.vs.as_str()))
+            .collect();
+        assert!(
+            tests.contains(&("pp16@d64", "int8@d64", "float32@d64")),
+            "{tests:?}"
+        );
+        assert!(
+            tests.contains(&("pp", "int8@d0", "float32@d0")),
+            "{tests:?}"
+        );
+        assert!(
+            m.speed_ratios
+                .iter()
+                .all(|x| x.row.ends_with("@d0") == x.vs.ends_with("@d0")),
+            "{tests:?}"
+        );
     }
 }

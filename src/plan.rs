@@ -8,6 +8,7 @@
 use crate::cache_dir::pack_cache;
 use crate::limits::{check_range, check_threads, MAX_CHUNKS, MAX_REPS, MAX_TOKENS};
 use crate::machine;
+use crate::protocol::points::{repeated, SpeedAxes};
 use crate::protocol::results::Results;
 use crate::protocol::{check_ctx, parse_gguf_arg, Engine, FormatSpec, SpeedSpec};
 use crate::report::gate::{self, GateLimits};
@@ -68,9 +69,12 @@ pub struct EvalOptions {
     pub llama_kv: llamacpp::KvType,
     pub ctx: usize,
     pub chunks: Chunks,
-    pub threads: Option<usize>,
-    pub pp: usize,
-    pub tg: usize,
+    /// `--threads`, a list (the first also runs perplexity); empty: every available core.
+    pub threads: Vec<usize>,
+    /// `--pp`, `--tg` and `--depth`: the speed sweep's lists ([`SpeedAxes`]).
+    pub pp: Vec<usize>,
+    pub tg: Vec<usize>,
+    pub depth: Vec<usize>,
     pub reps: usize,
     /// `--out`; `None` is `runs/<UTC timestamp>` under a fresh name.
     pub out: Option<PathBuf>,
@@ -134,9 +138,12 @@ pub struct RunPlan {
     pub ctx: usize,
     /// `--chunks`; `None` is every whole chunk.
     pub max_chunks: Option<usize>,
+    /// The first `--threads` (perplexity, the roofline's peaks, every runner's build).
     pub threads: usize,
-    /// `None` with `--no-speed`.
+    /// `None` with `--no-speed`; the sweep's first point otherwise.
     pub speed: Option<SpeedSpec>,
+    /// Every point of the speed sweep (one point when no list was given).
+    pub speed_axes: SpeedAxes,
     pub kld: KldMode,
     pub keep_logits: bool,
     /// `--reference`, resolved to the file: float32's log-probs loaded, not computed.
@@ -197,30 +204,38 @@ fn check_flags(a: &EvalOptions) -> Result<()> {
             a.ctx
         );
     }
-    if let Some(t) = a.threads {
+    for &t in &a.threads {
         check_threads(t)?;
     }
+    if let Some(v) = repeated(&a.threads) {
+        bail!("--threads gives {v} twice; pass each value once");
+    }
     check_range("--reps", a.reps, 1, MAX_REPS, "timed repetitions")?;
-    check_range(
-        "--pp",
-        a.pp,
-        0,
-        MAX_TOKENS,
-        "prompt tokens; 0 skips the test",
-    )?;
-    check_range(
-        "--tg",
-        a.tg,
-        0,
-        MAX_TOKENS,
-        "generated tokens; 0 skips the test",
-    )?;
-    let sequence = a.pp.checked_add(a.tg).filter(|&s| s <= MAX_TOKENS);
+    for (flag, list, what) in [
+        ("--pp", &a.pp, "prompt tokens; 0 skips the test"),
+        ("--tg", &a.tg, "generated tokens; 0 skips the test"),
+        ("--depth", &a.depth, "tokens in the cache before each test"),
+    ] {
+        ensure!(!list.is_empty(), "{flag} needs at least one value");
+        if let Some(v) = repeated(list) {
+            bail!("{flag} gives {v} twice; pass each value once");
+        }
+        for &v in list.iter() {
+            check_range(flag, v, 0, MAX_TOKENS, what)?;
+        }
+    }
+    let (pp, tg, depth) = (max_of(&a.pp), max_of(&a.tg), max_of(&a.depth));
+    let sequence = pp
+        .checked_add(tg)
+        .and_then(|s| s.checked_add(depth))
+        .filter(|&s| s <= MAX_TOKENS);
+    let depth_part = match depth {
+        0 => String::new(),
+        d => format!("--depth {d} + "),
+    };
     ensure!(
         sequence.is_some(),
-        "--pp {} + --tg {} is more than {MAX_TOKENS} tokens, the longest sequence a speed test runs; pass smaller values",
-        a.pp,
-        a.tg
+        "{depth_part}--pp {pp} + --tg {tg} is more than {MAX_TOKENS} tokens, the longest sequence a speed test runs; pass smaller values"
     );
     a.limits.check()
 }
@@ -488,8 +503,13 @@ pub fn make(a: &EvalOptions, ui: &dyn Reporter) -> Result<RunPlan> {
             Chunks::All => None,
             Chunks::AtMost(n) => Some(n),
         },
-        threads: a.threads.unwrap_or_else(machine::available_threads),
+        threads: a
+            .threads
+            .first()
+            .copied()
+            .unwrap_or_else(machine::available_threads),
         speed: None,
+        speed_axes: SpeedAxes::single(0, 0, 0),
         kld,
         keep_logits: a.keep_logits,
         reference: a.reference.as_deref().map(reference_file).transpose()?,
@@ -500,12 +520,17 @@ pub fn make(a: &EvalOptions, ui: &dyn Reporter) -> Result<RunPlan> {
         limits: a.limits,
         compare_to: a.compare_to.clone(),
     };
-    plan.speed = (!a.no_speed).then_some(SpeedSpec {
-        pp: a.pp,
-        tg: a.tg,
-        reps: a.reps,
-        threads: plan.threads,
-    });
+    plan.speed_axes = SpeedAxes {
+        pp: a.pp.clone(),
+        tg: a.tg.clone(),
+        depth: a.depth.clone(),
+        threads: if a.threads.is_empty() {
+            vec![plan.threads]
+        } else {
+            a.threads.clone()
+        },
+    };
+    plan.speed = (!a.no_speed).then(|| plan.speed_axes.specs(a.reps).remove(0));
     let ask = |calib| crate::ladder::LadderAsk {
         choice: &a.ladder,
         llm: &a.llm,
@@ -524,8 +549,9 @@ pub fn make(a: &EvalOptions, ui: &dyn Reporter) -> Result<RunPlan> {
     plan.calib_text = calibration_text(a, calib_needed, &plan.text)?;
     // The ladder is made with llama.cpp's tools whatever the peers; each GGUF row runs on
     // its engine's.
+    // A ladder type named `ik:TYPE` runs on ik_llama.cpp whatever the peers.
     let runs_on = |e: Engine| {
-        (ladder_wanted && plan.peers.contains(&e))
+        (ladder_wanted && (plan.peers.contains(&e) || (e == Engine::Ik && a.ladder.names_ik())))
             || plan
                 .formats
                 .iter()
@@ -547,7 +573,11 @@ pub fn make(a: &EvalOptions, ui: &dyn Reporter) -> Result<RunPlan> {
         );
     }
     if let (true, Some(tools)) = (ladder_wanted, &plan.tools) {
-        plan.ladder = crate::ladder::plan(&ask(plan.calib_text.as_ref()), tools)?;
+        plan.ladder = crate::ladder::plan(
+            &ask(plan.calib_text.as_ref()),
+            tools,
+            plan.ik_tools.as_ref(),
+        )?;
     }
     for w in noop_warnings(a, &plan) {
         ui.warn(&w);
@@ -597,17 +627,18 @@ impl RunPlan {
     pub fn identity_known_before_load(&self) -> gate::PlannedIdentity {
         let mut rows: Vec<String> = self.formats.iter().map(FormatSpec::name).collect();
         if let Some(l) = &self.ladder {
-            let labels =
-                std::iter::once("F32".to_string()).chain(l.rungs.iter().map(|r| r.label()));
-            for label in labels {
-                let row = FormatSpec::Gguf {
-                    path: PathBuf::new(),
-                    label,
-                    explicit: true,
-                    engine: Engine::LlamaCpp,
-                    by_engine: false,
-                };
-                rows.extend(row.for_peers(&self.peers).iter().map(FormatSpec::name));
+            let base = crate::ladder::Rung {
+                qtype: "F32".into(),
+                imatrix: false,
+                maker: Engine::LlamaCpp,
+            };
+            for rung in std::iter::once(&base).chain(&l.rungs) {
+                let row = rung.row(PathBuf::new());
+                rows.extend(
+                    crate::ladder::rows_on_peers(&row, &self.peers)
+                        .iter()
+                        .map(FormatSpec::name),
+                );
             }
         }
         gate::PlannedIdentity {
@@ -691,10 +722,20 @@ pub fn noop_warnings(a: &EvalOptions, plan: &RunPlan) -> Vec<String> {
     } else if a.keep_logits && !plan.has_reference() {
         w.push("--keep-logits does nothing: float32 is not in --formats, so there are no reference log-probs".to_string());
     }
-    if a.no_speed && (a.reps != DEFAULT_REPS || a.pp != DEFAULT_PP || a.tg != DEFAULT_TG) {
-        w.push("--pp/--tg/--reps do nothing with --no-speed".to_string());
+    if a.no_speed
+        && (a.reps != DEFAULT_REPS
+            || a.pp != [DEFAULT_PP]
+            || a.tg != [DEFAULT_TG]
+            || a.depth != [0])
+    {
+        w.push("--pp/--tg/--depth/--reps do nothing with --no-speed".to_string());
     }
     w
+}
+
+/// The largest value of a list (0 for an empty one).
+fn max_of(v: &[usize]) -> usize {
+    v.iter().copied().max().unwrap_or(0)
 }
 
 /// The speed flags' defaults (`cli`), to tell a flag given with --no-speed.

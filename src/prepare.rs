@@ -276,6 +276,11 @@ fn start_results(
             pp: speed.map_or(0, |s| s.pp),
             tg: speed.map_or(0, |s| s.tg),
             reps: speed.map_or(0, |s| s.reps),
+            speed_axes: speed
+                .is_some()
+                .then(|| plan.speed_axes.clone())
+                .filter(|a| !a.is_single()),
+            kv_values_per_token: None,
             kld,
             speed: speed.is_some(),
             model_sha256: model_sha,
@@ -335,10 +340,13 @@ pub fn prepare(plan: &RunPlan, ui: &dyn Reporter) -> Result<Prepared> {
     ui.line(&format!("loading model '{}'", plan.llm));
     let model = kwk::model::load_model_header(&plan.llm)
         .with_context(|| format!("loading --llm '{}'", plan.llm))?;
-    let max_cache_len = plan
-        .speed
-        .as_ref()
-        .map_or(plan.ctx, |s| plan.ctx.max(s.pp + s.tg));
+    // Each test starts from an emptied cache: the longest holds a depth and a pp or a tg
+    // (at depth 0 `pp + tg`, as it always was).
+    let max_cache_len = plan.speed.as_ref().map_or(plan.ctx, |s| {
+        plan.ctx
+            .max(s.pp + s.tg)
+            .max(plan.speed_axes.longest_test())
+    });
     // Before the model's files are hashed or any row reads a weight.
     if plan.has_kwk() {
         check_memory(plan, &model, max_cache_len)?;
@@ -371,6 +379,10 @@ pub fn prepare(plan: &RunPlan, ui: &dyn Reporter) -> Result<Prepared> {
             None => (None, None),
         };
     let mut results = start_results(plan, &stream, &chunks, kld, model_sha, calibration, ui);
+    if plan.speed.is_some() {
+        results.protocol.kv_values_per_token =
+            Some(crate::depth::kv_values_per_token(&model.config));
+    }
     if let Some(b) = &plan.baseline {
         gate::check_after_load(&b.results, &results.protocol)
             .with_context(|| format!("--baseline '{}'", b.path.display()))?;

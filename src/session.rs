@@ -96,10 +96,13 @@ impl<'a> Reports<'a> {
 /// Runs the evaluation `args` describe.
 pub fn evaluate(args: &EvalOptions, ui: &dyn Reporter) -> Result<Outcome> {
     let mut plan = plan::make(args, ui)?;
+    // A depth past the model's context, or KV caches past the memory, before any work.
+    crate::depth::check_before_run(&plan)?;
     if let (Some(ladder), Some(tools)) = (plan.ladder.clone(), plan.tools.clone()) {
         let settings = ladder::MakeSettings {
             llm: &plan.llm,
             tools: &tools,
+            ik_tools: plan.ik_tools.as_ref(),
             threads: plan.threads,
             timeout: plan.tool_timeout,
         };
@@ -115,7 +118,7 @@ pub fn evaluate(args: &EvalOptions, ui: &dyn Reporter) -> Result<Outcome> {
         // Each made GGUF runs on every peer (`--peer`), its record under each row's name.
         for f in made.formats {
             let record = made.made.iter().find(|(n, _)| *n == f.name());
-            for row in f.for_peers(&plan.peers) {
+            for row in ladder::rows_on_peers(&f, &plan.peers) {
                 if let Some((_, m)) = record {
                     plan.made.push((row.name(), m.clone()));
                 }

@@ -45,3 +45,76 @@ fn mainline_tools_given_as_iks_are_refused() {
     assert!(line.contains("is not ik_llama.cpp but llama.cpp"), "{line}");
     assert!(line.contains("scripts/setup-ik-llama-cpp.sh"), "{line}");
 }
+
+/// The ladder with ik_llama.cpp among the peers (issue 40): mainline's type runs on both
+/// engines, the fork's own type (`ik:IQ4_KS`, made by its llama-quantize from the same F32
+/// base and importance matrix) on the fork alone. Needs a real ik build
+/// (scripts/setup-ik-llama-cpp.sh): without one the test says it is skipped, and
+/// scripts/test.sh says so too.
+#[test]
+fn the_ladder_adds_iks_own_types_on_ik_alone() {
+    let Some(ik) = ik_dir() else {
+        // scripts/test.sh sets KWK_IK=1 when it has a build: then a missing one is a failure.
+        assert_ne!(
+            std::env::var("KWK_IK").as_deref(),
+            Ok("1"),
+            "KWK_IK=1 but no ik_llama.cpp build found"
+        );
+        eprintln!("SKIPPED: no ik_llama.cpp build (scripts/setup-ik-llama-cpp.sh)");
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("run");
+    let o = kwk_eval()
+        .env("KWK_CACHE", tmp.path().join("cache"))
+        .arg("--llm")
+        .arg(tiny_llama().join("model.gguf"))
+        .args(["--formats", "float32", "--ctx", "64", "--chunks", "2"])
+        .args(["--no-speed", "--threads", "2", "--no-pack-cache"])
+        .arg("--llama-cpp-dir")
+        .arg(llama_dir())
+        .args(["--peer", "llama.cpp,ik", "--ik-llama-cpp-dir"])
+        .arg(&ik)
+        .args(["--ladder", "Q8_0+imatrix,ik:IQ4_KS+imatrix", "--calib-text"])
+        .arg(eval_txt())
+        .arg("--calib-on-eval")
+        .arg("--text")
+        .arg(eval_txt())
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "stderr:\n{stderr}");
+    let r: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("results.json")).unwrap()).unwrap();
+    let rows = r["runners"].as_array().unwrap();
+    let names: Vec<&str> = rows.iter().map(|x| x["name"].as_str().unwrap()).collect();
+    for name in [
+        "float32",
+        "llama.cpp:F32",
+        "ik:F32",
+        "llama.cpp:Q8_0+imatrix",
+        "ik:Q8_0+imatrix",
+        "ik:IQ4_KS+imatrix",
+    ] {
+        let x = rows
+            .iter()
+            .find(|x| x["name"] == name)
+            .unwrap_or_else(|| panic!("no row {name} in {names:?}"));
+        assert_eq!(x["status"], "ok", "{x:#}");
+        assert!(x["ppl"].as_f64().unwrap() > 1.0, "{x:#}");
+    }
+    assert!(!names.contains(&"llama.cpp:IQ4_KS+imatrix"), "{names:?}");
+    let iq = rows
+        .iter()
+        .find(|x| x["name"] == "ik:IQ4_KS+imatrix")
+        .unwrap();
+    assert_eq!(iq["engine"], "ik");
+    assert_eq!(iq["made"]["qtype"], "IQ4_KS");
+    assert!(iq["made"]["imatrix_sha256"].is_string(), "{iq:#}");
+    assert!(
+        stderr.contains("importance matrix rewritten in the legacy format"),
+        "{stderr}"
+    );
+}

@@ -176,22 +176,25 @@ fn plan_lists_cells_and_the_shared_work() {
         text.contains("kwk's int8, int4 packed into the pack cache"),
         "{text}"
     );
-    // A depth other than 0 waits for issue 39.
+    // Depth is an axis (issue 39): one cell per depth, each passing its `--depth`.
     std::fs::write(
         &file,
         std::fs::read_to_string(&file)
             .unwrap()
-            .replace("reps = 1", "reps = 1\ndepths = [512]"),
+            .replace("reps = 1", "reps = 1\ndepths = [0, 64]"),
     )
     .unwrap();
-    let line = assert_error(
-        kwk_eval().args(["sweep", "plan"]).arg(&file),
-        2,
-        "sweep file",
-    );
+    let out = kwk_eval()
+        .args(["sweep", "plan"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.starts_with("8 cells, 1 shared job(s)"), "{text}");
     assert!(
-        line.contains("depth 512") && line.contains("issue 39"),
-        "{line}"
+        text.contains("-d64") && text.contains("--depth 64"),
+        "{text}"
     );
 }
 

@@ -5,7 +5,11 @@
 //! tokenizer adds one) is processed in one call, asking for the last position's logits.
 //! tg: the cache is emptied, then `tg` single-token steps, each asking for its logits
 //! (llama-bench's tg test starts from an empty cache too; the first token is BOS when the
-//! tokenizer adds one). One untimed warm-up like llama-bench's (a whole prompt for pp, one
+//! tokenizer adds one). At a depth D (llama-bench `-d`, B:2441-2478), each timed test is
+//! preceded, after the cache is emptied, by an untimed prefill of a D-token random prompt
+//! (BOS first), in pieces of [`DEPTH_PIECE`] tokens (llama-bench's `-ub`); the timed prompt
+//! then starts with BOS again, as llama-bench's `test_prompt` does. The thread count of the
+//! point is set before its tests ([`SpeedTarget::set_threads`]). One untimed warm-up like llama-bench's (a whole prompt for pp, one
 //! token for tg) before a runner's first repetition, then one timed repetition per call
 //! ([`SpeedSession::rep`]): the harness calls it once per runner per round, so repetitions
 //! of different runners interleave. Per repetition `tokens / seconds`. Random ids come from
@@ -21,6 +25,20 @@ pub trait SpeedTarget {
     fn reset(&mut self);
     /// Appends `tokens` and computes the logits of positions `logits_from..tokens.len()`.
     fn forward(&mut self, tokens: &[u32], logits_from: usize) -> Result<()>;
+    /// Runs the next tests on `threads` threads.
+    fn set_threads(&mut self, threads: usize) -> Result<()>;
+}
+
+/// Tokens per forward call of the untimed depth prefill (llama-bench's `-ub` 512).
+pub const DEPTH_PIECE: usize = 512;
+
+/// Empties the cache and prefills `depth` tokens of `prompt`, untimed.
+fn prefill(t: &mut dyn SpeedTarget, prompt: &[u32]) -> Result<()> {
+    t.reset();
+    for piece in prompt.chunks(DEPTH_PIECE) {
+        t.forward(piece, piece.len() - 1)?;
+    }
+    Ok(())
 }
 
 /// A small deterministic generator (SplitMix64) for the random token ids.
@@ -57,15 +75,15 @@ pub fn random_prompt(rng: &mut TokenRng, n: usize, n_vocab: usize, bos: Option<u
         .collect()
 }
 
-fn time_pp(t: &mut dyn SpeedTarget, prompt: &[u32]) -> Result<f64> {
-    t.reset();
+fn time_pp(t: &mut dyn SpeedTarget, depth: &[u32], prompt: &[u32]) -> Result<f64> {
+    prefill(t, depth)?;
     let start = Instant::now();
     t.forward(prompt, prompt.len() - 1)?;
     Ok(start.elapsed().as_secs_f64())
 }
 
-fn time_tg(t: &mut dyn SpeedTarget, tokens: &[u32]) -> Result<f64> {
-    t.reset();
+fn time_tg(t: &mut dyn SpeedTarget, depth: &[u32], tokens: &[u32]) -> Result<f64> {
+    prefill(t, depth)?;
     let start = Instant::now();
     for &tok in tokens {
         t.forward(&[tok], 0)?;
@@ -101,23 +119,30 @@ impl SpeedSession {
         bos: Option<u32>,
     ) -> Result<SpeedRep> {
         ensure!(n_vocab > 0, "the model has an empty vocabulary");
+        target.set_threads(spec.threads)?;
         let warm = !self.warmed;
         self.warmed = true;
         let mut pp = None;
         if spec.pp > 0 {
             if warm {
-                time_pp(target, &random_prompt(&mut self.rng, spec.pp, n_vocab, bos))?;
+                time_pp(
+                    target,
+                    &[],
+                    &random_prompt(&mut self.rng, spec.pp, n_vocab, bos),
+                )?;
             }
+            let depth = random_prompt(&mut self.rng, spec.depth, n_vocab, bos);
             let prompt = random_prompt(&mut self.rng, spec.pp, n_vocab, bos);
-            pp = Some(spec.pp as f64 / time_pp(target, &prompt)?);
+            pp = Some(spec.pp as f64 / time_pp(target, &depth, &prompt)?);
         }
         let mut tg = None;
         if spec.tg > 0 {
             if warm {
-                time_tg(target, &random_prompt(&mut self.rng, 1, n_vocab, bos))?;
+                time_tg(target, &[], &random_prompt(&mut self.rng, 1, n_vocab, bos))?;
             }
+            let depth = random_prompt(&mut self.rng, spec.depth, n_vocab, bos);
             let tokens = random_prompt(&mut self.rng, spec.tg, n_vocab, bos);
-            tg = Some(spec.tg as f64 / time_tg(target, &tokens)?);
+            tg = Some(spec.tg as f64 / time_tg(target, &depth, &tokens)?);
         }
         target.reset();
         Ok(SpeedRep { pp, tg, raw: None })
@@ -141,6 +166,7 @@ mod tests {
     struct Recorder {
         calls: Vec<(String, usize, usize)>,
         cache: usize,
+        threads: Vec<usize>,
     }
     impl SpeedTarget for Recorder {
         fn reset(&mut self) {
@@ -154,6 +180,10 @@ mod tests {
                 .push(("forward".into(), tokens.len(), logits_from));
             Ok(())
         }
+        fn set_threads(&mut self, threads: usize) -> Result<()> {
+            self.threads.push(threads);
+            Ok(())
+        }
     }
 
     #[test]
@@ -162,6 +192,7 @@ mod tests {
         let spec = SpeedSpec {
             pp: 16,
             tg: 4,
+            depth: 0,
             reps: 3,
             threads: 1,
         };
@@ -202,6 +233,7 @@ mod tests {
         let spec = SpeedSpec {
             pp: 0,
             tg: 2,
+            depth: 0,
             reps: 1,
             threads: 1,
         };
@@ -217,5 +249,42 @@ mod tests {
             random_prompt(&mut a, 8, 1000, None),
             random_prompt(&mut b, 8, 1000, None)
         );
+    }
+
+    /// At depth D every timed test follows an emptied cache and an untimed prefill of D
+    /// tokens in pieces of DEPTH_PIECE; the point's thread count is set first.
+    #[test]
+    fn depth_prefills_untimed_before_each_test() {
+        let mut r = Recorder::default();
+        let spec = SpeedSpec {
+            pp: 16,
+            tg: 2,
+            depth: DEPTH_PIECE + 100,
+            reps: 1,
+            threads: 3,
+        };
+        let mut session = SpeedSession::default();
+        session.warmed = true;
+        session.rep(&mut r, &spec, 100, Some(7)).unwrap();
+        assert_eq!(r.threads, [3]);
+        let shape: Vec<(&str, usize)> = r.calls.iter().map(|c| (c.0.as_str(), c.1)).collect();
+        assert_eq!(
+            shape,
+            [
+                ("reset", 0),
+                ("forward", DEPTH_PIECE),
+                ("forward", 100),
+                ("forward", 16),
+                ("reset", 0),
+                ("forward", DEPTH_PIECE),
+                ("forward", 100),
+                ("forward", 1),
+                ("forward", 1),
+                ("reset", 0)
+            ]
+        );
+        // Each prefill piece asks for its last position's logits only.
+        assert_eq!(r.calls[1].2, DEPTH_PIECE - 1);
+        assert_eq!(r.calls[2].2, 99);
     }
 }

@@ -14,8 +14,14 @@
 //! files made or found, each a GGUF row of the run named `gguf:TYPE` or `gguf:TYPE+imatrix`,
 //! with how it was made in [`MadeGguf`]; a type that needs an importance matrix the run has
 //! no text for is a note of the reports, and one llama-quantize fails on a failed row).
+//!
+//! With ik_llama.cpp among the peers (`--peer llama.cpp,ik`), the ladder adds the fork's own
+//! types ([`IK_LADDER`], or `ik:TYPE` in `--ladder`), made by its llama-quantize from the
+//! same F32 base and the same importance matrix (rewritten in the legacy format it reads)
+//! and run on ik alone (rows `ik:TYPE`): mainline cannot load them.
 
 pub mod cache;
+mod imatrix;
 
 use crate::protocol::made::{FallbackGroup, MadeGguf};
 use crate::protocol::results::RunnerRecord;
@@ -33,6 +39,15 @@ use std::time::{Duration, Instant};
 pub const DEFAULT_LADDER: &[&str] = &[
     "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "IQ4_XS", "Q3_K_M", "IQ3_XXS", "Q2_K",
 ];
+
+/// ik_llama.cpp's own types the ladder adds when ik is a peer, at the sizes of the default
+/// ladder: its non-linear k-types from 6.6 down to 2.4 bits per weight (the descriptions
+/// of its llama-quantize, 0.1.5). The trellis types (IQ*_KT) are left to `--ladder
+/// ik:IQ3_KT`: their quantization is slow on a CPU.
+pub const IK_LADDER: &[&str] = &["IQ6_K", "IQ5_K", "IQ4_K", "IQ4_KS", "IQ3_K", "IQ2_K"];
+
+/// The prefix of a `--ladder` type made by ik_llama.cpp (`ik:IQ4_KS`).
+pub const IK_PREFIX: &str = "ik:";
 
 /// The suffix of a rung made with the importance matrix.
 pub const IMATRIX_SUFFIX: &str = "+imatrix";
@@ -70,6 +85,21 @@ impl LadderChoice {
             }
         }
     }
+
+    /// Whether a type is named `ik:TYPE` (made by ik_llama.cpp, whatever `--peer` says).
+    pub fn names_ik(&self) -> bool {
+        match self {
+            LadderChoice::Types(t) => t.iter().any(|x| strip_ik(x).is_some()),
+            _ => false,
+        }
+    }
+}
+
+/// `TYPE` of `ik:TYPE` (any case of the prefix).
+fn strip_ik(t: &str) -> Option<&str> {
+    t.get(..IK_PREFIX.len())
+        .filter(|p| p.eq_ignore_ascii_case(IK_PREFIX))
+        .map(|_| &t[IK_PREFIX.len()..])
 }
 
 /// One type of the ladder.
@@ -78,6 +108,9 @@ pub struct Rung {
     /// The type as llama-quantize lists it.
     pub qtype: String,
     pub imatrix: bool,
+    /// The engine whose llama-quantize makes it: llama.cpp (its rows run on every peer), or
+    /// ik_llama.cpp for its own types (run on ik alone).
+    pub maker: Engine,
 }
 
 impl Rung {
@@ -87,6 +120,18 @@ impl Rung {
             format!("{}{IMATRIX_SUFFIX}", self.qtype)
         } else {
             self.qtype.clone()
+        }
+    }
+
+    /// The row this rung makes: `gguf:LABEL` (one per peer once the run names rows by
+    /// engine), or `ik:LABEL` for ik_llama.cpp's own types.
+    pub fn row(&self, path: PathBuf) -> FormatSpec {
+        FormatSpec::Gguf {
+            path,
+            label: self.label(),
+            explicit: true,
+            engine: self.maker,
+            by_engine: self.maker == Engine::Ik,
         }
     }
 }
@@ -129,50 +174,75 @@ pub fn wanted(ask: &LadderAsk) -> bool {
     }
 }
 
-/// The ladder's rungs, each type checked against `allowed` (case-insensitively; the
-/// spelling of `allowed` is kept).
+/// The ladder's rungs, each type checked against the llama-quantize that makes it
+/// (`allowed`: mainline's; `ik_allowed`: ik_llama.cpp's when it is a peer or named),
+/// case-insensitively (the tool's spelling is kept). The default ladder is mainline's, and
+/// ik's own types ([`IK_LADDER`]) when `ik_allowed` is given.
 fn rungs(
     choice: &LadderChoice,
     allowed: &[String],
+    ik_allowed: Option<&[String]>,
     has_calib: bool,
 ) -> std::result::Result<Vec<Rung>, String> {
-    let typed: Vec<(String, bool)> = match choice {
+    let typed: Vec<(String, bool, Engine)> = match choice {
         LadderChoice::Types(t) => t
             .iter()
-            .map(|x| match x.strip_suffix(IMATRIX_SUFFIX) {
-                Some(base) => (base.to_string(), true),
-                None => (x.clone(), false),
+            .map(|x| {
+                let (x, maker) = match strip_ik(x) {
+                    Some(rest) => (rest, Engine::Ik),
+                    None => (x.as_str(), Engine::LlamaCpp),
+                };
+                match x.strip_suffix(IMATRIX_SUFFIX) {
+                    Some(base) => (base.to_string(), true, maker),
+                    None => (x.to_string(), false, maker),
+                }
             })
             .collect(),
-        _ => DEFAULT_LADDER
-            .iter()
-            .map(|t| (t.to_string(), has_calib))
-            .collect(),
+        _ => {
+            let ik = ik_allowed.map_or(&[][..], |_| IK_LADDER);
+            DEFAULT_LADDER
+                .iter()
+                .map(|t| (t.to_string(), has_calib, Engine::LlamaCpp))
+                .chain(ik.iter().map(|t| (t.to_string(), has_calib, Engine::Ik)))
+                .collect()
+        }
     };
     let mut out: Vec<Rung> = Vec::new();
-    for (t, imatrix) in typed {
-        let Some(name) = allowed.iter().find(|a| a.eq_ignore_ascii_case(&t)) else {
+    for (t, imatrix, maker) in typed {
+        let (list, whose, prefix) = match maker {
+            Engine::Ik => {
+                let Some(list) = ik_allowed else {
+                    return Err(format!(
+                        "--ladder: '{IK_PREFIX}{t}' is made by ik_llama.cpp, whose tools were not looked for; pass --peer llama.cpp,ik"
+                    ));
+                };
+                (list, "ik_llama.cpp's llama-quantize", IK_PREFIX)
+            }
+            _ => (allowed, "this llama-quantize", ""),
+        };
+        let Some(name) = list.iter().find(|a| a.eq_ignore_ascii_case(&t)) else {
             return Err(format!(
-                "--ladder: '{t}' is not a type this llama-quantize makes; pass some of: {}",
-                allowed.join(", ")
+                "--ladder: '{prefix}{t}' is not a type {whose} makes; pass some of: {}",
+                list.join(", ")
             ));
         };
         if imatrix && !has_calib {
             return Err(format!(
-                "--ladder: '{t}{IMATRIX_SUFFIX}' needs an importance matrix, made from --calib-text; pass --calib-text FILE"
+                "--ladder: '{prefix}{t}{IMATRIX_SUFFIX}' needs an importance matrix, made from --calib-text; pass --calib-text FILE"
             ));
         }
         let rung = Rung {
             qtype: name.clone(),
             imatrix,
+            maker,
         };
         // The F32 base is always a row (`gguf:F32`): `--ladder F32` asks for it alone.
-        if rung.qtype == "F32" && !imatrix {
+        if rung.qtype == "F32" && !imatrix && maker == Engine::LlamaCpp {
             continue;
         }
         if out.contains(&rung) {
             return Err(format!(
-                "--ladder: '{}' is given twice; give each type once",
+                "--ladder: '{prefix}{}' is given twice; give each type once",
                 rung.label()
             ));
         }
@@ -182,9 +252,14 @@ fn rungs(
 }
 
 /// Checks the ladder the options ask for: the types against this llama-quantize, the
-/// converter (for a Hugging Face source) and llama-imatrix (when a rung needs it). `None`
-/// when the run has no ladder.
-pub fn plan(ask: &LadderAsk, tools: &LlamaCppTools) -> Result<Option<LadderPlan>> {
+/// converter (for a Hugging Face source) and llama-imatrix (when a rung needs it); ik's
+/// types against ik_llama.cpp's llama-quantize when `ik_tools` are given (ik is a peer or
+/// a type is named `ik:TYPE`). `None` when the run has no ladder.
+pub fn plan(
+    ask: &LadderAsk,
+    tools: &LlamaCppTools,
+    ik_tools: Option<&LlamaCppTools>,
+) -> Result<Option<LadderPlan>> {
     if !wanted(ask) {
         return Ok(None);
     }
@@ -199,7 +274,28 @@ pub fn plan(ask: &LadderAsk, tools: &LlamaCppTools) -> Result<Option<LadderPlan>
     );
     let allowed = llamacpp::quantize::allowed_types(tools, Duration::from_secs(60))
         .map_err(|e| anyhow!("{e}"))?;
-    let rungs = rungs(ask.choice, &allowed, ask.calib.is_some()).map_err(|e| anyhow!(e))?;
+    let ik_allowed = match ik_tools {
+        Some(ik) => {
+            ensure!(
+                ik.quantize_path().is_some(),
+                "the ladder's ik rows need ik_llama.cpp's llama-quantize, which is not beside {}. Fix: {}",
+                ik.perplexity_path().display(),
+                ik.engine().setup_hint()
+            );
+            Some(
+                llamacpp::quantize::allowed_types(ik, Duration::from_secs(60))
+                    .map_err(|e| anyhow!("{e}"))?,
+            )
+        }
+        None => None,
+    };
+    let rungs = rungs(
+        ask.choice,
+        &allowed,
+        ik_allowed.as_deref(),
+        ask.calib.is_some(),
+    )
+    .map_err(|e| anyhow!(e))?;
     let needs_imatrix = rungs.iter().any(|r| r.imatrix);
     if needs_imatrix && tools.imatrix_path().is_none() {
         bail!(
@@ -246,6 +342,8 @@ pub struct Made {
 pub struct MakeSettings<'a> {
     pub llm: &'a str,
     pub tools: &'a LlamaCppTools,
+    /// ik_llama.cpp's tools, which make the ik rungs.
+    pub ik_tools: Option<&'a LlamaCppTools>,
     pub threads: usize,
     /// `--tool-timeout`; `None` gives each step [`DEFAULT_STEP_TIMEOUT`].
     pub timeout: Option<Duration>,
@@ -342,6 +440,17 @@ pub fn make(plan: &LadderPlan, settings: &MakeSettings, ui: &dyn Reporter) -> Re
     let t = Instant::now();
     let source_sha = crate::digest::model_sha256(&source_path)?;
     let quantize_id = tool_identity(quantize)?;
+    let ik_quantize = if plan.rungs.iter().any(|r| r.maker == Engine::Ik) {
+        let ik = settings
+            .ik_tools
+            .ok_or_else(|| anyhow!("the ladder's ik rows need ik_llama.cpp's tools"))?;
+        let q = ik
+            .quantize_path()
+            .ok_or_else(|| anyhow!("ik_llama.cpp's llama-quantize not found"))?;
+        Some((ik, tool_identity(q)?))
+    } else {
+        None
+    };
     ui.line(&format!(
         "ladder: source and tools hashed in {}",
         secs(t.elapsed())
@@ -474,22 +583,41 @@ pub fn make(plan: &LadderPlan, settings: &MakeSettings, ui: &dyn Reporter) -> Re
 
     // The importance matrix, when a rung uses one.
     let imatrix = match &plan.calib {
-        Some(calib) if plan.rungs.iter().any(|r| r.imatrix) => Some(make_imatrix(
+        Some(calib) if plan.rungs.iter().any(|r| r.imatrix) => Some(imatrix::make_imatrix(
             &cache, &base, &base_key, calib, settings, timeout, ui,
         )?),
+        _ => None,
+    };
+    // The same matrix for ik_llama.cpp's llama-quantize, which reads the legacy format.
+    let ik_imatrix = match &imatrix {
+        Some(m)
+            if plan
+                .rungs
+                .iter()
+                .any(|r| r.imatrix && r.maker == Engine::Ik) =>
+        {
+            Some(imatrix::legacy_copy(&cache, m, settings, timeout, ui)?)
+        }
         _ => None,
     };
 
     let n = plan.rungs.len();
     for (i, rung) in plan.rungs.iter().enumerate() {
-        let label = rung.label();
-        let step = format!("ladder [{}/{n}] {label}", i + 1);
-        let name = format!("gguf:{label}");
-        let mat = if rung.imatrix { imatrix.as_ref() } else { None };
+        let name = rung.row(PathBuf::new()).name();
+        let step = format!(
+            "ladder [{}/{n}] {}",
+            i + 1,
+            name.trim_start_matches("gguf:")
+        );
+        let (rung_tools, tool_id, mat) = match (rung.maker, &ik_quantize) {
+            (Engine::Ik, Some((ik, id))) => (*ik, id, ik_imatrix.as_ref()),
+            _ => (tools, &quantize_id, imatrix.as_ref()),
+        };
+        let mat = if rung.imatrix { mat } else { None };
         let key = cache::key(&[
             ("kind", "type"),
             ("base", &base_key),
-            ("tool", &quantize_id),
+            ("tool", tool_id),
             ("type", &rung.qtype),
             ("imatrix", mat.map_or("none", |(_, sha)| sha.as_str())),
         ]);
@@ -508,14 +636,14 @@ pub fn make(plan: &LadderPlan, settings: &MakeSettings, ui: &dyn Reporter) -> Re
                     threads: settings.threads,
                     timeout,
                 };
-                let run = llamacpp::run_quantize(tools, &req);
+                let run = llamacpp::run_quantize(rung_tools, &req);
                 let run = match run {
                     Ok(r) => r,
                     Err(e) => return Err(anyhow::Error::new(QuantizeFailed(e))),
                 };
                 Ok(Record {
                     kind: "gguf".into(),
-                    what: label.clone(),
+                    what: name.trim_start_matches("gguf:").to_string(),
                     inputs: vec![
                         ("base".into(), base.path.display().to_string()),
                         ("type".into(), rung.qtype.clone()),
@@ -549,7 +677,7 @@ pub fn make(plan: &LadderPlan, settings: &MakeSettings, ui: &dyn Reporter) -> Re
                     let why = format!("making the GGUF failed: {e:#}");
                     ui.line(&format!("{step}: FAILED: {why}"));
                     out.unmade
-                        .push(RunnerRecord::failed(&name, Engine::LlamaCpp, why));
+                        .push(RunnerRecord::failed(&name, rung.maker, why));
                 }
                 continue;
             }
@@ -579,13 +707,7 @@ pub fn make(plan: &LadderPlan, settings: &MakeSettings, ui: &dyn Reporter) -> Re
             made.fallback_line()
                 .map_or(String::new(), |l| format!("; {l}"))
         ));
-        let spec = FormatSpec::Gguf {
-            path: entry.path.clone(),
-            label,
-            explicit: true,
-            engine: Engine::LlamaCpp,
-            by_engine: false,
-        };
+        let spec = rung.row(entry.path.clone());
         out.made.push((spec.name(), made));
         out.formats.push(spec);
     }
@@ -607,6 +729,16 @@ pub fn make(plan: &LadderPlan, settings: &MakeSettings, ui: &dyn Reporter) -> Re
         ));
     }
     Ok(out)
+}
+
+/// The rows a made GGUF runs as: one per peer for mainline's types
+/// ([`FormatSpec::for_peers`]), and ik_llama.cpp's own types on ik alone (mainline cannot
+/// load them).
+pub fn rows_on_peers(made: &FormatSpec, peers: &[Engine]) -> Vec<FormatSpec> {
+    match made.engine() {
+        Engine::Ik => vec![made.clone()],
+        _ => made.for_peers(peers),
+    }
 }
 
 /// A llama-quantize failure, kept typed so a missing importance matrix is told apart.
@@ -641,203 +773,5 @@ fn group_fallbacks(list: &[llamacpp::Fallback]) -> Vec<FallbackGroup> {
     groups
 }
 
-/// The importance matrix of the calibration text on the F32 base: its path and SHA-256.
-fn make_imatrix(
-    cache: &GgufCache,
-    base: &cache::Entry,
-    base_key: &str,
-    calib: &EvalText,
-    settings: &MakeSettings,
-    timeout: Duration,
-    ui: &dyn Reporter,
-) -> Result<(PathBuf, String)> {
-    let window = kwk::decoder::CALIBRATION_WINDOW;
-    let chunks = kwk::decoder::CALIBRATION_TOKENS / window;
-    let imatrix_tool = settings
-        .tools
-        .imatrix_path()
-        .ok_or_else(|| anyhow!("llama-imatrix not found"))?;
-    let key = cache::key(&[
-        ("kind", "imatrix"),
-        ("base", base_key),
-        ("tool", &tool_identity(imatrix_tool)?),
-        ("text", &calib.sha256),
-        ("ctx", &window.to_string()),
-        ("chunks", &chunks.to_string()),
-    ]);
-    let entry = match cache.lookup(&key, "imatrix") {
-        Some(e) => {
-            ui.line(&format!(
-                "ladder: importance matrix of '{}' reused from the cache",
-                calib.name
-            ));
-            e
-        }
-        None => {
-            ui.line(&format!(
-                "ladder: llama-imatrix on '{}' ({chunks} chunks of {window} tokens, as kwk calibrates) ...",
-                calib.name
-            ));
-            // The text as hashed, from this run's copy (the file may change meanwhile).
-            let copy = tempfile::Builder::new()
-                .prefix("kwk-imatrix-text-")
-                .suffix(".txt")
-                .tempfile()
-                .context("creating a temporary copy of --calib-text")?;
-            let mut bytes = calib.text.clone().into_bytes();
-            if calib.trailing_newline {
-                bytes.push(b'\n');
-            }
-            std::fs::write(copy.path(), &bytes).context("writing the --calib-text copy")?;
-            let e = cache.store(&key, "imatrix", |tmp| {
-                let start = Instant::now();
-                // llama-imatrix picks its output format by the name's extension.
-                let out_gguf = tmp.with_extension("gguf");
-                let req = llamacpp::ImatrixRequest {
-                    model: base.path.clone(),
-                    text: copy.path().to_path_buf(),
-                    output: out_gguf.clone(),
-                    ctx: window,
-                    chunks,
-                    threads: settings.threads,
-                    timeout,
-                };
-                let run = llamacpp::run_imatrix(settings.tools, &req);
-                let run = match run {
-                    Ok(r) => r,
-                    Err(e) => {
-                        let _ = std::fs::remove_file(&out_gguf);
-                        return Err(tool_err(e));
-                    }
-                };
-                std::fs::rename(&out_gguf, tmp)
-                    .with_context(|| format!("moving '{}'", out_gguf.display()))?;
-                Ok(Record {
-                    kind: "imatrix".into(),
-                    what: calib.name.clone(),
-                    inputs: vec![
-                        ("base".into(), base.path.display().to_string()),
-                        ("text_sha256".into(), calib.sha256.clone()),
-                        ("command".into(), run.command.clone()),
-                    ],
-                    bytes: 0,
-                    make_s: start.elapsed().as_secs_f64(),
-                    made_utc: crate::machine::utc_now().0,
-                    log: keep_log(&run.text),
-                })
-            })?;
-            ui.line(&format!(
-                "ladder: importance matrix made in {:.1} s",
-                e.record.make_s
-            ));
-            e
-        }
-    };
-    let sha = crate::digest::file_sha256(&entry.path)
-        .with_context(|| format!("hashing '{}'", entry.path.display()))?;
-    Ok((entry.path, sha))
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn allowed() -> Vec<String> {
-        [
-            "Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0", "IQ4_XS", "Q3_K_M", "IQ3_XXS", "Q2_K",
-            "F32",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
-    }
-
-    #[test]
-    fn the_choice_parses() {
-        assert_eq!(LadderChoice::parse("none"), Ok(LadderChoice::Off));
-        assert_eq!(LadderChoice::parse("default"), Ok(LadderChoice::Default));
-        assert_eq!(
-            LadderChoice::parse("q4_k_m, Q2_K+imatrix"),
-            Ok(LadderChoice::Types(vec![
-                "q4_k_m".into(),
-                "Q2_K+imatrix".into()
-            ]))
-        );
-        assert!(LadderChoice::parse("Q4_K_M,,Q2_K").is_err());
-        assert!(LadderChoice::parse("").is_err());
-    }
-
-    #[test]
-    fn the_default_ladder_takes_the_imatrix_when_there_is_a_calibration_text() {
-        let plain = rungs(&LadderChoice::Default, &allowed(), false).unwrap();
-        assert_eq!(plain.len(), DEFAULT_LADDER.len());
-        assert!(plain.iter().all(|r| !r.imatrix));
-        let calib = rungs(&LadderChoice::Auto, &allowed(), true).unwrap();
-        assert!(calib.iter().all(|r| r.imatrix));
-        assert_eq!(calib[3].label(), "Q4_K_M+imatrix");
-    }
-
-    #[test]
-    fn types_are_checked_against_the_tool() {
-        let r = rungs(
-            &LadderChoice::Types(vec!["q4_k_m".into(), "Q2_K+imatrix".into()]),
-            &allowed(),
-            true,
-        )
-        .unwrap();
-        assert_eq!(r[0].label(), "Q4_K_M");
-        assert_eq!(r[1].label(), "Q2_K+imatrix");
-        let e = rungs(&LadderChoice::Types(vec!["Q9_9".into()]), &allowed(), false).unwrap_err();
-        assert!(e.contains("'Q9_9' is not a type"), "{e}");
-        let e = rungs(
-            &LadderChoice::Types(vec!["Q2_K+imatrix".into()]),
-            &allowed(),
-            false,
-        )
-        .unwrap_err();
-        assert!(e.contains("pass --calib-text"), "{e}");
-        let e = rungs(
-            &LadderChoice::Types(vec!["Q2_K".into(), "q2_k".into()]),
-            &allowed(),
-            false,
-        )
-        .unwrap_err();
-        assert!(e.contains("given twice"), "{e}");
-    }
-
-    #[test]
-    fn the_ladder_runs_when_asked_or_when_llama_bench_has_no_gguf() {
-        let mut ask = LadderAsk {
-            choice: &LadderChoice::Auto,
-            llm: "m",
-            llama_bench: true,
-            has_gguf: false,
-            calib: None,
-            cache_dir: None,
-        };
-        assert!(wanted(&ask));
-        ask.has_gguf = true;
-        assert!(!wanted(&ask));
-        ask.choice = &LadderChoice::Default;
-        assert!(wanted(&ask));
-        ask.choice = &LadderChoice::Off;
-        ask.has_gguf = false;
-        assert!(!wanted(&ask));
-    }
-
-    #[test]
-    fn fallbacks_are_grouped_by_pair() {
-        let f = |t: &str, w: &str, u: &str| llamacpp::Fallback {
-            tensor: t.into(),
-            wanted: w.into(),
-            used: u.into(),
-        };
-        let g = group_fallbacks(&[
-            f("a", "q4_K", "q5_0"),
-            f("b", "q6_K", "q8_0"),
-            f("c", "q4_K", "q5_0"),
-        ]);
-        assert_eq!(g[0].tensors, 2);
-        assert_eq!((g[1].wanted.as_str(), g[1].tensors), ("q6_K", 1));
-    }
-}
+mod tests;

@@ -6,6 +6,7 @@
 
 pub mod chunks;
 pub mod made;
+pub mod points;
 pub mod results;
 pub mod speed_ratios;
 pub mod steadiness;
@@ -243,13 +244,17 @@ pub struct PerplexityResult {
     pub peak_rss_bytes: Option<u64>,
 }
 
-/// llama-bench's definitions: pp = `pp` prompt tokens from an empty cache, tg = `tg`
-/// single-token steps from an empty cache. The harness times `reps` rounds, one repetition
-/// of every runner per round.
+/// llama-bench's definitions: pp = `pp` prompt tokens after `depth` untimed tokens in the
+/// cache, tg = `tg` single-token steps after them (depth 0: from an empty cache). The
+/// harness times `reps` rounds, one repetition of every runner per round. One point of a
+/// sweep ([`points::SpeedAxes::specs`]).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct SpeedSpec {
     pub pp: usize,
     pub tg: usize,
+    /// Tokens prefilled, untimed, before each timed test (llama-bench `-d`).
+    #[serde(default)]
+    pub depth: usize,
     pub reps: usize,
     pub threads: usize,
 }

@@ -163,6 +163,16 @@ pub struct Protocol {
     pub pp: usize,
     pub tg: usize,
     pub reps: usize,
+    /// The speed sweep's lists (`--pp`, `--tg`, `--depth`, `--threads`) when the run
+    /// measured more than one point or a depth other than 0 (`pp`/`tg` above are their first
+    /// values); absent for one point at depth 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speed_axes: Option<super::points::SpeedAxes>,
+    /// Values one token adds to the KV cache (K and V of every layer's KV heads), from the
+    /// model's shapes: times a row's bytes per value (its `kv_type`), its KV bytes per token.
+    /// Null without speed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_values_per_token: Option<u64>,
     /// Whether KL divergence against the float32 reference was computed.
     pub kld: bool,
     /// Whether speed was measured (false with `--no-speed`).
@@ -328,6 +338,10 @@ pub struct RunnerRecord {
     pub tg_tokens_per_s: Option<f64>,
     pub tg_tokens_per_s_std: Option<f64>,
     pub tg_samples_tokens_per_s: Vec<f64>,
+    /// The figures at every point of the speed sweep, the first point included (its
+    /// figures are also `pp_*`/`tg_*` above); absent without speed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub speed_points: Vec<super::points::PointSpeed>,
     /// Operations (2 per multiply-add) of one prompt token at the speed test's prompt
     /// length, from the model's shapes (`kwk::model::cost`), and pp as a percentage of the
     /// matching compute peak (fp32, bf16 or int8 dot; `machine.peaks`).
@@ -487,6 +501,30 @@ impl RunnerRecord {
     }
 }
 
+impl Protocol {
+    /// The name of the primary point's `kind` (`pp`/`tg`) test as its paired ratios are
+    /// named (`speed_ratios[].test`): `pp`/`tg` when it is plain, else `pp512@d4096`.
+    pub fn primary_ratio_test(&self, kind: &str) -> String {
+        let n = if kind == "pp" { self.pp } else { self.tg };
+        match &self.speed_axes {
+            None => kind.to_string(),
+            Some(a) => {
+                let (d, t) = (a.depth[0], a.threads[0]);
+                super::points::ratio_test(kind, &a.test_name(kind, n, d, t), true)
+            }
+        }
+    }
+
+    /// The primary point's `kind` test as reports head its column: `pp512`, `tg128@d4096`.
+    pub fn primary_test_label(&self, kind: &str) -> String {
+        let n = if kind == "pp" { self.pp } else { self.tg };
+        match &self.speed_axes {
+            None => format!("{kind}{n}"),
+            Some(a) => a.test_name(kind, n, a.depth[0], a.threads[0]),
+        }
+    }
+}
+
 impl Machine {
     /// The thread count as the reports print it: the number, or `per-cell` in a merged
     /// report whose cells ran different counts (`threads` 0; each cell's is in `cells`).
@@ -581,6 +619,8 @@ pub mod testdata {
                 pp: 16,
                 tg: 4,
                 reps: 2,
+                speed_axes: None,
+                kv_values_per_token: None,
                 kld: true,
                 speed: true,
                 model_sha256: "11".into(),

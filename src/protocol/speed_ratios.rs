@@ -7,6 +7,10 @@
 //!
 //! Compared: every kwk row except the reference, against the reference row (kwk
 //! `float32`: what a format buys over the model's own weights) and every llama.cpp row.
+//! One set per test of the speed sweep (`speed_points`, each sample with its round; the
+//! primary point's plain tests keep the names `pp`/`tg`, [`super::points::ratio_test`]);
+//! rows without points (files written before the sweep) pair `pp_*`/`tg_*` with
+//! `speed_rounds`.
 
 /// The record this module computes; it is part of results.json's shape, so it is defined
 /// there (results.rs does not depend on this module).
@@ -39,8 +43,47 @@ fn per_round(results: &Results, r: &RunnerRecord, test: &str) -> Option<Vec<Opti
     (next == s.len() && next > 0).then_some(out)
 }
 
-/// The paired ratios of `results` (see the module doc), in row order then column order,
-/// pp before tg; pairs with no common round are left out.
+/// A row's sample of each round for the test whose ratios are named `test`: from its
+/// `speed_points` when it has them, else (`pp`/`tg`) from [`per_round`].
+fn per_round_of(results: &Results, r: &RunnerRecord, test: &str) -> Option<Vec<Option<f64>>> {
+    if r.speed_points.is_empty() {
+        return match test {
+            "pp" | "tg" => per_round(results, r, test),
+            _ => None,
+        };
+    }
+    let p = r.speed_points.iter().find(|p| p.ratio_test() == test)?;
+    if p.samples_tokens_per_s.is_empty() || p.rounds.len() != p.samples_tokens_per_s.len() {
+        return None;
+    }
+    let mut out = vec![None; results.speed_rounds.len()];
+    for (&round, &v) in p.rounds.iter().zip(&p.samples_tokens_per_s) {
+        *out.get_mut(round)? = Some(v);
+    }
+    Some(out)
+}
+
+/// The tests with ratios, pp tests before tg tests, each in the sweep's order.
+fn tests_of(results: &Results) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for kind in ["pp", "tg"] {
+        let mut any = false;
+        for p in results.runners.iter().flat_map(|r| &r.speed_points) {
+            any = true;
+            let t = p.ratio_test();
+            if p.kind == kind && !out.contains(&t) {
+                out.push(t);
+            }
+        }
+        if !any {
+            out.push(kind.to_string());
+        }
+    }
+    out
+}
+
+/// The paired ratios of `results` (see the module doc), test by test (pp tests first),
+/// then in row order then column order; pairs with no common round are left out.
 pub fn paired_speed_ratios(results: &Results) -> Vec<SpeedRatio> {
     let reference = results.ppl_delta_reference.as_deref().unwrap_or("float32");
     let is_reference = |r: &RunnerRecord| r.engine == Engine::Kwk && r.name == reference;
@@ -50,17 +93,17 @@ pub fn paired_speed_ratios(results: &Results) -> Vec<SpeedRatio> {
         .filter(|r| is_reference(r) || r.engine.is_external())
         .collect();
     let mut out = Vec::new();
-    for test in ["pp", "tg"] {
+    for test in tests_of(results) {
         for row in results
             .runners
             .iter()
             .filter(|r| r.engine == Engine::Kwk && !is_reference(r))
         {
-            let Some(a) = per_round(results, row, test) else {
+            let Some(a) = per_round_of(results, row, &test) else {
                 continue;
             };
             for vs in &columns {
-                let Some(b) = per_round(results, vs, test) else {
+                let Some(b) = per_round_of(results, vs, &test) else {
                     continue;
                 };
                 let mut ratios: Vec<f64> = a
@@ -74,7 +117,7 @@ pub fn paired_speed_ratios(results: &Results) -> Vec<SpeedRatio> {
                 };
                 ratios.sort_by(f64::total_cmp);
                 out.push(SpeedRatio {
-                    test: test.into(),
+                    test: test.clone(),
                     row: row.name.clone(),
                     vs: vs.name.clone(),
                     rounds: ratios.len(),
@@ -171,5 +214,44 @@ mod tests {
         assert_eq!(got.len(), 1, "{got:?}");
         assert_eq!(got[0].test, "tg");
         assert_eq!(got[0].median, 2.0);
+    }
+
+    /// With a sweep every point gets its ratios, named after the point (the primary
+    /// point's plain tests `pp`/`tg`), samples paired by their recorded rounds.
+    #[test]
+    fn every_point_of_a_sweep_gets_its_paired_ratios() {
+        use crate::protocol::points::PointSpeed;
+        let point =
+            |test: &str, kind: &str, depth, primary, v: &[f64], rounds: &[usize]| PointSpeed {
+                test: test.into(),
+                kind: kind.into(),
+                tokens: 4,
+                depth,
+                threads: 1,
+                primary,
+                samples_tokens_per_s: v.to_vec(),
+                rounds: rounds.to_vec(),
+                ..Default::default()
+            };
+        let mut f32 = row("float32", Engine::Kwk, &[], &[]);
+        f32.speed_points = vec![
+            point("tg4", "tg", 0, true, &[10.0, 10.0], &[0, 1]),
+            point("tg4@d64", "tg", 64, false, &[5.0, 4.0], &[0, 1]),
+        ];
+        let mut int8 = row("int8", Engine::Kwk, &[], &[]);
+        // int8 has no depth-64 sample in round 0.
+        int8.speed_points = vec![
+            point("tg4", "tg", 0, true, &[20.0, 30.0], &[0, 1]),
+            point("tg4@d64", "tg", 64, false, &[12.0], &[1]),
+        ];
+        let r = results(
+            vec![f32, int8],
+            &[&["float32", "int8"], &["int8", "float32"]],
+        );
+        let got = paired_speed_ratios(&r);
+        let names: Vec<&str> = got.iter().map(|x| x.test.as_str()).collect();
+        assert_eq!(names, ["tg", "tg4@d64"]);
+        assert_eq!((got[0].rounds, got[0].median), (2, 2.5));
+        assert_eq!((got[1].rounds, got[1].median), (1, 3.0));
     }
 }

@@ -9,7 +9,7 @@
 pub use super::exporter::{Exporter, Run};
 use super::files::write_atomically;
 use super::plot::{self, PlotFiles};
-use super::{csv, json, markdown};
+use super::{csv, json, markdown, plot_sweep, points_csv};
 use crate::protocol::results::Results;
 use anyhow::Result;
 use std::path::Path;
@@ -21,6 +21,9 @@ pub enum Report {
     /// The plots, PNG and SVG each ([`plot::PLOT_FILES`]), drawn by plotters; each only
     /// when the results hold its figures.
     Plots,
+    /// The speed sweep's plots ([`plot_sweep::SWEEP_PLOT_FILES`]), when it swept depth or
+    /// threads.
+    SweepPlots,
 }
 
 impl Report {
@@ -29,6 +32,7 @@ impl Report {
         match self {
             Report::File(e) => vec![e.file_name()],
             Report::Plots => plot::PLOT_FILES.to_vec(),
+            Report::SweepPlots => plot_sweep::SWEEP_PLOT_FILES.to_vec(),
         }
     }
 }
@@ -40,7 +44,9 @@ pub const REPORTS: &[Report] = &[
     Report::File(&json::Json),
     Report::File(&csv::ResultsCsv),
     Report::File(&csv::SpeedRatiosCsv),
+    Report::File(&points_csv::SpeedPointsCsv),
     Report::Plots,
+    Report::SweepPlots,
     Report::File(&markdown::Markdown),
 ];
 
@@ -55,7 +61,7 @@ pub fn data_file_names() -> Vec<&'static str> {
         .iter()
         .filter_map(|r| match r {
             Report::File(e) => Some(e.file_name()),
-            Report::Plots => None,
+            Report::Plots | Report::SweepPlots => None,
         })
         .collect()
 }
@@ -75,6 +81,9 @@ pub fn write_all(dir: &Path, results: &Results) -> Result<()> {
                 write_atomically(&dir.join(e.file_name()), &e.serialize(&run)?)?;
             }
             Report::Plots => plots = plot::write_plots(dir, results)?,
+            Report::SweepPlots => {
+                plot_sweep::write_sweep_plots(dir, results)?;
+            }
         }
     }
     Ok(())
@@ -105,6 +114,7 @@ mod tests {
                 "results.json",
                 "results.csv",
                 "speed_ratios.csv",
+                "speed_points.csv",
                 "report.md"
             ]
         );

@@ -6,6 +6,7 @@ use super::plot::PlotFiles;
 use super::table::{
     calibration_line, distinct, notes, one_line, protocol_line, ratio_cell, table_rows,
 };
+use crate::protocol::points::{kv_bytes_per_value, kv_cache_bytes, size};
 use crate::protocol::results::{Engine, Results, RunnerRecord};
 use anyhow::Result;
 use std::fmt::Write as _;
@@ -161,15 +162,21 @@ fn ratio_tables(r: &Results) -> String {
          round, median [lowest–highest] over the rounds both ran (the host's drift between \
          rounds cancels in each ratio; its drift within a round does not).\n"
     );
-    for (test, len) in [("pp", r.protocol.pp), ("tg", r.protocol.tg)] {
+    // One table per test: the plain `pp`/`tg` of the primary point, then every point of a
+    // speed sweep (`pp512@d4096`), each headed by its test's name.
+    for test in distinct(r.speed_ratios.iter(), |x| x.test.as_str()) {
         let of_test = || r.speed_ratios.iter().filter(move |x| x.test == test);
         let rows = distinct(of_test(), |x| x.row.as_str());
         let columns = distinct(of_test(), |x| x.vs.as_str());
         if rows.is_empty() {
             continue;
         }
+        let head = match test {
+            "pp" | "tg" => r.protocol.primary_test_label(test),
+            t => t.to_string(),
+        };
         let names: Vec<String> = columns.iter().map(|c| md_text(c)).collect();
-        let _ = writeln!(s, "| {test}{len} | {} |", names.join(" | "));
+        let _ = writeln!(s, "| {} | {} |", md_text(&head), names.join(" | "));
         let _ = writeln!(s, "|---|{}|", vec!["---:"; columns.len()].join("|"));
         for row in rows {
             let cells: Vec<String> = columns
@@ -179,6 +186,57 @@ fn ratio_tables(r: &Results) -> String {
             let _ = writeln!(s, "| {} | {} |", md_text(row), cells.join(" | "));
         }
         let _ = writeln!(s);
+    }
+    s
+}
+
+/// The speed sweep (issue 39): its points, the KV cache's bytes per token and size at the
+/// largest depth for each KV type the rows ran, the long CSV and the sweep's plots; empty
+/// for a run of one point at depth 0 (its KV line then only with a depth).
+fn sweep_section(r: &Results) -> String {
+    let mut s = String::new();
+    let Some(a) = &r.protocol.speed_axes else {
+        return s;
+    };
+    let list = |v: &[usize]| v.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+    let _ = writeln!(
+        s,
+        "**Speed sweep:** pp {}, tg {}, depth {}, threads {} (depth: tokens prefilled, \
+         untimed, before each timed test, llama-bench's -d); every figure, one line per row, \
+         test, depth and threads: speed_points.csv.\n",
+        list(&a.pp),
+        list(&a.tg),
+        list(&a.depth),
+        list(&a.threads)
+    );
+    if let Some(values) = r.protocol.kv_values_per_token {
+        let longest = a.longest_test();
+        let mut types: Vec<&str> = Vec::new();
+        for t in r.runners.iter().filter_map(|x| x.kv_type.as_deref()) {
+            if !types.contains(&t) {
+                types.push(t);
+            }
+        }
+        for t in types {
+            let (Some(per), Some(total)) = (
+                kv_bytes_per_value(t).map(|b| b * values as f64),
+                kv_cache_bytes(values, t, longest),
+            ) else {
+                continue;
+            };
+            let _ = writeln!(
+                s,
+                "- KV cache {t}: {per} bytes per token; {} at the largest depth ({} + {} \
+                 tokens of the longest test)",
+                size(total),
+                a.max_depth(),
+                longest - a.max_depth()
+            );
+        }
+        let _ = writeln!(s);
+    }
+    for svg in super::plot_sweep::sweep_plot_svgs(r) {
+        let _ = writeln!(s, "![speed across the sweep]({svg})\n");
     }
     s
 }
@@ -251,6 +309,7 @@ pub fn render(r: &Results, plots: &PlotFiles) -> String {
     if let Some(sp) = &plots.speed {
         let _ = writeln!(s, "![prompt and generation speed]({sp})\n");
     }
+    s.push_str(&sweep_section(r));
     s.push_str(&machine_line(r));
     if let Some(line) = super::table::peaks_line(r) {
         let _ = writeln!(s, "\n{line}");

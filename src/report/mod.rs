@@ -5,7 +5,8 @@
 //! `complete` is false until the last runner has finished, so a run that was interrupted
 //! says so in every file it left. Files are written to a temporary name and renamed, so a
 //! reader never sees half a file. Submodules depend on [`crate::protocol`], on the leaves
-//! `table` and `files`, `gate` on `compare` and `markdown` on `plot` (the plot file names);
+//! `table` and `files`, `gate` on `compare` and `markdown` on `plot` and `plot_sweep` (the
+//! plot file names; `plot_sweep` draws with `plot`'s helpers);
 //! [`export`] lists the run folder's reports (one [`Exporter`] per data file, and the plots)
 //! and [`write_all`] writes them.
 
@@ -21,6 +22,8 @@ pub mod markdown;
 pub mod output;
 pub mod pareto;
 pub mod plot;
+pub mod plot_sweep;
+pub mod points_csv;
 pub mod summary;
 pub mod table;
 pub mod terminal;

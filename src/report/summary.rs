@@ -118,8 +118,8 @@ fn cells(r: &Results) -> (Vec<String>, Vec<Vec<String>>) {
             let (vs, pp, tg) = match nearest_peer(r, x) {
                 Some(p) if x.engine == Engine::Kwk => (
                     fit(&type_label(p), 14),
-                    ratio(r, &x.name, &p.name, "pp"),
-                    ratio(r, &x.name, &p.name, "tg"),
+                    ratio(r, &x.name, &p.name, &r.protocol.primary_ratio_test("pp")),
+                    ratio(r, &x.name, &p.name, &r.protocol.primary_ratio_test("tg")),
                 ),
                 _ => Default::default(),
             };
@@ -275,6 +275,20 @@ pub fn render(r: &Results) -> String {
         s.push_str("pp × / tg ×: a kwk row's tokens/s over the llama.cpp row named in `vs` (nearest in size), median of the rounds paired by time\n");
         if !r.cells.is_empty() {
             s.push_str("(merged: between rows of different cells the ratio is unpaired, median over median, same CPU and threads only)\n");
+        }
+        if r.protocol.speed_axes.is_some() {
+            let tests = r
+                .runners
+                .iter()
+                .map(|x| x.speed_points.len())
+                .max()
+                .unwrap_or(0);
+            let p = &r.protocol;
+            s.push_str(&format!(
+                "speed sweep: the columns are {} and {}; all {tests} tests of every row in speed_points.csv\n",
+                p.primary_test_label("pp"),
+                p.primary_test_label("tg")
+            ));
         }
     }
     let loud = ["SPEED UNRELIABLE", "FAILED", "SKIPPED", "WARNING"];

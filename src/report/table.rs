@@ -192,10 +192,24 @@ pub fn protocol_line(r: &Results) -> String {
     let p = &r.protocol;
     let sha = &p.text_sha256[..p.text_sha256.len().min(12)];
     let speed = if p.speed {
+        let (pp, tg, sweep) = match &p.speed_axes {
+            None => (p.pp.to_string(), p.tg.to_string(), String::new()),
+            Some(a) => {
+                let list =
+                    |v: &[usize]| v.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+                let threads = match a.threads.len() {
+                    1 => String::new(),
+                    _ => format!(" threads {}", list(&a.threads)),
+                };
+                (
+                    list(&a.pp),
+                    list(&a.tg),
+                    format!(" at depth {}{threads}", list(&a.depth)),
+                )
+            }
+        };
         format!(
-            "speed pp{} / tg{} × {} reps in {} interleaved rounds",
-            p.pp,
-            p.tg,
+            "speed pp{pp} / tg{tg}{sweep} × {} reps in {} interleaved rounds",
             p.reps,
             if r.cells.is_empty() {
                 r.speed_rounds.len().to_string()
@@ -295,29 +309,59 @@ pub fn distinct<'a, T: PartialEq>(
     out
 }
 
+/// At most this many test columns in the terminal's ratio table (each cell takes up to 17
+/// columns; the table stays within 100); a sweep with more shows its primary point's pp and
+/// tg there, and [`ratio_note`] points to the files with every point.
+pub const MAX_RATIO_COLUMNS: usize = 4;
+
+/// The tests of the ratio table's columns: every test of `speed_ratios` when there are at
+/// most [`MAX_RATIO_COLUMNS`], else the primary point's.
+fn ratio_columns(r: &Results) -> Vec<String> {
+    let tests: Vec<String> = distinct(r.speed_ratios.iter(), |x| x.test.clone());
+    if tests.len() <= MAX_RATIO_COLUMNS {
+        return tests;
+    }
+    ["pp", "tg"]
+        .map(|k| r.protocol.primary_ratio_test(k))
+        .into_iter()
+        .filter(|t| tests.contains(t))
+        .collect()
+}
+
 /// The paired speed ratios (`results.speed_ratios`) one pair per line, `row / vs`, then
-/// the pp and tg cells; `None` when there are none.
+/// one cell per test ([`ratio_columns`]); `None` when there are none.
 pub fn ratio_rows(r: &Results) -> Option<(Vec<String>, Vec<Vec<String>>)> {
     let pairs = distinct(r.speed_ratios.iter(), |x| (x.row.as_str(), x.vs.as_str()));
     if pairs.is_empty() {
         return None;
     }
-    let header = vec![
-        "speed ratio, paired by round".to_string(),
-        format!("pp{}", r.protocol.pp),
-        format!("tg{}", r.protocol.tg),
-    ];
+    let tests = ratio_columns(r);
+    let mut header = vec!["speed ratio, paired by round".to_string()];
+    header.extend(tests.iter().map(|t| match t.as_str() {
+        "pp" | "tg" => r.protocol.primary_test_label(t),
+        _ => t.clone(),
+    }));
     let rows = pairs
         .iter()
         .map(|(row, vs)| {
-            vec![
-                format!("{row} / {vs}"),
-                ratio_cell(r, row, vs, "pp"),
-                ratio_cell(r, row, vs, "tg"),
-            ]
+            let mut cells = vec![format!("{row} / {vs}")];
+            cells.extend(tests.iter().map(|t| ratio_cell(r, row, vs, t)));
+            cells
         })
         .collect();
     Some((header, rows))
+}
+
+/// The line under the ratio table when it leaves points out ([`ratio_columns`]).
+pub fn ratio_note(r: &Results) -> Option<String> {
+    let all = distinct(r.speed_ratios.iter(), |x| x.test.as_str()).len();
+    let shown = ratio_columns(r).len();
+    (all > shown).then(|| {
+        format!(
+            "({} more tests of the speed sweep: every point's ratios in speed_ratios.csv, every figure in speed_points.csv)",
+            all - shown
+        )
+    })
 }
 
 /// `s` on one terminal line: control characters (newlines, tabs, escapes) and the
@@ -597,5 +641,58 @@ mod tests {
         let n = over_roofline_notes(&r);
         assert!(n.len() == 1 && n[0].contains("size is unknown"), "{n:?}");
         assert!(peaks_line(&r).is_some());
+    }
+
+    /// A sweep with few tests gets one ratio column per test; with more than
+    /// MAX_RATIO_COLUMNS the primary point's pp and tg and a line naming the files, so the
+    /// table stays within 100 columns.
+    #[test]
+    fn ratio_columns_per_point_only_when_few() {
+        use crate::protocol::points::SpeedAxes;
+        let mut r = sample_results();
+        let mut axes = SpeedAxes::single(r.protocol.pp, r.protocol.tg, 2);
+        axes.depth = vec![0, 64];
+        r.protocol.speed_axes = Some(axes.clone());
+        let base = r.speed_ratios.clone();
+        for d in [64] {
+            for x in &base {
+                let n = if x.test == "pp" {
+                    r.protocol.pp
+                } else {
+                    r.protocol.tg
+                };
+                let mut y = x.clone();
+                y.test = axes.test_name(&x.test, n, d, 2);
+                r.speed_ratios.push(y);
+            }
+        }
+        let (header, rows) = ratio_rows(&r).unwrap();
+        assert_eq!(header[1..], ["pp16", "tg4", "pp16@d64", "tg4@d64"]);
+        assert!(ratio_note(&r).is_none());
+        assert!(aligned(&header, &rows)
+            .lines()
+            .all(|l| l.chars().count() <= 100));
+        axes.depth = vec![0, 64, 128];
+        r.protocol.speed_axes = Some(axes.clone());
+        for x in &base {
+            let n = if x.test == "pp" {
+                r.protocol.pp
+            } else {
+                r.protocol.tg
+            };
+            let mut y = x.clone();
+            y.test = axes.test_name(&x.test, n, 128, 2);
+            r.speed_ratios.push(y);
+        }
+        let (header, rows) = ratio_rows(&r).unwrap();
+        assert_eq!(header[1..], ["pp16", "tg4"]);
+        assert!(aligned(&header, &rows)
+            .lines()
+            .all(|l| l.chars().count() <= 100));
+        let note = ratio_note(&r).unwrap();
+        assert!(
+            note.starts_with("(4 more tests") && note.contains("speed_points.csv"),
+            "{note}"
+        );
     }
 }

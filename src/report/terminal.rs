@@ -1,7 +1,7 @@
 //! The table printed at the end of a run: the same rows as report.md, aligned for a
 //! terminal.
 
-use super::table::{aligned, notes, protocol_line, ratio_rows, table_rows};
+use super::table::{aligned, notes, protocol_line, ratio_note, ratio_rows, table_rows};
 use crate::protocol::results::Results;
 
 pub fn render(r: &Results) -> String {
@@ -18,6 +18,10 @@ pub fn render(r: &Results) -> String {
         out.push('\n');
         out.push_str(&aligned(&header, &rows));
         out.push_str("(a row's tokens/s over the other's in the same round: median [lowest–highest] of the rounds)\n");
+        if let Some(note) = ratio_note(r) {
+            out.push_str(&note);
+            out.push('\n');
+        }
     }
     out
 }

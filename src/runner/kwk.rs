@@ -157,6 +157,10 @@ impl SpeedTarget for DecoderTarget<'_> {
         self.0.forward(tokens, logits_from)?;
         Ok(())
     }
+    fn set_threads(&mut self, threads: usize) -> Result<()> {
+        self.0.set_threads(threads);
+        Ok(())
+    }
 }
 
 impl Runner for KwkRunner {

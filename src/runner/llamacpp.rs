@@ -416,10 +416,17 @@ impl Runner for LlamaCppRunner {
             model: self.gguf.clone(),
             pp: spec.pp,
             tg: spec.tg,
+            depth: spec.depth,
             reps: 1,
             compute,
-            // One warm-up run and one timed run of pp + tg tokens.
-            timeout: self.timeout(spec.pp.saturating_add(spec.tg).saturating_mul(2)),
+            // One warm-up run and one timed run of pp + tg tokens, each test after its
+            // prefill of `depth` tokens.
+            timeout: self.timeout(
+                spec.pp
+                    .saturating_add(spec.tg)
+                    .saturating_mul(2)
+                    .saturating_add(spec.depth.saturating_mul(2)),
+            ),
         };
         let run = llamacpp::run_bench(&self.tools, &req, |_, _| {})?;
         self.commands.push(run.command.clone());
@@ -759,6 +766,7 @@ mod tests {
         let spec = SpeedSpec {
             pp: 32,
             tg: 4,
+            depth: 0,
             reps: 2,
             threads: 2,
         };
@@ -848,6 +856,7 @@ mod tests {
             let spec = SpeedSpec {
                 pp: 512,
                 tg: 128,
+                depth: 0,
                 reps,
                 threads,
             };

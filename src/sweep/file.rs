@@ -241,8 +241,14 @@ pub fn parse(path: &Path, source: &str) -> Result<Sweep> {
             bail!("{what}: threads {t} is out of range; use 1 to 4096 (this machine has {} cores; the cell checks against its own)", max_threads / 4);
         }
     }
-    if let Some(&d) = raw.depths.iter().find(|&&d| d != 0) {
-        bail!("{what}: depth {d}: measuring at a context depth other than 0 needs issue 39 (speed at depth), which this build does not have; use depths = [0]");
+    if let Some(&d) = raw.depths.iter().find(|&&d| d > 1 << 20) {
+        bail!("{what}: depth {d} is out of range; use 0 to 1048576 (each cell checks it against its model's context)");
+    }
+    if let Some(d) = crate::protocol::points::repeated(&raw.depths) {
+        bail!("{what}: depth {d} is listed twice; list each depth once");
+    }
+    if !raw.depths.is_empty() && !raw.speed && raw.depths != [0] {
+        bail!("{what}: depths other than 0 need the speed test; drop `speed = false` or use depths = [0]");
     }
     if raw.ctx < 8 || !raw.ctx.is_multiple_of(2) || raw.ctx > 1 << 20 {
         bail!("{what}: ctx {} must be even and 8 to 1048576", raw.ctx);
@@ -266,6 +272,7 @@ pub fn parse(path: &Path, source: &str) -> Result<Sweep> {
             "--reps",
             "--pp",
             "--tg",
+            "--depth",
             "--ladder",
             "--gguf",
             "--no-speed",
@@ -339,7 +346,10 @@ mod tests {
         let base = "models = [\"m\"]\ntexts = [\"wiki.test.raw\"]\n";
         let e = |extra: &str| format!("{:#}", sweep(&format!("{base}{extra}")).unwrap_err());
         assert!(e("formats = [\"int7\"]").contains("format 'int7' is neither"));
-        assert!(e("formats = [\"int8\"]\ndepths = [0, 4096]").contains("depth 4096"));
+        assert!(
+            e("formats = [\"int8\"]\ndepths = [0, 4096, 0]").contains("depth 0 is listed twice")
+        );
+        assert!(e("formats = [\"int8\"]\ndepths = [2000000]").contains("depth 2000000"));
         assert!(e("formats = [\"int8\"]\nthreads = [0]").contains("threads 0"));
         assert!(e("formats = [\"int8\"]\nctx = 7").contains("ctx 7"));
         assert!(e("formats = [\"int8\", \"int8\"]").contains("listed twice"));

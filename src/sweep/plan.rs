@@ -140,6 +140,9 @@ pub fn plan(s: &Sweep) -> Plan {
                             name.push_str(&slug(&text_short(text)));
                         }
                         name.push_str(&format!("-{}-t{threads}", slug(&format.label())));
+                        if depth > 0 {
+                            name.push_str(&format!("-d{depth}"));
+                        }
                         cells.push(Cell {
                             index,
                             name,
@@ -148,7 +151,7 @@ pub fn plan(s: &Sweep) -> Plan {
                             format: format.clone(),
                             threads,
                             depth,
-                            args: cell_args(s, model, text, format, threads),
+                            args: cell_args(s, model, text, format, threads, depth),
                             reference: None,
                         });
                     }
@@ -233,8 +236,16 @@ fn reference_job(s: &Sweep, model: &str, text: &Path) -> Shared {
     }
 }
 
-/// kwk-eval's arguments for one cell.
-fn cell_args(s: &Sweep, model: &str, text: &Path, f: &SweepFormat, threads: usize) -> Vec<String> {
+/// kwk-eval's arguments for one cell (`--depth` only for a depth other than 0, so a cell at
+/// depth 0 runs the command it always did).
+fn cell_args(
+    s: &Sweep,
+    model: &str,
+    text: &Path,
+    f: &SweepFormat,
+    threads: usize,
+    depth: usize,
+) -> Vec<String> {
     let mut a = vec![
         "--llm".to_string(),
         model.to_string(),
@@ -288,6 +299,9 @@ fn cell_args(s: &Sweep, model: &str, text: &Path, f: &SweepFormat, threads: usiz
         }
         if let Some(tg) = s.tg {
             a.extend(["--tg".into(), tg.to_string()]);
+        }
+        if depth > 0 {
+            a.extend(["--depth".into(), depth.to_string()]);
         }
     } else {
         a.push("--no-speed".into());
@@ -504,5 +518,29 @@ mod tests {
             "{text}"
         );
         assert_eq!(shell_quote("a b'c"), "'a b'\\''c'");
+    }
+
+    /// Depth is a real axis: one cell per depth, named `-dD` and passing `--depth D`
+    /// (nothing for depth 0, whose cell runs the command it always did).
+    #[test]
+    fn each_depth_is_a_cell_passing_its_depth() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("t.txt"), "x").unwrap();
+        let s = super::super::file::parse(
+            &dir.path().join("s.toml"),
+            "models = [\"m\"]\ntexts = [\"t.txt\"]\nformats = [\"int8\"]\ndepths = [0, 4096]\n",
+        )
+        .unwrap();
+        let p = plan(&s);
+        let names: Vec<&str> = p.cells.iter().map(|c| c.name.as_str()).collect();
+        let t = crate::machine::available_threads();
+        assert_eq!(
+            names,
+            [format!("000-m-int8-t{t}"), format!("001-m-int8-t{t}-d4096")]
+        );
+        assert!(!p.cells[0].args.contains(&"--depth".to_string()));
+        let line = p.cells[1].args.join(" ");
+        assert!(line.ends_with("--depth 4096"), "{line}");
+        assert_eq!(p.cells[1].depth, 4096);
     }
 }

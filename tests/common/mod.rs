@@ -95,6 +95,8 @@ pub fn llama_dir() -> PathBuf {
         .into_iter()
         .flatten()
         .filter_map(|e| e.ok())
+        // Mainline's builds (`llama.cpp-<version>`), never ik_llama.cpp's beside them.
+        .filter(|e| e.file_name().to_string_lossy().starts_with("llama.cpp-"))
         .map(|e| e.path().join("build/bin"))
         .filter(|p| p.join("llama-perplexity").exists())
         .collect();
@@ -102,4 +104,24 @@ pub fn llama_dir() -> PathBuf {
     bins.pop().expect(
         "llama.cpp tools not found: run scripts/setup-llama-cpp.sh or set KWK_LLAMA_CPP_DIR",
     )
+}
+
+/// ik_llama.cpp's tools (`KWK_IK_LLAMA_CPP_DIR`, else the newest build
+/// scripts/setup-ik-llama-cpp.sh left in the cache), `None` when there is none: the tests
+/// that need the fork say they are skipped, and `scripts/test.sh` says so too.
+pub fn ik_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("KWK_IK_LLAMA_CPP_DIR").filter(|d| !d.is_empty()) {
+        return Some(PathBuf::from(d));
+    }
+    let root = kwk::paths::cache_root(&kwk::paths::CacheEnv::from_env())?;
+    let mut bins: Vec<_> = std::fs::read_dir(&root)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("ik_llama.cpp-"))
+        .map(|e| e.path().join("build/bin"))
+        .filter(|p| p.join("llama-perplexity").exists() && p.join("llama-quantize").exists())
+        .collect();
+    bins.sort();
+    bins.pop()
 }

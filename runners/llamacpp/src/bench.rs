@@ -3,7 +3,10 @@
 //! docs/protocol.md §4).
 //!
 //! Definitions (B:2168-2222, B:1564-1572): pp = `-p N` random tokens from an empty cache,
-//! tg = `-n N` single-token decodes from an empty cache; one untimed warm-up, then `-r`
+//! tg = `-n N` single-token decodes from an empty cache; at a depth `-d D` (B:2441-2478)
+//! each repetition first prefills D tokens, untimed (the JSON's `n_depth`; `-d` is passed
+//! only when D is not 0, so a run at depth 0 is the command it always was); one untimed
+//! warm-up, then `-r`
 //! repetitions; `avg_ts` is the mean of the per-repetition tokens/s and `stddev_ts` their
 //! sample (n−1) standard deviation. Both tests run in one invocation (`-p PP -n TG`: every pp
 //! test, then every tg test, B:1355-1467).
@@ -35,6 +38,8 @@ pub struct BenchRequest {
     pub pp: usize,
     /// `-n`: generated tokens (0 = no tg test).
     pub tg: usize,
+    /// `-d`: tokens prefilled, untimed, before each repetition (0 = none, no `-d` passed).
+    pub depth: usize,
     /// `-r`.
     pub reps: usize,
     /// llama-bench's `-ctk/-ctv` accept f16, bf16, q8_0 (and smaller), **not f32**
@@ -70,6 +75,9 @@ impl BenchRequest {
         let kv = self.compute.kv_type.as_str();
         cmd.arg("-m").arg(&self.model);
         cmd.args(["-p", &self.pp.to_string(), "-n", &self.tg.to_string()]);
+        if self.depth > 0 {
+            cmd.args(["-d", &self.depth.to_string()]);
+        }
         cmd.args(["-r", &self.reps.to_string()]);
         cmd.args(["-t", &self.compute.threads.to_string(), "-ngl", "0"]);
         // `-fa 1|0`: accepted by every llama-bench (older ones take only 0/1; newer ones
@@ -116,6 +124,8 @@ struct BenchRecord {
 pub struct BenchTest {
     pub n_prompt: u64,
     pub n_gen: u64,
+    /// Tokens in the cache before the timed test (`n_depth`; 0 when the field is absent).
+    pub n_depth: u64,
     /// Mean tokens/s over repetitions (llama-bench's `avg_ts`).
     pub avg_ts: f64,
     /// Sample standard deviation of tokens/s (`stddev_ts`).
@@ -153,15 +163,13 @@ pub fn parse_bench_json(stdout: &str) -> std::result::Result<BenchOutput, String
     for (i, obj) in raw.iter().enumerate() {
         let r: BenchRecord = serde_json::from_value(obj.clone())
             .map_err(|e| format!("object {i} lacks a field this parser needs: {e}"))?;
-        if r.n_depth != 0 {
-            return Err(format!("object {i} has n_depth {}; expected 0", r.n_depth));
-        }
         if !r.avg_ts.is_finite() || !r.stddev_ts.is_finite() {
             return Err(format!("object {i} has a non-finite avg_ts/stddev_ts"));
         }
         let test = BenchTest {
             n_prompt: r.n_prompt,
             n_gen: r.n_gen,
+            n_depth: r.n_depth,
             avg_ts: r.avg_ts,
             stddev_ts: r.stddev_ts,
             samples_ts: r.samples_ts,
@@ -202,6 +210,12 @@ pub fn check_matches(
                 let len = if name == "pp" { t.n_prompt } else { t.n_gen };
                 if len != n as u64 {
                     return Err(format!("{name} test of {len} tokens, asked for {n}"));
+                }
+                if t.n_depth != req.depth as u64 {
+                    return Err(format!(
+                        "{name} test at depth {}, asked for depth {}",
+                        t.n_depth, req.depth
+                    ));
                 }
                 if t.samples_ts.len() != req.reps {
                     return Err(format!(

@@ -6,6 +6,12 @@
 //! -c CTX --chunks N -t THREADS`; the text is tokenized whole (BOS per chunk as the model
 //! says) and cut into `CTX`-token chunks from the start; the output is a GGUF file by
 //! default (`--output-format gguf`), which llama-quantize reads by its magic.
+//!
+//! ik_llama.cpp's llama-quantize (0.1.5, `examples/quantize/quantize.cpp`, `load_imatrix`)
+//! reads only the legacy binary format, so [`run_imatrix_to_legacy`] rewrites a GGUF
+//! importance matrix as one: mainline's llama-imatrix with `--in-file` and no text saves
+//! what it loaded without loading a model (`tools/imatrix/imatrix.cpp`, "combining
+//! precomputed matrices only"), in the format `--output-format dat` names.
 
 use crate::error::{Error, Result};
 use crate::process::{self, ToolCommand};
@@ -34,13 +40,60 @@ pub struct ImatrixRun {
     pub elapsed: Duration,
 }
 
-/// Runs llama-imatrix; the output file exists when this returns `Ok`.
-pub fn run_imatrix(tools: &LlamaCppTools, req: &ImatrixRequest) -> Result<ImatrixRun> {
-    let tool = tools.imatrix_path().ok_or_else(|| Error::ToolNotFound {
+/// The importance matrix `input` (llama-imatrix's GGUF format) rewritten as `output` in
+/// the legacy binary format (the same sums, for ik_llama.cpp's llama-quantize); the output
+/// file exists when this returns `Ok`.
+pub fn run_imatrix_to_legacy(
+    tools: &LlamaCppTools,
+    input: &std::path::Path,
+    output: &std::path::Path,
+    timeout: Duration,
+) -> Result<ImatrixRun> {
+    let tool = imatrix_tool(tools)?;
+    let mut cmd = ToolCommand::new(
+        &tools.tool_label(IMATRIX),
+        tool,
+        timeout,
+        "check the importance matrix file is one llama-imatrix wrote",
+    );
+    cmd.arg("--in-file")
+        .arg(input)
+        .arg("-o")
+        .arg(output)
+        .args(["--output-format", "dat"]);
+    finish(tools, cmd, output)
+}
+
+fn imatrix_tool(tools: &LlamaCppTools) -> Result<&std::path::Path> {
+    tools.imatrix_path().ok_or_else(|| Error::ToolNotFound {
         engine: tools.engine(),
         tool: IMATRIX,
         searched: vec![format!("beside {}", tools.perplexity_path().display())],
-    })?;
+    })
+}
+
+/// Runs `cmd` and checks it wrote `output`.
+fn finish(tools: &LlamaCppTools, cmd: ToolCommand, output: &std::path::Path) -> Result<ImatrixRun> {
+    let out = process::run(&cmd, |_, _| {})?;
+    if !output.is_file() {
+        return Err(Error::BadOutput {
+            tool: tools.tool_label(IMATRIX),
+            what: format!("it exited 0 but wrote no '{}'", output.display()),
+            command: out.command.clone(),
+            stderr_tail: out.stderr_tail(),
+            hint: "check the llama.cpp build".to_string(),
+        });
+    }
+    Ok(ImatrixRun {
+        text: format!("{}\n{}", out.stdout, out.stderr),
+        command: out.command,
+        elapsed: out.elapsed,
+    })
+}
+
+/// Runs llama-imatrix; the output file exists when this returns `Ok`.
+pub fn run_imatrix(tools: &LlamaCppTools, req: &ImatrixRequest) -> Result<ImatrixRun> {
+    let tool = imatrix_tool(tools)?;
     let mut cmd = ToolCommand::new(
         &tools.tool_label(IMATRIX),
         tool,
@@ -57,19 +110,5 @@ pub fn run_imatrix(tools: &LlamaCppTools, req: &ImatrixRequest) -> Result<Imatri
         .args(["--chunks", &req.chunks.max(1).to_string()])
         .args(["-t", &req.threads.max(1).to_string()])
         .args(["-ngl", "0"]);
-    let out = process::run(&cmd, |_, _| {})?;
-    if !req.output.is_file() {
-        return Err(Error::BadOutput {
-            tool: tools.tool_label(IMATRIX),
-            what: format!("it exited 0 but wrote no '{}'", req.output.display()),
-            command: out.command.clone(),
-            stderr_tail: out.stderr_tail(),
-            hint: "check the llama.cpp build".to_string(),
-        });
-    }
-    Ok(ImatrixRun {
-        text: format!("{}\n{}", out.stdout, out.stderr),
-        command: out.command,
-        elapsed: out.elapsed,
-    })
+    finish(tools, cmd, &req.output)
 }

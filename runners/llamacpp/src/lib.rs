@@ -32,7 +32,7 @@ pub use bench::{run_bench, BenchOutput, BenchRequest, BenchRun, BenchTest};
 pub use convert::{run_convert, ConvertRequest, ConvertRun, Converter, ConverterSearch};
 pub use engine::Engine;
 pub use error::{Error, Result, SETUP_HINT};
-pub use imatrix::{run_imatrix, ImatrixRequest, ImatrixRun};
+pub use imatrix::{run_imatrix, run_imatrix_to_legacy, ImatrixRequest, ImatrixRun};
 pub use kld::{
     run_kl_divergence, KlDivergenceRequest, KlDivergenceRun, KlDivergenceStats, ValueErr,
 };

@@ -593,6 +593,7 @@ fn commands_pin_every_result_changing_flag() {
         model: "/m/x.gguf".into(),
         pp: 512,
         tg: 128,
+        depth: 0,
         reps: 5,
         compute: ComputeSettings::new(2, KvType::F16),
         timeout: Duration::from_secs(60),
@@ -601,6 +602,14 @@ fn commands_pin_every_result_changing_flag() {
     assert_eq!(
         cmd.split_once(' ').unwrap().1,
         "-m /m/x.gguf -p 512 -n 128 -r 5 -t 2 -ngl 0 -fa 1 -ctk f16 -ctv f16 -b 2048 -ub 512 -o json --progress"
+    );
+    // At a depth, `-d D` after `-p/-n` (llama-bench's --n-depth); depth 0 passes none.
+    let mut deep = bench.clone();
+    deep.depth = 4096;
+    deep.compute = ComputeSettings::new(1, KvType::F16);
+    assert_eq!(
+        deep.command(&tools).unwrap().display().split_once(' ').unwrap().1,
+        "-m /m/x.gguf -p 512 -n 128 -d 4096 -r 5 -t 1 -ngl 0 -fa 1 -ctk f16 -ctv f16 -b 2048 -ub 512 -o json --progress"
     );
     let mut bad = bench.clone();
     bad.compute = ComputeSettings::new(2, KvType::F32);

@@ -138,6 +138,7 @@ fn bench_request(pp: usize, tg: usize, reps: usize) -> BenchRequest {
         model: PathBuf::from("m.gguf"),
         pp,
         tg,
+        depth: 0,
         reps,
         compute: ComputeSettings::new(2, KvType::F16),
         timeout: Duration::from_secs(60),

@@ -165,6 +165,7 @@ fn tiny_llama_bench() {
             model: fixtures().join("tiny-llama/model.gguf"),
             pp: 32,
             tg: 8,
+            depth: 0,
             reps: 2,
             compute: ComputeSettings::new(2, KvType::F16),
             timeout: Duration::from_secs(600),

@@ -279,6 +279,37 @@ fn llama_bench_json() {
     assert!((mean - tg.avg_ts).abs() / tg.avg_ts < 1e-5);
 }
 
+/// llama-bench 0.3.36 at a depth (`-p 16 -n 4 -d 64 -r 1 -t 1` on the tiny fixture): both
+/// tests carry `n_depth` 64; the run is checked against a request at that depth, and one
+/// at another depth is refused; the stderr's progress counts timed runs, not depth runs.
+#[test]
+fn llama_bench_json_at_depth() {
+    use llamacpp::bench::{check_matches, count_progress, BenchRequest};
+    use llamacpp::settings::{ComputeSettings, KvType};
+    let b = parse_bench_json(&data("tiny-llama-bench-d64.json")).unwrap();
+    let (pp, tg) = (b.pp.clone().unwrap(), b.tg.clone().unwrap());
+    assert_eq!((pp.n_prompt, pp.n_gen, pp.n_depth), (16, 0, 64));
+    assert_eq!((tg.n_prompt, tg.n_gen, tg.n_depth), (0, 4, 64));
+    assert_eq!(pp.samples_ts.len(), 1);
+    let mut req = BenchRequest {
+        model: "m.gguf".into(),
+        pp: 16,
+        tg: 4,
+        depth: 64,
+        reps: 1,
+        compute: ComputeSettings::new(1, KvType::F16),
+        timeout: std::time::Duration::from_secs(60),
+    };
+    check_matches(&b, &req, llamacpp::Engine::LlamaCpp).unwrap();
+    req.depth = 0;
+    let e = check_matches(&b, &req, llamacpp::Engine::LlamaCpp).unwrap_err();
+    assert!(e.contains("depth 64") && e.contains("depth 0"), "{e}");
+    // Depth-0 output is checked against a depth-0 request as before.
+    let flat = parse_bench_json(&data("tiny-llama-bench.json")).unwrap();
+    assert_eq!(flat.pp.unwrap().n_depth, 0);
+    assert_eq!(count_progress(&data("tiny-llama-bench-d64.stderr")), 2);
+}
+
 #[test]
 fn llama_bench_json_is_tolerant_but_complete() {
     // Unknown fields are ignored; the raw object keeps them.

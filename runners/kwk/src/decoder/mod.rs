@@ -405,6 +405,19 @@ impl KwkDecoder {
         self.max_cache_len
     }
 
+    /// Threads of the forward passes.
+    pub fn threads(&self) -> usize {
+        self.pool.n_threads()
+    }
+
+    /// Runs the next forward passes on `threads` threads (at least 1): a new pool when the
+    /// count changes (a speed sweep over thread counts); the results do not depend on it.
+    pub fn set_threads(&mut self, threads: usize) {
+        if self.pool.n_threads() != threads.max(1) {
+            self.pool = ThreadPool::new(threads);
+        }
+    }
+
     /// The KV cache's element type (float32 in every format).
     pub fn kv_cache_type(&self) -> &'static str {
         "f32"

@@ -2,7 +2,8 @@
 //! runner a labelled point with its generation speed, each engine's frontier a line (the
 //! size/quality trade-off at a glance), and prompt/generation
 //! speed as bars with ±1 stddev error bars and a roofline marker (the rate at 100 % of the
-//! row's ceiling, labelled with the share reached). PNG text is drawn with DejaVu Sans, embedded
+//! row's ceiling, labelled with the share reached). Each engine is a series of its own
+//! colour and marker: kwk, llama.cpp, and ik_llama.cpp with `--peer ik`. PNG text is drawn with DejaVu Sans, embedded
 //! in the binary (assets/fonts, Bitstream Vera licence), so a machine without fonts still
 //! gets labelled plots.
 
@@ -16,12 +17,12 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 use std::path::Path;
 use std::sync::Once;
 
-const FONT: &str = "sans-serif";
+pub(super) const FONT: &str = "sans-serif";
 static REGISTER_FONT: Once = Once::new();
 
-fn register_font() {
+pub(super) fn register_font() {
     REGISTER_FONT.call_once(|| {
-        let bytes: &'static [u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
+        let bytes: &'static [u8] = include_bytes!("../../../assets/fonts/DejaVuSans.ttf");
         // The font is compiled in and known to parse (tested); a failure would only lose
         // PNG text, so it is not fatal here.
         let _ = plotters::style::register_font(FONT, FontStyle::Normal, bytes);
@@ -38,7 +39,7 @@ pub struct PlotFiles {
     pub tradeoff: Option<String>,
 }
 
-fn err<E: std::fmt::Display>(e: E) -> anyhow::Error {
+pub(super) fn err<E: std::fmt::Display>(e: E) -> anyhow::Error {
     anyhow!("drawing a plot: {e}")
 }
 
@@ -46,7 +47,7 @@ fn err<E: std::fmt::Display>(e: E) -> anyhow::Error {
 /// size and figures.
 struct Point {
     label: String,
-    llama_cpp: bool,
+    engine: Engine,
     bpw: Option<f64>,
     delta_pct: Option<f64>,
     kld: Option<f64>,
@@ -60,7 +61,7 @@ fn points(results: &Results) -> Vec<Point> {
         .filter(|r| r.error.is_none())
         .map(|r| Point {
             label: fit(&plot_label(r), 28),
-            llama_cpp: r.engine.is_external(),
+            engine: r.engine,
             bpw: r.bits_per_weight,
             delta_pct: r.ppl_delta_pct,
             kld: r.kld_mean.filter(|k| *k > 0.0),
@@ -80,7 +81,7 @@ fn quality_points(results: &Results) -> Vec<Point> {
 /// The model's name for titles: the last path component without `.gguf` and without a
 /// trailing llama.cpp type (`SmolLM2-135M-Instruct.Q4_1.gguf` reads
 /// `SmolLM2-135M-Instruct`).
-fn model_short_name(model: &str) -> String {
+pub(super) fn model_short_name(model: &str) -> String {
     let last = model
         .trim_end_matches('/')
         .rsplit('/')
@@ -121,43 +122,65 @@ fn clipped_top(values: &[f64]) -> (f64, Option<f64>) {
 
 const KWK_COLOR: RGBColor = RGBColor(31, 90, 200);
 const LLAMA_COLOR: RGBColor = RGBColor(210, 50, 40);
+const IK_COLOR: RGBColor = RGBColor(30, 140, 70);
+
+/// The engines in the order their series are drawn and listed.
+const ENGINES: [Engine; 3] = [Engine::Kwk, Engine::LlamaCpp, Engine::Ik];
 
 /// An engine's colour and legend name.
-fn engine_style(llama_cpp: bool) -> (RGBColor, &'static str) {
-    if llama_cpp {
-        (LLAMA_COLOR, Engine::LlamaCpp.as_str())
-    } else {
-        (KWK_COLOR, Engine::Kwk.as_str())
-    }
+pub(super) fn engine_style(engine: Engine) -> (RGBColor, &'static str) {
+    let color = match engine {
+        Engine::Kwk => KWK_COLOR,
+        Engine::LlamaCpp => LLAMA_COLOR,
+        Engine::Ik => IK_COLOR,
+    };
+    (color, engine.as_str())
 }
 
 /// Draws `points` (an iterator of ((x, y), label)) as one engine's series on `chart`, in
 /// the engine's colour and shape (kwk circles labelled above, llama.cpp triangles labelled
-/// below, so two rows of one size do not print over each other), with its legend entry.
+/// below, ik_llama.cpp squares labelled further below, so rows of one size do not print
+/// over each other), with its legend entry.
 macro_rules! engine_series {
-    ($chart:expr, $points:expr, $llama_cpp:expr) => {{
-        let (color, name) = engine_style($llama_cpp);
+    ($chart:expr, $points:expr, $engine:expr) => {{
+        let (color, name) = engine_style($engine);
         let text = (FONT, 13).into_font().color(&color);
-        if $llama_cpp {
-            $chart
-                .draw_series($points.map(|(at, label): ((f64, f64), String)| {
-                    EmptyElement::at(at)
-                        + TriangleMarker::new((0, 0), 6, color.filled())
-                        + Text::new(label, (7, 2), text.clone())
-                }))
-                .map_err(err)?
-                .label(name)
-                .legend(move |(x, y)| TriangleMarker::new((x + 8, y), 6, color.filled()));
-        } else {
-            $chart
-                .draw_series($points.map(|(at, label): ((f64, f64), String)| {
-                    EmptyElement::at(at)
-                        + Circle::new((0, 0), 5, color.filled())
-                        + Text::new(label, (7, -15), text.clone())
-                }))
-                .map_err(err)?
-                .label(name)
-                .legend(move |(x, y)| Circle::new((x + 8, y), 5, color.filled()));
+        match $engine {
+            Engine::LlamaCpp => {
+                $chart
+                    .draw_series($points.map(|(at, label): ((f64, f64), String)| {
+                        EmptyElement::at(at)
+                            + TriangleMarker::new((0, 0), 6, color.filled())
+                            + Text::new(label, (7, 2), text.clone())
+                    }))
+                    .map_err(err)?
+                    .label(name)
+                    .legend(move |(x, y)| TriangleMarker::new((x + 8, y), 6, color.filled()));
+            }
+            Engine::Ik => {
+                $chart
+                    .draw_series($points.map(|(at, label): ((f64, f64), String)| {
+                        EmptyElement::at(at)
+                            + Rectangle::new([(-5, -5), (5, 5)], color.filled())
+                            + Text::new(label, (7, 14), text.clone())
+                    }))
+                    .map_err(err)?
+                    .label(name)
+                    .legend(move |(x, y)| {
+                        Rectangle::new([(x + 3, y - 5), (x + 13, y + 5)], color.filled())
+                    });
+            }
+            Engine::Kwk => {
+                $chart
+                    .draw_series($points.map(|(at, label): ((f64, f64), String)| {
+                        EmptyElement::at(at)
+                            + Circle::new((0, 0), 5, color.filled())
+                            + Text::new(label, (7, -15), text.clone())
+                    }))
+                    .map_err(err)?
+                    .label(name)
+                    .legend(move |(x, y)| Circle::new((x + 8, y), 5, color.filled()));
+            }
         }
     }};
 }
@@ -216,8 +239,8 @@ fn draw_quality<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, results: &Resu
         .map_err(err)?;
     // Each engine's frontier (its rows that nothing of its own no larger beats) as a
     // line, so whose frontier lies lower reads at a glance.
-    for llama_cpp in [false, true] {
-        let mine: Vec<&&Point> = shown.iter().filter(|p| p.llama_cpp == llama_cpp).collect();
+    for engine in ENGINES {
+        let mine: Vec<&&Point> = shown.iter().filter(|p| p.engine == engine).collect();
         let beats = |o: &&&Point, p: &&&Point| {
             (bpw(o) <= bpw(p) && dp(o) < dp(p)) || (bpw(o) < bpw(p) && dp(o) <= dp(p))
         };
@@ -228,7 +251,7 @@ fn draw_quality<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, results: &Resu
             .collect();
         front.sort_by(|a, b| a.0.total_cmp(&b.0));
         if front.len() > 1 {
-            let (color, _) = engine_style(llama_cpp);
+            let (color, _) = engine_style(engine);
             chart
                 .draw_series(std::iter::once(PathElement::new(
                     front,
@@ -237,8 +260,11 @@ fn draw_quality<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, results: &Resu
                 .map_err(err)?;
         }
     }
-    for llama_cpp in [false, true] {
-        let pts = shown.iter().filter(|p| p.llama_cpp == llama_cpp).map(|p| {
+    for engine in ENGINES {
+        if !shown.iter().any(|p| p.engine == engine) {
+            continue;
+        }
+        let pts = shown.iter().filter(|p| p.engine == engine).map(|p| {
             // Speed beside the name: generation tokens/s where measured.
             let name = match p.tg {
                 Some(tg) => format!("{} · tg {tg:.0}", p.label),
@@ -250,7 +276,7 @@ fn draw_quality<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, results: &Resu
             };
             ((bpw(p), y), label)
         });
-        engine_series!(chart, pts, llama_cpp);
+        engine_series!(chart, pts, engine);
     }
     chart
         .configure_series_labels()
@@ -322,16 +348,19 @@ fn draw_tradeoff<DB: DrawingBackend>(
         model_short_name(&results.model)
     );
     let x_desc = format!("generation tg{} tokens/s (mean)", results.protocol.tg);
-    let series = |llama_cpp: bool, y: &dyn Fn(&&Point) -> f64| -> Vec<((f64, f64), String)> {
+    let series = |engine: Engine, y: &dyn Fn(&&Point) -> f64| -> Vec<((f64, f64), String)> {
         pts.iter()
-            .filter(|p| p.llama_cpp == llama_cpp)
+            .filter(|p| p.engine == engine)
             .map(|p| ((tg(p), y(p)), label(p)))
             .collect()
     };
     macro_rules! finish {
         ($chart:expr, $y:expr) => {{
-            for llama_cpp in [false, true] {
-                engine_series!($chart, series(llama_cpp, $y).into_iter(), llama_cpp);
+            for engine in ENGINES {
+                let points = series(engine, $y);
+                if !points.is_empty() {
+                    engine_series!($chart, points.into_iter(), engine);
+                }
             }
             $chart
                 .configure_series_labels()
@@ -395,7 +424,7 @@ struct Bar {
     label: String,
     mean: f64,
     std: f64,
-    llama_cpp: bool,
+    engine: Engine,
     /// The rate as a percentage of the machine's roofline for this row, when known.
     roofline_pct: Option<f64>,
 }
@@ -427,7 +456,7 @@ fn speed_bars(
                         label: fit(&plot_label(r), 16),
                         mean,
                         std,
-                        llama_cpp: r.engine.is_external(),
+                        engine: r.engine,
                         roofline_pct,
                     },
                 )
@@ -437,9 +466,17 @@ fn speed_bars(
     rows.sort_by(|(a, x), (b, y)| {
         b.unwrap_or(0.0)
             .total_cmp(&a.unwrap_or(0.0))
-            .then(x.llama_cpp.cmp(&y.llama_cpp))
+            .then(engine_rank(x.engine).cmp(&engine_rank(y.engine)))
     });
     rows.into_iter().map(|(_, b)| b).collect()
+}
+
+/// An engine's place in [`ENGINES`] (kwk first).
+fn engine_rank(engine: Engine) -> usize {
+    ENGINES
+        .iter()
+        .position(|e| *e == engine)
+        .unwrap_or(ENGINES.len())
 }
 
 fn draw_bars<DB: DrawingBackend>(
@@ -479,7 +516,7 @@ fn draw_bars<DB: DrawingBackend>(
                     (SegmentValue::Exact(i), 0.0),
                     (SegmentValue::Exact(i + 1), b.mean),
                 ],
-                engine_style(b.llama_cpp).0.mix(0.75).filled(),
+                engine_style(b.engine).0.mix(0.75).filled(),
             );
             r.set_margin(0, 0, 5, 5);
             r
@@ -577,10 +614,14 @@ fn draw_speed<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, results: &Result
     );
     head.draw(&Text::new(title, (20, 8), (FONT, 20).into_font()))
         .map_err(err)?;
-    // One legend for both panels.
+    // One legend for both panels: kwk and llama.cpp always, ik_llama.cpp when it ran.
     let mut x = 20;
-    for llama_cpp in [false, true] {
-        let (color, name) = engine_style(llama_cpp);
+    let ran = |e: Engine| pp.iter().chain(&tg).any(|b| b.engine == e);
+    for engine in ENGINES {
+        if engine == Engine::Ik && !ran(engine) {
+            continue;
+        }
+        let (color, name) = engine_style(engine);
         head.draw(&Rectangle::new(
             [(x, 38), (x + 14, 52)],
             color.mix(0.75).filled(),
@@ -605,13 +646,13 @@ fn draw_speed<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, results: &Result
 /// A fresh temporary a plot is drawn to (its name ends in `.<name>`, the same extension:
 /// plotters picks the image encoding from it) before [`publish`] renames it into place;
 /// removed when dropped unpublished.
-fn tmp(dir: &Path, name: &str) -> Result<Scratch> {
+pub(super) fn tmp(dir: &Path, name: &str) -> Result<Scratch> {
     let mut s = Scratch::create(dir, name)?;
     s.close();
     Ok(s)
 }
 
-fn publish(dir: &Path, drawn: Vec<(Scratch, &str)>) -> Result<()> {
+pub(super) fn publish(dir: &Path, drawn: Vec<(Scratch, &str)>) -> Result<()> {
     for (from, name) in drawn {
         from.persist(&dir.join(name))
             .context("putting a plot into place")?;
@@ -689,212 +730,4 @@ pub fn write_plots(dir: &Path, results: &Results) -> Result<PlotFiles> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::protocol::results::testdata::sample_results;
-
-    #[test]
-    fn writes_png_and_svg_with_text() {
-        let dir = tempfile::tempdir().unwrap();
-        let files = write_plots(dir.path(), &sample_results()).unwrap();
-        assert_eq!(files.quality.as_deref(), Some("quality_vs_bpw.svg"));
-        assert_eq!(files.speed.as_deref(), Some("speed.svg"));
-        for f in ["quality_vs_bpw.png", "speed.png"] {
-            let bytes = std::fs::read(dir.path().join(f)).unwrap();
-            assert_eq!(&bytes[1..4], b"PNG", "{f}");
-        }
-        let svg = std::fs::read_to_string(dir.path().join("quality_vs_bpw.svg")).unwrap();
-        assert!(svg.contains("int4") && svg.contains("bits per weight"));
-        let mut r = sample_results();
-        for (i, n) in ["gguf:M-Q4_0.gguf", "gguf:M-Q4_1.gguf"].iter().enumerate() {
-            r.runners[i].name = n.to_string();
-        }
-        let labels: Vec<String> = quality_points(&r).into_iter().map(|p| p.label).collect();
-        assert_eq!(labels, ["Q4_0", "Q4_1"]);
-        assert_eq!(model_short_name("/a/b/SmolLM2.gguf"), "SmolLM2");
-        assert_eq!(
-            model_short_name("m/SmolLM2-135M-Instruct.Q4_1.gguf"),
-            "SmolLM2-135M-Instruct"
-        );
-        assert_eq!(
-            model_short_name("HuggingFaceTB/SmolLM2-1.7B"),
-            "SmolLM2-1.7B"
-        );
-        let svg = std::fs::read_to_string(dir.path().join("speed.svg")).unwrap();
-        assert!(svg.contains("float32") && svg.contains("tokens/s"));
-        // One legend naming both engines.
-        assert!(
-            svg.contains("\nkwk\n") && svg.contains("\nllama.cpp\n"),
-            "legend"
-        );
-        assert_eq!(files.tradeoff.as_deref(), Some("quality_vs_speed.svg"));
-        let svg = std::fs::read_to_string(dir.path().join("quality_vs_speed.svg")).unwrap();
-        assert!(svg.contains("tokens/s") && svg.contains("bpw"), "labels");
-        // To look at the plots: KWK_KEEP_PLOTS=DIR cargo test -p kwk-eval --lib plot
-        if let Some(keep) = std::env::var_os("KWK_KEEP_PLOTS") {
-            std::fs::create_dir_all(&keep).unwrap();
-            write_plots(Path::new(&keep), &ladder()).unwrap();
-        }
-    }
-
-    /// A run like the default one: kwk's four formats and six GGUFs, one of them far worse.
-    fn ladder() -> Results {
-        let mut r = sample_results();
-        let base = r.runners[1].clone();
-        r.runners.truncate(1);
-        r.model = "models/SmolLM2-135M-Instruct.Q4_1.gguf".into();
-        r.runners[0].bits_per_weight = Some(32.0);
-        r.runners[0].tg_tokens_per_s = Some(79.8);
-        r.runners[0].pp_tokens_per_s = Some(1446.0);
-        let rows = [
-            ("bf16", Engine::Kwk, 16.0, -0.02, 0.00015, 2593.0, 162.2),
-            ("int8", Engine::Kwk, 8.51, 0.46, 0.00399, 3166.0, 283.8),
-            ("int4", Engine::Kwk, 5.74, 0.37, 0.00294, 2965.0, 383.1),
-            (
-                "gguf:M-F32.gguf",
-                Engine::LlamaCpp,
-                32.0,
-                -0.0,
-                0.000001,
-                933.0,
-                68.9,
-            ),
-            (
-                "gguf:M-BF16.gguf",
-                Engine::LlamaCpp,
-                16.0,
-                0.01,
-                0.00016,
-                1517.0,
-                122.3,
-            ),
-            (
-                "gguf:M-Q8_0.gguf",
-                Engine::LlamaCpp,
-                8.51,
-                0.42,
-                0.00424,
-                853.0,
-                151.2,
-            ),
-            (
-                "gguf:M-Q4_K_M.gguf",
-                Engine::LlamaCpp,
-                6.17,
-                5.59,
-                0.0589,
-                762.0,
-                146.6,
-            ),
-            (
-                "gguf:M-Q4_1.gguf",
-                Engine::LlamaCpp,
-                5.74,
-                0.50,
-                0.00294,
-                404.0,
-                145.9,
-            ),
-            (
-                "gguf:M-Q4_0.gguf",
-                Engine::LlamaCpp,
-                5.35,
-                25.8,
-                0.311,
-                1290.0,
-                204.9,
-            ),
-        ];
-        for (name, engine, bpw, dp, kld, pp, tg) in rows {
-            let mut x = base.clone();
-            x.name = name.into();
-            x.engine = engine;
-            x.bits_per_weight = Some(bpw);
-            x.ppl_delta_pct = Some(dp);
-            x.kld_mean = Some(kld);
-            x.pp_tokens_per_s = Some(pp);
-            x.tg_tokens_per_s = Some(tg);
-            x.pp_tokens_per_s_std = Some(pp * 0.08);
-            x.tg_tokens_per_s_std = Some(tg * 0.1);
-            x.pp_roofline_pct = Some(40.0);
-            x.tg_roofline_pct = Some(50.0);
-            r.runners.push(x);
-        }
-        r
-    }
-
-    /// One row far above the others is clipped, not allowed to flatten them; rows alike
-    /// set the axis themselves.
-    #[test]
-    fn a_far_outlier_is_clipped() {
-        // The default run on the shipped model: Q4_K_M and Q4_0 far above the rest.
-        let (top, clip) = clipped_top(&[0.01, 0.37, 0.46, 0.42, 0.50, 5.59, 25.8]);
-        assert_eq!(clip, Some(top));
-        assert!((top - 0.75).abs() < 1e-9, "{top}");
-        // The off-grid copy: only Q4_1 and Q4_0 (+62 %, +68 %) are clipped, the int4 rows
-        // between 3 and 11 % stay on the axis.
-        let (top, clip) = clipped_top(&[0.38, 0.59, 3.74, 6.86, 7.14, 9.70, 10.21, 62.6, 68.4]);
-        assert_eq!(clip, Some(top));
-        assert!((top - 10.21 * 1.5).abs() < 1e-9, "{top}");
-        let (top, clip) = clipped_top(&[0.37, 0.46, 0.42, 0.5]);
-        assert_eq!(clip, None);
-        assert!(top > 0.5 && top < 0.6, "{top}");
-        assert_eq!(clipped_top(&[]).1, None);
-        let dir = tempfile::tempdir().unwrap();
-        let files = write_plots(dir.path(), &ladder()).unwrap();
-        let svg = std::fs::read_to_string(dir.path().join(files.quality.unwrap())).unwrap();
-        assert!(
-            svg.contains("Q4_0 ↑ +25.8 %")
-                || svg.contains("Q4_0 · tg") && svg.contains("↑ +25.8 %"),
-            "the clipped row says its value"
-        );
-        assert!(
-            svg.contains("off the axis: float32 32 bpw"),
-            "16/32-bit rows named"
-        );
-        assert!(svg.contains("SmolLM2-135M-Instruct") && !svg.contains("Q4_1.gguf"));
-    }
-
-    /// Rows with a roofline share get the marker at mean × 100 / share and the share's
-    /// label; rows without one get neither.
-    #[test]
-    fn speed_plot_marks_the_roofline() {
-        let mut r = sample_results();
-        for row in r.runners.iter_mut() {
-            row.pp_roofline_pct = None;
-            row.tg_roofline_pct = None;
-        }
-        r.runners[0].tg_tokens_per_s = Some(50.0);
-        r.runners[0].tg_roofline_pct = Some(37.0);
-        let tg = speed_bars(&r, |row| {
-            Some((row.tg_tokens_per_s?, 0.0, row.tg_roofline_pct))
-        });
-        assert!((tg[0].ceiling().unwrap() - 50.0 * 100.0 / 37.0).abs() < 1e-9);
-        assert!(tg.iter().skip(1).all(|b| b.ceiling().is_none()));
-        let dir = tempfile::tempdir().unwrap();
-        write_plots(dir.path(), &r).unwrap();
-        let svg = std::fs::read_to_string(dir.path().join("speed.svg")).unwrap();
-        assert_eq!(svg.matches("37%").count(), 1, "one roofline label");
-    }
-
-    #[test]
-    fn a_single_runner_plots_too() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut r = sample_results();
-        r.runners.truncate(1);
-        r.update_deltas();
-        let files = write_plots(dir.path(), &r).unwrap();
-        assert!(files.quality.is_some() && files.speed.is_some());
-    }
-
-    #[test]
-    fn no_data_no_plot() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut r = sample_results();
-        for row in &mut r.runners {
-            *row = crate::report::RunnerRecord::failed(&row.name, Engine::Kwk, "x".into());
-        }
-        r.update_deltas();
-        assert_eq!(write_plots(dir.path(), &r).unwrap(), PlotFiles::default());
-    }
-}
+mod tests;
