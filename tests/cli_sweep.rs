@@ -191,7 +191,7 @@ fn plan_lists_cells_and_the_shared_work() {
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
-    assert!(text.starts_with("8 cells, 1 shared job(s)"), "{text}");
+    assert!(text.starts_with("8 cells, 2 shared job(s)"), "{text}");
     assert!(
         text.contains("-d64") && text.contains("--depth 64"),
         "{text}"
