@@ -263,8 +263,10 @@ mod tests {
             reps: 1,
             threads: 3,
         };
-        let mut session = SpeedSession::default();
-        session.warmed = true;
+        let mut session = SpeedSession {
+            warmed: true,
+            ..Default::default()
+        };
         session.rep(&mut r, &spec, 100, Some(7)).unwrap();
         assert_eq!(r.threads, [3]);
         let shape: Vec<(&str, usize)> = r.calls.iter().map(|c| (c.0.as_str(), c.1)).collect();
