@@ -690,7 +690,11 @@ fn set_roofline(
         _ => machine.peaks.as_ref(),
     };
     let Some(peaks) = peaks else { return };
-    let ops = kwk::model::cost::prompt_ops_per_token(config, spec.pp);
+    // At a depth every prompt token also attends to the `depth` cached positions: QKᵀ and
+    // PV, one multiply-add (2 operations) per head dimension each, as the cost model counts.
+    let depth_ops =
+        4.0 * (config.n_heads * config.head_dim * config.n_layers) as f64 * spec.depth as f64;
+    let ops = kwk::model::cost::prompt_ops_per_token(config, spec.pp) + depth_ops;
     let bytes = cost.weight_bytes_per_token
         + kwk::model::cost::kv_bytes_per_token(
             config,
@@ -838,6 +842,23 @@ mod tests {
         roof(&mut row, ComputeKind::Int8, false);
         assert_eq!(row.tg_roofline_paired_pct, None);
         assert_eq!(row.tg_ceiling.as_deref(), Some("dram"));
+        // At a depth the prompt also attends to the cached positions, and a generated
+        // token reads them.
+        let deep = SpeedSpec {
+            depth: 100,
+            ..spec.clone()
+        };
+        set_roofline(
+            &mut row,
+            Some(&cost(ComputeKind::Int8, false)),
+            &config,
+            &deep,
+            &machine,
+        );
+        let extra = 4.0 * (config.n_heads * config.head_dim * config.n_layers) as f64 * 100.0;
+        assert!(close(row.pp_ops_per_token, ops + extra));
+        let deep_bytes = 1e6 + kwk::model::cost::kv_bytes_per_token(&config, 4.0, 100, 16);
+        assert!(close(row.tg_bytes_per_token, deep_bytes) && deep_bytes > bytes);
     }
 
     /// A row whose bytes per token fit in the last-level cache is put against the cache's

@@ -22,12 +22,15 @@ fn table_rows() -> Vec<(String, String)> {
     doc_table::table_rows(section)
 }
 
-const BUILDERS: [&str; 19] = [
+const BUILDERS: [&str; 22] = [
     "reps-huge",
     "reps-0",
     "pp-huge",
     "tg-huge",
     "pp-plus-tg",
+    "depth-plus-pp-tg",
+    "depth-twice",
+    "depth-past-context",
     "ctx-huge",
     "chunks-huge",
     "threads-huge",
@@ -91,6 +94,12 @@ fn build(id: &str, tmp: &Path) -> (assert_cmd::Command, PathBuf, PathBuf) {
         "pp-huge" => eval(&["--pp", "18446744073709551615"]),
         "tg-huge" => eval(&["--tg", "18446744073709551615"]),
         "pp-plus-tg" => eval(&["--pp", "1048576", "--tg", "1"]),
+        "depth-plus-pp-tg" => eval(&["--depth", "0,1048000", "--pp", "512", "--tg", "128"]),
+        "depth-twice" => eval(&["--depth", "0,512,0"]),
+        "depth-past-context" => {
+            let (c, _, dir) = eval(&["--depth", "0,200", "--pp", "64", "--tg", "16"]);
+            (c, tiny_llama(), dir)
+        }
         "ctx-huge" => eval(&["--ctx", "2097152"]),
         "chunks-huge" => eval(&["--chunks", "18446744073709551615"]),
         "threads-huge" => eval(&["--threads", "100000"]),

@@ -224,10 +224,15 @@ pub fn speed_mismatches(old: &Results, new: &Results, across_machines: bool) -> 
     if !(a.speed && b.speed) {
         out.push("speed was not measured in both runs".into());
     }
-    if (a.pp, a.tg, a.reps) != (b.pp, b.tg, b.reps) {
+    // The row figures compared are the primary point's: at depth its test is another.
+    let (ta, tb) = (
+        (a.primary_test_label("pp"), a.primary_test_label("tg")),
+        (b.primary_test_label("pp"), b.primary_test_label("tg")),
+    );
+    if (&ta, a.reps) != (&tb, b.reps) {
         out.push(format!(
-            "speed test: baseline pp{}/tg{} × {}, this run pp{}/tg{} × {}",
-            a.pp, a.tg, a.reps, b.pp, b.tg, b.reps
+            "speed test: baseline {}/{} × {}, this run {}/{} × {}",
+            ta.0, ta.1, a.reps, tb.0, tb.1, b.reps
         ));
     }
     let (m, n) = (&old.machine, &new.machine);
@@ -524,5 +529,22 @@ mod tests {
             ..GateLimits::default()
         };
         assert!(compare(&old, &new, &across).speed_compared);
+    }
+
+    /// A run whose primary point is at a depth does not compare its speed with one at
+    /// depth 0: the tests differ, and the mismatch names both.
+    #[test]
+    fn speed_at_another_depth_is_not_compared() {
+        let old = sample_results();
+        assert!(speed_mismatches(&old, &old, false).is_empty());
+        let mut new = sample_results();
+        let mut axes = crate::protocol::points::SpeedAxes::single(16, 4, 2);
+        axes.depth = vec![64];
+        new.protocol.speed_axes = Some(axes);
+        let m = speed_mismatches(&old, &new, false);
+        assert_eq!(
+            m,
+            ["speed test: baseline pp16/tg4 × 2, this run pp16@d64/tg4@d64 × 2"]
+        );
     }
 }

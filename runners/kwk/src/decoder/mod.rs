@@ -411,7 +411,7 @@ impl KwkDecoder {
     }
 
     /// Runs the next forward passes on `threads` threads (at least 1): a new pool when the
-    /// count changes (a speed sweep over thread counts); the results do not depend on it.
+    /// count changes (a speed sweep over thread counts).
     pub fn set_threads(&mut self, threads: usize) {
         if self.pool.n_threads() != threads.max(1) {
             self.pool = ThreadPool::new(threads);
