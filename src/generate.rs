@@ -163,6 +163,7 @@ pub fn generate(cfg: &GenerateConfig, ui: &dyn Reporter) -> Result<()> {
     let options = DecoderOptions {
         max_cache_len,
         precision,
+        kv: Default::default(),
         threads: cfg.threads,
         calibration_tokens: None,
         pack_cache_dir: pack_cache_dir.clone(),

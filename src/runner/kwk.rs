@@ -80,6 +80,7 @@ impl KwkRunner {
             DecoderOptions {
                 max_cache_len: options.max_cache_len,
                 precision,
+                kv: Default::default(),
                 threads: options.threads,
                 calibration_tokens: options.calibration_tokens.clone(),
                 pack_cache_dir: options.pack_cache_dir.clone(),

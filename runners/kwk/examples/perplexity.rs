@@ -45,6 +45,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         DecoderOptions {
             max_cache_len: ctx,
             precision,
+            kv: Default::default(),
             threads,
             calibration_tokens: None,
             pack_cache_dir: None,

@@ -42,6 +42,7 @@ fn options(max_cache_len: usize, threads: usize) -> DecoderOptions {
     DecoderOptions {
         max_cache_len,
         precision: Precision::Float32,
+        kv: Default::default(),
         threads,
         calibration_tokens: None,
         pack_cache_dir: None,
