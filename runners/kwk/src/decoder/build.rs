@@ -191,7 +191,7 @@ impl KwkDecoder {
         );
         // Gemma 3's local layers keep a ring of the window plus one micro-batch less one.
         let lengths = kv_precision::cache_lengths(config, options.max_cache_len);
-        let kv = KvCache::with_lengths(config.n_kv_heads, config.head_dim, &lengths);
+        let kv = KvCache::new(config.n_kv_heads, config.head_dim, &lengths, options.kv);
         Ok(KwkDecoder {
             config: config.clone(),
             precision: options.precision,

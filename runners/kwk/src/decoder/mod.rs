@@ -24,6 +24,7 @@
 
 mod attention;
 mod build;
+mod flash;
 mod kv_cache;
 pub mod kv_precision;
 mod layers;
@@ -651,6 +652,8 @@ impl KwkDecoder {
     }
 }
 
+#[cfg(test)]
+mod flash_tests;
 #[cfg(test)]
 mod gemma_quant_tests;
 #[cfg(test)]
