@@ -691,6 +691,17 @@ mod tests {
         .unwrap();
         assert_eq!(cli.eval.chunks, Chunks::All);
         assert_eq!(cli.eval.llama_kv, KvArg::F32);
+        assert_eq!(c.kv, kwk::KvPrecision::F32);
+        let kv = |args: &[&str]| {
+            let mut all = vec!["kwk-eval", "--llm", "m", "--text", "t"];
+            all.extend(args);
+            Cli::try_parse_from(all)
+        };
+        let cli = kv(&["--kv", "q8", "--llama-kv", "q4_0"]).unwrap();
+        assert_eq!(cli.eval.kv, kwk::KvPrecision::Q8);
+        assert_eq!(cli.eval.llama_kv.kv_type(), llamacpp::KvType::Q4_0);
+        let e = one_line(&kv(&["--kv", "q4"]).unwrap_err());
+        assert!(e.contains("'q4' is not one of f32|f16|bf16|q8"), "{e}");
         let e = Cli::try_parse_from(["kwk-eval", "--llm", "m", "--text", "t", "--formats", "int7"])
             .unwrap_err();
         assert!(one_line(&e).contains("valid formats"), "{}", one_line(&e));
