@@ -136,7 +136,6 @@ pub(super) fn attention(
             }
         }
     });
-    drop(partial);
     if splits == 1 {
         return;
     }
@@ -149,7 +148,7 @@ pub(super) fn attention(
             for r in 0..(t1 - t0) * group {
                 let row = |s: usize| &parts[(first + s) * part_ld + r * (vd + 2)..][..vd + 2];
                 let m = (0..splits)
-                    .map(|s| row(s))
+                    .map(&row)
                     .filter(|p| p[1] != 0.0)
                     .fold(f32::NEG_INFINITY, |m, p| m.max(p[0]));
                 acc.fill(0.0);

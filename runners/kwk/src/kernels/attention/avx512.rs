@@ -150,23 +150,25 @@ unsafe fn scores_tile<T: Lanes, const R: usize>(
             while d + 2 <= dims {
                 let k0 = T::load16(kp.add(d * PANEL_ROWS));
                 let k1 = T::load16(kp.add((d + 1) * PANEL_ROWS));
-                for r in 0..R {
+                for (r, (e, o)) in even.iter_mut().zip(odd.iter_mut()).enumerate() {
                     let qr = q.add(r * g.q_ld + d);
-                    even[r] = _mm512_fmadd_ps(_mm512_set1_ps(*qr), k0, even[r]);
-                    odd[r] = _mm512_fmadd_ps(_mm512_set1_ps(*qr.add(1)), k1, odd[r]);
+                    *e = _mm512_fmadd_ps(_mm512_set1_ps(*qr), k0, *e);
+                    *o = _mm512_fmadd_ps(_mm512_set1_ps(*qr.add(1)), k1, *o);
                 }
                 d += 2;
             }
             if d < dims {
                 let k0 = T::load16(kp.add(d * PANEL_ROWS));
-                for r in 0..R {
+                for (r, e) in even.iter_mut().enumerate() {
                     let qv = _mm512_set1_ps(*q.add(r * g.q_ld + d));
-                    even[r] = _mm512_fmadd_ps(qv, k0, even[r]);
+                    *e = _mm512_fmadd_ps(qv, k0, *e);
                 }
             }
-            for r in 0..R {
-                let o = out.add(r * g.out_ld + p * PANEL_ROWS);
-                _mm512_storeu_ps(o, _mm512_add_ps(even[r], odd[r]));
+            for (r, (e, o)) in even.iter().zip(&odd).enumerate() {
+                _mm512_storeu_ps(
+                    out.add(r * g.out_ld + p * PANEL_ROWS),
+                    _mm512_add_ps(*e, *o),
+                );
             }
         }
     }
@@ -220,16 +222,16 @@ unsafe fn scores_q8_tile<const R: usize>(
                 while d < (b + 1) * Q8_BLOCK {
                     let k0 = i8::load16(kp.add(d * PANEL_ROWS));
                     let k1 = i8::load16(kp.add((d + 1) * PANEL_ROWS));
-                    for r in 0..R {
+                    for (r, (e, o)) in even.iter_mut().zip(odd.iter_mut()).enumerate() {
                         let qr = q.add(r * g.q_ld + d);
-                        even[r] = _mm512_fmadd_ps(_mm512_set1_ps(*qr), k0, even[r]);
-                        odd[r] = _mm512_fmadd_ps(_mm512_set1_ps(*qr.add(1)), k1, odd[r]);
+                        *e = _mm512_fmadd_ps(_mm512_set1_ps(*qr), k0, *e);
+                        *o = _mm512_fmadd_ps(_mm512_set1_ps(*qr.add(1)), k1, *o);
                     }
                     d += 2;
                 }
                 let scale = _mm512_loadu_ps(sp.add(b * PANEL_ROWS));
-                for r in 0..R {
-                    acc[r] = _mm512_fmadd_ps(scale, _mm512_add_ps(even[r], odd[r]), acc[r]);
+                for (a, (e, o)) in acc.iter_mut().zip(even.iter().zip(&odd)) {
+                    *a = _mm512_fmadd_ps(scale, _mm512_add_ps(*e, *o), *a);
                 }
             }
             for (r, a) in acc.iter().enumerate() {
@@ -370,34 +372,34 @@ unsafe fn values_tile<T: Lanes, const R: usize>(
             let base = v.add(c * g.chunk + j0 * g.slot);
             let mut even = [_mm512_setzero_ps(); R];
             let mut odd = [_mm512_setzero_ps(); R];
-            for r in 0..R {
-                even[r] = _mm512_loadu_ps(out.add(r * g.out_ld + c * PANEL_ROWS));
+            for (r, e) in even.iter_mut().enumerate() {
+                *e = _mm512_loadu_ps(out.add(r * g.out_ld + c * PANEL_ROWS));
             }
             let mut i = 0;
             while i + 2 <= n {
                 let v0 = T::load16(base.add(i * g.slot));
                 let v1 = T::load16(base.add((i + 1) * g.slot));
-                for r in 0..R {
-                    even[r] =
-                        _mm512_fmadd_ps(_mm512_set1_ps(weight(p, s, g, r, j0, i, c)), v0, even[r]);
-                    odd[r] = _mm512_fmadd_ps(
-                        _mm512_set1_ps(weight(p, s, g, r, j0, i + 1, c)),
-                        v1,
-                        odd[r],
+                for (r, (e, o)) in even.iter_mut().zip(odd.iter_mut()).enumerate() {
+                    let (w0, w1) = (
+                        weight(p, s, g, r, j0, i, c),
+                        weight(p, s, g, r, j0, i + 1, c),
                     );
+                    *e = _mm512_fmadd_ps(_mm512_set1_ps(w0), v0, *e);
+                    *o = _mm512_fmadd_ps(_mm512_set1_ps(w1), v1, *o);
                 }
                 i += 2;
             }
             if i < n {
                 let v0 = T::load16(base.add(i * g.slot));
-                for r in 0..R {
-                    even[r] =
-                        _mm512_fmadd_ps(_mm512_set1_ps(weight(p, s, g, r, j0, i, c)), v0, even[r]);
+                for (r, e) in even.iter_mut().enumerate() {
+                    *e = _mm512_fmadd_ps(_mm512_set1_ps(weight(p, s, g, r, j0, i, c)), v0, *e);
                 }
             }
-            for r in 0..R {
-                let o = out.add(r * g.out_ld + c * PANEL_ROWS);
-                _mm512_storeu_ps(o, _mm512_add_ps(even[r], odd[r]));
+            for (r, (e, o)) in even.iter().zip(&odd).enumerate() {
+                _mm512_storeu_ps(
+                    out.add(r * g.out_ld + c * PANEL_ROWS),
+                    _mm512_add_ps(*e, *o),
+                );
             }
         }
     }
