@@ -138,6 +138,11 @@ pub enum FormatArg {
     Format(FormatSpec),
 }
 
+/// `--kv`: a KV cache precision (the error names the choices).
+fn parse_kv(s: &str) -> Result<kwk::KvPrecision, String> {
+    s.parse().map_err(|e: kwk::KwkError| e.to_string())
+}
+
 fn parse_format_arg(s: &str) -> Result<FormatArg, String> {
     if s.trim() == "none" {
         Ok(FormatArg::None)
@@ -146,11 +151,16 @@ fn parse_format_arg(s: &str) -> Result<FormatArg, String> {
     }
 }
 
-/// KV cache type of llama-perplexity.
+/// KV cache type of llama.cpp's rows (`-ctk/-ctv`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum KvArg {
     F16,
     F32,
+    Bf16,
+    #[value(name = "q8_0")]
+    Q8_0,
+    #[value(name = "q4_0")]
+    Q4_0,
 }
 
 impl KvArg {
@@ -158,6 +168,9 @@ impl KvArg {
         match self {
             KvArg::F16 => llamacpp::KvType::F16,
             KvArg::F32 => llamacpp::KvType::F32,
+            KvArg::Bf16 => llamacpp::KvType::Bf16,
+            KvArg::Q8_0 => llamacpp::KvType::Q8_0,
+            KvArg::Q4_0 => llamacpp::KvType::Q4_0,
         }
     }
 }
@@ -280,7 +293,11 @@ pub struct EvalArgs {
     #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..=604_800))]
     pub tool_timeout: Option<u64>,
 
-    /// KV cache type of llama-perplexity: f16 (llama.cpp's default) or f32 (exact parity with kwk's float32 cache).
+    /// KV cache precision of kwk's rows other than the float32 reference (which keeps an f32 cache, so KLD and ΔPPL show what the cache costs): f32, f16, bf16 or q8 (int8 in blocks of 32 head dims, one f32 scale each).
+    #[arg(long, value_name = "TYPE", default_value = "f32", value_parser = parse_kv)]
+    pub kv: kwk::KvPrecision,
+
+    /// KV cache type of llama.cpp's rows (-ctk/-ctv of llama-perplexity and llama-bench): f16 (llama.cpp's default), f32 (exact parity with kwk's float32 cache; llama-bench then runs f16), bf16, q8_0 or q4_0 (flash attention on).
     #[arg(long, value_name = "TYPE", value_enum, default_value_t = KvArg::F16)]
     pub llama_kv: KvArg,
 
@@ -407,6 +424,10 @@ pub struct GenerateArgs {
     #[arg(long, default_value = "int8")]
     pub format: String,
 
+    /// KV cache precision: f32, f16, bf16 or q8.
+    #[arg(long, value_name = "TYPE", default_value = "f32", value_parser = parse_kv)]
+    pub kv: kwk::KvPrecision,
+
     /// Sampling temperature (0 to 100); 0 is greedy.
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,
@@ -519,6 +540,7 @@ impl EvalArgs {
             ik_llama_cpp_dir: self.ik_llama_cpp_dir,
             tool_timeout: self.tool_timeout,
             llama_kv: self.llama_kv.kv_type(),
+            kv: self.kv,
             ctx: self.ctx,
             chunks: self.chunks,
             threads: self.threads.unwrap_or_default(),
@@ -556,6 +578,7 @@ impl Cli {
                 prompt: g.prompt,
                 max_new_tokens: g.max_new_tokens,
                 format: g.format,
+                kv: g.kv,
                 threads: g.threads.unwrap_or_else(crate::machine::available_threads),
                 sampling: kwk::Sampling {
                     temperature: g.temperature,
@@ -695,6 +718,17 @@ mod tests {
         .unwrap();
         assert_eq!(cli.eval.chunks, Chunks::All);
         assert_eq!(cli.eval.llama_kv, KvArg::F32);
+        assert_eq!(c.kv, kwk::KvPrecision::F32);
+        let kv = |args: &[&str]| {
+            let mut all = vec!["kwk-eval", "--llm", "m", "--text", "t"];
+            all.extend(args);
+            Cli::try_parse_from(all)
+        };
+        let cli = kv(&["--kv", "q8", "--llama-kv", "q4_0"]).unwrap();
+        assert_eq!(cli.eval.kv, kwk::KvPrecision::Q8);
+        assert_eq!(cli.eval.llama_kv.kv_type(), llamacpp::KvType::Q4_0);
+        let e = one_line(&kv(&["--kv", "q4"]).unwrap_err());
+        assert!(e.contains("'q4' is not one of f32|f16|bf16|q8"), "{e}");
         let e = Cli::try_parse_from(["kwk-eval", "--llm", "m", "--text", "t", "--formats", "int7"])
             .unwrap_err();
         assert!(one_line(&e).contains("valid formats"), "{}", one_line(&e));

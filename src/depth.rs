@@ -7,8 +7,8 @@
 //! before.
 //!
 //! KV sizes go through one function of the bytes per cached value
-//! ([`crate::protocol::points::kv_bytes_per_value`], keyed by a row's KV type), so a KV
-//! precision other than kwk's float32 is one line: [`KWK_KV_TYPE`].
+//! ([`crate::protocol::points::kv_bytes_per_value`], keyed by a row's KV type): kwk's rows
+//! at `--kv` (the float32 reference at f32), llama-bench at `--llama-kv` as it runs it.
 
 use crate::limits::MEMORY_HINT;
 use crate::plan::RunPlan;
@@ -17,13 +17,6 @@ use crate::protocol::FormatSpec;
 use anyhow::{bail, Result};
 use kwk::decoder::resident::{available_memory, Available};
 use kwk::ModelConfig;
-
-/// The KV type of kwk's rows: float32 in every format today (`KwkDecoder::kv_cache_type`).
-/// The one line to change when the decoder's KV precision becomes a choice.
-pub const KWK_KV_TYPE: &str = "f32";
-
-/// The KV type llama-bench runs with here (it refuses f32; `runner::llamacpp`).
-pub const BENCH_KV_TYPE: &str = "f16";
 
 /// Values one token adds to the KV cache: K and V of every layer's KV heads.
 pub fn kv_values_per_token(c: &ModelConfig) -> u64 {
@@ -53,17 +46,25 @@ pub fn check_depth_limit(axes: &SpeedAxes, positions: usize, llm: &str) -> Resul
 /// rows are timed (one llama-bench runs at a time).
 pub struct KvNeed {
     pub values_per_token: u64,
-    pub kwk_rows: usize,
+    /// kwk's rows by their cache's type (`--kv`; the float32 reference's is f32).
+    pub kwk_rows: Vec<(&'static str, usize)>,
     pub cache_len: usize,
     pub bench_len: Option<usize>,
+    /// The type llama-bench's cache runs with (`--llama-kv`, f16 for f32).
+    pub bench_kv: &'static str,
 }
 
 impl KvNeed {
     pub fn bytes(&self) -> f64 {
-        let kwk = kv_cache_bytes(self.values_per_token, KWK_KV_TYPE, self.cache_len).unwrap_or(0.0)
-            * self.kwk_rows as f64;
+        let kwk: f64 = self
+            .kwk_rows
+            .iter()
+            .map(|&(t, n)| {
+                kv_cache_bytes(self.values_per_token, t, self.cache_len).unwrap_or(0.0) * n as f64
+            })
+            .sum();
         let bench = self.bench_len.map_or(0.0, |n| {
-            kv_cache_bytes(self.values_per_token, BENCH_KV_TYPE, n).unwrap_or(0.0)
+            kv_cache_bytes(self.values_per_token, self.bench_kv, n).unwrap_or(0.0)
         });
         kwk + bench
     }
@@ -79,18 +80,18 @@ impl KvNeed {
         }
         let per_token = |t| self.values_per_token as f64 * kv_bytes_per_value(t).unwrap_or(0.0);
         let mut parts = Vec::new();
-        if self.kwk_rows > 0 {
+        for &(t, n) in self.kwk_rows.iter().filter(|r| r.1 > 0) {
             parts.push(format!(
-                "{} kwk row(s) × {} tokens × {} bytes per token ({KWK_KV_TYPE})",
-                self.kwk_rows,
+                "{n} kwk row(s) × {} tokens × {} bytes per token ({t})",
                 self.cache_len,
-                per_token(KWK_KV_TYPE)
+                per_token(t)
             ));
         }
         if let Some(n) = self.bench_len {
             parts.push(format!(
-                "llama-bench's {n} tokens × {} bytes per token ({BENCH_KV_TYPE})",
-                per_token(BENCH_KV_TYPE)
+                "llama-bench's {n} tokens × {} bytes per token ({})",
+                per_token(self.bench_kv),
+                self.bench_kv
             ));
         }
         bail!(
@@ -106,17 +107,20 @@ impl KvNeed {
 /// The run's KV need at its largest depth, for a model of `config`.
 pub fn kv_need(plan: &RunPlan, config: &ModelConfig) -> KvNeed {
     let axes = &plan.speed_axes;
-    let kwk_rows = plan
-        .formats
-        .iter()
-        .filter(|f| matches!(f, FormatSpec::Kwk { .. }))
-        .count();
+    let kwk = |reference: bool| {
+        plan.formats
+            .iter()
+            .filter(|f| matches!(f, FormatSpec::Kwk { .. }) && f.is_reference() == reference)
+            .count()
+    };
+    let kwk_rows = vec![("f32", kwk(true)), (plan.kv.name(), kwk(false))];
     let gguf = plan.formats.iter().any(|f| f.engine().is_external());
     KvNeed {
         values_per_token: kv_values_per_token(config),
         kwk_rows,
         cache_len: plan.ctx.max(axes.longest_test()),
         bench_len: (gguf && plan.llama_bench).then(|| axes.longest_test()),
+        bench_kv: plan.llama_kv.for_bench().as_str(),
     }
 }
 
@@ -172,9 +176,10 @@ mod tests {
         // 2 layers × 2 KV heads × 8 dims × K and V = 64 values per token.
         let need = KvNeed {
             values_per_token: 64,
-            kwk_rows: 2,
+            kwk_rows: vec![("f32", 2), ("q8", 0)],
             cache_len: 1000,
             bench_len: Some(500),
+            bench_kv: "f16",
         };
         assert_eq!(need.bytes(), 2.0 * 1000.0 * 64.0 * 4.0 + 500.0 * 64.0 * 2.0);
         let fits = Available {
@@ -188,6 +193,13 @@ mod tests {
             source: "MemAvailable",
         };
         let e = need.check(900, Some(short)).unwrap_err().to_string();
+        // A q8 cache: 32 int8 values and one f32 scale per block.
+        let q8 = KvNeed {
+            kwk_rows: vec![("f32", 1), ("q8", 1)],
+            bench_len: None,
+            ..need
+        };
+        assert_eq!(q8.bytes(), 1000.0 * 64.0 * (4.0 + 36.0 / 32.0));
         assert!(
             e.starts_with("the KV caches at --depth 900 need 576.0 kB (2 kwk row(s) × 1000 tokens × 256 bytes per token (f32) + llama-bench's 500 tokens × 128 bytes per token (f16)); this machine has 1.0 kB available (MemAvailable)"),
             "{e}"

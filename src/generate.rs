@@ -12,6 +12,8 @@ pub struct GenerateConfig {
     pub prompt: String,
     pub max_new_tokens: usize,
     pub format: String,
+    /// `--kv`: the KV cache's precision.
+    pub kv: kwk::KvPrecision,
     pub threads: usize,
     pub sampling: Sampling,
     /// `--pack-cache` as given (the default folder when `None`).
@@ -163,6 +165,7 @@ pub fn generate(cfg: &GenerateConfig, ui: &dyn Reporter) -> Result<()> {
     let options = DecoderOptions {
         max_cache_len,
         precision,
+        kv: cfg.kv,
         threads: cfg.threads,
         calibration_tokens: None,
         pack_cache_dir: pack_cache_dir.clone(),

@@ -152,6 +152,13 @@ fn build_kwk(
     };
     let options = KwkRunnerOptions {
         threads: plan.threads,
+        // The reference keeps a float32 cache: the other rows' KLD then includes their
+        // cache's cost.
+        kv: if spec.is_reference() {
+            kwk::KvPrecision::F32
+        } else {
+            plan.kv
+        },
         max_cache_len: prep.max_cache_len,
         calibration_tokens: prep.calibration_tokens.clone(),
         pack_cache_dir: plan.pack_cache_dir.clone(),

@@ -67,6 +67,8 @@ pub struct EvalOptions {
     /// `--tool-timeout` in seconds.
     pub tool_timeout: Option<u64>,
     pub llama_kv: llamacpp::KvType,
+    /// `--kv`: the KV cache of kwk's rows but the float32 reference.
+    pub kv: kwk::KvPrecision,
     pub ctx: usize,
     pub chunks: Chunks,
     /// `--threads`, a list (the first also runs perplexity); empty: every available core.
@@ -132,6 +134,8 @@ pub struct RunPlan {
     /// Ladder types not made for want of an importance matrix, one line each.
     pub not_made: Vec<String>,
     pub llama_kv: llamacpp::KvType,
+    /// `--kv`: the KV cache of kwk's rows but the float32 reference (which keeps f32).
+    pub kv: kwk::KvPrecision,
     pub llama_bench: bool,
     /// `--tool-timeout`; `None` scales each tool's timeout with its work.
     pub tool_timeout: Option<std::time::Duration>,
@@ -496,6 +500,7 @@ pub fn make(a: &EvalOptions, ui: &dyn Reporter) -> Result<RunPlan> {
         unmade: Vec::new(),
         not_made: Vec::new(),
         llama_kv: a.llama_kv,
+        kv: a.kv,
         llama_bench: a.llama_bench,
         tool_timeout: a.tool_timeout.map(std::time::Duration::from_secs),
         ctx: a.ctx,

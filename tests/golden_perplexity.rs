@@ -37,6 +37,7 @@ fn check_fixture(name: &str) {
     let chunks = g["chunks"].as_u64().unwrap() as usize;
     let options = KwkRunnerOptions {
         threads: 2,
+        kv: kwk::KvPrecision::F32,
         max_cache_len: ctx,
         calibration_tokens: None,
         pack_cache_dir: None,

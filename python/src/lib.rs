@@ -97,6 +97,7 @@ fn options(
     Ok(DecoderOptions {
         max_cache_len,
         precision,
+        kv: Default::default(),
         threads,
         calibration_tokens: calib,
         pack_cache_dir: cache_dir,

@@ -101,6 +101,9 @@ pub struct RunnerInfo {
     pub calibration_s: Option<f64>,
     /// KV cache element type the runner used ("f32", "f16").
     pub kv_type: String,
+    /// K+V bytes one token adds to the cache over all layers, scales included (kwk rows;
+    /// `None` for engines whose layout is not known here).
+    pub kv_bytes_per_token: Option<u64>,
     /// The kernels the runner's weight matmuls run (kwk formats, e.g. `avx512bw`,
     /// `avx512f (convert)`); `None` for engines that do not say.
     pub kernels: Option<String>,

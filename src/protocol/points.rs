@@ -96,12 +96,14 @@ pub fn test_name(kind: &str, n: usize, depth: usize, threads: Option<usize>) -> 
 
 /// Bytes one cached value of a KV cache of `kv_type` takes, as the rows name their type
 /// (`f32`, `f16`, `bf16`; llama.cpp's `q8_0` and `q4_0` in blocks of 32 with an f16 scale,
-/// kwk's `q8` counted like `q8_0`); `None` for a type this table does not know.
+/// kwk's `q8` in blocks of 32 with an f32 scale, `kwk::KvPrecision`); `None` for a type this
+/// table does not know.
 pub fn kv_bytes_per_value(kv_type: &str) -> Option<f64> {
     match kv_type {
         "f32" => Some(4.0),
         "f16" | "bf16" => Some(2.0),
-        "q8_0" | "q8" => Some(34.0 / 32.0),
+        "q8_0" => Some(34.0 / 32.0),
+        "q8" => Some(36.0 / 32.0),
         "q4_0" => Some(18.0 / 32.0),
         _ => None,
     }

@@ -304,6 +304,10 @@ pub struct RunnerRecord {
     pub params: Option<u64>,
     pub type_mix: BTreeMap<String, usize>,
     pub kv_type: Option<String>,
+    /// K+V bytes per cached token over all layers, scales included (kwk rows; null for
+    /// other engines and files written before the field).
+    #[serde(default)]
+    pub kv_bytes_per_token: Option<u64>,
     /// The kernels this row's weight matmuls ran (kwk rows, e.g. `avx512bw`); for llama.cpp
     /// rows, which pick their own best kernels among those built in, the CPU features its
     /// build reports (`llama.cpp build: AVX AVX2 ...`; null when it printed none).
@@ -447,6 +451,7 @@ impl RunnerRecord {
             params: Some(info.params),
             type_mix: info.type_mix.clone(),
             kv_type: Some(info.kv_type.clone()),
+            kv_bytes_per_token: info.kv_bytes_per_token,
             kernels: info.kernels.clone(),
             engine_flags: info.engine_flags.clone(),
             load_s: info.load_s,

@@ -17,6 +17,7 @@ const HEADER: &[&str] = &[
     "params",
     "type_mix",
     "kv_type",
+    "kv_bytes_per_token",
     "ppl",
     "ppl_err",
     "ppl_delta_pct",
@@ -87,6 +88,7 @@ fn cells(r: &RunnerRecord, noisy: Option<bool>) -> Vec<String> {
             .collect::<Vec<_>>()
             .join(" "),
         opt(&r.kv_type),
+        opt(&r.kv_bytes_per_token),
         opt(&r.ppl),
         opt(&r.ppl_err),
         opt(&r.ppl_delta_pct),

@@ -33,6 +33,8 @@ use std::rc::Rc;
 #[derive(Debug, Clone)]
 pub struct KwkRunnerOptions {
     pub threads: usize,
+    /// The KV cache's precision.
+    pub kv: kwk::KvPrecision,
     /// Longest sequence the KV cache must hold: `max(ctx, pp + tg)`.
     pub max_cache_len: usize,
     /// Calibration token ids for `int8:calib` / `int8:gptq` / `int4:calib` / `int4:gptq`.
@@ -90,6 +92,7 @@ impl KwkRunner {
             DecoderOptions {
                 max_cache_len: options.max_cache_len,
                 precision,
+                kv: options.kv,
                 threads: options.threads,
                 calibration_tokens: options.calibration_tokens.clone(),
                 pack_cache_dir: options.pack_cache_dir.clone(),
@@ -100,9 +103,11 @@ impl KwkRunner {
         // for float formats and calibrated int4); int8/int4 streaming read while packing.
         let pack_s = decoder.pack_s();
         let read_s = model.info.read_s + (started.elapsed().as_secs_f64() - pack_s).max(0.0);
+        let cfg = &model.config;
         let info = RunnerInfo {
             name: name.to_string(),
             engine: Engine::Kwk,
+            kv_bytes_per_token: Some(decoder.kv_bytes_per_token()),
             tensor_bytes: decoder.weight_bytes(),
             file_bytes: None,
             bits_per_weight: decoder.bits_per_weight(),
@@ -114,7 +119,7 @@ impl KwkRunner {
             calibration_s: precision
                 .needs_calibration()
                 .then(|| decoder.calibration_s()),
-            kv_type: "f32".into(),
+            kv_type: decoder.kv_cache_type().into(),
             kernels: Some(precision.kernels().to_string()),
             engine_flags: None,
             roofline: Some(RooflineCost {
@@ -124,8 +129,9 @@ impl KwkRunner {
                     kwk::kernels::Arithmetic::Int8 => ComputeKind::Int8,
                 },
                 weight_bytes_per_token: decoder.weight_bytes_read_per_token(),
-                // The decoder's KV cache is float32 in every format.
-                kv_bytes_per_value: 4.0,
+                // Bytes per cached value, scales and padding included.
+                kv_bytes_per_value: decoder.kv_bytes_per_token() as f64
+                    / (2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim).max(1) as f64,
                 best_kernels: false,
             }),
         };

@@ -195,6 +195,7 @@ impl LlamaCppRunner {
             load_pack_s: None,
             calibration_s: None,
             kv_type: opts.kv_type.as_str().to_string(),
+            kv_bytes_per_token: None,
             kernels: None,
             engine_flags: Some(llamacpp::settings::described(
                 engine,
@@ -206,8 +207,8 @@ impl LlamaCppRunner {
             roofline: Some(RooflineCost {
                 compute: compute_kind_of(&summary.type_params),
                 weight_bytes_per_token,
-                // llama-bench runs with an f16 KV cache (it refuses f32).
-                kv_bytes_per_value: 2.0,
+                // llama-bench runs with this KV type (f16 for f32, which it refuses).
+                kv_bytes_per_value: opts.kv_type.for_bench().bytes_per_value(),
                 best_kernels: true,
             }),
         };
@@ -409,9 +410,10 @@ impl Runner for LlamaCppRunner {
         if !self.opts.run_bench {
             return Ok(None);
         }
-        // llama-bench's own defaults for what it cannot or should not change: f16 KV (it
-        // rejects f32) and flash attention as `auto` resolves on CPU (on).
-        let compute = ComputeSettings::new(self.threads(spec.threads), KvType::F16);
+        // The row's KV type (`--llama-kv`; f16 for f32, which llama-bench rejects) and flash
+        // attention as `auto` resolves on CPU (on).
+        let compute =
+            ComputeSettings::new(self.threads(spec.threads), self.opts.kv_type.for_bench());
         let req = BenchRequest {
             model: self.gguf.clone(),
             pp: spec.pp,

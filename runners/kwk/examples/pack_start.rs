@@ -36,6 +36,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let options = DecoderOptions {
         max_cache_len: 64,
         precision,
+        kv: Default::default(),
         threads,
         calibration_tokens: None,
         pack_cache_dir: Some(args[2].clone().into()),

@@ -29,6 +29,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let options = DecoderOptions {
                 max_cache_len: 600,
                 precision,
+                kv: Default::default(),
                 threads: 2,
                 calibration_tokens: None,
                 pack_cache_dir: Some(dir.clone().into()),
@@ -66,6 +67,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             DecoderOptions {
                 max_cache_len: 600,
                 precision,
+                kv: Default::default(),
                 threads: 2,
                 calibration_tokens: None,
                 pack_cache_dir: cache,

@@ -43,6 +43,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             DecoderOptions {
                 max_cache_len: 640,
                 precision: Precision::parse(f)?,
+                kv: Default::default(),
                 threads,
                 calibration_tokens: None,
                 pack_cache_dir: None,

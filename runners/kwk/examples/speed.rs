@@ -77,6 +77,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         DecoderOptions {
             max_cache_len: pp.max(tg).max(1),
             precision,
+            kv: Default::default(),
             threads,
             calibration_tokens: None,
             pack_cache_dir: None,

@@ -42,7 +42,7 @@ pub mod roofline;
 pub mod threads;
 pub mod tokenizer;
 
-pub use decoder::{DecoderOptions, KwkDecoder, Sampling};
+pub use decoder::{DecoderOptions, KvPrecision, KwkDecoder, Sampling};
 pub use error::{KwkError, Result};
 pub use format::Precision;
 pub use model::{load_model, Model, ModelConfig};

@@ -818,6 +818,7 @@ fn warm_start(dir: &Path, file: &Path) {
     let options = DecoderOptions {
         max_cache_len: 8,
         precision,
+        kv: Default::default(),
         threads: 1,
         calibration_tokens: None,
         pack_cache_dir: Some(cache),
@@ -892,6 +893,7 @@ fn pack_seeds() -> Vec<Seed> {
                 DecoderOptions {
                     max_cache_len: 8,
                     precision: Precision::parse(precision).unwrap(),
+                    kv: Default::default(),
                     threads: 1,
                     calibration_tokens: None,
                     pack_cache_dir: Some(cache),

@@ -7,7 +7,9 @@ use crate::error::{Error, Result};
 use std::fmt;
 
 /// KV cache element type (`-ctk`/`-ctv`). llama.cpp's default is f16; f32 gives exact parity
-/// with a float32 decoder (with flash attention off).
+/// with a float32 decoder (with flash attention off); q8_0 and q4_0 are its block-quantized
+/// caches (34 and 18 bytes per 32 values; a quantized V cache needs flash attention, which
+/// every type but f32 runs with here, [`KvType::default_flash_attn`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum KvType {
@@ -15,6 +17,7 @@ pub enum KvType {
     F16,
     Bf16,
     Q8_0,
+    Q4_0,
 }
 
 impl KvType {
@@ -25,6 +28,26 @@ impl KvType {
             KvType::F16 => "f16",
             KvType::Bf16 => "bf16",
             KvType::Q8_0 => "q8_0",
+            KvType::Q4_0 => "q4_0",
+        }
+    }
+
+    /// Bytes one cached value takes (a block's scale shared out over its 32 values).
+    pub fn bytes_per_value(self) -> f64 {
+        match self {
+            KvType::F32 => 4.0,
+            KvType::F16 | KvType::Bf16 => 2.0,
+            KvType::Q8_0 => 34.0 / 32.0,
+            KvType::Q4_0 => 18.0 / 32.0,
+        }
+    }
+
+    /// The type llama-bench runs with for this one: itself, or f16 for f32 (llama-bench
+    /// rejects `-ctk f32`).
+    pub fn for_bench(self) -> KvType {
+        match self {
+            KvType::F32 => KvType::F16,
+            t => t,
         }
     }
 
@@ -34,8 +57,9 @@ impl KvType {
             "f16" => Ok(KvType::F16),
             "bf16" => Ok(KvType::Bf16),
             "q8_0" => Ok(KvType::Q8_0),
+            "q4_0" => Ok(KvType::Q4_0),
             other => Err(Error::InvalidSettings(format!(
-                "unknown KV cache type `{other}`; use one of f32, f16, bf16, q8_0"
+                "unknown KV cache type `{other}`; use one of f32, f16, bf16, q8_0, q4_0"
             ))),
         }
     }
@@ -107,7 +131,7 @@ impl ComputeSettings {
 
 /// The settings a GGUF row of `engine` passes its tools beyond the model, text, sizes and
 /// threads, for the report: llama-perplexity's flash attention and KV cache (`kv`, `fa`),
-/// and when `bench` llama-bench's (f16 KV always, flash attention on), each with
+/// and when `bench` llama-bench's (the same KV type, f16 for f32, flash attention on), each with
 /// ik_llama.cpp's speed settings. E.g. `llama-perplexity -fa on -ctk f16 -ctv f16 -rtr;
 /// llama-bench -fa 1 -ctk f16 -ctv f16 -rtr 1`.
 pub fn described(engine: Engine, kv: KvType, fa: bool, bench: bool) -> String {
@@ -121,8 +145,9 @@ pub fn described(engine: Engine, kv: KvType, fa: bool, bench: bool) -> String {
         extra(crate::ik::PERPLEXITY_SPEED_ARGS)
     );
     if bench {
+        let bkv = kv.for_bench();
         format!(
-            "{ppl}; llama-bench -fa 1 -ctk f16 -ctv f16{}",
+            "{ppl}; llama-bench -fa 1 -ctk {bkv} -ctv {bkv}{}",
             extra(crate::ik::BENCH_SPEED_ARGS)
         )
     } else {

@@ -1,25 +1,28 @@
-//! Causal attention over the float32 KV cache on the matmul kernels: scores = K·q on the
-//! key panels, a float32 softmax over each query's keys (all earlier positions, or a
-//! Gemma 3 local layer's window, possibly wrapped around a ring cache), P·V on the value
-//! panels.
+//! Causal attention over the KV cache (each query's keys: all earlier positions, or a Gemma
+//! 3 local layer's window, possibly wrapped around a ring cache). Two paths: over a float32
+//! cache up to [`MATMUL_MAX_KEYS`] keys, the matmul kernels (scores = K·q on the key panels,
+//! a float32 softmax over whole score rows, P·V on the value panels); otherwise, and in
+//! every other precision, the tiled path of `flash` (online softmax, no score row as long
+//! as the context, keys split over threads for one-token steps).
 
+use super::flash;
+pub(super) use super::flash::Shape;
 use super::kv_cache::KvCache;
+use super::kv_precision::KvPrecision;
 use crate::kernels::{self, OutputMatrix, PANEL_ROWS};
-use crate::model::ModelConfig;
-use crate::threads::ThreadPool;
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// What [`attention`] reads besides the cache and the queries: the model's shape, the
-/// thread pool, and the layer's sliding window (`None`: every earlier position).
-pub(super) struct Shape<'a> {
-    pub cfg: &'a ModelConfig,
-    pub pool: &'a ThreadPool,
-    pub window: Option<usize>,
-}
-
 /// Query tokens per attention block (each block runs the group's heads together).
 const QUERY_BLOCK: usize = 16;
+
+/// The most keys (positions up to the last query) a float32 cache's step runs on the
+/// matmul path; longer contexts take the tiled path, whose buffers do not grow with the
+/// context and whose one-token steps split the keys over the threads. The matmul path
+/// keeps the numbers of the float32 cache as they were before the tiled path existed at
+/// the lengths every earlier measurement used (up to a 1024-token context); where the two
+/// cross in speed was not measured.
+pub(super) const MATMUL_MAX_KEYS: usize = 1024;
 
 /// Causal attention of the `n` query rows `q` (`[n][n_heads*hd]`, positions
 /// `pos0..pos0+n`) over the cache, into `out` (`[n][n_heads*hd]`). Work items are
@@ -38,21 +41,46 @@ pub(super) fn attention(
     q: &[f32],
     out: &mut [f32],
 ) {
+    let cfg = rt.cfg;
+    let n = q.len() / (cfg.n_heads * cfg.head_dim);
+    let scale = match &cfg.gemma3 {
+        // transformers: `query_pre_attn_scalar**-0.5` (a Python float) times f32 scores.
+        Some(g) => (1.0 / (g.query_pre_attn_scalar as f64).sqrt()) as f32,
+        None => 1.0 / (cfg.head_dim as f32).sqrt(),
+    };
+    if kv.precision() == KvPrecision::F32 && pos0 + n <= MATMUL_MAX_KEYS {
+        matmul_attention(rt, kv, layer, pos0, q, out, scale);
+    } else {
+        flash::attention(rt, kv, layer, pos0, q, out, scale);
+    }
+}
+
+/// The matmul path of [`attention`] (a float32 cache): scores = K·q on the key panels,
+/// scaled, softmax over the causal prefix in float32, P·V on the value panels, with work
+/// items (KV head, block of query tokens).
+pub(super) fn matmul_attention(
+    rt: &Shape<'_>,
+    kv: &KvCache,
+    layer: usize,
+    pos0: usize,
+    q: &[f32],
+    out: &mut [f32],
+    scale: f32,
+) {
     let (pool, cfg) = (rt.pool, rt.cfg);
     let hd = cfg.head_dim;
     let nh = cfg.n_heads;
     let qd = nh * hd;
     let n = q.len() / qd;
     let group = nh / cfg.n_kv_heads;
-    let scale = match &cfg.gemma3 {
-        // transformers: `query_pre_attn_scalar**-0.5` (a Python float) times f32 scores.
-        Some(g) => (1.0 / (g.query_pre_attn_scalar as f64).sqrt()) as f32,
-        None => 1.0 / (hd as f32).sqrt(),
+    let (Some(_), Some(_)) = (kv.keys(layer, 0), kv.values(layer, 0)) else {
+        // Only a float32 cache has panels these kernels read.
+        return flash::attention(rt, kv, layer, pos0, q, out, scale);
     };
     let window = rt.window;
     let cap = kv.cap(layer);
     let ring = pos0 + n > cap;
-    let isa = kernels::active_isa();
+    let isa = rt.isa;
     let n_blocks = n.div_ceil(QUERY_BLOCK);
     let items = cfg.n_kv_heads * n_blocks;
     let y = OutputMatrix::new(out, n, qd);
@@ -85,7 +113,7 @@ pub(super) fn attention(
                 let s = OutputMatrix::new(&mut scores[..rows * len], rows, len);
                 for run in span.iter().filter(|r| !r.is_empty()) {
                     let w = kernels::PanelWeights {
-                        data: kv.keys(layer, g),
+                        data: kv.keys(layer, g).unwrap_or_default(),
                         n_rows: len,
                         cols: hd,
                     };
@@ -126,7 +154,7 @@ pub(super) fn attention(
                 let dst = if i == 0 { &mut obuf } else { &mut obuf2 };
                 let o = OutputMatrix::new(&mut dst[..rows * hd], rows, hd);
                 let w = kernels::PanelWeights {
-                    data: &kv.values(layer, g)[run.start * PANEL_ROWS..],
+                    data: &kv.values(layer, g).unwrap_or_default()[run.start * PANEL_ROWS..],
                     n_rows: hd,
                     cols: run.len(),
                 };

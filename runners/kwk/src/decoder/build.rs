@@ -26,6 +26,7 @@ fn reference(
         DecoderOptions {
             max_cache_len: window,
             precision: Precision::Float32,
+            kv: Default::default(),
             threads,
             calibration_tokens: None,
             pack_cache_dir: None,
@@ -188,17 +189,9 @@ impl KwkDecoder {
             &config.rope_scaling,
             options.max_cache_len,
         );
-        // Gemma 3's local layers keep a ring of the window plus one micro-batch less one
-        // (the most keys a batch's queries look back over), when that is shorter.
-        let lengths: Vec<usize> = (0..config.n_layers)
-            .map(|l| match &config.gemma3 {
-                Some(g) if g.sliding_layers[l] => options
-                    .max_cache_len
-                    .min(g.sliding_window + MICRO_BATCH - 1),
-                _ => options.max_cache_len,
-            })
-            .collect();
-        let kv = KvCache::with_lengths(config.n_kv_heads, config.head_dim, &lengths);
+        // Gemma 3's local layers keep a ring of the window plus one micro-batch less one.
+        let lengths = kv_precision::cache_lengths(config, options.max_cache_len);
+        let kv = KvCache::new(config.n_kv_heads, config.head_dim, &lengths, options.kv);
         Ok(KwkDecoder {
             config: config.clone(),
             precision: options.precision,
@@ -210,6 +203,7 @@ impl KwkDecoder {
             layers,
             rope,
             kv,
+            kv_precision: options.kv,
             pos: 0,
             eos,
             weight_bytes,
@@ -233,6 +227,7 @@ mod tests {
         DecoderOptions {
             max_cache_len: 32,
             precision,
+            kv: Default::default(),
             threads: 2,
             calibration_tokens: None,
             pack_cache_dir: cache.map(Path::to_path_buf),

@@ -139,6 +139,7 @@ fn options(precision: Precision, calib: Option<Vec<u32>>, cache: Option<&Path>) 
     DecoderOptions {
         max_cache_len: 64,
         precision,
+        kv: Default::default(),
         threads: 2,
         calibration_tokens: calib,
         pack_cache_dir: cache.map(Path::to_path_buf),

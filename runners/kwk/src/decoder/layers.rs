@@ -132,6 +132,7 @@ impl Layer {
         let shape = super::attention::Shape {
             cfg,
             pool,
+            isa: crate::kernels::active_isa(),
             window: rt.gemma.as_ref().and_then(|g| g.window),
         };
         super::attention::attention(&shape, kv, layer, pos0, qo, attn);

@@ -24,7 +24,9 @@
 
 mod attention;
 mod build;
+mod flash;
 mod kv_cache;
+pub mod kv_precision;
 mod layers;
 pub mod resident;
 pub mod rope;
@@ -33,6 +35,7 @@ mod sink;
 
 pub use crate::format::precision::{self, LowBitOptions, Precision, DEFAULT_INT4_GROUP};
 pub use crate::pack::calibrate::{CALIBRATION_TOKENS, CALIBRATION_WINDOW};
+pub use kv_precision::KvPrecision;
 
 use crate::error::{KwkError, Result};
 use crate::format::PackedLinear;
@@ -66,6 +69,8 @@ pub struct DecoderOptions {
     /// Longest sequence (prompt + generated) the KV cache holds.
     pub max_cache_len: usize,
     pub precision: Precision,
+    /// The KV cache's element type (`KvPrecision::F32` by default).
+    pub kv: KvPrecision,
     pub threads: usize,
     /// Token ids of calibration text (int4:calib / int4:gptq).
     pub calibration_tokens: Option<Vec<u32>>,
@@ -100,6 +105,7 @@ pub struct KwkDecoder {
     layers: Vec<Layer>,
     rope: rope::Rope,
     kv: KvCache,
+    kv_precision: KvPrecision,
     pos: usize,
     eos: Vec<u32>,
     weight_bytes: u64,
@@ -418,9 +424,20 @@ impl KwkDecoder {
         }
     }
 
-    /// The KV cache's element type (float32 in every format).
+    /// The KV cache's element type (`f32`, `f16`, `bf16`, `q8`).
     pub fn kv_cache_type(&self) -> &'static str {
-        "f32"
+        self.kv_precision.name()
+    }
+
+    /// The KV cache's precision.
+    pub fn kv_precision(&self) -> KvPrecision {
+        self.kv_precision
+    }
+
+    /// K+V bytes per cached token over all layers, scales included
+    /// ([`KvPrecision::bytes_per_token`]).
+    pub fn kv_bytes_per_token(&self) -> u64 {
+        self.kv_precision.bytes_per_token(&self.config)
     }
 
     /// Appends `tokens` at the current position and returns the logits of positions
@@ -648,6 +665,8 @@ impl KwkDecoder {
     }
 }
 
+#[cfg(test)]
+mod flash_tests;
 #[cfg(test)]
 mod gemma_quant_tests;
 #[cfg(test)]

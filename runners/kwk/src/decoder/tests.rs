@@ -48,6 +48,7 @@ fn decoder(f: &Fixture, precision: Precision, threads: usize, max_cache_len: usi
         DecoderOptions {
             max_cache_len,
             precision,
+            kv: Default::default(),
             threads,
             calibration_tokens: None,
             pack_cache_dir: None,
@@ -415,6 +416,7 @@ fn unsupported_configs_are_named() {
             DecoderOptions {
                 max_cache_len: 8,
                 precision: Precision::Float32,
+                kv: Default::default(),
                 threads: 1,
                 calibration_tokens: None,
                 pack_cache_dir: None,
@@ -630,6 +632,7 @@ fn every_architecture_matches_a_float64_reference() {
                 DecoderOptions {
                     max_cache_len: 64,
                     precision: Precision::Float32,
+                    kv: Default::default(),
                     threads,
                     calibration_tokens: None,
                     pack_cache_dir: None,
@@ -673,6 +676,7 @@ fn pack_cache_round_trips_through_the_decoder() {
                 DecoderOptions {
                     max_cache_len: 32,
                     precision,
+                    kv: Default::default(),
                     threads: 2,
                     calibration_tokens: None,
                     pack_cache_dir: Some(cache.path().to_path_buf()),
@@ -812,6 +816,7 @@ fn int4_calib_builds_deterministically_and_round_trips_the_pack_cache() {
             DecoderOptions {
                 max_cache_len: 64,
                 precision,
+                kv: Default::default(),
                 threads: 2,
                 calibration_tokens: tokens,
                 pack_cache_dir: cache_dir,
@@ -859,6 +864,7 @@ fn hessians_of(
         DecoderOptions {
             max_cache_len: window,
             precision: Precision::Float32,
+            kv: Default::default(),
             threads: 2,
             calibration_tokens: None,
             pack_cache_dir: None,
@@ -952,6 +958,7 @@ fn layer_hessians_match_references_and_follow_the_equalization() {
             DecoderOptions {
                 max_cache_len: window,
                 precision: Precision::Float32,
+                kv: Default::default(),
                 threads: 1,
                 calibration_tokens: None,
                 pack_cache_dir: None,
@@ -1096,6 +1103,7 @@ fn build_calibrated(
         DecoderOptions {
             max_cache_len: 64,
             precision: p,
+            kv: Default::default(),
             threads: 2,
             calibration_tokens: tokens,
             pack_cache_dir: cache_dir,

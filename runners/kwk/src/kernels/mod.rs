@@ -11,9 +11,13 @@
 //!   `amx/`) under one driver (`quant/driver.rs`) over one packed layout
 //!   (`quant/layout.rs`); their q8 activations from `q8_activations.rs` (scalar, AVX2 and
 //!   AVX-512 versions in that file).
+//! - attention over a KV cache of any precision (scores against key panels, P·V over
+//!   values, narrow types widened in registers): [`attention`], its `scalar.rs`
+//!   specification beside `avx2.rs` and `avx512.rs`.
 //! - `broadcast.rs`: the worker pool's hand-off of a borrowed job.
 //!
-//! The kernels' `unsafe`: the SIMD tier files (`x86_64/`, `quant/`'s tier files, the
+//! The kernels' `unsafe`: the SIMD tier files (`x86_64/`, `quant/`'s tier files,
+//! `attention/`'s tier files, the
 //! SIMD halves of `q8_activations.rs`), each with its scalar twin and tests; the output
 //! pointers here ([`OutputMatrix`]); the job hand-off in `broadcast.rs`.
 //!
@@ -27,6 +31,7 @@
 //! (`p*kp*32 + j*32 + 2*lane + {0,1}` for column pair `j`), the operand layout of
 //! `vdpbf16ps`. Rows past the end of the matrix are zero padding.
 
+pub mod attention;
 pub mod broadcast;
 pub mod q8_activations;
 pub mod quant;

@@ -321,6 +321,7 @@ mod tests {
         DecoderOptions {
             max_cache_len: 16,
             precision,
+            kv: Default::default(),
             threads: 2,
             calibration_tokens: None,
             pack_cache_dir: None,

@@ -47,6 +47,7 @@ fn decoder_calibrated(f: &Fixture, precision: Precision, calib: Option<Vec<u32>>
         DecoderOptions {
             max_cache_len: 64,
             precision,
+            kv: Default::default(),
             threads: 2,
             calibration_tokens: calib,
             pack_cache_dir: None,

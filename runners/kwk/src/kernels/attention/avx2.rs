@@ -1,0 +1,399 @@
+//! AVX2 twin of `scalar.rs` (the `avx2` and `avxvnni` tiers): a key panel's 16 positions
+//! fill two ymm, so a score tile is up to 4 query rows x 2 accumulators; a value chunk of 16
+//! head dimensions is two ymm, accumulated over slots. f16 is widened by `vcvtph2ps`
+//! (F16C), bf16 by a 16-bit shift, int8 by `vpmovsxbd` + `vcvtdq2ps`, in registers.
+//!
+//! Reached only through `kernels::attention`, which checked the CPU features (through
+//! [`crate::kernels::active_isa`]) and every slice bound.
+
+use super::{KeyPanels, ScoreTile, ValueRows, ValueTile, Q8_BLOCK};
+use crate::kernels::PANEL_ROWS;
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+fn assert_features() {
+    debug_assert!(
+        is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+    );
+}
+
+/// 16 float32 lanes (two ymm) from 16 stored elements of each kind.
+trait Lanes: Copy {
+    /// # Safety
+    /// AVX2, FMA, F16C; `p` valid for 16 elements.
+    unsafe fn load16(p: *const Self) -> [__m256; 2];
+}
+
+impl Lanes for f32 {
+    #[inline(always)]
+    unsafe fn load16(p: *const f32) -> [__m256; 2] {
+        // SAFETY: the caller guarantees 16 readable values and AVX2, FMA, F16C.
+        unsafe { [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8))] }
+    }
+}
+
+/// IEEE half bits.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+struct F16(u16);
+
+impl Lanes for F16 {
+    #[inline(always)]
+    unsafe fn load16(p: *const F16) -> [__m256; 2] {
+        // SAFETY: as above (32 bytes).
+        unsafe {
+            let p = p as *const __m128i;
+            [
+                _mm256_cvtph_ps(_mm_loadu_si128(p)),
+                _mm256_cvtph_ps(_mm_loadu_si128(p.add(1))),
+            ]
+        }
+    }
+}
+
+/// bfloat16 bits.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+struct Bf16(u16);
+
+impl Lanes for Bf16 {
+    #[inline(always)]
+    unsafe fn load16(p: *const Bf16) -> [__m256; 2] {
+        // SAFETY: as above (32 bytes).
+        unsafe {
+            let p = p as *const __m128i;
+            let lo = _mm256_cvtepu16_epi32(_mm_loadu_si128(p));
+            let hi = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.add(1)));
+            [
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(lo)),
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(hi)),
+            ]
+        }
+    }
+}
+
+impl Lanes for i8 {
+    #[inline(always)]
+    unsafe fn load16(p: *const i8) -> [__m256; 2] {
+        // SAFETY: as above (16 bytes).
+        unsafe {
+            let p = p as *const __m128i;
+            let lo = _mm_loadl_epi64(p);
+            let hi = _mm_loadl_epi64((p as *const i8).add(8) as *const __m128i);
+            [
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)),
+                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)),
+            ]
+        }
+    }
+}
+
+/// See [`super::key_scores`].
+pub fn key_scores(keys: KeyPanels<'_>, dims: usize, n_panels: usize, t: ScoreTile<'_>) {
+    assert_features();
+    let q = t.q.as_ptr();
+    let out = t.out.as_mut_ptr();
+    let (q_ld, out_ld) = (t.q_ld, t.out_ld);
+    let mut r0 = 0;
+    while r0 < t.rows {
+        let nr = (t.rows - r0).min(4);
+        // SAFETY: AVX2 checked by the dispatcher (and above in debug builds); the bounds
+        // of every panel, query row and score row were checked by `super::key_scores`.
+        unsafe {
+            let (q, out) = (q.add(r0 * q_ld), out.add(r0 * out_ld));
+            let g = Geometry {
+                dims,
+                n_panels,
+                q_ld,
+                out_ld,
+            };
+            match keys {
+                KeyPanels::F32(k) => scores_rows::<f32>(k.as_ptr(), g, nr, q, out),
+                KeyPanels::F16(k) => scores_rows::<F16>(k.as_ptr() as *const F16, g, nr, q, out),
+                KeyPanels::Bf16(k) => scores_rows::<Bf16>(k.as_ptr() as *const Bf16, g, nr, q, out),
+                KeyPanels::Q8 { codes, scales } => {
+                    scores_q8_rows(codes.as_ptr(), scales.as_ptr(), g, nr, q, out)
+                }
+            }
+        }
+        r0 += 4;
+    }
+}
+
+/// The shape of a score tile.
+#[derive(Clone, Copy)]
+struct Geometry {
+    dims: usize,
+    n_panels: usize,
+    q_ld: usize,
+    out_ld: usize,
+}
+
+/// Scores of `nr` (1..=4) rows.
+///
+/// # Safety
+/// AVX2, FMA, F16C; the bounds of [`super::key_scores`].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scores_rows<T: Lanes>(k: *const T, g: Geometry, nr: usize, q: *const f32, out: *mut f32) {
+    // SAFETY: forwarded.
+    unsafe {
+        match nr {
+            4 => scores_tile::<T, 4>(k, g, q, out),
+            3 => scores_tile::<T, 3>(k, g, q, out),
+            2 => scores_tile::<T, 2>(k, g, q, out),
+            _ => scores_tile::<T, 1>(k, g, q, out),
+        }
+    }
+}
+
+/// # Safety
+/// As [`scores_rows`].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scores_tile<T: Lanes, const R: usize>(
+    k: *const T,
+    g: Geometry,
+    q: *const f32,
+    out: *mut f32,
+) {
+    let dims = g.dims;
+    for p in 0..g.n_panels {
+        // SAFETY: panel `p` holds `dims` rows of 16 keys; query rows hold `dims` values.
+        unsafe {
+            let kp = k.add(p * dims * PANEL_ROWS);
+            let mut acc = [[_mm256_setzero_ps(); 2]; R];
+            for d in 0..dims {
+                let [k0, k1] = T::load16(kp.add(d * PANEL_ROWS));
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let qv = _mm256_set1_ps(*q.add(r * g.q_ld + d));
+                    a[0] = _mm256_fmadd_ps(qv, k0, a[0]);
+                    a[1] = _mm256_fmadd_ps(qv, k1, a[1]);
+                }
+            }
+            for (r, a) in acc.iter().enumerate() {
+                let o = out.add(r * g.out_ld + p * PANEL_ROWS);
+                _mm256_storeu_ps(o, a[0]);
+                _mm256_storeu_ps(o.add(8), a[1]);
+            }
+        }
+    }
+}
+
+/// q8 scores of `nr` (1..=4) rows.
+///
+/// # Safety
+/// As [`scores_rows`], with `scales` holding `[panel][dims/32][16]`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scores_q8_rows(
+    k: *const i8,
+    s: *const f32,
+    g: Geometry,
+    nr: usize,
+    q: *const f32,
+    out: *mut f32,
+) {
+    // SAFETY: forwarded.
+    unsafe {
+        match nr {
+            4 => scores_q8_tile::<4>(k, s, g, q, out),
+            3 => scores_q8_tile::<3>(k, s, g, q, out),
+            2 => scores_q8_tile::<2>(k, s, g, q, out),
+            _ => scores_q8_tile::<1>(k, s, g, q, out),
+        }
+    }
+}
+
+/// # Safety
+/// As [`scores_q8_rows`].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn scores_q8_tile<const R: usize>(
+    k: *const i8,
+    s: *const f32,
+    g: Geometry,
+    q: *const f32,
+    out: *mut f32,
+) {
+    let (dims, blocks) = (g.dims, g.dims / Q8_BLOCK);
+    for p in 0..g.n_panels {
+        // SAFETY: panel `p` holds `dims` rows of 16 codes and `blocks` rows of 16 scales.
+        unsafe {
+            let kp = k.add(p * dims * PANEL_ROWS);
+            let sp = s.add(p * blocks * PANEL_ROWS);
+            let mut acc = [[_mm256_setzero_ps(); 2]; R];
+            for b in 0..blocks {
+                let mut part = [[_mm256_setzero_ps(); 2]; R];
+                for d in b * Q8_BLOCK..(b + 1) * Q8_BLOCK {
+                    let [k0, k1] = i8::load16(kp.add(d * PANEL_ROWS));
+                    for (r, a) in part.iter_mut().enumerate() {
+                        let qv = _mm256_set1_ps(*q.add(r * g.q_ld + d));
+                        a[0] = _mm256_fmadd_ps(qv, k0, a[0]);
+                        a[1] = _mm256_fmadd_ps(qv, k1, a[1]);
+                    }
+                }
+                let s0 = _mm256_loadu_ps(sp.add(b * PANEL_ROWS));
+                let s1 = _mm256_loadu_ps(sp.add(b * PANEL_ROWS + 8));
+                for (a, pa) in acc.iter_mut().zip(&part) {
+                    a[0] = _mm256_fmadd_ps(s0, pa[0], a[0]);
+                    a[1] = _mm256_fmadd_ps(s1, pa[1], a[1]);
+                }
+            }
+            for (r, a) in acc.iter().enumerate() {
+                let o = out.add(r * g.out_ld + p * PANEL_ROWS);
+                _mm256_storeu_ps(o, a[0]);
+                _mm256_storeu_ps(o.add(8), a[1]);
+            }
+        }
+    }
+}
+
+/// Where a value chunk lives: slot `j`, chunk `c` at `c * chunk + j * slot`, and a q8
+/// slot's scales `[dims/32]` at `j * blocks`.
+#[derive(Clone, Copy)]
+struct ValueGeometry {
+    chunk: usize,
+    slot: usize,
+    chunks: usize,
+    blocks: usize,
+    p_ld: usize,
+    out_ld: usize,
+}
+
+/// See [`super::accumulate_values`].
+pub fn accumulate_values(
+    values: ValueRows<'_>,
+    dims: usize,
+    slots: Range<usize>,
+    t: ValueTile<'_>,
+) {
+    assert_features();
+    let chunks = dims / PANEL_ROWS;
+    let (chunk, slot) = match values {
+        ValueRows::F32Panels { cap, .. } => (cap * PANEL_ROWS, PANEL_ROWS),
+        _ => (PANEL_ROWS, dims),
+    };
+    let g = ValueGeometry {
+        chunk,
+        slot,
+        chunks,
+        blocks: dims / Q8_BLOCK,
+        p_ld: t.p_ld,
+        out_ld: t.out_ld,
+    };
+    let (p, out) = (t.p.as_ptr(), t.out.as_mut_ptr());
+    let mut r0 = 0;
+    while r0 < t.rows {
+        let nr = (t.rows - r0).min(4);
+        // SAFETY: AVX2 checked by the dispatcher; the bounds of the values (slots below
+        // `slots.end`), the weights and the output rows were checked by the dispatcher.
+        unsafe {
+            let (p, out) = (p.add(r0 * t.p_ld), out.add(r0 * t.out_ld));
+            match values {
+                ValueRows::F32Panels { data, .. } => {
+                    values_rows::<f32>(data.as_ptr(), None, g, &slots, nr, p, out)
+                }
+                ValueRows::F16(v) => {
+                    values_rows::<F16>(v.as_ptr() as *const F16, None, g, &slots, nr, p, out)
+                }
+                ValueRows::Bf16(v) => {
+                    values_rows::<Bf16>(v.as_ptr() as *const Bf16, None, g, &slots, nr, p, out)
+                }
+                ValueRows::Q8 { codes, scales } => {
+                    let s = Some(scales.as_ptr());
+                    values_rows::<i8>(codes.as_ptr(), s, g, &slots, nr, p, out)
+                }
+            }
+        }
+        r0 += 4;
+    }
+}
+
+/// The weight of row `r` for slot `j0 + i`, times the q8 block's scale of chunk `c` (a
+/// function, not a closure: it is inlined into the `target_feature` tile).
+///
+/// # Safety
+/// `i` below the weight rows' length; the scales cover slot `j0 + i`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn weight(
+    p: *const f32,
+    s: Option<*const f32>,
+    g: ValueGeometry,
+    r: usize,
+    j0: usize,
+    i: usize,
+    c: usize,
+) -> f32 {
+    // SAFETY: the caller's bounds.
+    unsafe {
+        let w = *p.add(r * g.p_ld + i);
+        match s {
+            Some(s) => w * *s.add((j0 + i) * g.blocks + c * PANEL_ROWS / Q8_BLOCK),
+            None => w,
+        }
+    }
+}
+
+/// `nr` (1..=4) rows of P·V.
+///
+/// # Safety
+/// AVX2, FMA, F16C; the bounds of [`super::accumulate_values`].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn values_rows<T: Lanes>(
+    v: *const T,
+    s: Option<*const f32>,
+    g: ValueGeometry,
+    slots: &Range<usize>,
+    nr: usize,
+    p: *const f32,
+    out: *mut f32,
+) {
+    // SAFETY: forwarded.
+    unsafe {
+        match nr {
+            4 => values_tile::<T, 4>(v, s, g, slots, p, out),
+            3 => values_tile::<T, 3>(v, s, g, slots, p, out),
+            2 => values_tile::<T, 2>(v, s, g, slots, p, out),
+            _ => values_tile::<T, 1>(v, s, g, slots, p, out),
+        }
+    }
+}
+
+/// # Safety
+/// As [`values_rows`].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn values_tile<T: Lanes, const R: usize>(
+    v: *const T,
+    s: Option<*const f32>,
+    g: ValueGeometry,
+    slots: &Range<usize>,
+    p: *const f32,
+    out: *mut f32,
+) {
+    let (j0, n) = (slots.start, slots.len());
+    for c in 0..g.chunks {
+        // SAFETY: chunk `c` of every slot in `slots` lies inside the values; output rows
+        // hold `chunks * 16` values.
+        unsafe {
+            let base = v.add(c * g.chunk + j0 * g.slot);
+            let mut acc = [[_mm256_setzero_ps(); 2]; R];
+            for (r, a) in acc.iter_mut().enumerate() {
+                let o = out.add(r * g.out_ld + c * PANEL_ROWS);
+                *a = [_mm256_loadu_ps(o), _mm256_loadu_ps(o.add(8))];
+            }
+            for i in 0..n {
+                let [v0, v1] = T::load16(base.add(i * g.slot));
+                for (r, a) in acc.iter_mut().enumerate() {
+                    let w = _mm256_set1_ps(weight(p, s, g, r, j0, i, c));
+                    a[0] = _mm256_fmadd_ps(w, v0, a[0]);
+                    a[1] = _mm256_fmadd_ps(w, v1, a[1]);
+                }
+            }
+            for (r, a) in acc.iter().enumerate() {
+                let o = out.add(r * g.out_ld + c * PANEL_ROWS);
+                _mm256_storeu_ps(o, a[0]);
+                _mm256_storeu_ps(o.add(8), a[1]);
+            }
+        }
+    }
+}

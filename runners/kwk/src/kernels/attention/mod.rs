@@ -1,0 +1,171 @@
+//! The two inner products of tiled (flash-style) attention over a KV cache in any
+//! [`crate::decoder::KvPrecision`], dispatched by tier: [`key_scores`] (scores of a few
+//! query rows against panels of 16 cached keys) and [`accumulate_values`] (`out += P·V` over
+//! a run of cached values). Narrow keys and values (f16, bf16, int8 codes with per-block
+//! scales) are widened to float32 in registers as they are read; no float32 copy of the
+//! cache is made. The specification is `scalar.rs`; `avx2.rs` (the `avx2` and `avxvnni`
+//! tiers) and `avx512.rs` (`avx512bw`, `vnni`, `amx`) are its SIMD twins, the same sums in
+//! a different order (they agree with it to float32 rounding, not to the bit).
+//!
+//! Layouts (the decoder's `kv_cache` stores them):
+//! - keys: panels of 16 positions, `[panel][dims][16]` (position `j` of a panel in lane
+//!   `j`); for q8, after the codes, the scales `[panel][dims/32][16]`. A score is a
+//!   multiply-add of a broadcast query value into 16 lanes per dimension: no horizontal
+//!   sums.
+//! - values: one 16-wide chunk of head dimensions per vector. float32 in the matmul
+//!   kernels' value panels (`[dims/16][cap][16]`); f16, bf16 and q8 one position per row
+//!   (`[slot][dims]`, q8's scales `[slot][dims/32]` in a separate slice).
+
+#[cfg(target_arch = "x86_64")]
+pub mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub mod avx512;
+pub mod scalar;
+#[cfg(test)]
+mod tests;
+
+use super::{Isa, PANEL_ROWS};
+use std::ops::Range;
+
+/// Head dimensions per q8 scale.
+pub const Q8_BLOCK: usize = 32;
+
+/// Consecutive key panels of 16 positions each (see the module doc), `dims` rows per panel.
+#[derive(Clone, Copy, Debug)]
+pub enum KeyPanels<'a> {
+    F32(&'a [f32]),
+    /// IEEE half bits.
+    F16(&'a [u16]),
+    /// bfloat16 bits.
+    Bf16(&'a [u16]),
+    /// `codes`: `[panel][dims][16]`; `scales`: `[panel][dims/32][16]` (`dims` a multiple
+    /// of 32).
+    Q8 {
+        codes: &'a [i8],
+        scales: &'a [f32],
+    },
+}
+
+/// Cached values (see the module doc), addressed by slot.
+#[derive(Clone, Copy, Debug)]
+pub enum ValueRows<'a> {
+    /// The float32 value panels of one KV head: slot `j`, chunk `c` at `(c*cap + j)*16`.
+    F32Panels { data: &'a [f32], cap: usize },
+    /// `[slot][dims]` half bits.
+    F16(&'a [u16]),
+    /// `[slot][dims]` bfloat16 bits.
+    Bf16(&'a [u16]),
+    /// `codes`: `[slot][dims]`; `scales`: `[slot][dims/32]`.
+    Q8 { codes: &'a [i8], scales: &'a [f32] },
+}
+
+/// Query rows and where the scores go: `q` holds `rows` rows `q_ld` apart (each at least
+/// `dims` long), `out` `rows` rows `out_ld` apart.
+pub struct ScoreTile<'a> {
+    pub q: &'a [f32],
+    pub q_ld: usize,
+    pub rows: usize,
+    pub out: &'a mut [f32],
+    pub out_ld: usize,
+}
+
+/// `out[r][16p + j] = q[r] · key(p, j)` for the `n_panels` panels of `keys` (`dims` values
+/// per key; a q8 key's blocks scaled by their scale).
+pub fn key_scores(isa: Isa, keys: KeyPanels<'_>, dims: usize, n_panels: usize, t: ScoreTile<'_>) {
+    let per_panel = dims * PANEL_ROWS;
+    let need = n_panels * per_panel;
+    let len_ok = match keys {
+        KeyPanels::F32(k) => k.len() >= need,
+        KeyPanels::F16(k) | KeyPanels::Bf16(k) => k.len() >= need,
+        KeyPanels::Q8 { codes, scales } => {
+            dims.is_multiple_of(Q8_BLOCK)
+                && codes.len() >= need
+                && scales.len() >= n_panels * dims / Q8_BLOCK * PANEL_ROWS
+        }
+    };
+    assert!(
+        len_ok,
+        "key panels shorter than {n_panels} panels of {dims}"
+    );
+    assert!(t.rows == 0 || t.q.len() >= (t.rows - 1) * t.q_ld + dims);
+    assert!(t.rows == 0 || t.out.len() >= (t.rows - 1) * t.out_ld + n_panels * PANEL_ROWS);
+    assert!(t.out_ld >= n_panels * PANEL_ROWS && t.q_ld >= dims);
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        _ if isa.has_avx512() => avx512::key_scores(keys, dims, n_panels, t),
+        #[cfg(target_arch = "x86_64")]
+        _ if isa.is_avx2_class() => avx2::key_scores(keys, dims, n_panels, t),
+        _ => scalar::key_scores(keys, dims, n_panels, t),
+    }
+}
+
+/// Probabilities and the output they accumulate into: `p` holds `rows` rows `p_ld` apart
+/// (entry `j` of a row weighs slot `slots.start + j`), `out` `rows` rows `out_ld` apart
+/// (each at least `dims` long).
+pub struct ValueTile<'a> {
+    pub p: &'a [f32],
+    pub p_ld: usize,
+    pub rows: usize,
+    pub out: &'a mut [f32],
+    pub out_ld: usize,
+}
+
+/// `out[r][d] += Σ_j p[r][j] · value(slots.start + j)[d]` for `d < dims` (`dims` a
+/// multiple of 16).
+pub fn accumulate_values(
+    isa: Isa,
+    values: ValueRows<'_>,
+    dims: usize,
+    slots: Range<usize>,
+    t: ValueTile<'_>,
+) {
+    assert!(dims.is_multiple_of(PANEL_ROWS));
+    let len_ok = match values {
+        ValueRows::F32Panels { data, cap } => {
+            slots.end <= cap && data.len() >= dims / PANEL_ROWS * cap * PANEL_ROWS
+        }
+        ValueRows::F16(v) | ValueRows::Bf16(v) => v.len() >= slots.end * dims,
+        ValueRows::Q8 { codes, scales } => {
+            dims.is_multiple_of(Q8_BLOCK)
+                && codes.len() >= slots.end * dims
+                && scales.len() >= slots.end * dims / Q8_BLOCK
+        }
+    };
+    assert!(len_ok, "values shorter than slots {slots:?} of {dims}");
+    let n = slots.len();
+    assert!(t.rows == 0 || t.p.len() >= (t.rows - 1) * t.p_ld + n);
+    assert!(t.rows == 0 || t.out.len() >= (t.rows - 1) * t.out_ld + dims);
+    assert!(t.p_ld >= n && t.out_ld >= dims);
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        _ if isa.has_avx512() => avx512::accumulate_values(values, dims, slots, t),
+        #[cfg(target_arch = "x86_64")]
+        _ if isa.is_avx2_class() => avx2::accumulate_values(values, dims, slots, t),
+        _ => scalar::accumulate_values(values, dims, slots, t),
+    }
+}
+
+/// Quantizes `x` (a multiple of 32 long) to q8 blocks of 32: per block `scale = max|x| /
+/// 127` (0 for a zero block) and `code = round(x / scale)`, so that `|x - code·scale| <=
+/// scale / 2`. Non-finite values give a NaN scale (the block reads back as NaN, never as
+/// finite numbers that hide it).
+pub fn quantize_q8_blocks(x: &[f32], codes: &mut [i8], scales: &mut [f32]) {
+    for ((xb, cb), s) in x
+        .chunks_exact(Q8_BLOCK)
+        .zip(codes.chunks_exact_mut(Q8_BLOCK))
+        .zip(scales.iter_mut())
+    {
+        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+        if !xb.iter().all(|v| v.is_finite()) {
+            *s = f32::NAN;
+            cb.fill(0);
+            continue;
+        }
+        let scale = amax / 127.0;
+        *s = scale;
+        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+        for (c, &v) in cb.iter_mut().zip(xb) {
+            *c = (v * inv).round().clamp(-127.0, 127.0) as i8;
+        }
+    }
+}
