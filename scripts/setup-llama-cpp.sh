@@ -53,7 +53,7 @@ else
   STAMP_FILE="$ROOT/.build-complete-$ISA"
 fi
 BIN="$BUILD/bin"
-TOOLS=(llama-perplexity llama-bench llama-quantize llama-tokenize llama-imatrix)
+TOOLS=(llama-perplexity llama-bench llama-quantize llama-tokenize llama-imatrix llama-completion)
 
 # Bumped when the patches below change, so an older build is rebuilt.
 BUILD_STAMP="log-flush-1+amx-tilecfg-1"

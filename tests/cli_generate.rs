@@ -108,3 +108,61 @@ fn generate_missing_model() {
         "loading --llm '/nonexistent/model'",
     );
 }
+
+/// Gemma 3's sliding window in generation (issue 38): greedy decoding of Gemma 3 270M in
+/// float32 runs far past the 512-token window of its local layers (their KV cache a ring of
+/// the window's length) and gives the same continuation as llama.cpp's llama-completion on
+/// the same F32 GGUF with a float32 KV cache, token for token (compared as the text both
+/// print).
+#[test]
+fn gemma3_greedy_past_the_window_matches_llama_completion() {
+    let model = gemma3_f32_gguf();
+    let prompt = "The history of the Roman Empire";
+    let new_tokens = 560;
+    let ours = kwk_eval()
+        .args(["generate", "--prompt", prompt, "--format", "float32"])
+        .args(["--max-new-tokens", &new_tokens.to_string()])
+        .args(["--threads", "2", "--no-pack-cache", "--llm"])
+        .arg(&model)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&ours.stderr);
+    assert_eq!(ours.status.code(), Some(0), "{stderr}");
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("prompt: "))
+        .expect(&stderr);
+    assert!(
+        line.contains(&format!("generation: {new_tokens} tokens")),
+        "the generation stopped before {new_tokens} tokens, short of the window: {line}"
+    );
+    let ours = String::from_utf8_lossy(&ours.stdout);
+    let ours = ours.strip_prefix(prompt).expect(&ours).trim_end();
+    let theirs = std::process::Command::new(llama_dir().join("llama-completion"))
+        .arg("-m")
+        .arg(&model)
+        .args(["-p", prompt, "-n", &new_tokens.to_string()])
+        .args(["--temp", "0", "--top-k", "1", "--seed", "0", "-no-cnv"])
+        .args([
+            "-ctk", "f32", "-ctv", "f32", "-c", "1024", "-t", "2", "-ngl", "0",
+        ])
+        .args(["--no-warmup", "--ignore-eos"])
+        .output()
+        .unwrap();
+    let their_err = String::from_utf8_lossy(&theirs.stderr);
+    assert!(theirs.status.success(), "llama-completion: {their_err}");
+    let theirs = String::from_utf8_lossy(&theirs.stdout);
+    let theirs = theirs.strip_prefix(prompt).expect(&theirs).trim_end();
+    let same = ours
+        .chars()
+        .zip(theirs.chars())
+        .take_while(|(a, b)| a == b)
+        .count();
+    assert_eq!(
+        ours,
+        theirs,
+        "first difference after {same} characters:\nkwk:       {:?}\nllama.cpp: {:?}",
+        ours.chars().skip(same).take(80).collect::<String>(),
+        theirs.chars().skip(same).take(80).collect::<String>()
+    );
+}

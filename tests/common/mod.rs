@@ -125,3 +125,16 @@ pub fn ik_dir() -> Option<PathBuf> {
     bins.sort();
     bins.pop()
 }
+
+/// Gemma 3 270M as an F32 GGUF, made by scripts/setup-gemma.sh (from the Q4_K_M package).
+pub fn gemma3_f32_gguf() -> PathBuf {
+    let path = kwk::paths::default_models_dir()
+        .expect("none of KWK_MODELS_DIR, KWK_CACHE, XDG_CACHE_HOME, HOME is set")
+        .join("gemma-3-270m/gemma-3-270m-F32.gguf");
+    assert!(
+        path.is_file(),
+        "{} is missing: run scripts/setup-gemma.sh (or set KWK_MODELS_DIR)",
+        path.display()
+    );
+    path
+}
