@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds llama.cpp's command-line tools (llama-perplexity, llama-bench, llama-quantize,
-# llama-tokenize, llama-imatrix) from the llama.cpp tree vendored in the llama-cpp-python source
+# llama-tokenize, llama-imatrix, llama-completion) from the llama.cpp tree vendored in the llama-cpp-python source
 # distribution on PyPI, at a pinned version. Idempotent: a finished build is reused.
 #
 #   scripts/setup-llama-cpp.sh            # prints the bin directory on the last line

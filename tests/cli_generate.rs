@@ -143,8 +143,9 @@ fn gemma3_greedy_past_the_window_matches_llama_completion() {
         .arg(&model)
         .args(["-p", prompt, "-n", &new_tokens.to_string()])
         .args(["--temp", "0", "--top-k", "1", "--seed", "0", "-no-cnv"])
+        // One thread: llama.cpp's spinning workers crawl on a shared machine.
         .args([
-            "-ctk", "f32", "-ctv", "f32", "-c", "1024", "-t", "2", "-ngl", "0",
+            "-ctk", "f32", "-ctv", "f32", "-c", "1024", "-t", "1", "-ngl", "0",
         ])
         .args(["--no-warmup", "--ignore-eos"])
         .output()
