@@ -113,7 +113,12 @@ pub fn kv_need(plan: &RunPlan, config: &ModelConfig) -> KvNeed {
             .filter(|f| matches!(f, FormatSpec::Kwk { .. }) && f.is_reference() == reference)
             .count()
     };
-    let kwk_rows = vec![("f32", kwk(true)), (plan.kv.name(), kwk(false))];
+    // One entry per cache type: the reference's f32 and the other rows' `--kv`.
+    let kwk_rows = if plan.kv.name() == "f32" {
+        vec![("f32", kwk(true) + kwk(false))]
+    } else {
+        vec![("f32", kwk(true)), (plan.kv.name(), kwk(false))]
+    };
     let gguf = plan.formats.iter().any(|f| f.engine().is_external());
     KvNeed {
         values_per_token: kv_values_per_token(config),
