@@ -102,9 +102,7 @@ pub(super) fn make_imatrix(
             e
         }
     };
-    let sha = crate::digest::file_sha256(&entry.path)
-        .with_context(|| format!("hashing '{}'", entry.path.display()))?;
-    Ok((entry.path, sha))
+    hashed(entry)
 }
 
 /// The importance matrix `gguf` (its path and SHA-256, from [`make_imatrix`]) in the legacy
@@ -164,6 +162,11 @@ pub(super) fn legacy_copy(
             e
         }
     };
+    hashed(entry)
+}
+
+/// A cached matrix's path and SHA-256 (the key of the types made with it).
+fn hashed(entry: cache::Entry) -> Result<(PathBuf, String)> {
     let sha = crate::digest::file_sha256(&entry.path)
         .with_context(|| format!("hashing '{}'", entry.path.display()))?;
     Ok((entry.path, sha))
