@@ -584,6 +584,18 @@ pub fn make(a: &EvalOptions, ui: &dyn Reporter) -> Result<RunPlan> {
             plan.ik_tools.as_ref(),
         )?;
     }
+    // A --gguf label the ladder also makes would be two rows of one name.
+    let ladder_rows = plan.ladder_row_names();
+    if let Some(clash) = plan
+        .formats
+        .iter()
+        .find(|f| ladder_rows.contains(&f.name()))
+    {
+        bail!(
+            "'{}' is both a --gguf row and a row of llama.cpp's ladder; give the file another label (--gguf LABEL=PATH) or drop it from --ladder",
+            clash.name()
+        );
+    }
     for w in noop_warnings(a, &plan) {
         ui.warn(&w);
     }
@@ -631,21 +643,7 @@ impl RunPlan {
     /// The identity fields a baseline can be checked against before the model is loaded.
     pub fn identity_known_before_load(&self) -> gate::PlannedIdentity {
         let mut rows: Vec<String> = self.formats.iter().map(FormatSpec::name).collect();
-        if let Some(l) = &self.ladder {
-            let base = crate::ladder::Rung {
-                qtype: "F32".into(),
-                imatrix: false,
-                maker: Engine::LlamaCpp,
-            };
-            for rung in std::iter::once(&base).chain(&l.rungs) {
-                let row = rung.row(PathBuf::new());
-                rows.extend(
-                    crate::ladder::rows_on_peers(&row, &self.peers)
-                        .iter()
-                        .map(FormatSpec::name),
-                );
-            }
-        }
+        rows.extend(self.ladder_row_names());
         gate::PlannedIdentity {
             text_sha256: self.text.sha256.clone(),
             ctx: self.ctx,
@@ -653,6 +651,24 @@ impl RunPlan {
             llama_kv_type: self.llama_kv.as_str().to_string(),
             rows,
         }
+    }
+
+    /// The names of the rows the ladder will add (its F32 base and every rung, on each
+    /// peer), known before any GGUF is made.
+    pub fn ladder_row_names(&self) -> Vec<String> {
+        let Some(l) = &self.ladder else {
+            return Vec::new();
+        };
+        let base = crate::ladder::Rung {
+            qtype: "F32".into(),
+            imatrix: false,
+            maker: Engine::LlamaCpp,
+        };
+        std::iter::once(&base)
+            .chain(&l.rungs)
+            .flat_map(|rung| crate::ladder::rows_on_peers(&rung.row(PathBuf::new()), &self.peers))
+            .map(|row| row.name())
+            .collect()
     }
 
     /// Whether any row runs on llama.cpp (a GGUF given or made).

@@ -192,6 +192,44 @@ fn llama_bench_without_any_llama_cpp_row_warns_once() {
     assert_eq!(lines.len(), 1, "{stderr}");
 }
 
+/// `--gguf F32=FILE` beside a ladder (which always makes its F32 base row) would be two
+/// rows named `gguf:F32`: refused before anything is made, naming the fix.
+#[test]
+fn a_gguf_label_the_ladder_also_makes_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_llama().join("model.gguf");
+    let line = assert_error(
+        kwk_eval()
+            .env("KWK_CACHE", tmp.path().join("cache"))
+            .arg("--llm")
+            .arg(&model)
+            .arg("--text")
+            .arg(eval_txt())
+            .args(["--formats", "float32", "--ladder", "Q8_0", "--no-speed"])
+            .arg("--gguf")
+            .arg(format!("F32={}", model.display()))
+            .arg("--llama-cpp-dir")
+            .arg(llama_dir())
+            .arg("--out")
+            .arg(tmp.path().join("r")),
+        2,
+        "'gguf:F32' is both a --gguf row and a row of llama.cpp's ladder",
+    );
+    assert!(line.contains("--gguf LABEL=PATH"), "{line}");
+    assert!(
+        !tmp.path().join("cache").join("gguf").exists()
+            || std::fs::read_dir(tmp.path().join("cache").join("gguf"))
+                .unwrap()
+                .next()
+                .is_none(),
+        "nothing made"
+    );
+    assert!(
+        !tmp.path().join("r").exists(),
+        "no run folder for bad input"
+    );
+}
+
 #[test]
 fn a_missing_converter_python_is_one_error_naming_the_set_up() {
     let tmp = tempfile::tempdir().unwrap();
