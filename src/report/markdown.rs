@@ -298,6 +298,9 @@ pub fn render(r: &Results, plots: &PlotFiles) -> String {
          round, rotating the order; per-round order in results.json `speed_rounds`, median and \
          range in results.csv); '-' = not measured.\n"
     );
+    if let Some(line) = flash_attn_line(r) {
+        let _ = writeln!(s, "{line}\n");
+    }
     s.push_str(&ratio_tables(r));
     s.push_str(&pareto_section(r));
     if let Some(q) = &plots.quality {
@@ -316,6 +319,58 @@ pub fn render(r: &Results, plots: &PlotFiles) -> String {
     }
     s.push_str(&cells_section(r));
     s
+}
+
+/// How the llama.cpp rows' speeds were measured for flash attention (`--llama-fa`), and
+/// which setting each test kept: `-fa 1` for every row, or the rows of each setting.
+/// `None` when no llama-bench ran.
+pub fn flash_attn_line(r: &Results) -> Option<String> {
+    let choice = r.protocol.llama_bench_fa.as_deref()?;
+    let how = match choice {
+        "best" => "the faster of -fa 0 and -fa 1 per test (--llama-fa best: both measured in \
+                   each round; the other's figures are in results.json `by_flash_attn`)"
+            .to_string(),
+        forced => format!(
+            "-fa {} alone (--llama-fa {forced})",
+            u8::from(forced == "on")
+        ),
+    };
+    let mut tests: Vec<(String, Vec<(bool, String)>)> = Vec::new();
+    for row in r.runners.iter().filter(|x| x.engine.is_external()) {
+        for p in &row.speed_points {
+            let Some(fa) = p.flash_attn else { continue };
+            match tests.iter_mut().find(|(t, _)| *t == p.test) {
+                Some((_, v)) => v.push((fa, row.name.clone())),
+                None => tests.push((p.test.clone(), vec![(fa, row.name.clone())])),
+            }
+        }
+    }
+    let kept: Vec<String> = tests
+        .iter()
+        .map(|(test, rows)| {
+            let of = |fa: bool| {
+                rows.iter()
+                    .filter(|(f, _)| *f == fa)
+                    .map(|(_, n)| md_text(n))
+                    .collect::<Vec<_>>()
+            };
+            let (off, on) = (of(false), of(true));
+            match (off.is_empty(), on.is_empty()) {
+                (true, _) => format!("{test} -fa 1"),
+                (_, true) => format!("{test} -fa 0"),
+                _ => format!(
+                    "{test} -fa 0 ({}), -fa 1 ({})",
+                    off.join(", "),
+                    on.join(", ")
+                ),
+            }
+        })
+        .collect();
+    let kept = match kept.is_empty() {
+        true => String::new(),
+        false => format!("; kept: {}", kept.join("; ")),
+    };
+    Some(format!("GGUF rows' speeds (llama-bench): {how}{kept}."))
 }
 
 /// A merged report's cells (`kwk-eval merge`): each run folder's model, machine, threads,
