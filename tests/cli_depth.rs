@@ -143,7 +143,8 @@ fn csv_lines(dir: &Path) -> Vec<(String, String, String, String)> {
             "avg_ts",
             "stddev_ts",
             "samples_ts",
-            "rounds"
+            "rounds",
+            "flash_attn"
         ]
     );
     rd.records()

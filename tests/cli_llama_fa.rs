@@ -1,8 +1,11 @@
 //! `--llama-fa` with the real llama-bench on the tiny fixture GGUF: `best` (the default)
 //! runs `-fa 0,1` in each round's one invocation and records, per test, the setting whose
-//! mean is higher with both settings' figures; a forced setting runs only itself; a
-//! quantized cache makes `best` flash attention on alone; the same on ik_llama.cpp's
-//! llama-bench when its build is there; and the flag warns when it changes nothing. No
+//! mean is higher with both settings' figures; a forced setting runs only itself; the
+//! same on ik_llama.cpp's llama-bench when its build is there; `off` with a quantized cache
+//! is refused; and the flag warns when it changes nothing. (`best` with a quantized cache,
+//! flash attention on alone, is checked in src/runner/llamacpp_tests.rs: llama.cpp's tools
+//! cannot run the tiny fixture with a q8_0 cache at all: its head size, 16, is not a
+//! multiple of the 32-value block.) No
 //! figure here is checked against a speed: only which settings ran and that the one kept
 //! is the faster of those recorded.
 
@@ -179,17 +182,6 @@ fn a_forced_setting_runs_only_itself() {
         .starts_with("llama-perplexity -fa on"));
     let report = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(report.contains("-fa 0 alone (--llama-fa off)"), "{report}");
-}
-
-/// A q8_0 cache needs flash attention: `best` is on alone there.
-#[test]
-fn best_is_on_alone_with_a_quantized_cache() {
-    let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("run");
-    run_ok(&mut gguf_run(&out, &["--llama-kv", "q8_0"]));
-    let row = &read_json(&out.join("results.json"))["runners"][0];
-    assert_eq!(raw_settings(row), [true; 4]);
-    check_points(row, &[true]);
 }
 
 /// The refusal of `off` with a quantized cache is one line naming both flags and the fix

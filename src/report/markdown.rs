@@ -485,6 +485,40 @@ mod tests {
         assert_eq!(md.matches("Roofline ceilings").count(), 1, "{md}");
     }
 
+    /// The flash-attention line: absent without llama-bench, the setting kept per test
+    /// otherwise (one setting for all rows, or the rows of each).
+    #[test]
+    fn flash_attn_line_names_the_setting_kept_per_test() {
+        use crate::protocol::points::PointSpeed;
+        let mut r = sample_results();
+        assert_eq!(flash_attn_line(&r), None);
+        r.protocol.llama_bench_fa = Some("best".into());
+        let point = |test: &str, fa| PointSpeed {
+            test: test.into(),
+            flash_attn: Some(fa),
+            ..Default::default()
+        };
+        for (i, fa) in [(0, false), (1, true)] {
+            r.runners[i].engine = Engine::LlamaCpp;
+            r.runners[i].speed_points = vec![point("pp16", true), point("tg4@d64", fa)];
+        }
+        let (a, b) = (r.runners[0].name.clone(), r.runners[1].name.clone());
+        let line = flash_attn_line(&r).unwrap();
+        assert!(
+            line.contains("the faster of -fa 0 and -fa 1 per test"),
+            "{line}"
+        );
+        assert!(
+            line.ends_with(&format!(
+                "kept: pp16 -fa 1; tg4@d64 -fa 0 ({a}), -fa 1 ({b})."
+            )),
+            "{line}"
+        );
+        r.protocol.llama_bench_fa = Some("off".into());
+        let line = flash_attn_line(&r).unwrap();
+        assert!(line.contains("-fa 0 alone (--llama-fa off)"), "{line}");
+    }
+
     #[test]
     fn incomplete_runs_and_token_mismatches_are_loud() {
         let mut r = sample_results();

@@ -173,6 +173,27 @@ fn info_comes_from_the_gguf() {
     );
     assert_eq!(info.kv_type, "f16");
     assert_eq!(info.load_s, None);
+    let flags = |kv_type, bench_fa| {
+        let opts = LlamaCppRunnerOptions {
+            kv_type,
+            bench_fa,
+            ..Default::default()
+        };
+        let r = LlamaCppRunner::new(&path, &tools, opts).map(|r| r.info().engine_flags.clone());
+        r.map_err(|e| e.to_string())
+    };
+    use llamacpp::BenchFlashAttn::{Best, Off, On};
+    // `--llama-fa best` measures both settings with a float cache, flash attention on alone
+    // with a quantized one (which needs it); a forced setting is itself; off with q8_0 is
+    // refused before any tool runs.
+    let with = |kv, fa| flags(kv, fa).unwrap().unwrap();
+    assert!(with(KvType::F16, Best).ends_with("llama-bench -fa 0,1 -ctk f16 -ctv f16"));
+    assert!(with(KvType::F32, Best).ends_with("llama-bench -fa 0,1 -ctk f16 -ctv f16"));
+    assert!(with(KvType::Q8_0, Best).ends_with("llama-bench -fa 1 -ctk q8_0 -ctv q8_0"));
+    assert!(with(KvType::F16, On).ends_with("llama-bench -fa 1 -ctk f16 -ctv f16"));
+    assert!(with(KvType::Bf16, Off).ends_with("llama-bench -fa 0 -ctk bf16 -ctv bf16"));
+    let e = flags(KvType::Q4_0, Off).unwrap_err();
+    assert!(e.contains("q4_0") && e.contains("-fa 0"), "{e}");
 }
 
 #[test]
