@@ -175,6 +175,24 @@ impl KvArg {
     }
 }
 
+/// llama-bench's flash attention (`--llama-fa`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FaArg {
+    Best,
+    On,
+    Off,
+}
+
+impl FaArg {
+    pub fn choice(self) -> llamacpp::BenchFlashAttn {
+        match self {
+            FaArg::Best => llamacpp::BenchFlashAttn::Best,
+            FaArg::On => llamacpp::BenchFlashAttn::On,
+            FaArg::Off => llamacpp::BenchFlashAttn::Off,
+        }
+    }
+}
+
 /// The regression limits, shared by `--baseline` and `compare`.
 #[derive(Debug, Clone, Args)]
 pub struct GateArgs {
@@ -300,6 +318,10 @@ pub struct EvalArgs {
     /// KV cache type of llama.cpp's rows (-ctk/-ctv of llama-perplexity and llama-bench): f16 (llama.cpp's default), f32 (exact parity with kwk's float32 cache; llama-bench then runs f16), bf16, q8_0 or q4_0 (flash attention on).
     #[arg(long, value_name = "TYPE", value_enum, default_value_t = KvArg::F16)]
     pub llama_kv: KvArg,
+
+    /// Flash attention of llama-bench on the llama.cpp and ik_llama.cpp speed rows: best (each round measures -fa 0 and -fa 1, and each test keeps the setting with the higher mean; on alone with --llama-kv q8_0|q4_0, which need it), on or off (not with q8_0/q4_0). llama-perplexity keeps its own setting. Default: best.
+    #[arg(long, value_name = "best|on|off", value_enum)]
+    pub llama_fa: Option<FaArg>,
 
     /// Tokens per perplexity chunk (even, 8 to 2^20), as llama-perplexity's -c.
     #[arg(long, default_value_t = 512)]
@@ -540,6 +562,7 @@ impl EvalArgs {
             ik_llama_cpp_dir: self.ik_llama_cpp_dir,
             tool_timeout: self.tool_timeout,
             llama_kv: self.llama_kv.kv_type(),
+            llama_fa: self.llama_fa.map(FaArg::choice),
             kv: self.kv,
             ctx: self.ctx,
             chunks: self.chunks,

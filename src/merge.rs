@@ -153,6 +153,11 @@ fn protocol_differences(a: &Protocol, b: &Protocol) -> Vec<String> {
         differ("tg", &a.tg, &b.tg),
         differ("reps", &a.reps, &b.reps),
         differ("llama.cpp KV type", &a.llama_kv_type, &b.llama_kv_type),
+        // Only between cells that both ran llama-bench: a cell without GGUF rows has none.
+        a.llama_bench_fa
+            .as_ref()
+            .zip(b.llama_bench_fa.as_ref())
+            .and_then(|(x, y)| differ("llama-bench -fa", x, y)),
     ]
     .into_iter()
     .flatten()

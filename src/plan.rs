@@ -67,6 +67,8 @@ pub struct EvalOptions {
     /// `--tool-timeout` in seconds.
     pub tool_timeout: Option<u64>,
     pub llama_kv: llamacpp::KvType,
+    /// `--llama-fa` when given (`None`: best).
+    pub llama_fa: Option<llamacpp::BenchFlashAttn>,
     /// `--kv`: the KV cache of kwk's rows but the float32 reference.
     pub kv: kwk::KvPrecision,
     pub ctx: usize,
@@ -134,6 +136,8 @@ pub struct RunPlan {
     /// Ladder types not made for want of an importance matrix, one line each.
     pub not_made: Vec<String>,
     pub llama_kv: llamacpp::KvType,
+    /// llama-bench's flash attention (`--llama-fa`, best by default).
+    pub llama_fa: llamacpp::BenchFlashAttn,
     /// `--kv`: the KV cache of kwk's rows but the float32 reference (which keeps f32).
     pub kv: kwk::KvPrecision,
     pub llama_bench: bool,
@@ -215,6 +219,12 @@ fn check_flags(a: &EvalOptions) -> Result<()> {
         bail!("--threads gives {v} twice; pass each value once");
     }
     check_range("--reps", a.reps, 1, MAX_REPS, "timed repetitions")?;
+    if a.llama_fa == Some(llamacpp::BenchFlashAttn::Off) && !a.llama_kv.allows_flash_attn_off() {
+        bail!(
+            "--llama-fa off with --llama-kv {0}: a {0} KV cache needs flash attention on; pass --llama-fa best (or on), or --llama-kv f16",
+            a.llama_kv
+        );
+    }
     for (flag, list, what) in [
         ("--pp", &a.pp, "prompt tokens; 0 skips the test"),
         ("--tg", &a.tg, "generated tokens; 0 skips the test"),
@@ -500,6 +510,7 @@ pub fn make(a: &EvalOptions, ui: &dyn Reporter) -> Result<RunPlan> {
         unmade: Vec::new(),
         not_made: Vec::new(),
         llama_kv: a.llama_kv,
+        llama_fa: a.llama_fa.unwrap_or(llamacpp::BenchFlashAttn::Best),
         kv: a.kv,
         llama_bench: a.llama_bench,
         tool_timeout: a.tool_timeout.map(std::time::Duration::from_secs),
@@ -695,6 +706,18 @@ pub fn noop_warnings(a: &EvalOptions, plan: &RunPlan) -> Vec<String> {
     }
     if a.llama_bench && a.no_speed && llama {
         w.push("--llama-bench does nothing with --no-speed: no speed test runs".to_string());
+    }
+    if a.llama_fa.is_some() {
+        if !llama {
+            w.push(
+                "--llama-fa does nothing: there is no llama.cpp row (pass --gguf FILE or --ladder)"
+                    .to_string(),
+            );
+        } else if a.no_speed {
+            w.push("--llama-fa does nothing with --no-speed: llama-bench does not run (llama-perplexity keeps its own -fa)".to_string());
+        } else if !a.llama_bench {
+            w.push("--llama-fa does nothing without --llama-bench: llama.cpp rows get no speed test (llama-perplexity keeps its own -fa)".to_string());
+        }
     }
     if !llama {
         if a.llama_cpp_dir.is_some() {

@@ -287,6 +287,8 @@ fn start_results(
             tokens_sha256: sha256_hex(&tokens_bytes),
             bos_id: stream.chunk_bos(),
             llama_kv_type: plan.llama_kv.as_str().to_string(),
+            llama_bench_fa: (speed.is_some() && plan.llama_bench && plan.has_llamacpp())
+                .then(|| plan.llama_fa.as_str().to_string()),
             reference: None,
             calibration,
         },

@@ -520,6 +520,7 @@ fn help_explains_every_flag() {
         "--gguf",
         "--llama-bench",
         "--llama-cpp-dir",
+        "--llama-fa",
         "--ctx",
         "--chunks",
         "--threads",

@@ -22,7 +22,7 @@ fn table_rows() -> Vec<(String, String)> {
     doc_table::table_rows(section)
 }
 
-const BUILDERS: [&str; 22] = [
+const BUILDERS: [&str; 23] = [
     "reps-huge",
     "reps-0",
     "pp-huge",
@@ -35,6 +35,7 @@ const BUILDERS: [&str; 22] = [
     "chunks-huge",
     "threads-huge",
     "threads-0",
+    "llama-fa-off-quantized-kv",
     "text-directory",
     "text-device",
     "text-fifo",
@@ -104,6 +105,7 @@ fn build(id: &str, tmp: &Path) -> (assert_cmd::Command, PathBuf, PathBuf) {
         "chunks-huge" => eval(&["--chunks", "18446744073709551615"]),
         "threads-huge" => eval(&["--threads", "100000"]),
         "threads-0" => eval(&["--threads", "0"]),
+        "llama-fa-off-quantized-kv" => eval(&["--llama-kv", "q8_0", "--llama-fa", "off"]),
         "text-directory" => text(tmp),
         "text-device" => text(Path::new("/dev/zero")),
         "text-fifo" => {

@@ -143,7 +143,8 @@ fn csv_lines(dir: &Path) -> Vec<(String, String, String, String)> {
             "avg_ts",
             "stddev_ts",
             "samples_ts",
-            "rounds"
+            "rounds",
+            "flash_attn"
         ]
     );
     rd.records()
@@ -281,7 +282,11 @@ fn llama_bench_rows_run_at_every_point() {
         .iter()
         .map(|x| x["n_depth"].as_u64().unwrap())
         .collect();
-    assert_eq!(depths, [0, 0, 64, 64, 0, 0, 64, 64]);
+    // Each invocation runs pp and tg at -fa 0, then at -fa 1 (`--llama-fa best`).
+    assert_eq!(
+        depths,
+        [0, 0, 0, 0, 64, 64, 64, 64, 0, 0, 0, 0, 64, 64, 64, 64]
+    );
     let vs_gguf: Vec<&str> = r["speed_ratios"]
         .as_array()
         .unwrap()

@@ -145,7 +145,12 @@ impl SpeedSession {
             tg = Some(spec.tg as f64 / time_tg(target, &depth, &tokens)?);
         }
         target.reset();
-        Ok(SpeedRep { pp, tg, raw: None })
+        Ok(SpeedRep {
+            pp,
+            tg,
+            raw: None,
+            by_flash_attn: Vec::new(),
+        })
     }
 }
 

@@ -32,6 +32,8 @@ use crate::ui::Reporter;
 use anyhow::{Context, Result};
 use std::rc::Rc;
 
+mod fa_pick;
+
 /// A runner that measured its quality, kept for the speed rounds.
 struct Live {
     index: usize,
@@ -40,6 +42,10 @@ struct Live {
     /// tg samples, each with its round.
     pp: Vec<Vec<(usize, f64)>>,
     tg: Vec<Vec<(usize, f64)>>,
+    /// llama-bench's rows: per run, the pp and tg samples of each flash-attention setting,
+    /// until [`fa_pick`] puts the faster setting's into `pp`/`tg` after the rounds.
+    fa_pp: Vec<fa_pick::BySetting>,
+    fa_tg: Vec<fa_pick::BySetting>,
     /// The read bandwidth around each primary `tg` sample's repetition, GB/s (with peaks only).
     tg_read: Vec<f64>,
     raw: Vec<serde_json::Value>,
@@ -106,6 +112,7 @@ pub fn build_llamacpp(plan: &RunPlan) -> Result<Vec<Option<Box<dyn Runner>>>> {
                     threads: plan.threads,
                     kv_type: plan.llama_kv,
                     run_bench: plan.llama_bench,
+                    bench_fa: plan.llama_fa,
                     timeout: plan.tool_timeout,
                     ..Default::default()
                 };
@@ -331,6 +338,8 @@ fn quality_pass(
                         runner,
                         pp: vec![Vec::new(); runs],
                         tg: vec![Vec::new(); runs],
+                        fa_pp: vec![Default::default(); runs],
+                        fa_tg: vec![Default::default(); runs],
                         tg_read: Vec::new(),
                         raw: Vec::new(),
                     });
@@ -497,12 +506,27 @@ fn speed_round(
             .unwrap_or_else(|panic| Err(anyhow::anyhow!(panic)));
             let after = probe.map(|p| ReadProbes::probe_into(&mut results.machine, p));
             match rep {
-                Ok(Some(SpeedRep { pp, tg, raw })) => {
+                Ok(Some(SpeedRep {
+                    pp,
+                    tg,
+                    raw,
+                    by_flash_attn,
+                })) => {
                     l.pp[si].extend(pp.map(|v| (round, v)));
-                    if let (Some(b), Some(a)) = (before, after) {
-                        l.tg_read.extend(tg.iter().map(|_| (b + a) / 2.0));
+                    let timed_tg = tg.is_some() || by_flash_attn.iter().any(|f| f.tg.is_some());
+                    if let (Some(b), Some(a), true) = (before, after, timed_tg) {
+                        l.tg_read.push((b + a) / 2.0);
                     }
                     l.tg[si].extend(tg.map(|v| (round, v)));
+                    for f in by_flash_attn {
+                        let at = |m: &mut fa_pick::BySetting, v: Option<f64>| {
+                            m.entry(f.flash_attn)
+                                .or_default()
+                                .extend(v.map(|v| (round, v)))
+                        };
+                        at(&mut l.fa_pp[si], f.pp);
+                        at(&mut l.fa_tg[si], f.tg);
+                    }
                     if let Some(serde_json::Value::Array(v)) = raw {
                         l.raw.extend(v);
                     }
@@ -519,14 +543,46 @@ fn speed_round(
     order
 }
 
-/// The row's figures at every point: one [`PointSpeed`] per test of each run of `specs`.
-fn point_records(axes: &SpeedAxes, specs: &[SpeedSpec], l: &Live) -> Result<Vec<PointSpeed>> {
+/// A llama-bench row's faster flash-attention setting per test (`[pp, tg]` of each run),
+/// whose samples become the row's (`pp`/`tg`); nothing for rows without the setting.
+fn pick_flash_attn(axes: &SpeedAxes, specs: &[SpeedSpec], l: &mut Live) -> Result<Vec<Picks>> {
     let mut out = Vec::new();
     for (si, spec) in specs.iter().enumerate() {
-        for (kind, n, samples) in [("pp", spec.pp, &l.pp[si]), ("tg", spec.tg, &l.tg[si])] {
+        let mut picks: Picks = [None, None];
+        for (k, (kind, n)) in [("pp", spec.pp), ("tg", spec.tg)].into_iter().enumerate() {
+            let settings = if k == 0 { &l.fa_pp[si] } else { &l.fa_tg[si] };
+            let test = axes.test_name(kind, n, spec.depth, spec.threads);
+            if let Some(p) = fa_pick::faster(&test, settings)? {
+                let samples = if k == 0 { &mut l.pp[si] } else { &mut l.tg[si] };
+                *samples = p.samples.clone();
+                picks[k] = Some(p);
+            }
+        }
+        out.push(picks);
+    }
+    Ok(out)
+}
+
+/// The flash-attention picks of a run's pp and tg tests.
+type Picks = [Option<fa_pick::Pick>; 2];
+
+/// The row's figures at every point: one [`PointSpeed`] per test of each run of `specs`.
+fn point_records(
+    axes: &SpeedAxes,
+    specs: &[SpeedSpec],
+    l: &Live,
+    picks: &[Picks],
+) -> Result<Vec<PointSpeed>> {
+    let mut out = Vec::new();
+    for (si, spec) in specs.iter().enumerate() {
+        for (k, (kind, n, samples)) in [("pp", spec.pp, &l.pp[si]), ("tg", spec.tg, &l.tg[si])]
+            .into_iter()
+            .enumerate()
+        {
             if n == 0 {
                 continue;
             }
+            let pick = picks.get(si).and_then(|p| p[k].as_ref());
             let test = axes.test_name(kind, n, spec.depth, spec.threads);
             let values: Vec<f64> = samples.iter().map(|s| s.1).collect();
             let summary = (!values.is_empty())
@@ -543,6 +599,8 @@ fn point_records(axes: &SpeedAxes, specs: &[SpeedSpec], l: &Live) -> Result<Vec<
                 tokens_per_s_std: summary.as_ref().map(|s| s.tokens_per_s_std),
                 samples_tokens_per_s: values,
                 rounds: samples.iter().map(|s| s.0).collect(),
+                flash_attn: pick.map(|p| p.flash_attn),
+                by_flash_attn: pick.map(|p| p.by_setting.clone()).unwrap_or_default(),
             });
         }
     }
@@ -630,8 +688,15 @@ fn speed_pass(
         }
         results.machine.steadiness = Some(steadiness);
     }
-    for l in live.iter() {
+    for l in live.iter_mut() {
         let row = &mut results.runners[l.index];
+        let picks = match pick_flash_attn(&plan.speed_axes, &specs, l) {
+            Ok(p) => p,
+            Err(e) => {
+                row.fail(format!("speed: {e:#}"));
+                continue;
+            }
+        };
         let summary = |what: &str, v: &[f64]| {
             (!v.is_empty())
                 .then(|| speed_sample(what, v.to_vec()))
@@ -645,7 +710,7 @@ fn speed_pass(
             (Ok(pp), Ok(tg)) => row.set_speed(pp.as_ref(), tg.as_ref()),
             (Err(e), _) | (_, Err(e)) => row.fail(format!("speed: {e:#}")),
         }
-        match point_records(&plan.speed_axes, &specs, l) {
+        match point_records(&plan.speed_axes, &specs, l, &picks) {
             Ok(points) => row.speed_points = points,
             Err(e) => row.fail(format!("speed: {e:#}")),
         }

@@ -269,6 +269,20 @@ pub struct SpeedRep {
     pub tg: Option<f64>,
     /// The engine's raw output when it has one (llama-bench's JSON objects).
     pub raw: Option<serde_json::Value>,
+    /// llama-bench's rows: the figures at each flash-attention setting it measured (`-fa
+    /// 0,1` under `--llama-fa best`, one setting otherwise), and `pp`/`tg` are `None`; the
+    /// harness keeps, per test, the setting with the higher mean over the rounds. Empty for
+    /// engines without the setting (kwk).
+    pub by_flash_attn: Vec<FlashAttnRep>,
+}
+
+/// One flash-attention setting's figures in a [`SpeedRep`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct FlashAttnRep {
+    /// `-fa 1` (true) or `-fa 0`.
+    pub flash_attn: bool,
+    pub pp: Option<f64>,
+    pub tg: Option<f64>,
 }
 
 /// Tokens per second of each repetition, and their mean and sample (n-1) stddev.

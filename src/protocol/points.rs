@@ -151,6 +151,26 @@ pub struct PointSpeed {
     pub samples_tokens_per_s: Vec<f64>,
     /// The round (0-based, `speed_rounds`) of each sample: the pairs of [`super::speed_ratios`].
     pub rounds: Vec<usize>,
+    /// llama-bench's flash-attention setting of these figures (its `flash_attn`, `-fa 1` =
+    /// true): under `--llama-fa best` the setting with the higher mean of the two measured,
+    /// else the one run. Absent for rows without the setting (kwk's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flash_attn: Option<bool>,
+    /// Every flash-attention setting llama-bench measured at this point with its figures
+    /// (both under `--llama-fa best`, the loser's kept for the reader); empty for kwk rows.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub by_flash_attn: Vec<FlashAttnSpeed>,
+}
+
+/// One flash-attention setting's figures at a point (`PointSpeed::by_flash_attn`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct FlashAttnSpeed {
+    pub flash_attn: bool,
+    pub tokens_per_s: f64,
+    pub tokens_per_s_std: f64,
+    pub samples_tokens_per_s: Vec<f64>,
+    /// The round of each sample.
+    pub rounds: Vec<usize>,
 }
 
 impl PointSpeed {

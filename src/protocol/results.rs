@@ -185,6 +185,11 @@ pub struct Protocol {
     pub bos_id: Option<u32>,
     /// KV cache type of llama-perplexity (`--llama-kv`); kwk rows always use f32.
     pub llama_kv_type: String,
+    /// llama-bench's flash attention on the llama.cpp speed rows (`--llama-fa`): `best`
+    /// (`-fa 0,1`, each test at the faster, `speed_points[].flash_attn`), `on` or `off`;
+    /// absent when no llama-bench ran, and in files written before the flag.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llama_bench_fa: Option<String>,
     /// The float32 reference's log-prob file the KL divergences were measured against:
     /// its digest, and whether this run computed it or loaded it with `--reference` (null
     /// without KL divergence, or in files written before the field).
@@ -632,6 +637,7 @@ pub mod testdata {
                 tokens_sha256: "22".into(),
                 bos_id: None,
                 llama_kv_type: "f16".into(),
+                llama_bench_fa: None,
                 reference: None,
                 calibration: None,
             },

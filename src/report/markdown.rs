@@ -298,6 +298,9 @@ pub fn render(r: &Results, plots: &PlotFiles) -> String {
          round, rotating the order; per-round order in results.json `speed_rounds`, median and \
          range in results.csv); '-' = not measured.\n"
     );
+    if let Some(line) = flash_attn_line(r) {
+        let _ = writeln!(s, "{line}\n");
+    }
     s.push_str(&ratio_tables(r));
     s.push_str(&pareto_section(r));
     if let Some(q) = &plots.quality {
@@ -316,6 +319,58 @@ pub fn render(r: &Results, plots: &PlotFiles) -> String {
     }
     s.push_str(&cells_section(r));
     s
+}
+
+/// How the llama.cpp rows' speeds were measured for flash attention (`--llama-fa`), and
+/// which setting each test kept: `-fa 1` for every row, or the rows of each setting.
+/// `None` when no llama-bench ran.
+pub fn flash_attn_line(r: &Results) -> Option<String> {
+    let choice = r.protocol.llama_bench_fa.as_deref()?;
+    let how = match choice {
+        "best" => "the faster of -fa 0 and -fa 1 per test (--llama-fa best: both measured in \
+                   each round; the other's figures are in results.json `by_flash_attn`)"
+            .to_string(),
+        forced => format!(
+            "-fa {} alone (--llama-fa {forced})",
+            u8::from(forced == "on")
+        ),
+    };
+    let mut tests: Vec<(String, Vec<(bool, String)>)> = Vec::new();
+    for row in r.runners.iter().filter(|x| x.engine.is_external()) {
+        for p in &row.speed_points {
+            let Some(fa) = p.flash_attn else { continue };
+            match tests.iter_mut().find(|(t, _)| *t == p.test) {
+                Some((_, v)) => v.push((fa, row.name.clone())),
+                None => tests.push((p.test.clone(), vec![(fa, row.name.clone())])),
+            }
+        }
+    }
+    let kept: Vec<String> = tests
+        .iter()
+        .map(|(test, rows)| {
+            let of = |fa: bool| {
+                rows.iter()
+                    .filter(|(f, _)| *f == fa)
+                    .map(|(_, n)| md_text(n))
+                    .collect::<Vec<_>>()
+            };
+            let (off, on) = (of(false), of(true));
+            match (off.is_empty(), on.is_empty()) {
+                (true, _) => format!("{test} -fa 1"),
+                (_, true) => format!("{test} -fa 0"),
+                _ => format!(
+                    "{test} -fa 0 ({}), -fa 1 ({})",
+                    off.join(", "),
+                    on.join(", ")
+                ),
+            }
+        })
+        .collect();
+    let kept = match kept.is_empty() {
+        true => String::new(),
+        false => format!("; kept: {}", kept.join("; ")),
+    };
+    Some(format!("GGUF rows' speeds (llama-bench): {how}{kept}."))
 }
 
 /// A merged report's cells (`kwk-eval merge`): each run folder's model, machine, threads,
@@ -428,6 +483,40 @@ mod tests {
         );
         let md = render(&r, &PlotFiles::default());
         assert_eq!(md.matches("Roofline ceilings").count(), 1, "{md}");
+    }
+
+    /// The flash-attention line: absent without llama-bench, the setting kept per test
+    /// otherwise (one setting for all rows, or the rows of each).
+    #[test]
+    fn flash_attn_line_names_the_setting_kept_per_test() {
+        use crate::protocol::points::PointSpeed;
+        let mut r = sample_results();
+        assert_eq!(flash_attn_line(&r), None);
+        r.protocol.llama_bench_fa = Some("best".into());
+        let point = |test: &str, fa| PointSpeed {
+            test: test.into(),
+            flash_attn: Some(fa),
+            ..Default::default()
+        };
+        for (i, fa) in [(0, false), (1, true)] {
+            r.runners[i].engine = Engine::LlamaCpp;
+            r.runners[i].speed_points = vec![point("pp16", true), point("tg4@d64", fa)];
+        }
+        let (a, b) = (r.runners[0].name.clone(), r.runners[1].name.clone());
+        let line = flash_attn_line(&r).unwrap();
+        assert!(
+            line.contains("the faster of -fa 0 and -fa 1 per test"),
+            "{line}"
+        );
+        assert!(
+            line.ends_with(&format!(
+                "kept: pp16 -fa 1; tg4@d64 -fa 0 ({a}), -fa 1 ({b})."
+            )),
+            "{line}"
+        );
+        r.protocol.llama_bench_fa = Some("off".into());
+        let line = flash_attn_line(&r).unwrap();
+        assert!(line.contains("-fa 0 alone (--llama-fa off)"), "{line}");
     }
 
     #[test]

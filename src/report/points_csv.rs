@@ -3,6 +3,10 @@
 //! `n_depth`, `n_threads`, `avg_ts`, `stddev_ts`, `samples_ts` columns, under the same
 //! names). From each row's `speed_points`; a row without them (a file written before the
 //! sweep) gives its `pp_*`/`tg_*` figures at depth 0 and the machine's thread count.
+//! `flash_attn` (llama-bench's column, 0 or 1) is the flash-attention setting a llama.cpp
+//! row's figures were measured at (under `--llama-fa best`, the faster of the two per
+//! test; the other's figures are in results.json); it is empty for kwk's rows, which have
+//! no such setting, and for files written before it was recorded.
 
 use super::exporter::{Exporter, Run};
 use crate::protocol::points::{test_name, PointSpeed};
@@ -10,7 +14,7 @@ use crate::protocol::results::{Results, RunnerRecord};
 use anyhow::{Context, Result};
 
 /// The file's columns, in order.
-pub const HEADER: [&str; 14] = [
+pub const HEADER: [&str; 15] = [
     "row",
     "engine",
     "kv_type",
@@ -25,6 +29,7 @@ pub const HEADER: [&str; 14] = [
     "stddev_ts",
     "samples_ts",
     "rounds",
+    "flash_attn",
 ];
 
 /// speed_points.csv as an [`Exporter`].
@@ -75,6 +80,8 @@ fn points_of(results: &Results, r: &RunnerRecord) -> Vec<PointSpeed> {
         tokens_per_s_std: std,
         samples_tokens_per_s: samples.clone(),
         rounds: Vec::new(),
+        flash_attn: None,
+        by_flash_attn: Vec::new(),
     })
     .collect()
 }
@@ -109,6 +116,8 @@ pub fn to_bytes(results: &Results) -> Result<Vec<u8>> {
                 opt(p.tokens_per_s_std),
                 join(&p.samples_tokens_per_s),
                 join(&p.rounds),
+                p.flash_attn
+                    .map_or(String::new(), |on| u8::from(on).to_string()),
             ])?;
         }
     }
@@ -163,6 +172,8 @@ mod tests {
             tokens_per_s_std: Some(0.5),
             samples_tokens_per_s: vec![12.0, 13.0],
             rounds: vec![0, 1],
+            flash_attn: Some(false),
+            by_flash_attn: Vec::new(),
         }];
         let (_, rows) = read(&to_bytes(&r).unwrap());
         let line = rows.iter().find(|l| l[0] == r.runners[0].name).unwrap();
@@ -179,8 +190,14 @@ mod tests {
                 "12.5",
                 "0.5",
                 "12 13",
-                "0 1"
+                "0 1",
+                "0"
             ]
         );
+        // A row without the setting (kwk's, or a file from before it) leaves it empty.
+        assert!(rows
+            .iter()
+            .filter(|l| l[0] != r.runners[0].name)
+            .all(|l| l[14].is_empty()));
     }
 }

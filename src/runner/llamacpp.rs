@@ -20,8 +20,8 @@
 use crate::eval::base_file::LogitsBaseReader;
 use crate::eval::reference::compare_files;
 use crate::protocol::{
-    ComputeKind, Engine, PerplexityProtocol, PerplexityResult, Progress, RooflineCost, RunnerInfo,
-    SpeedRep, SpeedSpec, TokenStream,
+    ComputeKind, Engine, FlashAttnRep, PerplexityProtocol, PerplexityResult, Progress,
+    RooflineCost, RunnerInfo, SpeedRep, SpeedSpec, TokenStream,
 };
 use crate::runner::Runner;
 use crate::scratch::Scratch;
@@ -50,6 +50,9 @@ pub struct LlamaCppRunnerOptions {
     pub timeout: Option<Duration>,
     /// Whether `speed()` runs llama-bench; when false it reports no speed (`None`s).
     pub run_bench: bool,
+    /// llama-bench's flash-attention settings (`--llama-fa`): both, per test the faster
+    /// kept by the harness, or one forced. llama-perplexity's `-fa` is `flash_attn`.
+    pub bench_fa: llamacpp::BenchFlashAttn,
 }
 
 impl Default for LlamaCppRunnerOptions {
@@ -60,6 +63,7 @@ impl Default for LlamaCppRunnerOptions {
             flash_attn: None,
             timeout: None,
             run_bench: true,
+            bench_fa: llamacpp::BenchFlashAttn::Best,
         }
     }
 }
@@ -146,6 +150,7 @@ impl LlamaCppRunner {
         if opts.threads == 0 {
             bail!("llama.cpp runner: threads must be at least 1");
         }
+        let bench_fa = opts.bench_fa.settings(opts.kv_type)?;
         let meta = std::fs::metadata(gguf_path)
             .with_context(|| format!("GGUF file {}", gguf_path.display()))?;
         if !meta.is_file() {
@@ -202,7 +207,7 @@ impl LlamaCppRunner {
                 opts.kv_type,
                 opts.flash_attn
                     .unwrap_or_else(|| opts.kv_type.default_flash_attn()),
-                opts.run_bench,
+                opts.run_bench.then_some(&bench_fa[..]),
             )),
             roofline: Some(RooflineCost {
                 compute: compute_kind_of(&summary.type_params),
@@ -410,10 +415,12 @@ impl Runner for LlamaCppRunner {
         if !self.opts.run_bench {
             return Ok(None);
         }
-        // The row's KV type (`--llama-kv`; f16 for f32, which llama-bench rejects) and flash
-        // attention as `auto` resolves on CPU (on).
+        // The row's KV type (`--llama-kv`; f16 for f32, which llama-bench rejects) and the
+        // flash-attention settings of `--llama-fa` (both, `-fa 0,1`, under `best`).
         let compute =
             ComputeSettings::new(self.threads(spec.threads), self.opts.kv_type.for_bench());
+        let flash_attn = self.opts.bench_fa.settings(self.opts.kv_type)?;
+        let settings = flash_attn.len();
         let req = BenchRequest {
             model: self.gguf.clone(),
             pp: spec.pp,
@@ -421,13 +428,15 @@ impl Runner for LlamaCppRunner {
             depth: spec.depth,
             reps: 1,
             compute,
+            flash_attn,
             // One warm-up run and one timed run of pp + tg tokens, each test after its
-            // prefill of `depth` tokens.
+            // prefill of `depth` tokens, at each flash-attention setting.
             timeout: self.timeout(
                 spec.pp
                     .saturating_add(spec.tg)
                     .saturating_mul(2)
-                    .saturating_add(spec.depth.saturating_mul(2)),
+                    .saturating_add(spec.depth.saturating_mul(2))
+                    .saturating_mul(settings),
             ),
         };
         let run = llamacpp::run_bench(&self.tools, &req, |_, _| {})?;
@@ -445,455 +454,27 @@ impl Runner for LlamaCppRunner {
                 },
             }
         };
+        let by_flash_attn = req
+            .fa_settings()
+            .into_iter()
+            .map(|fa| {
+                let at = Some(fa).filter(|_| settings > 1);
+                Ok(FlashAttnRep {
+                    flash_attn: fa,
+                    pp: one(run.output.pp_at(at))?,
+                    tg: one(run.output.tg_at(at))?,
+                })
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
         Ok(Some(SpeedRep {
-            pp: one(run.output.pp.as_ref())?,
-            tg: one(run.output.tg.as_ref())?,
+            pp: None,
+            tg: None,
             raw: Some(serde_json::Value::Array(run.output.raw.clone())),
+            by_flash_attn,
         }))
     }
 }
 
 #[cfg(test)]
-mod tests {
-    //! Bad GGUFs fail before any subprocess (a fake tool directory whose tools would fail
-    //! loudly if run), and live runs on the tiny fixture and on SmolLM2.
-    use super::*;
-    use std::cell::Cell;
-
-    #[test]
-    fn a_build_names_its_features_and_the_tier_they_match() {
-        let f = |names: &str| names.split(' ').map(String::from).collect::<Vec<_>>();
-        // This Zen 5's native build, then the `setup-llama-cpp.sh --isa` builds.
-        let native = f(
-            "SSE3 SSSE3 AVX AVX_VNNI AVX2 F16C FMA BMI2 AVX512 AVX512_VBMI \
-                        AVX512_VNNI AVX512_BF16 LLAMAFILE OPENMP REPACK",
-        );
-        assert_eq!(build_tier(&native), "vnni");
-        assert_eq!(
-            kernels_label(llamacpp::Engine::LlamaCpp, &native),
-            "llama.cpp build: AVX AVX_VNNI AVX2 F16C FMA BMI2 AVX512 AVX512_VBMI AVX512_VNNI \
-             AVX512_BF16 LLAMAFILE OPENMP REPACK"
-        );
-        let bw = f("SSE3 SSSE3 AVX AVX2 F16C FMA BMI2 AVX512 LLAMAFILE OPENMP REPACK");
-        assert_eq!(build_tier(&bw), "avx512bw");
-        let vnni256 = f("SSE3 SSSE3 AVX AVX_VNNI AVX2 F16C FMA BMI2 LLAMAFILE");
-        assert_eq!(build_tier(&vnni256), "avxvnni");
-        assert_eq!(build_tier(&f("SSE3 SSSE3 AVX AVX2 F16C FMA BMI2")), "avx2");
-        // AVX-VNNI without AVX2 is no tier of kwk's: the build's best is plain AVX.
-        assert_eq!(build_tier(&f("AVX AVX_VNNI")), "scalar");
-        assert_eq!(build_tier(&f("LLAMAFILE OPENMP REPACK")), "scalar");
-        assert_eq!(
-            kernels_label(llamacpp::Engine::LlamaCpp, &[]),
-            "llama.cpp build: no SIMD features"
-        );
-        assert_eq!(
-            kernels_label(llamacpp::Engine::LlamaCpp, &f("SSE3 SSSE3")),
-            "llama.cpp build: no SIMD features"
-        );
-    }
-
-    #[test]
-    fn scaled_timeout_is_one_gflops_time_with_a_floor_and_no_overflow() {
-        // 135M parameters × 10,240 tokens × 2 flops = 2765 GFLOP: 2765 s at 1 GFLOP/s.
-        let t = scaled_timeout(135_000_000, 10_240);
-        assert_eq!(t.as_secs(), 2764);
-        // A small job gets the floor, not seconds.
-        assert_eq!(scaled_timeout(135_000_000, 512), TOOL_TIMEOUT_FLOOR);
-        assert_eq!(scaled_timeout(0, 0), TOOL_TIMEOUT_FLOOR);
-        // Twice the tokens, twice the time (above the floor).
-        let (a, b) = (
-            scaled_timeout(1_700_000_000, 4096),
-            scaled_timeout(1_700_000_000, 8192),
-        );
-        assert!((b.as_secs_f64() / a.as_secs_f64() - 2.0).abs() < 1e-9);
-        // Absurd sizes saturate at a finite bound instead of panicking in Duration.
-        let huge = scaled_timeout(u64::MAX, usize::MAX);
-        assert_eq!(huge.as_secs(), 1_000_000_000);
-    }
-
-    struct Counter {
-        total: Cell<u64>,
-        done: Cell<u64>,
-    }
-    impl Progress for Counter {
-        fn set_total(&self, total: u64, _what: &str) {
-            self.total.set(total);
-        }
-        fn advance(&self, done: u64) {
-            self.done.set(done);
-        }
-        fn message(&self, _line: &str) {}
-    }
-    fn counter() -> Counter {
-        Counter {
-            total: Cell::new(0),
-            done: Cell::new(0),
-        }
-    }
-
-    /// The tiny fixture models and `eval.txt`, generated by kwk-fixtures.
-    fn fixtures() -> &'static Path {
-        kwk_fixtures::dir()
-    }
-
-    /// A tool directory whose tools pass the version/help probes but abort any real run,
-    /// so a test proves no model run was attempted.
-    fn fake_tools(dir: &Path) -> LlamaCppTools {
-        let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("runners/llamacpp/tests/data");
-        for (tool, help) in [
-            ("llama-perplexity", "llama-perplexity-help.txt"),
-            ("llama-bench", "llama-bench-help.txt"),
-            ("llama-tokenize", "llama-tokenize-help.txt"),
-        ] {
-            let script = format!(
-                "#!/bin/sh\ncase \"$1\" in\n--version) echo 'version: 0.5.0-dev (build 0, commit unknown)' >&2; exit 0;;\n\
-                 --help) cat '{}'; exit 0;;\nesac\necho 'fake tool must not run a model' >&2\nexit 99\n",
-                data.join(help).display()
-            );
-            let p = dir.join(tool);
-            llamacpp::process::write_executable(&p, &script).unwrap();
-        }
-        LlamaCppTools::locate(Some(dir)).unwrap()
-    }
-
-    #[test]
-    fn bad_gguf_fails_before_any_subprocess() {
-        let tmp = tempfile::tempdir().unwrap();
-        let tools = fake_tools(tmp.path());
-        let opts = LlamaCppRunnerOptions::default();
-
-        let not_gguf = tmp.path().join("not.gguf");
-        std::fs::write(&not_gguf, b"this is a text file, not a model\n").unwrap();
-        let e = format!(
-            "{:#}",
-            LlamaCppRunner::new(&not_gguf, &tools, opts.clone())
-                .err()
-                .unwrap()
-        );
-        assert!(
-            e.contains("not.gguf") && e.contains("not a GGUF file"),
-            "{e}"
-        );
-
-        let full = std::fs::read(fixtures().join("tiny-llama/model.gguf")).unwrap();
-        let truncated = tmp.path().join("truncated.gguf");
-        std::fs::write(&truncated, &full[..full.len() / 2]).unwrap();
-        let e = format!(
-            "{:#}",
-            LlamaCppRunner::new(&truncated, &tools, opts.clone())
-                .err()
-                .unwrap()
-        );
-        assert!(
-            e.contains("truncated.gguf") && e.contains("truncated"),
-            "{e}"
-        );
-
-        let missing = tmp.path().join("missing.gguf");
-        let e = format!(
-            "{:#}",
-            LlamaCppRunner::new(&missing, &tools, opts.clone())
-                .err()
-                .unwrap()
-        );
-        assert!(e.contains("missing.gguf"), "{e}");
-
-        let e = format!(
-            "{:#}",
-            LlamaCppRunner::new(tmp.path(), &tools, opts).err().unwrap()
-        );
-        assert!(e.contains("is not a file"), "{e}");
-    }
-
-    #[test]
-    fn info_comes_from_the_gguf() {
-        let tmp = tempfile::tempdir().unwrap();
-        let tools = fake_tools(tmp.path());
-        let path = fixtures().join("tiny-llama/model.gguf");
-        let r = LlamaCppRunner::new(&path, &tools, LlamaCppRunnerOptions::default()).unwrap();
-        let info = r.info();
-        assert_eq!(info.name, "gguf:model.gguf");
-        assert_eq!(info.engine, Engine::LlamaCpp);
-        assert_eq!(
-            info.file_bytes,
-            Some(std::fs::metadata(&path).unwrap().len())
-        );
-        // llama-bench's model_size for this fixture: the tensor data alone.
-        assert_eq!(info.tensor_bytes, 476_416);
-        // llama-bench reports this fixture as model_n_params 119104, model_size 476416
-        // (tests/data/tiny-llama-bench.json): all F32, so 32 bits per weight.
-        assert_eq!(info.params, 119_104);
-        assert!((info.bits_per_weight - 32.0).abs() < 1e-9);
-        assert_eq!(
-            info.type_mix.get("f32").copied(),
-            Some(info.type_mix.values().sum())
-        );
-        assert_eq!(info.kv_type, "f16");
-        assert_eq!(info.load_s, None);
-    }
-
-    #[test]
-    fn too_short_text_is_an_error_before_llama_perplexity_runs() {
-        let tmp = tempfile::tempdir().unwrap();
-        let tools = fake_tools(tmp.path());
-        let path = fixtures().join("tiny-llama/model.gguf");
-        let mut r = LlamaCppRunner::new(&path, &tools, LlamaCppRunnerOptions::default()).unwrap();
-        let protocol = PerplexityProtocol {
-            plan: crate::protocol::ChunkPlan {
-                ctx: 64,
-                chunks: 1,
-                first: 32,
-            },
-            threads: 1,
-            reference_logits: None,
-            logits_dir: None,
-        };
-        let tokens = TokenStream {
-            tokens: vec![1; 127],
-            add_bos: false,
-            bos_id: None,
-            text_path: tmp.path().join("short.txt"),
-            text_sha256: None,
-        };
-        let e = format!(
-            "{:#}",
-            r.perplexity(&protocol, &tokens, &counter()).unwrap_err()
-        );
-        assert!(
-            e.contains("tokenizes to 127") && e.contains("at least 128"),
-            "{e}"
-        );
-        assert!(r.commands().is_empty());
-    }
-
-    /// The llama.cpp tools for live tests: `KWK_LLAMA_CPP_DIR`, PATH, or the setup script's
-    /// cache; a clear failure naming the setup script when none is there.
-    fn live_tools() -> LlamaCppTools {
-        LlamaCppTools::locate(None).unwrap_or_else(|e| {
-            panic!("live test needs llama.cpp's tools: {e}\n(run scripts/setup-llama-cpp.sh)")
-        })
-    }
-
-    fn ids_of(tools: &LlamaCppTools, model: &Path, text: &Path) -> Vec<u32> {
-        llamacpp::run_tokenize(
-            tools,
-            &TokenizeRequest {
-                model: model.to_path_buf(),
-                text: text.to_path_buf(),
-                timeout: Duration::from_secs(600),
-            },
-        )
-        .unwrap()
-        .ids
-    }
-
-    #[test]
-    fn live_tiny_llama_perplexity_matches_golden() {
-        let tools = live_tools();
-        let model = fixtures().join("tiny-llama/model.gguf");
-        let text = fixtures().join("eval.txt");
-        let golden: serde_json::Value = serde_json::from_slice(
-            &std::fs::read(fixtures().join("tiny-llama/golden.json")).unwrap(),
-        )
-        .unwrap();
-        let opts = LlamaCppRunnerOptions {
-            threads: 2,
-            kv_type: KvType::F32,
-            flash_attn: None,
-            timeout: Some(Duration::from_secs(600)),
-            run_bench: true,
-        };
-        let mut r = LlamaCppRunner::new(&model, &tools, opts).unwrap();
-        let ids = ids_of(&tools, &model, &text);
-        assert_eq!(ids.len() as u64, golden["n_tokens"].as_u64().unwrap());
-        let probe: Vec<u32> = golden["probe_tokens"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
-        assert_eq!(&ids[..probe.len()], &probe[..]);
-        let mut tokens = TokenStream {
-            tokens: ids,
-            add_bos: false,
-            bos_id: None,
-            text_path: text.clone(),
-            text_sha256: None,
-        };
-        let protocol = PerplexityProtocol {
-            plan: crate::protocol::ChunkPlan::new(tokens.tokens.len(), 64, Some(8)).unwrap(),
-            threads: 2,
-            reference_logits: None,
-            logits_dir: None,
-        };
-        let progress = counter();
-        let res = r.perplexity(&protocol, &tokens, &progress).unwrap();
-        let want = golden["perplexity"]["ppl"].as_f64().unwrap();
-        // llama-perplexity prints 4 decimals; measured within 1e-7 of the generated golden.
-        assert!(
-            ((res.ppl - want) / want).abs() < 5e-7,
-            "{} vs {want}",
-            res.ppl
-        );
-        assert_eq!(res.running.len(), 8);
-        assert_eq!(
-            res.scored_tokens,
-            golden["perplexity"]["scored"].as_u64().unwrap() as usize
-        );
-        assert_eq!(res.tokens_match, Some(true));
-        assert_eq!((progress.total.get(), progress.done.get()), (8, 8));
-        let cmd = &r.commands()[1];
-        for flag in [
-            "-c 64",
-            "-b 64",
-            "-ub 64",
-            "--chunks 8",
-            "-ngl 0",
-            "-fa off",
-            "-ctk f32",
-            "-ctv f32",
-            "-t 2",
-            "-tb 2",
-        ] {
-            assert!(cmd.contains(flag), "{flag} missing from {cmd}");
-        }
-        assert!(r.info().load_s.is_some_and(|s| s > 0.0));
-
-        // Different ids than llama.cpp's: reported, not hidden.
-        tokens.tokens[100] ^= 1;
-        let res = r.perplexity(&protocol, &tokens, &counter()).unwrap();
-        assert_eq!(res.tokens_match, Some(false));
-
-        // Speed: one llama-bench repetition per call (-r 1), its JSON kept.
-        let spec = SpeedSpec {
-            pp: 32,
-            tg: 4,
-            depth: 0,
-            reps: 2,
-            threads: 2,
-        };
-        let s = r.speed_rep(&spec).unwrap().unwrap();
-        assert!(s.pp.unwrap() > 0.0 && s.tg.unwrap() > 0.0);
-        let raw = s.raw.unwrap();
-        assert_eq!(raw.as_array().unwrap().len(), 2);
-        assert_eq!(raw[0]["n_threads"], 2);
-        assert_eq!(raw[0]["n_gpu_layers"], 0);
-        assert_eq!(raw[0]["samples_ts"].as_array().unwrap().len(), 1);
-        assert!(r.commands().last().unwrap().contains("-r 1"));
-    }
-
-    /// The SmolLM2 figures for the report: every GGUF made by scripts/setup-model.sh, on
-    /// wikitext-2 (ctx 512, 40 chunks, 2 threads), KL divergence against the F32 GGUF, and
-    /// llama-bench pp512/tg128. Slow (tens of minutes): run by hand with
-    /// `cargo test -p kwk-eval --lib smollm2_table -- --ignored --nocapture`.
-    #[test]
-    #[ignore]
-    fn smollm2_table() {
-        let tools = live_tools();
-        let models = kwk::paths::default_models_dir()
-            .expect("none of KWK_MODELS_DIR, KWK_CACHE, XDG_CACHE_HOME, HOME is set")
-            .join("SmolLM2-135M-Instruct");
-        assert!(
-            models.join("SmolLM2-135M-Instruct-F32.gguf").is_file(),
-            "{} lacks the GGUFs; run scripts/setup-model.sh",
-            models.display()
-        );
-        let text =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("datasets/wikitext-2-raw/wiki.test.raw");
-        let f32_model = models.join("SmolLM2-135M-Instruct-F32.gguf");
-        let tokens = TokenStream {
-            tokens: ids_of(&tools, &f32_model, &text),
-            add_bos: false,
-            bos_id: None,
-            text_path: text.clone(),
-            text_sha256: None,
-        };
-        let base = std::env::temp_dir().join("kwk-smollm2-f32-c512-40.kld");
-        let chunks = 40;
-        let threads = 2;
-        if !base.is_file() {
-            let mut req = PerplexityRequest::new(
-                f32_model.clone(),
-                text.clone(),
-                512,
-                ComputeSettings::new(threads, KvType::F16),
-            );
-            req.chunks = Some(chunks);
-            req.save_logits = Some(base.clone());
-            let run = llamacpp::run_perplexity(&tools, &req, |_| {}).unwrap();
-            eprintln!("base: {} -> PPL {}", run.command, run.output.ppl);
-        }
-        let reps: usize = std::env::var("KWK_BENCH_REPS")
-            .ok()
-            .and_then(|r| r.parse().ok())
-            .unwrap_or(3);
-        // KWK_TABLE_TYPES picks GGUFs (default: all six); KWK_TABLE_KLD=0 skips the KL
-        // divergence runs (they take as long as the perplexity runs).
-        let types = std::env::var("KWK_TABLE_TYPES")
-            .unwrap_or_else(|_| "F32,BF16,Q8_0,Q4_K_M,Q4_1,Q4_0".to_string());
-        let with_kld = std::env::var("KWK_TABLE_KLD").map_or(true, |v| v != "0");
-        let with_bench = std::env::var("KWK_TABLE_BENCH").map_or(true, |v| v != "0");
-        for ty in types.split(',') {
-            let model = models.join(format!("SmolLM2-135M-Instruct-{ty}.gguf"));
-            let mut r = LlamaCppRunner::new(
-                &model,
-                &tools,
-                LlamaCppRunnerOptions {
-                    threads,
-                    kv_type: KvType::F16,
-                    flash_attn: None,
-                    timeout: Some(Duration::from_secs(3600)),
-                    run_bench: with_bench,
-                },
-            )
-            .unwrap();
-            let protocol = PerplexityProtocol {
-                plan: crate::protocol::ChunkPlan::new(tokens.tokens.len(), 512, Some(chunks))
-                    .unwrap(),
-                threads,
-                reference_logits: (with_kld && ty != "F32").then(|| base.clone()),
-                logits_dir: None,
-            };
-            let p = r.perplexity(&protocol, &tokens, &counter()).unwrap();
-            let spec = SpeedSpec {
-                pp: 512,
-                tg: 128,
-                depth: 0,
-                reps,
-                threads,
-            };
-            let (mut pps, mut tgs) = (Vec::new(), Vec::new());
-            for _ in 0..reps {
-                if let Some(s) = r.speed_rep(&spec).unwrap() {
-                    pps.extend(s.pp);
-                    tgs.extend(s.tg);
-                }
-            }
-            let summary = |v: Vec<f64>| {
-                crate::stats::speed_sample("speed", v)
-                    .map(|s| (s.tokens_per_s, s.tokens_per_s_std))
-                    .unwrap_or((f64::NAN, f64::NAN))
-            };
-            let (pp, tg) = (summary(pps), summary(tgs));
-            let info = r.info();
-            eprintln!(
-                "ROW {ty}: MiB {:.1} bpw {:.2} | PPL {:.4} ± {:.4} tokens_match {:?} | KLD {} same-top {} | pp512 {:.1} ± {:.1} | tg128 {:.1} ± {:.1} | load_s {:?}",
-                info.tensor_bytes as f64 / 1048576.0,
-                info.bits_per_weight,
-                p.ppl,
-                p.ppl_err,
-                p.tokens_match,
-                p.reference.as_ref().map_or("-".into(), |r| format!("{:.5} ± {:.5}", r.kld_mean, r.kld_mean_err)),
-                p.reference.as_ref().map_or("-".into(), |r| format!("{:.2}%", 100.0 * r.top1_agreement)),
-                pp.0,
-                pp.1,
-                tg.0,
-                tg.1,
-                info.load_s,
-            );
-            for c in r.commands() {
-                eprintln!("  $ {c}");
-            }
-        }
-    }
-}
+#[path = "llamacpp_tests.rs"]
+mod tests;

@@ -9,7 +9,11 @@
 //! warm-up, then `-r`
 //! repetitions; `avg_ts` is the mean of the per-repetition tokens/s and `stddev_ts` their
 //! sample (n−1) standard deviation. Both tests run in one invocation (`-p PP -n TG`: every pp
-//! test, then every tg test, B:1355-1467).
+//! test, then every tg test, B:1355-1467), at each flash-attention setting asked for: `-fa`
+//! takes a list (`-fa 0,1`, in both llama-benches' `--help`: "Multiple values can be given
+//! for each parameter by separating them with ','"), each object's `flash_attn` says which
+//! (mainline prints it as a number, 0.3.36's `-fa 0,1` gives 0 and 1; ik_llama.cpp as a
+//! boolean).
 //!
 //! The JSON is printed with `printf` (not llama.cpp's asynchronous logger), so it is
 //! complete when the process exits. It is parsed tolerantly: unknown fields are ignored, and
@@ -17,7 +21,7 @@
 
 use crate::error::{Error, Result};
 use crate::process::{self, ToolCommand};
-use crate::settings::{ComputeSettings, KvType};
+use crate::settings::{fa_list, ComputeSettings, KvType};
 use crate::tools::{Engine, LlamaCppTools, BENCH};
 use regex::Regex;
 use serde::Deserialize;
@@ -45,12 +49,37 @@ pub struct BenchRequest {
     /// llama-bench's `-ctk/-ctv` accept f16, bf16, q8_0 (and smaller), **not f32**
     /// (B:496-523 `ggml_type_from_name`); an f32 KV type is rejected here.
     pub compute: ComputeSettings,
+    /// The `-fa` values measured, in one invocation, each test once per value
+    /// ([`crate::settings::BenchFlashAttn::settings`]); empty: `compute.flash_attn` alone.
+    pub flash_attn: Vec<bool>,
     pub timeout: Duration,
 }
 
 impl BenchRequest {
+    /// The `-fa` values this run measures, in order.
+    pub fn fa_settings(&self) -> Vec<bool> {
+        if self.flash_attn.is_empty() {
+            vec![self.compute.flash_attn]
+        } else {
+            self.flash_attn.clone()
+        }
+    }
+
     pub fn command(&self, tools: &LlamaCppTools) -> Result<ToolCommand> {
         self.compute.validate()?;
+        let fa = self.fa_settings();
+        if (1..fa.len()).any(|i| fa[..i].contains(&fa[i])) {
+            return Err(Error::InvalidSettings(format!(
+                "-fa {} names a setting twice",
+                fa_list(&fa)
+            )));
+        }
+        if fa.contains(&false) && !self.compute.kv_type.allows_flash_attn_off() {
+            return Err(Error::InvalidSettings(format!(
+                "a {} KV cache needs flash attention on; llama-bench cannot run it with -fa 0",
+                self.compute.kv_type
+            )));
+        }
         if self.compute.kv_type == KvType::F32 {
             return Err(Error::InvalidSettings(
                 "llama-bench does not accept an f32 KV cache (-ctk f32); use f16".into(),
@@ -80,9 +109,10 @@ impl BenchRequest {
         }
         cmd.args(["-r", &self.reps.to_string()]);
         cmd.args(["-t", &self.compute.threads.to_string(), "-ngl", "0"]);
-        // `-fa 1|0`: accepted by every llama-bench (older ones take only 0/1; newer ones
-        // also on/off/auto, via common_arg_utils::is_truthy/is_falsey, B:865-890).
-        cmd.args(["-fa", if self.compute.flash_attn { "1" } else { "0" }]);
+        // `-fa 1|0` (or the list `0,1`): accepted by every llama-bench (older ones take only
+        // 0/1; newer ones also on/off/auto, via common_arg_utils::is_truthy/is_falsey,
+        // B:865-890).
+        cmd.args(["-fa", &fa_list(&fa)]);
         cmd.args(["-ctk", kv, "-ctv", kv]);
         cmd.args([
             "-b",
@@ -126,6 +156,9 @@ pub struct BenchTest {
     pub n_gen: u64,
     /// Tokens in the cache before the timed test (`n_depth`; 0 when the field is absent).
     pub n_depth: u64,
+    /// Its flash-attention setting (`flash_attn`: 0/1 in mainline's JSON, a boolean in
+    /// ik_llama.cpp's; `None` when the field is absent).
+    pub flash_attn: Option<bool>,
     /// Mean tokens/s over repetitions (llama-bench's `avg_ts`).
     pub avg_ts: f64,
     /// Sample standard deviation of tokens/s (`stddev_ts`).
@@ -141,12 +174,46 @@ pub struct BenchTest {
 /// A parsed llama-bench run.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct BenchOutput {
-    /// The prompt-processing test (`n_prompt > 0, n_gen == 0`).
-    pub pp: Option<BenchTest>,
-    /// The generation test (`n_prompt == 0, n_gen > 0`).
-    pub tg: Option<BenchTest>,
+    /// The prompt-processing tests (`n_prompt > 0, n_gen == 0`), one per flash-attention
+    /// setting, in order.
+    pub pp: Vec<BenchTest>,
+    /// The generation tests (`n_prompt == 0, n_gen > 0`), likewise.
+    pub tg: Vec<BenchTest>,
     /// Every object as printed, in order.
     pub raw: Vec<serde_json::Value>,
+}
+
+impl BenchOutput {
+    /// The pp test at flash-attention setting `fa` (`None`: the only pp test).
+    pub fn pp_at(&self, fa: Option<bool>) -> Option<&BenchTest> {
+        at(&self.pp, fa)
+    }
+
+    /// The tg test at flash-attention setting `fa` (`None`: the only tg test).
+    pub fn tg_at(&self, fa: Option<bool>) -> Option<&BenchTest> {
+        at(&self.tg, fa)
+    }
+}
+
+fn at(tests: &[BenchTest], fa: Option<bool>) -> Option<&BenchTest> {
+    match (fa, tests) {
+        (None, [t]) => Some(t),
+        (None, _) => None,
+        (Some(fa), _) => tests.iter().find(|t| t.flash_attn == Some(fa)),
+    }
+}
+
+/// `flash_attn` as either llama-bench prints it: a boolean, or the number 0 or 1.
+fn flash_attn_of(obj: &serde_json::Value) -> std::result::Result<Option<bool>, String> {
+    match obj.get("flash_attn") {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::Bool(b)) => Ok(Some(*b)),
+        Some(v) => match v.as_i64() {
+            Some(0) => Ok(Some(false)),
+            Some(1) => Ok(Some(true)),
+            _ => Err(format!("`flash_attn` is {v}, not 0, 1, true or false")),
+        },
+    }
 }
 
 /// Parses `llama-bench -o json` stdout.
@@ -158,8 +225,8 @@ pub fn parse_bench_json(stdout: &str) -> std::result::Result<BenchOutput, String
     }
     let raw: Vec<serde_json::Value> =
         serde_json::from_str(&stdout[start..=end]).map_err(|e| format!("invalid JSON: {e}"))?;
-    let mut pp = None;
-    let mut tg = None;
+    let mut pp: Vec<BenchTest> = Vec::new();
+    let mut tg: Vec<BenchTest> = Vec::new();
     for (i, obj) in raw.iter().enumerate() {
         let r: BenchRecord = serde_json::from_value(obj.clone())
             .map_err(|e| format!("object {i} lacks a field this parser needs: {e}"))?;
@@ -170,6 +237,7 @@ pub fn parse_bench_json(stdout: &str) -> std::result::Result<BenchOutput, String
             n_prompt: r.n_prompt,
             n_gen: r.n_gen,
             n_depth: r.n_depth,
+            flash_attn: flash_attn_of(obj).map_err(|e| format!("object {i}: {e}"))?,
             avg_ts: r.avg_ts,
             stddev_ts: r.stddev_ts,
             samples_ts: r.samples_ts,
@@ -186,10 +254,10 @@ pub fn parse_bench_json(stdout: &str) -> std::result::Result<BenchOutput, String
                 ))
             }
         };
-        if slot.is_some() {
+        if slot.iter().any(|t| t.flash_attn == test.flash_attn) {
             return Err(format!("more than one test like object {i}"));
         }
-        *slot = Some(test);
+        slot.push(test);
     }
     Ok(BenchOutput { pp, tg, raw })
 }
@@ -201,46 +269,66 @@ pub fn check_matches(
     req: &BenchRequest,
     engine: Engine,
 ) -> std::result::Result<(), String> {
+    let settings = req.fa_settings();
     for (want, got, name) in [(req.pp, &out.pp, "pp"), (req.tg, &out.tg, "tg")] {
-        match (want, got) {
-            (0, None) => {}
-            (0, Some(_)) => return Err(format!("an unexpected {name} test")),
-            (_, None) => return Err(format!("no {name}{want} test")),
-            (n, Some(t)) => {
-                let len = if name == "pp" { t.n_prompt } else { t.n_gen };
-                if len != n as u64 {
-                    return Err(format!("{name} test of {len} tokens, asked for {n}"));
-                }
-                if t.n_depth != req.depth as u64 {
-                    return Err(format!(
-                        "{name} test at depth {}, asked for depth {}",
-                        t.n_depth, req.depth
-                    ));
-                }
-                if t.samples_ts.len() != req.reps {
-                    return Err(format!(
-                        "{name} test has {} samples, asked for {} repetitions",
-                        t.samples_ts.len(),
-                        req.reps
-                    ));
-                }
-                let threads = t.raw.get("n_threads").and_then(|v| v.as_u64());
-                if threads.is_some_and(|th| th != req.compute.threads as u64) {
-                    return Err(format!(
-                        "{name} test ran with {threads:?} threads, asked for {}",
-                        req.compute.threads
-                    ));
-                }
-                if engine == Engine::Ik {
-                    crate::ik::check_bench_settings(&t.raw, req.compute.flash_attn)
-                        .map_err(|e| format!("{name} test: {e}"))?;
-                }
-                let type_k = t.raw.get("type_k").and_then(|v| v.as_str());
-                if type_k.is_some_and(|k| k != req.compute.kv_type.as_str()) {
-                    return Err(format!(
-                        "{name} test used KV type {type_k:?}, asked for {}",
-                        req.compute.kv_type
-                    ));
+        if want == 0 {
+            if !got.is_empty() {
+                return Err(format!("an unexpected {name} test"));
+            }
+            continue;
+        }
+        if got.len() > settings.len() {
+            return Err(format!(
+                "{} {name} tests, asked for -fa {}",
+                got.len(),
+                fa_list(&settings)
+            ));
+        }
+        for &fa in &settings {
+            // A run of one setting may print no `flash_attn`; several must say which is which.
+            let found = at(got, Some(fa)).or_else(|| {
+                (settings.len() == 1)
+                    .then(|| at(got, None).filter(|t| t.flash_attn.is_none()))
+                    .flatten()
+            });
+            match (want, found) {
+                (_, None) => return Err(format!("no {name}{want} test at -fa {}", fa_list(&[fa]))),
+                (n, Some(t)) => {
+                    let len = if name == "pp" { t.n_prompt } else { t.n_gen };
+                    if len != n as u64 {
+                        return Err(format!("{name} test of {len} tokens, asked for {n}"));
+                    }
+                    if t.n_depth != req.depth as u64 {
+                        return Err(format!(
+                            "{name} test at depth {}, asked for depth {}",
+                            t.n_depth, req.depth
+                        ));
+                    }
+                    if t.samples_ts.len() != req.reps {
+                        return Err(format!(
+                            "{name} test has {} samples, asked for {} repetitions",
+                            t.samples_ts.len(),
+                            req.reps
+                        ));
+                    }
+                    let threads = t.raw.get("n_threads").and_then(|v| v.as_u64());
+                    if threads.is_some_and(|th| th != req.compute.threads as u64) {
+                        return Err(format!(
+                            "{name} test ran with {threads:?} threads, asked for {}",
+                            req.compute.threads
+                        ));
+                    }
+                    if engine == Engine::Ik {
+                        crate::ik::check_bench_settings(&t.raw, fa)
+                            .map_err(|e| format!("{name} test: {e}"))?;
+                    }
+                    let type_k = t.raw.get("type_k").and_then(|v| v.as_str());
+                    if type_k.is_some_and(|k| k != req.compute.kv_type.as_str()) {
+                        return Err(format!(
+                            "{name} test used KV type {type_k:?}, asked for {}",
+                            req.compute.kv_type
+                        ));
+                    }
                 }
             }
         }
@@ -275,7 +363,8 @@ pub fn run_bench(
     mut progress: impl FnMut(usize, usize),
 ) -> Result<BenchRun> {
     let cmd = req.command(tools)?;
-    let total = req.reps * (usize::from(req.pp > 0) + usize::from(req.tg > 0));
+    let total =
+        req.reps * (usize::from(req.pp > 0) + usize::from(req.tg > 0)) * req.fa_settings().len();
     let out = process::run(&cmd, |_, se| progress(count_progress(se), total))?;
     let bad = |what: String| Error::BadOutput {
         tool: tools.tool_label(BENCH),

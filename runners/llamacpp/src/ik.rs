@@ -8,9 +8,10 @@
 //! - **Speed settings.** Its recommended CPU settings (docs/parameters.md): run-time
 //!   repacking of the weights into its row-interleaved layouts (`-rtr`, off by default;
 //!   llama-bench `-rtr 1`) and flash attention (`-fa`, on by default in the common tools,
-//!   `-fa 1` in llama-bench). Its fused up-gate and fused mul-multi-add paths are on by
-//!   default and left so. Both tools get the same settings, so a row's quality and speed
-//!   are of one configuration ([`PERPLEXITY_SPEED_ARGS`], [`BENCH_SPEED_ARGS`]).
+//!   `-fa 0|1` in llama-bench, whose list `-fa 0,1` it takes like mainline's). Its fused
+//!   up-gate and fused mul-multi-add paths are on by default and left so. Both tools get
+//!   the repacking ([`PERPLEXITY_SPEED_ARGS`], [`BENCH_SPEED_ARGS`]); llama-bench's `-fa`
+//!   is the caller's ([`crate::bench::BenchRequest::flash_attn`]).
 //! - **llama-perplexity** prints its result with `printf` on stdout, `Final estimate: PPL
 //!   over N chunks for n_ctx=C = X +/- Y` (perplexity.cpp:685), not mainline's logger line on
 //!   stderr; its log lines carry no timestamps; its errors are plain `perplexity: failed to

@@ -38,6 +38,6 @@ pub use kld::{
 };
 pub use perplexity::{run_perplexity, PerplexityOutput, PerplexityRequest, PerplexityRun};
 pub use quantize::{run_quantize, Fallback, QuantizeLog, QuantizeRequest, QuantizeRun};
-pub use settings::{ComputeSettings, KvType};
+pub use settings::{BenchFlashAttn, ComputeSettings, KvType};
 pub use tokenize::{run_tokenize, TokenizeRequest, TokenizeRun};
 pub use tools::{BuildInfo, LlamaCppTools, Search};

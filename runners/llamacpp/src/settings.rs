@@ -71,6 +71,66 @@ impl KvType {
     pub fn default_flash_attn(self) -> bool {
         self != KvType::F32
     }
+
+    /// Whether llama.cpp runs this cache with flash attention off: the float caches do; the
+    /// block-quantized ones (q8_0, q4_0) need it on (a quantized V cache is read only by the
+    /// flash-attention kernel; both llama-benches refuse `-fa 0` with them, "failed to
+    /// create context").
+    pub fn allows_flash_attn_off(self) -> bool {
+        matches!(self, KvType::F32 | KvType::F16 | KvType::Bf16)
+    }
+}
+
+/// Which flash-attention settings llama-bench measures (`--llama-fa`). Neither is the
+/// faster everywhere: on CPU `-fa 1` wins prompt processing and `-fa 0` generation deep in
+/// the cache, so `Best` measures both in one invocation (`-fa 0,1`) and each test keeps
+/// the faster. llama-perplexity is not concerned (its `-fa` is [`ComputeSettings`]').
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BenchFlashAttn {
+    /// Both settings where the cache allows flash attention off, else on alone.
+    Best,
+    On,
+    Off,
+}
+
+impl BenchFlashAttn {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BenchFlashAttn::Best => "best",
+            BenchFlashAttn::On => "on",
+            BenchFlashAttn::Off => "off",
+        }
+    }
+
+    /// The `-fa` values llama-bench runs with a `kv` cache, in llama-bench's order (0
+    /// before 1); an error for `Off` with a cache that needs flash attention.
+    pub fn settings(self, kv: KvType) -> Result<Vec<bool>> {
+        let kv = kv.for_bench();
+        match self {
+            BenchFlashAttn::Best if kv.allows_flash_attn_off() => Ok(vec![false, true]),
+            BenchFlashAttn::Best | BenchFlashAttn::On => Ok(vec![true]),
+            BenchFlashAttn::Off if kv.allows_flash_attn_off() => Ok(vec![false]),
+            BenchFlashAttn::Off => Err(Error::InvalidSettings(format!(
+                "a {kv} KV cache needs flash attention on; llama-bench cannot run it with -fa 0"
+            ))),
+        }
+    }
+}
+
+impl fmt::Display for BenchFlashAttn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `-fa` values as llama-bench takes a list of them: `0,1`.
+pub fn fa_list(settings: &[bool]) -> String {
+    settings
+        .iter()
+        .map(|&on| if on { "1" } else { "0" })
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 impl fmt::Display for KvType {
@@ -131,10 +191,10 @@ impl ComputeSettings {
 
 /// The settings a GGUF row of `engine` passes its tools beyond the model, text, sizes and
 /// threads, for the report: llama-perplexity's flash attention and KV cache (`kv`, `fa`),
-/// and when `bench` llama-bench's (the same KV type, f16 for f32, flash attention on), each with
-/// ik_llama.cpp's speed settings. E.g. `llama-perplexity -fa on -ctk f16 -ctv f16 -rtr;
-/// llama-bench -fa 1 -ctk f16 -ctv f16 -rtr 1`.
-pub fn described(engine: Engine, kv: KvType, fa: bool, bench: bool) -> String {
+/// and when `bench` holds llama-bench's `-fa` values, llama-bench's (the same KV type, f16
+/// for f32, those `-fa` values), each with ik_llama.cpp's speed settings. E.g.
+/// `llama-perplexity -fa on -ctk f16 -ctv f16 -rtr; llama-bench -fa 0,1 -ctk f16 -ctv f16 -rtr 1`.
+pub fn described(engine: Engine, kv: KvType, fa: bool, bench: Option<&[bool]>) -> String {
     let extra = |args: &[&str]| match engine {
         Engine::LlamaCpp => String::new(),
         Engine::Ik => format!(" {}", args.join(" ")),
@@ -144,10 +204,11 @@ pub fn described(engine: Engine, kv: KvType, fa: bool, bench: bool) -> String {
         if fa { "on" } else { "off" },
         extra(crate::ik::PERPLEXITY_SPEED_ARGS)
     );
-    if bench {
+    if let Some(bench_fa) = bench {
         let bkv = kv.for_bench();
         format!(
-            "{ppl}; llama-bench -fa 1 -ctk {bkv} -ctv {bkv}{}",
+            "{ppl}; llama-bench -fa {} -ctk {bkv} -ctv {bkv}{}",
+            fa_list(bench_fa),
             extra(crate::ik::BENCH_SPEED_ARGS)
         )
     } else {
@@ -162,12 +223,35 @@ mod tests {
     #[test]
     fn described_settings_name_each_engines_flags() {
         assert_eq!(
-            described(Engine::Ik, KvType::F16, true, true),
-            "llama-perplexity -fa on -ctk f16 -ctv f16 -rtr; llama-bench -fa 1 -ctk f16 -ctv f16 -rtr 1"
+            described(Engine::Ik, KvType::F16, true, Some(&[false, true])),
+            "llama-perplexity -fa on -ctk f16 -ctv f16 -rtr; llama-bench -fa 0,1 -ctk f16 -ctv f16 -rtr 1"
         );
         assert_eq!(
-            described(Engine::LlamaCpp, KvType::F32, false, false),
+            described(Engine::LlamaCpp, KvType::Q8_0, true, Some(&[true])),
+            "llama-perplexity -fa on -ctk q8_0 -ctv q8_0; llama-bench -fa 1 -ctk q8_0 -ctv q8_0"
+        );
+        assert_eq!(
+            described(Engine::LlamaCpp, KvType::F32, false, None),
             "llama-perplexity -fa off -ctk f32 -ctv f32"
         );
+    }
+
+    /// `best` is both settings for the float caches (f32 as llama-bench's f16) and on alone
+    /// for the quantized ones, where `off` is refused.
+    #[test]
+    fn bench_flash_attn_settings_per_cache() {
+        use BenchFlashAttn::*;
+        for kv in [KvType::F32, KvType::F16, KvType::Bf16] {
+            assert_eq!(Best.settings(kv).unwrap(), [false, true], "{kv}");
+            assert_eq!(Off.settings(kv).unwrap(), [false], "{kv}");
+            assert_eq!(On.settings(kv).unwrap(), [true], "{kv}");
+        }
+        for kv in [KvType::Q8_0, KvType::Q4_0] {
+            assert_eq!(Best.settings(kv).unwrap(), [true], "{kv}");
+            assert_eq!(On.settings(kv).unwrap(), [true], "{kv}");
+            let e = Off.settings(kv).unwrap_err().to_string();
+            assert!(e.contains(kv.as_str()) && e.contains("-fa 0"), "{e}");
+        }
+        assert_eq!(fa_list(&[false, true]), "0,1");
     }
 }

@@ -596,6 +596,7 @@ fn commands_pin_every_result_changing_flag() {
         depth: 0,
         reps: 5,
         compute: ComputeSettings::new(2, KvType::F16),
+        flash_attn: vec![],
         timeout: Duration::from_secs(60),
     };
     let cmd = bench.command(&tools).unwrap().display();
@@ -614,6 +615,24 @@ fn commands_pin_every_result_changing_flag() {
     let mut bad = bench.clone();
     bad.compute = ComputeSettings::new(2, KvType::F32);
     assert!(bad.command(&tools).unwrap_err().to_string().contains("f32"));
+    // Both flash-attention settings in one invocation, as llama-bench's list `-fa 0,1`;
+    // flash attention off with a quantized cache, or a setting twice, is refused.
+    let mut both = bench.clone();
+    both.flash_attn = vec![false, true];
+    assert!(
+        both.command(&tools)
+            .unwrap()
+            .display()
+            .contains(" -fa 0,1 -ctk f16 "),
+        "{}",
+        both.command(&tools).unwrap().display()
+    );
+    both.compute = ComputeSettings::new(2, KvType::Q8_0);
+    let e = both.command(&tools).unwrap_err().to_string();
+    assert!(e.contains("q8_0") && e.contains("-fa 0"), "{e}");
+    both.flash_attn = vec![true, true];
+    let e = both.command(&tools).unwrap_err().to_string();
+    assert!(e.contains("twice"), "{e}");
 
     // Settings llama.cpp would misread are refused before anything runs.
     let mut odd = req.clone();

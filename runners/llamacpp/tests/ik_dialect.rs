@@ -141,6 +141,7 @@ fn bench_request(pp: usize, tg: usize, reps: usize) -> BenchRequest {
         depth: 0,
         reps,
         compute: ComputeSettings::new(2, KvType::F16),
+        flash_attn: vec![],
         timeout: Duration::from_secs(60),
     }
 }
@@ -152,7 +153,8 @@ fn bench_request(pp: usize, tg: usize, reps: usize) -> BenchRequest {
 fn bench_json_of_both_engines() {
     let req = bench_request(64, 16, 2);
     let ik = parse_bench_json(&data("ik-smollm2-q4km-bench.json")).unwrap();
-    let (pp, tg) = (ik.pp.as_ref().unwrap(), ik.tg.as_ref().unwrap());
+    let (pp, tg) = (&ik.pp[0], &ik.tg[0]);
+    assert_eq!(pp.flash_attn, Some(true));
     assert_eq!((pp.n_prompt, tg.n_gen), (64, 16));
     assert_eq!(pp.samples_ts, [71.4638, 70.212]);
     assert_eq!(pp.avg_ts, 70.837904);
@@ -162,8 +164,9 @@ fn bench_json_of_both_engines() {
     check_matches(&ik, &req, Engine::Ik).unwrap();
 
     let ml = parse_bench_json(&data("smollm2-q4km-bench.json")).unwrap();
-    assert_eq!(ml.pp.as_ref().unwrap().avg_ts, 106.953230);
-    assert_eq!(ml.tg.as_ref().unwrap().avg_ts, 20.093337);
+    assert_eq!(ml.pp[0].avg_ts, 106.953230);
+    assert_eq!(ml.tg[0].avg_ts, 20.093337);
+    assert_eq!(ml.tg[0].flash_attn, Some(true));
     check_matches(&ml, &req, Engine::LlamaCpp).unwrap();
     let e = check_matches(&ml, &req, Engine::Ik).unwrap_err();
     assert!(e.contains("no boolean `flash_attn`"), "{e}");
@@ -172,6 +175,20 @@ fn bench_json_of_both_engines() {
         data("ik-smollm2-q4km-bench.json").replace("\"repack\": true", "\"repack\": false");
     let e = check_matches(&parse_bench_json(&unpacked).unwrap(), &req, Engine::Ik).unwrap_err();
     assert!(e.contains("`repack` is false"), "{e}");
+}
+
+/// ik_llama.cpp's llama-bench takes the list `-fa 0,1` too (`-p 16 -n 4 -r 2 -t 1 -rtr 1` on
+/// the tiny fixture), its `flash_attn` a boolean per object; each is checked for its own
+/// setting.
+#[test]
+fn ik_bench_json_with_both_flash_attn_settings() {
+    let mut req = bench_request(16, 4, 2);
+    req.compute = ComputeSettings::new(1, KvType::F16);
+    req.flash_attn = vec![false, true];
+    let ik = parse_bench_json(&data("ik-tiny-llama-bench-fa01.json")).unwrap();
+    assert_eq!(ik.pp_at(Some(false)).unwrap().raw["flash_attn"], false);
+    assert_eq!(ik.tg_at(Some(true)).unwrap().raw["flash_attn"], true);
+    check_matches(&ik, &req, Engine::Ik).unwrap();
 }
 
 #[test]

@@ -168,12 +168,13 @@ fn tiny_llama_bench() {
             depth: 0,
             reps: 2,
             compute: ComputeSettings::new(2, KvType::F16),
+            flash_attn: vec![],
             timeout: Duration::from_secs(600),
         },
         |_, _| {},
     )
     .unwrap();
-    let (pp, tg) = (run.output.pp.unwrap(), run.output.tg.unwrap());
+    let (pp, tg) = (&run.output.pp[0], &run.output.tg[0]);
     assert_eq!((pp.n_prompt, pp.samples_ts.len()), (32, 2));
     assert_eq!((tg.n_gen, tg.samples_ts.len()), (8, 2));
     assert_eq!(pp.raw["n_threads"], 2);

@@ -261,8 +261,9 @@ fn kl_divergence_requires_the_statistics_block() {
 #[test]
 fn llama_bench_json() {
     let b = parse_bench_json(&data("tiny-llama-bench.json")).unwrap();
-    let pp = b.pp.unwrap();
-    let tg = b.tg.unwrap();
+    let pp = b.pp_at(None).unwrap().clone();
+    let tg = b.tg_at(None).unwrap().clone();
+    assert_eq!(pp.flash_attn, Some(false));
     assert_eq!((pp.n_prompt, pp.n_gen), (64, 0));
     assert_eq!((tg.n_prompt, tg.n_gen), (0, 16));
     assert_eq!(pp.avg_ts, 38921.852919);
@@ -287,7 +288,7 @@ fn llama_bench_json_at_depth() {
     use llamacpp::bench::{check_matches, count_progress, BenchRequest};
     use llamacpp::settings::{ComputeSettings, KvType};
     let b = parse_bench_json(&data("tiny-llama-bench-d64.json")).unwrap();
-    let (pp, tg) = (b.pp.clone().unwrap(), b.tg.clone().unwrap());
+    let (pp, tg) = (b.pp[0].clone(), b.tg[0].clone());
     assert_eq!((pp.n_prompt, pp.n_gen, pp.n_depth), (16, 0, 64));
     assert_eq!((tg.n_prompt, tg.n_gen, tg.n_depth), (0, 4, 64));
     assert_eq!(pp.samples_ts.len(), 1);
@@ -298,6 +299,7 @@ fn llama_bench_json_at_depth() {
         depth: 64,
         reps: 1,
         compute: ComputeSettings::new(1, KvType::F16),
+        flash_attn: vec![],
         timeout: std::time::Duration::from_secs(60),
     };
     check_matches(&b, &req, llamacpp::Engine::LlamaCpp).unwrap();
@@ -306,8 +308,59 @@ fn llama_bench_json_at_depth() {
     assert!(e.contains("depth 64") && e.contains("depth 0"), "{e}");
     // Depth-0 output is checked against a depth-0 request as before.
     let flat = parse_bench_json(&data("tiny-llama-bench.json")).unwrap();
-    assert_eq!(flat.pp.unwrap().n_depth, 0);
+    assert_eq!(flat.pp[0].n_depth, 0);
     assert_eq!(count_progress(&data("tiny-llama-bench-d64.stderr")), 2);
+}
+
+/// llama-bench 0.3.36 with both flash-attention settings in one run (`-p 16 -n 4 -r 2 -t 1
+/// -fa 0,1` on the tiny fixture): every test at 0 then 1, told apart by `flash_attn`; the
+/// run matches a request for both, and for either one alone not (an extra setting), nor a
+/// request for a setting it did not run.
+#[test]
+fn llama_bench_json_with_both_flash_attn_settings() {
+    use llamacpp::bench::{check_matches, BenchRequest};
+    use llamacpp::settings::{ComputeSettings, KvType};
+    let b = parse_bench_json(&data("tiny-llama-bench-fa01.json")).unwrap();
+    assert_eq!((b.pp.len(), b.tg.len(), b.raw.len()), (2, 2, 4));
+    for fa in [false, true] {
+        let (pp, tg) = (b.pp_at(Some(fa)).unwrap(), b.tg_at(Some(fa)).unwrap());
+        assert_eq!((pp.n_prompt, pp.flash_attn), (16, Some(fa)));
+        assert_eq!((tg.n_gen, tg.flash_attn), (4, Some(fa)));
+        assert_eq!(tg.samples_ts.len(), 2);
+    }
+    assert!(
+        b.pp_at(None).is_none(),
+        "two pp tests: none is the only one"
+    );
+    let mut req = BenchRequest {
+        model: "m.gguf".into(),
+        pp: 16,
+        tg: 4,
+        depth: 0,
+        reps: 2,
+        compute: ComputeSettings::new(1, KvType::F16),
+        flash_attn: vec![false, true],
+        timeout: std::time::Duration::from_secs(60),
+    };
+    check_matches(&b, &req, llamacpp::Engine::LlamaCpp).unwrap();
+    req.flash_attn = vec![true];
+    let e = check_matches(&b, &req, llamacpp::Engine::LlamaCpp).unwrap_err();
+    assert!(e.contains("2 pp tests, asked for -fa 1"), "{e}");
+    // A single-setting run is checked for its setting: the fa-0 objects alone are not `-fa 1`.
+    let only_off = serde_json::to_string(&b.raw[..2]).unwrap();
+    let e = check_matches(
+        &parse_bench_json(&only_off).unwrap(),
+        &req,
+        llamacpp::Engine::LlamaCpp,
+    )
+    .unwrap_err();
+    assert!(e.contains("no pp16 test at -fa 1"), "{e}");
+    // `flash_attn` other than 0/1/true/false is not read as either.
+    let odd =
+        data("tiny-llama-bench-fa01.json").replacen("\"flash_attn\": 0", "\"flash_attn\": -1", 1);
+    assert!(parse_bench_json(&odd)
+        .unwrap_err()
+        .contains("`flash_attn` is -1"));
 }
 
 #[test]
@@ -316,8 +369,8 @@ fn llama_bench_json_is_tolerant_but_complete() {
     let json = r#"[{"n_prompt": 8, "n_gen": 0, "avg_ts": 10.5, "stddev_ts": 0.5,
         "samples_ts": [10.0, 11.0], "samples_ns": [1, 2], "brand_new_field": {"x": 1}}]"#;
     let b = parse_bench_json(json).unwrap();
-    assert_eq!(b.pp.as_ref().unwrap().raw["brand_new_field"]["x"], 1);
-    assert!(b.tg.is_none());
+    assert_eq!(b.pp[0].raw["brand_new_field"]["x"], 1);
+    assert!(b.tg.is_empty());
     // A missing required field, a truncated array, and no JSON at all are errors.
     let e = parse_bench_json(r#"[{"n_prompt": 8, "n_gen": 0, "avg_ts": 1.0}]"#).unwrap_err();
     assert!(e.contains("stddev_ts"), "{e}");
