@@ -17,6 +17,7 @@ pub mod int4;
 pub mod int8;
 pub mod precision;
 pub mod quantized;
+pub mod source_grid;
 pub mod storage;
 
 pub use precision::{BpwOptions, Int8Options, LowBitOptions, Precision, DEFAULT_INT4_GROUP};
