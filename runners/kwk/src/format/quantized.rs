@@ -19,6 +19,11 @@
 //! `mix_bits` defaults by width (`LowBitOptions::mix_bits_for`): for int4 6 where Q6_K
 //! holds the model's rows (width a multiple of 256), 8 where Q4_K_M's `output` falls back
 //! to Q8_0; for int3, int5 and int6 6.
+//!
+//! ## Copies of a GGUF's own grid
+//! A weight loaded from a quantized GGUF whose blocks a kwk layout holds exactly is copied
+//! from them, not rounded, when their codes are no wider than its slot's
+//! ([`source_copy_grid`]; `format::source_grid` has the mapping and why it is exact).
 
 use crate::error::{KwkError, Result};
 use crate::format::int4::LowBitWeights;
@@ -262,7 +267,12 @@ pub fn quantize_on(
 /// 8.5 bits per weight, in `int8`'s 8.3125-bit groups of 64); bits per weight are counted
 /// from the packed bytes either way.
 pub fn source_copy_grid(tensor: &Tensor, slot: Grid) -> Option<Grid> {
-    let (_, layout) = exact_layout_of(tensor)?;
+    copy_grid_in(exact_layout_of(tensor)?.1, slot)
+}
+
+/// The grid a source held exactly in `layout` is copied onto in `slot`
+/// ([`source_copy_grid`]'s rule, for callers that checked the source once).
+pub fn copy_grid_in(layout: ExactLayout, slot: Grid) -> Option<Grid> {
     (layout.code_bits() <= slot.code_bits()).then_some(match layout {
         ExactLayout::LowBit(bits) => Grid::Asym { bits, group: 32 },
         ExactLayout::Sym8 => Grid::Sym8,

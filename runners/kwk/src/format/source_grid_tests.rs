@@ -190,3 +190,46 @@ fn the_slot_decides_whether_a_source_is_copied() {
         QuantizedTensor::Int8(_) => panic!("a 4-bit slot packed int8 blocks"),
     }
 }
+
+#[test]
+fn the_mix_sees_a_copy_as_its_size_and_no_error() {
+    use crate::quantize::mix::{unit_curve, MixUnit};
+    let mut rng = Rng(13);
+    let t = loaded(
+        GgmlType::Q4_K,
+        16,
+        512,
+        random_blocks(GgmlType::Q4_K, 16, 2, &mut rng),
+    );
+    let ones = vec![1f32; 512];
+    let unit = MixUnit {
+        role: TensorRole::AttnOutput,
+        layer: Some(0),
+        tensors: vec![(&t, &ones[..], None)],
+    };
+    let ladder = [
+        Grid::Asym {
+            bits: Bits::B3,
+            group: 64,
+        },
+        Grid::Asym {
+            bits: Bits::B4,
+            group: 128,
+        },
+        Grid::Asym {
+            bits: Bits::B6,
+            group: 64,
+        },
+    ];
+    let curve = unit_curve(&unit, &ladder);
+    let copy = Grid::Asym {
+        bits: Bits::B4,
+        group: 32,
+    }
+    .tensor_bits(16, 512);
+    // 3 bits: rounded, at the slot's size, with an error; 4 and 6 bits: the copy.
+    assert_eq!(curve.bits[0], ladder[0].tensor_bits(16, 512));
+    assert!(curve.err[0] > 0.0);
+    assert_eq!(&curve.bits[1..], &[copy, copy]);
+    assert_eq!(&curve.err[1..], &[0.0, 0.0]);
+}
