@@ -316,7 +316,7 @@ impl LowBitWeights {
 
 impl PackedLinear for LowBitWeights {
     fn layout_name(&self) -> String {
-        crate::format::source_grid::layout_name(
+        crate::format::copied_layout_name(
             format!("{}-bit g{}", self.bits.get(), self.group_size),
             self.copied_from,
         )

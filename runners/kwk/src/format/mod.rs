@@ -87,6 +87,15 @@ pub trait PackedLinear: Send + Sync {
     fn layout_name(&self) -> String;
 }
 
+/// A packed layout's report name, marked when its tensor was copied from a GGUF source's
+/// blocks (`4-bit g32 (Q4_K copy)`, `source_grid`).
+pub fn copied_layout_name(base: String, copied_from: Option<ggml_blocks::GgmlType>) -> String {
+    match copied_from {
+        Some(ty) => format!("{base} ({ty} copy)"),
+        None => base,
+    }
+}
+
 /// What a weight matrix is in the model, for formats that keep some tensors at higher
 /// precision (the int4 mix rule lives with the int4 format).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -78,15 +78,6 @@ pub fn may_copy(ty: GgmlType) -> bool {
     exact_layout(ty).is_some()
 }
 
-/// A packed layout's report name, marked when its tensor was copied from a source's
-/// blocks (`4-bit g32 (Q4_K copy)`).
-pub fn layout_name(base: String, copied_from: Option<GgmlType>) -> String {
-    match copied_from {
-        Some(ty) => format!("{base} ({ty} copy)"),
-        None => base,
-    }
-}
-
 /// The blocks of `t` and the layout they copy into, when `t` still holds exactly what they
 /// dequantize to (every row compared bit for bit) and the layout can hold them all.
 pub fn exact_layout_of(t: &Tensor) -> Option<(&SourceBlocks, ExactLayout)> {
