@@ -530,6 +530,7 @@ pub fn notes(r: &Results) -> Vec<String> {
     for line in &r.not_made {
         out.push(format!("NOT MADE {line}"));
     }
+    out.extend(r.runners.iter().filter_map(source_copy_line));
     if let Some(from) = r
         .runners
         .iter()
@@ -556,6 +557,35 @@ pub fn notes(r: &Results) -> Vec<String> {
         ));
     }
     out
+}
+
+/// How many of a kwk row's tensors were copied from the GGUF source's own blocks, not
+/// rounded (their `type_mix` layouts end in `(Q4_K copy)`; `format::source_grid`), so a
+/// reader knows why the row loses little; `None` when none were.
+fn source_copy_line(row: &RunnerRecord) -> Option<String> {
+    let total: usize = row.type_mix.values().sum();
+    let mut copied = std::collections::BTreeMap::new();
+    for (layout, n) in &row.type_mix {
+        if let Some(ty) = layout
+            .strip_suffix(" copy)")
+            .and_then(|l| l.rsplit_once(" ("))
+            .map(|(_, ty)| ty)
+        {
+            *copied.entry(ty).or_insert(0) += n;
+        }
+    }
+    let n: usize = copied.values().sum();
+    (n > 0).then(|| {
+        let types: Vec<String> = copied.iter().map(|(t, n)| format!("{t} {n}")).collect();
+        format!(
+            "{}: {n} of {total} tensors copied exactly from the GGUF's own blocks ({}); the \
+             other {} rounded by kwk (no layout holds their source grid, or it is wider than \
+             the tensor's slot)",
+            row.name,
+            types.join(", "),
+            total - n
+        )
+    })
 }
 
 #[cfg(test)]

@@ -225,6 +225,22 @@ impl fmt::Display for DequantizeError {
     }
 }
 
+/// A weight's blocks as its GGUF stored them: the ggml type and the bytes of its rows, in
+/// the row order of the float32 tensor they were dequantized into (the loader's q/k
+/// un-permutation moves whole rows, so it moves these too). Packing reads them to copy a
+/// source grid a kwk layout holds exactly (`format::source_grid`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct SourceBlocks {
+    pub ty: GgmlType,
+    pub bytes: Vec<u8>,
+}
+
+impl fmt::Debug for SourceBlocks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SourceBlocks({}, {} bytes)", self.ty, self.bytes.len())
+    }
+}
+
 fn f16_at(b: &[u8], i: usize) -> f32 {
     half::f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
 }
@@ -251,7 +267,7 @@ fn block_q4_1(b: &[u8], y: &mut [f32]) {
 }
 
 /// The fifth bits of Q5_0/Q5_1: bit j of `qh` for value j, bit j+16 for value j+16.
-fn fifth_bits(qh: u32, j: usize) -> (u8, u8) {
+pub(crate) fn fifth_bits(qh: u32, j: usize) -> (u8, u8) {
     (
         (((qh >> j) << 4) & 0x10) as u8,
         ((qh >> (j + 12)) & 0x10) as u8,
@@ -293,7 +309,7 @@ fn block_q8_0(b: &[u8], y: &mut [f32]) {
 
 /// The 6-bit scale and min of sub-block `j` of a Q4_K/Q5_K super-block
 /// (`get_scale_min_k4` in ggml-quants.c): 12 bytes pack 8 scales and 8 mins.
-fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+pub(crate) fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {

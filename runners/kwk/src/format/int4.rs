@@ -11,6 +11,7 @@
 //! g32 4.625, g64 4.3125, g128 4.15625; 8-bit g64 8.3125).
 
 use crate::error::{KwkError, Result};
+use crate::format::ggml_blocks::GgmlType;
 use crate::format::int8::{check_importance, check_shape, q8_rows};
 use crate::format::storage::Store;
 use crate::format::{InputKind, PackedLinear, PreparedInput};
@@ -38,6 +39,9 @@ pub struct LowBitWeights {
     mins: Store<i8>,
     super_scales: Store<f16>,
     super_mins: Store<f16>,
+    /// The GGUF block type these codes and scales were copied from unchanged (`None`:
+    /// rounded here); reports count such tensors.
+    copied_from: Option<GgmlType>,
 }
 
 /// The packed arrays of a [`LowBitWeights`], as [`LowBitWeights::from_parts`] takes them
@@ -197,6 +201,7 @@ impl LowBitWeights {
             mins: mins.into(),
             super_scales: super_scales.into(),
             super_mins: super_mins.into(),
+            copied_from: None,
         }
     }
 
@@ -245,7 +250,17 @@ impl LowBitWeights {
             mins,
             super_scales,
             super_mins,
+            copied_from: None,
         })
+    }
+
+    /// The GGUF block type this tensor was copied from unchanged, if it was.
+    pub fn copied_from(&self) -> Option<GgmlType> {
+        self.copied_from
+    }
+    /// Marks this tensor as copied from `ty`'s blocks (`None`: rounded here).
+    pub fn set_copied_from(&mut self, ty: Option<GgmlType>) {
+        self.copied_from = ty;
     }
 
     pub fn bits(&self) -> Bits {
@@ -301,7 +316,10 @@ impl LowBitWeights {
 
 impl PackedLinear for LowBitWeights {
     fn layout_name(&self) -> String {
-        format!("{}-bit g{}", self.bits.get(), self.group_size)
+        crate::format::copied_layout_name(
+            format!("{}-bit g{}", self.bits.get(), self.group_size),
+            self.copied_from,
+        )
     }
     fn rows(&self) -> usize {
         self.rows

@@ -6,6 +6,7 @@
 //! see `format::quantized::INT8_GROUP`).
 
 use crate::error::{KwkError, Result};
+use crate::format::ggml_blocks::GgmlType;
 use crate::format::storage::Store;
 use crate::format::{InputKind, PackedLinear, PreparedInput};
 use crate::kernels::quant::{
@@ -27,6 +28,9 @@ pub struct Int8Weights {
     qs: Store<u8>,
     /// `[(group * n_blocks + block) * 16 + row]`.
     scales: Store<f16>,
+    /// The GGUF block type these codes and scales were copied from unchanged (`None`:
+    /// rounded here); reports count such tensors.
+    copied_from: Option<GgmlType>,
 }
 
 /// Checks that per-column importance weights, when given, cover the `cols` columns.
@@ -99,7 +103,45 @@ impl Int8Weights {
             cols,
             qs: qs.into(),
             scales: scales.into(),
+            copied_from: None,
         })
+    }
+
+    /// Packs rows whose codes (`cols`, in -127..=127) and per-block scales (`cols / 32`)
+    /// `row_fn(r, codes, scales)` writes, on all rayon threads (`format::source_grid`
+    /// copies a GGUF's symmetric blocks with it). `cols` must be a multiple of 32.
+    pub(crate) fn from_codes(
+        rows: usize,
+        cols: usize,
+        row_fn: impl Fn(usize, &mut [i8], &mut [f16]) + Sync,
+    ) -> Self {
+        let nb = cols / BLOCK;
+        let ng = rows.div_ceil(ROW_GROUP);
+        let mut qs = vec![128u8; ng * nb * INT8_TILE_BYTES];
+        let mut scales = vec![f16::ZERO; ng * nb * ROW_GROUP];
+        qs.par_chunks_mut(nb * INT8_TILE_BYTES)
+            .zip(scales.par_chunks_mut(nb * ROW_GROUP))
+            .enumerate()
+            .for_each(|(g, (qg, sg))| {
+                let (mut codes, mut ds) = (vec![0i8; cols], vec![f16::ZERO; nb]);
+                for r in 0..ROW_GROUP.min(rows - g * ROW_GROUP) {
+                    row_fn(g * ROW_GROUP + r, &mut codes, &mut ds);
+                    for b in 0..nb {
+                        sg[b * ROW_GROUP + r] = ds[b];
+                        let tile = &mut qg[b * INT8_TILE_BYTES..(b + 1) * INT8_TILE_BYTES];
+                        for (c, &q) in codes[b * BLOCK..(b + 1) * BLOCK].iter().enumerate() {
+                            tile[(c / 4) * 64 + r * 4 + c % 4] = (q as i32 + 128) as u8;
+                        }
+                    }
+                }
+            });
+        Int8Weights {
+            rows,
+            cols,
+            qs: qs.into(),
+            scales: scales.into(),
+            copied_from: None,
+        }
     }
 
     /// Rebuilds from packed parts (the pack cache); `None` if the lengths do not fit.
@@ -114,7 +156,17 @@ impl Int8Weights {
             cols,
             qs,
             scales,
+            copied_from: None,
         })
+    }
+
+    /// The GGUF block type this tensor was copied from unchanged, if it was.
+    pub fn copied_from(&self) -> Option<GgmlType> {
+        self.copied_from
+    }
+    /// Marks this tensor as copied from `ty`'s blocks (`None`: rounded here).
+    pub fn set_copied_from(&mut self, ty: Option<GgmlType>) {
+        self.copied_from = ty;
     }
 
     pub fn codes(&self) -> &[u8] {
@@ -177,7 +229,7 @@ pub(crate) fn q8_rows<'a>(x: &PreparedInput<'a>, n_tokens: usize, format: &str) 
 
 impl PackedLinear for Int8Weights {
     fn layout_name(&self) -> String {
-        "int8 sym g32".into()
+        crate::format::copied_layout_name("int8 sym g32".into(), self.copied_from)
     }
     fn rows(&self) -> usize {
         self.rows

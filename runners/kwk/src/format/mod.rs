@@ -17,6 +17,7 @@ pub mod int4;
 pub mod int8;
 pub mod precision;
 pub mod quantized;
+pub mod source_grid;
 pub mod storage;
 
 pub use precision::{BpwOptions, Int8Options, LowBitOptions, Precision, DEFAULT_INT4_GROUP};
@@ -84,6 +85,15 @@ pub trait PackedLinear: Send + Sync {
     fn dequantize_row(&self, r: usize, out: &mut [f32]);
     /// The layout's name in reports (`f32`, `bf16`, `int8 sym g32`, `4-bit g32`, ...).
     fn layout_name(&self) -> String;
+}
+
+/// A packed layout's report name, marked when its tensor was copied from a GGUF source's
+/// blocks (`4-bit g32 (Q4_K copy)`, `source_grid`).
+pub fn copied_layout_name(base: String, copied_from: Option<ggml_blocks::GgmlType>) -> String {
+    match copied_from {
+        Some(ty) => format!("{base} ({ty} copy)"),
+        None => base,
+    }
 }
 
 /// What a weight matrix is in the model, for formats that keep some tensors at higher

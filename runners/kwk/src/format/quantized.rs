@@ -19,10 +19,16 @@
 //! `mix_bits` defaults by width (`LowBitOptions::mix_bits_for`): for int4 6 where Q6_K
 //! holds the model's rows (width a multiple of 256), 8 where Q4_K_M's `output` falls back
 //! to Q8_0; for int3, int5 and int6 6.
+//!
+//! ## Copies of a GGUF's own grid
+//! A weight loaded from a quantized GGUF whose blocks a kwk layout holds exactly is copied
+//! from them, not rounded, when their codes are no wider than its slot's
+//! ([`source_copy_grid`]; `format::source_grid` has the mapping and why it is exact).
 
 use crate::error::{KwkError, Result};
 use crate::format::int4::LowBitWeights;
 use crate::format::int8::Int8Weights;
+use crate::format::source_grid::{copy_exact, exact_layout_of, Copied, ExactLayout};
 use crate::format::Precision;
 use crate::format::{PackedLinear, TensorPlace, TensorRole};
 use crate::kernels::quant::layout::{n_supers, SUPER_GROUPS};
@@ -239,6 +245,9 @@ pub fn quantize_on(
             ))
         })?,
     };
+    if let Some(q) = copy_source(tensor, grid) {
+        return Ok(q);
+    }
     match grid {
         Grid::Sym8 => Ok(QuantizedTensor::Int8(Int8Weights::quantize(
             tensor, importance, &what,
@@ -247,6 +256,36 @@ pub fn quantize_on(
             tensor, bits, group, importance, &what,
         )?)),
     }
+}
+
+/// The grid `tensor` is copied onto from its GGUF source's blocks instead of being rounded
+/// onto `slot` (`format::source_grid`): when the blocks still hold it exactly and their
+/// codes are no wider than `slot`'s. A source grid wider than the slot (Q5_0 or Q8_0 in a
+/// 4-bit slot, Q6_K anywhere) is rounded onto the slot as before; a narrower one (Q4_K in
+/// a 6- or 8-bit slot) is copied at its own, smaller size: lossless and no larger. At the
+/// same width the copy may cost a little more than the slot (Q8_0's symmetric blocks of 32,
+/// 8.5 bits per weight, in `int8`'s 8.3125-bit groups of 64); bits per weight are counted
+/// from the packed bytes either way.
+pub fn source_copy_grid(tensor: &Tensor, slot: Grid) -> Option<Grid> {
+    copy_grid_in(exact_layout_of(tensor)?.1, slot)
+}
+
+/// The grid a source held exactly in `layout` is copied onto in `slot`
+/// ([`source_copy_grid`]'s rule, for callers that checked the source once).
+pub fn copy_grid_in(layout: ExactLayout, slot: Grid) -> Option<Grid> {
+    (layout.code_bits() <= slot.code_bits()).then_some(match layout {
+        ExactLayout::LowBit(bits) => Grid::Asym { bits, group: 32 },
+        ExactLayout::Sym8 => Grid::Sym8,
+    })
+}
+
+/// `tensor` copied from its source's blocks when [`source_copy_grid`] allows it.
+pub fn copy_source(tensor: &Tensor, slot: Grid) -> Option<QuantizedTensor> {
+    source_copy_grid(tensor, slot)?;
+    Some(match copy_exact(tensor)? {
+        Copied::LowBit(w) => QuantizedTensor::LowBit(w),
+        Copied::Int8(w) => QuantizedTensor::Int8(w),
+    })
 }
 
 /// The grid a quantized weight is rounded onto.
@@ -269,6 +308,14 @@ impl Grid {
                 bits.get() as f64 + 16.0 / group as f64 + 32.0 / (SUPER_GROUPS * group) as f64
             }
             Grid::Sym8 => 8.5,
+        }
+    }
+
+    /// The width of its codes.
+    pub fn code_bits(self) -> u32 {
+        match self {
+            Grid::Asym { bits, .. } => bits.get(),
+            Grid::Sym8 => 8,
         }
     }
 

@@ -29,7 +29,7 @@ use super::config::ModelConfig;
 use super::names::{gguf_qk_permuted, gguf_tensor_names, LayerTensor, WeightName};
 use super::{LoadInfo, ModelWeights, Tensor};
 use crate::error::{KwkError, Result};
-use crate::format::ggml_blocks::{dequantize, dequantize_parallel};
+use crate::format::ggml_blocks::{dequantize, dequantize_parallel, SourceBlocks};
 use crate::gguf::{GgufFile, GgufTensorInfo};
 use crate::tokenizer::GgufTokenizerMetadata;
 use std::path::Path;
@@ -195,9 +195,16 @@ impl WeightSource for GgufSource<'_> {
             self.bad(format!("tensor '{tensor_name}': {e}"))
         };
         let mut data = vec![0f32; n];
+        // The blocks themselves, rows in the order of `data` (kept for the block types a
+        // packed layout may copy exactly; see `format::source_grid`).
+        let keep = crate::format::source_grid::may_copy(info.ggml_type);
+        let mut source = Vec::new();
         match self.permuted_heads(name) {
             None => {
-                dequantize_parallel(info.ggml_type, bytes, &mut data).map_err(conversion_error)?
+                dequantize_parallel(info.ggml_type, bytes, &mut data).map_err(conversion_error)?;
+                if keep {
+                    source = bytes.to_vec();
+                }
             }
             Some(heads) => {
                 // GGUF row h*hd + 2i + j holds HF row h*hd + j*hd/2 + i (LlamaModel.permute).
@@ -210,16 +217,30 @@ impl WeightSource for GgufSource<'_> {
                 }
                 let hd = rows / heads;
                 let row_bytes = bytes.len() / rows;
+                if keep {
+                    source = vec![0u8; bytes.len()];
+                }
                 for (g, src) in bytes.chunks_exact(row_bytes).enumerate() {
                     let (h, r) = (g / hd, g % hd);
                     let (i, j) = (r / 2, r % 2);
                     let hf = h * hd + j * (hd / 2) + i;
                     dequantize(info.ggml_type, src, &mut data[hf * cols..(hf + 1) * cols])
                         .map_err(conversion_error)?;
+                    if keep {
+                        source[hf * row_bytes..(hf + 1) * row_bytes].copy_from_slice(src);
+                    }
                 }
             }
         }
-        Ok(Some(Tensor::new(shape.to_vec(), data)))
+        let t = Tensor::new(shape.to_vec(), data);
+        Ok(Some(if keep {
+            t.with_source(SourceBlocks {
+                ty: info.ggml_type,
+                bytes: source,
+            })
+        } else {
+            t
+        }))
     }
 }
 

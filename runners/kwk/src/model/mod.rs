@@ -21,19 +21,40 @@ pub mod source;
 pub use config::{Architecture, Gemma3Params, ModelConfig, RopeScaling};
 pub use source::{load_model, load_model_header, ModelHeader, ModelSource};
 
+use crate::format::ggml_blocks::SourceBlocks;
 use crate::tokenizer::Tokenizer;
+use std::sync::Arc;
 
 /// A dense float32 tensor, row-major.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct Tensor {
     pub shape: Vec<usize>,
     pub data: Vec<f32>,
+    /// The GGUF blocks `data` was dequantized from, when it was (a hint: packing copies
+    /// them only after checking that they still dequantize to `data` bit for bit, so code
+    /// that changes `data` need not clear it). Not part of equality.
+    pub source: Option<Arc<SourceBlocks>>,
+}
+
+impl PartialEq for Tensor {
+    fn eq(&self, other: &Self) -> bool {
+        self.shape == other.shape && self.data == other.data
+    }
 }
 
 impl Tensor {
     pub fn new(shape: Vec<usize>, data: Vec<f32>) -> Self {
         debug_assert_eq!(shape.iter().product::<usize>(), data.len());
-        Tensor { shape, data }
+        Tensor {
+            shape,
+            data,
+            source: None,
+        }
+    }
+    /// This tensor with the GGUF blocks it was dequantized from.
+    pub fn with_source(mut self, source: SourceBlocks) -> Self {
+        self.source = Some(Arc::new(source));
+        self
     }
     /// Rows of a 2-D weight (`out_features`).
     pub fn rows(&self) -> usize {

@@ -4,7 +4,7 @@
 //! it is used for), equalization with them, and the GPTQ passes.
 
 use crate::error::{KwkError, Result};
-use crate::format::quantized::{quantize_on, Grid, QuantizedTensor};
+use crate::format::quantized::{quantize_on, source_copy_grid, Grid, QuantizedTensor};
 use crate::format::{Precision, TensorPlace, TensorRole};
 use crate::model::{FeedForward, Mlp, ModelConfig, ModelWeights};
 use crate::quantize::equalize::{
@@ -229,14 +229,22 @@ pub(crate) fn gptq_layers(
             .iter()
             .map(|&(role, ..)| grid(role, li))
             .collect::<Result<_>>()?;
+        // A tensor copied from its GGUF source's blocks skips GPTQ (`format::source_grid`:
+        // nothing rounds closer than the exact values).
+        let copied: Vec<bool> = jobs
+            .iter()
+            .zip(&grids)
+            .map(|(&(_, _, t, _), &g)| source_copy_grid(t, g).is_some())
+            .collect();
         // One factor per input, or with act-order per input and group size (the column
         // order depends on the groups), each (input, group) factored once, in parallel.
         let act = matches!(precision, Precision::LowBit(o) if o.act_order);
         let mut keys: Vec<(usize, usize)> = jobs
             .iter()
             .zip(&grids)
-            .filter_map(|(&(.., input), g)| match g {
-                Grid::Asym { group, .. } if inputs[input].tokens > 0 => {
+            .zip(&copied)
+            .filter_map(|((&(.., input), g), &copied)| match g {
+                Grid::Asym { group, .. } if inputs[input].tokens > 0 && !copied => {
                     Some((input, if act { *group } else { 0 }))
                 }
                 _ => None,
@@ -257,9 +265,11 @@ pub(crate) fn gptq_layers(
                 Ok(((input, group), (f, Some(order))))
             })
             .collect::<Result<_>>()?;
-        for ((role, which, t, input), g) in jobs.into_iter().zip(grids) {
+        for (((role, which, t, input), g), copied) in jobs.into_iter().zip(grids).zip(copied) {
             let factor = match g {
-                Grid::Asym { group, .. } => factors.get(&(input, if act { group } else { 0 })),
+                Grid::Asym { group, .. } if !copied => {
+                    factors.get(&(input, if act { group } else { 0 }))
+                }
                 _ => None,
             };
             let q = match (g, factor) {

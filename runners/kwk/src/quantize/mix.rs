@@ -24,7 +24,8 @@
 //! to 4.5-8.5-bit types; a model whose rows are multiples of 256 gets the same budget
 //! either way).
 
-use crate::format::quantized::Grid;
+use crate::format::quantized::{copy_grid_in, Grid};
+use crate::format::source_grid::{exact_layout_of, ExactLayout};
 use crate::format::TensorRole;
 use crate::kernels::quant::Bits;
 use crate::model::Tensor;
@@ -171,15 +172,24 @@ pub fn allocate(units: &[MixUnit], ladder: &[Grid], budget_bits: f64) -> Vec<Gri
         .collect()
 }
 
-/// The curve of one unit on `ladder`.
+/// The curve of one unit on `ladder`. A tensor its GGUF source's blocks hold exactly
+/// costs, at a step whose grid takes the copy (`format::quantized::source_copy_grid`), the
+/// bits of the copy and no error: that is what packing will make of it.
 pub fn unit_curve(u: &MixUnit, ladder: &[Grid]) -> Curve {
+    let layouts: Vec<Option<ExactLayout>> = u
+        .tensors
+        .iter()
+        .map(|(t, _, _)| exact_layout_of(t).map(|(_, l)| l))
+        .collect();
+    let on = |g: Grid, l: Option<ExactLayout>| l.and_then(|l| copy_grid_in(l, g));
     Curve {
         bits: ladder
             .iter()
-            .map(|g| {
+            .map(|&g| {
                 u.tensors
                     .iter()
-                    .map(|(t, _, _)| g.tensor_bits(t.rows(), t.cols()))
+                    .zip(&layouts)
+                    .map(|((t, _, _), &l)| on(g, l).unwrap_or(g).tensor_bits(t.rows(), t.cols()))
                     .sum()
             })
             .collect(),
@@ -188,7 +198,11 @@ pub fn unit_curve(u: &MixUnit, ladder: &[Grid]) -> Curve {
             .map(|&g| {
                 u.tensors
                     .iter()
-                    .map(|&(t, m, imp)| relative_error(t, g, m, imp))
+                    .zip(&layouts)
+                    .map(|(&(t, m, imp), &l)| match on(g, l) {
+                        Some(_) => 0.0,
+                        None => relative_error(t, g, m, imp),
+                    })
                     .sum()
             })
             .collect(),

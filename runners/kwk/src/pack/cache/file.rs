@@ -4,6 +4,7 @@
 
 use super::key::SourceIdentity;
 use super::PACK_VERSION;
+use crate::format::ggml_blocks::GgmlType;
 use crate::format::int4::{LowBitParts, LowBitWeights};
 use crate::format::int8::Int8Weights;
 use crate::format::quantized::QuantizedTensor;
@@ -40,6 +41,10 @@ pub(super) struct TensorEntry {
     pub(super) crc: u32,
     /// Each array: absolute byte offset and length in elements.
     pub(super) arrays: Vec<(u64, u64)>,
+    /// The ggml type id of the GGUF blocks the tensor was copied from unchanged
+    /// (`format::source_grid`); `None`: rounded by kwk.
+    #[serde(default)]
+    pub(super) copied_from: Option<u32>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -201,7 +206,18 @@ impl PackFile {
             }
             _ => None,
         };
-        t.ok_or_else(bad)
+        let copied_from = e.copied_from.map(GgmlType);
+        t.map(|t| match t {
+            QuantizedTensor::Int8(mut w) => {
+                w.set_copied_from(copied_from);
+                QuantizedTensor::Int8(w)
+            }
+            QuantizedTensor::LowBit(mut w) => {
+                w.set_copied_from(copied_from);
+                QuantizedTensor::LowBit(w)
+            }
+        })
+        .ok_or_else(bad)
     }
 
     pub(super) fn floats(&self, e: &FloatEntry) -> std::result::Result<Vec<f32>, String> {
@@ -355,6 +371,10 @@ impl Writer {
                 )
             }
         };
+        let copied_from = match t {
+            QuantizedTensor::Int8(w) => w.copied_from(),
+            QuantizedTensor::LowBit(w) => w.copied_from(),
+        };
         let raw: Vec<&[u8]> = parts.iter().map(|p| p.0).collect();
         let (offset, len, crc, offsets) = self.region(&raw)?;
         Ok(TensorEntry {
@@ -369,6 +389,7 @@ impl Writer {
             len,
             crc,
             arrays: offsets.into_iter().zip(parts.iter().map(|p| p.1)).collect(),
+            copied_from: copied_from.map(|ty| ty.0),
         })
     }
 

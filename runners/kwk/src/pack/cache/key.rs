@@ -83,6 +83,10 @@ pub(super) fn dep_key(
             h.update(bytemuck::cast_slice::<f32, u8>(v));
         }
     }
+    // The same values from a quantized GGUF may pack differently (copied from its blocks).
+    if let Some(src) = &tensor.source {
+        h.update(format!("; source {}", src.ty).as_bytes());
+    }
     h.update(b"; values");
     h.update(bytemuck::cast_slice::<f32, u8>(&tensor.data));
     hex(&h.finalize()[..16])

@@ -21,8 +21,9 @@
 //!
 //! **Key of a packed tensor** (`dep`): SHA-256 of the recipe ([`recipe_key`]: layout version
 //! [`PACK_VERSION`], format with all its options, calibration-text hash), the tensor's
-//! place, its grid, its per-column importance, and the float32 values it was quantized from
-//! (after channel equalization). Equal keys mean the packing would write the same bytes,
+//! place, its grid, its per-column importance, the float32 values it was quantized from
+//! (after channel equalization), and the ggml type of the GGUF blocks it was loaded from
+//! (a tensor those blocks hold exactly is copied from them, `format::source_grid`). Equal keys mean the packing would write the same bytes,
 //! so a tensor changed at the same size and mtime is repacked and the rest reused (a tensor
 //! GPTQ rounded depends on its input's Hessian too, which the key does not hold: such
 //! tensors are always written anew, never reused). Bump
@@ -74,8 +75,9 @@ pub use session::{try_load, CachedModel, PackOutcome, PackSession, TensorToPack}
 
 /// Version of the packed layouts, the rounding and this file format; part of every key
 /// (4: two-level low-bit scales; 5: Gemma 3's post norms stored with each layer's float
-/// vectors, so an older Gemma 3 entry, which lacks them, is never found).
-pub const PACK_VERSION: u32 = 5;
+/// vectors, so an older Gemma 3 entry, which lacks them, is never found; 6: tensors whose
+/// GGUF source blocks a layout holds exactly are copied, not rounded, and entries say so).
+pub const PACK_VERSION: u32 = 6;
 /// Every file kwk writes in the cache folder starts with this.
 pub const PREFIX: &str = "kwk-pack-";
 /// The marker file of a folder kwk created (see the module doc).

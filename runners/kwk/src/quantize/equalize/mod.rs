@@ -40,7 +40,7 @@
 //! carries the residual stream's outlier channels straight into the logits.
 
 use crate::error::Result;
-use crate::format::quantized::{grid_for, Grid};
+use crate::format::quantized::{grid_for, source_copy_grid, Grid};
 use crate::format::Precision;
 use crate::format::{TensorPlace, TensorRole};
 use crate::kernels::quant::layout::{n_supers, SUPER_GROUPS};
@@ -501,6 +501,15 @@ impl EqualizeOptions {
     };
 }
 
+/// Whether a tensor of a unit will be copied from its GGUF source's blocks
+/// (`format::source_grid`): the unit then keeps its channels unscaled, since scaling would
+/// move that tensor off the source's grid, and no rounding it could buy beats an exact copy.
+fn keeps_source(tensors: &[(&Tensor, Grid)]) -> bool {
+    tensors
+        .iter()
+        .any(|&(t, g)| source_copy_grid(t, g).is_some())
+}
+
 /// Picks the factor among `opts.candidates` with the lowest error for a norm → linears unit.
 fn search_norm_unit(
     tensors: &[(&Tensor, Grid)],
@@ -508,7 +517,7 @@ fn search_norm_unit(
     opts: EqualizeOptions,
 ) -> Vec<f32> {
     let ones = vec![1f32; moment.len()];
-    if !opts.rescale || tensors.is_empty() {
+    if !opts.rescale || tensors.is_empty() || keeps_source(tensors) {
         return ones;
     }
     let act: Vec<f32> = moment.iter().map(|m| m.max(0.0).sqrt()).collect();
@@ -559,7 +568,7 @@ fn search_pair(
 ) -> Vec<f32> {
     let n = first.0.rows();
     let ones = vec![1f32; n];
-    if !opts.rescale {
+    if !opts.rescale || keeps_source(&[first, second]) {
         return ones;
     }
     let cols2 = second.0.cols();
