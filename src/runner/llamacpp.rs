@@ -410,6 +410,11 @@ impl Runner for LlamaCppRunner {
         if !self.opts.run_bench {
             return Ok(None);
         }
+        // A llama-bench without -d (ik_llama.cpp's) measures nothing at a depth: the point
+        // is left empty (the plan said so once), never timed at depth 0 instead.
+        if spec.depth > 0 && !self.tools.bench_knows_depth() {
+            return Ok(None);
+        }
         // The row's KV type (`--llama-kv`; f16 for f32, which llama-bench rejects) and flash
         // attention as `auto` resolves on CPU (on).
         let compute =
