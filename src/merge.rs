@@ -809,7 +809,10 @@ mod tests {
             ["speed_vs_depth.svg"]
         );
         let svg = std::fs::read_to_string(dir.path().join("speed_vs_depth.svg")).unwrap();
-        assert!(svg.contains("\nint8\n") && svg.contains("\nfloat32\n"), "{svg}");
+        assert!(
+            svg.contains("\nint8\n") && svg.contains("\nfloat32\n"),
+            "{svg}"
+        );
         assert!(!svg.contains("int8@d"), "one line per row, not per cell");
         let md = crate::report::markdown::render(&m, &Default::default());
         assert!(

@@ -52,9 +52,9 @@ fn float32_rows_with_their_own_cache_sit_beside_the_reference() {
         .iter()
         .map(|x| x["kv_bytes_per_token"].as_u64().unwrap())
         .collect();
-    assert_eq!(bytes[0], 2 * bytes[1], "{bytes:?}");
-    assert_eq!(bytes[1], bytes[3], "{bytes:?}");
-    assert!(bytes[2] < bytes[1], "{bytes:?}");
+    // The fixture's heads are 16 wide: f32 and f16 pad nothing, q8 pads to one block of
+    // 32 (codes and a 4-byte scale), so its cache is larger here than f16's.
+    assert_eq!(bytes, [512, 256, 288, 256]);
     assert_eq!(r["ppl_delta_reference"], "float32");
     // The same weights as the reference: what is left is the cache's cost, small but not
     // nothing for q8.
