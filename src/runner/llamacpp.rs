@@ -407,12 +407,8 @@ impl Runner for LlamaCppRunner {
     }
 
     fn speed_rep(&mut self, spec: &SpeedSpec) -> anyhow::Result<Option<SpeedRep>> {
-        if !self.opts.run_bench {
-            return Ok(None);
-        }
-        // A llama-bench without -d (ik_llama.cpp's) measures nothing at a depth: the point
-        // is left empty (the plan said so once), never timed at depth 0 instead.
-        if spec.depth > 0 && !self.tools.bench_knows_depth() {
+        // No llama-bench, or one without -d (ik's) at a depth: left empty, not timed at d0.
+        if !self.opts.run_bench || (spec.depth > 0 && !self.tools.bench_knows_depth()) {
             return Ok(None);
         }
         // The row's KV type (`--llama-kv`; f16 for f32, which llama-bench rejects) and flash
