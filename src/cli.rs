@@ -279,7 +279,7 @@ pub struct EvalArgs {
     #[arg(long, value_name = "FILE", required = true)]
     pub text: Option<PathBuf>,
 
-    /// In-tree formats to run, comma-separated (float32, bf16, int8[:calib|:gptq], int4[:g64|:mix8|:calib|:gptq], int3/int5/int6 with int4's options, bpw:X[:calib] (a size target: X bits per weight, e.g. bpw:4.5, spent per tensor by sensitivity), gguf:PATH; "none" for none). Default: float32,bf16,int8,int4, or with llama.cpp's ladder kwk's own sizes (float32,int8,int6,int5,int4,int3,bpw:3.5).
+    /// In-tree formats to run, comma-separated (float32, bf16, int8[:calib|:gptq], int4[:g64|:mix8|:calib|:gptq], int3/int5/int6 with int4's options, bpw:X[:calib] (a size target: X bits per weight, e.g. bpw:4.5, spent per tensor by sensitivity), any of them +kv:f32|f16|bf16|q8 for a row with its own KV cache (float32+kv:q8), gguf:PATH; "none" for none). Default: float32,bf16,int8,int4, or with llama.cpp's ladder kwk's own sizes (float32,int8,int6,int5,int4,int3,bpw:3.5).
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = parse_format_arg)]
     pub formats: Option<Vec<FormatArg>>,
 

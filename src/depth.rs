@@ -8,12 +8,12 @@
 //!
 //! KV sizes go through one function of the bytes per cached value
 //! ([`crate::protocol::points::kv_bytes_per_value`], keyed by a row's KV type): kwk's rows
-//! at `--kv` (the float32 reference at f32), llama-bench at `--llama-kv` as it runs it.
+//! at `--kv` (the float32 reference at f32, a `FORMAT+kv:TYPE` row at its TYPE), llama-bench
+//! at `--llama-kv` as it runs it.
 
 use crate::limits::MEMORY_HINT;
 use crate::plan::RunPlan;
 use crate::protocol::points::{kv_bytes_per_value, kv_cache_bytes, size, SpeedAxes};
-use crate::protocol::FormatSpec;
 use anyhow::{bail, Result};
 use kwk::decoder::resident::{available_memory, Available};
 use kwk::ModelConfig;
@@ -46,7 +46,8 @@ pub fn check_depth_limit(axes: &SpeedAxes, positions: usize, llm: &str) -> Resul
 /// rows are timed (one llama-bench runs at a time).
 pub struct KvNeed {
     pub values_per_token: u64,
-    /// kwk's rows by their cache's type (`--kv`; the float32 reference's is f32).
+    /// kwk's rows by their cache's type (`--kv`, a `+kv:` row's own; the float32
+    /// reference's is f32).
     pub kwk_rows: Vec<(&'static str, usize)>,
     pub cache_len: usize,
     pub bench_len: Option<usize>,
@@ -107,18 +108,15 @@ impl KvNeed {
 /// The run's KV need at its largest depth, for a model of `config`.
 pub fn kv_need(plan: &RunPlan, config: &ModelConfig) -> KvNeed {
     let axes = &plan.speed_axes;
-    let kwk = |reference: bool| {
-        plan.formats
-            .iter()
-            .filter(|f| matches!(f, FormatSpec::Kwk { .. }) && f.is_reference() == reference)
-            .count()
-    };
-    // One entry per cache type: the reference's f32 and the other rows' `--kv`.
-    let kwk_rows = if plan.kv.name() == "f32" {
-        vec![("f32", kwk(true) + kwk(false))]
-    } else {
-        vec![("f32", kwk(true)), (plan.kv.name(), kwk(false))]
-    };
+    // One entry per cache type in the order first met: the reference's f32, the other
+    // rows' `--kv`, a `+kv:` row's own.
+    let mut kwk_rows: Vec<(&'static str, usize)> = Vec::new();
+    for kv in plan.formats.iter().filter_map(|f| f.kwk_kv(plan.kv)) {
+        match kwk_rows.iter_mut().find(|(t, _)| *t == kv.name()) {
+            Some((_, n)) => *n += 1,
+            None => kwk_rows.push((kv.name(), 1)),
+        }
+    }
     let gguf = plan.formats.iter().any(|f| f.engine().is_external());
     KvNeed {
         values_per_token: kv_values_per_token(config),

@@ -172,7 +172,13 @@ pub fn generate(cfg: &GenerateConfig, ui: &dyn Reporter) -> Result<()> {
     };
     {
         use kwk::decoder::resident::{available_memory, check_fits, resident_need, Build};
-        let need = resident_need(&header.config, &precision, max_cache_len, Build::FromHeader);
+        let need = resident_need(
+            &header.config,
+            &precision,
+            cfg.kv,
+            max_cache_len,
+            Build::FromHeader,
+        );
         check_fits(
             &crate::limits::row_label(&cfg.format, &cfg.llm),
             &need,

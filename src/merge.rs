@@ -229,16 +229,10 @@ struct Naming {
     cpus: bool,
 }
 
-/// The depths of a run's speed tests as a row name's `@d` suffix shows them (`4096`,
-/// `0,4096` for a run that swept them itself); `0` for a run at depth 0 only.
+/// The depths of a run's speed tests as a row name's `@d` suffix shows them
+/// ([`Protocol::depth_key`]).
 fn depth_key(r: &Results) -> String {
-    r.protocol.speed_axes.as_ref().map_or("0".into(), |a| {
-        a.depth
-            .iter()
-            .map(usize::to_string)
-            .collect::<Vec<_>>()
-            .join(",")
-    })
+    r.protocol.depth_key()
 }
 
 impl Naming {
@@ -778,6 +772,61 @@ mod tests {
             read_cells(&[done, dir.path().join("none")]).unwrap_err()
         );
         assert!(e.contains("holds no results.json"), "{e}");
+    }
+
+    /// A merge of cells at depths 0, 64 and 128 (one depth a cell) draws speed against
+    /// depth: one line per row across its cells, named without the `@dD` of its cells; a
+    /// merge of cells at one depth draws none.
+    #[test]
+    fn cells_at_different_depths_draw_speed_against_depth() {
+        use crate::protocol::points::{PointSpeed, SpeedAxes};
+        use crate::report::plot_sweep::{sweep_plot_svgs, sweep_plots, write_sweep_plots, Axis};
+        let at = |depth: usize| {
+            let mut c = cell(&format!("00{depth}-int8-t1-d{depth}"), "int8", 20.5, 1);
+            let p = &mut c.results.protocol;
+            let mut axes = SpeedAxes::single(p.pp, p.tg, 1);
+            axes.depth = vec![depth];
+            for (i, row) in c.results.runners.iter_mut().enumerate() {
+                row.speed_points = [("pp", p.pp), ("tg", p.tg)]
+                    .map(|(kind, n)| PointSpeed {
+                        test: axes.test_name(kind, n, depth, 1),
+                        kind: kind.into(),
+                        tokens: n,
+                        depth,
+                        threads: 1,
+                        primary: true,
+                        tokens_per_s: Some(100.0 * (i + 1) as f64 / (1.0 + depth as f64)),
+                        ..Default::default()
+                    })
+                    .to_vec();
+            }
+            p.speed_axes = Some(axes);
+            c
+        };
+        let flat = cell("000-int8-t1", "int8", 20.5, 1);
+        assert!(flat.results.runners[1].tg_tokens_per_s.is_some());
+        let m = merge(&[flat.clone(), at(64), at(128)], false).unwrap();
+        assert_eq!(sweep_plots(&m), [Axis::Depth]);
+        assert_eq!(sweep_plot_svgs(&m), ["speed_vs_depth.svg"]);
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(
+            write_sweep_plots(dir.path(), &m).unwrap(),
+            ["speed_vs_depth.svg"]
+        );
+        let svg = std::fs::read_to_string(dir.path().join("speed_vs_depth.svg")).unwrap();
+        assert!(
+            svg.contains("\nint8\n") && svg.contains("\nfloat32\n"),
+            "{svg}"
+        );
+        assert!(!svg.contains("int8@d"), "one line per row, not per cell");
+        let md = crate::report::markdown::render(&m, &Default::default());
+        assert!(
+            md.contains("![speed across the sweep](speed_vs_depth.svg)"),
+            "{md}"
+        );
+        // Cells at one depth (threads differ): no depth plot.
+        let m = merge(&[flat.clone(), cell("001-int8-t2", "int8", 20.5, 2)], false).unwrap();
+        assert!(sweep_plots(&m).is_empty());
     }
 
     /// Cells of a sweep over depths: rows gain `@dD`, each cell's ratios keep their point's

@@ -595,6 +595,7 @@ pub fn make(a: &EvalOptions, ui: &dyn Reporter) -> Result<RunPlan> {
             plan.ik_tools.as_ref(),
         )?;
     }
+<<<<<<< HEAD
     // A --gguf label the ladder also makes would be two rows of one name.
     let ladder_rows = plan.ladder_row_names();
     if let Some(clash) = plan
@@ -608,6 +609,12 @@ pub fn make(a: &EvalOptions, ui: &dyn Reporter) -> Result<RunPlan> {
         );
     }
     for w in noop_warnings(a, &plan) {
+=======
+    for w in noop_warnings(a, &plan)
+        .into_iter()
+        .chain(depth_unmeasured(&plan))
+    {
+>>>>>>> s50-kvrow
         ui.warn(&w);
     }
     if let Some(path) = &a.baseline {
@@ -690,6 +697,34 @@ impl RunPlan {
                 .iter()
                 .any(|s| matches!(s, FormatSpec::Gguf { .. }))
     }
+}
+
+/// One line for each engine whose llama-bench has no `-d` (ik_llama.cpp's) when its rows
+/// are timed at depths other than 0: those points are left unmeasured (never timed at depth
+/// 0 and recorded as deeper); its depth-0 points are measured as usual.
+fn depth_unmeasured(plan: &RunPlan) -> Vec<String> {
+    let deep: Vec<String> = plan
+        .speed_axes
+        .depth
+        .iter()
+        .filter(|&&d| d > 0)
+        .map(usize::to_string)
+        .collect();
+    if plan.speed.is_none() || !plan.llama_bench || deep.is_empty() {
+        return Vec::new();
+    }
+    [&plan.tools, &plan.ik_tools]
+        .into_iter()
+        .flatten()
+        .filter(|t| !t.bench_knows_depth())
+        .map(|t| {
+            format!(
+                "{}'s llama-bench has no -d (--n-depth): its rows are not timed at depth {} (those points stay empty; nothing is timed at depth 0 in their place)",
+                t.engine().project(),
+                deep.join(",")
+            )
+        })
+        .collect()
 }
 
 /// One line for each flag that changes nothing in this run, naming the flag and why

@@ -317,10 +317,23 @@ fn check_memory(
     }
     let mut held = 0;
     for spec in &plan.formats {
-        let crate::protocol::FormatSpec::Kwk { name, precision } = spec else {
+        let (
+            crate::protocol::FormatSpec::Kwk {
+                name, precision, ..
+            },
+            Some(kv),
+        ) = (spec, spec.kwk_kv(plan.kv))
+        else {
             continue;
         };
-        let need = resident_need(&model.config, precision, max_cache_len, Build::FromHeader);
+        // Each row's cache at its own precision (the reference's f32, a `+kv:` row's own).
+        let need = resident_need(
+            &model.config,
+            precision,
+            kv,
+            max_cache_len,
+            Build::FromHeader,
+        );
         check_fits(
             &row_label(name, &plan.llm),
             &need,

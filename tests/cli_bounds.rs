@@ -41,6 +41,7 @@ const BUILDERS: [&str; 23] = [
     "text-fifo",
     "text-too-big",
     "calib-text-device",
+    "formats-kv-suffix",
     "generate-max-new-tokens-huge",
     "generate-threads-huge",
     "generate-temperature-nan",
@@ -129,6 +130,10 @@ fn build(id: &str, tmp: &Path) -> (assert_cmd::Command, PathBuf, PathBuf) {
         "calib-text-device" => {
             let extra = ["--calib-text", "/dev/zero"];
             let c = eval_with(&out, "float32,int4:calib", &eval_txt(), &extra);
+            (c, none.clone(), none.clone())
+        }
+        "formats-kv-suffix" => {
+            let c = eval_with(&out, "float32,float32+kv:q4", &eval_txt(), &[]);
             (c, none.clone(), none.clone())
         }
         "generate-max-new-tokens-huge" => generate(&["--max-new-tokens", "18446744073709551615"]),

@@ -143,3 +143,112 @@ fn the_ladder_adds_iks_own_types_on_ik_alone() {
         "{stderr}"
     );
 }
+
+/// `--peer llama.cpp,ik` with `--depth` (issue 39) on SmolLM2-135M's F32 GGUF: mainline's
+/// llama-bench times every point with `-d`; ik_llama.cpp's llama-bench has no `-d`, so the
+/// run says so in one warning line and leaves the ik row's deeper points empty, never timed
+/// at depth 0 in their place, while its depth-0 points and its perplexity are measured.
+/// Gated like the ladder test above (KWK_IK=1 demands a build).
+#[test]
+fn iks_llama_bench_at_depth_is_skipped_in_one_line_not_recorded_at_depth_0() {
+    let Some(ik) = ik_dir() else {
+        assert_ne!(
+            std::env::var("KWK_IK").as_deref(),
+            Ok("1"),
+            "KWK_IK=1 but no ik_llama.cpp build found"
+        );
+        eprintln!("SKIPPED: no ik_llama.cpp build (scripts/setup-ik-llama-cpp.sh)");
+        return;
+    };
+    let model = kwk::paths::default_models_dir()
+        .expect("none of KWK_MODELS_DIR, KWK_CACHE, XDG_CACHE_HOME, HOME is set")
+        .join("SmolLM2-135M-Instruct/SmolLM2-135M-Instruct-F32.gguf");
+    assert!(
+        model.is_file(),
+        "{}: run scripts/setup-model.sh",
+        model.display()
+    );
+    let wiki = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("datasets/wikitext-2-raw/wiki.test.raw");
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("run");
+    let o = kwk_eval()
+        .arg("--llm")
+        .arg(&model)
+        .arg("--gguf")
+        .arg(&model)
+        .args(["--formats", "none", "--ladder", "none", "--ctx", "128"])
+        .args(["--chunks", "1", "--threads", "2", "--no-pack-cache"])
+        .args(["--llama-bench", "--reps", "1", "--pp", "16", "--tg", "4"])
+        .args(["--depth", "0,64"])
+        .arg("--llama-cpp-dir")
+        .arg(llama_dir())
+        .args(["--peer", "llama.cpp,ik", "--ik-llama-cpp-dir"])
+        .arg(&ik)
+        .arg("--text")
+        .arg(&wiki)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "stderr:\n{stderr}");
+    let warning = "ik_llama.cpp's llama-bench has no -d (--n-depth): its rows are not timed at depth 64 (those points stay empty; nothing is timed at depth 0 in their place)";
+    assert_eq!(stderr.matches(warning).count(), 1, "{stderr}");
+    // Mainline's llama-bench takes -d: no such line for it.
+    assert_eq!(
+        stderr.matches("llama-bench has no -d").count(),
+        1,
+        "{stderr}"
+    );
+    let r: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("results.json")).unwrap()).unwrap();
+    let rows = r["runners"].as_array().unwrap();
+    let row = |name: &str| {
+        rows.iter()
+            .find(|x| x["name"] == name)
+            .unwrap_or_else(|| panic!("no row {name}: {r:#}"))
+    };
+    // (test, measured) for each point of a row.
+    let points = |name: &str| -> Vec<(String, bool)> {
+        let x = row(name);
+        assert_eq!(x["status"], "ok", "{x:#}");
+        x["speed_points"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                (
+                    p["test"].as_str().unwrap().to_string(),
+                    p["tokens_per_s"].as_f64().is_some(),
+                )
+            })
+            .collect()
+    };
+    let tests = ["pp16", "tg4", "pp16@d64", "tg4@d64"];
+    let want = |deep: bool| -> Vec<(String, bool)> {
+        tests
+            .iter()
+            .map(|t| (t.to_string(), deep || !t.contains('@')))
+            .collect()
+    };
+    assert_eq!(
+        points("llama.cpp:SmolLM2-135M-Instruct-F32.gguf"),
+        want(true)
+    );
+    assert_eq!(points("ik:SmolLM2-135M-Instruct-F32.gguf"), want(false));
+    // Every test ik's llama-bench ran was at depth 0 and says so; mainline's name theirs.
+    let depths = |name: &str| -> Vec<u64> {
+        row(name)["llama_bench"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["n_depth"].as_u64().unwrap_or(0))
+            .collect()
+    };
+    assert_eq!(depths("ik:SmolLM2-135M-Instruct-F32.gguf"), [0, 0]);
+    assert_eq!(
+        depths("llama.cpp:SmolLM2-135M-Instruct-F32.gguf"),
+        [0, 0, 64, 64]
+    );
+}

@@ -198,6 +198,72 @@ fn plan_lists_cells_and_the_shared_work() {
     );
 }
 
+/// A sweep over depths (one cell a depth) of int8 and float32 with a q8 cache
+/// (`float32+kv:q8`, a row with its own KV cache): the shared job packs int8 alone, and the
+/// merged report draws speed against depth, one line per row across its cells, with each
+/// row's `kv_type` kept.
+#[test]
+fn a_sweep_over_depths_merges_into_a_speed_against_depth_plot() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = sweep_file(dir.path());
+    std::fs::write(
+        &file,
+        std::fs::read_to_string(&file)
+            .unwrap()
+            .replace(
+                r#"formats = ["int8", "int4"]"#,
+                r#"formats = ["int8", "float32+kv:q8"]"#,
+            )
+            .replace("threads = [1, 2]", "threads = [1]\ndepths = [0, 32]"),
+    )
+    .unwrap();
+    let plan = kwk_eval()
+        .args(["sweep", "plan"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&plan.stdout);
+    assert!(plan.status.success(), "{text}");
+    assert!(text.starts_with("4 cells, 2 shared job(s)"), "{text}");
+    assert!(
+        text.contains("kwk's int8 packed into the pack cache"),
+        "{text}"
+    );
+    let out = dir.path().join("sweep");
+    let run = kwk_eval()
+        .args(["sweep", "run"])
+        .arg(&file)
+        .arg("--local")
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    let merged = out.join("merged");
+    let r = results(&merged);
+    let rows = r["runners"].as_array().unwrap();
+    let kv = |name: &str| {
+        rows.iter()
+            .find(|x| x["name"] == name)
+            .unwrap_or_else(|| panic!("no row {name}: {rows:?}"))["kv_type"]
+            .clone()
+    };
+    assert_eq!(kv("float32+kv:q8@d32"), "q8");
+    assert_eq!(kv("float32@d32"), "f32");
+    let svg = std::fs::read_to_string(merged.join("speed_vs_depth.svg")).unwrap();
+    for row in ["int8", "float32+kv:q8"] {
+        assert!(svg.contains(&format!("\n{row}\n")), "{row} has no line");
+    }
+    assert!(!svg.contains("@d32"), "one line per row, not per cell");
+    assert!(merged.join("speed_vs_depth.png").is_file());
+    let md = std::fs::read_to_string(merged.join("report.md")).unwrap();
+    assert!(
+        md.contains("![speed across the sweep](speed_vs_depth.svg)"),
+        "{md}"
+    );
+}
+
 #[test]
 fn a_local_sweep_merges_to_its_cells_figures_and_reruns_a_half_written_cell() {
     let dir = tempfile::tempdir().unwrap();

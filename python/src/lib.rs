@@ -112,6 +112,7 @@ fn check_memory(config: &ModelConfig, opts: &DecoderOptions, origin: &str) -> Py
     let need = resident_need(
         config,
         &opts.precision,
+        opts.kv,
         opts.max_cache_len,
         Build::FromWeights,
     );

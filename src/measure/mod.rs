@@ -131,7 +131,13 @@ fn build_kwk(
     spec: &FormatSpec,
     ui: &dyn Reporter,
 ) -> Result<Box<dyn Runner>> {
-    let FormatSpec::Kwk { name, precision } = spec else {
+    let (
+        FormatSpec::Kwk {
+            name, precision, ..
+        },
+        Some(kv),
+    ) = (spec, spec.kwk_kv(plan.kv))
+    else {
         anyhow::bail!("'{}' is not an in-tree format", spec.name());
     };
     let role = match (&prep.protocol.reference_logits, &prep.reference_partial) {
@@ -160,12 +166,8 @@ fn build_kwk(
     let options = KwkRunnerOptions {
         threads: plan.threads,
         // The reference keeps a float32 cache: the other rows' KLD then includes their
-        // cache's cost.
-        kv: if spec.is_reference() {
-            kwk::KvPrecision::F32
-        } else {
-            plan.kv
-        },
+        // cache's cost (each row's own: `--kv`, or its `+kv:` suffix's).
+        kv,
         max_cache_len: prep.max_cache_len,
         calibration_tokens: prep.calibration_tokens.clone(),
         pack_cache_dir: plan.pack_cache_dir.clone(),
@@ -175,6 +177,7 @@ fn build_kwk(
     let need = kwk::decoder::resident::resident_need(
         &prep.model.config,
         precision,
+        kv,
         prep.max_cache_len,
         kwk::decoder::resident::Build::FromHeader,
     );

@@ -316,10 +316,13 @@ impl Progress for NoProgress {
 /// One row a user asked for: an in-tree format or a GGUF file for an external engine.
 #[derive(Debug, Clone, PartialEq)]
 pub enum FormatSpec {
-    /// An in-tree format, with the name as typed (`int4:mix8`).
+    /// An in-tree format, with the name as typed (`int4:mix8`); with a `+kv:TYPE` suffix
+    /// (`float32+kv:q8`, [`KV_SUFFIX`]) its KV cache is `kv` whatever the run's `--kv`, and
+    /// the name ends in the cache's canonical name.
     Kwk {
         name: String,
         precision: ::kwk::Precision,
+        kv: Option<::kwk::KvPrecision>,
     },
     /// `gguf:PATH` in `--formats`, or a `--gguf PATH` (either may be `LABEL=PATH`). The row
     /// is named `gguf:<label>`: LABEL when given (`explicit`), else the file name, which
@@ -337,15 +340,28 @@ pub enum FormatSpec {
 }
 
 impl FormatSpec {
-    /// Whether this is the in-tree float32 format, the reference other rows are compared with.
+    /// Whether this is the in-tree float32 format, the reference other rows are compared
+    /// with (float32 weights with their own f32 cache; `float32+kv:q8` is an ordinary row).
     pub fn is_reference(&self) -> bool {
         matches!(
             self,
             FormatSpec::Kwk {
                 precision: ::kwk::Precision::Float32,
+                kv: None,
                 ..
             }
         )
+    }
+
+    /// The KV cache this kwk row keeps in a run whose `--kv` is `run_kv`: f32 for the
+    /// reference (so KLD shows what the other rows' caches cost), the `+kv:` suffix's type
+    /// when given, else `run_kv`. `None` for a GGUF row (its engine's `--llama-kv`).
+    pub fn kwk_kv(&self, run_kv: ::kwk::KvPrecision) -> Option<::kwk::KvPrecision> {
+        match self {
+            _ if self.is_reference() => Some(::kwk::KvPrecision::F32),
+            FormatSpec::Kwk { kv, .. } => Some(kv.unwrap_or(run_kv)),
+            FormatSpec::Gguf { .. } => None,
+        }
     }
 
     /// The runner's name in reports: the format as typed, or `gguf:<label>`.
@@ -468,13 +484,54 @@ pub fn parse_format(spec: &str) -> Result<FormatSpec, String> {
         }
         return parse_gguf_arg(path);
     }
-    match ::kwk::Precision::parse(spec) {
+    let (weights, kv) = split_kv_suffix(spec)?;
+    match ::kwk::Precision::parse(weights) {
+        Ok(::kwk::Precision::Float32) if kv == Some(::kwk::KvPrecision::F32) => Err(format!(
+            "'{spec}' is the float32 reference itself (it keeps an f32 cache); write float32"
+        )),
         Ok(precision) => Ok(FormatSpec::Kwk {
-            name: spec.to_string(),
+            name: match kv {
+                Some(kv) => format!("{weights}{KV_SUFFIX}{}", kv.name()),
+                None => weights.to_string(),
+            },
             precision,
+            kv,
         }),
         // kwk's message names the valid formats once; a GGUF is the harness's own.
         Err(e) => Err(format!("{e}, or gguf:PATH for a GGUF run by llama.cpp")),
+    }
+}
+
+/// The suffix that gives one in-tree row its own KV cache: `FORMAT+kv:TYPE`.
+pub const KV_SUFFIX: &str = "+kv:";
+
+/// `FORMAT+kv:TYPE` split into the weight format and the cache; a spec without `+` is the
+/// format alone. Any other suffix, a second one, or an unknown TYPE is an error naming the
+/// grammar.
+fn split_kv_suffix(spec: &str) -> Result<(&str, Option<::kwk::KvPrecision>), String> {
+    let Some((weights, suffix)) = spec.split_once('+') else {
+        return Ok((spec, None));
+    };
+    let types = ::kwk::KvPrecision::ALL
+        .map(::kwk::KvPrecision::name)
+        .join(", ");
+    let grammar = format!("FORMAT+kv:TYPE with TYPE one of {types} (e.g. float32+kv:q8)");
+    let kv = match suffix.split_once(':') {
+        Some((key, kv)) if key.eq_ignore_ascii_case("kv") && !kv.contains('+') => kv,
+        _ => {
+            return Err(format!(
+                "'{spec}' has the suffix '+{suffix}'; the one suffix an in-tree format takes is {grammar}"
+            ))
+        }
+    };
+    if weights.trim().is_empty() {
+        return Err(format!("'{spec}' names no weight format; write {grammar}"));
+    }
+    match kv.parse::<::kwk::KvPrecision>() {
+        Ok(parsed) => Ok((weights.trim(), Some(parsed))),
+        Err(_) => Err(format!(
+            "'{spec}' asks for the KV cache '{kv}', which is not one of {types}; write {grammar}"
+        )),
     }
 }
 
@@ -502,6 +559,53 @@ mod tests {
             parse_format("gguf:mine=m.gguf").unwrap().name(),
             "gguf:mine"
         );
+    }
+
+    /// `FORMAT+kv:TYPE` is a row with its own cache, named with the cache's canonical
+    /// name; float32 with a narrower cache is no reference; a bad suffix names the grammar.
+    #[test]
+    fn a_kv_suffix_gives_a_row_its_own_cache() {
+        use ::kwk::KvPrecision as Kv;
+        let row = parse_format("float32+kv:q8_0").unwrap();
+        assert_eq!(row.name(), "float32+kv:q8");
+        assert!(!row.is_reference());
+        assert_eq!(row.kwk_kv(Kv::F16), Some(Kv::Q8));
+        let FormatSpec::Kwk { precision, .. } = &row else {
+            panic!()
+        };
+        assert_eq!(*precision, ::kwk::Precision::Float32);
+        let int8 = parse_format("int8:calib+kv:bf16").unwrap();
+        assert_eq!(int8.name(), "int8:calib+kv:bf16");
+        assert_eq!(int8.kwk_kv(Kv::Q8), Some(Kv::Bf16));
+        // Without a suffix: the run's --kv, and f32 for the reference whatever it is.
+        assert_eq!(parse_format("int4").unwrap().kwk_kv(Kv::Q8), Some(Kv::Q8));
+        let reference = parse_format("float32").unwrap();
+        assert!(reference.is_reference());
+        assert_eq!(reference.kwk_kv(Kv::Q8), Some(Kv::F32));
+        assert_eq!(
+            parse_format("int8+kv:f32").unwrap().kwk_kv(Kv::Q8),
+            Some(Kv::F32)
+        );
+        assert_eq!(parse_format("gguf:m.gguf").unwrap().kwk_kv(Kv::Q8), None);
+        let err = |s: &str| parse_format(s).unwrap_err();
+        assert_eq!(
+            err("float32+kv:q4"),
+            "'float32+kv:q4' asks for the KV cache 'q4', which is not one of f32, f16, bf16, q8; write FORMAT+kv:TYPE with TYPE one of f32, f16, bf16, q8 (e.g. float32+kv:q8)"
+        );
+        assert_eq!(
+            err("float32+kv:f32"),
+            "'float32+kv:f32' is the float32 reference itself (it keeps an f32 cache); write float32"
+        );
+        for bad in ["int8+q8", "int8+kv=q8", "int8+kv:q8+kv:f16", "int8+"] {
+            assert!(
+                err(bad).contains("the one suffix an in-tree format takes is FORMAT+kv:TYPE"),
+                "{bad}: {}",
+                err(bad)
+            );
+        }
+        assert!(err("+kv:q8").contains("names no weight format"));
+        assert!(err("int9+kv:q8").contains("unknown weight format 'int9'"));
+        assert!(err("int8+kv:").contains("the KV cache ''"));
     }
 
     /// With llama.cpp alone a GGUF row keeps its `gguf:` name; with other peers it becomes

@@ -525,6 +525,18 @@ impl Protocol {
         }
     }
 
+    /// The depths of the speed tests as a merged row name's `@d` suffix shows them (`4096`,
+    /// `0,4096` for a run that swept them itself); `0` for a run at depth 0 only.
+    pub fn depth_key(&self) -> String {
+        self.speed_axes.as_ref().map_or("0".into(), |a| {
+            a.depth
+                .iter()
+                .map(usize::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+    }
+
     /// The primary point's `kind` test as reports head its column: `pp512`, `tg128@d4096`.
     pub fn primary_test_label(&self, kind: &str) -> String {
         let n = if kind == "pp" { self.pp } else { self.tg };

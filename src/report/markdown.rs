@@ -195,7 +195,15 @@ fn ratio_tables(r: &Results) -> String {
 /// for a run of one point at depth 0 (its KV line then only with a depth).
 fn sweep_section(r: &Results) -> String {
     let mut s = String::new();
+    let plots = |s: &mut String| {
+        for svg in super::plot_sweep::sweep_plot_svgs(r) {
+            let _ = writeln!(s, "![speed across the sweep]({svg})\n");
+        }
+    };
+    // A merged report whose cells ran at different depths has no one sweep, but its
+    // speed-against-depth plot.
     let Some(a) = &r.protocol.speed_axes else {
+        plots(&mut s);
         return s;
     };
     let list = |v: &[usize]| v.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
@@ -235,9 +243,7 @@ fn sweep_section(r: &Results) -> String {
         }
         let _ = writeln!(s);
     }
-    for svg in super::plot_sweep::sweep_plot_svgs(r) {
-        let _ = writeln!(s, "![speed across the sweep]({svg})\n");
-    }
+    plots(&mut s);
     s
 }
 
@@ -263,6 +269,9 @@ pub fn render(r: &Results, plots: &PlotFiles) -> String {
     let _ = writeln!(s, "**Protocol:** {}\n", protocol_line(r));
     if let Some(c) = calibration_line(r) {
         let _ = writeln!(s, "**Calibration:** {c}\n");
+    }
+    if let Some(kv) = kv_line(r) {
+        let _ = writeln!(s, "**KV caches:** {kv}\n");
     }
     let (header, rows) = table_rows(r);
     table(&mut s, &header, &rows);
@@ -371,6 +380,30 @@ pub fn flash_attn_line(r: &Results) -> Option<String> {
         false => format!("; kept: {}", kept.join("; ")),
     };
     Some(format!("GGUF rows' speeds (llama-bench): {how}{kept}."))
+}
+
+/// The rows by KV cache type (`f32: float32; q8: float32+kv:q8, int8`) when they differ,
+/// so a row's KLD and ΔPPL can be read as its cache's cost too; `None` when every row
+/// keeps the same type (or none records one).
+fn kv_line(r: &Results) -> Option<String> {
+    let mut types: Vec<(&str, Vec<String>)> = Vec::new();
+    for row in &r.runners {
+        let Some(t) = row.kv_type.as_deref() else {
+            continue;
+        };
+        let name = md_text(&row.name);
+        match types.iter_mut().find(|(x, _)| *x == t) {
+            Some((_, names)) => names.push(name),
+            None => types.push((t, vec![name])),
+        }
+    }
+    (types.len() > 1).then(|| {
+        types
+            .iter()
+            .map(|(t, names)| format!("{t}: {}", names.join(", ")))
+            .collect::<Vec<_>>()
+            .join("; ")
+    })
 }
 
 /// A merged report's cells (`kwk-eval merge`): each run folder's model, machine, threads,

@@ -2,7 +2,8 @@
 //! against depth, pp and tg side by side, one line per row (at the sweep's first thread
 //! count and first pp/tg length), when more than one depth was measured; and speed against
 //! threads (at the first depth) when thread counts were swept. Each row's figures come from
-//! its `speed_points`; each row is drawn in its engine's colour (kwk, llama.cpp, ik),
+//! its `speed_points`; in a merged report whose cells ran at different depths (a sweep
+//! over depths, one cell each), a row's cells join into one line along depth; each row is drawn in its engine's colour (kwk, llama.cpp, ik),
 //! with the row named at the end of its line.
 
 use super::plot::{engine_style, err, model_short_name, publish, register_font, tmp, FONT};
@@ -66,8 +67,72 @@ impl Axis {
 /// One line: a row's name, its engine, and its (x, tokens/s) points.
 type Line = (String, Engine, Vec<(f64, f64)>);
 
+/// Whether `results` is a merged report whose cells ran at different depths (a sweep over
+/// depths, one depth a cell): it has no one sweep (`speed_axes` is none), and its rows are
+/// one per cell, named with the cell's `@dD` (`crate::merge`).
+fn cells_differ_in_depth(results: &Results) -> bool {
+    results.protocol.speed_axes.is_none()
+        && results
+            .cells
+            .iter()
+            .map(|c| c.protocol.depth_key())
+            .collect::<std::collections::BTreeSet<_>>()
+            .len()
+            > 1
+}
+
+/// The depth lines of the `kind` panel of a merged report whose cells differ in depth: one
+/// line per row measured at several depths, its cells' rows joined (the name without the
+/// cell's `@dD`), each cell's points read along that cell's own axes (its sweep, or the
+/// single point of a cell at depth 0: its pp/tg figures).
+fn cell_lines(results: &Results, kind: &str) -> Vec<Line> {
+    let mut out: Vec<Line> = Vec::new();
+    for r in results.runners.iter().filter(|r| r.error.is_none()) {
+        let Some(cell) = results
+            .cells
+            .iter()
+            .find(|c| r.cell.as_ref() == Some(&c.name))
+        else {
+            continue;
+        };
+        let p = &cell.protocol;
+        let suffix = format!("@d{}", p.depth_key());
+        let name = match r.name.rfind(&suffix) {
+            Some(i) => format!("{}{}", &r.name[..i], &r.name[i + suffix.len()..]),
+            None => r.name.clone(),
+        };
+        let pts: Vec<(f64, f64)> = match &p.speed_axes {
+            Some(a) => r
+                .speed_points
+                .iter()
+                .filter(|x| x.kind == kind && Axis::Depth.on_line(a, x))
+                .filter_map(|x| Some((x.depth as f64, x.tokens_per_s?)))
+                .collect(),
+            None => match kind {
+                "pp" => r.pp_tokens_per_s,
+                _ => r.tg_tokens_per_s,
+            }
+            .map(|t| (0.0, t))
+            .into_iter()
+            .collect(),
+        };
+        match out.iter_mut().find(|l| l.0 == name) {
+            Some(l) => l.2.extend(pts),
+            None => out.push((name, r.engine, pts)),
+        }
+    }
+    for l in &mut out {
+        l.2.sort_by(|x, y| x.0.total_cmp(&y.0));
+    }
+    out.retain(|l| l.2.len() >= 2);
+    out
+}
+
 /// The lines of the `kind` (pp/tg) panel of the plot along `axis`.
 fn lines(results: &Results, axis: Axis, kind: &str) -> Vec<Line> {
+    if axis == Axis::Depth && cells_differ_in_depth(results) {
+        return cell_lines(results, kind);
+    }
     let Some(a) = &results.protocol.speed_axes else {
         return Vec::new();
     };
@@ -88,9 +153,21 @@ fn lines(results: &Results, axis: Axis, kind: &str) -> Vec<Line> {
         .collect()
 }
 
-/// The plots the results call for: along depth when several depths were measured, along
-/// threads when threads were swept (and each has a line to draw).
+/// The plots the results call for: along depth when several depths were measured (by one
+/// run, or by the cells of a merged report), along threads when threads were swept (and
+/// each has a line to draw).
 pub fn sweep_plots(results: &Results) -> Vec<Axis> {
+    let has_lines = |axis| {
+        ["pp", "tg"]
+            .iter()
+            .any(|k| !lines(results, axis, k).is_empty())
+    };
+    if cells_differ_in_depth(results) {
+        return [Axis::Depth]
+            .into_iter()
+            .filter(|&a| has_lines(a))
+            .collect();
+    }
     let Some(a) = &results.protocol.speed_axes else {
         return Vec::new();
     };
@@ -99,12 +176,7 @@ pub fn sweep_plots(results: &Results) -> Vec<Axis> {
         (Axis::Threads, a.threads.len()),
     ]
     .into_iter()
-    .filter(|&(axis, n)| {
-        n >= 2
-            && ["pp", "tg"]
-                .iter()
-                .any(|k| !lines(results, axis, k).is_empty())
-    })
+    .filter(|&(axis, n)| n >= 2 && has_lines(axis))
     .map(|(axis, _)| axis)
     .collect()
 }
@@ -186,8 +258,18 @@ fn draw<DB: DrawingBackend>(
         .map_err(err)?;
     let panels = body.split_evenly((1, 2));
     for (panel, kind) in panels.iter().zip(["pp", "tg"]) {
-        let a = results.protocol.speed_axes.as_ref();
-        let n = a.map_or(0, |a| if kind == "pp" { a.pp[0] } else { a.tg[0] });
+        // A merged report's cells share their pp and tg (the protocol merge checks).
+        let p = &results.protocol;
+        let n = p
+            .speed_axes
+            .as_ref()
+            .map_or(if kind == "pp" { p.pp } else { p.tg }, |a| {
+                if kind == "pp" {
+                    a.pp[0]
+                } else {
+                    a.tg[0]
+                }
+            });
         let caption = match kind {
             "pp" => format!("prompt pp{n}"),
             _ => format!("generation tg{n}"),

@@ -412,7 +412,8 @@ impl Runner for LlamaCppRunner {
     }
 
     fn speed_rep(&mut self, spec: &SpeedSpec) -> anyhow::Result<Option<SpeedRep>> {
-        if !self.opts.run_bench {
+        // No llama-bench, or one without -d (ik's) at a depth: left empty, not timed at d0.
+        if !self.opts.run_bench || (spec.depth > 0 && !self.tools.bench_knows_depth()) {
             return Ok(None);
         }
         // The row's KV type (`--llama-kv`; f16 for f32, which llama-bench rejects) and the

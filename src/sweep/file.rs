@@ -225,6 +225,10 @@ pub fn parse(path: &Path, source: &str) -> Result<Sweep> {
             match parse_format(f) {
                 Ok(FormatSpec::Kwk { name, .. }) => SweepFormat::Kwk(name),
                 _ if is_llama_type(f) => SweepFormat::Ladder(f.clone()),
+                // A kwk format with a bad `+kv:` suffix: its own message names the fix.
+                Err(e) if f.to_ascii_lowercase().contains(crate::protocol::KV_SUFFIX) => {
+                    bail!("{what}: format {e}")
+                }
                 Ok(_) | Err(_) => bail!(
                     "{what}: format '{f}' is neither a kwk format (float32, bf16, int8, int4, int3..int6, bpw:X, with options) nor a llama.cpp type (Q8_0, Q4_K_M, ... or TYPE+imatrix), `ladder`, nor gguf:PATH"
                 ),

@@ -314,14 +314,16 @@ fn cell_args(
 /// the packed weights in the caches. `None` when there is nothing to share (float32 and
 /// GGUF files only).
 fn shared_job(s: &Sweep, model: &str) -> Option<Shared> {
-    let kwk: Vec<&str> = s
-        .formats
-        .iter()
-        .filter_map(|f| match f {
-            SweepFormat::Kwk(n) if n != "float32" => Some(n.as_str()),
-            _ => None,
-        })
-        .collect();
+    // The weights to pack: a `+kv:` row packs as its format (its cache is made at run time).
+    let mut kwk: Vec<&str> = Vec::new();
+    for f in &s.formats {
+        if let SweepFormat::Kwk(n) = f {
+            let weights = n.split_once('+').map_or(n.as_str(), |(w, _)| w);
+            if weights != "float32" && !kwk.contains(&weights) {
+                kwk.push(weights);
+            }
+        }
+    }
     let ladder: Vec<&str> = s
         .formats
         .iter()

@@ -105,6 +105,14 @@ impl BenchRequest {
         cmd.arg("-m").arg(&self.model);
         cmd.args(["-p", &self.pp.to_string(), "-n", &self.tg.to_string()]);
         if self.depth > 0 {
+            // Never a run at depth 0 recorded as one at depth D.
+            if !tools.bench_knows_depth() {
+                return Err(Error::InvalidSettings(format!(
+                    "{} has no -d (--n-depth), so it cannot time a test at depth {}",
+                    tools.tool_label(BENCH),
+                    self.depth
+                )));
+            }
             cmd.args(["-d", &self.depth.to_string()]);
         }
         cmd.args(["-r", &self.reps.to_string()]);

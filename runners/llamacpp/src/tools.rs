@@ -201,6 +201,9 @@ pub struct LlamaCppTools {
     build: BuildInfo,
     source: String,
     notes: Vec<String>,
+    /// Whether llama-bench takes `-d` / `--n-depth` (a prefill before each test): mainline's
+    /// does; ik_llama.cpp 0.1.5's does not (its `--help` lists no depth).
+    bench_depth: bool,
 }
 
 fn is_executable(p: &Path) -> bool {
@@ -395,10 +398,10 @@ impl LlamaCppTools {
         }
         let needs = Needs::of(engine);
         require_flags(&found.perplexity, needs.perplexity, &build, engine)?;
-        require_flags(&found.bench, needs.bench, &build, engine)?;
+        let bench_help = require_flags(&found.bench, needs.bench, &build, engine)?;
         let tokenize = match found.tokenize {
             Some(t) => match require_flags(&t, needs.tokenize, &build, engine) {
-                Ok(()) => Some(t),
+                Ok(_) => Some(t),
                 Err(e) => {
                     notes.push(format!(
                         "{TOKENIZE} unusable, token ids will not be compared: {e}"
@@ -430,7 +433,13 @@ impl LlamaCppTools {
             build,
             source: found.source,
             notes,
+            bench_depth: bench_help.contains(BENCH_DEPTH_FLAG),
         })
+    }
+
+    /// Whether this llama-bench takes `-d` (speed after a prefill of D tokens; issue 39).
+    pub fn bench_knows_depth(&self) -> bool {
+        self.bench_depth
     }
 
     /// The engine these tools are (checked from their own `--help`).
@@ -566,17 +575,20 @@ fn identify(perplexity: &Path, wanted: Engine) -> Result<Engine> {
     Ok(Engine::identify(&help_text(perplexity, wanted)?))
 }
 
-/// Checks that `tool --help` lists every flag in `needs`.
+/// What llama-bench's `--help` lists when it takes `-d` (mainline: `-d, --n-depth <n>`).
+pub const BENCH_DEPTH_FLAG: &str = "--n-depth";
+
+/// Checks that `tool --help` lists every flag in `needs`; the help text.
 fn require_flags(
     tool: &Path,
     needs: &[(&str, &str)],
     build: &BuildInfo,
     engine: Engine,
-) -> Result<()> {
+) -> Result<String> {
     let help = help_text(tool, engine)?;
     let missing = missing_flags(&help, needs);
     if missing.is_empty() {
-        Ok(())
+        Ok(help)
     } else {
         Err(Error::ToolTooOld {
             engine,

@@ -12,8 +12,11 @@
 //! - **calibration** (`int8:calib`, `int4:gptq`, ...): a float32 decoder of the model
 //!   (another float32 copy), the calibration tokens' residual streams, and the Hessians
 //!   (all layers' when GPTQ keeps them, else one layer's), in f64.
-//! - **KV cache**: float32 K and V of every layer for `max_cache_len` positions (rounded up
-//!   to the key panels).
+//! - **KV cache**: K and V of every layer for `max_cache_len` positions (rounded up to the
+//!   key panels) in the row's cache precision, as the cache allocates it
+//!   ([`KvPrecision::cache_bytes`]: 4 bytes a value for f32, 2 for f16 and bf16, and for
+//!   q8 a code plus a float32 scale per 32 values, 36/32; head dimensions padded as the
+//!   layouts pad them, a Gemma 3 local layer's ring).
 //!
 //! Packed sizes per parameter are upper bounds of what the formats store (codes, scales,
 //! the sensitivity mix's wider tensors): int8 8.5 bits, int4 6.5 bits at group 32 (less
@@ -24,8 +27,8 @@
 //! elsewhere there is no check. `KWK_MEMORY_CHECK=0` turns the check off;
 //! `KWK_TEST_MEM_AVAILABLE_BYTES` (a testing override) replaces `MemAvailable`.
 
+use super::KvPrecision;
 use crate::format::Precision;
-use crate::kernels::PANEL_ROWS;
 use crate::model::cost::{layer_params, stored_params};
 use crate::model::ModelConfig;
 use crate::quantize::gptq::KEPT_HESSIAN_BYTES;
@@ -116,17 +119,12 @@ fn packed_bytes_per_param(precision: &Precision) -> f64 {
     }
 }
 
-/// Bytes of float32 K and V for `max_cache_len` positions.
-pub fn kv_cache_bytes(c: &ModelConfig, max_cache_len: usize) -> u64 {
-    let cap = max_cache_len.div_ceil(PANEL_ROWS) as u64 * PANEL_ROWS as u64;
-    2 * (c.n_layers * c.n_kv_heads * c.head_dim) as u64 * cap * 4
-}
-
 /// The estimated resident need of a decoder of `c` in `precision` with a KV cache of
-/// `max_cache_len` positions, built as `build` says.
+/// `max_cache_len` positions in `kv`, built as `build` says.
 pub fn resident_need(
     c: &ModelConfig,
     precision: &Precision,
+    kv: KvPrecision,
     max_cache_len: usize,
     build: Build,
 ) -> ResidentNeed {
@@ -158,7 +156,7 @@ pub fn resident_need(
         weights,
         float32_masters: masters,
         packed,
-        kv_cache: kv_cache_bytes(c, max_cache_len),
+        kv_cache: kv.cache_bytes(c, max_cache_len),
         calibration,
     }
 }
@@ -307,21 +305,21 @@ mod tests {
         let n = stored_params(&c);
         // float32: masters and panels, 8 bytes per parameter; KV 2 x 32 x 4096 x 4 bytes
         // per position = 1 MiB, 512 positions.
-        let need = resident_need(&c, &f32, 512, Build::FromHeader);
+        let need = resident_need(&c, &f32, KvPrecision::F32, 512, Build::FromHeader);
         assert_eq!(need.weights, 8 * n);
         assert_eq!(need.kv_cache, 512 << 20);
         assert!(need.float32_masters && need.calibration == 0);
         // int4 streams: 6.5 bits a parameter and two float32 copies of one layer.
-        let need = resident_need(&c, &int4, 512, Build::FromHeader);
+        let need = resident_need(&c, &int4, KvPrecision::F32, 512, Build::FromHeader);
         assert!(!need.float32_masters);
         let per_layer = 4 * 4096 * 4096 + 3 * 4096 * 11008;
         assert_eq!(need.weights, (n as f64 * 6.5 / 8.0) as u64 + 8 * per_layer);
         // From weights (the Python binding), int8 holds the masters too.
-        let need = resident_need(&c, &int8, 512, Build::FromWeights);
+        let need = resident_need(&c, &int8, KvPrecision::F32, 512, Build::FromWeights);
         assert_eq!(need.weights, 4 * n + (n as f64 * 8.5 / 8.0) as u64);
         // Calibration adds a float32 decoder, residual streams and Hessians.
         let gptq = Precision::parse("int4:gptq").unwrap();
-        let need = resident_need(&c, &gptq, 512, Build::FromHeader);
+        let need = resident_need(&c, &gptq, KvPrecision::F32, 512, Build::FromHeader);
         assert!(need.float32_masters);
         let layer_h = 8 * (3 * 4096 * 4096 + 11008 * 11008);
         assert_eq!(
@@ -343,12 +341,18 @@ mod tests {
             for p in ["float32", "bf16", "int8", "int4", "int4:gptq", "int8:calib"] {
                 let p = Precision::parse(p).unwrap();
                 for build in [Build::FromHeader, Build::FromWeights] {
-                    let need = resident_need(&c, &p, 4096, build);
+                    let need = resident_need(&c, &p, KvPrecision::F32, 4096, build);
                     check_fits("row", &need, 0, avail, "hint").unwrap();
                 }
             }
         }
-        let need = resident_need(&llama_7b(), &Precision::Float32, 512, Build::FromHeader);
+        let need = resident_need(
+            &llama_7b(),
+            &Precision::Float32,
+            KvPrecision::F32,
+            512,
+            Build::FromHeader,
+        );
         let e = check_fits(
             "float32 of model.gguf",
             &need,
@@ -364,6 +368,7 @@ mod tests {
         let need = resident_need(
             &smollm2_135m(),
             &Precision::INT8,
+            KvPrecision::F32,
             1 << 27,
             Build::FromWeights,
         );
@@ -372,9 +377,47 @@ mod tests {
         // No figure (not Linux, or the check turned off): no refusal.
         assert!(check_fits("KV", &need, 0, None, "h").is_ok());
         // What earlier rows keep counts and is named.
-        let small = resident_need(&smollm2_135m(), &Precision::INT8, 512, Build::FromHeader);
+        let small = resident_need(
+            &smollm2_135m(),
+            &Precision::INT8,
+            KvPrecision::F32,
+            512,
+            Build::FromHeader,
+        );
         let e = check_fits("int8", &small, 19_900_000_000, avail, "h").unwrap_err();
         assert!(e.contains("19.9 GB kept by the rows before it"), "{e}");
+    }
+
+    /// The cache is sized at the row's precision, as the decoder allocates it: SmolLM2-135M
+    /// (30 layers, 3 KV heads of 64) at 4096 positions holds 30 × 3 × 4096 × 128 values,
+    /// 4 bytes each in f32, 2 in f16 and bf16, 36/32 in q8 (a code each and an f32 scale
+    /// per 32); the weights do not change with it.
+    #[test]
+    fn the_kv_cache_is_sized_at_its_precision() {
+        let c = smollm2_135m();
+        let values = 30 * 3 * 4096 * 128u64;
+        let need = |kv| resident_need(&c, &Precision::INT8, kv, 4096, Build::FromHeader);
+        assert_eq!(need(KvPrecision::F32).kv_cache, values * 4);
+        assert_eq!(need(KvPrecision::F16).kv_cache, values * 2);
+        assert_eq!(need(KvPrecision::Bf16).kv_cache, values * 2);
+        assert_eq!(need(KvPrecision::Q8).kv_cache, values * 36 / 32);
+        assert_eq!(
+            need(KvPrecision::Q8).weights,
+            need(KvPrecision::F32).weights
+        );
+        assert_eq!(
+            need(KvPrecision::F32).total() - need(KvPrecision::Q8).total(),
+            values * 4 - values * 36 / 32
+        );
+        // 4095 positions allocate as many (the cache rounds up to panels of 16).
+        let odd = resident_need(
+            &c,
+            &Precision::INT8,
+            KvPrecision::Q8,
+            4095,
+            Build::FromHeader,
+        );
+        assert_eq!(odd.kv_cache, values * 36 / 32);
     }
 
     #[test]
