@@ -595,7 +595,6 @@ pub fn make(a: &EvalOptions, ui: &dyn Reporter) -> Result<RunPlan> {
             plan.ik_tools.as_ref(),
         )?;
     }
-<<<<<<< HEAD
     // A --gguf label the ladder also makes would be two rows of one name.
     let ladder_rows = plan.ladder_row_names();
     if let Some(clash) = plan
@@ -608,13 +607,10 @@ pub fn make(a: &EvalOptions, ui: &dyn Reporter) -> Result<RunPlan> {
             clash.name()
         );
     }
-    for w in noop_warnings(a, &plan) {
-=======
     for w in noop_warnings(a, &plan)
         .into_iter()
         .chain(depth_unmeasured(&plan))
     {
->>>>>>> s50-kvrow
         ui.warn(&w);
     }
     if let Some(path) = &a.baseline {

@@ -22,7 +22,7 @@ fn table_rows() -> Vec<(String, String)> {
     doc_table::table_rows(section)
 }
 
-const BUILDERS: [&str; 23] = [
+const BUILDERS: [&str; 24] = [
     "reps-huge",
     "reps-0",
     "pp-huge",
