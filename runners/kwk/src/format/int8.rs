@@ -75,36 +75,15 @@ impl Int8Weights {
         check_shape(tensor, what)?;
         let (rows, cols) = (tensor.rows(), tensor.cols());
         check_importance(importance, cols, what)?;
-        let nb = cols / BLOCK;
-        let ng = rows.div_ceil(ROW_GROUP);
-        let mut qs = vec![128u8; ng * nb * INT8_TILE_BYTES];
-        let mut scales = vec![f16::ZERO; ng * nb * ROW_GROUP];
-        qs.par_chunks_mut(nb * INT8_TILE_BYTES)
-            .zip(scales.par_chunks_mut(nb * ROW_GROUP))
-            .enumerate()
-            .for_each(|(g, (qg, sg))| {
-                let mut codes = [0i8; BLOCK];
-                for r in 0..ROW_GROUP.min(rows - g * ROW_GROUP) {
-                    let row = tensor.row(g * ROW_GROUP + r);
-                    for b in 0..nb {
-                        let imp = importance.map(|w| &w[b * BLOCK..(b + 1) * BLOCK]);
-                        let d =
-                            round_symmetric_int8(&row[b * BLOCK..(b + 1) * BLOCK], imp, &mut codes);
-                        sg[b * ROW_GROUP + r] = d;
-                        let tile = &mut qg[b * INT8_TILE_BYTES..(b + 1) * INT8_TILE_BYTES];
-                        for (c, &q) in codes.iter().enumerate() {
-                            tile[(c / 4) * 64 + r * 4 + c % 4] = (q as i32 + 128) as u8;
-                        }
-                    }
-                }
-            });
-        Ok(Int8Weights {
-            rows,
-            cols,
-            qs: qs.into(),
-            scales: scales.into(),
-            copied_from: None,
-        })
+        // The same packing as a source-grid copy, each block's codes rounded here.
+        Ok(Self::from_codes(rows, cols, |r, codes, ds| {
+            let row = tensor.row(r);
+            for (b, d) in ds.iter_mut().enumerate() {
+                let imp = importance.map(|w| &w[b * BLOCK..(b + 1) * BLOCK]);
+                let block = b * BLOCK..(b + 1) * BLOCK;
+                *d = round_symmetric_int8(&row[block.clone()], imp, &mut codes[block]);
+            }
+        }))
     }
 
     /// Packs rows whose codes (`cols`, in -127..=127) and per-block scales (`cols / 32`)
