@@ -381,7 +381,7 @@ fn mlp_forward(
     par_rows(pool, g, f, |t, row| {
         let u = &u[t * f..(t + 1) * f];
         if gelu {
-            gelu_tanh_mul(row, u);
+            kernels::gelu_tanh_mul(isa, row, u);
         } else {
             kernels::silu_mul(isa, row, u);
         }
@@ -477,18 +477,6 @@ fn moe_forward(
                 &ys[t * d..(t + 1) * d],
             );
         }
-    }
-}
-
-/// `g = gelu_tanh(g) * u` elementwise, in float32: PyTorch's `gelu(approximate="tanh")`,
-/// `0.5 x (1 + tanh(sqrt(2/π) (x + 0.044715 x³)))` (transformers' `gelu_pytorch_tanh`,
-/// llama.cpp's `ggml_gelu`).
-fn gelu_tanh_mul(g: &mut [f32], u: &[f32]) {
-    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-    for (x, &u) in g.iter_mut().zip(u) {
-        let v = *x;
-        let inner = SQRT_2_OVER_PI * (v + 0.044715 * (v * v * v));
-        *x = 0.5 * v * (1.0 + inner.tanh()) * u;
     }
 }
 

@@ -601,6 +601,21 @@ pub fn silu_mul(isa: Isa, g: &mut [f32], u: &[f32]) {
     }
 }
 
+/// GeGLU's `g[i] = gelu_tanh(g[i]) * u[i]` over `min(g.len(), u.len())` values: PyTorch's
+/// `gelu(approximate="tanh")`, `0.5 x (1 + tanh(sqrt(2/π) (x + 0.044715 x³)))`
+/// (transformers' `gelu_pytorch_tanh`, llama.cpp's `ggml_gelu`), computed as
+/// `x / (1 + e^(−2z))` on every tier ([`scalar::GELU_2C`]).
+pub fn gelu_tanh_mul(isa: Isa, g: &mut [f32], u: &[f32]) {
+    let n = g.len().min(u.len());
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        _ if isa.has_avx512() => x86_64::avx512::gelu_tanh_mul(&mut g[..n], &u[..n]),
+        #[cfg(target_arch = "x86_64")]
+        _ if isa.is_avx2_class() => x86_64::avx2::gelu_tanh_mul(&mut g[..n], &u[..n]),
+        _ => scalar::gelu_tanh_mul(&mut g[..n], &u[..n]),
+    }
+}
+
 /// bf16 panel matmul: as [`gemm_f32_panels`] with weights and activations in bf16 (raw
 /// `u16` bits). `w.cols` is even (formats pad odd widths with a zero column); `x` holds
 /// `x.n_tokens` rows of `w.cols` bf16 values. Products are exact in f32 and summed in f32.

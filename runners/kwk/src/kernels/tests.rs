@@ -545,3 +545,83 @@ fn each_tier_names_the_kernels_it_runs() {
         "avx512bw: float32 avx512f, bf16 avx512f (convert), int8/int4 avx512bw (1-token: avx2 ymm)"
     );
 }
+
+/// GeGLU's gate on every tier against the scalar twin (odd lengths for the 8- and 16-lane
+/// tails, and the range ends where `e^(−2z)` under- or overflows), and the scalar twin's
+/// `x / (1 + e^(−2z))` against the tanh form computed in f64.
+#[test]
+fn gelu_tanh_matches_scalar_and_the_tanh_form() {
+    let ends = [
+        -1000.0, -60.0, -11.0, -10.0, -5.0, -1.0, -1e-3, 0.0, 1e-3, 0.5, 1.0, 5.0, 10.0, 60.0,
+        1000.0, -3.0, 2.5,
+    ];
+    // In f64: the tanh form where 1 + tanh(z) keeps its digits, else its equal
+    // x·e^(2z)/(1 + e^(2z)) (1 + tanh(z) cancels to 0 in f64 below z ≈ −18).
+    let tanh_form = |x: f32| {
+        let x = x as f64;
+        let z = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x);
+        if z > -4.0 {
+            0.5 * x * (1.0 + z.tanh())
+        } else {
+            x * (2.0 * z).exp() / (1.0 + (2.0 * z).exp())
+        }
+    };
+    for n in [0, 1, 7, 8, 9, 15, 16, 17, 33, 100] {
+        let mut base: Vec<f32> = values(n, 70 + n as u64).iter().map(|v| v * 8.0).collect();
+        if n == ends.len() {
+            base.copy_from_slice(&ends);
+        }
+        let u = values(n, 11 + n as u64);
+        let mut want = base.clone();
+        scalar::gelu_tanh_mul(&mut want, &u);
+        for i in 0..n {
+            let r = tanh_form(base[i]) * u[i] as f64;
+            // e^(−2z) carries the f32 rounding of its argument: relative error ~ |2z|·ε.
+            let two_z = (base[i] * (scalar::GELU_2C + scalar::GELU_2C3 * base[i] * base[i])).abs();
+            assert!(
+                (want[i] as f64 - r).abs() <= 5e-7 * (1.0 + two_z as f64) * r.abs() + 1e-30,
+                "scalar gelu({}) {} vs tanh form {r}",
+                base[i],
+                want[i]
+            );
+        }
+        for isa in supported_isas() {
+            let mut got = base.clone();
+            gelu_tanh_mul(isa, &mut got, &u);
+            for i in 0..n {
+                // The tiers round 2z with an FMA: e^(−2z) may differ by |2z|·ε.
+                let two_z =
+                    (base[i] * (scalar::GELU_2C + scalar::GELU_2C3 * base[i] * base[i])).abs();
+                assert!(
+                    (got[i] - want[i]).abs() <= 3e-7 * (1.0 + two_z) * want[i].abs() + 1e-33,
+                    "{isa:?} gelu({}) {} vs {}",
+                    base[i],
+                    got[i],
+                    want[i]
+                );
+            }
+        }
+    }
+    // The range ends themselves, on every tier.
+    let u = vec![1.5f32; ends.len()];
+    let mut want = ends.to_vec();
+    scalar::gelu_tanh_mul(&mut want, &u);
+    for isa in supported_isas() {
+        let mut got = ends.to_vec();
+        gelu_tanh_mul(isa, &mut got, &u);
+        for i in 0..ends.len() {
+            assert!(got[i].is_finite(), "{isa:?} gelu({})", ends[i]);
+            let x = ends[i];
+            let two_z = (x * (scalar::GELU_2C + scalar::GELU_2C3 * x * x))
+                .abs()
+                .min(1e3);
+            assert!(
+                (got[i] - want[i]).abs() <= 3e-7 * (1.0 + two_z) * want[i].abs() + 1e-33,
+                "{isa:?} gelu({}) {} vs {}",
+                ends[i],
+                got[i],
+                want[i]
+            );
+        }
+    }
+}
