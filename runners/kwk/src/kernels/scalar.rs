@@ -225,7 +225,7 @@ pub fn silu_mul(g: &mut [f32], u: &[f32]) {
 /// GELU-tanh's `0.5·x·(1 + tanh(z))` written as `x / (1 + e^(−2z))` (the same function:
 /// `1 + tanh(z) = 2 / (1 + e^(−2z))`), with `2z = x·(GELU_2C + GELU_2C3·x²)`; the vector
 /// tiers use these constants and this form, so every tier needs only `exp`.
-pub const GELU_2C: f32 = 1.595_769_1; // 2·sqrt(2/π)
+pub const GELU_2C: f32 = 1.595_769; // 2·sqrt(2/π)
 /// `GELU_2C · 0.044715`.
 pub const GELU_2C3: f32 = GELU_2C * 0.044715;
 

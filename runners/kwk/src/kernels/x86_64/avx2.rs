@@ -524,18 +524,35 @@ fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)))
 }
 
+/// See [`crate::kernels::silu_mul`] (equal lengths).
+pub fn silu_mul(g: &mut [f32], u: &[f32]) {
+    gated_mul(g, u, Gate::Silu)
+}
+
 /// See [`crate::kernels::gelu_tanh_mul`] (equal lengths).
 pub fn gelu_tanh_mul(g: &mut [f32], u: &[f32]) {
+    gated_mul(g, u, Gate::GeluTanh)
+}
+
+/// The FFN's gate activations: both are `act(x)·u = x·u / (1 + e^(−a))`, with `a = x`
+/// (SiLU) or `a = 2z` (GELU-tanh, [`crate::kernels::scalar::GELU_2C`]).
+#[derive(Clone, Copy)]
+enum Gate {
+    Silu,
+    GeluTanh,
+}
+
+fn gated_mul(g: &mut [f32], u: &[f32], gate: Gate) {
     assert_features();
     assert_eq!(g.len(), u.len());
-    // SAFETY: AVX2+FMA checked by the dispatcher; lengths equal.
-    unsafe { gelu_tanh_mul_impl(g, u) }
+    // SAFETY: the features are checked by the dispatcher; lengths equal.
+    unsafe { gated_mul_impl(g, u, gate) }
 }
 
 /// # Safety
-/// AVX2+FMA; equal lengths.
+/// The features enabled below; equal lengths.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn gelu_tanh_mul_impl(g: &mut [f32], u: &[f32]) {
+unsafe fn gated_mul_impl(g: &mut [f32], u: &[f32], gate: Gate) {
     use crate::kernels::scalar::{GELU_2C, GELU_2C3};
     let n = g.len();
     let (one, c1, c3) = (
@@ -543,9 +560,12 @@ unsafe fn gelu_tanh_mul_impl(g: &mut [f32], u: &[f32]) {
         _mm256_set1_ps(GELU_2C),
         _mm256_set1_ps(GELU_2C3),
     );
-    let gelu = |x: __m256, vu: __m256| {
-        let t = _mm256_mul_ps(x, _mm256_fmadd_ps(c3, _mm256_mul_ps(x, x), c1));
-        let e = exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), t));
+    let gate = |x: __m256, vu: __m256| {
+        let a = match gate {
+            Gate::Silu => x,
+            Gate::GeluTanh => _mm256_mul_ps(x, _mm256_fmadd_ps(c3, _mm256_mul_ps(x, x), c1)),
+        };
+        let e = exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), a));
         _mm256_div_ps(_mm256_mul_ps(x, vu), _mm256_add_ps(one, e))
     };
     let mut i = 0;
@@ -553,7 +573,7 @@ unsafe fn gelu_tanh_mul_impl(g: &mut [f32], u: &[f32]) {
         // SAFETY: i..i+8 lies inside both slices.
         unsafe {
             let pg = g.as_mut_ptr().add(i);
-            let r = gelu(_mm256_loadu_ps(pg), _mm256_loadu_ps(u.as_ptr().add(i)));
+            let r = gate(_mm256_loadu_ps(pg), _mm256_loadu_ps(u.as_ptr().add(i)));
             _mm256_storeu_ps(pg, r);
         }
         i += 8;
@@ -564,48 +584,7 @@ unsafe fn gelu_tanh_mul_impl(g: &mut [f32], u: &[f32]) {
         tu[..n - i].copy_from_slice(&u[i..]);
         // SAFETY: both arrays hold 8 f32.
         unsafe {
-            let r = gelu(_mm256_loadu_ps(tg.as_ptr()), _mm256_loadu_ps(tu.as_ptr()));
-            _mm256_storeu_ps(tg.as_mut_ptr(), r);
-        }
-        g[i..].copy_from_slice(&tg[..n - i]);
-    }
-}
-
-/// See [`crate::kernels::silu_mul`] (equal lengths).
-pub fn silu_mul(g: &mut [f32], u: &[f32]) {
-    assert_features();
-    assert_eq!(g.len(), u.len());
-    // SAFETY: AVX2+FMA checked by the dispatcher; lengths equal.
-    unsafe { silu_mul_impl(g, u) }
-}
-
-/// # Safety
-/// AVX2+FMA; equal lengths.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn silu_mul_impl(g: &mut [f32], u: &[f32]) {
-    let n = g.len();
-    let one = _mm256_set1_ps(1.0);
-    let silu = |vg: __m256, vu: __m256| {
-        let e = exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), vg));
-        _mm256_div_ps(_mm256_mul_ps(vg, vu), _mm256_add_ps(one, e))
-    };
-    let mut i = 0;
-    while i + 8 <= n {
-        // SAFETY: i..i+8 lies inside both slices.
-        unsafe {
-            let pg = g.as_mut_ptr().add(i);
-            let r = silu(_mm256_loadu_ps(pg), _mm256_loadu_ps(u.as_ptr().add(i)));
-            _mm256_storeu_ps(pg, r);
-        }
-        i += 8;
-    }
-    if i < n {
-        let (mut tg, mut tu) = ([0f32; 8], [0f32; 8]);
-        tg[..n - i].copy_from_slice(&g[i..]);
-        tu[..n - i].copy_from_slice(&u[i..]);
-        // SAFETY: both arrays hold 8 f32.
-        unsafe {
-            let r = silu(_mm256_loadu_ps(tg.as_ptr()), _mm256_loadu_ps(tu.as_ptr()));
+            let r = gate(_mm256_loadu_ps(tg.as_ptr()), _mm256_loadu_ps(tu.as_ptr()));
             _mm256_storeu_ps(tg.as_mut_ptr(), r);
         }
         g[i..].copy_from_slice(&tg[..n - i]);

@@ -591,61 +591,51 @@ unsafe fn exp_shifted_sum_impl(x: &mut [f32], shift: f32) -> f32 {
     _mm512_reduce_add_ps(sum)
 }
 
+/// See [`crate::kernels::silu_mul`] (equal lengths).
+pub fn silu_mul(g: &mut [f32], u: &[f32]) {
+    gated_mul(g, u, Gate::Silu)
+}
+
 /// See [`crate::kernels::gelu_tanh_mul`] (equal lengths).
 pub fn gelu_tanh_mul(g: &mut [f32], u: &[f32]) {
+    gated_mul(g, u, Gate::GeluTanh)
+}
+
+/// The FFN's gate activations: both are `act(x)·u = x·u / (1 + e^(−a))`, with `a = x`
+/// (SiLU) or `a = 2z` (GELU-tanh, [`crate::kernels::scalar::GELU_2C`]).
+#[derive(Clone, Copy)]
+enum Gate {
+    Silu,
+    GeluTanh,
+}
+
+fn gated_mul(g: &mut [f32], u: &[f32], gate: Gate) {
     assert_features(false);
     assert_eq!(g.len(), u.len());
-    // SAFETY: AVX-512 checked by the dispatcher; lengths equal.
-    unsafe { gelu_tanh_mul_impl(g, u) }
+    // SAFETY: the features are checked by the dispatcher; lengths equal.
+    unsafe { gated_mul_impl(g, u, gate) }
 }
 
 /// # Safety
-/// AVX-512 F; equal lengths.
+/// The features enabled below; equal lengths.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
-unsafe fn gelu_tanh_mul_impl(g: &mut [f32], u: &[f32]) {
+unsafe fn gated_mul_impl(g: &mut [f32], u: &[f32], gate: Gate) {
     use crate::kernels::scalar::{GELU_2C, GELU_2C3};
     let n = g.len();
-    let (pg, pu) = (g.as_mut_ptr(), u.as_ptr());
     let (one, c1, c3) = (
         _mm512_set1_ps(1.0),
         _mm512_set1_ps(GELU_2C),
         _mm512_set1_ps(GELU_2C3),
     );
-    let mut i = 0;
-    while i < n {
-        let m: __mmask16 = if n - i >= 16 {
-            0xffff
-        } else {
-            (1u16 << (n - i)) - 1
+    let gate = |x: __m512, vu: __m512| {
+        let a = match gate {
+            Gate::Silu => x,
+            Gate::GeluTanh => _mm512_mul_ps(x, _mm512_fmadd_ps(c3, _mm512_mul_ps(x, x), c1)),
         };
-        // SAFETY: the mask covers only i..min(i+16, n) of both slices.
-        unsafe {
-            let x = _mm512_maskz_loadu_ps(m, pg.add(i));
-            let vu = _mm512_maskz_loadu_ps(m, pu.add(i));
-            let t = _mm512_mul_ps(x, _mm512_fmadd_ps(c3, _mm512_mul_ps(x, x), c1));
-            let e = exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), t));
-            let r = _mm512_div_ps(_mm512_mul_ps(x, vu), _mm512_add_ps(one, e));
-            _mm512_mask_storeu_ps(pg.add(i), m, r);
-        }
-        i += 16;
-    }
-}
-
-/// See [`crate::kernels::silu_mul`] (equal lengths).
-pub fn silu_mul(g: &mut [f32], u: &[f32]) {
-    assert_features(false);
-    assert_eq!(g.len(), u.len());
-    // SAFETY: AVX-512 checked by the dispatcher; lengths equal.
-    unsafe { silu_mul_impl(g, u) }
-}
-
-/// # Safety
-/// AVX-512 F; equal lengths.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
-unsafe fn silu_mul_impl(g: &mut [f32], u: &[f32]) {
-    let n = g.len();
+        let e = exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), a));
+        _mm512_div_ps(_mm512_mul_ps(x, vu), _mm512_add_ps(one, e))
+    };
     let (pg, pu) = (g.as_mut_ptr(), u.as_ptr());
-    let one = _mm512_set1_ps(1.0);
     let mut i = 0;
     while i < n {
         let m: __mmask16 = if n - i >= 16 {
@@ -655,10 +645,10 @@ unsafe fn silu_mul_impl(g: &mut [f32], u: &[f32]) {
         };
         // SAFETY: the mask covers only i..min(i+16, n) of both slices.
         unsafe {
-            let vg = _mm512_maskz_loadu_ps(m, pg.add(i));
-            let vu = _mm512_maskz_loadu_ps(m, pu.add(i));
-            let e = exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), vg));
-            let r = _mm512_div_ps(_mm512_mul_ps(vg, vu), _mm512_add_ps(one, e));
+            let r = gate(
+                _mm512_maskz_loadu_ps(m, pg.add(i)),
+                _mm512_maskz_loadu_ps(m, pu.add(i)),
+            );
             _mm512_mask_storeu_ps(pg.add(i), m, r);
         }
         i += 16;
