@@ -206,10 +206,6 @@ fn tiny_run(out: &Path) -> std::process::Command {
     c
 }
 
-fn read_json(p: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
-}
-
 /// A runner that panics (through the documented test hook `KWK_TEST_PANIC_ROW`) fails its
 /// row only: the later rows are measured, the report holds the panic message, and the run
 /// exits 2 naming the row. Once in the quality pass, once in a speed repetition.

@@ -147,8 +147,7 @@ fn compare_refuses_limits_that_are_not_finite_and_non_negative() {
 #[test]
 fn compare_refuses_runs_that_are_not_comparable() {
     let dir = tempfile::tempdir().unwrap();
-    let old: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(data("compare-old.json")).unwrap()).unwrap();
+    let old: serde_json::Value = read_json(&data("compare-old.json"));
     type Edit = fn(&mut serde_json::Value);
     let cases: [(&str, Edit, &str); 4] = [
         (

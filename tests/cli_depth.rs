@@ -109,10 +109,6 @@ fn kv_caches_past_the_memory_available_are_refused_first() {
     no_run_folder(&out);
 }
 
-fn read_json(p: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
-}
-
 /// The tests of a row's `speed_points`, in order.
 fn point_tests(row: &serde_json::Value) -> Vec<String> {
     row["speed_points"]

@@ -119,8 +119,7 @@ fn signalled_run(signal: rustix::process::Signal, code: i32, name: &str) {
     assert_eq!(errors[0], format!("error: {msg}"));
 
     // The rows that finished, and only those, marked incomplete.
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&results).unwrap()).unwrap();
+    let json: serde_json::Value = read_json(&results);
     assert_eq!(json["complete"], false);
     let all = json["runners"].as_array().unwrap();
     // The row the signal cut short is not a measured row: status skipped, with why.

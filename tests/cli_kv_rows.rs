@@ -21,10 +21,6 @@ fn tiny(out: &Path, formats: &str) -> assert_cmd::Command {
     c
 }
 
-fn read_json(p: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
-}
-
 #[test]
 fn float32_rows_with_their_own_cache_sit_beside_the_reference() {
     let dir = tempfile::tempdir().unwrap();

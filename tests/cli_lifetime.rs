@@ -157,9 +157,7 @@ fn default_run_folders_of_the_same_second_do_not_collide() {
     // Same second or not, each run has its own folder with one complete results.json.
     assert_eq!(runs.len(), 2, "{runs:?}");
     for r in runs {
-        let json: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(r.join("results.json")).unwrap())
-                .unwrap();
+        let json: serde_json::Value = read_json(&r.join("results.json"));
         assert_eq!(json["complete"], true);
         assert_eq!(json["runners"].as_array().unwrap().len(), 1);
     }

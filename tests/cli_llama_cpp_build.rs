@@ -52,8 +52,7 @@ fn a_shallow_clone_build_runs_and_the_reports_say_how_it_was_judged() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr).to_string();
     assert_eq!(output.status.code(), Some(0), "{stderr}");
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    let json: serde_json::Value = read_json(&out.join("results.json"));
     assert_eq!(
         json["versions"]["llama_cpp_build"],
         serde_json::json!({

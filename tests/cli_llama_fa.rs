@@ -41,10 +41,6 @@ fn run_ok(cmd: &mut assert_cmd::Command) -> String {
     stderr
 }
 
-fn read_json(p: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
-}
-
 /// The `-fa` settings each of the row's llama-bench objects ran with, in order (mainline
 /// prints 0/1, ik_llama.cpp true/false).
 fn raw_settings(row: &serde_json::Value) -> Vec<bool> {

@@ -48,10 +48,6 @@ fn sha256(bytes: &[u8]) -> String {
         .collect()
 }
 
-fn read_json(p: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
-}
-
 /// A float32 row and the GGUF rows `ggufs` on the tiny model, perplexity only.
 fn run(
     out: &Path,

@@ -31,10 +31,6 @@ fn run_tiny(out: &Path, extra: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
-fn read_json(p: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
-}
-
 #[test]
 fn tiny_run_writes_reports_that_parse_and_gate_exit_codes() {
     let dir = tempfile::tempdir().unwrap();

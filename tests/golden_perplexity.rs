@@ -15,8 +15,7 @@ fn rel(a: f64, b: f64) -> f64 {
 
 fn check_fixture(name: &str) {
     let dir = fixtures_dir().join(name);
-    let golden: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap()).unwrap();
+    let golden: serde_json::Value = read_json(&dir.join("golden.json"));
     let g = &golden["perplexity"];
     let model = Rc::new(kwk::model::load_model_header(dir.to_str().unwrap()).unwrap());
     let text = kwk_eval::text::read_text(&eval_txt(), "--text").unwrap();

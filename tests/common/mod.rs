@@ -6,7 +6,7 @@
 pub mod doc_table;
 
 use assert_cmd::Command;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// The tiny fixture models and `eval.txt`.
 pub fn fixtures_dir() -> PathBuf {
@@ -19,6 +19,11 @@ pub fn tiny_llama() -> PathBuf {
 
 pub fn eval_txt() -> PathBuf {
     fixtures_dir().join("eval.txt")
+}
+
+/// A JSON file (a run's results.json), parsed.
+pub fn read_json(p: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
 }
 
 /// kwk-eval with no llama.cpp or pack cache configuration from the environment.
