@@ -269,8 +269,7 @@ fn the_converted_hf_folder_scores_as_kwk_float32() {
         folder.display()
     );
     let tmp = tempfile::tempdir().unwrap();
-    let text = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("datasets/wikitext-2-raw/wiki.test.raw");
+    let text = wiki_test_raw();
     let out = tmp.path().join("r");
     let o = kwk_eval()
         .arg("--llm")

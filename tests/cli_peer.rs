@@ -56,26 +56,11 @@ fn mainline_tools_given_as_iks_are_refused() {
 /// scripts/test.sh says so too.
 #[test]
 fn the_ladder_adds_iks_own_types_on_ik_alone() {
-    let Some(ik) = ik_dir() else {
-        // scripts/test.sh sets KWK_IK=1 when it has a build: then a missing one is a failure.
-        assert_ne!(
-            std::env::var("KWK_IK").as_deref(),
-            Ok("1"),
-            "KWK_IK=1 but no ik_llama.cpp build found"
-        );
-        eprintln!("SKIPPED: no ik_llama.cpp build (scripts/setup-ik-llama-cpp.sh)");
+    let Some(ik) = ik_dir_or_skip() else {
         return;
     };
-    let model = kwk::paths::default_models_dir()
-        .expect("none of KWK_MODELS_DIR, KWK_CACHE, XDG_CACHE_HOME, HOME is set")
-        .join("SmolLM2-135M-Instruct/SmolLM2-135M-Instruct-F32.gguf");
-    assert!(
-        model.is_file(),
-        "{}: run scripts/setup-model.sh",
-        model.display()
-    );
-    let wiki = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("datasets/wikitext-2-raw/wiki.test.raw");
+    let model = smollm2_f32_gguf();
+    let wiki = wiki_test_raw();
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("run");
     let o = kwk_eval()
@@ -151,25 +136,11 @@ fn the_ladder_adds_iks_own_types_on_ik_alone() {
 /// Gated like the ladder test above (KWK_IK=1 demands a build).
 #[test]
 fn iks_llama_bench_at_depth_is_skipped_in_one_line_not_recorded_at_depth_0() {
-    let Some(ik) = ik_dir() else {
-        assert_ne!(
-            std::env::var("KWK_IK").as_deref(),
-            Ok("1"),
-            "KWK_IK=1 but no ik_llama.cpp build found"
-        );
-        eprintln!("SKIPPED: no ik_llama.cpp build (scripts/setup-ik-llama-cpp.sh)");
+    let Some(ik) = ik_dir_or_skip() else {
         return;
     };
-    let model = kwk::paths::default_models_dir()
-        .expect("none of KWK_MODELS_DIR, KWK_CACHE, XDG_CACHE_HOME, HOME is set")
-        .join("SmolLM2-135M-Instruct/SmolLM2-135M-Instruct-F32.gguf");
-    assert!(
-        model.is_file(),
-        "{}: run scripts/setup-model.sh",
-        model.display()
-    );
-    let wiki = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("datasets/wikitext-2-raw/wiki.test.raw");
+    let model = smollm2_f32_gguf();
+    let wiki = wiki_test_raw();
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("run");
     let o = kwk_eval()

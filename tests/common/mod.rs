@@ -131,6 +131,40 @@ pub fn ik_dir() -> Option<PathBuf> {
     bins.pop()
 }
 
+/// [`ik_dir`] for a test that needs the fork: `None` (the test then returns, having said
+/// it is skipped) when there is no build, unless `KWK_IK=1` (scripts/test.sh sets it when it
+/// has a build), when a missing one fails the test.
+pub fn ik_dir_or_skip() -> Option<PathBuf> {
+    let ik = ik_dir();
+    if ik.is_none() {
+        assert_ne!(
+            std::env::var("KWK_IK").as_deref(),
+            Ok("1"),
+            "KWK_IK=1 but no ik_llama.cpp build found"
+        );
+        eprintln!("SKIPPED: no ik_llama.cpp build (scripts/setup-ik-llama-cpp.sh)");
+    }
+    ik
+}
+
+/// SmolLM2-135M-Instruct as an F32 GGUF, made by scripts/setup-model.sh.
+pub fn smollm2_f32_gguf() -> PathBuf {
+    let path = kwk::paths::default_models_dir()
+        .expect("none of KWK_MODELS_DIR, KWK_CACHE, XDG_CACHE_HOME, HOME is set")
+        .join("SmolLM2-135M-Instruct/SmolLM2-135M-Instruct-F32.gguf");
+    assert!(
+        path.is_file(),
+        "{}: run scripts/setup-model.sh",
+        path.display()
+    );
+    path
+}
+
+/// wikitext-2's test text, committed in `datasets/`.
+pub fn wiki_test_raw() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("datasets/wikitext-2-raw/wiki.test.raw")
+}
+
 /// Gemma 3 270M as an F32 GGUF, made by scripts/setup-gemma.sh (from the Q4_K_M package).
 pub fn gemma3_f32_gguf() -> PathBuf {
     let path = kwk::paths::default_models_dir()
