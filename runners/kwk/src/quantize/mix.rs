@@ -532,7 +532,7 @@ mod tests {
         );
         assert_eq!(i5, i4 + 1);
         let c = unit_curve(&unit, &l);
-        assert_eq!(c.bits[i5], 5.625 * (rows * cols) as f64);
+        assert_eq!(c.bits[i5], g5.tensor_bits(rows, cols));
         assert!(c.err[i5] > 0.0, "a near copy is not exact");
         assert!(
             c.err[i5] * 100.0 < c.err[i4],
