@@ -540,7 +540,10 @@ mod tests {
             c.err[i5],
             c.err[i4]
         );
-        assert_eq!(allocate_curves(&[c.clone()], c.bits[i5]), vec![i5]);
+        assert_eq!(
+            allocate_curves(std::slice::from_ref(&c), c.bits[i5]),
+            vec![i5]
+        );
         let plain = tensor(10, rows, cols, 0.05);
         let unit = MixUnit {
             tensors: vec![(&plain, &ones, None)],
