@@ -223,7 +223,8 @@ fn a_loaded_q5_0_tensor_packs_as_a_near_copy() {
     };
     assert_eq!(source_copy(&t, four), None);
     assert_eq!(source_copy(&t, five), Some((five, CopyKind::Near)));
-    assert_eq!(source_copy(&t, six), Some((five, CopyKind::Near)));
+    // Not lossless: only the copy's own grid takes it; a wider slot rounds.
+    assert_eq!(source_copy(&t, six), None);
     assert_eq!(
         source_copy(&t, Grid::Sym8),
         Some((Grid::Sym8, CopyKind::Exact))

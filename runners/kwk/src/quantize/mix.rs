@@ -79,8 +79,8 @@ pub fn ladder(bits: Bits, finest_group: usize, mix_bits: Bits) -> Vec<Grid> {
 /// `ladder` for one unit: with the grid of its tensors' near copies (`format::near_copy`:
 /// 5-bit g32 for Q5_0/Q5_1, 4-bit g32 for Q4_0/Q4_1) added in its place by bits per weight
 /// when the ladder lacks it, so the unit can buy the copy at its own size (int4's ladder
-/// goes from 4-bit g32 to 6-bit g64, where a Q5_0 tensor would be near copied at 5.625
-/// bits only as a 6-bit step). A unit with no near copy keeps `ladder`.
+/// goes from 4-bit g32 to 6-bit g64; only the copy's own grid takes a near copy,
+/// `format::quantized::copy_grid_in`). A unit with no near copy keeps `ladder`.
 pub fn unit_ladder(u: &MixUnit, ladder: &[Grid]) -> Vec<Grid> {
     let mut l = ladder.to_vec();
     for (t, _, _) in &u.tensors {
