@@ -87,7 +87,7 @@ fn check_row(ty: GgmlType, row: &[u8]) -> f32 {
     let mut s = RowScales::new(ncg);
     near_row(ty, row, &mut codes, &mut s);
     assert_eq!(s.sup_d.len(), n_supers(ncg));
-    let qmax = near_bits(ty).unwrap().max_code() as u8;
+    let qmax = fit_bits(ty).unwrap().max_code() as u8;
     assert!(codes.iter().all(|&c| c <= qmax), "{ty}: code above {qmax}");
     let mut worst = 0f32;
     for (k, (d, mm)) in s.sup_d.iter().zip(&s.sup_m).enumerate() {

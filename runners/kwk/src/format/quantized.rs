@@ -278,7 +278,7 @@ pub enum CopyKind {
 /// 8.5 bits per weight, in `int8`'s 8.3125-bit groups of 64); bits per weight are counted
 /// from the packed bytes either way. A source with no exact home in the slot but a near
 /// copy (`format::near_copy`) is near copied only in the slot of the copy's own grid (Q5_0
-/// in 5-bit g32, Q4_0/Q4_1 in 4-bit g32): a near copy is not lossless, so a wider slot
+/// in 5-bit g32, Q4_0 in 4-bit g32): a near copy is not lossless, so a wider slot
 /// rounds as before and the mix weighs the two by their measured errors (with near copies
 /// in every slot at least as wide, SmolLM2's Q4_1 GGUF could not climb above its 4-bit
 /// copy: int4 fell to 5.47 bpw and KLD rose from 0.0034 to 0.0044).

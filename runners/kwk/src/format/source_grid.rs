@@ -23,8 +23,8 @@
 //! sub-scales, which hold 8 independent f16 scales only by chance); Q6_K (a signed 8-bit
 //! scale per 16 values: the layouts' groups are 32 or more, so two scales would have to
 //! share one); Q5_0/Q4_0 in a low-bit layout (the same f16-per-block problem as Q4_1).
-//! Q4_0, Q4_1, Q5_0 and Q5_1 have a *near* copy in the low-bit layout of their width
-//! instead ([`copy_near`], `format::near_copy`): codes copied, scales fitted.
+//! Q4_0 and Q5_0 have a *near* copy in the low-bit layout of their width too
+//! ([`copy_near`], `format::near_copy`): codes copied, scales fitted.
 //!
 //! The copy is taken only when the blocks still dequantize to the tensor's float32 values
 //! bit for bit ([`exact_layout_of`] checks every row): a weight that was changed after

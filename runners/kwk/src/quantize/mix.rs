@@ -77,7 +77,7 @@ pub fn ladder(bits: Bits, finest_group: usize, mix_bits: Bits) -> Vec<Grid> {
 }
 
 /// `ladder` for one unit: with the grid of its tensors' near copies (`format::near_copy`:
-/// 5-bit g32 for Q5_0/Q5_1, 4-bit g32 for Q4_0/Q4_1) added in its place by bits per weight
+/// 5-bit g32 for Q5_0, 4-bit g32 for Q4_0) added in its place by bits per weight
 /// when the ladder lacks it, so the unit can buy the copy at its own size (int4's ladder
 /// goes from 4-bit g32 to 6-bit g64; only the copy's own grid takes a near copy,
 /// `format::quantized::copy_grid_in`). A unit with no near copy keeps `ladder`.
