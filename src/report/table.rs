@@ -612,6 +612,37 @@ mod tests {
     use super::*;
     use crate::protocol::results::testdata::sample_results;
 
+    /// Exact and near copies are counted apart, each by source type, and the rest as
+    /// rounded; a row with neither gets no line.
+    #[test]
+    fn copy_line_counts_exact_and_near_copies_apart() {
+        let mut row = sample_results().runners[0].clone();
+        row.type_mix = [
+            ("4-bit g32 (Q4_K copy)", 27),
+            ("5-bit g32 (Q5_0 near copy)", 76),
+            ("int8 sym g32 (Q8_0 copy)", 1),
+            ("6-bit g64", 18),
+            ("4-bit g32", 5),
+        ]
+        .into_iter()
+        .map(|(k, n)| (k.to_string(), n))
+        .collect();
+        let line = source_copy_line(&row).unwrap();
+        assert!(
+            line.contains(
+                "of 127 tensors 28 copied exactly from the GGUF's own blocks (Q4_K 27, Q8_0 1)"
+            ),
+            "{line}"
+        );
+        assert!(
+            line.contains("76 near copied from them (their codes, scales fitted: Q5_0 76)"),
+            "{line}"
+        );
+        assert!(line.contains("the other 23 rounded"), "{line}");
+        row.type_mix = [("4-bit g32".to_string(), 3)].into_iter().collect();
+        assert_eq!(source_copy_line(&row), None);
+    }
+
     /// One repetition has no spread: no "± 0.0", no "[1.75–1.75]".
     #[test]
     fn a_single_repetition_shows_no_spread() {
