@@ -5,6 +5,7 @@
 
 use crate::protocol::results::{PairedChange, Results, RowStatus, RunnerRecord};
 use crate::protocol::speed_ratios::SpeedRatio;
+use std::collections::BTreeMap;
 
 /// Formats an optional figure with `decimals`, or `-`.
 pub fn fmt_opt(v: Option<f64>, decimals: usize) -> String {
@@ -560,30 +561,48 @@ pub fn notes(r: &Results) -> Vec<String> {
 }
 
 /// How many of a kwk row's tensors were copied from the GGUF source's own blocks, not
-/// rounded (their `type_mix` layouts end in `(Q4_K copy)`; `format::source_grid`), so a
+/// rounded (their `type_mix` layouts end in `(Q4_K copy)`; `format::source_grid`), and how
+/// many near copied with fitted scales (`(Q5_0 near copy)`; `format::near_copy`), so a
 /// reader knows why the row loses little; `None` when none were.
 fn source_copy_line(row: &RunnerRecord) -> Option<String> {
     let total: usize = row.type_mix.values().sum();
-    let mut copied = std::collections::BTreeMap::new();
+    let (mut exact, mut near) = (BTreeMap::new(), BTreeMap::new());
     for (layout, n) in &row.type_mix {
-        if let Some(ty) = layout
+        let Some(ty) = layout
             .strip_suffix(" copy)")
             .and_then(|l| l.rsplit_once(" ("))
             .map(|(_, ty)| ty)
-        {
-            *copied.entry(ty).or_insert(0) += n;
+        else {
+            continue;
+        };
+        match ty.strip_suffix(" near") {
+            Some(ty) => *near.entry(ty).or_insert(0) += n,
+            None => *exact.entry(ty).or_insert(0) += n,
         }
     }
-    let n: usize = copied.values().sum();
-    (n > 0).then(|| {
-        let types: Vec<String> = copied.iter().map(|(t, n)| format!("{t} {n}")).collect();
+    let count = |m: &BTreeMap<&str, usize>| -> (usize, String) {
+        let types: Vec<String> = m.iter().map(|(t, n)| format!("{t} {n}")).collect();
+        (m.values().sum(), types.join(", "))
+    };
+    let ((n, types), (n_near, near_types)) = (count(&exact), count(&near));
+    (n + n_near > 0).then(|| {
+        let mut parts = Vec::new();
+        if n > 0 {
+            parts.push(format!(
+                "{n} copied exactly from the GGUF's own blocks ({types})"
+            ));
+        }
+        if n_near > 0 {
+            parts.push(format!(
+                "{n_near} near copied from them (their codes, scales fitted: {near_types})"
+            ));
+        }
         format!(
-            "{}: {n} of {total} tensors copied exactly from the GGUF's own blocks ({}); the \
-             other {} rounded by kwk (no layout holds their source grid, or it is wider than \
-             the tensor's slot)",
+            "{}: of {total} tensors {}; the other {} rounded by kwk (no layout holds their \
+             source grid, or it is wider than the tensor's slot)",
             row.name,
-            types.join(", "),
-            total - n
+            parts.join(", "),
+            total - n - n_near
         )
     })
 }
@@ -592,6 +611,37 @@ fn source_copy_line(row: &RunnerRecord) -> Option<String> {
 mod tests {
     use super::*;
     use crate::protocol::results::testdata::sample_results;
+
+    /// Exact and near copies are counted apart, each by source type, and the rest as
+    /// rounded; a row with neither gets no line.
+    #[test]
+    fn copy_line_counts_exact_and_near_copies_apart() {
+        let mut row = sample_results().runners[0].clone();
+        row.type_mix = [
+            ("4-bit g32 (Q4_K copy)", 27),
+            ("5-bit g32 (Q5_0 near copy)", 76),
+            ("int8 sym g32 (Q8_0 copy)", 1),
+            ("6-bit g64", 18),
+            ("4-bit g32", 5),
+        ]
+        .into_iter()
+        .map(|(k, n)| (k.to_string(), n))
+        .collect();
+        let line = source_copy_line(&row).unwrap();
+        assert!(
+            line.contains(
+                "of 127 tensors 28 copied exactly from the GGUF's own blocks (Q4_K 27, Q8_0 1)"
+            ),
+            "{line}"
+        );
+        assert!(
+            line.contains("76 near copied from them (their codes, scales fitted: Q5_0 76)"),
+            "{line}"
+        );
+        assert!(line.contains("the other 23 rounded"), "{line}");
+        row.type_mix = [("4-bit g32".to_string(), 3)].into_iter().collect();
+        assert_eq!(source_copy_line(&row), None);
+    }
 
     /// One repetition has no spread: no "± 0.0", no "[1.75–1.75]".
     #[test]

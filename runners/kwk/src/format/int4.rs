@@ -42,6 +42,9 @@ pub struct LowBitWeights {
     /// The GGUF block type these codes and scales were copied from unchanged (`None`:
     /// rounded here); reports count such tensors.
     copied_from: Option<GgmlType>,
+    /// Whether those codes were copied with fitted scales (`format::near_copy`), not
+    /// exactly.
+    near_copy: bool,
 }
 
 /// The packed arrays of a [`LowBitWeights`], as [`LowBitWeights::from_parts`] takes them
@@ -202,6 +205,7 @@ impl LowBitWeights {
             super_scales: super_scales.into(),
             super_mins: super_mins.into(),
             copied_from: None,
+            near_copy: false,
         }
     }
 
@@ -251,6 +255,7 @@ impl LowBitWeights {
             super_scales,
             super_mins,
             copied_from: None,
+            near_copy: false,
         })
     }
 
@@ -261,6 +266,14 @@ impl LowBitWeights {
     /// Marks this tensor as copied from `ty`'s blocks (`None`: rounded here).
     pub fn set_copied_from(&mut self, ty: Option<GgmlType>) {
         self.copied_from = ty;
+    }
+    /// Whether the copy's scales were fitted (`format::near_copy`), not copied exactly.
+    pub fn near_copy(&self) -> bool {
+        self.near_copy
+    }
+    /// Marks the copy as a near copy (see [`LowBitWeights::near_copy`]).
+    pub fn set_near_copy(&mut self, near: bool) {
+        self.near_copy = near;
     }
 
     pub fn bits(&self) -> Bits {
@@ -319,6 +332,7 @@ impl PackedLinear for LowBitWeights {
         crate::format::copied_layout_name(
             format!("{}-bit g{}", self.bits.get(), self.group_size),
             self.copied_from,
+            self.near_copy,
         )
     }
     fn rows(&self) -> usize {

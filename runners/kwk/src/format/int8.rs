@@ -208,7 +208,7 @@ pub(crate) fn q8_rows<'a>(x: &PreparedInput<'a>, n_tokens: usize, format: &str) 
 
 impl PackedLinear for Int8Weights {
     fn layout_name(&self) -> String {
-        crate::format::copied_layout_name("int8 sym g32".into(), self.copied_from)
+        crate::format::copied_layout_name("int8 sym g32".into(), self.copied_from, false)
     }
     fn rows(&self) -> usize {
         self.rows

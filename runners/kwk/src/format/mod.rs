@@ -15,6 +15,7 @@ pub mod float32;
 pub mod ggml_blocks;
 pub mod int4;
 pub mod int8;
+pub mod near_copy;
 pub mod precision;
 pub mod quantized;
 pub mod source_grid;
@@ -88,11 +89,17 @@ pub trait PackedLinear: Send + Sync {
 }
 
 /// A packed layout's report name, marked when its tensor was copied from a GGUF source's
-/// blocks (`4-bit g32 (Q4_K copy)`, `source_grid`).
-pub fn copied_layout_name(base: String, copied_from: Option<ggml_blocks::GgmlType>) -> String {
-    match copied_from {
-        Some(ty) => format!("{base} ({ty} copy)"),
-        None => base,
+/// blocks (`4-bit g32 (Q4_K copy)`, `source_grid`), or near copied with fitted scales
+/// (`5-bit g32 (Q5_0 near copy)`, `near_copy`).
+pub fn copied_layout_name(
+    base: String,
+    copied_from: Option<ggml_blocks::GgmlType>,
+    near: bool,
+) -> String {
+    match (copied_from, near) {
+        (Some(ty), false) => format!("{base} ({ty} copy)"),
+        (Some(ty), true) => format!("{base} ({ty} near copy)"),
+        (None, _) => base,
     }
 }
 

@@ -28,7 +28,9 @@
 use crate::error::{KwkError, Result};
 use crate::format::int4::LowBitWeights;
 use crate::format::int8::Int8Weights;
-use crate::format::source_grid::{copy_exact, exact_layout_of, Copied, ExactLayout};
+use crate::format::source_grid::{
+    copy_exact, copy_near, source_homes, Copied, ExactLayout, SourceHomes,
+};
 use crate::format::Precision;
 use crate::format::{PackedLinear, TensorPlace, TensorRole};
 use crate::kernels::quant::layout::{n_supers, SUPER_GROUPS};
@@ -258,6 +260,15 @@ pub fn quantize_on(
     }
 }
 
+/// How a tensor is carried from its source's blocks into a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopyKind {
+    /// Codes and scales copied: the very same floats (`format::source_grid`).
+    Exact,
+    /// Codes copied, scales fitted (`format::near_copy`): a small error, measured.
+    Near,
+}
+
 /// The grid `tensor` is copied onto from its GGUF source's blocks instead of being rounded
 /// onto `slot` (`format::source_grid`): when the blocks still hold it exactly and their
 /// codes are no wider than `slot`'s. A source grid wider than the slot (Q5_0 or Q8_0 in a
@@ -265,26 +276,46 @@ pub fn quantize_on(
 /// a 6- or 8-bit slot) is copied at its own, smaller size: lossless and no larger. At the
 /// same width the copy may cost a little more than the slot (Q8_0's symmetric blocks of 32,
 /// 8.5 bits per weight, in `int8`'s 8.3125-bit groups of 64); bits per weight are counted
-/// from the packed bytes either way.
+/// from the packed bytes either way. A source with no exact home in the slot but a near
+/// copy (`format::near_copy`) is near copied only in the slot of the copy's own grid (Q5_0
+/// in 5-bit g32, Q4_0 in 4-bit g32): a near copy is not lossless, so a wider slot
+/// rounds as before and the mix weighs the two by their measured errors (with near copies
+/// in every slot at least as wide, SmolLM2's Q4_1 GGUF could not climb above its 4-bit
+/// copy: int4 fell to 5.47 bpw and KLD rose from 0.0034 to 0.0044).
 pub fn source_copy_grid(tensor: &Tensor, slot: Grid) -> Option<Grid> {
-    copy_grid_in(exact_layout_of(tensor)?.1, slot)
+    source_copy(tensor, slot).map(|(g, _)| g)
 }
 
-/// The grid a source held exactly in `layout` is copied onto in `slot`
-/// ([`source_copy_grid`]'s rule, for callers that checked the source once).
-pub fn copy_grid_in(layout: ExactLayout, slot: Grid) -> Option<Grid> {
-    (layout.code_bits() <= slot.code_bits()).then_some(match layout {
-        ExactLayout::LowBit(bits) => Grid::Asym { bits, group: 32 },
-        ExactLayout::Sym8 => Grid::Sym8,
-    })
+/// [`source_copy_grid`] with the kind of copy.
+pub fn source_copy(tensor: &Tensor, slot: Grid) -> Option<(Grid, CopyKind)> {
+    copy_grid_in(source_homes(tensor), slot)
+}
+
+/// The grid a source with `homes` is copied onto in `slot` ([`source_copy_grid`]'s rule,
+/// for callers that checked the source once), and how.
+pub fn copy_grid_in(homes: SourceHomes, slot: Grid) -> Option<(Grid, CopyKind)> {
+    if let Some(l) = homes.exact.filter(|l| l.code_bits() <= slot.code_bits()) {
+        let grid = match l {
+            ExactLayout::LowBit(bits) => Grid::Asym { bits, group: 32 },
+            ExactLayout::Sym8 => Grid::Sym8,
+        };
+        return Some((grid, CopyKind::Exact));
+    }
+    homes
+        .near
+        .map(|bits| Grid::Asym { bits, group: 32 })
+        .filter(|&g| g == slot)
+        .map(|g| (g, CopyKind::Near))
 }
 
 /// `tensor` copied from its source's blocks when [`source_copy_grid`] allows it.
 pub fn copy_source(tensor: &Tensor, slot: Grid) -> Option<QuantizedTensor> {
-    source_copy_grid(tensor, slot)?;
-    Some(match copy_exact(tensor)? {
-        Copied::LowBit(w) => QuantizedTensor::LowBit(w),
-        Copied::Int8(w) => QuantizedTensor::Int8(w),
+    Some(match source_copy(tensor, slot)?.1 {
+        CopyKind::Exact => match copy_exact(tensor)? {
+            Copied::LowBit(w) => QuantizedTensor::LowBit(w),
+            Copied::Int8(w) => QuantizedTensor::Int8(w),
+        },
+        CopyKind::Near => QuantizedTensor::LowBit(copy_near(tensor)?),
     })
 }
 

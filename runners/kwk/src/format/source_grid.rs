@@ -18,11 +18,13 @@
 //! written by ggml's rounding, `d = amax / 127`) are outside the int8 layout's range, so a
 //! tensor holding one is rounded as before.
 //!
-//! Not mapped: Q4_1 and Q5_1 (an f16 scale *and* minimum per block of 32: the low-bit
-//! layout's groups of 32 share an f16 super-scale per 8 groups and keep 8-bit sub-scales,
-//! which hold 8 independent f16 scales only by chance); Q6_K (a signed 8-bit scale per 16
-//! values: the layouts' groups are 32 or more, so two scales would have to share one);
-//! Q5_0/Q4_0 in a low-bit layout (the same f16-per-block problem as Q4_1).
+//! Not mapped exactly: Q4_1 and Q5_1 (an f16 scale *and* minimum per block of 32: the
+//! low-bit layout's groups of 32 share an f16 super-scale per 8 groups and keep 8-bit
+//! sub-scales, which hold 8 independent f16 scales only by chance); Q6_K (a signed 8-bit
+//! scale per 16 values: the layouts' groups are 32 or more, so two scales would have to
+//! share one); Q5_0/Q4_0 in a low-bit layout (the same f16-per-block problem as Q4_1).
+//! Q4_0 and Q5_0 have a *near* copy in the low-bit layout of their width too
+//! ([`copy_near`], `format::near_copy`): codes copied, scales fitted.
 //!
 //! The copy is taken only when the blocks still dequantize to the tensor's float32 values
 //! bit for bit ([`exact_layout_of`] checks every row): a weight that was changed after
@@ -34,6 +36,7 @@
 use crate::format::ggml_blocks::{dequantize, fifth_bits, scale_min_k4, GgmlType, SourceBlocks};
 use crate::format::int4::{LowBitWeights, RowScales};
 use crate::format::int8::Int8Weights;
+use crate::format::near_copy::{blocks_finite, near_bits, near_row};
 use crate::kernels::quant::layout::SUPER_GROUPS;
 use crate::kernels::quant::{Bits, BLOCK};
 use crate::model::Tensor;
@@ -75,14 +78,13 @@ pub fn exact_layout(ty: GgmlType) -> Option<ExactLayout> {
 
 /// Whether a loader should keep `ty`'s blocks beside the float32 weights.
 pub fn may_copy(ty: GgmlType) -> bool {
-    exact_layout(ty).is_some()
+    exact_layout(ty).is_some() || near_bits(ty).is_some()
 }
 
-/// The blocks of `t` and the layout they copy into, when `t` still holds exactly what they
-/// dequantize to (every row compared bit for bit) and the layout can hold them all.
-pub fn exact_layout_of(t: &Tensor) -> Option<(&SourceBlocks, ExactLayout)> {
+/// The blocks of `t` when `t` still holds exactly what they dequantize to (every row
+/// compared bit for bit), in whole blocks of 32 per row.
+fn held_source(t: &Tensor) -> Option<&SourceBlocks> {
     let src = t.source.as_deref()?;
-    let layout = exact_layout(src.ty)?;
     let bl = src.ty.layout()?;
     if t.shape.len() != 2 || t.rows() == 0 {
         return None;
@@ -106,15 +108,73 @@ pub fn exact_layout_of(t: &Tensor) -> Option<(&SourceBlocks, ExactLayout)> {
                     .iter()
                     .zip(want)
                     .all(|(g, w)| g.to_bits() == w.to_bits())
-                && !(src.ty == GgmlType::Q8_0 && has_q8_0_minus_128(b))
         });
-    same.then_some((src, layout))
+    same.then_some(src)
+}
+
+/// The blocks of `t` and the layout they copy into, when `t` still holds exactly what they
+/// dequantize to (every row compared bit for bit) and the layout can hold them all.
+pub fn exact_layout_of(t: &Tensor) -> Option<(&SourceBlocks, ExactLayout)> {
+    let layout = exact_layout(t.source.as_deref()?.ty)?;
+    let src = held_source(t)?;
+    (!(src.ty == GgmlType::Q8_0 && has_q8_0_minus_128(&src.bytes))).then_some((src, layout))
+}
+
+/// The blocks of `t` and the code width of their near copy (`format::near_copy`), when
+/// `t` still holds exactly what they dequantize to and their scales are finite.
+pub fn near_layout_of(t: &Tensor) -> Option<(&SourceBlocks, Bits)> {
+    let bits = near_bits(t.source.as_deref()?.ty)?;
+    let src = held_source(t)?;
+    blocks_finite(src.ty, &src.bytes).then_some((src, bits))
+}
+
+/// Where a tensor's source blocks can go: the layout holding them exactly and the width of
+/// their near copy (`format::near_copy`), each when the blocks still hold the tensor.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SourceHomes {
+    pub exact: Option<ExactLayout>,
+    pub near: Option<Bits>,
+}
+
+/// [`exact_layout_of`] and [`near_layout_of`] of `t`, its rows compared once.
+pub fn source_homes(t: &Tensor) -> SourceHomes {
+    let Some(ty) = t.source.as_deref().map(|s| s.ty) else {
+        return SourceHomes::default();
+    };
+    if (exact_layout(ty).is_none() && near_bits(ty).is_none()) || held_source(t).is_none() {
+        return SourceHomes::default();
+    }
+    let bytes = &t.source.as_deref().map_or(&[][..], |s| &s.bytes[..]);
+    SourceHomes {
+        exact: exact_layout(ty).filter(|_| !(ty == GgmlType::Q8_0 && has_q8_0_minus_128(bytes))),
+        near: near_bits(ty).filter(|_| blocks_finite(ty, bytes)),
+    }
 }
 
 /// Whether a row of Q8_0 blocks holds a code of −128 (outside the int8 layout's range).
 fn has_q8_0_minus_128(row: &[u8]) -> bool {
     row.chunks_exact(34)
         .any(|b| b[2..34].iter().any(|&q| q as i8 == i8::MIN))
+}
+
+/// `t`'s near copy (`format::near_copy`): its source's codes in the low-bit layout of
+/// their width in groups of 32, the scales fitted, marked as a near copy; `None` when the
+/// blocks do not hold `t` ([`near_layout_of`]).
+pub fn copy_near(t: &Tensor) -> Option<LowBitWeights> {
+    let (src, bits) = near_layout_of(t)?;
+    let (rows, cols) = (t.rows(), t.cols());
+    let row_bytes = cols / BLOCK * src.ty.layout()?.type_size;
+    let mut w = LowBitWeights::from_rows(bits, BLOCK, rows, cols, |r, codes, s| {
+        near_row(
+            src.ty,
+            &src.bytes[r * row_bytes..(r + 1) * row_bytes],
+            codes,
+            s,
+        )
+    });
+    w.set_copied_from(Some(src.ty));
+    w.set_near_copy(true);
+    Some(w)
 }
 
 /// A tensor copied from its source blocks into the layout that holds them

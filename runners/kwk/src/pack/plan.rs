@@ -12,7 +12,8 @@ use crate::model::{FeedForward, LayerWeights, Mlp, ModelConfig, Tensor};
 use crate::quantize::budget::{allocate_budget, Allocation, CELL_BPW};
 use crate::quantize::equalize::{estimate_head, LayerImportance};
 use crate::quantize::mix::{
-    allocate_curves, head_ladder, k_quant_bits_per_weight, ladder, unit_curve, Curve, MixUnit,
+    allocate_curves, head_ladder, k_quant_bits_per_weight, ladder, unit_curve, unit_ladder, Curve,
+    MixUnit,
 };
 use std::collections::HashMap;
 
@@ -164,7 +165,14 @@ impl GridPlanner {
     }
 
     fn add(&mut self, u: &MixUnit) {
-        self.add_weighted(u, 1.0, self.steps.clone());
+        // `intB`'s units climb ladders of their own: a near copy's grid joins the ladder of
+        // a unit whose source has one (`bpw:X` allocates on one ladder, BUDGET_GRIDS, which
+        // holds every g32 grid already).
+        let ladder = match self.rule {
+            Rule::Mix { .. } => unit_ladder(u, &self.steps),
+            Rule::Budget { .. } => self.steps.clone(),
+        };
+        self.add_weighted(u, 1.0, ladder);
     }
 
     /// Adds `u` on `ladder` with its error counted `weight` times (the output projection).

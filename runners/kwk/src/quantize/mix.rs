@@ -24,12 +24,14 @@
 //! to 4.5-8.5-bit types; a model whose rows are multiples of 256 gets the same budget
 //! either way).
 
-use crate::format::quantized::{copy_grid_in, Grid};
-use crate::format::source_grid::{exact_layout_of, ExactLayout};
-use crate::format::TensorRole;
+use crate::format::quantized::{copy_grid_in, CopyKind, Grid};
+use crate::format::source_grid::{copy_near, source_homes, SourceHomes};
+use crate::format::{PackedLinear, TensorRole};
 use crate::kernels::quant::Bits;
 use crate::model::Tensor;
 use crate::quantize::equalize::relative_error;
+use rayon::prelude::*;
+use std::cell::OnceCell;
 
 /// A tensor with its input channels' second moments and its rounding importance.
 pub type Member<'a> = (&'a Tensor, &'a [f32], Option<&'a [f32]>);
@@ -70,6 +72,25 @@ pub fn ladder(bits: Bits, finest_group: usize, mix_bits: Bits) -> Vec<Grid> {
     l.extend(wider.iter().map(|&b| grid(b, 64)));
     if mix_bits == Bits::B8 && bits != Bits::B8 {
         l.push(grid(Bits::B8, 32));
+    }
+    l
+}
+
+/// `ladder` for one unit: with the grid of its tensors' near copies (`format::near_copy`:
+/// 5-bit g32 for Q5_0, 4-bit g32 for Q4_0) added in its place by bits per weight
+/// when the ladder lacks it, so the unit can buy the copy at its own size (int4's ladder
+/// goes from 4-bit g32 to 6-bit g64; only the copy's own grid takes a near copy,
+/// `format::quantized::copy_grid_in`). A unit with no near copy keeps `ladder`.
+pub fn unit_ladder(u: &MixUnit, ladder: &[Grid]) -> Vec<Grid> {
+    let mut l = ladder.to_vec();
+    for (t, _, _) in &u.tensors {
+        if let Some(bits) = source_homes(t).near {
+            let g = Grid::Asym { bits, group: 32 };
+            if !l.contains(&g) {
+                let at = l.partition_point(|x| x.bits_per_weight() < g.bits_per_weight());
+                l.insert(at, g);
+            }
+        }
     }
     l
 }
@@ -174,22 +195,24 @@ pub fn allocate(units: &[MixUnit], ladder: &[Grid], budget_bits: f64) -> Vec<Gri
 
 /// The curve of one unit on `ladder`. A tensor its GGUF source's blocks hold exactly
 /// costs, at a step whose grid takes the copy (`format::quantized::source_copy_grid`), the
-/// bits of the copy and no error: that is what packing will make of it.
+/// bits of the copy and no error: that is what packing will make of it. A near copy
+/// (`format::near_copy`) costs its bits and the error of its fitted scales, measured on
+/// the packed tensor ([`near_copy_error`]).
 pub fn unit_curve(u: &MixUnit, ladder: &[Grid]) -> Curve {
-    let layouts: Vec<Option<ExactLayout>> = u
-        .tensors
-        .iter()
-        .map(|(t, _, _)| exact_layout_of(t).map(|(_, l)| l))
-        .collect();
-    let on = |g: Grid, l: Option<ExactLayout>| l.and_then(|l| copy_grid_in(l, g));
+    let homes: Vec<SourceHomes> = u.tensors.iter().map(|(t, _, _)| source_homes(t)).collect();
+    let near_err: Vec<OnceCell<f64>> = u.tensors.iter().map(|_| OnceCell::new()).collect();
     Curve {
         bits: ladder
             .iter()
             .map(|&g| {
                 u.tensors
                     .iter()
-                    .zip(&layouts)
-                    .map(|((t, _, _), &l)| on(g, l).unwrap_or(g).tensor_bits(t.rows(), t.cols()))
+                    .zip(&homes)
+                    .map(|((t, _, _), &h)| {
+                        copy_grid_in(h, g)
+                            .map_or(g, |(c, _)| c)
+                            .tensor_bits(t.rows(), t.cols())
+                    })
                     .sum()
             })
             .collect(),
@@ -198,14 +221,43 @@ pub fn unit_curve(u: &MixUnit, ladder: &[Grid]) -> Curve {
             .map(|&g| {
                 u.tensors
                     .iter()
-                    .zip(&layouts)
-                    .map(|(&(t, m, imp), &l)| match on(g, l) {
-                        Some(_) => 0.0,
+                    .zip(&homes)
+                    .zip(&near_err)
+                    .map(|((&(t, m, imp), &h), e)| match copy_grid_in(h, g) {
+                        Some((_, CopyKind::Exact)) => 0.0,
+                        Some((_, CopyKind::Near)) => *e.get_or_init(|| near_copy_error(t, m)),
                         None => relative_error(t, g, m, imp),
                     })
                     .sum()
             })
             .collect(),
+    }
+}
+
+/// The relative output noise `Σ m_k ΔW_ik² / Σ m_k W_ik²` of `t`'s near copy, every row
+/// of the packed tensor against `t` (0 when `t` has none).
+pub fn near_copy_error(t: &Tensor, moment: &[f32]) -> f64 {
+    let Some(w) = copy_near(t) else { return 0.0 };
+    let (err, signal) = (0..t.rows())
+        .into_par_iter()
+        .map_init(
+            || vec![0f32; t.cols()],
+            |buf, r| {
+                w.dequantize_row(r, buf);
+                buf.iter()
+                    .zip(t.row(r))
+                    .zip(moment)
+                    .fold((0f64, 0f64), |(e, s), ((&q, &x), &m)| {
+                        let d = (q - x) as f64;
+                        (e + d * d * m as f64, s + (x * x * m) as f64)
+                    })
+            },
+        )
+        .reduce(|| (0.0, 0.0), |a, b| (a.0 + b.0, a.1 + b.1));
+    if signal > 0.0 {
+        err / signal
+    } else {
+        0.0
     }
 }
 
@@ -422,6 +474,82 @@ mod tests {
                 group: 32
             }]
         );
+    }
+
+    /// A Q5_0-loaded tensor (Q4_K_M's fallback) gets a 5-bit g32 step on int4's ladder,
+    /// costing the near copy's 5.625 bits and its measured error (not zero, and far below
+    /// rounding to 4 bits); with budget for it the mix takes it over 4-bit g32, and a
+    /// tensor without such a source keeps the plain ladder.
+    #[test]
+    fn a_q5_0_source_gets_its_near_copy_step_and_the_mix_picks_it() {
+        use crate::format::ggml_blocks::{dequantize, GgmlType, SourceBlocks};
+        let (rows, cols) = (64, 640);
+        let x = tensor(9, rows, cols, 0.05);
+        let mut bytes = Vec::new();
+        for g in x.data.chunks(32) {
+            let max = g
+                .iter()
+                .fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+            let d = half::f16::from_f32(max / -16.0);
+            let id = 1.0 / d.to_f32();
+            let q: Vec<u32> = g
+                .iter()
+                .map(|&v| ((v * id + 16.5) as i32).clamp(0, 31) as u32)
+                .collect();
+            bytes.extend(d.to_le_bytes());
+            let qh = (0..32).fold(0u32, |h, j| h | ((q[j] >> 4) << j));
+            bytes.extend(qh.to_le_bytes());
+            bytes.extend((0..16).map(|j| (q[j] & 15) as u8 | ((q[j + 16] & 15) << 4) as u8));
+        }
+        let mut data = vec![0f32; rows * cols];
+        dequantize(GgmlType::Q5_0, &bytes, &mut data).unwrap();
+        let t = Tensor::new(vec![rows, cols], data).with_source(SourceBlocks {
+            ty: GgmlType::Q5_0,
+            bytes,
+        });
+        let ones = vec![1f32; cols];
+        let unit = MixUnit {
+            role: TensorRole::AttnQ,
+            layer: Some(0),
+            tensors: vec![(&t, &ones, None)],
+        };
+        let base = ladder(Bits::B4, 32, Bits::B6);
+        let l = unit_ladder(&unit, &base);
+        let (g4, g5) = (
+            Grid::Asym {
+                bits: Bits::B4,
+                group: 32,
+            },
+            Grid::Asym {
+                bits: Bits::B5,
+                group: 32,
+            },
+        );
+        assert_eq!(l.len(), base.len() + 1);
+        let (i4, i5) = (
+            l.iter().position(|&g| g == g4).unwrap(),
+            l.iter().position(|&g| g == g5).unwrap(),
+        );
+        assert_eq!(i5, i4 + 1);
+        let c = unit_curve(&unit, &l);
+        assert_eq!(c.bits[i5], g5.tensor_bits(rows, cols));
+        assert!(c.err[i5] > 0.0, "a near copy is not exact");
+        assert!(
+            c.err[i5] * 100.0 < c.err[i4],
+            "near copy {} vs 4-bit g32 {}",
+            c.err[i5],
+            c.err[i4]
+        );
+        assert_eq!(
+            allocate_curves(std::slice::from_ref(&c), c.bits[i5]),
+            vec![i5]
+        );
+        let plain = tensor(10, rows, cols, 0.05);
+        let unit = MixUnit {
+            tensors: vec![(&plain, &ones, None)],
+            ..unit
+        };
+        assert_eq!(unit_ladder(&unit, &base), base);
     }
 
     #[test]

@@ -45,6 +45,9 @@ pub(super) struct TensorEntry {
     /// (`format::source_grid`); `None`: rounded by kwk.
     #[serde(default)]
     pub(super) copied_from: Option<u32>,
+    /// Whether that copy's scales were fitted (`format::near_copy`), not copied exactly.
+    #[serde(default)]
+    pub(super) near_copy: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -214,6 +217,7 @@ impl PackFile {
             }
             QuantizedTensor::LowBit(mut w) => {
                 w.set_copied_from(copied_from);
+                w.set_near_copy(e.near_copy);
                 QuantizedTensor::LowBit(w)
             }
         })
@@ -371,9 +375,9 @@ impl Writer {
                 )
             }
         };
-        let copied_from = match t {
-            QuantizedTensor::Int8(w) => w.copied_from(),
-            QuantizedTensor::LowBit(w) => w.copied_from(),
+        let (copied_from, near_copy) = match t {
+            QuantizedTensor::Int8(w) => (w.copied_from(), false),
+            QuantizedTensor::LowBit(w) => (w.copied_from(), w.near_copy()),
         };
         let raw: Vec<&[u8]> = parts.iter().map(|p| p.0).collect();
         let (offset, len, crc, offsets) = self.region(&raw)?;
@@ -390,6 +394,7 @@ impl Writer {
             crc,
             arrays: offsets.into_iter().zip(parts.iter().map(|p| p.1)).collect(),
             copied_from: copied_from.map(|ty| ty.0),
+            near_copy,
         })
     }
 

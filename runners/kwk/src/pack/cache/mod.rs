@@ -76,8 +76,9 @@ pub use session::{try_load, CachedModel, PackOutcome, PackSession, TensorToPack}
 /// Version of the packed layouts, the rounding and this file format; part of every key
 /// (4: two-level low-bit scales; 5: Gemma 3's post norms stored with each layer's float
 /// vectors, so an older Gemma 3 entry, which lacks them, is never found; 6: tensors whose
-/// GGUF source blocks a layout holds exactly are copied, not rounded, and entries say so).
-pub const PACK_VERSION: u32 = 6;
+/// GGUF source blocks a layout holds exactly are copied, not rounded, and entries say so;
+/// 7: Q4_0/Q4_1/Q5_0/Q5_1 sources near copied with fitted scales, entries marked).
+pub const PACK_VERSION: u32 = 7;
 /// Every file kwk writes in the cache folder starts with this.
 pub const PREFIX: &str = "kwk-pack-";
 /// The marker file of a folder kwk created (see the module doc).

@@ -40,7 +40,8 @@
 //! carries the residual stream's outlier channels straight into the logits.
 
 use crate::error::Result;
-use crate::format::quantized::{grid_for, source_copy_grid, Grid};
+use crate::format::quantized::{copy_grid_in, grid_for, Grid};
+use crate::format::source_grid::source_homes;
 use crate::format::Precision;
 use crate::format::{TensorPlace, TensorRole};
 use crate::kernels::quant::layout::{n_supers, SUPER_GROUPS};
@@ -502,12 +503,15 @@ impl EqualizeOptions {
 }
 
 /// Whether a tensor of a unit will be copied from its GGUF source's blocks
-/// (`format::source_grid`): the unit then keeps its channels unscaled, since scaling would
-/// move that tensor off the source's grid, and no rounding it could buy beats an exact copy.
+/// (`format::source_grid`) or may be near copied (`format::near_copy`: the mix's ladder
+/// offers that grid to every unit whose source has one, whatever the slot): the unit then
+/// keeps its channels unscaled, since scaling would move that tensor off the source's grid,
+/// and no rounding it could buy beats an exact copy.
 fn keeps_source(tensors: &[(&Tensor, Grid)]) -> bool {
-    tensors
-        .iter()
-        .any(|&(t, g)| source_copy_grid(t, g).is_some())
+    tensors.iter().any(|&(t, g)| {
+        let homes = source_homes(t);
+        homes.near.is_some() || copy_grid_in(homes, g).is_some()
+    })
 }
 
 /// Picks the factor among `opts.candidates` with the lowest error for a norm → linears unit.
