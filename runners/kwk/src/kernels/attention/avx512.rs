@@ -7,7 +7,7 @@
 //! Reached only through `kernels::attention`, which checked the CPU features (through
 //! [`crate::kernels::active_isa`]) and every slice bound.
 
-use super::{KeyPanels, ScoreTile, ValueRows, ValueTile, Q8_BLOCK};
+use super::{weight, KeyPanels, ScoreTile, ValueGeometry, ValueRows, ValueTile, Q8_BLOCK};
 use crate::kernels::PANEL_ROWS;
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -241,18 +241,6 @@ unsafe fn scores_q8_tile<const R: usize>(
     }
 }
 
-/// Where a value chunk lives: slot `j`, chunk `c` at `c * chunk + j * slot`, and a q8
-/// slot's scales `[dims/32]` at `j * blocks`.
-#[derive(Clone, Copy)]
-struct ValueGeometry {
-    chunk: usize,
-    slot: usize,
-    chunks: usize,
-    blocks: usize,
-    p_ld: usize,
-    out_ld: usize,
-}
-
 /// See [`super::accumulate_values`].
 pub fn accumulate_values(
     values: ValueRows<'_>,
@@ -261,19 +249,7 @@ pub fn accumulate_values(
     t: ValueTile<'_>,
 ) {
     assert_features();
-    let chunks = dims / PANEL_ROWS;
-    let (chunk, slot) = match values {
-        ValueRows::F32Panels { cap, .. } => (cap * PANEL_ROWS, PANEL_ROWS),
-        _ => (PANEL_ROWS, dims),
-    };
-    let g = ValueGeometry {
-        chunk,
-        slot,
-        chunks,
-        blocks: dims / Q8_BLOCK,
-        p_ld: t.p_ld,
-        out_ld: t.out_ld,
-    };
+    let g = ValueGeometry::new(&values, dims, &t);
     let (p, out) = (t.p.as_ptr(), t.out.as_mut_ptr());
     let mut r0 = 0;
     while r0 < t.rows {
@@ -299,32 +275,6 @@ pub fn accumulate_values(
             }
         }
         r0 += 4;
-    }
-}
-
-/// The weight of row `r` for slot `j0 + i`, times the q8 block's scale of chunk `c` (a
-/// function, not a closure: it is inlined into the `target_feature` tile).
-///
-/// # Safety
-/// `i` below the weight rows' length; the scales cover slot `j0 + i`.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn weight(
-    p: *const f32,
-    s: Option<*const f32>,
-    g: ValueGeometry,
-    r: usize,
-    j0: usize,
-    i: usize,
-    c: usize,
-) -> f32 {
-    // SAFETY: the caller's bounds.
-    unsafe {
-        let w = *p.add(r * g.p_ld + i);
-        match s {
-            Some(s) => w * *s.add((j0 + i) * g.blocks + c * PANEL_ROWS / Q8_BLOCK),
-            None => w,
-        }
     }
 }
 

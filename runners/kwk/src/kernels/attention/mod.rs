@@ -169,3 +169,62 @@ pub fn quantize_q8_blocks(x: &[f32], codes: &mut [i8], scales: &mut [f32]) {
         }
     }
 }
+
+/// Where a value chunk lives for the vector tiers' P·V tiles: slot `j`, chunk `c` at
+/// `c * chunk + j * slot`, and a q8 slot's scales `[dims/32]` at `j * blocks`.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct ValueGeometry {
+    chunk: usize,
+    slot: usize,
+    chunks: usize,
+    blocks: usize,
+    p_ld: usize,
+    out_ld: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl ValueGeometry {
+    /// The geometry of `values` (`dims` head dimensions) for tile `t`.
+    fn new(values: &ValueRows<'_>, dims: usize, t: &ValueTile<'_>) -> Self {
+        let (chunk, slot) = match values {
+            ValueRows::F32Panels { cap, .. } => (cap * PANEL_ROWS, PANEL_ROWS),
+            _ => (PANEL_ROWS, dims),
+        };
+        ValueGeometry {
+            chunk,
+            slot,
+            chunks: dims / PANEL_ROWS,
+            blocks: dims / Q8_BLOCK,
+            p_ld: t.p_ld,
+            out_ld: t.out_ld,
+        }
+    }
+}
+
+/// The weight of row `r` for slot `j0 + i`, times the q8 block's scale of chunk `c` (a
+/// function, not a closure: it is inlined into the vector tiers' `target_feature` tiles).
+///
+/// # Safety
+/// `i` below the weight rows' length; the scales cover slot `j0 + i`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn weight(
+    p: *const f32,
+    s: Option<*const f32>,
+    g: ValueGeometry,
+    r: usize,
+    j0: usize,
+    i: usize,
+    c: usize,
+) -> f32 {
+    // SAFETY: the caller's bounds.
+    unsafe {
+        let w = *p.add(r * g.p_ld + i);
+        match s {
+            Some(s) => w * *s.add((j0 + i) * g.blocks + c * PANEL_ROWS / Q8_BLOCK),
+            None => w,
+        }
+    }
+}
