@@ -17,6 +17,13 @@ impl Rng {
         Rng(if z == 0 { 1 } else { z })
     }
 
+    /// The generator at raw state `state` (non-zero), without [`Rng::new`]'s seed mixing:
+    /// tests that fix their sequences by state.
+    pub fn from_state(state: u64) -> Self {
+        assert_ne!(state, 0, "xorshift64* needs a non-zero state");
+        Rng(state)
+    }
+
     pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;

@@ -4,6 +4,7 @@
 //! packed tensor is what the fit made.
 
 use super::*;
+use crate::decoder::sampling::Rng;
 use crate::format::ggml_blocks::{dequantize, SourceBlocks};
 use crate::format::quantized::{source_copy, CopyKind, Grid};
 use crate::format::source_grid::{copy_near, near_layout_of};
@@ -11,19 +12,9 @@ use crate::format::PackedLinear;
 use crate::kernels::quant::layout::n_supers;
 use crate::model::Tensor;
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    /// Uniform in [-1, 1).
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
+/// Uniform in [-1, 1).
+fn unit(rng: &mut Rng) -> f32 {
+    (rng.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
 }
 
 /// ggml's `quantize_row_q5_0_ref` (`ggml-quants.c`) on one block: `d = max / −16` with
@@ -55,14 +46,14 @@ fn random_blocks(ty: GgmlType, n: usize, rng: &mut Rng) -> Vec<u8> {
     let two_fields = matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1);
     let mut out = Vec::new();
     for _ in 0..n {
-        let mut b: Vec<u8> = (0..size).map(|_| (rng.next() >> 56) as u8).collect();
-        let d = match rng.next() % 6 {
+        let mut b: Vec<u8> = (0..size).map(|_| (rng.next_u64() >> 56) as u8).collect();
+        let d = match rng.next_u64() % 6 {
             0 => 0.0,
-            _ => rng.unit() * 10f32.powi(-((rng.next() % 3) as i32) - 1),
+            _ => unit(rng) * 10f32.powi(-((rng.next_u64() % 3) as i32) - 1),
         };
         b[0..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
         if two_fields {
-            b[2..4].copy_from_slice(&f16::from_f32(rng.unit() * 0.3).to_le_bytes());
+            b[2..4].copy_from_slice(&f16::from_f32(unit(rng) * 0.3).to_le_bytes());
         }
         out.extend(b);
     }
@@ -118,7 +109,7 @@ fn check_row(ty: GgmlType, row: &[u8]) -> f32 {
 
 #[test]
 fn every_near_type_round_trips_within_the_bound() {
-    let mut rng = Rng(0x243F_6A88_85A3_08D3);
+    let mut rng = Rng::from_state(0x243F_6A88_85A3_08D3);
     for ty in [
         GgmlType::Q5_0,
         GgmlType::Q4_0,
@@ -140,10 +131,10 @@ fn every_near_type_round_trips_within_the_bound() {
 /// fifth of the largest group's step (`D·255/2 · 31 / 255 + M/2`, about `0.06 + 0.063`).
 #[test]
 fn ggml_quantized_q5_0_rows_stay_within_an_eighth_of_a_step() {
-    let mut rng = Rng(11);
+    let mut rng = Rng::from_state(11);
     for _ in 0..50 {
         let x: Vec<f32> = (0..640)
-            .map(|_| (rng.unit() + rng.unit() + rng.unit()) * 0.03)
+            .map(|_| (unit(&mut rng) + unit(&mut rng) + unit(&mut rng)) * 0.03)
             .collect();
         let row: Vec<u8> = x.chunks(32).flat_map(q5_0_block).collect();
         check_row(GgmlType::Q5_0, &row);
@@ -169,7 +160,7 @@ fn zero_blocks_are_exact_zeros() {
     assert!(s.sup_d.iter().chain(&s.sup_m).all(|h| h.to_f32() == 0.0));
     assert!(s.sc.iter().all(|&x| x == 0) && s.mc.iter().all(|&x| x == 0));
     // A zero block beside ordinary ones decodes to zeros.
-    let mut rng = Rng(5);
+    let mut rng = Rng::from_state(5);
     let mut row = random_blocks(GgmlType::Q5_0, 8, &mut rng);
     row[3 * 22..3 * 22 + 2].copy_from_slice(&f16::ZERO.to_le_bytes());
     check_row(GgmlType::Q5_0, &row);
@@ -180,7 +171,7 @@ fn zero_blocks_are_exact_zeros() {
 /// overflows even when `max / 255` rounds down in f16.
 #[test]
 fn scales_wider_than_8_bits_stay_within_the_bound() {
-    let mut rng = Rng(99);
+    let mut rng = Rng::from_state(99);
     let mut row = random_blocks(GgmlType::Q5_0, 16, &mut rng);
     for (g, b) in row.chunks_mut(22).enumerate() {
         let d = if g % 8 == 3 { 0.9 } else { 2.2e-4 };
@@ -201,7 +192,7 @@ fn scales_wider_than_8_bits_stay_within_the_bound() {
 /// A loaded Q5_0 tensor is near copied (and only a fresh one), packed at 5-bit g32's size, named as a near copy, and its packed rows are what the fit made.
 #[test]
 fn a_loaded_q5_0_tensor_packs_as_a_near_copy() {
-    let mut rng = Rng(3);
+    let mut rng = Rng::from_state(3);
     let (rows, cols) = (19, 640);
     let t = loaded(
         GgmlType::Q5_0,

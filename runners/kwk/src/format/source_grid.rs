@@ -115,17 +115,13 @@ fn held_source(t: &Tensor) -> Option<&SourceBlocks> {
 /// The blocks of `t` and the layout they copy into, when `t` still holds exactly what they
 /// dequantize to (every row compared bit for bit) and the layout can hold them all.
 pub fn exact_layout_of(t: &Tensor) -> Option<(&SourceBlocks, ExactLayout)> {
-    let layout = exact_layout(t.source.as_deref()?.ty)?;
-    let src = held_source(t)?;
-    (!(src.ty == GgmlType::Q8_0 && has_q8_0_minus_128(&src.bytes))).then_some((src, layout))
+    Some((t.source.as_deref()?, source_homes(t).exact?))
 }
 
 /// The blocks of `t` and the code width of their near copy (`format::near_copy`), when
 /// `t` still holds exactly what they dequantize to and their scales are finite.
 pub fn near_layout_of(t: &Tensor) -> Option<(&SourceBlocks, Bits)> {
-    let bits = near_bits(t.source.as_deref()?.ty)?;
-    let src = held_source(t)?;
-    blocks_finite(src.ty, &src.bytes).then_some((src, bits))
+    Some((t.source.as_deref()?, source_homes(t).near?))
 }
 
 /// Where a tensor's source blocks can go: the layout holding them exactly and the width of
@@ -136,18 +132,24 @@ pub struct SourceHomes {
     pub near: Option<Bits>,
 }
 
-/// [`exact_layout_of`] and [`near_layout_of`] of `t`, its rows compared once.
+/// Both homes of `t`'s source blocks, its rows compared with them once: the exact layout
+/// unless a Q8_0 code is −128, the near copy unless a scale is not finite.
 pub fn source_homes(t: &Tensor) -> SourceHomes {
     let Some(ty) = t.source.as_deref().map(|s| s.ty) else {
         return SourceHomes::default();
     };
-    if (exact_layout(ty).is_none() && near_bits(ty).is_none()) || held_source(t).is_none() {
+    let (exact, near) = (exact_layout(ty), near_bits(ty));
+    let held = if exact.is_some() || near.is_some() {
+        held_source(t)
+    } else {
+        None
+    };
+    let Some(src) = held else {
         return SourceHomes::default();
-    }
-    let bytes = &t.source.as_deref().map_or(&[][..], |s| &s.bytes[..]);
+    };
     SourceHomes {
-        exact: exact_layout(ty).filter(|_| !(ty == GgmlType::Q8_0 && has_q8_0_minus_128(bytes))),
-        near: near_bits(ty).filter(|_| blocks_finite(ty, bytes)),
+        exact: exact.filter(|_| !(ty == GgmlType::Q8_0 && has_q8_0_minus_128(&src.bytes))),
+        near: near.filter(|_| blocks_finite(ty, &src.bytes)),
     }
 }
 

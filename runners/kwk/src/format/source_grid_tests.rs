@@ -3,32 +3,24 @@
 //! negative and zero scales and minimums), and what is not exact is not copied.
 
 use super::*;
+use crate::decoder::sampling::Rng;
 use crate::format::quantized::{quantize_on, source_copy_grid, Grid, QuantizedTensor};
 use crate::format::{LowBitOptions, PackedLinear, Precision, TensorPlace, TensorRole};
 
-/// A small deterministic generator (xorshift64*).
-struct Rng(u64);
+/// A random byte.
+fn byte(rng: &mut Rng) -> u8 {
+    (rng.next_u64() >> 56) as u8
+}
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn byte(&mut self) -> u8 {
-        (self.next() >> 56) as u8
-    }
-    /// A finite f16 scale: zero, negative, tiny (subnormal) or ordinary.
-    fn scale(&mut self) -> [u8; 2] {
-        let v = match self.next() % 8 {
-            0 => f16::ZERO,
-            1 => f16::NEG_ZERO,
-            2 => f16::from_bits(1 + (self.next() % 1000) as u16),
-            _ => f16::from_f32((self.next() % 20_000) as f32 * 1e-5 - 0.1),
-        };
-        v.to_le_bytes()
-    }
+/// A finite f16 scale: zero, negative, tiny (subnormal) or ordinary.
+fn scale(rng: &mut Rng) -> [u8; 2] {
+    let v = match rng.next_u64() % 8 {
+        0 => f16::ZERO,
+        1 => f16::NEG_ZERO,
+        2 => f16::from_bits(1 + (rng.next_u64() % 1000) as u16),
+        _ => f16::from_f32((rng.next_u64() % 20_000) as f32 * 1e-5 - 0.1),
+    };
+    v.to_le_bytes()
 }
 
 /// `rows` rows of `blocks` random blocks of `ty`, each block's f16 fields made finite.
@@ -36,11 +28,11 @@ fn random_blocks(ty: GgmlType, rows: usize, blocks: usize, rng: &mut Rng) -> Vec
     let size = ty.layout().unwrap().type_size;
     let mut out = Vec::with_capacity(rows * blocks * size);
     for _ in 0..rows * blocks {
-        let mut b: Vec<u8> = (0..size).map(|_| rng.byte()).collect();
+        let mut b: Vec<u8> = (0..size).map(|_| byte(rng)).collect();
         // The f16 fields: d (and dmin) first; Q6_K is not mapped.
-        b[0..2].copy_from_slice(&rng.scale());
+        b[0..2].copy_from_slice(&scale(rng));
         if matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K) {
-            b[2..4].copy_from_slice(&rng.scale());
+            b[2..4].copy_from_slice(&scale(rng));
         }
         if ty == GgmlType::Q8_0 {
             // ggml never writes -128; keep the codes in the layout's range.
@@ -79,7 +71,7 @@ fn packed(c: Copied) -> Box<dyn PackedLinear> {
 
 #[test]
 fn every_mapped_type_round_trips_bit_for_bit() {
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let mut rng = Rng::from_state(0x9E37_79B9_7F4A_7C15);
     for (ty, block_cols) in [
         (GgmlType::Q4_K, QK_K),
         (GgmlType::Q5_K, QK_K),
@@ -109,7 +101,7 @@ fn every_mapped_type_round_trips_bit_for_bit() {
 
 #[test]
 fn changed_weights_and_unmapped_types_are_not_copied() {
-    let mut rng = Rng(7);
+    let mut rng = Rng::from_state(7);
     let bytes = random_blocks(GgmlType::Q4_K, 3, 1, &mut rng);
     let mut t = loaded(GgmlType::Q4_K, 3, 256, bytes);
     assert!(copy_exact(&t).is_some());
@@ -134,7 +126,7 @@ fn changed_weights_and_unmapped_types_are_not_copied() {
 
 #[test]
 fn the_slot_decides_whether_a_source_is_copied() {
-    let mut rng = Rng(11);
+    let mut rng = Rng::from_state(11);
     let q4k = loaded(
         GgmlType::Q4_K,
         16,
@@ -194,7 +186,7 @@ fn the_slot_decides_whether_a_source_is_copied() {
 #[test]
 fn the_mix_sees_a_copy_as_its_size_and_no_error() {
     use crate::quantize::mix::{unit_curve, MixUnit};
-    let mut rng = Rng(13);
+    let mut rng = Rng::from_state(13);
     let t = loaded(
         GgmlType::Q4_K,
         16,

@@ -6,14 +6,15 @@
 
 use crate::error::{KwkError, Result};
 use crate::format::quantized::{grid_for, Grid, BUDGET_GRIDS};
+use crate::format::source_grid::SourceHomes;
 use crate::format::{Precision, TensorPlace, TensorRole};
 use crate::kernels::quant::Bits;
 use crate::model::{FeedForward, LayerWeights, Mlp, ModelConfig, Tensor};
 use crate::quantize::budget::{allocate_budget, Allocation, CELL_BPW};
 use crate::quantize::equalize::{estimate_head, LayerImportance};
 use crate::quantize::mix::{
-    allocate_curves, head_ladder, k_quant_bits_per_weight, ladder, unit_curve, unit_ladder, Curve,
-    MixUnit,
+    allocate_curves, head_ladder, k_quant_bits_per_weight, ladder, unit_curve_on, unit_homes,
+    unit_ladder, Curve, MixUnit,
 };
 use std::collections::HashMap;
 
@@ -168,15 +169,17 @@ impl GridPlanner {
         // `intB`'s units climb ladders of their own: a near copy's grid joins the ladder of
         // a unit whose source has one (`bpw:X` allocates on one ladder, BUDGET_GRIDS, which
         // holds every g32 grid already).
+        let homes = unit_homes(u);
         let ladder = match self.rule {
-            Rule::Mix { .. } => unit_ladder(u, &self.steps),
+            Rule::Mix { .. } => unit_ladder(&self.steps, &homes),
             Rule::Budget { .. } => self.steps.clone(),
         };
-        self.add_weighted(u, 1.0, ladder);
+        self.add_weighted(u, 1.0, ladder, &homes);
     }
 
-    /// Adds `u` on `ladder` with its error counted `weight` times (the output projection).
-    fn add_weighted(&mut self, u: &MixUnit, weight: f64, ladder: Vec<Grid>) {
+    /// Adds `u` (its [`unit_homes`] `homes`) on `ladder` with its error counted `weight`
+    /// times (the output projection).
+    fn add_weighted(&mut self, u: &MixUnit, weight: f64, ladder: Vec<Grid>, homes: &[SourceHomes]) {
         match &mut self.rule {
             Rule::Mix { bits, budget } => {
                 for (t, _, _) in &u.tensors {
@@ -186,7 +189,7 @@ impl GridPlanner {
             }
             Rule::Budget { covered, .. } => *covered += u.params(),
         }
-        let mut curve = unit_curve(u, &ladder);
+        let mut curve = unit_curve_on(u, &ladder, homes);
         curve.err.iter_mut().for_each(|e| *e *= weight);
         self.curves.push(curve);
         self.ladders.push(ladder);
@@ -229,13 +232,11 @@ impl GridPlanner {
         // (`quantize::budget`).
         let head_weight = (2 * self.n_layers + 1) as f64;
         let head_steps = self.head_floor.map_or(self.steps.clone(), head_ladder);
-        match lm_head {
-            Some(h) => {
-                self.add(&embedding(embed));
-                self.add_weighted(&head(h), head_weight, head_steps);
-            }
-            None => self.add_weighted(&head(embed), head_weight, head_steps),
+        if lm_head.is_some() {
+            self.add(&embedding(embed));
         }
+        let head = head(lm_head.unwrap_or(embed));
+        self.add_weighted(&head, head_weight, head_steps, &unit_homes(&head));
     }
 
     /// Layer `i`, equalized, with its rounding importance when equalization kept one.

@@ -81,10 +81,11 @@ pub fn ladder(bits: Bits, finest_group: usize, mix_bits: Bits) -> Vec<Grid> {
 /// when the ladder lacks it, so the unit can buy the copy at its own size (int4's ladder
 /// goes from 4-bit g32 to 6-bit g64; only the copy's own grid takes a near copy,
 /// `format::quantized::copy_grid_in`). A unit with no near copy keeps `ladder`.
-pub fn unit_ladder(u: &MixUnit, ladder: &[Grid]) -> Vec<Grid> {
+/// `homes` are the unit's [`unit_homes`].
+pub fn unit_ladder(ladder: &[Grid], homes: &[SourceHomes]) -> Vec<Grid> {
     let mut l = ladder.to_vec();
-    for (t, _, _) in &u.tensors {
-        if let Some(bits) = source_homes(t).near {
+    for h in homes {
+        if let Some(bits) = h.near {
             let g = Grid::Asym { bits, group: 32 };
             if !l.contains(&g) {
                 let at = l.partition_point(|x| x.bits_per_weight() < g.bits_per_weight());
@@ -199,7 +200,17 @@ pub fn allocate(units: &[MixUnit], ladder: &[Grid], budget_bits: f64) -> Vec<Gri
 /// (`format::near_copy`) costs its bits and the error of its fitted scales, measured on
 /// the packed tensor ([`near_copy_error`]).
 pub fn unit_curve(u: &MixUnit, ladder: &[Grid]) -> Curve {
-    let homes: Vec<SourceHomes> = u.tensors.iter().map(|(t, _, _)| source_homes(t)).collect();
+    unit_curve_on(u, ladder, &unit_homes(u))
+}
+
+/// Where each of the unit's tensors' source blocks can go (`format::source_grid`), its
+/// rows checked against the blocks once, for [`unit_ladder`] and [`unit_curve_on`].
+pub fn unit_homes(u: &MixUnit) -> Vec<SourceHomes> {
+    u.tensors.iter().map(|(t, _, _)| source_homes(t)).collect()
+}
+
+/// [`unit_curve`] with the unit's [`unit_homes`] already found.
+pub fn unit_curve_on(u: &MixUnit, ladder: &[Grid], homes: &[SourceHomes]) -> Curve {
     let near_err: Vec<OnceCell<f64>> = u.tensors.iter().map(|_| OnceCell::new()).collect();
     Curve {
         bits: ladder
@@ -207,7 +218,7 @@ pub fn unit_curve(u: &MixUnit, ladder: &[Grid]) -> Curve {
             .map(|&g| {
                 u.tensors
                     .iter()
-                    .zip(&homes)
+                    .zip(homes)
                     .map(|((t, _, _), &h)| {
                         copy_grid_in(h, g)
                             .map_or(g, |(c, _)| c)
@@ -221,7 +232,7 @@ pub fn unit_curve(u: &MixUnit, ladder: &[Grid]) -> Curve {
             .map(|&g| {
                 u.tensors
                     .iter()
-                    .zip(&homes)
+                    .zip(homes)
                     .zip(&near_err)
                     .map(|((&(t, m, imp), &h), e)| match copy_grid_in(h, g) {
                         Some((_, CopyKind::Exact)) => 0.0,
@@ -514,7 +525,7 @@ mod tests {
             tensors: vec![(&t, &ones, None)],
         };
         let base = ladder(Bits::B4, 32, Bits::B6);
-        let l = unit_ladder(&unit, &base);
+        let l = unit_ladder(&base, &unit_homes(&unit));
         let (g4, g5) = (
             Grid::Asym {
                 bits: Bits::B4,
@@ -549,7 +560,7 @@ mod tests {
             tensors: vec![(&plain, &ones, None)],
             ..unit
         };
-        assert_eq!(unit_ladder(&unit, &base), base);
+        assert_eq!(unit_ladder(&base, &unit_homes(&unit)), base);
     }
 
     #[test]
