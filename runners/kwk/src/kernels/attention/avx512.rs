@@ -1,14 +1,17 @@
 //! AVX-512 twin of `scalar.rs` (the `avx512bw`, `vnni` and `amx` tiers): a key panel's 16
 //! positions fill one zmm, so a score tile is up to 4 query rows x 2 accumulators (even and
-//! odd dimensions, for two independent FMA chains per row); a value chunk of 16 head
-//! dimensions is one zmm, accumulated over slots (even and odd slots apart). f16 is widened
-//! by `vcvtph2ps`, bf16 by a 16-bit shift, int8 by `vpmovsxbd` + `vcvtdq2ps`, in registers.
+//! odd dimensions, for two independent FMA chains per row); P·V runs slot by slot over up
+//! to 4 chunks of 16 head dimensions (one zmm each) per row, so each slot's values are
+//! read once for all rows, and a q8 value is scaled once, not per row. f16 is widened by
+//! `vcvtph2ps`, bf16 by a 16-bit shift, int8 by `vpmovsxbd` + `vcvtdq2ps`, in registers.
+//! Keys and values are asked for [`PREFETCH_BYTES`] ahead of where they are read.
 //!
 //! Reached only through `kernels::attention`, which checked the CPU features (through
 //! [`crate::kernels::active_isa`]) and every slice bound.
 
-use super::{weight, KeyPanels, ScoreTile, ValueGeometry, ValueRows, ValueTile, Q8_BLOCK};
-use crate::kernels::PANEL_ROWS;
+use super::{KeyPanels, ScoreTile, ValueGeometry, ValueRows, ValueTile, PREFETCH_BYTES, Q8_BLOCK};
+use crate::kernels::x86_64::prefetch_line;
+use crate::kernels::{prefetch_hint, PANEL_ROWS};
 use std::arch::x86_64::*;
 use std::ops::Range;
 
@@ -144,6 +147,10 @@ unsafe fn scores_tile<T: Lanes, const R: usize>(
         // SAFETY: panel `p` holds `dims` rows of 16 keys; query rows hold `dims` values.
         unsafe {
             let kp = k.add(p * dims * PANEL_ROWS);
+            prefetch_hint(
+                (kp as *const u8).wrapping_add(PREFETCH_BYTES),
+                dims * PANEL_ROWS * std::mem::size_of::<T>(),
+            );
             let mut even = [_mm512_setzero_ps(); R];
             let mut odd = [_mm512_setzero_ps(); R];
             let mut d = 0;
@@ -214,6 +221,15 @@ unsafe fn scores_q8_tile<const R: usize>(
         unsafe {
             let kp = k.add(p * dims * PANEL_ROWS);
             let sp = s.add(p * blocks * PANEL_ROWS);
+            prefetch_hint(
+                (kp as *const u8).wrapping_add(PREFETCH_BYTES),
+                dims * PANEL_ROWS,
+            );
+            // The scales run 8 times slower than the codes (4 bytes per 32 codes).
+            prefetch_hint(
+                (sp as *const u8).wrapping_add(PREFETCH_BYTES / 8),
+                blocks * PANEL_ROWS * 4,
+            );
             let mut acc = [_mm512_setzero_ps(); R];
             for b in 0..blocks {
                 let mut even = [_mm512_setzero_ps(); R];
@@ -303,6 +319,10 @@ unsafe fn values_rows<T: Lanes>(
     }
 }
 
+/// Chunks of 16 head dimensions a P·V pass holds per row (`R * VALUE_CHUNKS`
+/// accumulators).
+const VALUE_CHUNKS: usize = 4;
+
 /// # Safety
 /// As [`values_rows`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
@@ -314,42 +334,68 @@ unsafe fn values_tile<T: Lanes, const R: usize>(
     p: *const f32,
     out: *mut f32,
 ) {
+    let mut c0 = 0;
+    // SAFETY: forwarded.
+    unsafe {
+        while c0 + VALUE_CHUNKS <= g.chunks {
+            values_pass::<T, R, VALUE_CHUNKS>(v, s, g, slots, c0, p, out);
+            c0 += VALUE_CHUNKS;
+        }
+        while c0 < g.chunks {
+            values_pass::<T, R, 1>(v, s, g, slots, c0, p, out);
+            c0 += 1;
+        }
+    }
+}
+
+/// Chunks `c0..c0 + C` of `R` rows of P·V, slot by slot: each slot's `C` chunks are read
+/// once (a q8 chunk times its block's scale) and serve every row.
+///
+/// # Safety
+/// As [`values_rows`], with `c0 + C <= g.chunks`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+unsafe fn values_pass<T: Lanes, const R: usize, const C: usize>(
+    v: *const T,
+    s: Option<*const f32>,
+    g: ValueGeometry,
+    slots: &Range<usize>,
+    c0: usize,
+    p: *const f32,
+    out: *mut f32,
+) {
     let (j0, n) = (slots.start, slots.len());
-    for c in 0..g.chunks {
-        // SAFETY: chunk `c` of every slot in `slots` lies inside the values; output rows
-        // hold `chunks * 16` values.
-        unsafe {
-            let base = v.add(c * g.chunk + j0 * g.slot);
-            let mut even = [_mm512_setzero_ps(); R];
-            let mut odd = [_mm512_setzero_ps(); R];
-            for (r, e) in even.iter_mut().enumerate() {
-                *e = _mm512_loadu_ps(out.add(r * g.out_ld + c * PANEL_ROWS));
+    // SAFETY: chunks `c0..c0 + C` of every slot in `slots` lie inside the values (and their
+    // scales); output rows hold `chunks * 16` values; weight rows hold `n` values.
+    unsafe {
+        let mut acc = [[_mm512_setzero_ps(); C]; R];
+        for (r, a) in acc.iter_mut().enumerate() {
+            for (c, x) in a.iter_mut().enumerate() {
+                *x = _mm512_loadu_ps(out.add(r * g.out_ld + (c0 + c) * PANEL_ROWS));
             }
-            let mut i = 0;
-            while i + 2 <= n {
-                let v0 = T::load16(base.add(i * g.slot));
-                let v1 = T::load16(base.add((i + 1) * g.slot));
-                for (r, (e, o)) in even.iter_mut().zip(odd.iter_mut()).enumerate() {
-                    let (w0, w1) = (
-                        weight(p, s, g, r, j0, i, c),
-                        weight(p, s, g, r, j0, i + 1, c),
-                    );
-                    *e = _mm512_fmadd_ps(_mm512_set1_ps(w0), v0, *e);
-                    *o = _mm512_fmadd_ps(_mm512_set1_ps(w1), v1, *o);
-                }
-                i += 2;
+        }
+        for i in 0..n {
+            let at = |c: usize| v.add((c0 + c) * g.chunk + (j0 + i) * g.slot);
+            for c in 0..C {
+                prefetch_line((at(c) as *const u8).wrapping_add(PREFETCH_BYTES));
             }
-            if i < n {
-                let v0 = T::load16(base.add(i * g.slot));
-                for (r, e) in even.iter_mut().enumerate() {
-                    *e = _mm512_fmadd_ps(_mm512_set1_ps(weight(p, s, g, r, j0, i, c)), v0, *e);
+            let mut x = [_mm512_setzero_ps(); C];
+            for (c, xc) in x.iter_mut().enumerate() {
+                *xc = T::load16(at(c));
+                if let Some(s) = s {
+                    let b = (j0 + i) * g.blocks + (c0 + c) * PANEL_ROWS / Q8_BLOCK;
+                    *xc = _mm512_mul_ps(*xc, _mm512_set1_ps(*s.add(b)));
                 }
             }
-            for (r, (e, o)) in even.iter().zip(&odd).enumerate() {
-                _mm512_storeu_ps(
-                    out.add(r * g.out_ld + c * PANEL_ROWS),
-                    _mm512_add_ps(*e, *o),
-                );
+            for (r, a) in acc.iter_mut().enumerate() {
+                let w = _mm512_set1_ps(*p.add(r * g.p_ld + i));
+                for (ac, xc) in a.iter_mut().zip(&x) {
+                    *ac = _mm512_fmadd_ps(w, *xc, *ac);
+                }
+            }
+        }
+        for (r, a) in acc.iter().enumerate() {
+            for (c, x) in a.iter().enumerate() {
+                _mm512_storeu_ps(out.add(r * g.out_ld + (c0 + c) * PANEL_ROWS), *x);
             }
         }
     }
