@@ -4,8 +4,8 @@
 //! as the decoder's cache lays them out (key panels of 16 positions, values one position
 //! per row). Each round runs the two inner products of every head's attention, first the
 //! scores over every key panel, then P·V over every slot (timed apart), on one thread, and
-//! reports the cache's bytes over the time: a bandwidth that sits far under the machine's read bandwidth
-//! (roofline) says the kernels, not memory, bound generation at depth.
+//! reports the cache's bytes over the time: a bandwidth far under the machine's read
+//! bandwidth (roofline) says the kernels, not memory, bound generation at depth.
 //!
 //! `cargo run --release -p kwk --example attention_bandwidth [-- KEYS [ROUNDS]]`
 //! (defaults 4096 keys, 5 rounds; `KWK_ISA` picks the tier).

@@ -371,3 +371,132 @@ unsafe fn values_tile<T: Lanes, const R: usize>(
         }
     }
 }
+
+/// See [`super::widen_key_panels`].
+pub fn widen_key_panels(keys: KeyPanels<'_>, dims: usize, n_panels: usize, out: &mut [f32]) {
+    assert_features();
+    let n = n_panels * dims * PANEL_ROWS;
+    let o = out.as_mut_ptr();
+    // SAFETY: AVX2 checked by the dispatcher; `super::widen_key_panels` checked that the
+    // panels and `out` hold `n` values (and the q8 scales theirs).
+    unsafe {
+        match keys {
+            KeyPanels::F32(k) => widen_run::<f32>(k.as_ptr(), n, o),
+            KeyPanels::F16(k) => widen_run::<F16>(k.as_ptr() as *const F16, n, o),
+            KeyPanels::Bf16(k) => widen_run::<Bf16>(k.as_ptr() as *const Bf16, n, o),
+            KeyPanels::Q8 { codes, scales } => {
+                widen_q8_panels(codes.as_ptr(), scales.as_ptr(), dims, n_panels, o)
+            }
+        }
+    }
+}
+
+/// Stores 16 float32 lanes.
+///
+/// # Safety
+/// AVX2; `out` valid for 16 values.
+#[inline(always)]
+unsafe fn store16(out: *mut f32, x: [__m256; 2]) {
+    // SAFETY: the caller's bounds.
+    unsafe {
+        _mm256_storeu_ps(out, x[0]);
+        _mm256_storeu_ps(out.add(8), x[1]);
+    }
+}
+
+/// `n` (a multiple of 16) stored elements to float32.
+///
+/// # Safety
+/// AVX2, FMA, F16C; `src` and `out` valid for `n` elements.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn widen_run<T: Lanes>(src: *const T, n: usize, out: *mut f32) {
+    // SAFETY: the caller's bounds.
+    unsafe {
+        for i in (0..n).step_by(PANEL_ROWS) {
+            store16(out.add(i), T::load16(src.add(i)));
+        }
+    }
+}
+
+/// q8 key panels to float32: each row of 16 codes times its block's 16 scales.
+///
+/// # Safety
+/// AVX2, FMA, F16C; the bounds of [`super::widen_key_panels`].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn widen_q8_panels(
+    k: *const i8,
+    s: *const f32,
+    dims: usize,
+    n_panels: usize,
+    out: *mut f32,
+) {
+    let blocks = dims / Q8_BLOCK;
+    // SAFETY: the caller's bounds.
+    unsafe {
+        for p in 0..n_panels {
+            for d in 0..dims {
+                let at = (p * dims + d) * PANEL_ROWS;
+                let sp = s.add((p * blocks + d / Q8_BLOCK) * PANEL_ROWS);
+                let [x0, x1] = i8::load16(k.add(at));
+                store16(
+                    out.add(at),
+                    [
+                        _mm256_mul_ps(x0, _mm256_loadu_ps(sp)),
+                        _mm256_mul_ps(x1, _mm256_loadu_ps(sp.add(8))),
+                    ],
+                );
+            }
+        }
+    }
+}
+
+/// See [`super::widen_values`].
+pub fn widen_values(values: ValueRows<'_>, dims: usize, slots: Range<usize>, out: &mut [f32]) {
+    assert_features();
+    let g = ValueGeometry::of_values(&values, dims);
+    let o = out.as_mut_ptr();
+    // SAFETY: AVX2 checked by the dispatcher; `super::widen_values` checked the bounds of
+    // the values of `slots` and of `out`.
+    unsafe {
+        match values {
+            ValueRows::F32Panels { data, .. } => {
+                widen_slots::<f32>(data.as_ptr(), None, g, &slots, o)
+            }
+            ValueRows::F16(v) => widen_slots::<F16>(v.as_ptr() as *const F16, None, g, &slots, o),
+            ValueRows::Bf16(v) => {
+                widen_slots::<Bf16>(v.as_ptr() as *const Bf16, None, g, &slots, o)
+            }
+            ValueRows::Q8 { codes, scales } => {
+                widen_slots::<i8>(codes.as_ptr(), Some(scales.as_ptr()), g, &slots, o)
+            }
+        }
+    }
+}
+
+/// The values of `slots` into float32 value panels of `slots.len()` slots.
+///
+/// # Safety
+/// AVX2, FMA, F16C; the bounds of [`super::widen_values`].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn widen_slots<T: Lanes>(
+    v: *const T,
+    s: Option<*const f32>,
+    g: ValueGeometry,
+    slots: &Range<usize>,
+    out: *mut f32,
+) {
+    let n = slots.len();
+    // SAFETY: the caller's bounds.
+    unsafe {
+        for (i, j) in slots.clone().enumerate() {
+            for c in 0..g.chunks {
+                let [mut x0, mut x1] = T::load16(v.add(c * g.chunk + j * g.slot));
+                if let Some(s) = s {
+                    let sc = _mm256_set1_ps(*s.add(j * g.blocks + c * PANEL_ROWS / Q8_BLOCK));
+                    (x0, x1) = (_mm256_mul_ps(x0, sc), _mm256_mul_ps(x1, sc));
+                }
+                store16(out.add((c * n + i) * PANEL_ROWS), [x0, x1]);
+            }
+        }
+    }
+}

@@ -400,3 +400,112 @@ unsafe fn values_pass<T: Lanes, const R: usize, const C: usize>(
         }
     }
 }
+
+/// See [`super::widen_key_panels`].
+pub fn widen_key_panels(keys: KeyPanels<'_>, dims: usize, n_panels: usize, out: &mut [f32]) {
+    assert_features();
+    let n = n_panels * dims * PANEL_ROWS;
+    let o = out.as_mut_ptr();
+    // SAFETY: AVX-512 checked by the dispatcher; `super::widen_key_panels` checked that the
+    // panels and `out` hold `n` values (and the q8 scales theirs).
+    unsafe {
+        match keys {
+            KeyPanels::F32(k) => widen_run::<f32>(k.as_ptr(), n, o),
+            KeyPanels::F16(k) => widen_run::<F16>(k.as_ptr() as *const F16, n, o),
+            KeyPanels::Bf16(k) => widen_run::<Bf16>(k.as_ptr() as *const Bf16, n, o),
+            KeyPanels::Q8 { codes, scales } => {
+                widen_q8_panels(codes.as_ptr(), scales.as_ptr(), dims, n_panels, o)
+            }
+        }
+    }
+}
+
+/// `n` (a multiple of 16) stored elements to float32.
+///
+/// # Safety
+/// AVX-512 F; `src` and `out` valid for `n` elements.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+unsafe fn widen_run<T: Lanes>(src: *const T, n: usize, out: *mut f32) {
+    // SAFETY: the caller's bounds.
+    unsafe {
+        for i in (0..n).step_by(PANEL_ROWS) {
+            _mm512_storeu_ps(out.add(i), T::load16(src.add(i)));
+        }
+    }
+}
+
+/// q8 key panels to float32: each row of 16 codes times its block's 16 scales.
+///
+/// # Safety
+/// AVX-512 F; the bounds of [`super::widen_key_panels`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+unsafe fn widen_q8_panels(
+    k: *const i8,
+    s: *const f32,
+    dims: usize,
+    n_panels: usize,
+    out: *mut f32,
+) {
+    let blocks = dims / Q8_BLOCK;
+    // SAFETY: the caller's bounds.
+    unsafe {
+        for p in 0..n_panels {
+            for d in 0..dims {
+                let at = (p * dims + d) * PANEL_ROWS;
+                let scale = _mm512_loadu_ps(s.add((p * blocks + d / Q8_BLOCK) * PANEL_ROWS));
+                _mm512_storeu_ps(out.add(at), _mm512_mul_ps(i8::load16(k.add(at)), scale));
+            }
+        }
+    }
+}
+
+/// See [`super::widen_values`].
+pub fn widen_values(values: ValueRows<'_>, dims: usize, slots: Range<usize>, out: &mut [f32]) {
+    assert_features();
+    let g = ValueGeometry::of_values(&values, dims);
+    let o = out.as_mut_ptr();
+    // SAFETY: AVX-512 checked by the dispatcher; `super::widen_values` checked the bounds
+    // of the values of `slots` and of `out`.
+    unsafe {
+        match values {
+            ValueRows::F32Panels { data, .. } => {
+                widen_slots::<f32>(data.as_ptr(), None, g, &slots, o)
+            }
+            ValueRows::F16(v) => widen_slots::<F16>(v.as_ptr() as *const F16, None, g, &slots, o),
+            ValueRows::Bf16(v) => {
+                widen_slots::<Bf16>(v.as_ptr() as *const Bf16, None, g, &slots, o)
+            }
+            ValueRows::Q8 { codes, scales } => {
+                widen_slots::<i8>(codes.as_ptr(), Some(scales.as_ptr()), g, &slots, o)
+            }
+        }
+    }
+}
+
+/// The values of `slots` into float32 value panels of `slots.len()` slots.
+///
+/// # Safety
+/// AVX-512 F; the bounds of [`super::widen_values`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,fma")]
+unsafe fn widen_slots<T: Lanes>(
+    v: *const T,
+    s: Option<*const f32>,
+    g: ValueGeometry,
+    slots: &Range<usize>,
+    out: *mut f32,
+) {
+    let n = slots.len();
+    // SAFETY: the caller's bounds.
+    unsafe {
+        for (i, j) in slots.clone().enumerate() {
+            for c in 0..g.chunks {
+                let mut x = T::load16(v.add(c * g.chunk + j * g.slot));
+                if let Some(s) = s {
+                    let b = j * g.blocks + c * PANEL_ROWS / Q8_BLOCK;
+                    x = _mm512_mul_ps(x, _mm512_set1_ps(*s.add(b)));
+                }
+                _mm512_storeu_ps(out.add((c * n + i) * PANEL_ROWS), x);
+            }
+        }
+    }
+}

@@ -2,10 +2,12 @@
 //! [`crate::decoder::KvPrecision`], dispatched by tier: [`key_scores`] (scores of a few
 //! query rows against panels of 16 cached keys) and [`accumulate_values`] (`out += P·V` over
 //! a run of cached values). Narrow keys and values (f16, bf16, int8 codes with per-block
-//! scales) are widened to float32 in registers as they are read; no float32 copy of the
-//! cache is made. The specification is `scalar.rs`; `avx2.rs` (the `avx2` and `avxvnni`
-//! tiers) and `avx512.rs` (`avx512bw`, `vnni`, `amx`) are its SIMD twins, the same sums in
-//! a different order (they agree with it to float32 rounding, not to the bit).
+//! scales) are widened to float32 in registers as they are read; a tile of many query
+//! rows (a prompt) first widens its block of keys and values once ([`widen_key_panels`],
+//! [`widen_values`]) and reads that float32 copy, never one of the whole cache. The
+//! specification is `scalar.rs`; `avx2.rs` (the `avx2` and `avxvnni` tiers) and
+//! `avx512.rs` (`avx512bw`, `vnni`, `amx`) are its SIMD twins, the same sums in a
+//! different order (they agree with it to float32 rounding, not to the bit).
 //!
 //! Layouts (the decoder's `kv_cache` stores them):
 //! - keys: panels of 16 positions, `[panel][dims][16]` (position `j` of a panel in lane
@@ -155,6 +157,74 @@ pub fn accumulate_values(
     }
 }
 
+/// Widens the `n_panels` key panels of `keys` to float32 in the same layout
+/// (`out[(p * dims + d) * 16 + lane]`), a q8 code times its block's scale: what a tile of
+/// many query rows reads instead of widening each key once per pass of a few rows.
+pub fn widen_key_panels(
+    isa: Isa,
+    keys: KeyPanels<'_>,
+    dims: usize,
+    n_panels: usize,
+    out: &mut [f32],
+) {
+    let need = n_panels * dims * PANEL_ROWS;
+    let len_ok = match keys {
+        KeyPanels::F32(k) => k.len() >= need,
+        KeyPanels::F16(k) | KeyPanels::Bf16(k) => k.len() >= need,
+        KeyPanels::Q8 { codes, scales } => {
+            dims.is_multiple_of(Q8_BLOCK)
+                && codes.len() >= need
+                && scales.len() >= n_panels * dims / Q8_BLOCK * PANEL_ROWS
+        }
+    };
+    assert!(
+        len_ok && out.len() >= need,
+        "key panels or output shorter than {n_panels} panels of {dims}"
+    );
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        _ if isa.has_avx512() => avx512::widen_key_panels(keys, dims, n_panels, out),
+        #[cfg(target_arch = "x86_64")]
+        _ if isa.is_avx2_class() => avx2::widen_key_panels(keys, dims, n_panels, out),
+        _ => scalar::widen_key_panels(keys, dims, n_panels, out),
+    }
+}
+
+/// Widens the values of `slots` to float32 value panels of `slots.len()` slots
+/// (`out[(c * n + i) * 16 + lane]` holds dimension `16c + lane` of slot `slots.start + i`,
+/// what [`ValueRows::F32Panels`] with `cap = n` reads), a q8 code times its block's scale.
+pub fn widen_values(
+    isa: Isa,
+    values: ValueRows<'_>,
+    dims: usize,
+    slots: Range<usize>,
+    out: &mut [f32],
+) {
+    assert!(dims.is_multiple_of(PANEL_ROWS));
+    let len_ok = match values {
+        ValueRows::F32Panels { data, cap } => {
+            slots.end <= cap && data.len() >= dims / PANEL_ROWS * cap * PANEL_ROWS
+        }
+        ValueRows::F16(v) | ValueRows::Bf16(v) => v.len() >= slots.end * dims,
+        ValueRows::Q8 { codes, scales } => {
+            dims.is_multiple_of(Q8_BLOCK)
+                && codes.len() >= slots.end * dims
+                && scales.len() >= slots.end * dims / Q8_BLOCK
+        }
+    };
+    assert!(
+        len_ok && out.len() >= slots.len() * dims,
+        "values or output shorter than slots {slots:?} of {dims}"
+    );
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        _ if isa.has_avx512() => avx512::widen_values(values, dims, slots, out),
+        #[cfg(target_arch = "x86_64")]
+        _ if isa.is_avx2_class() => avx2::widen_values(values, dims, slots, out),
+        _ => scalar::widen_values(values, dims, slots, out),
+    }
+}
+
 /// Quantizes `x` (a multiple of 32 long) to q8 blocks of 32: per block `scale = max|x| /
 /// 127` (0 for a zero block) and `code = round(x / scale)`, so that `|x - code·scale| <=
 /// scale / 2`. Non-finite values give a NaN scale (the block reads back as NaN, never as
@@ -197,6 +267,15 @@ struct ValueGeometry {
 impl ValueGeometry {
     /// The geometry of `values` (`dims` head dimensions) for tile `t`.
     fn new(values: &ValueRows<'_>, dims: usize, t: &ValueTile<'_>) -> Self {
+        ValueGeometry {
+            p_ld: t.p_ld,
+            out_ld: t.out_ld,
+            ..Self::of_values(values, dims)
+        }
+    }
+
+    /// The geometry of `values` alone (no weights, no output rows).
+    fn of_values(values: &ValueRows<'_>, dims: usize) -> Self {
         let (chunk, slot) = match values {
             ValueRows::F32Panels { cap, .. } => (cap * PANEL_ROWS, PANEL_ROWS),
             _ => (PANEL_ROWS, dims),
@@ -206,8 +285,8 @@ impl ValueGeometry {
             slot,
             chunks: dims / PANEL_ROWS,
             blocks: dims / Q8_BLOCK,
-            p_ld: t.p_ld,
-            out_ld: t.out_ld,
+            p_ld: 0,
+            out_ld: 0,
         }
     }
 }

@@ -85,3 +85,32 @@ pub fn accumulate_values(
         }
     }
 }
+
+/// See [`super::widen_key_panels`]: each key widened, a q8 code times its block's scale.
+pub fn widen_key_panels(keys: KeyPanels<'_>, dims: usize, n_panels: usize, out: &mut [f32]) {
+    for p in 0..n_panels {
+        for d in 0..dims {
+            for lane in 0..PANEL_ROWS {
+                let at = (p * dims + d) * PANEL_ROWS + lane;
+                out[at] = match keys {
+                    KeyPanels::Q8 { scales, .. } => {
+                        key_code(keys, dims, p, d, lane)
+                            * scales[(p * (dims / Q8_BLOCK) + d / Q8_BLOCK) * PANEL_ROWS + lane]
+                    }
+                    _ => key_code(keys, dims, p, d, lane),
+                };
+            }
+        }
+    }
+}
+
+/// See [`super::widen_values`]: each value widened, a q8 code times its block's scale.
+pub fn widen_values(values: ValueRows<'_>, dims: usize, slots: Range<usize>, out: &mut [f32]) {
+    let n = slots.len();
+    for (i, j) in slots.enumerate() {
+        for d in 0..dims {
+            let (v, s) = value(values, dims, j, d);
+            out[((d / PANEL_ROWS) * n + i) * PANEL_ROWS + d % PANEL_ROWS] = v * s;
+        }
+    }
+}

@@ -271,3 +271,87 @@ fn q8_blocks_round_trip_within_half_a_step() {
     quantize_q8_blocks(&x, &mut codes, &mut scales);
     assert!(scales[0].is_nan() && scales[1].is_finite());
 }
+
+/// `got` is `want` rounded once to float32 (a q8 code times its scale; exact otherwise).
+fn assert_rounded_once(got: f32, want: f64, what: &dyn Fn() -> String) {
+    assert!(
+        (got as f64 - want).abs() <= want.abs() * f32::EPSILON as f64 / 2.0,
+        "{}: {got} vs {want}",
+        what()
+    );
+}
+
+#[test]
+fn widened_keys_and_values_equal_the_stored_ones_on_every_tier_and_type() {
+    for kind in KINDS {
+        for &dims in if kind == "q8" {
+            &[32, 96][..]
+        } else {
+            &[16, 48, 80][..]
+        } {
+            // Keys: panel-major, q8 blocks along each lane's dims (as in `check_scores`).
+            let n_panels = 3;
+            let keys = values(n_panels * dims * 16, dims as u64);
+            let blocks = dims / Q8_BLOCK;
+            let groups: Vec<Vec<usize>> = (0..n_panels * blocks * 16)
+                .map(|g| {
+                    let (p, b, l) = (g / (blocks * 16), g / 16 % blocks, g % 16);
+                    (b * Q8_BLOCK..(b + 1) * Q8_BLOCK)
+                        .map(|d| (p * dims + d) * 16 + l)
+                        .collect()
+                })
+                .collect();
+            let (stored, exact) = store(kind, &keys, &groups);
+            // Values: one slot per row, q8 blocks of 32 contiguous dims.
+            let cap = 21;
+            let vals = values(cap * dims, dims as u64 + 1);
+            let vgroups: Vec<Vec<usize>> = (0..cap * dims / Q8_BLOCK)
+                .map(|g| (g * Q8_BLOCK..(g + 1) * Q8_BLOCK).collect())
+                .collect();
+            let (vstored, vexact) = store(kind, &vals, &vgroups);
+            let panels: Vec<f32> = (0..dims / 16 * cap * 16)
+                .map(|at| {
+                    let (c, j, l) = (at / (cap * 16), at / 16 % cap, at % 16);
+                    vals[j * dims + c * 16 + l]
+                })
+                .collect();
+            for isa in supported_isas() {
+                let k = match &stored {
+                    Stored::F32(v) => KeyPanels::F32(v),
+                    Stored::F16(v) => KeyPanels::F16(v),
+                    Stored::Bf16(v) => KeyPanels::Bf16(v),
+                    Stored::Q8(c, s) => KeyPanels::Q8 {
+                        codes: c,
+                        scales: s,
+                    },
+                };
+                let mut out = vec![f32::NAN; keys.len()];
+                widen_key_panels(isa, k, dims, n_panels, &mut out);
+                for (i, (&got, &want)) in out.iter().zip(&exact).enumerate() {
+                    assert_rounded_once(got, want, &|| format!("{} {kind} key {i}", isa.name()));
+                }
+                let v = match &vstored {
+                    Stored::F32(_) => ValueRows::F32Panels { data: &panels, cap },
+                    Stored::F16(v) => ValueRows::F16(v),
+                    Stored::Bf16(v) => ValueRows::Bf16(v),
+                    Stored::Q8(c, s) => ValueRows::Q8 {
+                        codes: c,
+                        scales: s,
+                    },
+                };
+                let slots = 5..18;
+                let n = slots.len();
+                let mut out = vec![f32::NAN; n * dims];
+                widen_values(isa, v, dims, slots.clone(), &mut out);
+                for (i, j) in slots.enumerate() {
+                    for d in 0..dims {
+                        let got = out[((d / 16) * n + i) * 16 + d % 16];
+                        assert_rounded_once(got, vexact[j * dims + d], &|| {
+                            format!("{} {kind} value slot {j} dim {d}", isa.name())
+                        });
+                    }
+                }
+            }
+        }
+    }
+}
