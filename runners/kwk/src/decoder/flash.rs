@@ -5,7 +5,9 @@
 //! context exists. Keys and values are read in place in their precision by
 //! `kernels::attention`. A step with fewer (KV head, query block) items than twice the
 //! threads (one generated token, a short prompt at depth) also splits the keys: each share
-//! gives its (max, sum, output) per row and the shares are merged after.
+//! gives its (max, sum, output) per row and the shares are merged after. A q8 cache holds
+//! keys and values rotated (`kv_rotation`): each query row is rotated the same way when it
+//! is copied in, and each output row rotated back when it is written.
 
 use super::kv_cache::KvCache;
 use super::kv_precision::KvPrecision;
@@ -105,6 +107,7 @@ pub(super) fn attention(
                     .zip(src)
                     .for_each(|(d, &x)| *d = x * scale);
                 dst[hd..].fill(0.0);
+                kv.rotate_query(dst);
             }
             // The keys of this block: from its first query's window start (aligned down
             // to a panel) to its last query; this item's share of them.
@@ -141,6 +144,7 @@ pub(super) fn attention(
                     let inv = 1.0 / l;
                     let o = &mut st.o[r * vd..r * vd + hd];
                     o.iter_mut().for_each(|x| *x *= inv);
+                    kv.rotate_output_back(o);
                     y.write_cols(t, h * hd, o);
                 }
             }
@@ -176,10 +180,9 @@ pub(super) fn attention(
                 }
                 let inv = if l == 0.0 { f32::NAN } else { 1.0 / l };
                 let (t, h) = (t0 + r / group, g * group + r % group);
-                out[t * qd + h * hd..][..hd]
-                    .iter_mut()
-                    .zip(&acc)
-                    .for_each(|(o, &a)| *o = a * inv);
+                let o = &mut out[t * qd + h * hd..][..hd];
+                o.iter_mut().zip(&acc).for_each(|(o, &a)| *o = a * inv);
+                kv.rotate_output_back(o);
             }
         }
     }

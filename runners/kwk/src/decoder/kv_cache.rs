@@ -2,9 +2,12 @@
 //! precision chosen ([`KvPrecision`]) and the layouts the attention kernels read
 //! (`kernels::attention`). A layer that only ever looks back a window of keys (Gemma 3's
 //! local layers) gets a ring of slots instead of one slot per position
-//! ([`KvCache::with_lengths`]).
+//! ([`KvCache::with_lengths`]). A q8 cache stores keys and values rotated
+//! (`kv_rotation`): queries are rotated the same way before their scores and the attention
+//! output rotated back ([`KvCache::rotate_query`], [`KvCache::rotate_output_back`]).
 
 use super::kv_precision::{KvPrecision, KV_Q8_BLOCK};
+use super::kv_rotation::KvRotation;
 use crate::kernels::attention::{quantize_q8_blocks, KeyPanels, ValueRows};
 use crate::kernels::PANEL_ROWS;
 
@@ -47,6 +50,8 @@ pub(crate) struct KvCache {
     pub(super) n_kv: usize,
     pub(super) hd: usize,
     precision: KvPrecision,
+    /// The basis keys and values are stored in (q8 with a head dimension a multiple of 64).
+    rotation: Option<KvRotation>,
     /// Slots per layer (a multiple of 16).
     caps: Vec<usize>,
     pub(super) hd_panels: usize,
@@ -104,6 +109,10 @@ impl KvCache {
             n_kv,
             hd,
             precision,
+            rotation: match precision {
+                KvPrecision::Q8 => KvRotation::for_head_dim(hd),
+                _ => None,
+            },
             caps,
             hd_panels,
             key_dims,
@@ -116,6 +125,23 @@ impl KvCache {
 
     pub(super) fn precision(&self) -> KvPrecision {
         self.precision
+    }
+
+    /// Rotates one head's scaled query (`head_dim` long) into the basis the keys are
+    /// stored in, so that its scores are those of the unrotated query and keys (nothing
+    /// to do but in a rotated q8 cache).
+    pub(super) fn rotate_query(&self, q: &mut [f32]) {
+        if let Some(r) = &self.rotation {
+            r.rotate_key(&mut q[..self.hd]);
+        }
+    }
+
+    /// Rotates one head's attention output (`head_dim` long), a mix of stored values, back
+    /// from the basis the values are stored in (nothing to do but in a rotated q8 cache).
+    pub(super) fn rotate_output_back(&self, o: &mut [f32]) {
+        if let Some(r) = &self.rotation {
+            r.rotate_value(&mut o[..self.hd]);
+        }
     }
 
     /// Slots of `layer`.
@@ -143,6 +169,7 @@ impl KvCache {
         let (kd, vd, n_kv) = (self.key_dims, self.value_dims, self.n_kv);
         let v_head = self.hd_panels * PANEL_ROWS * cap;
         let bf16 = self.precision == KvPrecision::Bf16;
+        let rotation = self.rotation;
         let (row, codes, scales) = (&mut self.row, &mut self.codes, &mut self.scales);
         for (t, (kr, vr)) in k.chunks_exact(kvd).zip(v.chunks_exact(kvd)).enumerate() {
             let pos = pos0 + t;
@@ -195,6 +222,9 @@ impl KvCache {
                         let (krow, kcodes) = (&mut row[..kd], &mut codes[..kd]);
                         krow[..hd].copy_from_slice(key);
                         krow[hd..].fill(0.0);
+                        if let Some(r) = &rotation {
+                            r.rotate_key(&mut krow[..hd]);
+                        }
                         let blocks = kd / KV_Q8_BLOCK;
                         quantize_q8_blocks(krow, kcodes, &mut scales[..blocks]);
                         let panel = &mut keys[panel..][..kd * PANEL_ROWS];
@@ -209,6 +239,9 @@ impl KvCache {
                         let vrow = &mut row[..vd];
                         vrow[..hd].copy_from_slice(value);
                         vrow[hd..].fill(0.0);
+                        if let Some(r) = &rotation {
+                            r.rotate_value(&mut vrow[..hd]);
+                        }
                         let vb = vd / KV_Q8_BLOCK;
                         let sv = &mut v_scales[(g * cap + pos) * vb..][..vb];
                         quantize_q8_blocks(vrow, &mut values[at..at + vd], sv);

@@ -32,11 +32,15 @@ pub const KV_Q8_BLOCK: usize = 32;
 ///   the probability it broadcasts (one scalar multiply per 32 values). A float32 scale
 ///   (against q8_0's f16) costs 1/16 byte per value more and saves a conversion per block.
 ///   Keys are rounded after RoPE, and the current batch's own keys are read back rounded
-///   (as llama.cpp's are). Codes round to nearest (ties away from zero) and stay within
-///   ±127 by construction of the scale; nothing else is rounded: queries, scores,
-///   probabilities and every sum stay float32 (llama.cpp's CPU flash attention also rounds
-///   the query to q8_0 for a q8_0 cache). What each rounding costs on SmolLM2-135M, against
-///   llama.cpp's q8_0: `reports/kv-quality-39/README.md`.
+///   (as llama.cpp's are). Before rounding, each head's key and value is rotated by an
+///   orthonormal Walsh-Hadamard matrix (`kv_rotation`, llama.cpp's `attn_rot` rule; head
+///   dimensions a multiple of 64), which spreads the few large dimensions RoPE's slow pairs
+///   give a key over the whole head so they no longer set every block's step; queries are
+///   rotated alike and outputs rotated back, in float32. Codes round to nearest (ties away
+///   from zero) and stay within ±127 by construction of the scale; nothing else is
+///   rounded: queries, scores, probabilities and every sum stay float32 (llama.cpp's CPU
+///   flash attention also rounds the query to q8_0 for a q8_0 cache). What each rounding
+///   costs on SmolLM2-135M, against llama.cpp's q8_0: `reports/kv-quality-39/README.md`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum KvPrecision {
     #[default]

@@ -27,6 +27,7 @@ mod build;
 mod flash;
 mod kv_cache;
 pub mod kv_precision;
+mod kv_rotation;
 mod layers;
 pub mod resident;
 pub mod rope;
