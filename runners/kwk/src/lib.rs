@@ -39,6 +39,8 @@ pub mod pack;
 pub mod paths;
 pub mod quantize;
 pub mod roofline;
+#[cfg(test)]
+mod test_values;
 pub mod threads;
 pub mod tokenizer;
 

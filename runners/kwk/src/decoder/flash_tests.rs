@@ -15,17 +15,7 @@ use crate::kernels::{attention::quantize_q8_blocks, supported_isas};
 use crate::model::{Architecture, ModelConfig, RopeScaling};
 use crate::threads::ThreadPool;
 
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
+use crate::test_values::uniform as values;
 
 fn config(n_heads: usize, n_kv: usize, hd: usize) -> ModelConfig {
     ModelConfig {

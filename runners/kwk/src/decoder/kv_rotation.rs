@@ -104,17 +104,7 @@ mod tests {
             .collect()
     }
 
-    fn values(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
-    }
+    use crate::test_values::uniform as values;
 
     #[test]
     fn sizes_follow_llama_cpp() {

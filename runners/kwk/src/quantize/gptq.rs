@@ -588,17 +588,7 @@ mod tests {
     use super::*;
     use crate::format::PackedLinear;
 
-    fn pseudo(n: usize, seed: u64) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
-    }
+    use crate::test_values::uniform as pseudo;
 
     /// `tokens × dim` inputs with correlated channels and a few outlier channels.
     fn inputs(tokens: usize, dim: usize, seed: u64) -> Vec<f32> {

@@ -71,6 +71,37 @@ pub enum ValueRows<'a> {
     Q8 { codes: &'a [i8], scales: &'a [f32] },
 }
 
+/// Whether `keys` hold `n_panels` panels of `dims` (a q8 cache's `dims` a multiple of 32,
+/// with its scales).
+fn keys_hold(keys: KeyPanels<'_>, dims: usize, n_panels: usize) -> bool {
+    let need = n_panels * dims * PANEL_ROWS;
+    match keys {
+        KeyPanels::F32(k) => k.len() >= need,
+        KeyPanels::F16(k) | KeyPanels::Bf16(k) => k.len() >= need,
+        KeyPanels::Q8 { codes, scales } => {
+            dims.is_multiple_of(Q8_BLOCK)
+                && codes.len() >= need
+                && scales.len() >= n_panels * dims / Q8_BLOCK * PANEL_ROWS
+        }
+    }
+}
+
+/// Whether `values` hold every slot below `end` (`dims` each; a q8 cache's `dims` a
+/// multiple of 32, with its scales).
+fn values_hold(values: ValueRows<'_>, dims: usize, end: usize) -> bool {
+    match values {
+        ValueRows::F32Panels { data, cap } => {
+            end <= cap && data.len() >= dims / PANEL_ROWS * cap * PANEL_ROWS
+        }
+        ValueRows::F16(v) | ValueRows::Bf16(v) => v.len() >= end * dims,
+        ValueRows::Q8 { codes, scales } => {
+            dims.is_multiple_of(Q8_BLOCK)
+                && codes.len() >= end * dims
+                && scales.len() >= end * dims / Q8_BLOCK
+        }
+    }
+}
+
 /// Query rows and where the scores go: `q` holds `rows` rows `q_ld` apart (each at least
 /// `dims` long), `out` `rows` rows `out_ld` apart.
 pub struct ScoreTile<'a> {
@@ -84,19 +115,8 @@ pub struct ScoreTile<'a> {
 /// `out[r][16p + j] = q[r] · key(p, j)` for the `n_panels` panels of `keys` (`dims` values
 /// per key; a q8 key's blocks scaled by their scale).
 pub fn key_scores(isa: Isa, keys: KeyPanels<'_>, dims: usize, n_panels: usize, t: ScoreTile<'_>) {
-    let per_panel = dims * PANEL_ROWS;
-    let need = n_panels * per_panel;
-    let len_ok = match keys {
-        KeyPanels::F32(k) => k.len() >= need,
-        KeyPanels::F16(k) | KeyPanels::Bf16(k) => k.len() >= need,
-        KeyPanels::Q8 { codes, scales } => {
-            dims.is_multiple_of(Q8_BLOCK)
-                && codes.len() >= need
-                && scales.len() >= n_panels * dims / Q8_BLOCK * PANEL_ROWS
-        }
-    };
     assert!(
-        len_ok,
+        keys_hold(keys, dims, n_panels),
         "key panels shorter than {n_panels} panels of {dims}"
     );
     assert!(t.rows == 0 || t.q.len() >= (t.rows - 1) * t.q_ld + dims);
@@ -132,18 +152,10 @@ pub fn accumulate_values(
     t: ValueTile<'_>,
 ) {
     assert!(dims.is_multiple_of(PANEL_ROWS));
-    let len_ok = match values {
-        ValueRows::F32Panels { data, cap } => {
-            slots.end <= cap && data.len() >= dims / PANEL_ROWS * cap * PANEL_ROWS
-        }
-        ValueRows::F16(v) | ValueRows::Bf16(v) => v.len() >= slots.end * dims,
-        ValueRows::Q8 { codes, scales } => {
-            dims.is_multiple_of(Q8_BLOCK)
-                && codes.len() >= slots.end * dims
-                && scales.len() >= slots.end * dims / Q8_BLOCK
-        }
-    };
-    assert!(len_ok, "values shorter than slots {slots:?} of {dims}");
+    assert!(
+        values_hold(values, dims, slots.end),
+        "values shorter than slots {slots:?} of {dims}"
+    );
     let n = slots.len();
     assert!(t.rows == 0 || t.p.len() >= (t.rows - 1) * t.p_ld + n);
     assert!(t.rows == 0 || t.out.len() >= (t.rows - 1) * t.out_ld + dims);
@@ -168,17 +180,8 @@ pub fn widen_key_panels(
     out: &mut [f32],
 ) {
     let need = n_panels * dims * PANEL_ROWS;
-    let len_ok = match keys {
-        KeyPanels::F32(k) => k.len() >= need,
-        KeyPanels::F16(k) | KeyPanels::Bf16(k) => k.len() >= need,
-        KeyPanels::Q8 { codes, scales } => {
-            dims.is_multiple_of(Q8_BLOCK)
-                && codes.len() >= need
-                && scales.len() >= n_panels * dims / Q8_BLOCK * PANEL_ROWS
-        }
-    };
     assert!(
-        len_ok && out.len() >= need,
+        keys_hold(keys, dims, n_panels) && out.len() >= need,
         "key panels or output shorter than {n_panels} panels of {dims}"
     );
     match isa {
@@ -201,19 +204,8 @@ pub fn widen_values(
     out: &mut [f32],
 ) {
     assert!(dims.is_multiple_of(PANEL_ROWS));
-    let len_ok = match values {
-        ValueRows::F32Panels { data, cap } => {
-            slots.end <= cap && data.len() >= dims / PANEL_ROWS * cap * PANEL_ROWS
-        }
-        ValueRows::F16(v) | ValueRows::Bf16(v) => v.len() >= slots.end * dims,
-        ValueRows::Q8 { codes, scales } => {
-            dims.is_multiple_of(Q8_BLOCK)
-                && codes.len() >= slots.end * dims
-                && scales.len() >= slots.end * dims / Q8_BLOCK
-        }
-    };
     assert!(
-        len_ok && out.len() >= slots.len() * dims,
+        values_hold(values, dims, slots.end) && out.len() >= slots.len() * dims,
         "values or output shorter than slots {slots:?} of {dims}"
     );
     match isa {

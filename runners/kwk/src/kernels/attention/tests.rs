@@ -6,17 +6,7 @@
 use super::*;
 use crate::kernels::supported_isas;
 
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
+use crate::test_values::uniform as values;
 
 /// One cached tensor in each element type, and its values as float64 (what a kernel must
 /// compute with).
@@ -78,25 +68,31 @@ fn store(kind: &str, x: &[f32], q8_groups: &[Vec<usize>]) -> (Stored, Vec<f64>) 
     }
 }
 
+/// The q8 blocks of `n_panels` key panels: panel p, block b, lane l holds dims
+/// b*32..b*32+32 of that lane (scale index (p * blocks + b) * 16 + l).
+fn key_q8_groups(n_panels: usize, dims: usize) -> Vec<Vec<usize>> {
+    let blocks = dims / Q8_BLOCK;
+    (0..n_panels * blocks * 16)
+        .map(|g| {
+            let (p, b, l) = (g / (blocks * 16), g / 16 % blocks, g % 16);
+            (b * Q8_BLOCK..(b + 1) * Q8_BLOCK)
+                .map(|d| (p * dims + d) * 16 + l)
+                .collect()
+        })
+        .collect()
+}
+
+/// The q8 blocks of `cap` value slots: 32 contiguous dims of a slot.
+fn value_q8_groups(cap: usize, dims: usize) -> Vec<Vec<usize>> {
+    (0..cap * dims / Q8_BLOCK)
+        .map(|g| (g * Q8_BLOCK..(g + 1) * Q8_BLOCK).collect())
+        .collect()
+}
+
 /// Scores of every tier against float64, for `kind` keys.
 fn check_scores(kind: &str, dims: usize, n_panels: usize, rows: usize, seed: u64) {
     let keys = values(n_panels * dims * 16, seed);
-    // q8 groups: panel p, block b, lane l: dims b*32..b*32+32 of that lane; scale index
-    // (p * blocks + b) * 16 + l.
-    let blocks = dims / Q8_BLOCK;
-    let mut groups = Vec::new();
-    for p in 0..n_panels {
-        for b in 0..blocks {
-            for l in 0..16 {
-                groups.push(
-                    (b * Q8_BLOCK..(b + 1) * Q8_BLOCK)
-                        .map(|d| (p * dims + d) * 16 + l)
-                        .collect(),
-                );
-            }
-        }
-    }
-    let (stored, exact) = store(kind, &keys, &groups);
+    let (stored, exact) = store(kind, &keys, &key_q8_groups(n_panels, dims));
     let q_ld = dims + 3;
     let q = values(rows * q_ld, seed + 1);
     let out_ld = n_panels * 16 + 5;
@@ -161,10 +157,7 @@ fn check_values(kind: &str, dims: usize, cap: usize, slots: Range<usize>, rows: 
     let chunks = dims / 16;
     let vals = values(cap * dims, (dims * 7 + rows) as u64);
     // Row-major copy for the narrow types; q8 groups are 32 contiguous dims of a slot.
-    let groups: Vec<Vec<usize>> = (0..cap * dims / Q8_BLOCK)
-        .map(|g| (g * Q8_BLOCK..(g + 1) * Q8_BLOCK).collect())
-        .collect();
-    let (stored, exact) = store(kind, &vals, &groups);
+    let (stored, exact) = store(kind, &vals, &value_q8_groups(cap, dims));
     let panels: Vec<f32> = if kind == "f32" {
         let mut p = vec![0f32; chunks * cap * 16];
         for j in 0..cap {
@@ -292,23 +285,11 @@ fn widened_keys_and_values_equal_the_stored_ones_on_every_tier_and_type() {
             // Keys: panel-major, q8 blocks along each lane's dims (as in `check_scores`).
             let n_panels = 3;
             let keys = values(n_panels * dims * 16, dims as u64);
-            let blocks = dims / Q8_BLOCK;
-            let groups: Vec<Vec<usize>> = (0..n_panels * blocks * 16)
-                .map(|g| {
-                    let (p, b, l) = (g / (blocks * 16), g / 16 % blocks, g % 16);
-                    (b * Q8_BLOCK..(b + 1) * Q8_BLOCK)
-                        .map(|d| (p * dims + d) * 16 + l)
-                        .collect()
-                })
-                .collect();
-            let (stored, exact) = store(kind, &keys, &groups);
+            let (stored, exact) = store(kind, &keys, &key_q8_groups(n_panels, dims));
             // Values: one slot per row, q8 blocks of 32 contiguous dims.
             let cap = 21;
             let vals = values(cap * dims, dims as u64 + 1);
-            let vgroups: Vec<Vec<usize>> = (0..cap * dims / Q8_BLOCK)
-                .map(|g| (g * Q8_BLOCK..(g + 1) * Q8_BLOCK).collect())
-                .collect();
-            let (vstored, vexact) = store(kind, &vals, &vgroups);
+            let (vstored, vexact) = store(kind, &vals, &value_q8_groups(cap, dims));
             let panels: Vec<f32> = (0..dims / 16 * cap * 16)
                 .map(|at| {
                     let (c, j, l) = (at / (cap * 16), at / 16 % cap, at % 16);
