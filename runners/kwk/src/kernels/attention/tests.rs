@@ -17,6 +17,35 @@ enum Stored {
     Q8(Vec<i8>, Vec<f32>),
 }
 
+impl Stored {
+    /// These values as key panels.
+    fn key_panels(&self) -> KeyPanels<'_> {
+        match self {
+            Stored::F32(v) => KeyPanels::F32(v),
+            Stored::F16(v) => KeyPanels::F16(v),
+            Stored::Bf16(v) => KeyPanels::Bf16(v),
+            Stored::Q8(c, s) => KeyPanels::Q8 {
+                codes: c,
+                scales: s,
+            },
+        }
+    }
+
+    /// These values as value rows; float32 ones are read from `panels` (value panels of a
+    /// `cap`-slot head) instead.
+    fn value_rows<'a>(&'a self, panels: &'a [f32], cap: usize) -> ValueRows<'a> {
+        match self {
+            Stored::F32(_) => ValueRows::F32Panels { data: panels, cap },
+            Stored::F16(v) => ValueRows::F16(v),
+            Stored::Bf16(v) => ValueRows::Bf16(v),
+            Stored::Q8(c, s) => ValueRows::Q8 {
+                codes: c,
+                scales: s,
+            },
+        }
+    }
+}
+
 const KINDS: [&str; 4] = ["f32", "f16", "bf16", "q8"];
 
 /// `x` stored as `kind`; q8 blocks run along runs of 32 elements `stride` apart starting at
@@ -98,15 +127,7 @@ fn check_scores(kind: &str, dims: usize, n_panels: usize, rows: usize, seed: u64
     let out_ld = n_panels * 16 + 5;
     for isa in supported_isas() {
         let mut out = vec![f32::NAN; rows * out_ld];
-        let k = match &stored {
-            Stored::F32(v) => KeyPanels::F32(v),
-            Stored::F16(v) => KeyPanels::F16(v),
-            Stored::Bf16(v) => KeyPanels::Bf16(v),
-            Stored::Q8(c, s) => KeyPanels::Q8 {
-                codes: c,
-                scales: s,
-            },
-        };
+        let k = stored.key_panels();
         let t = ScoreTile {
             q: &q,
             q_ld,
@@ -176,15 +197,7 @@ fn check_values(kind: &str, dims: usize, cap: usize, slots: Range<usize>, rows: 
     let init = values(rows * out_ld, 7);
     for isa in supported_isas() {
         let mut out = init.clone();
-        let v = match &stored {
-            Stored::F32(_) => ValueRows::F32Panels { data: &panels, cap },
-            Stored::F16(v) => ValueRows::F16(v),
-            Stored::Bf16(v) => ValueRows::Bf16(v),
-            Stored::Q8(c, s) => ValueRows::Q8 {
-                codes: c,
-                scales: s,
-            },
-        };
+        let v = stored.value_rows(&panels, cap);
         let t = ValueTile {
             p: &p,
             p_ld,
@@ -297,29 +310,13 @@ fn widened_keys_and_values_equal_the_stored_ones_on_every_tier_and_type() {
                 })
                 .collect();
             for isa in supported_isas() {
-                let k = match &stored {
-                    Stored::F32(v) => KeyPanels::F32(v),
-                    Stored::F16(v) => KeyPanels::F16(v),
-                    Stored::Bf16(v) => KeyPanels::Bf16(v),
-                    Stored::Q8(c, s) => KeyPanels::Q8 {
-                        codes: c,
-                        scales: s,
-                    },
-                };
+                let k = stored.key_panels();
                 let mut out = vec![f32::NAN; keys.len()];
                 widen_key_panels(isa, k, dims, n_panels, &mut out);
                 for (i, (&got, &want)) in out.iter().zip(&exact).enumerate() {
                     assert_rounded_once(got, want, &|| format!("{} {kind} key {i}", isa.name()));
                 }
-                let v = match &vstored {
-                    Stored::F32(_) => ValueRows::F32Panels { data: &panels, cap },
-                    Stored::F16(v) => ValueRows::F16(v),
-                    Stored::Bf16(v) => ValueRows::Bf16(v),
-                    Stored::Q8(c, s) => ValueRows::Q8 {
-                        codes: c,
-                        scales: s,
-                    },
-                };
+                let v = vstored.value_rows(&panels, cap);
                 let slots = 5..18;
                 let n = slots.len();
                 let mut out = vec![f32::NAN; n * dims];

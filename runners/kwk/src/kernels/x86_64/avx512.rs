@@ -6,7 +6,7 @@
 //! the CPU features ([`crate::kernels::active_isa`]) and the buffer bounds; each one asserts
 //! the features again in debug builds.
 
-use super::{EXP_LN2_HI, EXP_LN2_LO, EXP_MAX, EXP_MIN, EXP_POLY};
+use super::{Gate, EXP_LN2_HI, EXP_LN2_LO, EXP_MAX, EXP_MIN, EXP_POLY};
 use crate::kernels::{prefetch_hint, OutputMatrix, PanelOperands, GEMV_PREFETCH_BYTES, PANEL_ROWS};
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -599,14 +599,6 @@ pub fn silu_mul(g: &mut [f32], u: &[f32]) {
 /// See [`crate::kernels::gelu_tanh_mul`] (equal lengths).
 pub fn gelu_tanh_mul(g: &mut [f32], u: &[f32]) {
     gated_mul(g, u, Gate::GeluTanh)
-}
-
-/// The FFN's gate activations: both are `act(x)·u = x·u / (1 + e^(−a))`, with `a = x`
-/// (SiLU) or `a = 2z` (GELU-tanh, [`crate::kernels::scalar::GELU_2C`]).
-#[derive(Clone, Copy)]
-enum Gate {
-    Silu,
-    GeluTanh,
 }
 
 fn gated_mul(g: &mut [f32], u: &[f32], gate: Gate) {

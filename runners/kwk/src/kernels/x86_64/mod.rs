@@ -1,7 +1,7 @@
 //! x86-64 SIMD float kernels (AVX2 in `avx2.rs`, AVX-512 in `avx512.rs`), each the twin of
 //! a specification in `kernels/scalar.rs` and reached through `kernels/mod.rs`, which
 //! checks the CPU features ([`super::active_isa`]) and the slice bounds; and what they
-//! share (the vector `exp`'s constants, the prefetch). The quantized kernels' tiers live in
+//! share (the vector `exp`'s constants, the prefetch, the FFN gate's kind). The quantized kernels' tiers live in
 //! `kernels/quant/`.
 //!
 //! The panel drivers and register tiles (`gemm_panels`, `tile_dispatch`, `tile`) take their
@@ -40,4 +40,12 @@ pub(crate) fn prefetch_line(at: *const u8) {
     // SAFETY: SSE is part of the x86-64 baseline; a prefetch reads nothing and never
     // faults, whatever the address.
     unsafe { _mm_prefetch::<_MM_HINT_T0>(at as *const i8) };
+}
+
+/// The FFN's gate activations: both are `act(x)·u = x·u / (1 + e^(−a))`, with `a = x`
+/// (SiLU) or `a = 2z` (GELU-tanh, [`crate::kernels::scalar::GELU_2C`]).
+#[derive(Clone, Copy)]
+pub(crate) enum Gate {
+    Silu,
+    GeluTanh,
 }
