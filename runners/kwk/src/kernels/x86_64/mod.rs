@@ -1,8 +1,8 @@
 //! x86-64 SIMD float kernels (AVX2 in `avx2.rs`, AVX-512 in `avx512.rs`), each the twin of
 //! a specification in `kernels/scalar.rs` and reached through `kernels/mod.rs`, which
 //! checks the CPU features ([`super::active_isa`]) and the slice bounds; and what they
-//! share (the vector `exp`'s constants, the prefetch, the FFN gate's kind). The quantized kernels' tiers live in
-//! `kernels/quant/`.
+//! share (the vector `exp`'s constants, the prefetch, the FFN gate's kind). The quantized
+//! kernels' tiers live in `kernels/quant/`.
 //!
 //! The panel drivers and register tiles (`gemm_panels`, `tile_dispatch`, `tile`) take their
 //! operands as separate pointers and sizes, with `#[allow(clippy::too_many_arguments)]`: the
