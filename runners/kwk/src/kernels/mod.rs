@@ -790,3 +790,18 @@ pub(crate) fn prefetch_hint(at: *const u8, bytes: usize) {
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (at, bytes);
 }
+
+/// [`prefetch_hint`] into L2 rather than L1: the far one of two distances, so more lines
+/// are in flight than L1's fill buffers hold (the near hint then finds them in L2). Out of
+/// line, so its hints issue as a short loop rather than unrolled in a burst among the
+/// kernel's loads: unrolled, the attention kernels' score loops measured 5-15 % slower
+/// (`examples/attention_bandwidth`, f16 scores 3.7-4.2 ms against 3.2-3.6).
+#[inline(never)]
+pub(crate) fn prefetch_hint_l2(at: *const u8, bytes: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for line in (0..bytes).step_by(64) {
+        x86_64::prefetch_line_l2(at.wrapping_add(line));
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (at, bytes);
+}

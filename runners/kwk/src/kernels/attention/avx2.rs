@@ -3,14 +3,18 @@
 //! head dimensions is two ymm, accumulated over slots (a q8 chunk scaled once for all
 //! rows). f16 is widened by `vcvtph2ps` (F16C), bf16 by a 16-bit shift, int8 by
 //! `vpmovsxbd` + `vcvtdq2ps`, in registers. Keys and values are asked for
-//! [`PREFETCH_BYTES`] ahead of where they are read.
+//! [`PREFETCH_BYTES`] ahead of where they are read (into L1) and [`PREFETCH_L2_BYTES`]
+//! ahead (into L2).
 //!
 //! Reached only through `kernels::attention`, which checked the CPU features (through
 //! [`crate::kernels::active_isa`]) and every slice bound.
 
-use super::{KeyPanels, ScoreTile, ValueGeometry, ValueRows, ValueTile, PREFETCH_BYTES, Q8_BLOCK};
-use crate::kernels::x86_64::prefetch_line;
-use crate::kernels::{prefetch_hint, PANEL_ROWS};
+use super::{
+    KeyPanels, ScoreTile, ValueGeometry, ValueRows, ValueTile, PREFETCH_BYTES, PREFETCH_L2_BYTES,
+    Q8_BLOCK,
+};
+use crate::kernels::x86_64::{prefetch_line, prefetch_line_l2};
+use crate::kernels::{prefetch_hint, prefetch_hint_l2, PANEL_ROWS};
 use std::arch::x86_64::*;
 use std::ops::Range;
 
@@ -24,12 +28,18 @@ fn assert_features() {
 
 /// 16 float32 lanes (two ymm) from 16 stored elements of each kind.
 trait Lanes: Copy {
+    /// Whether operands of this kind are a cache read in place, whose stream goes on past
+    /// the call, so worth asking for [`PREFETCH_L2_BYTES`] ahead: not float32, which is
+    /// mostly a prompt tile's widened copy (short, local; asking past its end cost prompts
+    /// at depth about 12 %).
+    const STREAMED: bool = true;
     /// # Safety
     /// AVX2, FMA, F16C; `p` valid for 16 elements.
     unsafe fn load16(p: *const Self) -> [__m256; 2];
 }
 
 impl Lanes for f32 {
+    const STREAMED: bool = false;
     #[inline(always)]
     unsafe fn load16(p: *const f32) -> [__m256; 2] {
         // SAFETY: the caller guarantees 16 readable values and AVX2, FMA, F16C.
@@ -169,6 +179,12 @@ unsafe fn scores_tile<T: Lanes, const R: usize>(
                 (kp as *const u8).wrapping_add(PREFETCH_BYTES),
                 dims * PANEL_ROWS * std::mem::size_of::<T>(),
             );
+            if T::STREAMED {
+                prefetch_hint_l2(
+                    (kp as *const u8).wrapping_add(PREFETCH_L2_BYTES),
+                    dims * PANEL_ROWS * std::mem::size_of::<T>(),
+                );
+            }
             let mut acc = [[_mm256_setzero_ps(); 2]; R];
             for d in 0..dims {
                 let [k0, k1] = T::load16(kp.add(d * PANEL_ROWS));
@@ -231,7 +247,15 @@ unsafe fn scores_q8_tile<const R: usize>(
                 (kp as *const u8).wrapping_add(PREFETCH_BYTES),
                 dims * PANEL_ROWS,
             );
+            prefetch_hint_l2(
+                (kp as *const u8).wrapping_add(PREFETCH_L2_BYTES),
+                dims * PANEL_ROWS,
+            );
             // The scales run 8 times slower than the codes (4 bytes per 32 codes).
+            prefetch_hint_l2(
+                (sp as *const u8).wrapping_add(PREFETCH_L2_BYTES / 8),
+                blocks * PANEL_ROWS * 4,
+            );
             prefetch_hint(
                 (sp as *const u8).wrapping_add(PREFETCH_BYTES / 8),
                 blocks * PANEL_ROWS * 4,
@@ -350,6 +374,9 @@ unsafe fn values_tile<T: Lanes, const R: usize>(
             for i in 0..n {
                 let at = base.add(i * g.slot);
                 prefetch_line((at as *const u8).wrapping_add(PREFETCH_BYTES));
+                if T::STREAMED {
+                    prefetch_line_l2((at as *const u8).wrapping_add(PREFETCH_L2_BYTES));
+                }
                 let [mut v0, mut v1] = T::load16(at);
                 if let Some(s) = s {
                     // The q8 block's scale on the chunk, once for every row.

@@ -4,14 +4,18 @@
 //! to 4 chunks of 16 head dimensions (one zmm each) per row, so each slot's values are
 //! read once for all rows, and a q8 value is scaled once, not per row. f16 is widened by
 //! `vcvtph2ps`, bf16 by a 16-bit shift, int8 by `vpmovsxbd` + `vcvtdq2ps`, in registers.
-//! Keys and values are asked for [`PREFETCH_BYTES`] ahead of where they are read.
+//! Keys and values are asked for [`PREFETCH_BYTES`] ahead of where they are read (into L1)
+//! and [`PREFETCH_L2_BYTES`] ahead (into L2).
 //!
 //! Reached only through `kernels::attention`, which checked the CPU features (through
 //! [`crate::kernels::active_isa`]) and every slice bound.
 
-use super::{KeyPanels, ScoreTile, ValueGeometry, ValueRows, ValueTile, PREFETCH_BYTES, Q8_BLOCK};
-use crate::kernels::x86_64::prefetch_line;
-use crate::kernels::{prefetch_hint, PANEL_ROWS};
+use super::{
+    KeyPanels, ScoreTile, ValueGeometry, ValueRows, ValueTile, PREFETCH_BYTES, PREFETCH_L2_BYTES,
+    Q8_BLOCK,
+};
+use crate::kernels::x86_64::{prefetch_line, prefetch_line_l2};
+use crate::kernels::{prefetch_hint, prefetch_hint_l2, PANEL_ROWS};
 use std::arch::x86_64::*;
 use std::ops::Range;
 
@@ -25,12 +29,18 @@ fn assert_features() {
 
 /// 16 float32 lanes from 16 stored elements of each kind.
 trait Lanes: Copy {
+    /// Whether operands of this kind are a cache read in place, whose stream goes on past
+    /// the call, so worth asking for [`PREFETCH_L2_BYTES`] ahead: not float32, which is
+    /// mostly a prompt tile's widened copy (short, local; asking past its end cost prompts
+    /// at depth about 12 %).
+    const STREAMED: bool = true;
     /// # Safety
     /// AVX-512 F; `p` valid for 16 elements.
     unsafe fn load16(p: *const Self) -> __m512;
 }
 
 impl Lanes for f32 {
+    const STREAMED: bool = false;
     #[inline(always)]
     unsafe fn load16(p: *const f32) -> __m512 {
         // SAFETY: the caller guarantees 16 readable values and AVX-512 F.
@@ -151,6 +161,12 @@ unsafe fn scores_tile<T: Lanes, const R: usize>(
                 (kp as *const u8).wrapping_add(PREFETCH_BYTES),
                 dims * PANEL_ROWS * std::mem::size_of::<T>(),
             );
+            if T::STREAMED {
+                prefetch_hint_l2(
+                    (kp as *const u8).wrapping_add(PREFETCH_L2_BYTES),
+                    dims * PANEL_ROWS * std::mem::size_of::<T>(),
+                );
+            }
             let mut even = [_mm512_setzero_ps(); R];
             let mut odd = [_mm512_setzero_ps(); R];
             let mut d = 0;
@@ -225,7 +241,15 @@ unsafe fn scores_q8_tile<const R: usize>(
                 (kp as *const u8).wrapping_add(PREFETCH_BYTES),
                 dims * PANEL_ROWS,
             );
+            prefetch_hint_l2(
+                (kp as *const u8).wrapping_add(PREFETCH_L2_BYTES),
+                dims * PANEL_ROWS,
+            );
             // The scales run 8 times slower than the codes (4 bytes per 32 codes).
+            prefetch_hint_l2(
+                (sp as *const u8).wrapping_add(PREFETCH_L2_BYTES / 8),
+                blocks * PANEL_ROWS * 4,
+            );
             prefetch_hint(
                 (sp as *const u8).wrapping_add(PREFETCH_BYTES / 8),
                 blocks * PANEL_ROWS * 4,
@@ -377,6 +401,9 @@ unsafe fn values_pass<T: Lanes, const R: usize, const C: usize>(
             let at = |c: usize| v.add((c0 + c) * g.chunk + (j0 + i) * g.slot);
             for c in 0..C {
                 prefetch_line((at(c) as *const u8).wrapping_add(PREFETCH_BYTES));
+                if T::STREAMED {
+                    prefetch_line_l2((at(c) as *const u8).wrapping_add(PREFETCH_L2_BYTES));
+                }
             }
             let mut x = [_mm512_setzero_ps(); C];
             for (c, xc) in x.iter_mut().enumerate() {

@@ -42,6 +42,20 @@ pub const Q8_BLOCK: usize = 32;
 #[cfg(target_arch = "x86_64")]
 const PREFETCH_BYTES: usize = 4096;
 
+/// How far ahead the vector tiers also ask for keys and values into L2 (the near
+/// [`PREFETCH_BYTES`] hint goes to L1): one stream with L1 prefetches alone keeps only as
+/// many lines in flight as L1's fill buffers, which left one core reading the cache from
+/// L3 at about three quarters of what four lock-step streams read (the roofline's probe).
+/// Measured with `examples/attention_bandwidth` (as above, 4096 keys, ms per token, two
+/// runs each): f16 8.9 -> 6.7-6.8, f32 15.4-15.7 -> 11.5-11.9, q8 4.7-5.0 -> 4.2-4.5 (GB/s:
+/// f16 10.5 -> 14.0, f32 12.2 -> 16.1, q8 11.2 -> 12.4); 8, 16, 32 and 64 KiB ahead all
+/// within the noise of each other. In the decoder (`kwk-eval generate`, SmolLM2-135M int8,
+/// a 3,560-token prompt then 200 tokens, 1 thread, four interleaved pairs) generation with
+/// an f16 cache went 62.0-71.2 -> 64.9-68.5 tokens/s (paired +4 %), with a q8 cache and
+/// the prompts unchanged. Float32 operands do without (`Lanes::STREAMED` in the tiers).
+#[cfg(target_arch = "x86_64")]
+const PREFETCH_L2_BYTES: usize = 16384;
+
 /// Consecutive key panels of 16 positions each (see the module doc), `dims` rows per panel.
 #[derive(Clone, Copy, Debug)]
 pub enum KeyPanels<'a> {

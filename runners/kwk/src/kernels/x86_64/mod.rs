@@ -33,6 +33,15 @@ pub(crate) const EXP_POLY: [f32; 6] = [
     0.5,
 ];
 
+/// Prefetches into L2 (and L3), not L1, the cache line holding `at`, which need not be
+/// valid to read: for reads further ahead than L1's fill buffers can keep in flight.
+#[inline(always)]
+pub(crate) fn prefetch_line_l2(at: *const u8) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+    // SAFETY: as in `prefetch_line`.
+    unsafe { _mm_prefetch::<_MM_HINT_T1>(at as *const i8) };
+}
+
 /// Prefetches (into L1) the cache line holding `at`, which need not be valid to read.
 #[inline(always)]
 pub(crate) fn prefetch_line(at: *const u8) {
