@@ -119,6 +119,7 @@ fn main() {
                         rows: ROWS,
                         out: &mut s,
                         out_ld: BLOCK,
+                        streamed: true,
                     };
                     key_scores(isa, kp, DIMS, BLOCK / PANEL_ROWS, tile);
                 }
@@ -145,6 +146,7 @@ fn main() {
                         rows: ROWS,
                         out: &mut o,
                         out_ld: DIMS,
+                        streamed: true,
                     };
                     accumulate_values(isa, vr, DIMS, k0..k0 + BLOCK, tile);
                 }

@@ -292,6 +292,7 @@ impl State {
                     rows,
                     out: &mut self.s,
                     out_ld: KEY_BLOCK,
+                    streamed: !widen,
                 },
             );
             // Per row: the visible run's maximum, the correction of the running state,
@@ -347,6 +348,7 @@ impl State {
                         rows,
                         out: &mut self.o,
                         out_ld: vd,
+                        streamed: !widen,
                     },
                 );
             }

@@ -28,18 +28,12 @@ fn assert_features() {
 
 /// 16 float32 lanes (two ymm) from 16 stored elements of each kind.
 trait Lanes: Copy {
-    /// Whether operands of this kind are a cache read in place, whose stream goes on past
-    /// the call, so worth asking for [`PREFETCH_L2_BYTES`] ahead: not float32, which is
-    /// mostly a prompt tile's widened copy (short, local; asking past its end cost prompts
-    /// at depth about 12 %).
-    const STREAMED: bool = true;
     /// # Safety
     /// AVX2, FMA, F16C; `p` valid for 16 elements.
     unsafe fn load16(p: *const Self) -> [__m256; 2];
 }
 
 impl Lanes for f32 {
-    const STREAMED: bool = false;
     #[inline(always)]
     unsafe fn load16(p: *const f32) -> [__m256; 2] {
         // SAFETY: the caller guarantees 16 readable values and AVX2, FMA, F16C.
@@ -121,6 +115,8 @@ pub fn key_scores(keys: KeyPanels<'_>, dims: usize, n_panels: usize, t: ScoreTil
                 n_panels,
                 q_ld,
                 out_ld,
+                // The far hints on the first pass only: later passes read what it read.
+                streamed: t.streamed && r0 == 0,
             };
             match keys {
                 KeyPanels::F32(k) => scores_rows::<f32>(k.as_ptr(), g, nr, q, out),
@@ -142,6 +138,8 @@ struct Geometry {
     n_panels: usize,
     q_ld: usize,
     out_ld: usize,
+    /// [`super::ScoreTile::streamed`].
+    streamed: bool,
 }
 
 /// Scores of `nr` (1..=4) rows.
@@ -179,7 +177,7 @@ unsafe fn scores_tile<T: Lanes, const R: usize>(
                 (kp as *const u8).wrapping_add(PREFETCH_BYTES),
                 dims * PANEL_ROWS * std::mem::size_of::<T>(),
             );
-            if T::STREAMED {
+            if g.streamed {
                 prefetch_hint_l2(
                     (kp as *const u8).wrapping_add(PREFETCH_L2_BYTES),
                     dims * PANEL_ROWS * std::mem::size_of::<T>(),
@@ -247,15 +245,17 @@ unsafe fn scores_q8_tile<const R: usize>(
                 (kp as *const u8).wrapping_add(PREFETCH_BYTES),
                 dims * PANEL_ROWS,
             );
-            prefetch_hint_l2(
-                (kp as *const u8).wrapping_add(PREFETCH_L2_BYTES),
-                dims * PANEL_ROWS,
-            );
-            // The scales run 8 times slower than the codes (4 bytes per 32 codes).
-            prefetch_hint_l2(
-                (sp as *const u8).wrapping_add(PREFETCH_L2_BYTES / 8),
-                blocks * PANEL_ROWS * 4,
-            );
+            if g.streamed {
+                prefetch_hint_l2(
+                    (kp as *const u8).wrapping_add(PREFETCH_L2_BYTES),
+                    dims * PANEL_ROWS,
+                );
+                // The scales run 8 times slower than the codes (4 bytes per 32 codes).
+                prefetch_hint_l2(
+                    (sp as *const u8).wrapping_add(PREFETCH_L2_BYTES / 8),
+                    blocks * PANEL_ROWS * 4,
+                );
+            }
             prefetch_hint(
                 (sp as *const u8).wrapping_add(PREFETCH_BYTES / 8),
                 blocks * PANEL_ROWS * 4,
@@ -304,6 +304,11 @@ pub fn accumulate_values(
         // `slots.end`), the weights and the output rows were checked by the dispatcher.
         unsafe {
             let (p, out) = (p.add(r0 * t.p_ld), out.add(r0 * t.out_ld));
+            // As in `key_scores`: the far hints on the first pass only.
+            let g = ValueGeometry {
+                streamed: g.streamed && r0 == 0,
+                ..g
+            };
             match values {
                 ValueRows::F32Panels { data, .. } => {
                     values_rows::<f32>(data.as_ptr(), None, g, &slots, nr, p, out)
@@ -374,7 +379,7 @@ unsafe fn values_tile<T: Lanes, const R: usize>(
             for i in 0..n {
                 let at = base.add(i * g.slot);
                 prefetch_line((at as *const u8).wrapping_add(PREFETCH_BYTES));
-                if T::STREAMED {
+                if g.streamed {
                     prefetch_line_l2((at as *const u8).wrapping_add(PREFETCH_L2_BYTES));
                 }
                 let [mut v0, mut v1] = T::load16(at);

@@ -29,18 +29,12 @@ fn assert_features() {
 
 /// 16 float32 lanes from 16 stored elements of each kind.
 trait Lanes: Copy {
-    /// Whether operands of this kind are a cache read in place, whose stream goes on past
-    /// the call, so worth asking for [`PREFETCH_L2_BYTES`] ahead: not float32, which is
-    /// mostly a prompt tile's widened copy (short, local; asking past its end cost prompts
-    /// at depth about 12 %).
-    const STREAMED: bool = true;
     /// # Safety
     /// AVX-512 F; `p` valid for 16 elements.
     unsafe fn load16(p: *const Self) -> __m512;
 }
 
 impl Lanes for f32 {
-    const STREAMED: bool = false;
     #[inline(always)]
     unsafe fn load16(p: *const f32) -> __m512 {
         // SAFETY: the caller guarantees 16 readable values and AVX-512 F.
@@ -103,6 +97,8 @@ pub fn key_scores(keys: KeyPanels<'_>, dims: usize, n_panels: usize, t: ScoreTil
                 n_panels,
                 q_ld,
                 out_ld,
+                // The far hints on the first pass only: later passes read what it read.
+                streamed: t.streamed && r0 == 0,
             };
             match keys {
                 KeyPanels::F32(k) => scores_rows::<f32>(k.as_ptr(), g, nr, q, out),
@@ -124,6 +120,8 @@ struct Geometry {
     n_panels: usize,
     q_ld: usize,
     out_ld: usize,
+    /// [`super::ScoreTile::streamed`].
+    streamed: bool,
 }
 
 /// Scores of `nr` (1..=4) rows.
@@ -161,7 +159,7 @@ unsafe fn scores_tile<T: Lanes, const R: usize>(
                 (kp as *const u8).wrapping_add(PREFETCH_BYTES),
                 dims * PANEL_ROWS * std::mem::size_of::<T>(),
             );
-            if T::STREAMED {
+            if g.streamed {
                 prefetch_hint_l2(
                     (kp as *const u8).wrapping_add(PREFETCH_L2_BYTES),
                     dims * PANEL_ROWS * std::mem::size_of::<T>(),
@@ -241,15 +239,17 @@ unsafe fn scores_q8_tile<const R: usize>(
                 (kp as *const u8).wrapping_add(PREFETCH_BYTES),
                 dims * PANEL_ROWS,
             );
-            prefetch_hint_l2(
-                (kp as *const u8).wrapping_add(PREFETCH_L2_BYTES),
-                dims * PANEL_ROWS,
-            );
-            // The scales run 8 times slower than the codes (4 bytes per 32 codes).
-            prefetch_hint_l2(
-                (sp as *const u8).wrapping_add(PREFETCH_L2_BYTES / 8),
-                blocks * PANEL_ROWS * 4,
-            );
+            if g.streamed {
+                prefetch_hint_l2(
+                    (kp as *const u8).wrapping_add(PREFETCH_L2_BYTES),
+                    dims * PANEL_ROWS,
+                );
+                // The scales run 8 times slower than the codes (4 bytes per 32 codes).
+                prefetch_hint_l2(
+                    (sp as *const u8).wrapping_add(PREFETCH_L2_BYTES / 8),
+                    blocks * PANEL_ROWS * 4,
+                );
+            }
             prefetch_hint(
                 (sp as *const u8).wrapping_add(PREFETCH_BYTES / 8),
                 blocks * PANEL_ROWS * 4,
@@ -298,6 +298,11 @@ pub fn accumulate_values(
         // `slots.end`), the weights and the output rows were checked by the dispatcher.
         unsafe {
             let (p, out) = (p.add(r0 * t.p_ld), out.add(r0 * t.out_ld));
+            // As in `key_scores`: the far hints on the first pass only.
+            let g = ValueGeometry {
+                streamed: g.streamed && r0 == 0,
+                ..g
+            };
             match values {
                 ValueRows::F32Panels { data, .. } => {
                     values_rows::<f32>(data.as_ptr(), None, g, &slots, nr, p, out)
@@ -401,7 +406,7 @@ unsafe fn values_pass<T: Lanes, const R: usize, const C: usize>(
             let at = |c: usize| v.add((c0 + c) * g.chunk + (j0 + i) * g.slot);
             for c in 0..C {
                 prefetch_line((at(c) as *const u8).wrapping_add(PREFETCH_BYTES));
-                if T::STREAMED {
+                if g.streamed {
                     prefetch_line_l2((at(c) as *const u8).wrapping_add(PREFETCH_L2_BYTES));
                 }
             }

@@ -52,7 +52,9 @@ const PREFETCH_BYTES: usize = 4096;
 /// within the noise of each other. In the decoder (`kwk-eval generate`, SmolLM2-135M int8,
 /// a 3,560-token prompt then 200 tokens, 1 thread, four interleaved pairs) generation with
 /// an f16 cache went 62.0-71.2 -> 64.9-68.5 tokens/s (paired +4 %), with a q8 cache and
-/// the prompts unchanged. Float32 operands do without (`Lanes::STREAMED` in the tiers).
+/// the prompts unchanged. A tile's own widened copy is not asked for ahead
+/// ([`ScoreTile::streamed`]): hints past such a short buffer's end cost prompts at depth
+/// with a q8 cache about 12 %.
 #[cfg(target_arch = "x86_64")]
 const PREFETCH_L2_BYTES: usize = 16384;
 
@@ -124,6 +126,10 @@ pub struct ScoreTile<'a> {
     pub rows: usize,
     pub out: &'a mut [f32],
     pub out_ld: usize,
+    /// Whether the operand is a cache read in order, going on past this call: the vector
+    /// tiers then also ask for it `PREFETCH_L2_BYTES` ahead, on their first pass of up to
+    /// 4 rows (not for a tile's own widened copy, which ends with the call).
+    pub streamed: bool,
 }
 
 /// `out[r][16p + j] = q[r] · key(p, j)` for the `n_panels` panels of `keys` (`dims` values
@@ -154,6 +160,8 @@ pub struct ValueTile<'a> {
     pub rows: usize,
     pub out: &'a mut [f32],
     pub out_ld: usize,
+    /// As [`ScoreTile::streamed`].
+    pub streamed: bool,
 }
 
 /// `out[r][d] += Σ_j p[r][j] · value(slots.start + j)[d]` for `d < dims` (`dims` a
@@ -267,6 +275,8 @@ struct ValueGeometry {
     blocks: usize,
     p_ld: usize,
     out_ld: usize,
+    /// [`ValueTile::streamed`].
+    streamed: bool,
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -276,6 +286,7 @@ impl ValueGeometry {
         ValueGeometry {
             p_ld: t.p_ld,
             out_ld: t.out_ld,
+            streamed: t.streamed,
             ..Self::of_values(values, dims)
         }
     }
@@ -293,6 +304,7 @@ impl ValueGeometry {
             blocks: dims / Q8_BLOCK,
             p_ld: 0,
             out_ld: 0,
+            streamed: false,
         }
     }
 }
