@@ -41,7 +41,9 @@ pub const fn default_group(bits: Bits) -> usize {
 ///
 /// Defaults (chosen from bits per weight and held-out text, never from the scored chunks):
 /// - the finest group: [`default_group`];
-/// - `mix_bits`: int4 follows llama.cpp's rule for Q4_K_M's `output`, the budget int4 is
+/// - `mix_bits` (the top of the layers' ladder; `lm_head` takes its grid on a ladder of its
+///   own, 6-bit g64 to symmetric int8, since PACK_VERSION 8: `quantize::mix::head_ladder`):
+///   int4 follows llama.cpp's rule for Q4_K_M's `output`, the budget int4 is
 ///   matched to: 6 bits where Q6_K holds the model's rows (a width that is a multiple of
 ///   256), 8 where Q6_K falls back to Q8_0 (SmolLM2-135M's 576; Gemma 3 270M's 640). On
 ///   the widened off-grid copy (768) this rule's `:mix6` measured +10.6 % ΔPPL against
@@ -61,7 +63,8 @@ pub struct LowBitOptions {
     pub bits: Bits,
     /// Weights per scale group: 32, 64 or 128 (the finest the mix may use).
     pub group_size: usize,
-    /// Bits of `lm_head` and the top of the mix's ladder (6 or 8); `None` picks the
+    /// The top of the mix's ladder for the layers and the grid `lm_head` is equalized for
+    /// (6 or 8; the mix then chooses `lm_head`'s grid on its own ladder); `None` picks the
     /// width's default (see the type's doc).
     pub mix_bits: Option<Bits>,
     /// Fit scales to activations of the calibration text.

@@ -9,8 +9,9 @@
 //! model's weights) and the projections in asymmetric 8-bit groups of 32 (scale and
 //! minimum, 9 bits per weight); `mix6` keeps all of them in asymmetric 6-bit groups of 64
 //! (6.5 bits per weight). Which tensors:
-//! - `lm_head` (the embedding when they are tied; an untied input embedding is B-bit), as
-//!   the floor of its own ladder in the mix (`quantize::mix::head_ladder`);
+//! - `lm_head` (the embedding when they are tied; an untied input embedding is B-bit): the
+//!   grid its equalization aims at; the mix chooses its grid on a ladder of its own, 6-bit
+//!   g64 to symmetric int8 whatever `mix_bits` (`quantize::mix::head_ladder`);
 //! - `attn_v` and `ffn_down` (experts' included) of the layers llama.cpp's Q4_K_M gives
 //!   more bits, `use_more_bits(i, n) = i < n/8 || i >= 7n/8 || (i - n/8) % 3 == 2`
 //!   (llama.cpp `src/llama-quant.cpp`, `llama_tensor_get_type`, which puts those tensors

@@ -91,8 +91,8 @@ pub(crate) struct GridPlanner {
     rule: Rule,
     /// The grids of the layers' units (and of every unit under `bpw`).
     steps: Vec<Grid>,
-    /// `intB`'s output projection: the first grid of its own ladder ([`head_ladder`]).
-    head_floor: Option<Grid>,
+    /// `intB`'s output projection: its own ladder ([`head_ladder`]).
+    head_steps: Option<Vec<Grid>>,
     keys: Vec<(TensorRole, Option<usize>)>,
     /// Each unit's ladder, in the order added.
     ladders: Vec<Vec<Grid>>,
@@ -101,7 +101,7 @@ pub(crate) struct GridPlanner {
 
 /// What the plan spends, and on what.
 enum Rule {
-    /// `intB` (`bits` = B): every linear, `lm_head` from `mix_bits` up its own ladder;
+    /// `intB` (`bits` = B): every linear, `lm_head` on its own ladder;
     /// `budget` is what llama.cpp's k-quant of that width (Q4_K_M for `int4`) would spend
     /// on the covered units.
     Mix { bits: Bits, budget: f64 },
@@ -123,15 +123,13 @@ impl GridPlanner {
     ) -> Result<Option<GridPlanner>> {
         let n_layers = config.n_layers;
         let model_params = place(TensorRole::LmHead, None).model_params;
-        let (rule, steps, head_floor) = match precision {
+        let (rule, steps, head_steps) = match precision {
             Precision::LowBit(opts) => {
-                let head_grid =
-                    grid_for(precision, &place(TensorRole::LmHead, None))?.ok_or_else(|| {
-                        KwkError::InvalidArgument(format!(
-                            "{}: lm_head has no grid",
-                            precision.name()
-                        ))
-                    })?;
+                // The format's rule must place the output projection (it checks the
+                // options), though the mix chooses its grid on its own ladder.
+                grid_for(precision, &place(TensorRole::LmHead, None))?.ok_or_else(|| {
+                    KwkError::InvalidArgument(format!("{}: lm_head has no grid", precision.name()))
+                })?;
                 let mix_bits = opts.mix_bits_for(config.hidden_size);
                 // The budget grows by what the width's k-quant would spend on each unit
                 // as it is added (the float vectors cost the same in both).
@@ -140,7 +138,7 @@ impl GridPlanner {
                     budget: 0.0,
                 };
                 let steps = ladder(opts.bits, opts.group_size, mix_bits);
-                (rule, steps, Some(head_grid))
+                (rule, steps, Some(head_ladder()))
             }
             Precision::Bpw(o) => (
                 Rule::Budget {
@@ -158,7 +156,7 @@ impl GridPlanner {
             n_layers,
             rule,
             steps,
-            head_floor,
+            head_steps,
             keys: Vec::new(),
             ladders: Vec::new(),
             curves: Vec::new(),
@@ -200,7 +198,7 @@ impl GridPlanner {
     /// input is the final norm's output (`final_norm`'s weights estimate its second
     /// moments unless `head_moments`, measured, are given). Both tables are planned, a
     /// tied one as `lm_head`; under `intB` the output projection climbs its own ladder
-    /// from `mix_bits` ([`head_ladder`]).
+    /// ([`head_ladder`]).
     pub fn add_tables(
         &mut self,
         embed: &Tensor,
@@ -231,7 +229,10 @@ impl GridPlanner {
         // embedding, each attention and feed-forward output), so it counts 2L + 1 times
         // (`quantize::budget`).
         let head_weight = (2 * self.n_layers + 1) as f64;
-        let head_steps = self.head_floor.map_or(self.steps.clone(), head_ladder);
+        let head_steps = self
+            .head_steps
+            .clone()
+            .unwrap_or_else(|| self.steps.clone());
         if lm_head.is_some() {
             self.add(&embedding(embed));
         }

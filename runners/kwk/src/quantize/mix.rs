@@ -9,8 +9,8 @@
 //! budget is used. The error of a grid is the relative output noise of the tensor,
 //! `Σ E[x_k²] ΔW_ik² / Σ E[x_k²] W_ik²` (sampled rows, second moments measured by calibration
 //! or estimated from the weights, see `quantize::equalize`), summed over the group's
-//! tensors: every linear's noise counts the same. `lm_head` starts at `mix_bits` (as
-//! llama.cpp always gives `output` more bits) and may climb its own short ladder
+//! tensors: every linear's noise counts the same. `lm_head` climbs its own short ladder
+//! from 6-bit g64 (as llama.cpp always gives `output` more bits) to symmetric int8
 //! ([`head_ladder`]), its error counted `2L + 1` times.
 //!
 //! The default budget is the size llama.cpp's k-quant mix of the same width would give the
@@ -302,26 +302,33 @@ pub fn allocate_curves(curves: &[Curve], budget_bits: f64) -> Vec<usize> {
     level
 }
 
-/// The grids the output projection may take above its floor `floor` (the width's
-/// `mix_bits` grid, `format::quantized::grid_for`), cheapest first: from 6-bit groups of 64
-/// to groups of 32 and to the symmetric 8-bit layout. Its error counts `2L + 1` times in
-/// the search (as in `quantize::budget`: its noise is the logits' own), so the mix buys
-/// finer grids for it when they lower the model's error more per bit than the layers'.
-pub fn head_ladder(floor: Grid) -> Vec<Grid> {
-    match floor {
+/// The grids the output projection may take under every `intB`, cheapest first: 6-bit
+/// groups of 64 (the grid of llama.cpp's Q6_K `output`), groups of 32, and the symmetric
+/// 8-bit layout (Q8_0's, where a Q8_0 source is copied exactly). Its error counts `2L + 1`
+/// times in the search (as in `quantize::budget`: its noise is the logits' own), so the
+/// mix buys the finer grids when they lower the model's error more per bit than the
+/// layers' steps do. The ladder does not depend on `mix_bits`: the budget still counts
+/// the output at what the k-quant gives it (Q8_0 where Q6_K falls back for the row
+/// length), but where its 8.5 bits would leave the layers on grids that lose more, the
+/// table takes 6 bits and the layers the rest. Pinned at 8.5 bits (`mix_bits` = 8, the
+/// rule before), Gemma 3 270M's tied table (63 % of its weights) left its layers 5.4 bits
+/// a weight, below their Q5_0 near copies' 5.65 and Q8_0 copies' 8.5, and int4 lost 2.6x
+/// Q4_K_M's KLD on held-out text; on its ladder the table takes 6-bit g32, every layer
+/// its exact copy (the Q6_K `ffn_down`, which have none, 8-bit g32), and the KLD falls to
+/// 1.1x Q4_K_M's at 7.01 bits per weight
+/// (`docs/quality.md`, "The output table by error per bit").
+pub fn head_ladder() -> Vec<Grid> {
+    vec![
         Grid::Asym {
             bits: Bits::B6,
             group: 64,
-        } => vec![
-            floor,
-            Grid::Asym {
-                bits: Bits::B6,
-                group: 32,
-            },
-            Grid::Sym8,
-        ],
-        _ => vec![floor],
-    }
+        },
+        Grid::Asym {
+            bits: Bits::B6,
+            group: 32,
+        },
+        Grid::Sym8,
+    ]
 }
 
 #[cfg(test)]
@@ -439,8 +446,9 @@ mod tests {
             group: 64,
         };
         let layers = ladder(Bits::B6, 32, Bits::B6);
-        let heads = head_ladder(floor);
+        let heads = head_ladder();
         assert_eq!(heads.len(), 3);
+        assert_eq!(heads[0], floor);
         let mut head_curve = unit_curve(&unit(TensorRole::LmHead, &head), &heads);
         head_curve.err.iter_mut().for_each(|e| *e *= 61.0);
         let curves = vec![
@@ -456,7 +464,98 @@ mod tests {
             let used: f64 = steps.iter().zip(&curves).map(|(&s, c)| c.bits[s]).sum();
             assert!(used <= budget, "{used} > {budget}");
         }
-        assert_eq!(head_ladder(Grid::Sym8), vec![Grid::Sym8]);
+    }
+
+    /// A tensor held in GGUF blocks of type `ty` (Q5_0 or Q8_0, each block's scale from
+    /// its largest value as ggml rounds them), its float32 weights what they dequantize to.
+    fn source_tensor(
+        ty: crate::format::ggml_blocks::GgmlType,
+        seed: u64,
+        rows: usize,
+        cols: usize,
+    ) -> Tensor {
+        use crate::format::ggml_blocks::{dequantize, GgmlType, SourceBlocks};
+        let x = tensor(seed, rows, cols, 0.05);
+        let mut bytes = Vec::new();
+        for g in x.data.chunks(32) {
+            let max = g
+                .iter()
+                .fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+            if ty == GgmlType::Q8_0 {
+                let d = half::f16::from_f32(max.abs() / 127.0);
+                let id = 1.0 / d.to_f32();
+                bytes.extend(d.to_le_bytes());
+                bytes.extend(
+                    g.iter()
+                        .map(|&v| (v * id).round().clamp(-127.0, 127.0) as i8 as u8),
+                );
+                continue;
+            }
+            let d = half::f16::from_f32(max / -16.0);
+            let id = 1.0 / d.to_f32();
+            let q: Vec<u32> = g
+                .iter()
+                .map(|&v| ((v * id + 16.5) as i32).clamp(0, 31) as u32)
+                .collect();
+            bytes.extend(d.to_le_bytes());
+            let qh = (0..32).fold(0u32, |h, j| h | ((q[j] >> 4) << j));
+            bytes.extend(qh.to_le_bytes());
+            bytes.extend((0..16).map(|j| (q[j] & 15) as u8 | ((q[j + 16] & 15) << 4) as u8));
+        }
+        let mut data = vec![0f32; rows * cols];
+        dequantize(ty, &bytes, &mut data).unwrap();
+        Tensor::new(vec![rows, cols], data).with_source(SourceBlocks { ty, bytes })
+    }
+
+    /// The output table takes its grid by error per bit like the layers, from 6-bit g64 up
+    /// to its exact Q8_0 copy, under a budget that counts it at Q8_0's 8.5 bits and the
+    /// Q5_0 layers at 5.5 (Q4_K_M's fallbacks on 640-wide rows, where kwk's 5-bit copy
+    /// costs 5.65): pinned at 8.5 bits the table leaves the layers at 4 bits; on its
+    /// ladder it drops to 6 bits when its error counts little beside the layers', the
+    /// layers take their copies and the summed error falls; when its error counts much it
+    /// keeps its exact copy.
+    #[test]
+    fn the_head_gives_way_to_the_layers_when_they_lose_more_per_bit() {
+        use crate::format::ggml_blocks::GgmlType;
+        let (cols, ones) = (640, vec![1f32; 640]);
+        let head = source_tensor(GgmlType::Q8_0, 20, 256, cols);
+        let layers: Vec<Tensor> = (0..4)
+            .map(|i| source_tensor(GgmlType::Q5_0, 21 + i, 64, cols))
+            .collect();
+        let unit = |role, t| MixUnit {
+            role,
+            layer: None,
+            tensors: vec![(t, &ones[..], None)],
+        };
+        let base = ladder(Bits::B4, 32, Bits::B8);
+        let layer_curves: Vec<Curve> = layers
+            .iter()
+            .map(|t| {
+                let u = unit(TensorRole::FfnUp, t);
+                unit_curve(&u, &unit_ladder(&base, &unit_homes(&u)))
+            })
+            .collect();
+        let head_unit = unit(TensorRole::LmHead, &head);
+        let budget = (256.0 * Q8_0 + 4.0 * 64.0 * Q5_0) * cols as f64;
+        let plan = |head_steps: &[Grid], weight: f64| {
+            let mut c = unit_curve(&head_unit, head_steps);
+            c.err.iter_mut().for_each(|e| *e *= weight);
+            let mut curves = vec![c];
+            curves.extend(layer_curves.iter().cloned());
+            let steps = allocate_curves(&curves, budget);
+            let used: f64 = steps.iter().zip(&curves).map(|(&s, c)| c.bits[s]).sum();
+            assert!(used <= budget, "{used} > {budget}");
+            let err: f64 = steps.iter().zip(&curves).map(|(&s, c)| c.err[s]).sum();
+            (head_steps[steps[0]], err)
+        };
+        let heads = head_ladder();
+        assert_eq!(heads.last(), Some(&Grid::Sym8));
+        let (pinned, pinned_err) = plan(&[Grid::Sym8], 2.0);
+        assert_eq!(pinned, Grid::Sym8);
+        let (free, free_err) = plan(&heads, 2.0);
+        assert_ne!(free, Grid::Sym8, "the head kept 8.5 bits");
+        assert!(free_err < pinned_err / 2.0, "{free_err} vs {pinned_err}");
+        assert_eq!(plan(&heads, 1e6).0, Grid::Sym8);
     }
 
     #[test]
@@ -493,31 +592,8 @@ mod tests {
     /// tensor without such a source keeps the plain ladder.
     #[test]
     fn a_q5_0_source_gets_its_near_copy_step_and_the_mix_picks_it() {
-        use crate::format::ggml_blocks::{dequantize, GgmlType, SourceBlocks};
         let (rows, cols) = (64, 640);
-        let x = tensor(9, rows, cols, 0.05);
-        let mut bytes = Vec::new();
-        for g in x.data.chunks(32) {
-            let max = g
-                .iter()
-                .fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
-            let d = half::f16::from_f32(max / -16.0);
-            let id = 1.0 / d.to_f32();
-            let q: Vec<u32> = g
-                .iter()
-                .map(|&v| ((v * id + 16.5) as i32).clamp(0, 31) as u32)
-                .collect();
-            bytes.extend(d.to_le_bytes());
-            let qh = (0..32).fold(0u32, |h, j| h | ((q[j] >> 4) << j));
-            bytes.extend(qh.to_le_bytes());
-            bytes.extend((0..16).map(|j| (q[j] & 15) as u8 | ((q[j + 16] & 15) << 4) as u8));
-        }
-        let mut data = vec![0f32; rows * cols];
-        dequantize(GgmlType::Q5_0, &bytes, &mut data).unwrap();
-        let t = Tensor::new(vec![rows, cols], data).with_source(SourceBlocks {
-            ty: GgmlType::Q5_0,
-            bytes,
-        });
+        let t = source_tensor(crate::format::ggml_blocks::GgmlType::Q5_0, 9, rows, cols);
         let ones = vec![1f32; cols];
         let unit = MixUnit {
             role: TensorRole::AttnQ,

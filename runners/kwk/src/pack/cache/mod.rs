@@ -77,8 +77,10 @@ pub use session::{try_load, CachedModel, PackOutcome, PackSession, TensorToPack}
 /// (4: two-level low-bit scales; 5: Gemma 3's post norms stored with each layer's float
 /// vectors, so an older Gemma 3 entry, which lacks them, is never found; 6: tensors whose
 /// GGUF source blocks a layout holds exactly are copied, not rounded, and entries say so;
-/// 7: Q4_0/Q4_1/Q5_0/Q5_1 sources near copied with fitted scales, entries marked).
-pub const PACK_VERSION: u32 = 7;
+/// 7: Q4_0/Q4_1/Q5_0/Q5_1 sources near copied with fitted scales, entries marked; 8: the
+/// low-bit mix chooses `lm_head`'s grid on its ladder from 6 bits whatever `mix_bits`, so
+/// a `:mix8` pack (int4's default on rows not a multiple of 256) is planned anew).
+pub const PACK_VERSION: u32 = 8;
 /// Every file kwk writes in the cache folder starts with this.
 pub const PREFIX: &str = "kwk-pack-";
 /// The marker file of a folder kwk created (see the module doc).
