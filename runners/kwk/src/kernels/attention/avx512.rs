@@ -11,8 +11,8 @@
 //! [`crate::kernels::active_isa`]) and every slice bound.
 
 use super::{
-    KeyPanels, ScoreTile, ValueGeometry, ValueRows, ValueTile, PREFETCH_BYTES, PREFETCH_L2_BYTES,
-    Q8_BLOCK,
+    prefetch_q8_panel_l2, KeyPanels, ScoreTile, ValueGeometry, ValueRows, ValueTile,
+    PREFETCH_BYTES, PREFETCH_L2_BYTES, Q8_BLOCK,
 };
 use crate::kernels::x86_64::{prefetch_line, prefetch_line_l2};
 use crate::kernels::{prefetch_hint, prefetch_hint_l2, PANEL_ROWS};
@@ -240,15 +240,7 @@ unsafe fn scores_q8_tile<const R: usize>(
                 dims * PANEL_ROWS,
             );
             if g.streamed {
-                prefetch_hint_l2(
-                    (kp as *const u8).wrapping_add(PREFETCH_L2_BYTES),
-                    dims * PANEL_ROWS,
-                );
-                // The scales run 8 times slower than the codes (4 bytes per 32 codes).
-                prefetch_hint_l2(
-                    (sp as *const u8).wrapping_add(PREFETCH_L2_BYTES / 8),
-                    blocks * PANEL_ROWS * 4,
-                );
+                prefetch_q8_panel_l2(kp, sp, dims);
             }
             prefetch_hint(
                 (sp as *const u8).wrapping_add(PREFETCH_BYTES / 8),
