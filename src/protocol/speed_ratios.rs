@@ -5,8 +5,9 @@
 //! steadier figure than the ratio of two means (`results.json` `speed_ratios`, report.md's
 //! ratio tables, `speed_ratios.csv`).
 //!
-//! Compared: every kwk row except the reference, against the reference row (kwk
-//! `float32`: what a format buys over the model's own weights) and every llama.cpp row.
+//! Compared: every kwk row against the reference row (kwk `float32`: what a format buys
+//! over the model's own weights) and every llama.cpp row; the reference itself against
+//! the llama.cpp rows.
 //! One set per test of the speed sweep (`speed_points`, each sample with its round; the
 //! primary point's plain tests keep the names `pp`/`tg`, [`super::points::ratio_test`]);
 //! rows without points (files written before the sweep) pair `pp_*`/`tg_*` with
@@ -94,15 +95,14 @@ pub fn paired_speed_ratios(results: &Results) -> Vec<SpeedRatio> {
         .collect();
     let mut out = Vec::new();
     for test in tests_of(results) {
-        for row in results
-            .runners
-            .iter()
-            .filter(|r| r.engine == Engine::Kwk && !is_reference(r))
-        {
+        // The reference row too, against the external rows only: a run without float32
+        // has another kwk row as its reference, whose speed against llama.cpp's was
+        // otherwise in no table.
+        for row in results.runners.iter().filter(|r| r.engine == Engine::Kwk) {
             let Some(a) = per_round_of(results, row, &test) else {
                 continue;
             };
-            for vs in &columns {
+            for vs in columns.iter().filter(|vs| !std::ptr::eq(**vs, row)) {
                 let Some(b) = per_round_of(results, vs, &test) else {
                     continue;
                 };
@@ -183,9 +183,22 @@ mod tests {
             ],
         );
         let got = paired_speed_ratios(&r);
-        // Rows: int8 only (float32 is the reference; llama.cpp rows are columns).
+        // Rows: float32 (the reference: against llama.cpp's rows only) and int8 (against
+        // both); llama.cpp rows are columns. int8 has no tg samples.
+        assert_eq!(got.len(), 4, "{got:?}");
+        let reference = &got[0];
+        assert_eq!(
+            (reference.test.as_str(), reference.row.as_str(), reference.vs.as_str()),
+            ("pp", "float32", "gguf:q8.gguf")
+        );
+        // Rounds 1-3: 100/40, 50/20, 80/30.
+        assert_eq!(reference.rounds, 3);
+        assert!((reference.median - 2.5).abs() < 1e-12);
+        assert!((reference.max - 80.0 / 30.0).abs() < 1e-12);
+        assert_eq!((got[3].test.as_str(), got[3].row.as_str()), ("tg", "float32"));
+        let got: Vec<&SpeedRatio> = got.iter().filter(|x| x.row == "int8").collect();
         assert_eq!(got.len(), 2, "{got:?}");
-        let vs_f32 = &got[0];
+        let vs_f32 = got[0];
         assert_eq!(
             (vs_f32.test.as_str(), vs_f32.vs.as_str()),
             ("pp", "float32")
@@ -194,7 +207,7 @@ mod tests {
         // Round 2: 60/50 = 1.2; round 3: 120/80 = 1.5.
         assert!((vs_f32.min - 1.2).abs() < 1e-12 && (vs_f32.max - 1.5).abs() < 1e-12);
         assert!((vs_f32.median - 1.35).abs() < 1e-12);
-        let vs_q8 = &got[1];
+        let vs_q8 = got[1];
         assert_eq!(vs_q8.vs, "gguf:q8.gguf");
         // Round 2: 60/20 = 3; round 3: 120/30 = 4.
         assert!((vs_q8.min - 3.0).abs() < 1e-12 && (vs_q8.max - 4.0).abs() < 1e-12);
