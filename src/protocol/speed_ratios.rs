@@ -188,14 +188,21 @@ mod tests {
         assert_eq!(got.len(), 4, "{got:?}");
         let reference = &got[0];
         assert_eq!(
-            (reference.test.as_str(), reference.row.as_str(), reference.vs.as_str()),
+            (
+                reference.test.as_str(),
+                reference.row.as_str(),
+                reference.vs.as_str()
+            ),
             ("pp", "float32", "gguf:q8.gguf")
         );
         // Rounds 1-3: 100/40, 50/20, 80/30.
         assert_eq!(reference.rounds, 3);
         assert!((reference.median - 2.5).abs() < 1e-12);
         assert!((reference.max - 80.0 / 30.0).abs() < 1e-12);
-        assert_eq!((got[3].test.as_str(), got[3].row.as_str()), ("tg", "float32"));
+        assert_eq!(
+            (got[3].test.as_str(), got[3].row.as_str()),
+            ("tg", "float32")
+        );
         let got: Vec<&SpeedRatio> = got.iter().filter(|x| x.row == "int8").collect();
         assert_eq!(got.len(), 2, "{got:?}");
         let vs_f32 = got[0];
