@@ -269,7 +269,10 @@ def test_model_object_pack_cache_is_keyed_by_contents(llama, tmp_path):
 def test_ctrl_c_interrupts_generate_and_the_gil_is_released():
     # In a child process. The GIL: with a 10 s switch interval a thread holding the GIL is
     # never preempted, so the main thread can count while the worker's forward computes only
-    # if forward released it (held, the count stays 0). Ctrl-C: SIGINT is sent once the main
+    # if forward released it (held, the count stays 0); every 1000 counts it sleeps 0.1 ms,
+    # so the worker can take the GIL back when forward returns (with `sleep(0)` the main
+    # thread can re-take it before the woken worker runs, and on 2026-12-07 it did so until
+    # the test's timeout). Ctrl-C: SIGINT is sent once the main
     # thread is demonstrably inside the native generate call (its frame stopped at the
     # `self._dec.generate(..., **sampling)` instruction, the GIL released), and generation
     # cannot end first: 2**18 - 8 new tokens with EOS disabled take minutes on any machine
@@ -296,7 +299,7 @@ n = 0
 while not done:
     n += 1
     if n %% 1000 == 0:
-        time.sleep(0)
+        time.sleep(0.0001)
 t.join()
 sys.setswitchinterval(0.005)
 print("counted", n)
