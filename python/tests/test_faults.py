@@ -108,7 +108,10 @@ def test_ctrl_c_during_forward_is_keyboard_interrupt(fixtures_dir):
     # (from_pretrained reads no array). SIGINT is sent once the main thread is inside the
     # native forward call (its frame stopped at the call instruction, the GIL released),
     # so it is pending when forward returns: it must surface as KeyboardInterrupt, not as
-    # a PanicException from the NumPy capsule's import. The forward repeats until then.
+    # a PanicException from the NumPy capsule's import. The forward repeats until then. The
+    # interrupter polls every 1 ms: spinning, it held the GIL against the main thread and
+    # took 46 s to land alone, and more than the 120 s deadline once on a loaded machine
+    # (2026-12-07); polling, about 1 s.
     code = r"""
 import dis, os, signal, sys, threading, time
 from kwk.decode import KwkDecoder
@@ -124,6 +127,7 @@ def interrupter():
         if f is not None and f.f_code is call.__code__ and f.f_lasti in at:
             os.kill(os.getpid(), signal.SIGINT)
             return
+        time.sleep(0.001)
 threading.Thread(target=interrupter, daemon=True).start()
 deadline = time.monotonic() + 120
 try:
