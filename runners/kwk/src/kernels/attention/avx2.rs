@@ -248,6 +248,7 @@ unsafe fn scores_q8_tile<const R: usize>(
             if g.streamed {
                 prefetch_q8_panel_l2(kp, sp, dims);
             }
+            // The scales run 8 times slower than the codes (4 bytes per 32 codes).
             prefetch_hint(
                 (sp as *const u8).wrapping_add(PREFETCH_BYTES / 8),
                 blocks * PANEL_ROWS * 4,

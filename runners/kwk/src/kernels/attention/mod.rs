@@ -50,11 +50,12 @@ const PREFETCH_BYTES: usize = 4096;
 /// runs each): f16 8.9 -> 6.7-6.8, f32 15.4-15.7 -> 11.5-11.9, q8 4.7-5.0 -> 4.2-4.5 (GB/s:
 /// f16 10.5 -> 14.0, f32 12.2 -> 16.1, q8 11.2 -> 12.4); 8, 16, 32 and 64 KiB ahead all
 /// within the noise of each other. In the decoder (`kwk-eval generate`, SmolLM2-135M int8,
-/// a 3,560-token prompt then 200 tokens, 1 thread, four interleaved pairs) generation with
-/// an f16 cache went 62.0-71.2 -> 64.9-68.5 tokens/s (paired +4 %), with a q8 cache and
-/// the prompts unchanged. A tile's own widened copy is not asked for ahead
+/// a 3,560-token prompt then 200 tokens, 1 thread, three interleaved pairs) generation
+/// went 61-66 -> 71-77 tokens/s with an f16 cache, 48-50 -> 52-56 with f32, 88-91 -> 89-94
+/// with q8, the prompts unchanged. A tile's own widened copy is not asked for ahead
 /// ([`ScoreTile::streamed`]): hints past such a short buffer's end cost prompts at depth
-/// with a q8 cache about 12 %.
+/// with a q8 cache about 12 %; and only a tile's first 4-row pass asks (without that,
+/// prompts with an f32 cache lost 7 %).
 #[cfg(target_arch = "x86_64")]
 const PREFETCH_L2_BYTES: usize = 16384;
 
