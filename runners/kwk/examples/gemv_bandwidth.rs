@@ -112,6 +112,7 @@ fn main() {
             dim: COLS,
             memo: None,
         },
+        InputKind::Bf16Tiles => unreachable!("one token is never asked for in token tiles"),
     };
     let pool = ThreadPool::new(threads);
     let probe = ReadProbe::new(kernels::active_isa(), threads, mib << 20);
@@ -137,7 +138,7 @@ fn main() {
         let r = probe.best_gbps(1);
         let per: Vec<f64> = cases
             .iter()
-            .map(|c| gemv_gbps(&pool, c.w.as_ref(), &input(c.w.input_kind()), &mut y))
+            .map(|c| gemv_gbps(&pool, c.w.as_ref(), &input(c.w.input_kind(1)), &mut y))
             .collect();
         if round == 0 {
             continue; // warm-up: page faults, pool start

@@ -96,7 +96,7 @@ impl Layer {
             pool,
             xn,
             d,
-            [q.input_kind(), k.input_kind(), v.input_kind()],
+            [q.input_kind(n), k.input_kind(n), v.input_kind(n)],
         );
         let qo = sized(qo, n * qd);
         let ko = sized(ko, n * kvd);
@@ -108,9 +108,9 @@ impl Layer {
             matmuls(
                 pool,
                 &[
-                    (q, acts.get(xn, q.input_kind()), &yq),
-                    (k, acts.get(xn, k.input_kind()), &yk),
-                    (v, acts.get(xn, v.input_kind()), &yv),
+                    (q, acts.get(xn, q.input_kind(n)), &yq),
+                    (k, acts.get(xn, k.input_kind(n)), &yk),
+                    (v, acts.get(xn, v.input_kind(n)), &yv),
                 ],
             );
         }
@@ -143,11 +143,11 @@ impl Layer {
             }
         }
         let o = self.o.as_ref();
-        acts.prepare(pool, attn, qd, [o.input_kind()]);
+        acts.prepare(pool, attn, qd, [o.input_kind(n)]);
         let oo = sized(oo, n * d);
         {
             let y = OutputMatrix::new(oo, n, d);
-            matmuls(pool, &[(o, acts.get(attn, o.input_kind()), &y)]);
+            matmuls(pool, &[(o, acts.get(attn, o.input_kind(n)), &y)]);
         }
         if let Some(p) = post {
             rms_norm_rows(pool, oo, &p.attn, eps);
@@ -362,7 +362,7 @@ fn mlp_forward(
     let n = xn.len() / d;
     let f = m.gate.rows();
     let (gate, up, down) = (m.gate.as_ref(), m.up.as_ref(), m.down.as_ref());
-    acts.prepare(pool, xn, d, [gate.input_kind(), up.input_kind()]);
+    acts.prepare(pool, xn, d, [gate.input_kind(n), up.input_kind(n)]);
     let g = sized(g, n * f);
     let u = sized(u, n * f);
     {
@@ -371,8 +371,8 @@ fn mlp_forward(
         matmuls(
             pool,
             &[
-                (gate, acts.get(xn, gate.input_kind()), &yg),
-                (up, acts.get(xn, up.input_kind()), &yu),
+                (gate, acts.get(xn, gate.input_kind(n)), &yg),
+                (up, acts.get(xn, up.input_kind(n)), &yu),
             ],
         );
     }
@@ -393,9 +393,9 @@ fn mlp_forward(
             accumulate_gram(pool, h, g, f);
         }
     }
-    acts.prepare(pool, g, f, [down.input_kind()]);
+    acts.prepare(pool, g, f, [down.input_kind(n)]);
     let y = OutputMatrix::new(out, n, d);
-    matmuls(pool, &[(down, acts.get(g, down.input_kind()), &y)]);
+    matmuls(pool, &[(down, acts.get(g, down.input_kind(n)), &y)]);
 }
 
 /// Mixture of experts: softmax over all router logits, the `top_k` largest probabilities
@@ -684,6 +684,10 @@ pub(super) struct Activations {
     q8_scales: Vec<f32>,
     q8_sums: Vec<i32>,
     q8_dim: usize,
+    /// bf16 AMX token tiles ([`InputKind::Bf16Tiles`]).
+    tiles: Vec<u16>,
+    tiles_tokens: usize,
+    tiles_len: usize,
     /// The q8 activations' minimum terms, per group size (cleared by each `prepare`).
     q8_memo: InputMemo,
 }
@@ -701,14 +705,39 @@ impl Activations {
         let n = x.len() / dim;
         self.dim = dim;
         self.q8_memo.clear();
-        let (mut bf16, mut q8) = (false, false);
+        let (mut bf16, mut q8, mut tiles) = (false, false, false);
         for k in kinds {
             match k {
                 InputKind::F32 => {}
                 InputKind::Bf16 => bf16 = true,
                 InputKind::Q8Blocks => q8 = true,
+                InputKind::Bf16Tiles => tiles = true,
             }
         }
+        #[cfg(target_arch = "x86_64")]
+        if tiles {
+            use crate::kernels::quant::amx::bf16::{pack_token_tiles, padded_tokens, TILE_TOKENS};
+            let len = padded_tokens(n) * dim;
+            if self.tiles.len() < len {
+                self.tiles.resize(len, 0);
+            }
+            self.tiles_tokens = n;
+            self.tiles_len = len;
+            // Whole token tiles per thread (each tile is 16 tokens' contiguous values).
+            let parts = split_rows(
+                pool,
+                len / (TILE_TOKENS * dim),
+                &mut self.tiles[..len],
+                TILE_TOKENS * dim,
+            );
+            par_parts(pool, parts, |(first, out)| {
+                let t0 = (first * TILE_TOKENS).min(n);
+                let t1 = (t0 + out.len() / dim).min(n);
+                pack_token_tiles(&x[t0 * dim..t1 * dim], dim, out);
+            });
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        assert!(!tiles, "AMX token tiles asked for off x86-64");
         if bf16 {
             let padded = dim + dim % 2;
             self.bf16_dim = padded;
@@ -762,6 +791,18 @@ impl Activations {
                     block_sums: &self.q8_sums[..blocks],
                     dim: self.q8_dim,
                     memo: Some(&self.q8_memo),
+                }
+            }
+            InputKind::Bf16Tiles => {
+                let n = x.len() / self.dim;
+                assert_eq!(
+                    n, self.tiles_tokens,
+                    "token tiles prepared for another batch"
+                );
+                PreparedInput::Bf16Tiles {
+                    data: &self.tiles[..self.tiles_len],
+                    dim: self.dim,
+                    n_tokens: n,
                 }
             }
         }

@@ -538,9 +538,12 @@ impl KwkDecoder {
         let vocab = self.config.vocab_size;
         let base = out.len();
         out.resize(base + rows * vocab, 0.0);
-        acts.prepare(&self.pool, &xn, d, [head.input_kind()]);
+        acts.prepare(&self.pool, &xn, d, [head.input_kind(rows)]);
         let y = OutputMatrix::new(&mut out[base..], rows, vocab);
-        layers::matmuls(&self.pool, &[(head, acts.get(&xn, head.input_kind()), &y)]);
+        layers::matmuls(
+            &self.pool,
+            &[(head, acts.get(&xn, head.input_kind(rows)), &y)],
+        );
         if let Some(cap) = self
             .config
             .gemma3

@@ -42,7 +42,7 @@ impl PackedLinear for Bf16Panels {
     fn bytes(&self) -> usize {
         self.panels.len() * 2
     }
-    fn input_kind(&self) -> InputKind {
+    fn input_kind(&self, _n_tokens: usize) -> InputKind {
         InputKind::Bf16
     }
     fn row_align(&self) -> usize {

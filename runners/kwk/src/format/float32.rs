@@ -38,7 +38,7 @@ impl PackedLinear for F32Panels {
         // Padding rows are allocated but hold no weights; count what a user pays.
         self.panels.len() * 4
     }
-    fn input_kind(&self) -> InputKind {
+    fn input_kind(&self, _n_tokens: usize) -> InputKind {
         InputKind::F32
     }
     fn row_align(&self) -> usize {

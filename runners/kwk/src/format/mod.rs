@@ -39,6 +39,9 @@ pub enum InputKind {
     /// int8 blocks of 32 with one f32 scale each, plus each block's sum of int8 values
     /// (for formats with offsets): the VNNI path.
     Q8Blocks,
+    /// bf16 in AMX token tiles, tokens padded with zeros to a multiple of 32 (the `amx`
+    /// tier's prompts with AMX-BF16: `kernels::quant::amx::bf16`).
+    Bf16Tiles,
 }
 
 /// Activations of a batch, `n_tokens` rows of `dim` values, in one [`InputKind`].
@@ -63,6 +66,13 @@ pub enum PreparedInput<'a> {
         /// (`None`: each call computes them).
         memo: Option<&'a InputMemo>,
     },
+    /// `n_tokens` rows of `dim` values in AMX token tiles (`kernels::quant::amx::bf16`'s
+    /// layout; `data` holds the padded tokens too).
+    Bf16Tiles {
+        data: &'a [u16],
+        dim: usize,
+        n_tokens: usize,
+    },
 }
 
 /// A weight matrix packed in one format.
@@ -73,8 +83,8 @@ pub trait PackedLinear: Send + Sync {
     fn cols(&self) -> usize;
     /// Bytes of packed weight data (scales included).
     fn bytes(&self) -> usize;
-    /// The activation encoding `matmul_rows` expects.
-    fn input_kind(&self) -> InputKind;
+    /// The activation encoding `matmul_rows` expects for a batch of `n_tokens` tokens.
+    fn input_kind(&self, n_tokens: usize) -> InputKind;
     /// Thread slices of rows must start on multiples of this (the row-interleave width).
     fn row_align(&self) -> usize {
         1

@@ -51,7 +51,7 @@ pub const PANEL_ROWS: usize = 16;
 ///
 /// | tier (`KWK_ISA`) | int8/int4 matmuls | float32 | bf16 | CPUs |
 /// |---|---|---|---|---|
-/// | `amx` | `tdpbsud` tiles in prompts (16 tokens at a time), else as `vnni` | AVX-512F | as `vnni` | Sapphire Rapids, Granite Rapids |
+/// | `amx` | `tdpbf16ps` tiles in prompts of 16 tokens or more (`tdpbsud` without AMX-BF16), else as `vnni` | AVX-512F | as `vnni` | Sapphire Rapids, Granite Rapids |
 /// | `vnni` | `vpdpbusd` zmm | AVX-512F | `vdpbf16ps` with AVX512_BF16, else convert + FMA | Ice Lake, Sapphire Rapids, Zen 4 |
 /// | `avx512bw` | `vpmaddubsw` + `vpmaddwd` zmm | AVX-512F | convert + FMA | Skylake-SP, Cascade Lake |
 /// | `avxvnni` | `vpdpbusd` ymm (VEX; EVEX with AVX512-VNNI/VL where AVX-VNNI is absent) | AVX2 | AVX2 convert | Alder Lake and later client cores |
@@ -59,7 +59,9 @@ pub const PANEL_ROWS: usize = 16;
 /// | `scalar` | the specification | scalar | scalar | anything |
 ///
 /// Every tier computes the quantized matmuls' exact integer block dots and then the same
-/// float operations in the same order, so all tiers agree to the bit on int8/int4.
+/// float operations in the same order, so all tiers agree to the bit on int8/int4; except
+/// the `amx` tier's prompts on AMX-BF16, which round weights and activations to bf16 and
+/// sum in float32 (`quant/amx/bf16.rs`: faster, and closer to float32 than q8 blocks).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Isa {
     Scalar,

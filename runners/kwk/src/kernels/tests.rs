@@ -491,10 +491,9 @@ fn each_tier_names_the_kernels_it_runs() {
     };
     assert_eq!(amx.name(), "amx");
     assert_eq!(amx.weight_kernels(WeightKernels::Bf16), "avx512bf16");
-    assert_eq!(
-        amx.weight_kernels(WeightKernels::Quantized),
-        "amx (prompts) + avx512vnni (1-token: vpdpbusd ymm)"
-    );
+    assert!(amx
+        .weight_kernels(WeightKernels::Quantized)
+        .ends_with("tiles (prompts) + avx512vnni (1-token: vpdpbusd ymm)"));
     let vnni_no_bf16 = Isa::Avx512Vnni {
         bf16: false,
         amx: false,

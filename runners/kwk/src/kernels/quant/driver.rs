@@ -63,9 +63,10 @@ pub enum QuantIsa {
     Avx512Bw,
     /// AVX-512 F/BW + VNNI: `vpdpbusd` on zmm.
     Avx512Vnni,
-    /// `Avx512Vnni` with AMX-INT8: every quantized matrix in prompts of 16 or more tokens
-    /// runs 16 tokens at a time on `tdpbsud` (`amx/`); everything else as
-    /// `Avx512Vnni`.
+    /// `Avx512Vnni` with AMX: every quantized matrix in prompts of 16 or more tokens runs
+    /// on AMX tiles (`amx/`): bf16 tiles (`tdpbf16ps`, weights and activations rounded to
+    /// bf16, `amx/bf16.rs`) where the CPU has AMX-BF16, else int8 tiles (`tdpbsud` on the
+    /// q8 activations, to the bit as the specification); everything else as `Avx512Vnni`.
     Amx,
 }
 
@@ -86,7 +87,11 @@ impl QuantIsa {
     pub fn label(self) -> &'static str {
         match self {
             QuantIsa::AvxVnni if !avx_vnni_vex() => "avxvnni (evex: avx512vnni+vl)",
-            QuantIsa::Amx => "amx (prompts) + avx512vnni (1-token: vpdpbusd ymm)",
+            #[cfg(target_arch = "x86_64")]
+            QuantIsa::Amx if super::amx::bf16::available() => {
+                "amx bf16 tiles (prompts) + avx512vnni (1-token: vpdpbusd ymm)"
+            }
+            QuantIsa::Amx => "amx int8 tiles (prompts) + avx512vnni (1-token: vpdpbusd ymm)",
             QuantIsa::Avx512Vnni => "avx512vnni (1-token: vpdpbusd ymm)",
             QuantIsa::Avx512Bw => "avx512bw (1-token: avx2 ymm)",
             QuantIsa::Scalar if cfg!(target_arch = "x86_64") => "scalar (sse2 pmaddwd)",

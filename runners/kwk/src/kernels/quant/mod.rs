@@ -16,12 +16,14 @@
 //! | `zmm.rs` | what the 512-bit tiers share (code unpacking and widening, float steps) |
 //! | `avx512bw.rs` | the `avx512bw` tier (`vpmaddubsw` + `vpmaddwd` zmm) |
 //! | `avx512vnni.rs` | the `vnni` tier (`vpdpbusd` zmm) |
-//! | `amx/` | the `amx` tier (AMX-INT8 prompt tiles; `tiles.rs` the tiles themselves) |
+//! | `amx/` | the `amx` tier (AMX prompt tiles: `bf16.rs` bf16 tiles where the CPU has AMX-BF16, `tiles.rs` int8 tiles) |
 //!
 //! ## Tiers
 //! One per kernel tier ([`crate::kernels::Isa`], [`QuantIsa`]): AMX for prompts of
-//! 16 or more tokens on CPUs with AMX-INT8 (the `amx` tier, `amx/`: the 512-byte int8
-//! tile of `layout.rs` is AMX's B-tile layout as it is), AVX512-VNNI (`vpdpbusd` zmm, `avx512vnni.rs`), AVX-512BW without VNNI (`avx512bw.rs`:
+//! 16 or more tokens on CPUs with AMX (the `amx` tier, `amx/`: with AMX-BF16 the
+//! weights are dequantized to bf16 tiles and the activations rounded to bf16, `amx/bf16.rs`,
+//! the one path that does not agree to the bit with the specification; else the 512-byte
+//! int8 tile of `layout.rs`, which is AMX's B-tile layout as it is), AVX512-VNNI (`vpdpbusd` zmm, `avx512vnni.rs`), AVX-512BW without VNNI (`avx512bw.rs`:
 //! `vpmaddubsw` + `vpmaddwd` zmm), 256-bit VNNI and AVX2 (`avxvnni.rs`, `avx2.rs`), and
 //! the scalar tier (`scalar/`), all held to the specification (`spec.rs`). `vpmaddubsw` would saturate its i16 pair sums on `255 · 127 · 2`, so the
 //! paths without VNNI take full bytes through the sign trick (see those files). All paths

@@ -136,10 +136,10 @@ fn request_tile_data() -> bool {
 /// The 64-byte tile configuration (palette 1): bytes 16.. hold each tile's bytes per row
 /// (u16), bytes 48.. its rows.
 #[repr(C, align(64))]
-struct TileConfig([u8; 64]);
+pub(super) struct TileConfig(pub(super) [u8; 64]);
 
 impl TileConfig {
-    const fn new(tiles: &[(u8, u16)]) -> TileConfig {
+    pub(super) const fn new(tiles: &[(u8, u16)]) -> TileConfig {
         let mut b = [0u8; 64];
         b[0] = 1;
         let mut i = 0;
