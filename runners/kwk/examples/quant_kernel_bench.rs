@@ -4,7 +4,9 @@
 //! `ISA=<tier>|all cargo run --release -p kwk --example quant_kernel_bench
 //!  [int8|int8:g32|q8sym|int4|int4:g64|int4:g128|int3|int5|int6|float32]` (tiers: amx, vnni, avx512bw,
 //! avxvnni, avx2, scalar; default the CPU's best; `all` every tier the CPU supports);
-//! `TOKENS=512,64,8,1` times other token counts (default 512 and 1).
+//! `TOKENS=512,64,8,1` times other token counts (default 512 and 1). On the `amx` tier with
+//! AMX-BF16, prompts run the bf16 tiles the decoder runs (activations packed untimed, as
+//! q8 activations are quantized untimed); `AMX_INT8=1` times the int8 tiles instead.
 //! `int8` is what the int8 format packs (asymmetric 8-bit codes, groups of 64); the int4
 //! format's default mix adds `int8:g32` (8-bit projections) and `q8sym` (symmetric 8-bit
 //! embedding/lm_head) to `int4` (4-bit, groups of 32); `int3`, `int5`, `int6` are 3-, 5-, 6-bit
@@ -18,6 +20,7 @@ use kwk::format::int8::Int8Weights;
 use kwk::format::quantized::INT8_GROUP;
 use kwk::format::{PackedLinear, PreparedInput};
 use kwk::kernels::q8_activations::quantize_rows_q8;
+use kwk::kernels::quant::amx::bf16;
 use kwk::kernels::quant::{Bits, QuantIsa};
 use kwk::kernels::{self, Isa, OutputMatrix};
 use kwk::model::Tensor;
@@ -83,7 +86,10 @@ fn main() {
         match fmt.as_str() {
             "q8sym" => {
                 let w = Int8Weights::quantize(&t, None, "bench").unwrap();
-                Box::new(move |i, x, r, y| w.matmul_rows_isa(i, x, r, y))
+                Box::new(move |i, x, r, y| match x {
+                    PreparedInput::Bf16Tiles { .. } => w.matmul_rows(x, r, y),
+                    _ => w.matmul_rows_isa(i, x, r, y),
+                })
             }
             "float32" => {
                 let panels = kernels::pack_f32_panels(&t.data, rows, cols);
@@ -115,7 +121,10 @@ fn main() {
                 };
                 let w = LowBitWeights::quantize(&t, bits, gs, None, "bench").unwrap();
                 let _ = w.bytes();
-                Box::new(move |i, x, r, y| w.matmul_rows_isa(i, x, r, y))
+                Box::new(move |i, x, r, y| match x {
+                    PreparedInput::Bf16Tiles { .. } => w.matmul_rows(x, r, y),
+                    _ => w.matmul_rows_isa(i, x, r, y),
+                })
             }
         }
     };
@@ -129,7 +138,14 @@ fn main() {
                 let nb = x.len() / 32;
                 let (mut q, mut s, mut b) = (vec![0i8; x.len()], vec![0f32; nb], vec![0i32; nb]);
                 quantize_rows_q8(&x, c, &mut q, &mut s, &mut b);
-                xs.push((c, q, s, b, x));
+                let tiles = if bf16_tiles(isa, n_tok) {
+                    let mut t = vec![0u16; bf16::padded_tokens(n_tok) * c];
+                    bf16::pack_token_tiles(&x, c, &mut t);
+                    t
+                } else {
+                    Vec::new()
+                };
+                xs.push((c, q, s, b, x, tiles));
             }
             let mut y = vec![0f32; n_tok * 49152];
             let reps = (1536 / n_tok).clamp(8, 200);
@@ -157,6 +173,7 @@ fn main() {
                     xs[0].2[..18].to_vec(),
                     xs[0].3[..18].to_vec(),
                     xs[0].4[..576].to_vec(),
+                    Vec::new(),
                 );
                 let x = input(&fmt, n_tok, &one);
                 let out = OutputMatrix::new(&mut y, 1, 49152);
@@ -170,7 +187,13 @@ fn main() {
             let best_gmacs = macs / reps as f64 / best_rep / 1e9;
             println!(
                 "{fmt} {} tokens={n_tok}: layer {:.3} ms ({gmacs:.1} GMAC/s; fastest of {reps} by wall clock {best_gmacs:.1}), 30 layers {:.1} ms, lm_head(1 token) {:.3} ms -> matmul-only {:.0} tokens/s/thread (on-CPU time; {:.0}% of wall)",
-                if fmt == "float32" { tier(isa).name() } else { isa.label() },
+                if fmt == "float32" {
+                    tier(isa).name()
+                } else if isa == QuantIsa::Amx && n_tok >= 16 && !bf16_tiles(isa, n_tok) {
+                    "amx int8 tiles (prompts)"
+                } else {
+                    isa.label()
+                },
                 layer_s * 1e3,
                 layer_s * 30e3,
                 head_s * 1e3,
@@ -198,8 +221,18 @@ fn tier(q: QuantIsa) -> Isa {
     }
 }
 
-/// (width, q8 quants, q8 scales, q8 block sums, float32 values) of some tokens.
-type Acts = (usize, Vec<i8>, Vec<f32>, Vec<i32>, Vec<f32>);
+/// (width, q8 quants, q8 scales, q8 block sums, float32 values, bf16 token tiles (empty
+/// unless [`bf16_tiles`])) of some tokens.
+type Acts = (usize, Vec<i8>, Vec<f32>, Vec<i32>, Vec<f32>, Vec<u16>);
+
+/// Whether `n_tok` tokens on `isa` run the bf16 tiles, as in the decoder (`AMX_INT8=1`:
+/// never).
+fn bf16_tiles(isa: QuantIsa, n_tok: usize) -> bool {
+    isa == QuantIsa::Amx
+        && n_tok >= kwk::kernels::quant::AMX_MIN_TOKENS
+        && bf16::available()
+        && std::env::var_os("AMX_INT8").is_none()
+}
 
 /// The activations in the encoding `fmt`'s kernels read (at most `n_tok` tokens).
 fn input<'a>(fmt: &str, n_tok: usize, v: &'a Acts) -> PreparedInput<'a> {
@@ -207,6 +240,13 @@ fn input<'a>(fmt: &str, n_tok: usize, v: &'a Acts) -> PreparedInput<'a> {
         return PreparedInput::F32 {
             data: &v.4[..n_tok.min(v.4.len() / v.0) * v.0],
             dim: v.0,
+        };
+    }
+    if !v.5.is_empty() {
+        return PreparedInput::Bf16Tiles {
+            data: &v.5,
+            dim: v.0,
+            n_tokens: n_tok,
         };
     }
     PreparedInput::Q8Blocks {

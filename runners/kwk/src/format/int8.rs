@@ -220,14 +220,14 @@ impl PackedLinear for Int8Weights {
         self.qs.len() + 2 * self.scales.len()
     }
     fn input_kind(&self, n_tokens: usize) -> InputKind {
-        crate::format::quantized::quantized_input_kind(n_tokens)
+        crate::format::quantized_input_kind(n_tokens)
     }
     fn row_align(&self) -> usize {
         selected_isa().row_align()
     }
     fn matmul_rows(&self, x: &PreparedInput, rows: Range<usize>, y: &OutputMatrix) {
         #[cfg(target_arch = "x86_64")]
-        if let Some(x) = crate::format::quantized::bf16_tiles(x) {
+        if let Some(x) = crate::format::bf16_tiles(x) {
             let w = crate::kernels::quant::amx::bf16::Weights::Int8(&self.tiles());
             return crate::kernels::quant::amx::bf16::matmul(w, &x, rows, y);
         }

@@ -412,42 +412,6 @@ pub fn grid_for(precision: &Precision, place: &TensorPlace) -> Result<Option<Gri
     }
 }
 
-/// The activation encoding the quantized formats read for a batch of `n_tokens`: AMX
-/// token tiles in bf16 for prompts of [`AMX_MIN_TOKENS`](crate::kernels::quant::AMX_MIN_TOKENS)
-/// or more on the `amx` tier where the CPU has AMX-BF16 (`kernels::quant::amx::bf16`),
-/// else q8 blocks.
-pub(crate) fn quantized_input_kind(n_tokens: usize) -> crate::format::InputKind {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use crate::kernels::quant::{amx, selected_isa, QuantIsa, AMX_MIN_TOKENS};
-        if n_tokens >= AMX_MIN_TOKENS && selected_isa() == QuantIsa::Amx && amx::bf16::available() {
-            return crate::format::InputKind::Bf16Tiles;
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = n_tokens;
-    crate::format::InputKind::Q8Blocks
-}
-
-/// The AMX token tiles of a prepared input, if that is its encoding.
-#[cfg(target_arch = "x86_64")]
-pub(crate) fn bf16_tiles<'a>(
-    x: &crate::format::PreparedInput<'a>,
-) -> Option<crate::kernels::quant::amx::bf16::Bf16Tiles<'a>> {
-    match *x {
-        crate::format::PreparedInput::Bf16Tiles {
-            data,
-            dim,
-            n_tokens,
-        } => Some(crate::kernels::quant::amx::bf16::Bf16Tiles {
-            data,
-            dim,
-            n_tokens,
-        }),
-        _ => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -223,6 +223,19 @@ pub fn isa_supported(isa: Isa) -> bool {
     }
 }
 
+/// Whether the `amx` tier's prompts run on AMX-BF16 tiles here (`quant/amx/bf16.rs`):
+/// the CPU and the OS grant AMX with AMX-BF16 and AVX512-BF16.
+pub fn amx_bf16_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        quant::amx::bf16::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// Every tier this CPU can run, from scalar up (tests compare each against scalar).
 pub fn supported_isas() -> Vec<Isa> {
     [

@@ -87,8 +87,7 @@ impl QuantIsa {
     pub fn label(self) -> &'static str {
         match self {
             QuantIsa::AvxVnni if !avx_vnni_vex() => "avxvnni (evex: avx512vnni+vl)",
-            #[cfg(target_arch = "x86_64")]
-            QuantIsa::Amx if super::amx::bf16::available() => {
+            QuantIsa::Amx if crate::kernels::amx_bf16_available() => {
                 "amx bf16 tiles (prompts) + avx512vnni (1-token: vpdpbusd ymm)"
             }
             QuantIsa::Amx => "amx int8 tiles (prompts) + avx512vnni (1-token: vpdpbusd ymm)",
