@@ -29,7 +29,7 @@
 //! [`TOKEN_STEP`]. A weight block in B layout is 1 KiB too: row `p` (16 of them) holds
 //! column pair `2p, 2p + 1` of the group's 16 weight rows, 2 values each.
 
-use super::tiles::{self, TileConfig};
+use super::tiles::{self, TileConfig, TileScope};
 use crate::kernels::quant::driver::write_group_row;
 use crate::kernels::quant::layout::{
     Int8Tiles, LowBitTiles, BLOCK, BYTE_TILE_BYTES, INT8_TILE_BYTES, ROW_GROUP,
@@ -283,35 +283,13 @@ pub fn dequant_group_scalar(
 /// tiles, tmm6-7 weight tiles, all 16 rows of 64 bytes.
 static BF16_TILES: TileConfig = TileConfig::new(&[(16, 64); 8]);
 
-/// The bf16 tile configuration on this thread for as long as the value lives.
-struct Bf16Scope(std::marker::PhantomData<*const ()>);
-
-impl Bf16Scope {
-    /// # Safety
-    /// [`available`] returned true.
-    unsafe fn load() -> Bf16Scope {
-        // SAFETY: AMX is available (caller); the configuration is a valid palette-1 block.
-        unsafe {
-            asm!("ldtilecfg [{}]", in(reg) BF16_TILES.0.as_ptr(), options(nostack, readonly));
-        }
-        Bf16Scope(std::marker::PhantomData)
-    }
-}
-
-impl Drop for Bf16Scope {
-    fn drop(&mut self) {
-        // SAFETY: a scope exists only after `ldtilecfg` ran on this thread.
-        unsafe { asm!("tilerelease", options(nostack, nomem)) };
-    }
-}
-
 /// 32 tokens (token tiles at `a` and `a + nb · 512`) × two row groups (B tiles at `w0`,
 /// `w1`) over `nb` blocks: sums into `out[0]` (tokens 0-15 × group 0), `out[1]` (0-15 ×
 /// 1), `out[2]` (16-31 × 0), `out[3]` (16-31 × 1), each 16 rows of 16 floats `ld` floats
 /// apart.
 ///
 /// # Safety
-/// A [`Bf16Scope`] is alive on this thread; `a` holds `2 · nb` tiles, `w0`/`w1` `nb`
+/// A [`TileScope`] of [`BF16_TILES`] is alive on this thread; `a` holds `2 · nb` tiles, `w0`/`w1` `nb`
 /// each; the outputs are writable as stated and this thread's alone.
 #[inline(always)]
 unsafe fn tile_2x2(a: *const u16, nb: usize, w: [*const u16; 2], out: [*mut f32; 4], ld: usize) {
@@ -396,7 +374,7 @@ pub fn matmul(w: Weights, x: &Bf16Tiles, rows: Range<usize>, y: &OutputMatrix) {
     let n = x.n_tokens;
     let groups = rows.start / ROW_GROUP..rows.end.div_ceil(ROW_GROUP);
     // SAFETY: AMX-BF16 is available (asserted); the scope lives for this call.
-    let _scope = unsafe { Bf16Scope::load() };
+    let _scope = unsafe { TileScope::load(&BF16_TILES) };
     let mut scratch = [[0f32; 2 * ROW_GROUP]; TOKEN_STEP];
     let mut g = groups.start;
     while g < groups.end {

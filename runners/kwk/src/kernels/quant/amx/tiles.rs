@@ -181,9 +181,18 @@ impl TileScope {
     /// # Safety
     /// [`available`] must have returned true in this process.
     pub unsafe fn int8() -> TileScope {
-        // SAFETY: AMX is available (caller); the configuration is a valid palette-1 block.
+        // SAFETY: forwarded contract.
+        unsafe { TileScope::load(&INT8_TILES) }
+    }
+
+    /// Loads `config` on this thread.
+    ///
+    /// # Safety
+    /// [`available`] must have returned true in this process.
+    pub(super) unsafe fn load(config: &'static TileConfig) -> TileScope {
+        // SAFETY: AMX is available (caller); every `TileConfig` is a palette-1 block.
         unsafe {
-            asm!("ldtilecfg [{}]", in(reg) INT8_TILES.0.as_ptr(), options(nostack, readonly));
+            asm!("ldtilecfg [{}]", in(reg) config.0.as_ptr(), options(nostack, readonly));
         }
         TileScope(std::marker::PhantomData)
     }
