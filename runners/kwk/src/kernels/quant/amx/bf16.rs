@@ -289,8 +289,8 @@ static BF16_TILES: TileConfig = TileConfig::new(&[(16, 64); 8]);
 /// apart.
 ///
 /// # Safety
-/// A [`TileScope`] of [`BF16_TILES`] is alive on this thread; `a` holds `2 · nb` tiles, `w0`/`w1` `nb`
-/// each; the outputs are writable as stated and this thread's alone.
+/// A [`TileScope`] of [`BF16_TILES`] is alive on this thread; `a` holds `2 · nb` tiles,
+/// `w0`/`w1` `nb` each; the outputs are writable as stated and this thread's alone.
 #[inline(always)]
 unsafe fn tile_2x2(a: *const u16, nb: usize, w: [*const u16; 2], out: [*mut f32; 4], ld: usize) {
     // SAFETY: the caller's contract; every load is one whole tile of the stated arrays.
