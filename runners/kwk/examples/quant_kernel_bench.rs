@@ -87,7 +87,7 @@ fn main() {
             "q8sym" => {
                 let w = Int8Weights::quantize(&t, None, "bench").unwrap();
                 Box::new(move |i, x, r, y| match x {
-                    PreparedInput::Bf16Tiles { .. } => w.matmul_rows(x, r, y),
+                    PreparedInput::Bf16Tiles(_) => w.matmul_rows(x, r, y),
                     _ => w.matmul_rows_isa(i, x, r, y),
                 })
             }
@@ -122,7 +122,7 @@ fn main() {
                 let w = LowBitWeights::quantize(&t, bits, gs, None, "bench").unwrap();
                 let _ = w.bytes();
                 Box::new(move |i, x, r, y| match x {
-                    PreparedInput::Bf16Tiles { .. } => w.matmul_rows(x, r, y),
+                    PreparedInput::Bf16Tiles(_) => w.matmul_rows(x, r, y),
                     _ => w.matmul_rows_isa(i, x, r, y),
                 })
             }
@@ -243,11 +243,11 @@ fn input<'a>(fmt: &str, n_tok: usize, v: &'a Acts) -> PreparedInput<'a> {
         };
     }
     if !v.5.is_empty() {
-        return PreparedInput::Bf16Tiles {
+        return PreparedInput::Bf16Tiles(bf16::Bf16Tiles {
             data: &v.5,
             dim: v.0,
             n_tokens: n_tok,
-        };
+        });
     }
     PreparedInput::Q8Blocks {
         quants: &v.1,

@@ -5,7 +5,7 @@
 //! multi-matmul hand-offs) they share.
 
 use crate::format::{InputKind, PackedLinear, PreparedInput};
-use crate::kernels::quant::InputMemo;
+use crate::kernels::quant::{Bf16Tiles, InputMemo};
 use crate::kernels::{self, OutputMatrix, PANEL_ROWS};
 use crate::model::ModelConfig;
 use crate::quantize::gptq::Hessian;
@@ -687,7 +687,6 @@ pub(super) struct Activations {
     /// bf16 AMX token tiles ([`InputKind::Bf16Tiles`]).
     tiles: Vec<u16>,
     tiles_tokens: usize,
-    tiles_len: usize,
     /// The q8 activations' minimum terms, per group size (cleared by each `prepare`).
     q8_memo: InputMemo,
 }
@@ -722,7 +721,6 @@ impl Activations {
                 self.tiles.resize(len, 0);
             }
             self.tiles_tokens = n;
-            self.tiles_len = len;
             // Whole token tiles per thread (each tile is 16 tokens' contiguous values).
             let parts = split_rows(
                 pool,
@@ -799,11 +797,11 @@ impl Activations {
                     n, self.tiles_tokens,
                     "token tiles prepared for another batch"
                 );
-                PreparedInput::Bf16Tiles {
-                    data: &self.tiles[..self.tiles_len],
+                PreparedInput::Bf16Tiles(Bf16Tiles {
+                    data: &self.tiles,
                     dim: self.dim,
                     n_tokens: n,
-                }
+                })
             }
         }
     }

@@ -227,9 +227,9 @@ impl PackedLinear for Int8Weights {
     }
     fn matmul_rows(&self, x: &PreparedInput, rows: Range<usize>, y: &OutputMatrix) {
         #[cfg(target_arch = "x86_64")]
-        if let Some(x) = crate::format::bf16_tiles(x) {
+        if let PreparedInput::Bf16Tiles(x) = x {
             let w = crate::kernels::quant::amx::bf16::Weights::Int8(&self.tiles());
-            return crate::kernels::quant::amx::bf16::matmul(w, &x, rows, y);
+            return crate::kernels::quant::amx::bf16::matmul(w, x, rows, y);
         }
         self.matmul_rows_isa(selected_isa(), x, rows, y);
     }

@@ -24,7 +24,7 @@ pub mod storage;
 pub use precision::{BpwOptions, Int8Options, LowBitOptions, Precision, DEFAULT_INT4_GROUP};
 
 use crate::error::Result;
-use crate::kernels::quant::InputMemo;
+use crate::kernels::quant::{Bf16Tiles, InputMemo};
 use crate::kernels::OutputMatrix;
 use crate::model::Tensor;
 use std::ops::Range;
@@ -66,13 +66,8 @@ pub enum PreparedInput<'a> {
         /// (`None`: each call computes them).
         memo: Option<&'a InputMemo>,
     },
-    /// `n_tokens` rows of `dim` values in AMX token tiles (`kernels::quant::amx::bf16`'s
-    /// layout; `data` holds the padded tokens too).
-    Bf16Tiles {
-        data: &'a [u16],
-        dim: usize,
-        n_tokens: usize,
-    },
+    /// bf16 AMX token tiles (`kernels::quant::amx::bf16`'s layout, padded tokens included).
+    Bf16Tiles(Bf16Tiles<'a>),
 }
 
 /// The activation encoding the quantized formats read for a batch of `n_tokens`: AMX
@@ -93,25 +88,6 @@ pub(crate) fn quantized_input_kind(n_tokens: usize) -> InputKind {
     #[cfg(not(target_arch = "x86_64"))]
     let _ = n_tokens;
     InputKind::Q8Blocks
-}
-
-/// The AMX token tiles of a prepared input, if that is its encoding.
-#[cfg(target_arch = "x86_64")]
-pub(crate) fn bf16_tiles<'a>(
-    x: &PreparedInput<'a>,
-) -> Option<crate::kernels::quant::amx::bf16::Bf16Tiles<'a>> {
-    match *x {
-        PreparedInput::Bf16Tiles {
-            data,
-            dim,
-            n_tokens,
-        } => Some(crate::kernels::quant::amx::bf16::Bf16Tiles {
-            data,
-            dim,
-            n_tokens,
-        }),
-        _ => None,
-    }
 }
 
 /// A weight matrix packed in one format.

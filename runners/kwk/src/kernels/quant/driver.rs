@@ -243,6 +243,41 @@ pub fn selected_isa() -> QuantIsa {
     *ISA.get_or_init(|| QuantIsa::from_isa(crate::kernels::active_isa()))
 }
 
+/// Tokens per AMX tile (the rows of an A tile of [`Bf16Tiles`]).
+pub const TILE_TOKENS: usize = 16;
+/// Tokens per AMX-BF16 kernel call (two A tiles); [`Bf16Tiles`] are padded to a multiple.
+pub const TOKEN_STEP: usize = 2 * TILE_TOKENS;
+
+/// Tokens the bf16 token tiles of `n_tokens` tokens hold (zero rows past `n_tokens`).
+pub fn padded_tokens(n_tokens: usize) -> usize {
+    n_tokens.next_multiple_of(TOKEN_STEP)
+}
+
+/// Activations in bf16 AMX token tiles (`amx/bf16.rs`'s layout: token tile × 32-column
+/// block, 1 KiB each, token-major): `data` holds at least `padded_tokens(n_tokens) · dim`
+/// values, `dim` a multiple of 32.
+#[derive(Debug, Clone, Copy)]
+pub struct Bf16Tiles<'a> {
+    pub data: &'a [u16],
+    pub dim: usize,
+    pub n_tokens: usize,
+}
+
+impl Bf16Tiles<'_> {
+    /// Panics unless the tiles fit a matrix of `cols` columns.
+    pub fn check(&self, cols: usize) {
+        assert!(
+            self.dim == cols
+                && cols.is_multiple_of(BLOCK)
+                && self.data.len() >= padded_tokens(self.n_tokens) * cols,
+            "bf16 tiles: {} values for {} tokens of {} (matrix width {cols})",
+            self.data.len(),
+            self.n_tokens,
+            self.dim
+        );
+    }
+}
+
 /// q8 activation blocks of `n_tokens` rows of `dim` values (see `q8_activations`).
 #[derive(Debug, Clone, Copy)]
 pub struct Q8Rows<'a> {

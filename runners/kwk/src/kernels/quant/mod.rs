@@ -109,8 +109,8 @@ mod zmm;
 pub(crate) mod tests;
 
 pub use driver::{
-    avx_vnni_vex, selected_isa, InputMemo, PairedGemv, Q8Rows, QuantIsa, Rounding, TileAt,
-    AMX_MIN_TOKENS, PAIR_TOKENS, TOKEN_TILE,
+    avx_vnni_vex, padded_tokens, selected_isa, Bf16Tiles, InputMemo, PairedGemv, Q8Rows, QuantIsa,
+    Rounding, TileAt, AMX_MIN_TOKENS, PAIR_TOKENS, TOKEN_TILE,
 };
 pub use layout::{
     code_tile_bytes, put_tile_code, Bits, Int8Tiles, LowBitTiles, BIT_TILE_BYTES, BLOCK,

@@ -31,6 +31,7 @@
 
 use super::tiles::{self, TileConfig, TileScope};
 use crate::kernels::quant::driver::write_group_row;
+pub use crate::kernels::quant::driver::{padded_tokens, Bf16Tiles, TILE_TOKENS, TOKEN_STEP};
 use crate::kernels::quant::layout::{
     Int8Tiles, LowBitTiles, BLOCK, BYTE_TILE_BYTES, INT8_TILE_BYTES, ROW_GROUP,
 };
@@ -41,10 +42,6 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 use std::sync::OnceLock;
 
-/// Tokens per AMX tile (the rows of an A tile).
-pub const TILE_TOKENS: usize = 16;
-/// Tokens per kernel call (two A tiles); packed activations are padded to a multiple.
-pub const TOKEN_STEP: usize = 2 * TILE_TOKENS;
 /// bf16 values of one A or B tile (16 rows of 32).
 pub const TILE_VALUES: usize = TILE_TOKENS * BLOCK;
 
@@ -56,34 +53,6 @@ pub fn available() -> bool {
         let amx_bf16 = __cpuid_count(7, 0).edx >> 22 & 1 == 1;
         amx_bf16 && std::arch::is_x86_feature_detected!("avx512bf16") && tiles::available()
     })
-}
-
-/// Tokens the packed activations of `n_tokens` tokens hold (zero rows past `n_tokens`).
-pub fn padded_tokens(n_tokens: usize) -> usize {
-    n_tokens.next_multiple_of(TOKEN_STEP)
-}
-
-/// Activations in bf16 A tiles (see the module's layout): `data` holds
-/// `padded_tokens(n_tokens) · dim` values, `dim` a multiple of 32.
-#[derive(Clone, Copy)]
-pub struct Bf16Tiles<'a> {
-    pub data: &'a [u16],
-    pub dim: usize,
-    pub n_tokens: usize,
-}
-
-impl Bf16Tiles<'_> {
-    fn check(&self, cols: usize) {
-        assert!(
-            self.dim == cols
-                && cols.is_multiple_of(BLOCK)
-                && self.data.len() >= padded_tokens(self.n_tokens) * cols,
-            "bf16 tiles: {} values for {} tokens of {} (matrix width {cols})",
-            self.data.len(),
-            self.n_tokens,
-            self.dim
-        );
-    }
 }
 
 /// Packs whole token tiles: `x` holds up to `out.len() / dim` rows of `dim` floats (token

@@ -1,6 +1,6 @@
 //! The `amx` tier's matmuls for prompts of `AMX_MIN_TOKENS` tokens or more: bf16 tiles
 //! where the CPU has AMX-BF16 (`bf16.rs`, the decoder's path: the formats ask for bf16
-//! token tiles, `format::quantized::quantized_input_kind`), else AMX-INT8 tiles on the
+//! token tiles, `format::quantized_input_kind`), else AMX-INT8 tiles on the
 //! q8 activations (below; `tiles.rs` holds the tiles themselves, the tile configuration
 //! and the CPU/OS probe): [`drive_amx`] walks row groups two at a time and their tokens 32 at a time on
 //! the 2 × 2 kernel, 16 at a time on the 16 × 16 one, and hands the last `n % 16` to the
