@@ -23,6 +23,7 @@ where
     T: Into<std::ffi::OsString> + Clone,
 {
     install_notice_sink();
+    crate::machine::note_startup_rss();
     let ui = Terminal;
     let invocation = match cli::parse_from(args) {
         Ok(i) => i,

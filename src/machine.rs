@@ -96,6 +96,25 @@ pub fn reset_peak_rss() -> bool {
     std::fs::write("/proc/self/clear_refs", "5").is_ok()
 }
 
+/// This process's resident size now in bytes (`VmRSS`); `None` off Linux.
+pub fn rss_bytes() -> Option<u64> {
+    llamacpp::process::vm_rss_bytes("self")
+}
+
+/// The resident size this process had when [`note_startup_rss`] first ran (at the start of
+/// `kwk-eval`, before any text, tokenizer or model was read): the program's own share of a
+/// row's peak, which a standalone engine process pays too.
+pub fn startup_rss_bytes() -> Option<u64> {
+    *STARTUP_RSS.get_or_init(rss_bytes)
+}
+
+/// Records [`startup_rss_bytes`] now if it was not recorded yet.
+pub fn note_startup_rss() {
+    let _ = startup_rss_bytes();
+}
+
+static STARTUP_RSS: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+
 /// This process's resident high-water mark in bytes (`VmHWM` of /proc/self/status) since
 /// it started or since the last successful [`reset_peak_rss`]; `None` off Linux.
 pub fn peak_rss_bytes() -> Option<u64> {

@@ -1,9 +1,9 @@
-//! `peak_rss_bytes` per row, measured in this process (`kwk_eval::run` in-process; this
-//! test binary holds one test, so nothing else allocates meanwhile): every kwk row's peak
-//! is at least its packed bytes and at most the process's peak virtual size (`VmPeak`,
-//! which the per-row reset of the resident high-water mark does not touch), and the last
-//! row's is at most the resident high-water mark read after the run (no reset since; up
-//! to the counters' per-CPU slack).
+//! `peak_rss_bytes` and `pack_peak_rss_bytes` per row, measured in this process
+//! (`kwk_eval::run` in-process; this test binary holds one test, so nothing else allocates
+//! meanwhile): every kwk row's run and build peaks are at least its packed bytes and at most
+//! the process's peak virtual size (`VmPeak`, which the per-row reset of the resident
+//! high-water mark does not touch), and the last row's own share is at most the resident
+//! high-water mark read after the run (no reset since; up to the counters' per-CPU slack).
 
 mod common;
 use common::*;
@@ -62,6 +62,17 @@ fn every_kwk_row_states_a_plausible_peak_rss() {
         let packed = row["tensor_bytes"].as_u64().unwrap();
         assert!(peak >= packed, "{name}: peak {peak} < packed {packed}");
         assert!(peak <= vm_peak, "{name}: peak {peak} > VmPeak {vm_peak}");
+        let build = row["pack_peak_rss_bytes"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{name}: no pack_peak_rss_bytes"));
+        assert!(
+            build >= packed,
+            "{name}: build peak {build} < packed {packed}"
+        );
+        assert!(
+            build <= vm_peak,
+            "{name}: build peak {build} > VmPeak {vm_peak}"
+        );
     }
     // The kernel's resident counters are per-CPU approximations synced in batches, so two
     // readings of `VmHWM` can differ by a few pages either way (a CI run read the row's

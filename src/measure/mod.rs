@@ -292,8 +292,12 @@ fn quality_pass(
             break;
         }
         let step = format!("[{}/{total}]", i + 1);
-        // kwk rows: this process's peak RSS from here to the end of the row's perplexity.
-        let rss_reset = spec.engine() == Engine::Kwk && crate::machine::reset_peak_rss();
+        // kwk rows: the row's own resident memory, over its build and over its perplexity
+        // (RunnerRecord::peak_rss_bytes says how).
+        let kwk_row = spec.engine() == Engine::Kwk;
+        let before_build = kwk_row.then(crate::machine::rss_bytes).flatten();
+        let build_reset = before_build.is_some() && crate::machine::reset_peak_rss();
+        let (mut build_hwm, mut run_reset) = (None, false);
         let prebuilt = gguf[i].take();
         // A panic while building or scoring this row fails the row only.
         let row = contain(|| {
@@ -304,6 +308,10 @@ fn quality_pass(
                     build_kwk(plan, prep, spec, ui)
                 }
             };
+            if build_reset {
+                build_hwm = crate::machine::peak_rss_bytes();
+                run_reset = crate::machine::reset_peak_rss();
+            }
             match built {
                 Ok(mut runner) => {
                     test_hook_panic(&spec.name(), Phase::Quality, ui);
@@ -354,8 +362,12 @@ fn quality_pass(
                 None,
             ),
         };
-        if rss_reset {
-            record.peak_rss_bytes = crate::machine::peak_rss_bytes();
+        if run_reset {
+            let own = |hwm: Option<u64>| {
+                Some(crate::machine::startup_rss_bytes()? + hwm?.saturating_sub(before_build?))
+            };
+            record.peak_rss_bytes = own(crate::machine::peak_rss_bytes());
+            record.pack_peak_rss_bytes = own(build_hwm);
         }
         if let Some((_, made)) = plan.made.iter().find(|(n, _)| *n == record.name) {
             record.made = Some(made.clone());

@@ -385,15 +385,23 @@ pub struct RunnerRecord {
     /// rounding); null for rows without calibration.
     #[serde(default)]
     pub calibration_s: Option<f64>,
-    /// Peak resident memory in bytes while this row was built and scored. kwk rows: the
-    /// harness process's `VmHWM`, reset (/proc/self/clear_refs) just before the row's build
-    /// and read after its perplexity, so it counts everything the process held meanwhile
-    /// (tokens, reference files' buffers, and with speed the earlier rows kept for the speed
-    /// rounds); the speed rounds are not included. llama.cpp rows: the llama-perplexity
-    /// child's own `VmHWM` (mapped GGUF pages included), polled every 20 ms while it ran.
-    /// Null when not measured (not Linux, or the reset failed).
+    /// Peak resident memory in bytes of this row's engine running it (the perplexity run).
+    /// kwk rows: the row's own share of the harness process, measured: the process's
+    /// `VmHWM` during the perplexity (reset with /proc/self/clear_refs when the row's build
+    /// ends) less its resident size before the build began (so neither the earlier rows kept
+    /// for the speed rounds nor the source model's shared copy count), plus the process's
+    /// resident size at start (the program itself, which a standalone process pays too).
+    /// What the build took on top (packing, calibration) is `pack_peak_rss_bytes`.
+    /// llama.cpp rows: the llama-perplexity child's own `VmHWM` (mapped GGUF pages
+    /// included), polled every 20 ms while it ran. Null when not measured (not Linux, or the
+    /// reset failed).
     #[serde(default)]
     pub peak_rss_bytes: Option<u64>,
+    /// kwk rows: the same measure as `peak_rss_bytes` over the row's build (reading,
+    /// packing, calibration) instead of its perplexity; null for llama.cpp rows (their
+    /// GGUFs are made by llama-quantize before the rows run) and when not measured.
+    #[serde(default)]
+    pub pack_peak_rss_bytes: Option<u64>,
     /// llama-bench's own JSON objects, as it printed them.
     pub llama_bench: Option<serde_json::Value>,
     /// How the run made this row's GGUF (the ladder); null for files the user passed.

@@ -305,7 +305,8 @@ pub fn render(r: &Results, plots: &PlotFiles) -> String {
          differs from the --compare-to row beyond two paired standard errors; speeds are mean ± sample stddev of per-repetition tokens/s \
          (llama-bench's definitions), repetitions interleaved across runners (one per runner per \
          round, rotating the order; per-round order in results.json `speed_rounds`, median and \
-         range in results.csv); '-' = not measured.\n"
+         range in results.csv); peak RSS: the row's engine's resident peak during its perplexity (kwk: \
+         the row's own share of the harness process, measured; llama.cpp: the child's); '-' = not measured.\n"
     );
     if let Some(line) = flash_attn_line(r) {
         let _ = writeln!(s, "{line}\n");

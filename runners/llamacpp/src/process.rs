@@ -362,10 +362,21 @@ fn kill_tree(child: &mut Child) {
 /// A process's resident high-water mark in bytes (`VmHWM` of /proc/PID/status); `None`
 /// when it cannot be read (not Linux, or the process has exited).
 pub fn vm_hwm_bytes(pid: &str) -> Option<u64> {
+    status_bytes(pid, "VmHWM:")
+}
+
+/// A process's resident size now in bytes (`VmRSS` of /proc/PID/status); `None` when it
+/// cannot be read.
+pub fn vm_rss_bytes(pid: &str) -> Option<u64> {
+    status_bytes(pid, "VmRSS:")
+}
+
+/// One `kB` field of /proc/PID/status, in bytes.
+fn status_bytes(pid: &str, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
     let kib: u64 = line
-        .trim_start_matches("VmHWM:")
+        .trim_start_matches(field)
         .trim()
         .trim_end_matches("kB")
         .trim()
