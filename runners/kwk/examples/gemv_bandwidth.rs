@@ -86,7 +86,12 @@ fn main() {
         pack("int8", Precision::INT8, TensorRole::AttnQ, mib),
         pack("int4 (4-bit g32)", int4, TensorRole::AttnQ, mib),
         pack("int4 lm_head", int4, TensorRole::LmHead, mib),
+        pack("int4 ffn_down", int4, TensorRole::FfnDown, mib),
+        pack("int4 attn_v", int4, TensorRole::AttnV, mib),
     ];
+    for c in &cases {
+        eprintln!("{}: {}", c.name, c.w.layout_name());
+    }
     // The token in each encoding the kernels read.
     let x = pseudo(COLS, 7);
     let xb: Vec<half::bf16> = x.iter().map(|&v| half::bf16::from_f32(v)).collect();
