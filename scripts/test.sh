@@ -5,6 +5,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# A clean build of everything below takes about 7 GB under the target folder; a full disk
+# shows up as a linker killed by SIGBUS, so say it plainly first.
+TARGET_DIR="${CARGO_TARGET_DIR:-target}"
+mkdir -p "$TARGET_DIR"
+FREE_GB="$(df -P -k "$TARGET_DIR" | awk 'NR == 2 { printf "%d", $4 / 1048576 }')"
+if [ "${FREE_GB:-0}" -lt 10 ]; then
+    echo "test.sh: warning: only ${FREE_GB} GB free where $TARGET_DIR is; a clean build needs about 7 GB (free space, or set CARGO_TARGET_DIR elsewhere)" >&2
+fi
+
 LLAMA_BIN="$(bash scripts/setup-llama-cpp.sh | tail -n 1)"
 export KWK_LLAMA_CPP_DIR="$LLAMA_BIN"
 # The tests need the model, not its off-grid copies (scripts/setup-offgrid.sh).
