@@ -1,5 +1,5 @@
 //! What other runners are compared against the float32 reference with: KL divergence,
-//! same-top-token agreement, Δp and per-token NLL, with llama-perplexity's
+//! same-top-token agreement, Δp, per-token NLL and the change of entropy, with llama-perplexity's
 //! `--kl-divergence` per-token arithmetic (tools/perplexity/perplexity.cpp P:191-252) and
 //! statistics (P:1892-1982), on the reference's log-probs as [`crate::eval::base_file`]
 //! stores them.
@@ -68,6 +68,8 @@ pub struct KldAccumulator {
     pub kld: Vec<f32>,
     pub same_top: Vec<bool>,
     pub p_diff: Vec<f32>,
+    /// The row's entropy less the reference's, per position (nats).
+    pub entropy_diff: Vec<f32>,
     record: Vec<u16>,
 }
 
@@ -91,12 +93,18 @@ impl KldAccumulator {
         let (qc, bc) = (&q[4..4 + n_vocab], &base[4..4 + n_vocab]);
         let nll = -(qs * f32::from(qc[tok]) + qm);
         let nll_base = -(bs * f32::from(bc[tok]) + bm);
-        let mut sum = 0.0f64;
+        let (mut sum, mut h_base, mut h_row) = (0.0f64, 0.0f64, 0.0f64);
         for (&b, &c) in bc.iter().zip(qc) {
             let lb = bs * f32::from(b) + bm;
+            let lq = qs * f32::from(c) + qm;
             if lb > -16.0 {
-                let lq = qs * f32::from(c) + qm;
-                sum += f64::from(lb.exp() * (lb - lq));
+                let pb = lb.exp();
+                sum += f64::from(pb * (lb - lq));
+                h_base -= f64::from(pb * lb);
+            }
+            // Each distribution's entropy over its own tokens above the same floor.
+            if lq > -16.0 {
+                h_row -= f64::from(lq.exp() * lq);
             }
         }
         self.nll.push(nll);
@@ -104,6 +112,7 @@ impl KldAccumulator {
         self.kld.push(sum as f32);
         self.same_top.push(first_argmax(qc) == first_argmax(bc));
         self.p_diff.push((-nll).exp() - (-nll_base).exp());
+        self.entropy_diff.push((h_row - h_base) as f32);
     }
 
     /// The report's figures (§2.5) and the per-token values: mean KLD ± unc, 99th-percentile
@@ -124,6 +133,8 @@ impl KldAccumulator {
         let top1 = self.same_top.iter().filter(|&&s| s).count() as f64 / n as f64;
         let f64s = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<_>>();
         let ratio = paired(&f64s(&self.nll), &f64s(&self.nll_base))?;
+        let (entropy_delta, entropy_delta_err) =
+            mean_and_unc(sum(&self.entropy_diff, 1), sum(&self.entropy_diff, 2), n);
         let r = ReferenceComparison {
             kld_mean,
             kld_mean_err,
@@ -133,12 +144,15 @@ impl KldAccumulator {
             delta_p_rms: p_diff_mse.sqrt(),
             ln_ppl_ratio: ratio.mean,
             ln_ppl_ratio_err: ratio.se,
+            entropy_delta,
+            entropy_delta_err,
         };
         for (name, v) in [
             ("mean KLD", r.kld_mean),
             ("KLD uncertainty", r.kld_mean_err),
             ("99% KLD", r.kld_p99),
             ("RMS Δp", r.delta_p_rms),
+            ("entropy change", r.entropy_delta),
         ] {
             ensure!(
                 v.is_finite(),
@@ -247,6 +261,14 @@ mod tests {
         // NLL: ln 2 for Q, ln(4/3) for the reference: ln(PPL/PPL_ref) = ln(3/2).
         assert!((acc.nll[0] - 2f32.ln()).abs() < 1e-4);
         assert!((acc.nll_base[0] - (4.0f32 / 3.0).ln()).abs() < 1e-4);
+        // Entropy: ln 2 for Q, -(1/4 ln 1/4 + 3/4 ln 3/4) for the reference; Q is flatter.
+        let h_ref = -(0.25 * 0.25f64.ln() + 0.75 * 0.75f64.ln());
+        assert!((f64::from(acc.entropy_diff[0]) - (2f64.ln() - h_ref)).abs() < 1e-4);
+        assert!(
+            same.entropy_diff[0].abs() < 1e-5,
+            "{}",
+            same.entropy_diff[0]
+        );
         acc.add(&[0.0, 0.0], &rec, 1);
         let (r, t) = acc.finish().unwrap();
         assert!((r.delta_p_rms - 0.25).abs() < 1e-4);
@@ -254,7 +276,28 @@ mod tests {
         assert_eq!(r.kld_mean_err, 0.0, "N <= 10 gives no uncertainty");
         assert!((r.ln_ppl_ratio - 1.5f64.ln()).abs() < 1e-4);
         assert!(r.ln_ppl_ratio_err < 1e-6, "identical differences");
+        assert!((r.entropy_delta - (2f64.ln() - h_ref)).abs() < 1e-4);
         assert_eq!(t.nll.len(), 2);
+    }
+
+    /// Logits scaled up (a lower temperature) give a sharper distribution and a negative
+    /// entropy change, scaled down a positive one, over a vocabulary of 101.
+    #[test]
+    fn entropy_change_tells_a_sharper_row_from_a_flatter_one() {
+        let base: Vec<f32> = (0..101).map(|i| ((i * 37) % 101) as f32 * 0.05).collect();
+        let mut rec = vec![0u16; record_words(base.len())];
+        encode_log_probs(&base, &mut rec);
+        let scaled = |f: f32| base.iter().map(|&z| z * f).collect::<Vec<_>>();
+        let mut sharp = KldAccumulator::default();
+        let mut flat = KldAccumulator::default();
+        for t in 0..12 {
+            sharp.add(&scaled(1.5), &rec, t);
+            flat.add(&scaled(0.5), &rec, t);
+        }
+        let (s, _) = sharp.finish().unwrap();
+        let (f, _) = flat.finish().unwrap();
+        assert!(s.entropy_delta < -0.05, "{}", s.entropy_delta);
+        assert!(f.entropy_delta > 0.05, "{}", f.entropy_delta);
     }
 
     #[test]

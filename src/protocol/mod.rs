@@ -226,6 +226,11 @@ pub struct ReferenceComparison {
     /// standard error `sd(nll - nll_ref)/sqrt(N-1)` (llama.cpp's `Mean ln(PPL(Q)/PPL(base))`).
     pub ln_ppl_ratio: f64,
     pub ln_ppl_ratio_err: f64,
+    /// Mean over positions of the row's entropy less the reference's (nats; each over its
+    /// tokens of log-prob above -16, KLD's floor), and its uncertainty: below 0 the row is
+    /// surer of itself than the reference, above 0 less sure.
+    pub entropy_delta: f64,
+    pub entropy_delta_err: f64,
 }
 
 #[derive(Debug, Clone)]

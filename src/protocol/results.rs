@@ -335,6 +335,13 @@ pub struct RunnerRecord {
     pub top1_agreement: Option<f64>,
     pub top1_agreement_err: Option<f64>,
     pub delta_p_rms: Option<f64>,
+    /// The mean change of the predicted distribution's entropy against the reference's
+    /// (nats) and its uncertainty: below 0 the format makes the model surer of itself
+    /// (sharper), above 0 less sure. Null without a reference.
+    #[serde(default)]
+    pub entropy_delta: Option<f64>,
+    #[serde(default)]
+    pub entropy_delta_err: Option<f64>,
     /// ln(PPL/PPL_ref) from per-token NLL differences on the same tokens, and its paired
     /// standard error (null without a reference).
     pub ln_ppl_ratio: Option<f64>,
@@ -491,6 +498,8 @@ impl RunnerRecord {
             self.top1_agreement = Some(r.top1_agreement);
             self.top1_agreement_err = Some(r.top1_agreement_err);
             self.delta_p_rms = Some(r.delta_p_rms);
+            self.entropy_delta = Some(r.entropy_delta);
+            self.entropy_delta_err = Some(r.entropy_delta_err);
             self.ln_ppl_ratio = Some(r.ln_ppl_ratio);
             self.ln_ppl_ratio_err = Some(r.ln_ppl_ratio_err);
         }

@@ -107,6 +107,11 @@ fn num(v: Option<f64>, digits: usize) -> String {
     v.map_or("-".into(), |x| format!("{x:.digits$}"))
 }
 
+/// A signed figure, e.g. `-0.022`; `-` when absent.
+fn signed(v: Option<f64>, digits: usize) -> String {
+    v.map_or("-".into(), |x| format!("{x:+.digits$}"))
+}
+
 /// ΔPPL % and its paired uncertainty (from ln PPL/PPL_ref ± SE), e.g. `+1.23 ± 0.40`.
 fn delta(x: &RunnerRecord) -> String {
     let d = num(x.ppl_delta_pct, 2);
@@ -125,7 +130,8 @@ fn delta(x: &RunnerRecord) -> String {
 pub fn table(r: &Results) -> (Vec<&'static str>, Vec<Vec<String>>) {
     let rows = frontier(r);
     let header = vec![
-        "", "engine", "type", "bpw", "ΔPPL %", "KLD", "top-1 %", "pp t/s", "tg t/s", "peak MiB",
+        "", "engine", "type", "bpw", "ΔPPL %", "KLD", "top-1 %", "ΔH", "pp t/s", "tg t/s",
+        "peak MiB",
     ];
     let quantized = rows
         .iter()
@@ -145,6 +151,7 @@ pub fn table(r: &Results) -> (Vec<&'static str>, Vec<Vec<String>>) {
                 delta(x),
                 num(x.kld_mean, 4),
                 num(x.top1_agreement.map(|t| 100.0 * t), 1),
+                signed(x.entropy_delta, 3),
                 num(x.pp_tokens_per_s, 0),
                 num(x.tg_tokens_per_s, 1),
                 num(x.peak_rss_bytes.map(|b| b as f64 / (1u64 << 20) as f64), 0),
