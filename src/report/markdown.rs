@@ -473,7 +473,7 @@ fn pareto_section(r: &Results) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "## Size against quality\n\n★ on the frontier of all rows (nothing no larger loses less), ☆ on its own engine's; ΔPPL ± its paired uncertainty against {}; ΔH: the mean change of the predicted distribution's entropy in nats (below 0 the row is surer of itself than the reference, above 0 less sure; where ΔPPL and KLD disagree, look here).\n",
+        "## Size against quality\n\n★ on the frontier of all rows (nothing no larger loses less), ☆ on its own engine's; ΔPPL ± its paired uncertainty against {}; ΔH: the mean change of the predicted distribution's entropy in nats (below 0 the row is surer of itself than the reference, above 0 less sure).\n",
         md_text(r.ppl_delta_reference.as_deref().unwrap_or("the reference"))
     );
     table(&mut s, &header, &rows);
