@@ -221,6 +221,13 @@ fn rungs(
             _ => (allowed, "this llama-quantize", ""),
         };
         let Some(name) = list.iter().find(|a| a.eq_ignore_ascii_case(&t)) else {
+            let ik_makes = maker == Engine::LlamaCpp
+                && ik_allowed.is_some_and(|l| l.iter().any(|a| a.eq_ignore_ascii_case(&t)));
+            if ik_makes {
+                return Err(format!(
+                    "--ladder: '{t}' is not a type this llama-quantize makes; ik_llama.cpp's does: name it {IK_PREFIX}{t}"
+                ));
+            }
             return Err(format!(
                 "--ladder: '{prefix}{t}' is not a type {whose} makes; pass some of: {}",
                 list.join(", ")

@@ -158,6 +158,8 @@ fn ik_types_are_made_by_ik_and_checked_against_its_tool() {
         e.contains("'IQ4_KS' is not a type this llama-quantize"),
         "{e}"
     );
+    // ... and the line says how to name it.
+    assert!(e.contains("name it ik:IQ4_KS"), "{e}");
     let e = rungs(
         &LadderChoice::Types(vec!["ik:Q9_9".into()]),
         &allowed(),
