@@ -23,7 +23,8 @@ where
     T: Into<std::ffi::OsString> + Clone,
 {
     install_notice_sink();
-    crate::machine::note_startup_rss();
+    // Fixes the program's own resident size before anything is read (rows' peaks add it).
+    let _ = crate::machine::startup_rss_bytes();
     let ui = Terminal;
     let invocation = match cli::parse_from(args) {
         Ok(i) => i,

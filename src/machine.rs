@@ -101,16 +101,11 @@ pub fn rss_bytes() -> Option<u64> {
     llamacpp::process::vm_rss_bytes("self")
 }
 
-/// The resident size this process had when [`note_startup_rss`] first ran (at the start of
-/// `kwk-eval`, before any text, tokenizer or model was read): the program's own share of a
-/// row's peak, which a standalone engine process pays too.
+/// The resident size this process had when this was first called (`console::run` calls
+/// it first thing, before any text, tokenizer or model is read): the program's own share
+/// of a row's peak, which a standalone engine process pays too.
 pub fn startup_rss_bytes() -> Option<u64> {
     *STARTUP_RSS.get_or_init(rss_bytes)
-}
-
-/// Records [`startup_rss_bytes`] now if it was not recorded yet.
-pub fn note_startup_rss() {
-    let _ = startup_rss_bytes();
 }
 
 static STARTUP_RSS: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();

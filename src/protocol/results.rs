@@ -395,9 +395,10 @@ pub struct RunnerRecord {
     /// Peak resident memory in bytes of this row's engine running it (the perplexity run).
     /// kwk rows: the row's own share of the harness process, measured: the process's
     /// `VmHWM` during the perplexity (reset with /proc/self/clear_refs when the row's build
-    /// ends) less its resident size before the build began (so neither the earlier rows kept
-    /// for the speed rounds nor the source model's shared copy count), plus the process's
-    /// resident size at start (the program itself, which a standalone process pays too).
+    /// ends) less its resident size before the build began (so the earlier rows kept for
+    /// the speed rounds do not count; pages of the source file the row maps and touches
+    /// do), plus the process's resident size at start (the program itself, which a
+    /// standalone process pays too).
     /// What the build took on top (packing, calibration) is `pack_peak_rss_bytes`.
     /// llama.cpp rows: the llama-perplexity child's own `VmHWM` (mapped GGUF pages
     /// included), polled every 20 ms while it ran. Null when not measured (not Linux, or the
