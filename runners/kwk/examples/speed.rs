@@ -3,14 +3,14 @@
 //! single-token steps from an empty cache; one warm-up, then `--reps` repetitions.
 //!
 //! `cargo run --release -p kwk --example speed -- MODEL.gguf [--precision float32]
-//!  [--threads 2] [--pp 512] [--tg 128] [--reps 3]`
+//!  [--threads 2] [--pp 512] [--tg 128] [--reps 3] [--kv f32|f16|bf16|q8] [--pack-cache DIR]`
 //!
 //! Each rate is also given as a share of this machine's roofline (`roofline`, the
 //! active tier's instructions, measured first with the same threads; `model::cost` for
 //! the operations and bytes per token): pp against the fp32 / bf16 / int8 peak of the
 //! format's kernels, tg against the read bandwidth.
 
-use kwk::decoder::{DecoderOptions, KwkDecoder, Precision};
+use kwk::decoder::{DecoderOptions, KvPrecision, KwkDecoder, Precision};
 use kwk::kernels::Arithmetic;
 use std::time::Instant;
 
@@ -34,7 +34,7 @@ fn mean_std(v: &[f64]) -> (f64, f64) {
 fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let path = args.first().ok_or(
-        "usage: speed MODEL.gguf [--precision P] [--threads N] [--pp N] [--tg N] [--reps N]",
+        "usage: speed MODEL.gguf [--precision P] [--threads N] [--pp N] [--tg N] [--reps N] [--kv P] [--pack-cache DIR]",
     )?;
     let opt = |name: &str, default: &str| -> String {
         args.iter()
@@ -47,6 +47,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let pp: usize = opt("--pp", "512").parse()?;
     let tg: usize = opt("--tg", "128").parse()?;
     let reps: usize = opt("--reps", "3").parse()?;
+    let kv: KvPrecision = opt("--kv", "f32").parse()?;
+    let pack_cache = opt("--pack-cache", "");
 
     let peaks = kwk::roofline::measure(kwk::kernels::active_isa(), threads);
     println!(
@@ -77,10 +79,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         DecoderOptions {
             max_cache_len: pp.max(tg).max(1),
             precision,
-            kv: Default::default(),
+            kv,
             threads,
             calibration_tokens: None,
-            pack_cache_dir: None,
+            pack_cache_dir: (!pack_cache.is_empty()).then(|| pack_cache.into()),
         },
     )?;
     drop(weights);
@@ -141,8 +143,10 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
         let (m, sd) = mean_std(&rates);
+        let kv_value_bytes =
+            kv.bytes_per_position(config.head_dim) as f64 / (2 * config.head_dim) as f64;
         let bytes = dec.weight_bytes_read_per_token()
-            + kwk::model::cost::kv_bytes_per_token(&config, 4.0, 0, tg);
+            + kwk::model::cost::kv_bytes_per_token(&config, kv_value_bytes, 0, tg);
         println!(
             "tg{tg}: {m:.1} ± {sd:.1} tokens/s ({:.2} GB/s of {:.1} MB per token, {:.0} % of the read roofline)",
             m * bytes / 1e9,
