@@ -7,6 +7,10 @@
 #   scripts/setup-offgrid.sh --heldout SEED [FRACTION] [LO:HI]
 #                                       # one more rot-outlier copy, NAME-heldout-sSEED-*.gguf,
 #                                       # with its own seed, outlier fraction and spread
+#   scripts/setup-offgrid.sh --wide-seed SEED
+#                                       # one more widened copy, NAME-offgrid-wide-sSEED-*.gguf
+#                                       # and its -hf folder, rotated with another seed
+#                                       # (docs/quality.md's second copy is seed 11)
 #
 # Why: SmolLM2-135M-Instruct ships as Q4_1, so its float32 file has every weight on a 4-bit
 # grid of 32-weight groups, which flatters any 4-bit format with the same groups. The copies
@@ -139,6 +143,15 @@ if [ "${1:-}" = "--heldout" ]; then
   spread="${4:-6:12}"
   make_copy --variant rot-outlier --seed "$seed" --outlier-frac "$frac" \
     --outlier-spread "$spread" --name "$NAME-heldout-s$seed"
+elif [ "${1:-}" = "--wide-seed" ]; then
+  # Another widened copy, for checking on a rotation nobody tuned on what the seed-3 copy
+  # shows (the ladder's frontier at every size).
+  seed="${2:-}"
+  case "$seed" in
+    ''|*[!0-9]*) echo "error: --wide-seed takes a seed, a non-negative integer (got '$seed'); usage: scripts/setup-offgrid.sh --wide-seed SEED" >&2; exit 2 ;;
+  esac
+  make_copy --variant wide --seed "$seed" --name "$NAME-offgrid-wide-s$seed"
+  "$PY" "$HERE/make-hf-folder.py" "$DIR/$NAME-offgrid-wide-s$seed-F32.gguf" >/dev/null
 else
   for variant in "${VARIANTS[@]}"; do
     make_copy --variant "$variant"
