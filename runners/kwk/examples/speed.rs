@@ -87,7 +87,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     )?;
     drop(weights);
     println!(
-        "model {path}\nformat {} kernels {} (tier {}; cpu: {}) threads {threads}\nload {load_s:.2}s pack {:.2}s weights {:.1} MiB {:.2} bits/weight",
+        "model {path}\nformat {} kernels {} (tier {}; cpu: {}) threads {threads} kv cache {kv}\nload {load_s:.2}s pack {:.2}s weights {:.1} MiB {:.2} bits/weight",
         precision.name(),
         precision.kernels(),
         kwk::kernels::kernels_summary(),
