@@ -186,3 +186,81 @@ def test_hf_folder_of_the_untied_wide_copy_gives_its_logits(fixtures_dir, tmp_pa
     assert config["tie_word_embeddings"] is False and config["num_key_value_heads"] == 8
     diff, kld, _, _ = hf_check.check_logits(folder, wide, n_tokens=16)
     assert diff <= MAX_LOGIT_DIFF and kld <= MAX_KLD, (diff, kld)
+
+
+# ---------------------------------------------------------------- the off-grid Gemma copy
+
+TINY_GEMMA = REPO / "runners" / "kwk" / "tests" / "data" / "tiny-gemma3" / "model.gguf"
+
+
+def make_gemma_copy(src: Path, *extra):
+    return subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "make-offgrid-gemma.py"), str(src), *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=900,
+    )
+
+
+def kwk_float32_logits(path: Path, ids):
+    import torch
+    from kwk.decode import KwkDecoder
+
+    dec = KwkDecoder.from_pretrained(str(path), max_cache_len=64, precision="float32")
+    return dec.forward(torch.from_numpy(ids)).numpy()
+
+
+def test_gemma_copy_keeps_the_function_off_every_grid(tmp_path):
+    # The tiny Gemma 3 (a window of 6 inside 40 tokens, local and global layers, 2 query heads
+    # per KV head) through kwk's own decoder, an implementation independent of the script's
+    # numpy check: the copy without the dither gives the source's logits.
+    src = tmp_path / "tiny-gemma-F32.gguf"
+    shutil.copy(TINY_GEMMA, src)
+    p = make_gemma_copy(src, "--dither", "0", "--name", "exact")
+    assert p.returncode == 0, p.stderr
+    exact = Path(p.stdout.strip().splitlines()[-1])
+    assert exact == tmp_path / "exact-F32.gguf"
+    ids = np.random.default_rng(7).integers(3, 64, size=(1, 40)).astype(np.int64)
+    ref = kwk_float32_logits(src, ids)
+    got = kwk_float32_logits(exact, ids)
+    assert np.abs(got - ref).max() <= 1e-4 * np.abs(ref).max()
+    # Every linear moved (no weight left where it was), the norms that absorbed a fold too.
+    g, o = gguf_io.GGUF(str(exact)), gguf_io.GGUF(str(src))
+    for name in o.order:
+        a, b = np.asarray(o.array(name)), np.asarray(g.array(name))
+        moves = name.endswith(("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
+                               "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight",
+                               "attn_norm.weight", "ffn_norm.weight"))
+        if moves:
+            assert np.mean(a != b) > 0.99, name
+        else:
+            assert np.array_equal(a, b), name
+    # The default copy also dithers the table, and records what that cost; a second run reuses it.
+    d = make_gemma_copy(src)
+    assert d.returncode == 0, d.stderr
+    dithered = gguf_io.GGUF(d.stdout.strip().splitlines()[-1])
+    assert np.mean(np.asarray(dithered.array("token_embd.weight")) != np.asarray(o.array("token_embd.weight"))) > 0.99
+    record = json.loads(Path(d.stdout.strip().splitlines()[-1] + ".json").read_text())
+    assert 0 < record["dither_kld"] < 0.05
+    again = make_gemma_copy(src)
+    assert again.returncode == 0 and "present:" in again.stderr, again.stderr
+
+
+def test_gemma_logits_check_refuses_a_copy_without_the_fold(tmp_path):
+    src = tmp_path / "tiny-gemma-F32.gguf"
+    shutil.copy(TINY_GEMMA, src)
+    p = make_gemma_copy(src, "--dither", "0")
+    assert p.returncode == 0, p.stderr
+    copy = gguf_io.GGUF(p.stdout.strip().splitlines()[-1])
+    orig = gguf_io.GGUF(str(src))
+    # The source's pre-norm weights put back: the folded factors are then applied twice.
+    bad = tmp_path / "bad-F32.gguf"
+
+    def tensors():
+        for n in copy.order:
+            a = orig.array(n) if n.endswith(("attn_norm.weight", "ffn_norm.weight")) else copy.array(n)
+            yield n, np.array(a, dtype=np.float32)
+
+    gguf_io.write(str(bad), copy.meta, {n: copy.tensors[n][1] for n in copy.order}, tensors(),
+                  copy.version, copy.alignment)
+    v = make_gemma_copy(src, str(bad), "--verify")
+    # argparse puts the two files first: SOURCE OTHER --verify.
+    assert v.returncode == 1 and "does not compute the same function" in v.stderr, v.stderr
