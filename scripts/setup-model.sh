@@ -26,7 +26,8 @@
 #                                      them; scripts/run-quality.sh and check-offgrid.sh do)
 #
 # Also Gemma 3 270M (the second real model) by scripts/setup-gemma.sh into
-# $MODELS/gemma-3-270m/, unless KWK_GEMMA=0.
+# $MODELS/gemma-3-270m/, unless KWK_GEMMA=0; with KWK_OFFGRID=1 also its off-grid copy
+# (scripts/setup-offgrid.sh --gemma).
 #
 # Result: $MODELS/SmolLM2-135M-Instruct/ where MODELS is $KWK_MODELS_DIR if set, else
 # ${KWK_CACHE:-${XDG_CACHE_HOME:-~/.cache}/kwk}/models.
@@ -133,6 +134,9 @@ fi
 
 if [ "${KWK_OFFGRID:-0}" = "1" ]; then
   KWK_LLAMA_CPP_DIR="$BIN" bash "$HERE/setup-offgrid.sh" >/dev/null
+  if [ "${KWK_GEMMA:-1}" != "0" ]; then
+    KWK_LLAMA_CPP_DIR="$BIN" bash "$HERE/setup-offgrid.sh" --gemma >/dev/null
+  fi
 fi
 
 echo "$DIR"

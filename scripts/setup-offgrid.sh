@@ -11,6 +11,11 @@
 #                                       # one more widened copy, NAME-offgrid-wide-sSEED-*.gguf
 #                                       # and its -hf folder, rotated with another seed
 #                                       # (docs/quality.md's second copy is seed 11)
+#   scripts/setup-offgrid.sh --gemma [SEED]
+#                                       # the off-grid copy of Gemma 3 270M (default seed 5),
+#                                       # gemma-3-270m-offgrid-sSEED-F32.gguf beside its F32
+#                                       # (scripts/make-offgrid-gemma.py; kwk-eval's ladder
+#                                       # makes llama.cpp's types from it); prints its path
 #
 # Why: SmolLM2-135M-Instruct ships as Q4_1, so its float32 file has every weight on a 4-bit
 # grid of 32-weight groups, which flatters any 4-bit format with the same groups. The copies
@@ -64,9 +69,21 @@ if [ "${KWK_OFFGRID:-1}" = "0" ]; then
   exit 0
 fi
 
+PY="$(kwk_numpy_python)"
+
+if [ "${1:-}" = "--gemma" ]; then
+  seed="${2:-5}"
+  case "$seed" in
+    ''|*[!0-9]*) echo "error: --gemma takes a seed, a non-negative integer (got '$seed'); usage: scripts/setup-offgrid.sh --gemma [SEED]" >&2; exit 2 ;;
+  esac
+  GEMMA_F32="$MODELS/gemma-3-270m/gemma-3-270m-F32.gguf"
+  [ -f "$GEMMA_F32" ] || { echo "error: $GEMMA_F32 not found; run scripts/setup-gemma.sh first" >&2; exit 1; }
+  "$PY" "$HERE/make-offgrid-gemma.py" "$GEMMA_F32" --seed "$seed" | tail -n1
+  exit "${PIPESTATUS[0]}"
+fi
+
 F32="$DIR/$NAME-F32.gguf"
 [ -f "$F32" ] || { echo "error: $F32 not found; run scripts/setup-model.sh first" >&2; exit 1; }
-PY="$(kwk_numpy_python)"
 
 if [ -n "${KWK_LLAMA_CPP_DIR:-}" ] && [ -x "$KWK_LLAMA_CPP_DIR/llama-quantize" ]; then
   BIN="$KWK_LLAMA_CPP_DIR"
