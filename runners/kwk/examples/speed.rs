@@ -1,9 +1,11 @@
 //! Prompt and generation speed of the kwk decoder on a GGUF model, measured the way
 //! llama-bench does: pp = a prompt of `--pp` tokens from an empty cache, tg = `--tg`
-//! single-token steps from an empty cache; one warm-up, then `--reps` repetitions.
+//! single-token steps from an empty cache; one warm-up, then `--reps` repetitions. With
+//! `--depth D` each test first fills the cache with D prompt tokens, untimed (llama-bench's
+//! `-d`).
 //!
 //! `cargo run --release -p kwk --example speed -- MODEL.gguf [--precision float32]
-//!  [--threads 2] [--pp 512] [--tg 128] [--reps 3] [--kv f32|f16|bf16|q8] [--pack-cache DIR]`
+//!  [--threads 2] [--pp 512] [--tg 128] [--reps 3] [--kv f32|f16|bf16|q8] [--depth 0] [--pack-cache DIR]`
 //!
 //! Each rate is also given as a share of this machine's roofline (`roofline`, the
 //! active tier's instructions, measured first with the same threads; `model::cost` for
@@ -21,6 +23,14 @@ fn main() {
     }
 }
 
+/// Fills the cache with `tokens` (untimed), as llama-bench's depth does.
+fn prefill(dec: &mut KwkDecoder, tokens: &[u32]) -> Result<(), Box<dyn std::error::Error>> {
+    if !tokens.is_empty() {
+        dec.forward(tokens, tokens.len() - 1)?;
+    }
+    Ok(())
+}
+
 fn mean_std(v: &[f64]) -> (f64, f64) {
     let m = v.iter().sum::<f64>() / v.len() as f64;
     let var = if v.len() > 1 {
@@ -34,7 +44,7 @@ fn mean_std(v: &[f64]) -> (f64, f64) {
 fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let path = args.first().ok_or(
-        "usage: speed MODEL.gguf [--precision P] [--threads N] [--pp N] [--tg N] [--reps N] [--kv P] [--pack-cache DIR]",
+        "usage: speed MODEL.gguf [--precision P] [--threads N] [--pp N] [--tg N] [--reps N] [--kv P] [--depth D] [--pack-cache DIR]",
     )?;
     let opt = |name: &str, default: &str| -> String {
         args.iter()
@@ -49,6 +59,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let reps: usize = opt("--reps", "3").parse()?;
     let kv: KvPrecision = opt("--kv", "f32").parse()?;
     let pack_cache = opt("--pack-cache", "");
+    let depth: usize = opt("--depth", "0").parse()?;
 
     let peaks = kwk::roofline::measure(kwk::kernels::active_isa(), threads);
     println!(
@@ -77,7 +88,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         config.eos_token_ids.clone(),
         std::path::Path::new(path),
         DecoderOptions {
-            max_cache_len: pp.max(tg).max(1),
+            max_cache_len: depth + pp.max(tg).max(1),
             precision,
             kv,
             threads,
@@ -99,7 +110,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     // Deterministic pseudo-random prompt, like llama-bench's random tokens.
     let vocab = config.vocab_size as u64;
     let mut s = 0x2545_f491_4f6c_dd1du64;
-    let prompt: Vec<u32> = (0..pp)
+    let prompt: Vec<u32> = (0..depth + pp.max(1))
         .map(|_| {
             s ^= s << 13;
             s ^= s >> 7;
@@ -111,8 +122,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         let mut rates = Vec::new();
         for rep in 0..=reps {
             dec.reset();
+            prefill(&mut dec, &prompt[pp..pp + depth])?;
             let t = Instant::now();
-            let logits = dec.forward(&prompt, pp - 1)?;
+            let logits = dec.forward(&prompt[..pp], pp - 1)?;
             let dt = t.elapsed().as_secs_f64();
             assert_eq!(logits.len(), config.vocab_size);
             if rep > 0 {
@@ -120,9 +132,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
         let (m, sd) = mean_std(&rates);
-        let ops = kwk::model::cost::prompt_ops_per_token(&config, pp);
+        // The prompt's own attention, plus each token's scores and P·V over the depth.
+        let ops = kwk::model::cost::prompt_ops_per_token(&config, pp)
+            + 4.0 * (config.n_heads * config.head_dim * config.n_layers * depth) as f64;
         println!(
-            "pp{pp}: {m:.1} ± {sd:.1} tokens/s ({:.1} G op/s, {:.0} % of the compute roofline)",
+            "pp{pp}@d{depth}: {m:.1} ± {sd:.1} tokens/s ({:.1} G op/s, {:.0} % of the compute roofline)",
             m * ops / 1e9,
             100.0 * m * ops / compute_peak
         );
@@ -131,6 +145,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         let mut rates = Vec::new();
         for rep in 0..=reps {
             dec.reset();
+            prefill(&mut dec, &prompt[pp..pp + depth])?;
             let mut next = prompt.first().copied().unwrap_or(1);
             let t = Instant::now();
             for _ in 0..tg {
@@ -146,9 +161,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         let kv_value_bytes =
             kv.bytes_per_position(config.head_dim) as f64 / (2 * config.head_dim) as f64;
         let bytes = dec.weight_bytes_read_per_token()
-            + kwk::model::cost::kv_bytes_per_token(&config, kv_value_bytes, 0, tg);
+            + kwk::model::cost::kv_bytes_per_token(&config, kv_value_bytes, depth, tg);
         println!(
-            "tg{tg}: {m:.1} ± {sd:.1} tokens/s ({:.2} GB/s of {:.1} MB per token, {:.0} % of the read roofline)",
+            "tg{tg}@d{depth}: {m:.1} ± {sd:.1} tokens/s ({:.2} GB/s of {:.1} MB per token, {:.0} % of the read roofline)",
             m * bytes / 1e9,
             bytes / 1e6,
             100.0 * m * bytes / (peaks.read_gbps * 1e9)
