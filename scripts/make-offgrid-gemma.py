@@ -49,7 +49,6 @@ Usage:
 The path of the result is printed on the last line of stdout.
 """
 import argparse
-import json
 import os
 import sys
 
@@ -57,6 +56,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
 import gguf_io  # noqa: E402  (scripts/lib: numpy-only GGUF reading and writing)
+from copy_files import copy_path, random_orthogonal, reuse, source_identity, write_checked  # noqa: E402
 from gemma_ref import GemmaModel, forward  # noqa: E402
 from llama_ref import MAX_KLD, MAX_LOGIT_DIFF, compare_logits, fail, seeded_tokens  # noqa: E402
 
@@ -69,12 +69,6 @@ Q8_BLOCK = 32
 # a whole Q8_0 step of noise measured 0.008 on Gemma 3 270M; a table the dither broke would
 # be far beyond.
 MAX_DITHER_KLD = 0.05
-
-
-def random_orthogonal(rng, d):
-    g = rng.standard_normal((d, d))
-    q, r = np.linalg.qr(g)
-    return q * np.sign(np.diag(r))[None, :]
 
 
 def log_normal(rng, n, sigma):
@@ -191,36 +185,18 @@ def main():
     if args.seed < 0:
         fail(f"--seed {args.seed}: need a non-negative integer")
 
-    src_dir = os.path.dirname(os.path.abspath(args.source))
-    base = os.path.basename(args.source)
-    stem = base[: -len(".gguf")] if base.endswith(".gguf") else base
-    if stem.endswith("-F32"):
-        stem = stem[: -len("-F32")]
-    name = args.name or f"{stem}-offgrid-s{args.seed}"
-    out = os.path.join(src_dir, f"{name}-F32.gguf")
-    record_path = out + ".json"
-    st = os.stat(args.source)
+    out, _ = copy_path(args.source, args.name, f"-offgrid-s{args.seed}")
     record = {
         "transform_version": TRANSFORM_VERSION,
         "seed": args.seed,
         "fold_sigma": args.fold_sigma,
         "ffn_sigma": args.ffn_sigma,
         "dither": args.dither,
-        "source": base,
-        "source_size": st.st_size,
-        "source_mtime_ns": st.st_mtime_ns,
+        **source_identity(args.source),
     }
-    if os.path.isfile(out) and os.path.isfile(record_path):
-        try:
-            with open(record_path) as f:
-                old = json.load(f)
-        except (OSError, ValueError):
-            old = None
-        if isinstance(old, dict) and {k: v for k, v in old.items() if k != "dither_kld"} == record:
-            print(f"present: {out}", file=sys.stderr)
-            print(out)
-            return
-        print(f"remaking {out}: its record {record_path} differs from this request", file=sys.stderr)
+    if reuse(out, record, measured=("dither_kld",)):
+        print(out)
+        return
 
     m = GemmaModel(args.source)
     print(
@@ -235,19 +211,9 @@ def main():
         tensors[table] = dither_table(rng, m.w(table), args.dither).astype(np.float32)
         record["dither_kld"] = check(m, Copy(m, tensors), out, exact=False)
     shapes = {n: tuple(m.w(n).shape) for n in m.order}
-    tmp = f"{out}.tmp.{os.getpid()}"
-    tmp_record = f"{record_path}.tmp.{os.getpid()}"
-    try:
-        gguf_io.write(tmp, m.meta, shapes, ((n, tensors[n]) for n in m.order), m.version, m.alignment)
-        with open(tmp_record, "w") as f:
-            json.dump(record, f, indent=1)
-            f.write("\n")
-        os.replace(tmp, out)
-        os.replace(tmp_record, record_path)
-    finally:
-        for p in (tmp, tmp_record):
-            if os.path.exists(p):
-                os.remove(p)
+    write_checked(
+        out, record, lambda tmp: gguf_io.write(tmp, m.meta, shapes, ((n, tensors[n]) for n in m.order), m.version, m.alignment)
+    )
     print(out)
 
 

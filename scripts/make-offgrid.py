@@ -90,7 +90,6 @@ Usage:
 The path of the result is printed on the last line of stdout.
 """
 import argparse
-import json
 import os
 import sys
 
@@ -98,6 +97,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
 import gguf_io  # noqa: E402  (scripts/lib: numpy-only GGUF reading and writing)
+from copy_files import copy_path, random_orthogonal, reuse, source_identity, write_checked  # noqa: E402
 from llama_ref import Model, fail, verify  # noqa: E402
 
 # Bumped when the transform changes, so that files made by an older script are remade.
@@ -108,12 +108,6 @@ DEFAULT_SEEDS = {"rot": 1, "rot-outlier": 2, "wide": 3}
 WIDE_MULTIPLE = 256
 
 # ---------------------------------------------------------------- the transform
-
-
-def random_orthogonal(rng, d):
-    g = rng.standard_normal((d, d))
-    q, r = np.linalg.qr(g)
-    return q * np.sign(np.diag(r))[None, :]
 
 
 def outlier_scales(rng, n, frac, lo, hi, jitter):
@@ -350,39 +344,15 @@ def main():
     lo, hi = parse_spread(args.outlier_spread)
     seed = DEFAULT_SEEDS[args.variant] if args.seed is None else args.seed
 
-    src_dir = os.path.dirname(os.path.abspath(args.source))
-    base = os.path.basename(args.source)
-    stem = base[: -len(".gguf")] if base.endswith(".gguf") else base
-    if stem.endswith("-F32"):
-        stem = stem[: -len("-F32")]
-    name = args.name or f"{stem}-offgrid-{args.variant}"
-    out = os.path.join(src_dir, f"{name}-F32.gguf")
-    record_path = out + ".json"
-    st = os.stat(args.source)
-    record = {
-        "transform_version": TRANSFORM_VERSION,
-        "variant": args.variant,
-        "seed": seed,
-        "source": base,
-        "source_size": st.st_size,
-        "source_mtime_ns": st.st_mtime_ns,
-    }
+    out, _ = copy_path(args.source, args.name, f"-offgrid-{args.variant}")
+    record = {"transform_version": TRANSFORM_VERSION, "variant": args.variant, "seed": seed, **source_identity(args.source)}
     if args.variant == "rot-outlier":
         record.update(outlier_frac=args.outlier_frac, outlier_spread=[lo, hi], outlier_jitter=args.outlier_jitter)
     if args.variant == "wide":
         record.update(multiple=args.multiple)
-
-    if os.path.isfile(out) and os.path.isfile(record_path):
-        try:
-            with open(record_path) as f:
-                old = json.load(f)
-        except (OSError, ValueError):
-            old = None
-        if old == record:
-            print(f"present: {out}", file=sys.stderr)
-            print(out)
-            return
-        print(f"remaking {out}: its record {record_path} differs from this request", file=sys.stderr)
+    if reuse(out, record):
+        print(out)
+        return
 
     m = Model(args.source)
     if args.variant == "wide":
@@ -403,20 +373,12 @@ def main():
         f"{'tied' if m.tied else 'untied'} source",
         file=sys.stderr,
     )
-    tmp = f"{out}.tmp.{os.getpid()}"
-    tmp_record = f"{record_path}.tmp.{os.getpid()}"
-    try:
-        write_gguf(m, tmp, tensors, meta=meta, shapes=shapes)
-        verify(m, Model(tmp), label=out)
-        with open(tmp_record, "w") as f:
-            json.dump(record, f, indent=1)
-            f.write("\n")
-        os.replace(tmp, out)
-        os.replace(tmp_record, record_path)
-    finally:
-        for p in (tmp, tmp_record):
-            if os.path.exists(p):
-                os.remove(p)
+    write_checked(
+        out,
+        record,
+        lambda tmp: write_gguf(m, tmp, tensors, meta=meta, shapes=shapes),
+        lambda tmp: verify(m, Model(tmp), label=out),
+    )
     print(out)
 
 
