@@ -14,8 +14,7 @@ multipliers themselves (llama.cpp's converter adds Gemma's +1).
 """
 import numpy as np
 
-import gguf_io
-from llama_ref import fail
+from llama_ref import fail, open_f32_gguf
 
 PER_LAYER = (
     "attn_norm",
@@ -42,13 +41,7 @@ class GemmaModel:
 
     def __init__(self, path):
         self.path = path
-        try:
-            g = gguf_io.GGUF(path)
-        except (OSError, ValueError, gguf_io.GGUFError) as e:
-            fail(f"cannot read {path} as GGUF ({e}); give the F32 GGUF scripts/setup-gemma.sh makes")
-        arch = g.get("general.architecture")
-        if arch != "gemma3":
-            fail(f"{path}: architecture '{arch}'; this script takes 'gemma3' models")
+        g, self.tensors = open_f32_gguf(path, "gemma3", "scripts/setup-gemma.sh")
         self.gguf = g
 
         def get(key, kind, default=None):
@@ -82,11 +75,6 @@ class GemmaModel:
         if g.get("gemma3.rope.scaling.type", "none") not in ("none",):
             fail(f"{path}: rope scaling '{g.get('gemma3.rope.scaling.type')}' is not supported")
         self.order = list(g.order)
-        self.tensors = {}
-        for name in g.order:
-            if g.tensors[name][0] != gguf_io.GGML_F32:
-                fail(f"{path}: tensor {name} is not F32; give the F32 GGUF (scripts/setup-gemma.sh makes it)")
-            self.tensors[name] = g.array(name)
         expected = {f"blk.{i}.{n}.weight" for i in range(self.n_layer) for n in PER_LAYER}
         expected |= {"token_embd.weight", "output_norm.weight"}
         if set(self.tensors) != expected:

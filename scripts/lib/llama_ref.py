@@ -27,20 +27,32 @@ def fail(msg):
     sys.exit(1)
 
 
+def open_f32_gguf(path, arch, setup):
+    """(the GGUF, {name: float32 array} in file order) of a float32 GGUF of architecture
+    `arch`; any other file is an error naming `setup`, the script that makes the right one."""
+    try:
+        g = gguf_io.GGUF(path)
+    except (OSError, ValueError, gguf_io.GGUFError) as e:
+        fail(f"cannot read {path} as GGUF ({e}); give the float32 GGUF {setup} makes")
+    found = g.get("general.architecture")
+    if found != arch:
+        fail(f"{path}: architecture '{found}'; only '{arch}' models are supported here")
+    tensors = {}
+    for name in g.order:
+        if g.tensors[name][0] != gguf_io.GGML_F32:
+            fail(f"{path}: tensor {name} is not F32; give the F32 GGUF ({setup} makes it)")
+        tensors[name] = g.array(name)
+    return g, tensors
+
+
 class Model:
     """A llama-architecture float32 GGUF: hyperparameters, metadata and tensors."""
 
     def __init__(self, path):
         self.path = path
-        try:
-            g = gguf_io.GGUF(path)
-        except (OSError, ValueError, gguf_io.GGUFError) as e:
-            fail(f"cannot read {path} as GGUF ({e}); give the float32 GGUF scripts/setup-model.sh makes")
+        g, self.tensors = open_f32_gguf(path, "llama", "scripts/setup-model.sh")
         self.gguf = g
-        arch = g.get("general.architecture")
-        if arch != "llama":
-            fail(f"{path}: architecture '{arch}'; only 'llama' models are supported")
-        self.arch = arch
+        self.arch = "llama"
         self.d = self._int("embedding_length")
         self.n_layer = self._int("block_count")
         self.n_head = self._int("attention.head_count")
@@ -57,15 +69,7 @@ class Model:
                 fail(f"{path}: llama.{key} = {v} differs from embedding_length / head_count; not supported")
         if g.get("llama.rope.scaling.type", "none") not in ("none",):
             fail(f"{path}: rope scaling '{g.get('llama.rope.scaling.type')}' is not supported")
-        self.tensors = {}
         self.order = list(g.order)
-        for name in g.order:
-            if g.tensors[name][0] != gguf_io.GGML_F32:
-                fail(
-                    f"{path}: tensor {name} is not F32; give the F32 GGUF "
-                    "(scripts/setup-model.sh makes <model>-F32.gguf)"
-                )
-            self.tensors[name] = g.array(name)
         expected = {f"blk.{i}.{n}.weight" for i in range(self.n_layer) for n in PER_LAYER}
         expected |= {"token_embd.weight", "output_norm.weight"}
         unknown = set(self.tensors) - expected - {"output.weight"}
