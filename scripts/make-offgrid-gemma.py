@@ -49,6 +49,7 @@ Usage:
 The path of the result is printed on the last line of stdout.
 """
 import argparse
+import copy
 import os
 import sys
 
@@ -58,7 +59,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib
 import gguf_io  # noqa: E402  (scripts/lib: numpy-only GGUF reading and writing)
 from copy_files import copy_path, random_orthogonal, reuse, source_identity, write_checked  # noqa: E402
 from gemma_ref import GemmaModel, forward  # noqa: E402
-from llama_ref import MAX_KLD, MAX_LOGIT_DIFF, compare_logits, fail, seeded_tokens  # noqa: E402
+from llama_ref import MAX_KLD, MAX_LOGIT_DIFF, as_f64, compare_logits, fail, seeded_tokens  # noqa: E402
 
 # Bumped when the transform changes, so that files made by an older script are remade.
 TRANSFORM_VERSION = 1
@@ -76,20 +77,15 @@ def log_normal(rng, n, sigma):
 
 
 def dither_table(rng, e, width):
-    """e plus uniform noise of `width` Q8_0 steps (per block of 32 along each row)."""
+    """e plus uniform noise of `width` Q8_0 steps (per block of 32 along each row; a row
+    whose length is not a multiple of 32 ends in a shorter block, padded with zeros that
+    change no block's max |w| and are dropped)."""
     rows, cols = e.shape
-    out = np.array(e, dtype=np.float64)
-    whole = cols - cols % Q8_BLOCK
-    if whole:
-        blocks = out[:, :whole].reshape(rows, whole // Q8_BLOCK, Q8_BLOCK)
-        step = np.abs(blocks).max(axis=2, keepdims=True) / 127.0
-        blocks += (rng.random(blocks.shape) - 0.5) * width * step
-        out[:, :whole] = blocks.reshape(rows, whole)
-    if whole < cols:
-        tail = out[:, whole:]
-        step = np.abs(tail).max(axis=1, keepdims=True) / 127.0
-        out[:, whole:] = tail + (rng.random(tail.shape) - 0.5) * width * step
-    return out
+    pad = -cols % Q8_BLOCK
+    blocks = np.pad(np.asarray(e, dtype=np.float64), ((0, 0), (0, pad))).reshape(rows, -1, Q8_BLOCK)
+    step = np.abs(blocks).max(axis=2, keepdims=True) / 127.0
+    blocks += (rng.random(blocks.shape) - 0.5) * width * step
+    return blocks.reshape(rows, -1)[:, :cols]
 
 
 def transform(m, seed, fold_sigma, ffn_sigma):
@@ -99,7 +95,7 @@ def transform(m, seed, fold_sigma, ffn_sigma):
     hd, group = m.head_dim, m.n_head // m.n_kv
 
     def w(name):
-        return np.asarray(m.w(name), dtype=np.float64)
+        return as_f64(m, name)
 
     for i in range(m.n_layer):
         p = f"blk.{i}."
@@ -127,15 +123,11 @@ def transform(m, seed, fold_sigma, ffn_sigma):
     return {n: np.asarray(a, dtype=np.float32) for n, a in out.items()}, rng
 
 
-class Copy:
-    """A GemmaModel-like view of transformed tensors (for the forward pass)."""
-
-    def __init__(self, m, tensors):
-        self.__dict__.update({k: v for k, v in m.__dict__.items() if k != "tensors"})
-        self.tensors = tensors
-
-    def w(self, name):
-        return self.tensors[name]
+def with_tensors(m, tensors):
+    """A view of `m` holding `tensors` instead (for the forward pass)."""
+    view = copy.copy(m)
+    view.tensors = tensors
+    return view
 
 
 def check(src, new, label, exact, n_tokens=32, seed=0):
@@ -185,7 +177,7 @@ def main():
     if args.seed < 0:
         fail(f"--seed {args.seed}: need a non-negative integer")
 
-    out, _ = copy_path(args.source, args.name, f"-offgrid-s{args.seed}")
+    out = copy_path(args.source, args.name, f"-offgrid-s{args.seed}")
     record = {
         "transform_version": TRANSFORM_VERSION,
         "seed": args.seed,
@@ -205,11 +197,11 @@ def main():
         file=sys.stderr,
     )
     tensors, rng = transform(m, args.seed, args.fold_sigma, args.ffn_sigma)
-    check(m, Copy(m, tensors), out, exact=True)
+    check(m, with_tensors(m, tensors), out, exact=True)
     if args.dither > 0:
         table = "token_embd.weight"
         tensors[table] = dither_table(rng, m.w(table), args.dither).astype(np.float32)
-        record["dither_kld"] = check(m, Copy(m, tensors), out, exact=False)
+        record["dither_kld"] = check(m, with_tensors(m, tensors), out, exact=False)
     shapes = {n: tuple(m.w(n).shape) for n in m.order}
     write_checked(
         out, record, lambda tmp: gguf_io.write(tmp, m.meta, shapes, ((n, tensors[n]) for n in m.order), m.version, m.alignment)

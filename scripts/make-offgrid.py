@@ -344,7 +344,7 @@ def main():
     lo, hi = parse_spread(args.outlier_spread)
     seed = DEFAULT_SEEDS[args.variant] if args.seed is None else args.seed
 
-    out, _ = copy_path(args.source, args.name, f"-offgrid-{args.variant}")
+    out = copy_path(args.source, args.name, f"-offgrid-{args.variant}")
     record = {"transform_version": TRANSFORM_VERSION, "variant": args.variant, "seed": seed, **source_identity(args.source)}
     if args.variant == "rot-outlier":
         record.update(outlier_frac=args.outlier_frac, outlier_spread=[lo, hi], outlier_jitter=args.outlier_jitter)

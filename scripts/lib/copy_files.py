@@ -19,14 +19,13 @@ def random_orthogonal(rng, d):
 
 
 def copy_path(source, name, default_suffix):
-    """(output path, the source's base name): <name>-F32.gguf beside the source, name
-    defaulting to the source's name without .gguf and -F32, plus `default_suffix`."""
+    """<name>-F32.gguf beside the source, name defaulting to the source's name without .gguf
+    and -F32, plus `default_suffix`."""
     base = os.path.basename(source)
     stem = base[: -len(".gguf")] if base.endswith(".gguf") else base
     if stem.endswith("-F32"):
         stem = stem[: -len("-F32")]
-    out = os.path.join(os.path.dirname(os.path.abspath(source)), f"{name or stem + default_suffix}-F32.gguf")
-    return out, base
+    return os.path.join(os.path.dirname(os.path.abspath(source)), f"{name or stem + default_suffix}-F32.gguf")
 
 
 def source_identity(source):

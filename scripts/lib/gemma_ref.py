@@ -14,7 +14,7 @@ multipliers themselves (llama.cpp's converter adds Gemma's +1).
 """
 import numpy as np
 
-from llama_ref import fail, open_f32_gguf
+from llama_ref import as_f64, fail, open_f32_gguf, rms_norm
 
 PER_LAYER = (
     "attn_norm",
@@ -98,10 +98,10 @@ def forward(m, tokens):
     t_len = len(tokens)
 
     def w(name):
-        return np.asarray(m.w(name), dtype=np.float64)
+        return as_f64(m, name)
 
     def rms(x, g):
-        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + m.eps) * g
+        return rms_norm(x, g, m.eps)
 
     def rope(x, base):  # x: [t][heads][hd], NEOX pairs (i, i + hd/2)
         half = hd // 2

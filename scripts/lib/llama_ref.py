@@ -107,6 +107,16 @@ class Model:
         return self.tensors["token_embd.weight" if self.tied else "output.weight"]
 
 
+def as_f64(m, name):
+    """Tensor `name` of model `m` in float64 (what the reference forwards compute in)."""
+    return np.asarray(m.w(name), dtype=np.float64)
+
+
+def rms_norm(x, g, eps):
+    """RMSNorm over the last axis, times the weight g."""
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * g
+
+
 def forward(m, tokens):
     """Logits of a llama model for a token sequence (float64, causal, one sequence).
     llama.cpp's NORM rope: adjacent pairs (2i, 2i+1) of each head, as stored in GGUF."""
@@ -114,10 +124,10 @@ def forward(m, tokens):
     t_len = len(tokens)
 
     def w(name):
-        return np.asarray(m.w(name), dtype=np.float64)
+        return as_f64(m, name)
 
     def rms(x, g):
-        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + m.eps) * g
+        return rms_norm(x, g, m.eps)
 
     half = m.rope_dim // 2
     inv = m.rope_base ** (-np.arange(half) * 2.0 / m.rope_dim)
