@@ -301,3 +301,75 @@ fn the_converted_hf_folder_scores_as_kwk_float32() {
         f32["ppl"]
     );
 }
+
+/// Without `--formats` kwk's side spans the ladder's sizes: a `bpw:X` row at the size of a
+/// type no fixed row stands for (here Q4_0, the one type made), X its GGUF's bits per weight
+/// rounded down, and the line that says so; with `--formats` nothing is added.
+#[test]
+fn kwk_rows_are_added_at_the_ladders_sizes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let model = tiny_llama().join("model.gguf");
+    let run = |out: &str, formats: Option<&str>| {
+        let mut c = kwk_eval();
+        c.env("KWK_CACHE", &cache)
+            .arg("--llm")
+            .arg(&model)
+            .arg("--text")
+            .arg(eval_txt())
+            .args([
+                "--ladder",
+                "Q4_0",
+                "--ctx",
+                "64",
+                "--chunks",
+                "2",
+                "--no-speed",
+            ])
+            .arg("--llama-cpp-dir")
+            .arg(llama_dir())
+            .arg("--out")
+            .arg(tmp.path().join(out));
+        if let Some(f) = formats {
+            c.args(["--formats", f]);
+        }
+        let o = c.output().unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr).to_string();
+        let r = results(&tmp.path().join(out));
+        // The default rows' bpw:3.5 is under what the tiny model can pack to (3.77 bpw):
+        // that row fails, naming the floor, and the run exits 2; every other row is ok.
+        let failed: Vec<&str> = r["runners"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|x| x["status"] != "ok")
+            .map(|x| x["name"].as_str().unwrap())
+            .collect();
+        let expect: &[&str] = if formats.is_none() { &["bpw:3.5"] } else { &[] };
+        assert_eq!(failed, expect, "stderr:\n{stderr}");
+        assert_eq!(o.status.code(), Some(if expect.is_empty() { 0 } else { 2 }));
+        (r, stderr)
+    };
+    let (r, stderr) = run("default", None);
+    let q4_0 = row(&r, "gguf:Q4_0")["bits_per_weight"].as_f64().unwrap();
+    let name = format!("bpw:{:.2}", (q4_0 * 100.0 + 1e-9).floor() / 100.0);
+    let added = row(&r, &name);
+    assert_eq!(added["status"], "ok", "{added:#}");
+    assert!(added["bits_per_weight"].as_f64().unwrap() <= q4_0 + 1e-9);
+    assert!(
+        stderr.contains(&format!(
+            "kwk: {name} (Q4_0 {q4_0:.2}) added at the ladder's sizes"
+        )),
+        "{stderr}"
+    );
+    for fixed in ["float32", "int8", "int4", "int3", "bpw:3.5"] {
+        row(&r, fixed);
+    }
+    let (r, stderr) = run("given", Some("float32,int4"));
+    assert!(!stderr.contains("added at the ladder's sizes"), "{stderr}");
+    assert_eq!(
+        r["runners"].as_array().unwrap().len(),
+        4,
+        "float32, int4, gguf:F32, gguf:Q4_0"
+    );
+}

@@ -22,6 +22,7 @@
 
 pub mod cache;
 mod imatrix;
+pub mod matched;
 
 use crate::protocol::made::{FallbackGroup, MadeGguf};
 use crate::protocol::results::RunnerRecord;
