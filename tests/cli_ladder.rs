@@ -11,34 +11,38 @@ fn results(dir: &Path) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(dir.join("results.json")).unwrap()).unwrap()
 }
 
+/// kwk-eval on `model` with the ladder's tools, 2 chunks of 64, no speed, `extra` flags
+/// (no `--formats`: the callers choose).
+fn ladder_cmd(cache: &Path, model: &Path, out: &Path, extra: &[&str]) -> assert_cmd::Command {
+    let mut c = kwk_eval();
+    c.env("KWK_CACHE", cache)
+        .arg("--llm")
+        .arg(model)
+        .arg("--text")
+        .arg(eval_txt())
+        .args(["--ctx", "64", "--chunks", "2", "--no-speed"])
+        .arg("--llama-cpp-dir")
+        .arg(llama_dir())
+        .args(extra)
+        .arg("--out")
+        .arg(out);
+    c
+}
+
 fn ladder_run(
     cache: &Path,
     model: &Path,
     out: &Path,
     extra: &[&str],
 ) -> (serde_json::Value, String) {
-    let o = kwk_eval()
-        .env("KWK_CACHE", cache)
-        .arg("--llm")
-        .arg(model)
-        .arg("--text")
-        .arg(eval_txt())
-        .args([
-            "--formats",
-            "float32",
-            "--ctx",
-            "64",
-            "--chunks",
-            "2",
-            "--no-speed",
-        ])
-        .arg("--llama-cpp-dir")
-        .arg(llama_dir())
-        .args(extra)
-        .arg("--out")
-        .arg(out)
-        .output()
-        .unwrap();
+    let o = ladder_cmd(
+        cache,
+        model,
+        out,
+        &[&["--formats", "float32"], extra].concat(),
+    )
+    .output()
+    .unwrap();
     let stderr = String::from_utf8_lossy(&o.stderr).to_string();
     assert!(o.status.success(), "stderr:\n{stderr}");
     (results(out), stderr)
@@ -311,28 +315,9 @@ fn kwk_rows_are_added_at_the_ladders_sizes() {
     let cache = tmp.path().join("cache");
     let model = tiny_llama().join("model.gguf");
     let run = |out: &str, formats: Option<&str>| {
-        let mut c = kwk_eval();
-        c.env("KWK_CACHE", &cache)
-            .arg("--llm")
-            .arg(&model)
-            .arg("--text")
-            .arg(eval_txt())
-            .args([
-                "--ladder",
-                "Q4_0",
-                "--ctx",
-                "64",
-                "--chunks",
-                "2",
-                "--no-speed",
-            ])
-            .arg("--llama-cpp-dir")
-            .arg(llama_dir())
-            .arg("--out")
-            .arg(tmp.path().join(out));
-        if let Some(f) = formats {
-            c.args(["--formats", f]);
-        }
+        let mut extra = vec!["--ladder", "Q4_0"];
+        extra.extend(formats.map(|f| ["--formats", f]).into_iter().flatten());
+        let mut c = ladder_cmd(&cache, &model, &tmp.path().join(out), &extra);
         let o = c.output().unwrap();
         let stderr = String::from_utf8_lossy(&o.stderr).to_string();
         let r = results(&tmp.path().join(out));
