@@ -131,6 +131,9 @@ pub struct RunPlan {
     pub ladder: Option<crate::ladder::LadderPlan>,
     /// How each made GGUF row was made, by row name (filled by the ladder step).
     pub made: Vec<(String, crate::protocol::made::MadeGguf)>,
+    /// kwk rows added at the ladder's sizes (`ladder::matched`), by row name: the ladder
+    /// rows each stands for.
+    pub stands_for: Vec<(String, Vec<String>)>,
     /// Ladder rows whose GGUF llama-quantize failed to make (failed rows).
     pub unmade: Vec<crate::protocol::results::RunnerRecord>,
     /// Ladder types not made for want of an importance matrix, one line each.
@@ -507,6 +510,7 @@ pub fn make(a: &EvalOptions, ui: &dyn Reporter) -> Result<RunPlan> {
         peers,
         ladder: None,
         made: Vec::new(),
+        stands_for: Vec::new(),
         unmade: Vec::new(),
         not_made: Vec::new(),
         llama_kv: a.llama_kv,

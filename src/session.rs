@@ -128,6 +128,7 @@ fn add_matched_rows(
             .map_err(|e| anyhow::anyhow!("the ladder-sized row '{name}': {e}"))?;
         plan.formats.insert(at + i, spec);
         names.push(format!("{name} ({})", labels.join(", ")));
+        plan.stands_for.push((name, labels.clone()));
     }
     if !names.is_empty() {
         ui.line(&format!(

@@ -341,6 +341,15 @@ fn kwk_rows_are_added_at_the_ladders_sizes() {
     let added = row(&r, &name);
     assert_eq!(added["status"], "ok", "{added:#}");
     assert!(added["bits_per_weight"].as_f64().unwrap() <= q4_0 + 1e-9);
+    let stands_for = format!("Q4_0 {q4_0:.2}");
+    assert_eq!(added["stands_for"], serde_json::json!([stands_for]));
+    let report = std::fs::read_to_string(tmp.path().join("default").join("report.md")).unwrap();
+    assert!(
+        report.contains(&format!(
+            "{name}: added at the ladder's sizes, for {stands_for}"
+        )),
+        "{report}"
+    );
     assert!(
         stderr.contains(&format!(
             "kwk: {name} (Q4_0 {q4_0:.2}) added at the ladder's sizes"

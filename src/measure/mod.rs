@@ -372,6 +372,9 @@ fn quality_pass(
         if let Some((_, made)) = plan.made.iter().find(|(n, _)| *n == record.name) {
             record.made = Some(made.clone());
         }
+        if let Some((_, labels)) = plan.stands_for.iter().find(|(n, _)| *n == record.name) {
+            record.stands_for = labels.clone();
+        }
         if record.error.is_some() && interrupt::requested() {
             // Cut short by the interrupt, not finished: not a row.
             ui.line(&format!("{step} {}: stopped (interrupted)", record.name));

@@ -415,6 +415,10 @@ pub struct RunnerRecord {
     /// How the run made this row's GGUF (the ladder); null for files the user passed.
     #[serde(default)]
     pub made: Option<super::made::MadeGguf>,
+    /// A kwk `bpw:X` row a ladder run added at the ladder's sizes: the ladder rows it
+    /// stands for, each `LABEL BPW` (`Q4_0 4.85`); absent for every other row.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stands_for: Vec<String>,
     /// Why the runner has no figures (its error), when it failed.
     pub error: Option<String>,
     /// In a merged report, the cell (`cells[].name`) the row was measured in; absent from

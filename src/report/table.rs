@@ -540,6 +540,13 @@ pub fn notes(r: &Results) -> Vec<String> {
     {
         out.push(format!("ladder: {from}"));
     }
+    for row in r.runners.iter().filter(|x| !x.stands_for.is_empty()) {
+        out.push(format!(
+            "{}: added at the ladder's sizes, for {} (kwk's rows without --formats)",
+            row.name,
+            row.stands_for.join(", ")
+        ));
+    }
     for row in &r.runners {
         let Some(m) = &row.made else { continue };
         if let Some(line) = m.fallback_line() {
