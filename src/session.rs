@@ -93,55 +93,6 @@ impl<'a> Reports<'a> {
     }
 }
 
-/// Adds kwk's `bpw:X` rows at the sizes of the ladder's GGUFs `made` that no kwk row of
-/// the plan stands at ([`ladder::matched`]), after the plan's last kwk row, and says so.
-fn add_matched_rows(
-    plan: &mut plan::RunPlan,
-    made: &[crate::protocol::FormatSpec],
-    ui: &dyn Reporter,
-) -> Result<()> {
-    use crate::protocol::FormatSpec;
-    use ladder::matched::{fixed_sizes, matched_budgets, MadeSize};
-    let mut sizes = Vec::new();
-    for f in made {
-        if let FormatSpec::Gguf { path, label, .. } = f {
-            let file = kwk::gguf::GgufFile::open(path).with_context(|| {
-                format!("reading the size of the ladder's '{}'", path.display())
-            })?;
-            sizes.push(MadeSize {
-                label: label.clone(),
-                bpw: file.summary().bits_per_weight,
-            });
-        }
-    }
-    let fixed = fixed_sizes(&plan.formats, &sizes);
-    let matched = matched_budgets(&sizes, &fixed, kwk::format::quantized::budget_range());
-    let at = plan
-        .formats
-        .iter()
-        .rposition(|f| matches!(f, FormatSpec::Kwk { .. }))
-        .map_or(0, |i| i + 1);
-    let mut names = Vec::new();
-    for (i, (centi, labels)) in matched.budgets.iter().enumerate() {
-        let name = format!("bpw:{}.{:02}", centi / 100, centi % 100);
-        let spec = crate::protocol::parse_format(&name)
-            .map_err(|e| anyhow::anyhow!("the ladder-sized row '{name}': {e}"))?;
-        plan.formats.insert(at + i, spec);
-        names.push(format!("{name} ({})", labels.join(", ")));
-        plan.stands_for.push((name, labels.clone()));
-    }
-    if !names.is_empty() {
-        ui.line(&format!(
-            "kwk: {} added at the ladder's sizes (--formats sets the rows yourself)",
-            names.join(", ")
-        ));
-    }
-    for line in &matched.unmatched {
-        ui.line(&format!("kwk: no row at the size of {line}"));
-    }
-    Ok(())
-}
-
 /// Runs the evaluation `args` describe.
 pub fn evaluate(args: &EvalOptions, ui: &dyn Reporter) -> Result<Outcome> {
     let mut plan = plan::make(args, ui)?;
@@ -165,7 +116,7 @@ pub fn evaluate(args: &EvalOptions, ui: &dyn Reporter) -> Result<Outcome> {
             r => r.context("making llama.cpp's ladder")?,
         };
         if !args.formats_given {
-            add_matched_rows(&mut plan, &made.formats, ui)?;
+            ladder::matched::add_rows(&mut plan, &made.formats, ui)?;
         }
         // Each made GGUF runs on every peer (`--peer`), its record under each row's name.
         for f in made.formats {

@@ -9,6 +9,8 @@
 //! the same sizes as their plain twins.
 
 use crate::protocol::FormatSpec;
+use crate::ui::Reporter;
+use anyhow::{Context, Result};
 
 /// The llama.cpp types kwk's fixed ladder rows stand for: int8 (under Q8_0's size), and
 /// int6, int5, int4, int3 (sized to the rest on the same model).
@@ -64,15 +66,16 @@ pub fn matched_budgets(made: &[MadeSize], fixed: &[f64], range: (f64, f64)) -> M
         // A hundredth under the size when it is not a whole hundredth: never above it.
         let centi = (m.bpw * 100.0 + 1e-9).floor() as u32;
         let x = centi as f64 / 100.0;
-        if stands
-            .iter()
-            .any(|&s| s <= m.bpw + 1e-9 && s >= m.bpw - NEAR_BPW)
-        {
+        // A row of size `s` answers for this type.
+        let near = |s: f64| s <= m.bpw + 1e-9 && s >= m.bpw - NEAR_BPW;
+        if stands.iter().any(|&s| near(s)) {
             // The nearest budget added here that stands for it (none when a fixed row does).
-            if let Some(b) = out.budgets.iter_mut().rev().find(|(c, _)| {
-                let s = *c as f64 / 100.0;
-                s <= m.bpw + 1e-9 && s >= m.bpw - NEAR_BPW
-            }) {
+            if let Some(b) = out
+                .budgets
+                .iter_mut()
+                .rev()
+                .find(|(c, _)| near(*c as f64 / 100.0))
+            {
                 b.1.push(format!("{} {:.2}", m.label, m.bpw));
             }
             continue;
@@ -113,6 +116,56 @@ pub fn fixed_sizes(formats: &[FormatSpec], made: &[MadeSize]) -> Vec<f64> {
         }
     }
     out
+}
+
+/// Adds kwk's `bpw:X` rows at the sizes of the ladder's GGUFs `made` that no kwk row of
+/// the plan stands at ([`matched_budgets`]), after the plan's last kwk row, and says so.
+pub fn add_rows(
+    plan: &mut crate::plan::RunPlan,
+    made: &[FormatSpec],
+    ui: &dyn Reporter,
+) -> Result<()> {
+    // Each file's size as the reports count it (8 · tensor bytes / parameters, from its
+    // header): llama-quantize's printed figure, which the ladder's lines show, is rounded
+    // to two decimals and may count otherwise.
+    let mut sizes = Vec::new();
+    for f in made {
+        if let FormatSpec::Gguf { path, label, .. } = f {
+            let file = kwk::gguf::GgufFile::open(path).with_context(|| {
+                format!("reading the size of the ladder's '{}'", path.display())
+            })?;
+            sizes.push(MadeSize {
+                label: label.clone(),
+                bpw: file.summary().bits_per_weight,
+            });
+        }
+    }
+    let fixed = fixed_sizes(&plan.formats, &sizes);
+    let matched = matched_budgets(&sizes, &fixed, kwk::format::quantized::budget_range());
+    let at = plan
+        .formats
+        .iter()
+        .rposition(|f| matches!(f, FormatSpec::Kwk { .. }))
+        .map_or(0, |i| i + 1);
+    let mut names = Vec::new();
+    for (i, (centi, labels)) in matched.budgets.iter().enumerate() {
+        let name = format!("bpw:{}.{:02}", centi / 100, centi % 100);
+        let spec = crate::protocol::parse_format(&name)
+            .map_err(|e| anyhow::anyhow!("the ladder-sized row '{name}': {e}"))?;
+        plan.formats.insert(at + i, spec);
+        names.push(format!("{name} ({})", labels.join(", ")));
+        plan.stands_for.push((name, labels.clone()));
+    }
+    if !names.is_empty() {
+        ui.line(&format!(
+            "kwk: {} added at the ladder's sizes (--formats sets the rows yourself)",
+            names.join(", ")
+        ));
+    }
+    for line in &matched.unmatched {
+        ui.line(&format!("kwk: no row at the size of {line}"));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
